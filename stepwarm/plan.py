@@ -1,0 +1,504 @@
+"""Plans: the steps stepwarm sends, as pure data, and the request lifecycle.
+
+A :class:`Plan` is what a scenario (or one of vLLM's own warmup sequences)
+expands to for one runner profile: requests, and an ordered tuple of
+:class:`PlannedStep`. Every block id is already decided (by a
+:class:`~stepwarm.blocks.BlockLedger`), so a plan can be printed, checked and
+compared without an engine. :mod:`stepwarm.compile` turns a step into vLLM's
+``SchedulerOutput``; nothing here imports vLLM.
+
+:class:`PlanBuilder` walks the request lifecycle the way vLLM's scheduler
+does (new -> running -> [preempted -> running] -> finished) and refuses steps
+the scheduler would never produce, with a :class:`PlanError` that names the
+step and the request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from stepwarm.blocks import BlockLedger, OutOfBlocksError
+from stepwarm.profile import RunnerProfile
+
+#: What a step exercises; reports and tables show it.
+StepKind = Literal[
+    "prefill", "chunked_prefill", "decode", "spec_decode", "mixed_decode",
+    "mixed_prefill_decode", "resume", "preempt", "finish", "cleanup", "custom",
+]
+
+#: Prefix of every request id stepwarm sends; the runner keeps none after a run.
+REQ_ID_PREFIX = "_stepwarm_"
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    """A warmup request as declared (before any step schedules it).
+
+    ``prompt_len`` and ``encoder_len`` are in tokens. ``kind`` "sample"
+    requests carry ``SamplingParams``, "pool" requests ``PoolingParams``.
+    """
+
+    req_id: str
+    prompt_len: int
+    kind: Literal["sample", "pool"] = "sample"
+    #: Sample with a structured-output bitmask (``GrammarOutput``).
+    structured_output: bool = False
+    #: Encoder input tokens (encoder-decoder models; 0 = none).
+    encoder_len: int = 0
+    #: "warmup" uses ``SamplingParams.for_sampler_warmup()``; "greedy" uses
+    #: temperature 0.
+    sampling: Literal["warmup", "greedy"] = "warmup"
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    """One request's share of a step (what the scheduler decided for it).
+
+    Becomes a ``NewRequestData`` when ``new``, else one row of
+    ``CachedRequestData`` (``resumed`` rows replace the runner's block table).
+    """
+
+    req_id: str
+    #: ``num_computed_tokens`` before this step (tokens).
+    num_computed_tokens: int
+    #: ``num_scheduled_tokens[req_id]``, drafts included (tokens).
+    num_scheduled_tokens: int
+    #: ``scheduled_spec_decode_tokens[req_id]``; ``len`` draft tokens.
+    spec_token_ids: tuple[int, ...] = ()
+    #: First time the runner sees the request (``NewRequestData``).
+    new: bool = False
+    #: Resumed after preemption (``CachedRequestData.resumed_req_ids``).
+    resumed: bool = False
+    #: Block ids per group: all of them for new and resumed requests, the
+    #: ``new_block_ids`` delta for running ones.
+    block_ids: tuple[tuple[int, ...], ...] = ()
+    #: ``num_output_tokens`` the scheduler would report (tokens sampled so far,
+    #: all drafts assumed accepted).
+    num_output_tokens: int = 0
+    #: Whether this step completes the prompt, so the runner samples a token.
+    samples: bool = False
+
+    @property
+    def new_block_counts(self) -> tuple[int, ...]:
+        """Blocks handed out in this step, per group."""
+        return tuple(len(ids) for ids in self.block_ids)
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    """One ``SchedulerOutput`` worth of work, plus whether to sample after it."""
+
+    index: int
+    kind: StepKind
+    label: str
+    scheduled: tuple[ScheduledRequest, ...] = ()
+    finished_req_ids: frozenset[str] = frozenset()
+    preempted_req_ids: frozenset[str] = frozenset()
+    #: Call ``sample_tokens`` after ``execute_model`` (not for pooling steps).
+    sample: bool = True
+    #: Requests sampled with an all-ones ``GrammarOutput`` bitmask.
+    grammar_req_ids: tuple[str, ...] = ()
+    #: ``SchedulerOutput.num_spec_tokens_to_schedule``.
+    num_spec_tokens_to_schedule: int = 0
+    #: Blocks each scheduled request holds after this step, per group.
+    held_blocks: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        """``SchedulerOutput.total_num_scheduled_tokens`` (tokens)."""
+        return sum(r.num_scheduled_tokens for r in self.scheduled)
+
+    @property
+    def req_ids(self) -> tuple[str, ...]:
+        """Scheduled request ids, in schedule order."""
+        return tuple(r.req_id for r in self.scheduled)
+
+    @property
+    def new_block_counts(self) -> tuple[int, ...]:
+        """Blocks handed out in this step, per group, all requests together."""
+        counts = [r.new_block_counts for r in self.scheduled if r.block_ids]
+        return tuple(sum(c) for c in zip(*counts)) if counts else ()
+
+    @property
+    def num_sampling_requests(self) -> int:
+        """Requests that get one sampled-token list from ``sample_tokens``."""
+        return sum(1 for r in self.scheduled if r.samples)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A whole warmup: requests and steps, ready for the driver."""
+
+    name: str
+    requests: tuple[PlannedRequest, ...]
+    steps: tuple[PlannedStep, ...]
+    #: Why the plan is empty when it was skipped (a scenario whose needs the
+    #: runner does not meet), else "".
+    skipped: str = ""
+
+    def request(self, req_id: str) -> PlannedRequest:
+        """The declared request ``req_id``.
+
+        Raises:
+            KeyError: no such request.
+        """
+        for r in self.requests:
+            if r.req_id == req_id:
+                return r
+        raise KeyError(req_id)
+
+
+class PlanError(ValueError):
+    """A step the scheduler would never produce; the message names the step,
+    the request and what is allowed. ``step`` is the step index (or None)."""
+
+    def __init__(self, message: str, *, step: int | None = None, field: str | None = None):
+        super().__init__(message)
+        self.step = step
+        self.field = field
+
+
+@dataclass
+class _Live:
+    """A request's state across steps (scheduler's side)."""
+
+    decl: PlannedRequest
+    num_computed_tokens: int = 0
+    num_output_tokens: int = 0
+    state: Literal["waiting", "running", "preempted", "finished"] = "waiting"
+    seen: bool = False  # runner has been sent NewRequestData
+
+    @property
+    def num_tokens(self) -> int:
+        return self.decl.prompt_len + self.num_output_tokens
+
+
+@dataclass
+class PlanBuilder:
+    """Build a :class:`Plan` step by step, checking every step against the
+    runner profile and the request lifecycle.
+
+    Each step method raises :class:`PlanError` (with ``step`` set) when the
+    scheduler would not produce that step: unknown or finished requests, a
+    prefill of a running request, a decode of one never prefilled, spec
+    tokens with no speculator, more than ``max_num_seqs`` requests or
+    ``max_num_batched_tokens`` tokens, more than ``max_model_len`` tokens, or
+    more blocks than the runner has.
+    """
+
+    profile: RunnerProfile
+    name: str = "plan"
+    ledger: BlockLedger = field(init=False)
+    _requests: dict[str, _Live] = field(default_factory=dict, init=False)
+    _steps: list[PlannedStep] = field(default_factory=list, init=False)
+
+    def __post_init__(self) -> None:
+        self.ledger = BlockLedger.for_profile(self.profile)
+
+    # -- requests ----------------------------------------------------------
+    def add_request(self, req: PlannedRequest) -> None:
+        """Declare a request (it is sent with its first scheduled step).
+
+        Raises:
+            PlanError: duplicate id, zero tokens, or a prompt longer than
+                ``max_model_len``.
+        """
+        if req.req_id in self._requests:
+            raise PlanError(f"request {req.req_id!r} is declared twice", field="requests")
+        if req.prompt_len <= 0:
+            raise PlanError(
+                f"request {req.req_id!r}: prompt_len must be > 0, got {req.prompt_len}",
+                field="prompt_len",
+            )
+        if req.prompt_len > self.profile.max_model_len:
+            raise PlanError(
+                f"request {req.req_id!r}: prompt_len {req.prompt_len} exceeds "
+                f"max_model_len {self.profile.max_model_len}",
+                field="prompt_len",
+            )
+        self._requests[req.req_id] = _Live(req)
+
+    def live_req_ids(self) -> tuple[str, ...]:
+        """Requests the runner holds now (sent and not finished)."""
+        return tuple(
+            rid for rid, r in self._requests.items()
+            if r.seen and r.state != "finished"
+        )
+
+    def num_computed_tokens(self, req_id: str) -> int:
+        """Tokens computed so far for ``req_id``."""
+        return self._live(req_id, None).num_computed_tokens
+
+    # -- steps ---------------------------------------------------------------
+    @property
+    def next_index(self) -> int:
+        """Index the next step will get."""
+        return len(self._steps)
+
+    def _err(self, msg: str, field: str | None = None) -> PlanError:
+        return PlanError(f"step {self.next_index}: {msg}", step=self.next_index, field=field)
+
+    def _live(self, req_id: str, step: int | None) -> _Live:
+        try:
+            return self._requests[req_id]
+        except KeyError:
+            known = ", ".join(self._requests) or "none"
+            raise PlanError(
+                f"step {self.next_index}: unknown request {req_id!r} (declared: {known})",
+                step=self.next_index, field="requests",
+            ) from None
+
+    def step(
+        self,
+        kind: StepKind,
+        label: str,
+        *,
+        prefill: dict[str, int] | None = None,
+        decode: dict[str, int] | None = None,
+        resume: dict[str, int] | None = None,
+        finish: tuple[str, ...] = (),
+        preempt: tuple[str, ...] = (),
+        grammar: bool | None = None,
+    ) -> PlannedStep:
+        """Append one step.
+
+        Args:
+            kind, label: for reports.
+            prefill: request -> prompt tokens to schedule now. A waiting
+                request starts at 0 computed tokens (or at the prefix-cache
+                hit its ``start_at`` gives via :meth:`set_computed`); a running
+                one continues its chunked prefill.
+            decode: request -> draft tokens (0: plain decode). Schedules
+                ``1 + drafts`` tokens for a request whose prompt is done.
+            resume: preempted request -> tokens to schedule on resumption.
+            finish: requests the scheduler finishes in this step
+                (``finished_req_ids``); their blocks are freed.
+            preempt: running requests preempted in this step (blocks freed,
+                progress reset to 0 computed tokens).
+            grammar: sample with an all-ones bitmask for the sampled
+                requests; None: for those declared ``structured_output``.
+
+        Returns:
+            The appended step.
+
+        Raises:
+            PlanError: see the class docstring.
+        """
+        prefill = dict(prefill or {})
+        decode = dict(decode or {})
+        resume = dict(resume or {})
+        p = self.profile
+        names = list(prefill) + list(decode) + list(resume)
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise self._err(f"request(s) {sorted(dup)} scheduled twice", "requests")
+        if len(names) > p.max_num_seqs:
+            raise self._err(
+                f"{len(names)} requests scheduled but max_num_seqs is {p.max_num_seqs}",
+                "requests",
+            )
+        for rid in finish + preempt:
+            live = self._live(rid, self.next_index)
+            if not live.seen or live.state == "finished":
+                raise self._err(
+                    f"request {rid!r} cannot be {'finished' if rid in finish else 'preempted'}: "
+                    f"it is {'finished already' if live.state == 'finished' else 'not running'}",
+                    "finish" if rid in finish else "preempt",
+                )
+            if rid in names:
+                raise self._err(f"request {rid!r} is scheduled and finished/preempted "
+                                "in the same step", "requests")
+
+        rows: list[ScheduledRequest] = []
+        plan_updates: list[tuple[_Live, int, int]] = []  # live, computed+=, outputs+=
+        total = 0
+        for rid, n in prefill.items():
+            live = self._live(rid, self.next_index)
+            if live.state == "finished":
+                raise self._err(f"request {rid!r} is finished; it cannot be prefilled", "prefill")
+            if live.state == "preempted":
+                raise self._err(f"request {rid!r} is preempted; resume it instead", "prefill")
+            if live.state == "running" and live.num_computed_tokens >= live.decl.prompt_len:
+                raise self._err(
+                    f"request {rid!r} already finished its prefill "
+                    f"({live.num_computed_tokens} tokens computed); decode it instead",
+                    "prefill",
+                )
+            left = live.decl.prompt_len - live.num_computed_tokens
+            if n <= 0:
+                raise self._err(f"request {rid!r}: prefill tokens must be > 0, got {n}", "tokens")
+            if n > left:
+                raise self._err(
+                    f"request {rid!r}: {n} prefill tokens scheduled but only {left} "
+                    f"prompt tokens are left (prompt_len {live.decl.prompt_len}, "
+                    f"{live.num_computed_tokens} computed)", "tokens",
+                )
+            done = n == left
+            rows.append(self._row(live, n, (), done))
+            plan_updates.append((live, n, 1 if done else 0))
+            total += n
+        for rid, k in decode.items():
+            live = self._live(rid, self.next_index)
+            if live.state != "running" or live.num_computed_tokens < live.decl.prompt_len:
+                what = {
+                    "waiting": "never prefilled", "finished": "finished already",
+                    "preempted": "preempted (resume it first)",
+                }.get(live.state, f"still prefilling ({live.num_computed_tokens}/"
+                                  f"{live.decl.prompt_len} prompt tokens computed)")
+                raise self._err(f"request {rid!r} cannot be decoded: it is {what}", "decode")
+            if k < 0:
+                raise self._err(f"request {rid!r}: draft tokens must be >= 0, got {k}", "spec_tokens")
+            if k and not p.has_speculator:
+                raise self._err(
+                    f"request {rid!r}: {k} draft token(s) but the runner has no "
+                    "speculator (num_speculative_steps is 0)", "spec_tokens",
+                )
+            if k > p.num_speculative_steps:
+                raise self._err(
+                    f"request {rid!r}: {k} draft tokens exceed num_speculative_steps "
+                    f"{p.num_speculative_steps}", "spec_tokens",
+                )
+            rows.append(self._row(live, 1 + k, tuple([0] * k), True))
+            plan_updates.append((live, 1 + k, 1 + k))
+            total += 1 + k
+        for rid, n in resume.items():
+            live = self._live(rid, self.next_index)
+            if live.state != "preempted":
+                raise self._err(f"request {rid!r} cannot be resumed: it is {live.state}", "resume")
+            left = live.num_tokens - live.num_computed_tokens
+            if n <= 0 or n > left:
+                raise self._err(
+                    f"request {rid!r}: resume schedules {n} tokens; allowed 1..{left}", "tokens"
+                )
+            done = n == left
+            rows.append(self._row(live, n, (), done, resumed=True))
+            plan_updates.append((live, n, 1 if done else 0))
+            total += n
+        if total > p.max_num_batched_tokens:
+            raise self._err(
+                f"{total} tokens scheduled but max_num_batched_tokens is "
+                f"{p.max_num_batched_tokens}", "tokens",
+            )
+        for live, dn, _ in plan_updates:
+            after = live.num_computed_tokens + dn
+            if after > p.max_model_len:
+                raise self._err(
+                    f"request {live.decl.req_id!r} would reach {after} tokens, beyond "
+                    f"max_model_len {p.max_model_len}", "tokens",
+                )
+
+        # Blocks: finished/preempted requests free first (same step), then the
+        # scheduled ones grow. All-or-nothing: check the pool before taking.
+        for rid in finish + preempt:
+            self.ledger.free(rid)
+        final_rows: list[ScheduledRequest] = []
+        held: list[tuple[str, tuple[int, ...]]] = []
+        try:
+            for row, (live, dn, _) in zip(rows, plan_updates):
+                target = live.num_computed_tokens + dn
+                got = self.ledger.grow(row.req_id, target)
+                if row.new or row.resumed:
+                    got = self.ledger.held(row.req_id)
+                final_rows.append(_replace_blocks(row, got))
+                held.append((row.req_id, self.ledger.held_counts(row.req_id)))
+        except OutOfBlocksError as e:
+            raise self._err(f"{e} (runner has num_blocks {p.num_blocks})", "blocks") from None
+
+        for live, dn, dout in plan_updates:
+            live.num_computed_tokens += dn
+            live.num_output_tokens += dout
+            live.state = "running"
+            live.seen = True
+        for rid in finish:
+            self._requests[rid].state = "finished"
+        for rid in preempt:
+            live = self._requests[rid]
+            live.state = "preempted"
+            live.num_computed_tokens = 0
+
+        sampled = [r.req_id for r in final_rows if r.samples]
+        if grammar is None:
+            grammar_ids = tuple(
+                rid for rid in sampled if self._requests[rid].decl.structured_output
+            )
+        else:
+            grammar_ids = tuple(sampled) if grammar else ()
+        pooling = any(self._requests[r.req_id].decl.kind == "pool" for r in final_rows)
+        step = PlannedStep(
+            index=self.next_index,
+            kind=kind,
+            label=label,
+            scheduled=tuple(final_rows),
+            finished_req_ids=frozenset(finish),
+            preempted_req_ids=frozenset(preempt),
+            sample=bool(final_rows) and not pooling,
+            grammar_req_ids=grammar_ids if p.is_last_pp_rank else (),
+            num_spec_tokens_to_schedule=p.num_speculative_steps,
+            held_blocks=tuple(held),
+        )
+        self._steps.append(step)
+        return step
+
+    def _row(self, live: _Live, n: int, spec: tuple[int, ...], samples: bool,
+             *, resumed: bool = False) -> ScheduledRequest:
+        return ScheduledRequest(
+            req_id=live.decl.req_id,
+            num_computed_tokens=live.num_computed_tokens,
+            num_scheduled_tokens=n,
+            spec_token_ids=spec,
+            new=not live.seen,
+            resumed=resumed,
+            num_output_tokens=live.num_output_tokens,
+            samples=samples,
+        )
+
+    def set_computed(self, req_id: str, num_tokens: int) -> None:
+        """Start a waiting request's prefill after a prefix-cache hit of
+        ``num_tokens`` tokens (a whole number of blocks of every group).
+
+        Raises:
+            PlanError: the request is not waiting, or the hit is not shorter
+                than its prompt.
+        """
+        live = self._live(req_id, None)
+        if live.state != "waiting" or live.seen:
+            raise self._err(f"request {req_id!r}: a prefix hit needs a waiting request", "prefix_hit")
+        if not 0 <= num_tokens < live.decl.prompt_len:
+            raise self._err(
+                f"request {req_id!r}: prefix hit of {num_tokens} tokens must be in "
+                f"0..{live.decl.prompt_len - 1} (prompt_len {live.decl.prompt_len})",
+                "prefix_hit",
+            )
+        # The hit's blocks are held from the start (allocate_slots with
+        # new_computed_blocks); they are sent with the first step.
+        try:
+            self.ledger.grow(req_id, num_tokens)
+        except OutOfBlocksError as e:
+            raise self._err(str(e), "blocks") from None
+        live.num_computed_tokens = num_tokens
+
+    def cleanup(self, label: str = "cleanup") -> PlannedStep | None:
+        """Append the final step: ``finished_req_ids`` = every live request.
+
+        Returns:
+            The step, or None when no request is live.
+        """
+        live = self.live_req_ids()
+        if not live:
+            return None
+        return self.step("cleanup", label, finish=live)
+
+    def build(self) -> Plan:
+        """The plan so far (call :meth:`cleanup` first to leave nothing behind)."""
+        return Plan(
+            name=self.name,
+            requests=tuple(r.decl for r in self._requests.values()),
+            steps=tuple(self._steps),
+        )
+
+
+def _replace_blocks(row: ScheduledRequest, block_ids: tuple[tuple[int, ...], ...]) -> ScheduledRequest:
+    from dataclasses import replace
+
+    return replace(row, block_ids=block_ids)

@@ -1,0 +1,307 @@
+"""RunnerProfile: the facts stepwarm plans with, read off a V1 or V2 runner.
+
+A profile is plain data (JSON in/out) so that planning, block accounting and
+``stepwarm check`` never need a running engine. :func:`read_profile` is the one
+adapter that knows the attribute names of vLLM's V1 runner
+(``vllm/v1/worker/gpu_model_runner.py``, also the CPU runner) and V2 runner
+(``vllm/v1/worker/gpu/model_runner.py``); everything else reads the profile.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+#: The KV cache spec kinds stepwarm knows, named after vLLM's spec classes.
+SpecKind = Literal[
+    "full_attention",  # FullAttentionSpec (and SinkFullAttentionSpec, RSWASpec)
+    "mla_attention",  # MLAAttentionSpec
+    "sliding_window",  # SlidingWindowSpec (and SlidingWindowMLASpec)
+    "chunked_local_attention",  # ChunkedLocalAttentionSpec
+    "circular_buffer",  # CircularBufferSpec
+    "mamba",  # MambaSpec
+    "cross_attention",  # CrossAttentionSpec
+    "encoder_only_attention",  # EncoderOnlyAttentionSpec
+]
+
+
+class CacheSpec(BaseModel):
+    """One KV cache group's spec, as block accounting needs it.
+
+    Mirrors the fields of ``vllm.v1.kv_cache_interface.KVCacheSpec`` subclasses
+    that change how many blocks ``KVCacheManager.allocate_slots`` holds.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: SpecKind
+    #: Tokens per block (``KVCacheSpec.block_size``).
+    block_size: int = Field(gt=0)
+    #: Tokens, for ``sliding_window`` (``SlidingWindowSpec.sliding_window``).
+    sliding_window: int | None = Field(default=None, gt=0)
+    #: Tokens, for ``chunked_local_attention``.
+    attention_chunk_size: int | None = Field(default=None, gt=0)
+    #: ``MambaSpec.mamba_cache_mode``: "none", "all" or "align".
+    mamba_cache_mode: Literal["none", "all", "align"] = "none"
+    #: Blocks, ``MambaSpec.num_speculative_blocks``.
+    num_speculative_blocks: int = Field(default=0, ge=0)
+    #: True when the group's spec is a ``UniformTypeKVCacheSpecs`` (this
+    #: spec is its ``first_spec``).
+    uniform_type: bool = False
+    #: The vLLM class name, for reports only.
+    vllm_class: str = ""
+
+
+class RunnerProfile(BaseModel):
+    """Everything stepwarm plans with, read off one worker's model runner.
+
+    Token counts are in tokens, ``num_blocks`` in blocks (block 0 is vLLM's
+    null block, so ``num_blocks - 1`` are usable).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: "v1" (``GPUModelRunner`` in ``gpu_model_runner.py``, also on CPU) or
+    #: "v2" (``vllm/v1/worker/gpu/model_runner.py``).
+    runner: Literal["v1", "v2"]
+    vllm_version: str = ""
+    model: str = ""
+    kv_cache_groups: tuple[CacheSpec, ...]
+    num_blocks: int = Field(ge=0)
+    max_model_len: int = Field(gt=0)
+    max_num_seqs: int = Field(gt=0)
+    max_num_batched_tokens: int = Field(gt=0)
+    #: ``VllmConfig.num_lookahead_tokens``: slots reserved past the scheduled
+    #: tokens for the speculator's drafts.
+    num_lookahead_tokens: int = Field(default=0, ge=0)
+    #: ``num_speculative_tokens`` (0: no speculator).
+    num_speculative_steps: int = Field(default=0, ge=0)
+    #: Tokens per request in a uniform decode step (``1 + num_speculative_steps``
+    #: unless the runner says otherwise).
+    decode_query_len: int = Field(default=1, gt=0)
+    #: Encoder tokens per request for encoder-decoder models (0 otherwise).
+    max_encoder_len: int = Field(default=0, ge=0)
+    is_pooling_model: bool = False
+    pooling_task: str | None = None
+    is_encoder_decoder: bool = False
+    #: ``VllmConfig.is_mm_encoder_only``: vLLM's warmup runs no step.
+    is_encoder_only: bool = False
+    is_last_pp_rank: bool = True
+    vocab_size: int = Field(gt=0)
+    #: V2 ``BlockTables.redirect_writes_to_null_block``: block 0 may be reused,
+    #: so the ``num_blocks`` cap on the request count does not apply.
+    null_block_writes: bool = False
+    #: The Mamba cache mode of the cache config ("none" with no Mamba layers).
+    mamba_cache_mode: str = "none"
+    enable_prefix_caching: bool = False
+
+    @property
+    def has_speculator(self) -> bool:
+        """Whether a speculator is configured (``num_speculative_steps > 0``)."""
+        return self.num_speculative_steps > 0
+
+    @property
+    def has_mamba_align(self) -> bool:
+        """Whether any group is a Mamba group in ``align`` cache mode."""
+        return any(
+            g.kind == "mamba" and g.mamba_cache_mode == "align"
+            for g in self.kv_cache_groups
+        )
+
+    @property
+    def bitmask_width(self) -> int:
+        """int32 words per request in a structured-output bitmask:
+        ``ceil(vocab_size / 32)``."""
+        return (self.vocab_size + 31) // 32
+
+    def to_json(self) -> str:
+        """The profile as indented JSON text."""
+        return self.model_dump_json(indent=2) + "\n"
+
+    def save(self, path: str | Path) -> None:
+        """Write :meth:`to_json` to ``path``."""
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunnerProfile:
+        """Read a profile saved by :meth:`save`.
+
+        Raises:
+            ProfileError: the file is missing, not JSON, or not a profile
+                (the message names the file and the field).
+        """
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except OSError as e:
+            raise ProfileError(f"{path}: cannot read profile: {e.strerror}") from None
+        except json.JSONDecodeError as e:
+            raise ProfileError(
+                f"{path}:{e.lineno}: not JSON: {e.msg} (column {e.colno})"
+            ) from None
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            first = e.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"])
+            raise ProfileError(
+                f"{path}: field {loc!r}: {first['msg']} "
+                f"({len(e.errors())} error(s) in all)"
+            ) from None
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used; the message names file and field."""
+
+
+# --------------------------------------------------------------------------
+# Adapter: vLLM objects -> profile. The only code here that touches vLLM.
+
+#: vLLM spec class name -> kind, most specific first (subclasses before bases).
+_SPEC_CLASS_KIND: tuple[tuple[str, SpecKind], ...] = (
+    ("CircularBufferSpec", "circular_buffer"),
+    ("CrossAttentionSpec", "cross_attention"),
+    ("EncoderOnlyAttentionSpec", "encoder_only_attention"),
+    ("SlidingWindowSpec", "sliding_window"),
+    ("ChunkedLocalAttentionSpec", "chunked_local_attention"),
+    ("MLAAttentionSpec", "mla_attention"),
+    ("FullAttentionSpec", "full_attention"),
+    ("MambaSpec", "mamba"),
+)
+
+
+def cache_spec_from_vllm(spec: Any) -> CacheSpec:
+    """Convert a ``vllm.v1.kv_cache_interface.KVCacheSpec`` to a :class:`CacheSpec`.
+
+    ``UniformTypeKVCacheSpecs`` is read through its ``first_spec`` (as
+    ``_reserved_block_count`` does) and marked ``uniform_type``.
+
+    Raises:
+        ProfileError: the spec class (or none of its bases) is not one stepwarm
+            knows how to reserve blocks for.
+    """
+    uniform = type(spec).__name__ == "UniformTypeKVCacheSpecs"
+    if uniform:
+        spec = spec.first_spec
+    mro = [c.__name__ for c in type(spec).__mro__]
+    for cls_name, kind in _SPEC_CLASS_KIND:
+        if cls_name in mro:
+            break
+    else:
+        raise ProfileError(
+            f"KV cache spec {type(spec).__name__} is not supported by stepwarm "
+            f"(known: {', '.join(n for n, _ in _SPEC_CLASS_KIND)})"
+        )
+    return CacheSpec(
+        kind=kind,
+        block_size=spec.block_size,
+        sliding_window=getattr(spec, "sliding_window", None)
+        if kind == "sliding_window"
+        else None,
+        attention_chunk_size=getattr(spec, "attention_chunk_size", None)
+        if kind == "chunked_local_attention"
+        else None,
+        mamba_cache_mode=getattr(spec, "mamba_cache_mode", "none")
+        if kind == "mamba"
+        else "none",
+        num_speculative_blocks=getattr(spec, "num_speculative_blocks", 0)
+        if kind == "mamba"
+        else 0,
+        uniform_type=uniform,
+        vllm_class=type(spec).__name__,
+    )
+
+
+def runner_of(worker: Any) -> Any:
+    """The model runner behind a vLLM worker (``worker.model_runner``)."""
+    return getattr(worker, "model_runner", worker)
+
+
+def runner_kind(runner: Any) -> Literal["v1", "v2"]:
+    """"v2" for ``vllm.v1.worker.gpu.model_runner.GPUModelRunner``, else "v1"."""
+    return "v2" if type(runner).__module__.startswith("vllm.v1.worker.gpu.") or any(
+        c.__module__ == "vllm.v1.worker.gpu.model_runner" for c in type(runner).__mro__
+    ) else "v1"
+
+
+def _is_last_pp_rank(runner: Any) -> bool:
+    if hasattr(runner, "is_last_pp_rank"):
+        return bool(runner.is_last_pp_rank)
+    try:
+        from vllm.distributed.parallel_state import get_pp_group
+
+        return bool(get_pp_group().is_last_rank)
+    except Exception:  # pragma: no cover - no distributed state at all
+        return True
+
+
+def read_profile(worker: Any) -> RunnerProfile:
+    """Read a :class:`RunnerProfile` off a live vLLM worker (or model runner).
+
+    Works for the V1 runner (``num_spec_tokens``, ``uniform_decode_query_len``,
+    ``max_encoder_len``) and the V2 runner (``num_speculative_steps``,
+    ``decode_query_len``, ``model_state.max_encoder_len``).
+
+    Raises:
+        ProfileError: the runner has no KV cache config yet (call after
+            ``initialize_from_config``) or uses a spec stepwarm does not know.
+    """
+    import vllm
+
+    runner = runner_of(worker)
+    kind = runner_kind(runner)
+    cfg = runner.vllm_config
+    kv_cache_config = getattr(runner, "kv_cache_config", None)
+    if kv_cache_config is None:
+        raise ProfileError("the runner has no kv_cache_config yet: profile it "
+                           "after the KV cache is initialized")
+    if kind == "v2":
+        num_spec = int(runner.num_speculative_steps)
+        decode_query_len = int(runner.decode_query_len)
+        max_encoder_len = int(getattr(runner.model_state, "max_encoder_len", 0) or 0)
+        block_tables = getattr(runner, "block_tables", None)
+        null_block_writes = bool(
+            block_tables is not None
+            and getattr(block_tables, "redirect_writes_to_null_block", False)
+        )
+    else:
+        num_spec = int(getattr(runner, "num_spec_tokens", 0))
+        decode_query_len = int(getattr(runner, "uniform_decode_query_len", 1 + num_spec))
+        max_encoder_len = int(getattr(runner, "max_encoder_len", 0) or 0)
+        null_block_writes = False
+    model_config = cfg.model_config
+    is_pooling = bool(runner.is_pooling_model)
+    pooling_task = None
+    if is_pooling:
+        try:
+            pooling_task = model_config.get_pooling_task(runner.get_supported_tasks())
+        except Exception:
+            pooling_task = None
+    return RunnerProfile(
+        runner=kind,
+        vllm_version=vllm.__version__,
+        model=str(model_config.model),
+        kv_cache_groups=tuple(
+            cache_spec_from_vllm(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups
+        ),
+        num_blocks=int(kv_cache_config.num_blocks),
+        max_model_len=int(runner.max_model_len),
+        max_num_seqs=int(cfg.scheduler_config.max_num_seqs),
+        max_num_batched_tokens=int(cfg.scheduler_config.max_num_batched_tokens),
+        num_lookahead_tokens=int(getattr(cfg, "num_lookahead_tokens", 0) or 0),
+        num_speculative_steps=num_spec,
+        decode_query_len=decode_query_len,
+        max_encoder_len=max_encoder_len,
+        is_pooling_model=is_pooling,
+        pooling_task=pooling_task,
+        is_encoder_decoder=bool(model_config.is_encoder_decoder),
+        is_encoder_only=bool(getattr(cfg, "is_mm_encoder_only", False)),
+        is_last_pp_rank=_is_last_pp_rank(runner),
+        vocab_size=int(model_config.get_vocab_size()),
+        null_block_writes=null_block_writes,
+        mamba_cache_mode=str(getattr(cfg.cache_config, "mamba_cache_mode", "none")),
+        enable_prefix_caching=bool(cfg.cache_config.enable_prefix_caching),
+    )

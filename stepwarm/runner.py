@@ -1,0 +1,92 @@
+"""Thin adapters to a live vLLM worker: the only mutable vLLM state stepwarm touches.
+
+Reads the V1 runner (``vllm/v1/worker/gpu_model_runner.py``, also the CPU
+runner) and the V2 runner (``vllm/v1/worker/gpu/model_runner.py``) through
+one interface: which requests the runner holds, how to drop a step that was
+executed but never sampled, and how to switch the KV connector off for a run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from stepwarm.profile import runner_kind, runner_of
+
+
+def live_request_ids(worker: Any) -> set[str]:
+    """Request ids the runner holds state for.
+
+    V1: ``runner.requests`` keys plus ``runner.input_batch.req_ids``; V2:
+    ``runner.req_states.req_id_to_index`` keys.
+    """
+    runner = runner_of(worker)
+    if runner_kind(runner) == "v2":
+        return set(runner.req_states.req_id_to_index)
+    ids = set(getattr(runner, "requests", {}))
+    batch = getattr(runner, "input_batch", None)
+    if batch is not None:
+        ids.update(r for r in batch.req_ids if r is not None)
+    return ids
+
+
+def discard_pending_step(worker: Any) -> bool:
+    """Drop the state ``execute_model`` left for a ``sample_tokens`` call that
+    will not come (``runner.execute_model_state``), so the next
+    ``execute_model`` is accepted. Returns whether there was one."""
+    runner = runner_of(worker)
+    if getattr(runner, "execute_model_state", None) is None:
+        return False
+    runner.execute_model_state = None
+    return True
+
+
+@contextmanager
+def kv_connector_disabled(worker: Any) -> Iterator[None]:
+    """Run the block with the runner's KV connector off; restore it on exit,
+    also when the block raises.
+
+    V2: ``runner.kv_connector.set_disabled(True)`` then ``(False)``, as
+    vLLM's ``warmup_kernels`` does. V1: the runner asks the process-wide
+    ``vllm.distributed.kv_transfer.kv_transfer_state`` whether a connector
+    exists, so the agent is taken out of it for the block and put back.
+    """
+    runner = runner_of(worker)
+    if runner_kind(runner) == "v2":
+        connector = runner.kv_connector
+        connector.set_disabled(True)
+        try:
+            yield
+        finally:
+            connector.set_disabled(False)
+        return
+    from vllm.distributed.kv_transfer import kv_transfer_state
+
+    agent = kv_transfer_state._KV_CONNECTOR_AGENT
+    kv_transfer_state._KV_CONNECTOR_AGENT = None
+    try:
+        yield
+    finally:
+        kv_transfer_state._KV_CONNECTOR_AGENT = agent
+
+
+def kv_connector_active(worker: Any) -> bool:
+    """Whether the runner would use its KV connector now (V2: connector not
+    disabled; V1: an agent is registered)."""
+    runner = runner_of(worker)
+    if runner_kind(runner) == "v2":
+        return not getattr(runner.kv_connector, "_disabled", False)
+    from vllm.distributed.kv_transfer import kv_transfer_state
+
+    return kv_transfer_state._KV_CONNECTOR_AGENT is not None
+
+
+def synchronize() -> None:
+    """Wait for the device (``torch.accelerator.synchronize``; no-op on CPU
+    builds without an accelerator)."""
+    import torch
+
+    acc = getattr(torch, "accelerator", None)
+    if acc is not None and acc.is_available():
+        acc.synchronize()

@@ -1,0 +1,145 @@
+"""vLLM's own warmup sequences, as stepwarm plans.
+
+:func:`warmup_kernels_plan` is ``vllm.v1.worker.gpu.warmup.warmup_kernels``
+and :func:`mixed_prefill_decode_plan` is
+``run_mixed_prefill_decode_warmup``, step for step, expressed with
+:class:`~stepwarm.plan.PlanBuilder` so that every block id comes from the
+ledger. The built-in ``default`` scenario is these two plans back to back.
+"""
+
+from __future__ import annotations
+
+from stepwarm.blocks import ReservationContext, reserved_blocks_per_group
+from stepwarm.plan import REQ_ID_PREFIX, Plan, PlanBuilder, PlannedRequest
+from stepwarm.profile import RunnerProfile
+
+
+def max_warmup_requests(profile: RunnerProfile, prompt_len: int, decode_len: int) -> int:
+    """How many requests vLLM's warmup sends at once.
+
+    ``min(max_num_seqs, max_num_batched_tokens // max(prompt_len,
+    decode_query_len), (num_blocks - 1) // blocks_per_request)``, where
+    ``blocks_per_request`` is the worst case over the warmup (all groups, at
+    ``decode_len`` tokens); the block cap is skipped when the request holds
+    no blocks or the runner redirects writes to the null block. At least 1.
+    """
+    n = min(
+        profile.max_num_seqs,
+        profile.max_num_batched_tokens // max(prompt_len, profile.decode_query_len),
+    )
+    per_req = sum(
+        reserved_blocks_per_group(decode_len, profile.kv_cache_groups, ReservationContext.of(profile))
+    )
+    if per_req > 0 and not profile.null_block_writes:
+        n = min(n, max(1, (profile.num_blocks - 1) // per_req))
+    return max(1, n)
+
+
+def warmup_kernels_plan(profile: RunnerProfile, builder: PlanBuilder | None = None) -> Plan:
+    """vLLM's ``warmup_kernels`` sequence for ``profile``.
+
+    Steps: prefill every request with ``decode_query_len + 1`` tokens (sampled
+    with an all-ones bitmask on the last PP rank); decode all; then, with two
+    or more requests, decode [0, 1] with spec and non-spec mixed (and both
+    non-spec under a speculator); decode [0] alone (and [0] without drafts
+    under a speculator); cleanup. Pooling models: the prefill and cleanup only.
+    Encoder-only models: an empty plan.
+
+    Args:
+        builder: append to this builder (its requests stay live) instead of
+            a fresh one; the returned plan is then the builder's whole plan.
+    """
+    b = builder or PlanBuilder(profile, name="warmup_kernels")
+    if profile.is_encoder_only:
+        return Plan(name=b.name, requests=(), steps=(), skipped="encoder-only model: vLLM warms no step")
+    num_spec = profile.num_speculative_steps
+    dql = profile.decode_query_len
+    prompt_len = dql + 1
+    num_decode_steps = 1 if profile.is_pooling_model else (5 if num_spec > 0 else 3)
+    decode_len = prompt_len + num_decode_steps * dql
+    num_reqs = max_warmup_requests(profile, prompt_len, decode_len)
+    ids = [f"{REQ_ID_PREFIX}{i}_" for i in range(num_reqs)]
+    for rid in ids:
+        b.add_request(
+            PlannedRequest(
+                req_id=rid,
+                prompt_len=prompt_len,
+                kind="pool" if profile.is_pooling_model else "sample",
+                structured_output=not profile.is_pooling_model,
+                encoder_len=profile.max_encoder_len if profile.is_encoder_decoder else 0,
+            )
+        )
+    b.step("prefill", f"prefill {num_reqs} x {prompt_len}", prefill={r: prompt_len for r in ids})
+    if not profile.is_pooling_model:
+        spec = num_spec > 0
+        k = num_spec if spec else 0
+        steps: list[tuple[str, dict[str, int]]] = [("all", {r: k for r in ids})]
+        if num_reqs >= 2:
+            steps.append(("[0,1] spec+non-spec" if spec else "[0,1]", {ids[0]: k, ids[1]: 0}))
+            if spec:
+                steps.append(("[0,1] non-spec", {ids[0]: 0, ids[1]: 0}))
+        if num_reqs > 1:
+            steps.append(("[0]", {ids[0]: k}))
+        if spec:
+            steps.append(("[0] non-spec", {ids[0]: 0}))
+        for label, decode in steps:
+            kind = "spec_decode" if any(decode.values()) else "decode"
+            if any(decode.values()) and not all(decode.values()):
+                kind = "mixed_decode"
+            b.step(kind, f"decode {label}", decode=decode)
+    b.step("cleanup", "cleanup", finish=tuple(ids))
+    return b.build()
+
+
+def mixed_prefill_decode_plan(
+    profile: RunnerProfile, num_tokens: int = 16, builder: PlanBuilder | None = None
+) -> Plan:
+    """vLLM's ``run_mixed_prefill_decode_warmup`` for ``profile``.
+
+    A request is prefilled with 2 tokens and sampled; then one step decodes it
+    (1 token) beside a new request prefilling ``num_tokens - 1`` tokens;
+    cleanup. ``num_tokens`` is capped at ``max_num_batched_tokens`` and
+    ``max_model_len`` as ``mixed_batch_attention_warmup`` does.
+
+    Returns:
+        The plan, or an empty plan with ``skipped`` set where vLLM skips it
+        (pooling model, ``max_num_seqs < 2``, fewer than 3 tokens, or too few
+        blocks).
+    """
+    b = builder or PlanBuilder(profile, name="mixed_prefill_decode")
+    num_tokens = min(num_tokens, profile.max_num_batched_tokens, profile.max_model_len)
+    why = ""
+    if profile.is_pooling_model:
+        why = "pooling model"
+    elif profile.max_num_seqs < 2:
+        why = "max_num_seqs < 2"
+    elif num_tokens < 3:
+        why = f"num_tokens {num_tokens} < 3"
+    else:
+        ctx = ReservationContext.of(profile)
+        need = sum(reserved_blocks_per_group(3, profile.kv_cache_groups, ctx)) + sum(
+            reserved_blocks_per_group(num_tokens - 1, profile.kv_cache_groups, ctx)
+        )
+        if profile.num_blocks <= need:
+            why = f"only {profile.num_blocks} KV blocks for {need} required"
+    if why:
+        return Plan(name=b.name, requests=(), steps=(), skipped=why)
+    dec, pre = f"{REQ_ID_PREFIX}mixed_decode_", f"{REQ_ID_PREFIX}mixed_prefill_"
+    b.add_request(PlannedRequest(dec, 2, sampling="greedy"))
+    b.add_request(PlannedRequest(pre, num_tokens - 1, sampling="greedy"))
+    b.step("prefill", "prefill decode request (2)", prefill={dec: 2})
+    b.step("mixed_prefill_decode", f"decode 1 + prefill {num_tokens - 1}",
+           decode={dec: 0}, prefill={pre: num_tokens - 1})
+    b.step("cleanup", "cleanup", finish=(dec, pre))
+    return b.build()
+
+
+def default_plan(profile: RunnerProfile) -> Plan:
+    """The ``default`` scenario: :func:`warmup_kernels_plan` then
+    :func:`mixed_prefill_decode_plan`, as one plan."""
+    b = PlanBuilder(profile, name="default")
+    first = warmup_kernels_plan(profile, b)
+    if first.skipped:
+        return Plan(name="default", requests=(), steps=(), skipped=first.skipped)
+    mixed = mixed_prefill_decode_plan(profile, builder=b)
+    return mixed if not mixed.skipped else b.build()

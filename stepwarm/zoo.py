@@ -1,0 +1,74 @@
+"""Tiny model configs that stepwarm writes at run time.
+
+No model hub is needed: a model directory is a ``config.json`` (no weights,
+no tokenizer); vLLM loads it with ``load_format="dummy"`` and
+``skip_tokenizer_init=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+#: Tiny Llama: hidden 256, head_dim 64 (CPU attention rejects 16), 2 layers,
+#: vocab 512, 1024 positions. Starts on CPU in about 20 s.
+TINY_LLAMA: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "num_hidden_layers": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "bfloat16",
+    "attention_bias": False,
+    "mlp_bias": False,
+}
+
+#: Models stepwarm can write by name.
+MODELS: dict[str, dict[str, Any]] = {"tiny-llama": TINY_LLAMA}
+
+
+def cache_dir() -> Path:
+    """Directory under which tiny model dirs are written.
+
+    ``$STEPWARM_CACHE`` if set, else ``<tmp>/stepwarm-models``.
+    """
+    root = os.environ.get("STEPWARM_CACHE") or os.path.join(
+        tempfile.gettempdir(), "stepwarm-models"
+    )
+    return Path(root)
+
+
+def write_model(name: str = "tiny-llama", root: Path | None = None) -> Path:
+    """Write the named tiny model's ``config.json`` and return its directory.
+
+    Args:
+        name: a key of :data:`MODELS`.
+        root: parent directory; defaults to :func:`cache_dir`.
+
+    Returns:
+        ``root/name``, holding ``config.json`` (rewritten each call, so an
+        edited or truncated file never survives).
+
+    Raises:
+        KeyError: ``name`` is not a known model.
+    """
+    if name not in MODELS:
+        raise KeyError(f"unknown tiny model {name!r}; known: {sorted(MODELS)}")
+    model_dir = (root or cache_dir()) / name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(MODELS[name], indent=1) + "\n")
+    return model_dir
