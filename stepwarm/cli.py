@@ -1,0 +1,153 @@
+"""The ``stepwarm`` command line.
+
+``stepwarm run`` brings up an in-process vLLM engine (the embedded tiny Llama
+unless ``--model`` names a model directory), expands the scenarios against
+the worker's runner profile, drives them through ``execute_model`` /
+``sample_tokens`` and prints a table per scenario.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from stepwarm.driver import RunReport, StepFailed, StepResult
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Scheduler-realistic warmup steps for vLLM workers.")
+console = Console()
+err_console = Console(stderr=True)
+
+
+@app.callback()
+def _root() -> None:
+    """Scheduler-realistic warmup steps for vLLM workers."""
+
+
+def _parse_engine_args(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs -> ``vllm.LLM`` kwargs (VALUE parsed as JSON when it
+    parses, else kept as a string)."""
+    args: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint="--engine-arg")
+        try:
+            args[key.replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            args[key.replace("-", "_")] = value
+    return args
+
+
+def step_table(report: RunReport, num_groups: int) -> Table:
+    """A rich table of a run: one row per step."""
+    table = Table(title=f"scenario {report.plan} ({report.runner} runner)", title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("kind", no_wrap=True)
+    table.add_column("step", no_wrap=True, max_width=28, overflow="ellipsis")
+    table.add_column("reqs", justify="right")
+    table.add_column("tokens", justify="right")
+    table.add_column("spec", justify="right")
+    table.add_column("new blk", justify="right")
+    table.add_column("sampled", justify="right")
+    table.add_column("ms", justify="right")
+    for s in report.steps:
+        table.add_row(*_row(s, num_groups))
+    return table
+
+
+def _row(s: StepResult, num_groups: int) -> list[str]:
+    blocks = s.new_blocks or [0] * num_groups
+    sampled = "-" if s.sampled is None else str(len(s.sampled))
+    return [str(s.index), s.kind, s.label, str(s.num_reqs), str(s.num_scheduled_tokens),
+            str(s.num_spec_tokens), "/".join(map(str, blocks)), sampled, f"{s.wall_ms:.1f}"]
+
+
+def _fail(message: str, code: int = 1) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def run(
+    model: Annotated[Optional[Path], typer.Option(help="Local model directory (config.json; weights optional). Default: the embedded tiny Llama.")] = None,
+    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario name or TOML file; repeat for several. Default: default.")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the report as JSON to this file.")] = None,
+    engine_arg: Annotated[Optional[list[str]], typer.Option("--engine-arg", "-e", help="vllm.LLM keyword as KEY=VALUE (VALUE as JSON), e.g. -e max_num_seqs=4.")] = None,
+) -> None:
+    """Start vLLM in-process and drive scenarios through its worker."""
+    from stepwarm.profile import read_profile
+    from stepwarm.scenario import ScenarioError, plans_for
+
+    names = scenario or ["default"]
+    overrides = _parse_engine_args(engine_arg or [])
+    if model is not None and not (model / "config.json").is_file():
+        _fail(f"--model {model}: not a model directory (no config.json)", 2)
+    t0 = time.perf_counter()
+    from stepwarm.engine import start_engine
+
+    with console.status("starting vLLM engine..."):
+        try:
+            engine = start_engine(model, **overrides)
+        except Exception as e:  # noqa: BLE001 - vLLM rejects configs with many types
+            _fail(f"vLLM could not start the engine: {type(e).__name__}: {e}", 2)
+    startup_s = time.perf_counter() - t0
+    profile = read_profile(engine.worker)
+    groups = ", ".join(f"{g.kind}(block_size={g.block_size})" for g in profile.kv_cache_groups)
+    console.print(f"engine up in {startup_s:.1f} s: {profile.runner} runner, "
+                  f"vllm {profile.vllm_version}, {profile.num_blocks} blocks, groups: {groups}",
+                  highlight=False)
+    try:
+        plans = plans_for(names, profile)
+    except ScenarioError as e:
+        _fail(str(e), 2)
+    from stepwarm.driver import drive
+
+    reports: list[RunReport] = []
+    failed: StepFailed | None = None
+    for plan in plans:
+        if plan.skipped:
+            console.print(f"scenario {plan.name}: skipped: {plan.skipped}", highlight=False)
+            reports.append(RunReport(plan=plan.name, runner=profile.runner,
+                                     model=profile.model, skipped=plan.skipped))
+            continue
+        try:
+            report = drive(engine.worker, plan, profile)
+        except StepFailed as e:
+            failed = e
+            report = e.report
+        reports.append(report)
+        console.print(step_table(report, len(profile.kv_cache_groups)))
+        if failed:
+            break
+    if json_out is not None:
+        json_out.write_text(json.dumps(
+            {"profile": profile.model_dump(), "startup_s": startup_s,
+             "scenarios": [r.to_dict() for r in reports]}, indent=2) + "\n")
+    if failed is not None:
+        _fail(failed.report.error + (
+            "; cleanup ran, the runner holds no stepwarm request"
+            if not failed.report.left_in_runner
+            else f"; the runner still holds {failed.report.left_in_runner}"))
+    ran = [r for r in reports if not r.skipped]
+    console.print(
+        f"[bold green]ok[/]: {len(ran)} scenario(s), {sum(len(r.steps) for r in ran)} steps "
+        f"in {sum(r.wall_ms for r in ran):.0f} ms"
+        + (f", {len(reports) - len(ran)} skipped" if len(ran) < len(reports) else "")
+        + "; runner left with no warmup request", highlight=False)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()
