@@ -14,7 +14,7 @@ one shared pool of ``num_blocks`` in which block 0 is the null block.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from stepwarm.profile import CacheSpec, RunnerProfile
 
@@ -62,7 +62,7 @@ class ReservationRule(ABC):
 
 
 class TokenRangeRule(ReservationRule):
-    """Full, MLA, sliding window, chunked local and encoder-only attention.
+    """Full, MLA, sliding window and chunked local attention.
 
     Mirrors ``SingleTypeKVCacheManager.get_num_blocks_to_allocate``: the block
     table covers ``min(num_tokens + num_lookahead_tokens, max_model_len)``
@@ -84,10 +84,30 @@ class CircularBufferRule(ReservationRule):
 
 class CrossAttentionRule(ReservationRule):
     """``CrossAttentionManager``: blocks cover the encoder sequence only
-    (``cdiv(max_encoder_len, block_size)``), whatever the decoder length."""
+    (``cdiv(encoder_len, block_size)``), whatever the decoder length.
+
+    The scheduler passes ``num_encoder_tokens`` (the request's encoder input
+    length) to ``allocate_slots`` on the allocation that schedules the encoder
+    input; ``ctx.max_encoder_len`` is that length here (the runner's maximum
+    unless :meth:`BlockLedger.grow` is given the request's own ``encoder_len``;
+    a request with no encoder input holds 0 blocks)."""
 
     def blocks(self, num_tokens: int, spec: CacheSpec, ctx: ReservationContext) -> int:
         return cdiv(ctx.max_encoder_len, spec.block_size)
+
+
+class RunnerOnlyRule(ReservationRule):
+    """Encoder-only attention: 0 blocks.
+
+    ``EncoderOnlyAttentionSpec`` groups are runner-only: the V1 runner appends
+    them to its own ``KVCacheConfig`` after the scheduler's is built (and reads
+    a zero block table for them), the V2 runner keeps them out of the config,
+    and ``KVCacheSpecRegistry`` has no manager for the spec. The scheduler's
+    ``KVCacheManager`` never allocates a block for them.
+    """
+
+    def blocks(self, num_tokens: int, spec: CacheSpec, ctx: ReservationContext) -> int:
+        return 0
 
 
 class MambaRule(ReservationRule):
@@ -108,7 +128,7 @@ RULES: dict[str, ReservationRule] = {
     "mla_attention": TokenRangeRule(),
     "sliding_window": TokenRangeRule(),
     "chunked_local_attention": TokenRangeRule(),
-    "encoder_only_attention": TokenRangeRule(),
+    "encoder_only_attention": RunnerOnlyRule(),
     "circular_buffer": CircularBufferRule(),
     "cross_attention": CrossAttentionRule(),
     "mamba": MambaRule(),
@@ -119,7 +139,10 @@ def reserved_blocks(num_tokens: int, spec: CacheSpec, ctx: ReservationContext) -
     """Blocks the scheduler holds in ``spec``'s group for a request of
     ``num_tokens`` tokens (computed + scheduled).
 
-    Mirrors ``vllm.v1.worker.gpu.warmup._reserved_block_count``.
+    Agrees with ``vllm.v1.worker.gpu.warmup._reserved_block_count`` except
+    for encoder-only groups (0 here: the scheduler holds none; vLLM's warmup
+    never sees such a group in its config) and that cross-attention reads
+    ``ctx.max_encoder_len`` as the request's encoder length.
 
     Raises:
         KeyError: no rule for ``spec.kind``.
@@ -157,6 +180,8 @@ class BlockLedger:
     ctx: ReservationContext = field(default_factory=ReservationContext)
     _held: dict[str, list[list[int]]] = field(default_factory=dict, repr=False)
     _free: list[int] = field(default_factory=list, repr=False)
+    #: req_id -> the request's context (its own encoder length).
+    _ctx: dict[str, ReservationContext] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._free = list(range(self.num_blocks - 1, 0, -1))  # pop() -> lowest
@@ -188,15 +213,29 @@ class BlockLedger:
         """Blocks ``req_id`` holds, per group."""
         return tuple(len(ids) for ids in self._held[req_id])
 
-    def required(self, num_tokens: int) -> tuple[int, ...]:
-        """Blocks per group a request of ``num_tokens`` tokens holds."""
-        return reserved_blocks_per_group(num_tokens, self.specs, self.ctx)
+    def required(self, num_tokens: int, encoder_len: int | None = None) -> tuple[int, ...]:
+        """Blocks per group a request of ``num_tokens`` tokens holds
+        (``encoder_len``: its encoder input tokens; None: ``ctx.max_encoder_len``)."""
+        return reserved_blocks_per_group(num_tokens, self.specs, self._request_ctx(encoder_len))
 
-    def grow(self, req_id: str, num_tokens: int) -> tuple[tuple[int, ...], ...]:
+    def _request_ctx(self, encoder_len: int | None) -> ReservationContext:
+        if encoder_len is None or encoder_len == self.ctx.max_encoder_len:
+            return self.ctx
+        return replace(self.ctx, max_encoder_len=encoder_len)
+
+    def grow(
+        self, req_id: str, num_tokens: int, encoder_len: int | None = None
+    ) -> tuple[tuple[int, ...], ...]:
         """Bring ``req_id`` to ``num_tokens`` tokens (computed + scheduled).
 
         A request the ledger does not know is admitted. Block tables never
         shrink: a group whose requirement fell keeps its blocks.
+
+        Args:
+            encoder_len: the request's encoder input tokens (cross-attention
+                groups hold ``cdiv(encoder_len, block_size)``), remembered
+                from the request's first ``grow`` until it is freed. None:
+                the remembered value, else ``ctx.max_encoder_len``.
 
         Returns:
             The newly handed-out block ids per group (empty tuples where a
@@ -208,7 +247,10 @@ class BlockLedger:
                 (nothing is handed out in that case).
         """
         held = self._held.get(req_id) or [[] for _ in self.specs]
-        need = self.required(num_tokens)
+        ctx = self._ctx.get(req_id) if encoder_len is None else None
+        if ctx is None:
+            ctx = self._request_ctx(encoder_len)
+        need = reserved_blocks_per_group(num_tokens, self.specs, ctx)
         deltas = [max(0, n - len(ids)) for n, ids in zip(need, held)]
         if sum(deltas) > len(self._free):
             raise OutOfBlocksError(
@@ -220,6 +262,7 @@ class BlockLedger:
         for ids, got in zip(held, new):
             ids.extend(got)
         self._held[req_id] = held
+        self._ctx[req_id] = ctx
         return new
 
     def free(self, req_id: str) -> tuple[int, ...]:
@@ -229,6 +272,7 @@ class BlockLedger:
             The freed ids (all groups), empty if the request held none.
         """
         groups = self._held.pop(req_id, None) or []
+        self._ctx.pop(req_id, None)
         freed = tuple(i for ids in groups for i in ids)
         self._free.extend(freed)
         self._free.sort(reverse=True)

@@ -72,6 +72,10 @@ class RunReport:
         return asdict(self)
 
 
+class RunnerBusyError(RuntimeError):
+    """The runner holds requests stepwarm did not send; nothing was run."""
+
+
 class StepFailed(RuntimeError):
     """A step raised on the worker. ``report`` holds the steps that ran and the
     cleanup outcome; ``step`` is the failing step's index."""
@@ -135,6 +139,8 @@ def drive(
         The :class:`RunReport` (``ok`` True).
 
     Raises:
+        RunnerBusyError: the runner already holds requests (stepwarm warms an
+            idle runner); raised before any step.
         StepFailed: a step raised; the runner was cleaned up first and
             ``error.report`` says which step and what vLLM said.
         RuntimeError: the runner still held stepwarm requests after cleanup.
@@ -144,6 +150,13 @@ def drive(
                        skipped=plan.skipped)
     if not plan.steps:
         return report
+    busy = sorted(live_request_ids(worker))
+    if busy:
+        raise RunnerBusyError(
+            f"the runner holds {len(busy)} request(s) ({', '.join(busy[:4])}"
+            f"{', ...' if len(busy) > 4 else ''}); stepwarm drives an idle runner "
+            "(at start-up, before traffic), so nothing was run"
+        )
     params: dict[str, tuple[Any, Any]] = {}
     sent: set[str] = set()
     failed_at: int | None = None

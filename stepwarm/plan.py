@@ -23,7 +23,7 @@ from stepwarm.profile import RunnerProfile
 
 #: What a step exercises; reports and tables show it.
 StepKind = Literal[
-    "prefill", "chunked_prefill", "decode", "spec_decode", "mixed_decode",
+    "prefill", "chunked_prefill", "prefix_hit", "decode", "spec_decode", "mixed_decode",
     "mixed_prefill_decode", "resume", "preempt", "finish", "cleanup", "custom",
 ]
 
@@ -229,6 +229,15 @@ class PlanBuilder:
     def num_computed_tokens(self, req_id: str) -> int:
         """Tokens computed so far for ``req_id``."""
         return self._live(req_id, None).num_computed_tokens
+
+    def num_tokens(self, req_id: str) -> int:
+        """Prompt plus output tokens of ``req_id`` so far (what a resumption
+        recomputes)."""
+        return self._live(req_id, None).num_tokens
+
+    def state(self, req_id: str) -> Literal["waiting", "running", "preempted", "finished"]:
+        """Lifecycle state of ``req_id``."""
+        return self._live(req_id, None).state
 
     # -- steps ---------------------------------------------------------------
     @property
