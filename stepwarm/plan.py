@@ -443,7 +443,7 @@ class PlanBuilder:
             preempted_req_ids=frozenset(preempt),
             sample=bool(final_rows) and not pooling,
             grammar_req_ids=grammar_ids if p.is_last_pp_rank else (),
-            num_spec_tokens_to_schedule=p.num_speculative_steps,
+            num_spec_tokens_to_schedule=p.num_speculative_steps if final_rows else 0,
             held_blocks=tuple(held),
         )
         self._steps.append(step)

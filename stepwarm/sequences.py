@@ -65,11 +65,13 @@ def warmup_kernels_plan(profile: RunnerProfile, builder: PlanBuilder | None = No
                 req_id=rid,
                 prompt_len=prompt_len,
                 kind="pool" if profile.is_pooling_model else "sample",
-                structured_output=not profile.is_pooling_model,
                 encoder_len=profile.max_encoder_len if profile.is_encoder_decoder else 0,
             )
         )
-    b.step("prefill", f"prefill {num_reqs} x {prompt_len}", prefill={r: prompt_len for r in ids})
+    # vLLM samples the prefill with an all-ones bitmask (the structured-output
+    # kernel) and the decodes without one.
+    b.step("prefill", f"prefill {num_reqs} x {prompt_len}", prefill={r: prompt_len for r in ids},
+           grammar=not profile.is_pooling_model)
     if not profile.is_pooling_model:
         spec = num_spec > 0
         k = num_spec if spec else 0

@@ -1,0 +1,220 @@
+"""stepwarm's plans of vLLM's warmup equal what vLLM's own warmup builds.
+
+vLLM's real ``warmup_kernels`` and ``run_mixed_prefill_decode_warmup`` run
+here against a runner object that only carries the facts they read, with
+``execute_model`` / ``sample_tokens`` replaced by a recorder; their
+``SchedulerOutput``s are compared field by field with the ones stepwarm
+compiles from its plans.
+"""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from stepwarm.compile import to_grammar_output, to_scheduler_output
+from stepwarm.profile import CacheSpec, RunnerProfile
+from stepwarm.sequences import mixed_prefill_decode_plan, warmup_kernels_plan
+
+warmup = pytest.importorskip("vllm.v1.worker.gpu.warmup")
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput  # noqa: E402
+from vllm.v1.kv_cache_interface import (  # noqa: E402
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+
+
+def _vllm_spec(spec: CacheSpec) -> Any:
+    common = dict(block_size=spec.block_size)
+    attn = dict(num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+    if spec.kind == "full_attention":
+        return FullAttentionSpec(**common, **attn)
+    if spec.kind == "sliding_window":
+        return SlidingWindowSpec(**common, **attn, sliding_window=spec.sliding_window)
+    if spec.kind == "mamba":
+        return MambaSpec(**common, shapes=((4,),), dtypes=(torch.float32,),
+                         mamba_cache_mode=spec.mamba_cache_mode,
+                         num_speculative_blocks=spec.num_speculative_blocks)
+    raise AssertionError(spec.kind)
+
+
+def _runner(p: RunnerProfile) -> SimpleNamespace:
+    """The facts vLLM's warmup functions read off a V2 GPUModelRunner."""
+    groups = [KVCacheGroupSpec([f"layer{i}"], _vllm_spec(s)) for i, s in enumerate(p.kv_cache_groups)]
+    return SimpleNamespace(
+        vllm_config=SimpleNamespace(is_mm_encoder_only=False,
+                                    num_lookahead_tokens=p.num_lookahead_tokens),
+        num_speculative_steps=p.num_speculative_steps,
+        decode_query_len=p.decode_query_len,
+        is_pooling_model=False,
+        is_encoder_decoder=False,
+        kv_cache_config=KVCacheConfig(num_blocks=p.num_blocks, kv_cache_tensors=[],
+                                      kv_cache_groups=groups),
+        model_state=SimpleNamespace(max_encoder_len=0),
+        scheduler_config=SimpleNamespace(max_num_seqs=p.max_num_seqs,
+                                         max_num_batched_tokens=p.max_num_batched_tokens),
+        max_model_len=p.max_model_len,
+        max_num_reqs=p.max_num_seqs,
+        block_tables=None,
+        kv_block_zeroer=None,
+        model_config=SimpleNamespace(get_vocab_size=lambda: p.vocab_size),
+        is_last_pp_rank=p.is_last_pp_rank,
+        kv_connector=SimpleNamespace(set_disabled=lambda disabled: None),
+        adaptive_verification=None,
+        rejection_sampler=None,
+    )
+
+
+def _profile(**kw: Any) -> RunnerProfile:
+    base = dict(runner="v2", kv_cache_groups=(CacheSpec(kind="full_attention", block_size=16),),
+                num_blocks=1000, max_model_len=256, max_num_seqs=4,
+                max_num_batched_tokens=64, vocab_size=100)
+    base.update(kw)
+    return RunnerProfile(**base)
+
+
+PROFILES = {
+    "no-spec": _profile(),
+    "spec-2": _profile(num_speculative_steps=2, decode_query_len=3, num_lookahead_tokens=2),
+    "spec-one-request": _profile(num_speculative_steps=1, decode_query_len=2, max_num_seqs=1),
+    "one-request": _profile(max_num_seqs=1),
+    "block-capped": _profile(num_blocks=4, kv_cache_groups=(CacheSpec(kind="full_attention", block_size=2),)),
+    "token-capped": _profile(max_num_batched_tokens=5, num_speculative_steps=1, decode_query_len=2),
+    "hybrid": _profile(
+        num_speculative_steps=3, decode_query_len=4, num_lookahead_tokens=3, max_model_len=28,
+        kv_cache_groups=(
+            CacheSpec(kind="full_attention", block_size=4),
+            CacheSpec(kind="sliding_window", block_size=4, sliding_window=4),
+            CacheSpec(kind="mamba", block_size=4, mamba_cache_mode="align", num_speculative_blocks=2),
+        ),
+    ),
+    "not-last-pp-rank": _profile(is_last_pp_rank=False),
+}
+
+
+def _record(fn, *args: Any, **kw: Any) -> list[Any]:
+    calls: list[Any] = []
+    fn(*args, lambda so: calls.append(so), lambda go: calls.append(go), **kw)
+    return calls
+
+
+def _norm_id(req_id: str) -> str:
+    m = re.fullmatch(r"_(?:warmup|stepwarm)_(\d+)_", req_id)
+    if m:
+        return f"req{m.group(1)}"
+    return req_id.replace("_v2_mixed_warmup_", "mixed_").replace("_stepwarm_mixed_", "mixed_").rstrip("_")
+
+
+def _norm_blocks(block_ids: Any) -> Any:
+    return None if block_ids is None else tuple(tuple(ids) for ids in block_ids)
+
+
+def _normalize(obj: Any) -> Any:
+    """The fields vLLM's warmup sets, with request ids made comparable.
+
+    ``num_output_tokens`` is left out on purpose: vLLM's warmup reports 1 on
+    every decode step, stepwarm the tokens actually sampled so far (what the
+    scheduler reports), so the V1 runner does not truncate its outputs.
+    """
+    if obj is None:
+        return None
+    if isinstance(obj, GrammarOutput):
+        return ("grammar", [_norm_id(r) for r in obj.structured_output_request_ids],
+                obj.grammar_bitmask.shape, obj.grammar_bitmask.dtype.str,
+                bool((obj.grammar_bitmask == -1).all()))
+    assert isinstance(obj, SchedulerOutput)
+    new = sorted(
+        (_norm_id(r.req_id), tuple(r.prompt_token_ids), tuple(r.prefill_token_ids or ()),
+         _norm_blocks(r.block_ids), r.num_computed_tokens,
+         type(r.sampling_params).__name__, len(r.mm_features))
+        for r in obj.scheduled_new_reqs
+    )
+    c = obj.scheduled_cached_reqs
+    cached = sorted(
+        (_norm_id(rid), n, _norm_blocks(b))
+        for rid, n, b in zip(c.req_ids, c.num_computed_tokens, c.new_block_ids)
+    )
+    return (
+        "step", new, cached,
+        sorted((_norm_id(k), v) for k, v in obj.num_scheduled_tokens.items()),
+        obj.total_num_scheduled_tokens,
+        sorted((_norm_id(k), tuple(v)) for k, v in obj.scheduled_spec_decode_tokens.items()),
+        sorted(_norm_id(r) for r in obj.finished_req_ids),
+        obj.num_spec_tokens_to_schedule,
+    )
+
+
+def _ours(plan, profile: RunnerProfile) -> list[Any]:
+    calls: list[Any] = []
+    params: dict = {}
+    for step in plan.steps:
+        calls.append(to_scheduler_output(step, plan, profile, params))
+        if step.sample:
+            calls.append(to_grammar_output(step, profile))
+    return calls
+
+
+@pytest.fixture(autouse=True)
+def _no_accelerator_sync(monkeypatch):
+    # vLLM's warmup ends with torch.accelerator.synchronize(); there is none here.
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda *a, **k: None)
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_warmup_kernels_plan_equals_vllm_warmup_kernels(name):
+    profile = PROFILES[name]
+    theirs = [_normalize(o) for o in _record(warmup.warmup_kernels, _runner(profile))]
+    ours = [_normalize(o) for o in _ours(warmup_kernels_plan(profile), profile)]
+    assert len(ours) == len(theirs)
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        assert a == b, f"call {i} differs"
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_mixed_prefill_decode_plan_equals_vllm(name):
+    profile = PROFILES[name]
+    num_tokens = min(16, profile.max_num_batched_tokens, profile.max_model_len)
+    calls: list[Any] = []
+    ran = warmup.run_mixed_prefill_decode_warmup(
+        _runner(profile), calls.append, calls.append, num_tokens
+    )
+    plan = mixed_prefill_decode_plan(profile)
+    assert ran == (not plan.skipped)
+    # vLLM samples the mixed steps with no GrammarOutput (None).
+    ours = [_normalize(o) for o in _ours(plan, profile)]
+    assert ours == [_normalize(o) for o in calls]
+
+
+def test_spec_profile_step_shapes():
+    """Hand-checked: 2 drafts, 4 requests of 4 tokens, vLLM's decode steps."""
+    plan = warmup_kernels_plan(PROFILES["spec-2"])
+    assert [(s.kind, s.label) for s in plan.steps] == [
+        ("prefill", "prefill 4 x 4"),
+        ("spec_decode", "decode all"),
+        ("mixed_decode", "decode [0,1] spec+non-spec"),
+        ("decode", "decode [0,1] non-spec"),
+        ("spec_decode", "decode [0]"),
+        ("decode", "decode [0] non-spec"),
+        ("cleanup", "cleanup"),
+    ]
+    assert [s.total_num_scheduled_tokens for s in plan.steps] == [16, 12, 4, 2, 3, 1, 0]
+    # block_size 16, lookahead 2: a 4-token prompt holds cdiv(6, 16) = 1 block.
+    assert plan.steps[0].new_block_counts == (4,)
+
+
+def test_warmup_past_max_model_len_is_refused_before_any_step():
+    """vLLM's warmup decodes 5 x decode_query_len tokens past a 5-token prompt
+    whatever max_model_len is; stepwarm refuses to plan past it."""
+    from stepwarm.plan import PlanError
+
+    profile = _profile(num_speculative_steps=3, decode_query_len=4, max_model_len=9)
+    with pytest.raises(PlanError, match="would reach 13 tokens, beyond max_model_len 9") as info:
+        warmup_kernels_plan(profile)
+    assert info.value.step == 2 and info.value.field == "tokens"
