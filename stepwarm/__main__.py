@@ -1,0 +1,5 @@
+"""``python -m stepwarm`` = the ``stepwarm`` command."""
+
+from stepwarm.cli import main
+
+main()
