@@ -144,6 +144,185 @@ def run(
         + "; runner left with no warmup request", highlight=False)
 
 
+def _profile_for(model: Optional[Path], profile: Optional[Path],
+                 engine_arg: Optional[list[str]] = None) -> Any:
+    """The runner profile ``check``/``show`` plan against: ``--profile`` file,
+    or a profile read off an engine started with ``--model``, or the packaged
+    tiny-Llama profile. Exits 2 on bad input."""
+    from stepwarm.profile import ProfileError, RunnerProfile, read_profile
+    from stepwarm.scenario import tiny_profile
+
+    if model is not None and profile is not None:
+        _fail("give --model or --profile, not both", 2)
+    if profile is not None:
+        try:
+            return RunnerProfile.load(profile)
+        except ProfileError as e:
+            _fail(str(e), 2)
+    if model is None and not engine_arg:
+        return tiny_profile()
+    if model is not None and not (model / "config.json").is_file():
+        _fail(f"--model {model}: not a model directory (no config.json)", 2)
+    from stepwarm.engine import start_engine
+
+    with err_console.status("starting vLLM engine..."):
+        try:
+            engine = start_engine(model, **_parse_engine_args(engine_arg or []))
+        except Exception as e:  # noqa: BLE001 - vLLM rejects configs with many types
+            _fail(f"vLLM could not start the engine: {type(e).__name__}: {e}", 2)
+    try:
+        return read_profile(engine.worker)
+    except ProfileError as e:
+        _fail(str(e), 2)
+    finally:
+        engine.shutdown()
+
+
+def _profile_line(p: Any) -> str:
+    groups = ", ".join(f"{g.kind}(block_size={g.block_size})" for g in p.kv_cache_groups)
+    return (f"profile: {p.model or '?'} ({p.runner} runner): max_num_seqs {p.max_num_seqs}, "
+            f"max_num_batched_tokens {p.max_num_batched_tokens}, max_model_len "
+            f"{p.max_model_len}, num_spec_steps {p.num_speculative_steps}, "
+            f"{p.num_blocks} blocks, groups: {groups}")
+
+
+@app.command("list")
+def list_scenarios() -> None:
+    """List the built-in scenarios with what they need."""
+    from stepwarm.scenario import ScenarioError, builtin_names, load
+
+    table = Table(title="built-in scenarios", title_justify="left")
+    table.add_column("name", no_wrap=True)
+    table.add_column("needs")
+    table.add_column("description")
+    for name in builtin_names():
+        try:
+            sc = load(name)
+            table.add_row(name, ", ".join(sc.model.needs) or "-", sc.model.description)
+        except ScenarioError as e:
+            table.add_row(name, "?", f"[red]invalid: {e}[/]")
+    console.print(table)
+
+
+@app.command()
+def check(
+    files: Annotated[list[str], typer.Argument(help="Scenario files (.toml) or built-in names.")],
+    model: Annotated[Optional[Path], typer.Option(help="Start vLLM with this model directory and check against its runner.")] = None,
+    profile: Annotated[Optional[Path], typer.Option(help="Check against a profile saved by `stepwarm profile`. Default: the embedded tiny Llama's.")] = None,
+    engine_arg: Annotated[Optional[list[str]], typer.Option("--engine-arg", "-e", help="vllm.LLM keyword as KEY=VALUE with --model.")] = None,
+) -> None:
+    """Validate scenarios against a runner profile without running any step (exit 2 on any error)."""
+    from stepwarm.scenario import ScenarioError, check as check_all
+
+    prof = _profile_for(model, profile, engine_arg)
+    console.print(_profile_line(prof), highlight=False)
+    bad = 0
+    for name, result in check_all(files, prof):
+        if isinstance(result, ScenarioError):
+            bad += 1
+            err_console.print(f"[bold red]error:[/] {result}", highlight=False, soft_wrap=True)
+        elif result.skipped:
+            console.print(f"skipped {name}: {result.skipped}", highlight=False)
+        else:
+            n_req = len(result.requests)
+            console.print(f"[green]ok[/] {name}: {len(result.steps)} steps, {n_req} requests",
+                          highlight=False)
+    if bad:
+        raise typer.Exit(2)
+
+
+@app.command()
+def show(
+    file: Annotated[str, typer.Argument(help="Scenario file (.toml) or built-in name.")],
+    model: Annotated[Optional[Path], typer.Option(help="Start vLLM with this model directory and plan for its runner.")] = None,
+    profile: Annotated[Optional[Path], typer.Option(help="Plan for a profile saved by `stepwarm profile`. Default: the embedded tiny Llama's.")] = None,
+) -> None:
+    """Print the expanded plan of a scenario: per step requests, tokens, drafts, blocks per group."""
+    from stepwarm.scenario import ScenarioError, plans_for
+
+    prof = _profile_for(model, profile)
+    try:
+        plan = plans_for([file], prof)[0]
+    except ScenarioError as e:
+        _fail(str(e), 2)
+    console.print(_profile_line(prof), highlight=False)
+    if plan.skipped:
+        console.print(f"scenario {plan.name}: skipped: {plan.skipped}", highlight=False)
+        return
+    ng = len(prof.kv_cache_groups)
+    table = Table(title=f"scenario {plan.name}: {len(plan.steps)} steps, "
+                  f"{len(plan.requests)} requests; blocks per KV cache group as g0/g1/...",
+                  title_justify="left")
+    for col, just in (("#", "right"), ("kind", "left"), ("requests", "left"),
+                      ("tokens", "right"), ("spec", "right"), ("new blk", "right"),
+                      ("held blk", "right"), ("sample", "left")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    prefix = f"_stepwarm_{plan.name}_"
+
+    def short(rid: str) -> str:
+        import re
+
+        name = rid.removeprefix(prefix)
+        m = re.fullmatch(r"(.*)_(\d+)_", name)
+        return f"{m.group(1)}[{m.group(2)}]" if m else name.rstrip("_")
+
+    for st in plan.steps:
+        names = [short(r.req_id) for r in st.scheduled]
+        if st.finished_req_ids:
+            names.append("finish: " + ",".join(sorted(map(short, st.finished_req_ids))))
+        if st.preempted_req_ids:
+            names.append("preempt: " + ",".join(sorted(map(short, st.preempted_req_ids))))
+        held = [sum(c[g] for _, c in st.held_blocks) for g in range(ng)] if st.held_blocks else []
+        sample = ("grammar" if st.grammar_req_ids else "yes") if st.sample else "-"
+        table.add_row(str(st.index), st.kind, " ".join(names),
+                      str(st.total_num_scheduled_tokens),
+                      str(sum(len(r.spec_token_ids) for r in st.scheduled)),
+                      "/".join(map(str, st.new_block_counts or [0] * ng)),
+                      "/".join(map(str, held or [0] * ng)), sample)
+    console.print(table)
+
+
+@app.command()
+def schema() -> None:
+    """Print the scenario file format as JSON Schema."""
+    from stepwarm.scenario import json_schema
+
+    print(json.dumps(json_schema(), indent=2))
+
+
+@app.command("profile")
+def profile_cmd(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Write the profile JSON here.")],
+    model: Annotated[Optional[Path], typer.Option(help="Local model directory (config.json; weights optional). Default: the embedded tiny Llama.")] = None,
+    engine_arg: Annotated[Optional[list[str]], typer.Option("--engine-arg", "-e", help="vllm.LLM keyword as KEY=VALUE (VALUE as JSON).")] = None,
+) -> None:
+    """Start vLLM, read the worker's runner profile and save it as JSON (for `check --profile`)."""
+    from stepwarm.profile import ProfileError, read_profile
+
+    overrides = _parse_engine_args(engine_arg or [])
+    if model is not None and not (model / "config.json").is_file():
+        _fail(f"--model {model}: not a model directory (no config.json)", 2)
+    from stepwarm.engine import start_engine
+
+    with err_console.status("starting vLLM engine..."):
+        try:
+            engine = start_engine(model, **overrides)
+        except Exception as e:  # noqa: BLE001 - vLLM rejects configs with many types
+            _fail(f"vLLM could not start the engine: {type(e).__name__}: {e}", 2)
+    try:
+        prof = read_profile(engine.worker)
+    except ProfileError as e:
+        _fail(str(e), 2)
+    finally:
+        engine.shutdown()
+    try:
+        prof.save(output)
+    except OSError as e:
+        _fail(f"{output}: cannot write profile: {e.strerror or e}", 2)
+    console.print(_profile_line(prof), highlight=False)
+    console.print(f"saved {output}", highlight=False)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -280,7 +280,9 @@ class PlanBuilder:
                 one continues its chunked prefill.
             decode: request -> draft tokens (0: plain decode). Schedules
                 ``1 + drafts`` tokens for a request whose prompt is done.
-            resume: preempted request -> tokens to schedule on resumption.
+            resume: preempted request -> tokens to schedule on resumption
+                (also a running request still recomputing past its prompt
+                after a chunked resumption: continues, not resumed again).
             finish: requests the scheduler finishes in this step
                 (``finished_req_ids``); their blocks are freed.
             preempt: running requests preempted in this step (blocks freed,
@@ -373,7 +375,11 @@ class PlanBuilder:
             total += 1 + k
         for rid, n in resume.items():
             live = self._live(rid, self.next_index)
-            if live.state != "preempted":
+            # A preempted request resumes (fresh block table); a running one
+            # whose resumption was chunked continues recomputing.
+            continuing = (live.state == "running"
+                          and live.num_computed_tokens < live.num_tokens)
+            if live.state != "preempted" and not continuing:
                 raise self._err(f"request {rid!r} cannot be resumed: it is {live.state}", "resume")
             left = live.num_tokens - live.num_computed_tokens
             if n <= 0 or n > left:
@@ -381,7 +387,7 @@ class PlanBuilder:
                     f"request {rid!r}: resume schedules {n} tokens; allowed 1..{left}", "tokens"
                 )
             done = n == left
-            rows.append(self._row(live, n, (), done, resumed=True))
+            rows.append(self._row(live, n, (), done, resumed=not continuing))
             plan_updates.append((live, n, 1 if done else 0))
             total += n
         if total > p.max_num_batched_tokens:
