@@ -8,7 +8,10 @@ Two ways in:
   installed with stepwarm). It does nothing unless ``STEPWARM_SCENARIOS`` is
   set (comma-separated names or files); then every worker class's
   ``compile_or_warm_up_model`` runs those scenarios right after vLLM's own
-  warmup, in every worker process.
+  warmup, in every worker process, and keeps the reports on the worker as
+  ``worker.stepwarm_reports``. An invalid scenario or a failing step raises
+  out of ``compile_or_warm_up_model``, so the engine does not start half
+  warmed (the runner is cleaned up first).
 """
 
 from __future__ import annotations
@@ -73,7 +76,8 @@ def _wrap(cls: type) -> None:
         result = original(self, *args, **kwargs)
         names = [s.strip() for s in os.environ.get(ENV_SCENARIOS, "").split(",") if s.strip()]
         if names:
-            warmup(self, names)
+            # Kept on the worker so that callers (and tests) can read them.
+            self.stepwarm_reports = warmup(self, names)
         return result
 
     compile_or_warm_up_model._stepwarm = True  # type: ignore[attr-defined]
