@@ -133,6 +133,10 @@ def to_scheduler_output(
     if step.preempted_req_ids:
         _set(out, "preempted_req_ids", set(step.preempted_req_ids))
     _set(out, "num_spec_tokens_to_schedule", step.num_spec_tokens_to_schedule)
+    if step.scheduled:
+        # No common prefix across the warmup requests (older V2 runners read
+        # one entry per KV cache group).
+        _set(out, "num_common_prefix_blocks", [0] * len(profile.kv_cache_groups))
     if step.grammar_req_ids:
         _set(out, "has_structured_output_requests", True)
     return out
