@@ -68,9 +68,16 @@ def main() -> None:
     if not torch.accelerator.is_available():
         torch.accelerator.synchronize = lambda *a, **k: None  # CPU: nothing to wait for
 
+    vllm_calls: list[int] = []
+
+    def counted_execute(scheduler_output: Any) -> Any:
+        vllm_calls.append(scheduler_output.total_num_scheduled_tokens)
+        return worker.execute_model(scheduler_output)
+
     def run_vllm() -> float:
+        vllm_calls.clear()
         t0 = time.perf_counter()
-        warmup_kernels(view, worker.execute_model, worker.sample_tokens)
+        warmup_kernels(view, counted_execute, worker.sample_tokens)
         return (time.perf_counter() - t0) * 1e3
 
     def run_stepwarm() -> float:
@@ -96,6 +103,9 @@ def main() -> None:
           f"stepwarm {first_stepwarm:.1f} ms")
     print(f"median of {args.rounds} rounds:  vLLM warmup_kernels {mv:.2f} ms, "
           f"stepwarm {ms:.2f} ms (planning {mp:.3f} ms of it)")
+    plan = warmup_kernels_plan(profile)
+    print(f"steps (scheduled tokens): vLLM {vllm_calls}, "
+          f"stepwarm {[st.total_num_scheduled_tokens for st in plan.steps]}")
     print(f"ratio stepwarm / vLLM: {ms / mv:.3f}")
     engine.shutdown()
 
