@@ -134,7 +134,7 @@ class _Eval:
                 return self.facts[node.id]
             close = difflib.get_close_matches(node.id, list(self.facts) + ["block_size"], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise self.fail(f"unknown fact {node.id!r}{hint}; known facts: "
+            raise self.fail(f"unknown fact {node.id!r}{hint}; allowed facts: "
                             f"{', '.join(sorted(self.facts))}, block_size(i)")
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
             v = self.visit(node.operand)
@@ -148,12 +148,15 @@ class _Eval:
                                 "allowed: + - * // %")
             a, b = self.visit(node.left), self.visit(node.right)
             if op in ("//", "%") and b == 0:
-                raise self.fail(f"division by zero ({ast.unparse(node.right)} is 0)")
+                raise self.fail(f"division by zero ({ast.unparse(node.right)} is 0); "
+                                "allowed: a divisor that is not 0 on this runner")
             return {"+": a + b, "-": a - b, "*": a * b, "//": a // b if b else 0,
                     "%": a % b if b else 0}[op]
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
-            args = [self.visit(a) for a in node.args]
             name = node.func.id
+            if name != "block_size" and name not in _FUNCS:
+                raise self.fail(f"function {name!r} is not allowed; allowed: block_size, min, max")
+            args = [self.visit(a) for a in node.args]
             if name == "block_size":
                 if len(args) != 1:
                     raise self.fail("block_size takes one argument: the KV cache group index")
@@ -193,4 +196,4 @@ def buckets(limit: int, low: int = 1) -> tuple[int, ...]:
     top16 = limit // 16 * 16
     neither = limit if limit % 16 else limit - 1
     cands = {1, 16, 17, top16, neither}
-    return tuple(sorted(v for v in cands if low <= v <= limit and (v == 1 or v > 1)))
+    return tuple(sorted(v for v in cands if low <= v <= limit))

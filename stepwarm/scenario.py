@@ -31,6 +31,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationError,
     field_validator,
 )
@@ -142,7 +143,7 @@ class RequestSpec(BaseModel):
         default="sample", description="\"sample\" (SamplingParams) or \"pool\" (PoolingParams; needs pooling).")
     sampling: Literal["warmup", "greedy"] = Field(
         default="warmup", description="\"warmup\": SamplingParams.for_sampler_warmup(); \"greedy\": temperature 0.")
-    structured_output: bool = Field(
+    structured_output: StrictBool = Field(
         default=False, description="Sample with an all-ones grammar bitmask (needs structured_output).")
     encoder: Expr | None = Field(
         default=None, description="Encoder input tokens (needs encoder_decoder); default "
@@ -169,7 +170,7 @@ class PrefillStep(_Scheduling):
     kind: Literal["prefill"]
     tokens: Size | None = Field(default=None, description="Prompt tokens per request "
                                 "(default: the rest of the prompt). " + _SIZE_HELP)
-    each: bool = Field(default=False, description="One step per selected request.")
+    each: StrictBool = Field(default=False, description="One step per selected request.")
 
 
 class ChunkedPrefillStep(_Scheduling):
@@ -177,7 +178,7 @@ class ChunkedPrefillStep(_Scheduling):
 
     kind: Literal["chunked_prefill"]
     tokens: Size = Field(description="Chunk length per request. " + _SIZE_HELP)
-    each: bool = Field(default=False, description="One step per selected request.")
+    each: StrictBool = Field(default=False, description="One step per selected request.")
 
 
 class PrefixHitStep(_Scheduling):
@@ -188,7 +189,7 @@ class PrefixHitStep(_Scheduling):
                          "below the prompt length.")
     tokens: Size | None = Field(default=None, description="Tokens to compute per request "
                                 "(default: the rest of the prompt).")
-    each: bool = Field(default=False, description="One step per selected request.")
+    each: StrictBool = Field(default=False, description="One step per selected request.")
 
 
 class DecodeStep(_Scheduling):
@@ -373,7 +374,7 @@ def loads(text: str, file: str, name: str) -> LoadedScenario:
             file=file, line=index.line(("top",), "sequence"), field="sequence")
     if model.sequence is None and not model.steps:
         raise ScenarioError(
-            f"{file}:1: empty scenario: no [[steps]]; allowed: at least one [[steps]] "
+            f"{file}:1: field 'steps': empty scenario: no [[steps]]; allowed: at least one [[steps]] "
             "table with a kind (or sequence = \"vllm-default\")", file=file, line=1,
             field="steps")
     return LoadedScenario(name=name, file=file, text=text, model=model, index=index)
@@ -450,6 +451,13 @@ def _where(file: str, line: int | None, sec: tuple, field: str | None,
     return ": ".join(parts[:1]) + (": " + ", ".join(parts[1:]) if len(parts) > 1 else "")
 
 
+_TYPE_ALLOWED = {
+    "bool_type": "true or false", "bool_parsing": "true or false",
+    "string_type": "a string", "list_type": "a list of strings",
+    "dict_type": "a table", "model_type": "a table", "int_type": "an integer",
+}
+
+
 def _validation_error(e: ValidationError, file: str, index: _TomlIndex) -> ScenarioError:
     errors = e.errors()
     err = errors[0]
@@ -474,6 +482,11 @@ def _validation_error(e: ValidationError, file: str, index: _TomlIndex) -> Scena
             if isinstance(err["input"], dict) else []
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         what = f"{got}{hint}; allowed kinds: {tags}"
+    elif typ in _TYPE_ALLOWED or typ == "literal_error":
+        allowed = _TYPE_ALLOWED.get(typ) or err["msg"].removeprefix("Input should be ")
+        what = f"wrong type or value {err['input']!r}; allowed: {allowed}"
+        desc = model.model_fields[fld].description if model and fld in model.model_fields else ""
+        what += f" ({desc})" if desc else ""
     else:
         msg = err["msg"].removeprefix("Value error, ")
         desc = ""
@@ -867,7 +880,15 @@ def expand(sc: LoadedScenario, profile: RunnerProfile) -> Plan:
               "vllm-warmup-kernels": sequences.warmup_kernels_plan,
               "vllm-mixed-prefill-decode": sequences.mixed_prefill_decode_plan,
               }[sc.model.sequence]
-        return dataclasses.replace(fn(profile), name=sc.name)
+        try:
+            plan = fn(profile)
+        except PlanError as e:
+            line = sc.index.line(("top",), "sequence")
+            raise ScenarioError(
+                f"{sc.file}:{line}: field 'sequence': {sc.model.sequence} cannot be built for "
+                f"this runner: {e}; allowed: a runner whose limits fit vLLM's own warmup",
+                file=sc.file, line=line, step=e.step, field="sequence") from None
+        return dataclasses.replace(plan, name=sc.name)
     return _Expander(sc, profile).expand()
 
 

@@ -1,0 +1,332 @@
+"""Scenario format, built-ins, needs -> skip, default.toml == vLLM's sequence (no engine)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from stepwarm import sequences
+from stepwarm.plan import REQ_ID_PREFIX
+from stepwarm.profile import CacheSpec, RunnerProfile
+from stepwarm.scenario import (
+    ScenarioError,
+    builtin_names,
+    check,
+    expand,
+    json_schema,
+    load,
+    loads,
+    plans_for,
+    tiny_profile,
+)
+
+FULL = CacheSpec(kind="full_attention", block_size=16)
+
+
+def profile(**kw) -> RunnerProfile:
+    base = dict(runner="v1", kv_cache_groups=(FULL,), num_blocks=1000, max_model_len=256,
+                max_num_seqs=4, max_num_batched_tokens=128, vocab_size=100)
+    return RunnerProfile(**{**base, **kw})
+
+
+PROFILES = {
+    "tiny": tiny_profile(),
+    "plain": profile(),
+    "spec": profile(num_speculative_steps=2, decode_query_len=3, num_lookahead_tokens=2),
+    "spec1": profile(num_speculative_steps=1, decode_query_len=2, max_num_seqs=16,
+                     max_num_batched_tokens=2048, max_model_len=4096),
+    "one_seq": profile(max_num_seqs=1),
+    "few_blocks": profile(num_blocks=4),
+    "pooling": profile(is_pooling_model=True, pooling_task="embed"),
+    "mamba": profile(kv_cache_groups=(FULL, CacheSpec(kind="mamba", block_size=64,
+                                                      mamba_cache_mode="align")),
+                     mamba_cache_mode="align"),
+    "encdec": profile(kv_cache_groups=(FULL, CacheSpec(kind="cross_attention", block_size=16)),
+                      is_encoder_decoder=True, max_encoder_len=48),
+    "not_last_pp": profile(is_last_pp_rank=False),
+    "hybrid_sw": profile(kv_cache_groups=(FULL, CacheSpec(kind="sliding_window", block_size=32,
+                                                          sliding_window=64))),
+}
+
+EXPECTED_SKIPS = {
+    "speculator": {"spec-decode"},
+    "mamba_align": {"mamba-align"},
+    "encoder_decoder": {"cross-attention"},
+    "pooling": {"pooling"},
+}
+
+
+def test_builtins_are_the_issue_list():
+    assert set(builtin_names()) == {
+        "default", "mixed-prefill-decode", "spec-decode", "triton-buckets", "chunked-prefill",
+        "prefix-hit", "mamba-align", "cross-attention", "pooling", "structured-output",
+        "preempt-resume",
+    }
+
+
+def test_every_builtin_checks_against_the_tiny_profile():
+    results = dict(check(builtin_names(), tiny_profile()))
+    assert not [n for n, r in results.items() if isinstance(r, ScenarioError)], results
+    skipped = {n for n, r in results.items() if r.skipped}
+    assert skipped == {"spec-decode", "mamba-align", "cross-attention", "pooling"}
+
+
+@pytest.mark.parametrize("pname", list(PROFILES))
+def test_every_builtin_expands_or_skips_on_many_profiles(pname):
+    prof = PROFILES[pname]
+    for name, result in check(builtin_names(), prof):
+        if pname in ("one_seq", "few_blocks") and isinstance(result, ScenarioError):
+            continue  # a 1-seq or 3-block runner cannot hold most multi-request shapes
+        assert not isinstance(result, ScenarioError), (pname, name, str(result))
+        if result.skipped:
+            continue
+        assert result.steps, (pname, name)
+        ids = {r.req_id for r in result.requests}
+        assert all(r.startswith(f"{REQ_ID_PREFIX}") for r in ids)
+        # every request sent is finished by the end
+        sent = {r.req_id for st in result.steps for r in st.scheduled}
+        finished = set().union(*(st.finished_req_ids for st in result.steps))
+        assert sent <= finished, (pname, name, sent - finished)
+
+
+def test_builtins_that_need_features_run_where_the_feature_is():
+    assert not expand(load("spec-decode"), PROFILES["spec"]).skipped
+    assert not expand(load("spec-decode"), PROFILES["spec1"]).skipped
+    assert not expand(load("mamba-align"), PROFILES["mamba"]).skipped
+    assert not expand(load("cross-attention"), PROFILES["encdec"]).skipped
+    assert not expand(load("pooling"), PROFILES["pooling"]).skipped
+
+
+@pytest.mark.parametrize("pname", list(PROFILES))
+def test_default_toml_is_vllms_default_plan(pname):
+    prof = PROFILES[pname]
+    plan = expand(load("default"), prof)
+    ref = sequences.default_plan(prof)
+    assert plan.name == "default"
+    assert plan.steps == ref.steps and plan.requests == ref.requests
+    assert plan.skipped == ref.skipped
+
+
+def test_default_covers_one_and_many_requests_spec_and_pooling():
+    n_reqs = {p: len(expand(load("default"), PROFILES[p]).requests)
+              for p in ("plain", "spec", "one_seq", "pooling")}
+    assert n_reqs["one_seq"] == 1 and n_reqs["plain"] == 4 + 2
+    kinds = [s.kind for s in expand(load("default"), PROFILES["spec"]).steps]
+    assert "mixed_decode" in kinds and "spec_decode" in kinds
+    assert all(not s.sample for s in expand(load("default"), PROFILES["pooling"]).steps)
+
+
+@pytest.mark.parametrize("need, pname, reason", [
+    ("speculator", "plain", "needs speculator: runner has num_speculative_steps 0"),
+    ("mamba_align", "plain", "needs mamba_align"),
+    ("encoder_decoder", "plain", "needs encoder_decoder"),
+    ("pooling", "plain", "needs pooling"),
+    ("structured_output", "pooling", "needs structured_output"),
+    ("structured_output", "not_last_pp", "needs structured_output: runner does not sample"),
+])
+def test_unmet_need_skips_not_fails(need, pname, reason):
+    text = f'needs = ["{need}"]\n[requests.a]\nprompt = 4\n[[steps]]\nkind = "prefill"\nrequests = ["a"]\n'
+    plan = expand(loads(text, "x.toml", "x"), PROFILES[pname])
+    assert plan.skipped.startswith(reason)
+    assert not plan.steps
+
+
+def test_met_need_runs():
+    text = ('needs = ["speculator"]\n[requests.a]\nprompt = 4\n[[steps]]\nkind = "prefill"\n'
+            'requests = ["a"]\n[[steps]]\nkind = "spec_decode"\nrequests = ["a"]\n')
+    plan = expand(loads(text, "x.toml", "x"), PROFILES["spec"])
+    assert [len(r.spec_token_ids) for r in plan.steps[1].scheduled] == [2]
+    assert plan.steps[-1].kind == "cleanup"
+
+
+def test_sampling_scenario_skips_on_pooling_runner():
+    assert expand(load("chunked-prefill"), PROFILES["pooling"]).skipped
+
+
+def _plan(text: str, prof: RunnerProfile | None = None):
+    return expand(loads(textwrap.dedent(text), "t.toml", "t"), prof or profile())
+
+
+def test_request_ids_and_selectors():
+    plan = _plan("""
+        [requests.r]
+        prompt = 5
+        count = 3
+        [requests.s]
+        prompt = 4
+        [[steps]]
+        kind = "prefill"
+        requests = ["r[1:]", "s", "r[0]", "r[1]"]
+    """)
+    assert plan.steps[0].req_ids == ("_stepwarm_t_r_1_", "_stepwarm_t_r_2_", "_stepwarm_t_s_",
+                                     "_stepwarm_t_r_0_")
+
+
+def test_bucketed_prompt_and_each():
+    plan = _plan("""
+        [requests.p]
+        prompt = { buckets = "max_num_batched_tokens" }
+        [[steps]]
+        kind = "prefill"
+        requests = ["p"]
+        each = true
+    """)
+    assert [s.total_num_scheduled_tokens for s in plan.steps[:-1]] == [1, 16, 17, 127, 128]
+
+
+def test_bucketed_batch_and_tokens():
+    plan = _plan("""
+        [requests.d]
+        prompt = 40
+        count = "max_num_seqs"
+        [[steps]]
+        kind = "chunked_prefill"
+        requests = ["d[0]"]
+        tokens = { buckets = 17 }
+        [[steps]]
+        kind = "prefill"
+        requests = ["d"]
+        [[steps]]
+        kind = "decode"
+        requests = ["d"]
+        batch = { buckets = "max_num_seqs" }
+    """)
+    assert [s.total_num_scheduled_tokens for s in plan.steps[:3]] == [1, 16, 17]
+    assert [len(s.scheduled) for s in plan.steps[4:6]] == [1, 4]
+
+
+def test_prefix_hit_step_starts_after_the_hit():
+    plan = _plan("""
+        [requests.h]
+        prompt = "block_size(0) * 2 + 3"
+        [[steps]]
+        kind = "prefix_hit"
+        requests = ["h"]
+        cached = "block_size(0) * 2"
+    """)
+    row = plan.steps[0].scheduled[0]
+    assert row.new and row.num_computed_tokens == 32 and row.num_scheduled_tokens == 3
+    assert [len(g) for g in row.block_ids] == [3] and row.samples
+
+
+def test_preempt_and_chunked_resume():
+    plan = _plan("""
+        [requests.a]
+        prompt = 20
+        [[steps]]
+        kind = "prefill"
+        requests = ["a"]
+        [[steps]]
+        kind = "decode"
+        requests = ["a"]
+        [[steps]]
+        kind = "preempt"
+        requests = ["a"]
+        [[steps]]
+        kind = "resume"
+        requests = ["a"]
+        tokens = 10
+        [[steps]]
+        kind = "resume"
+        requests = ["a"]
+    """)
+    pre, r1, r2 = plan.steps[2], plan.steps[3].scheduled[0], plan.steps[4].scheduled[0]
+    assert pre.preempted_req_ids == {"_stepwarm_t_a_"} and not pre.scheduled
+    assert r1.resumed and r1.num_computed_tokens == 0 and not r1.samples
+    assert [len(g) for g in r1.block_ids] == [1]
+    assert not r2.resumed and r2.num_computed_tokens == 10 and r2.num_scheduled_tokens == 12
+    assert r2.samples
+
+
+def test_mixed_decode_and_mixed_prefill_decode():
+    plan = _plan("""
+        [requests.r]
+        prompt = 4
+        count = 3
+        [requests.p]
+        prompt = 30
+        [[steps]]
+        kind = "prefill"
+        requests = ["r"]
+        [[steps]]
+        kind = "mixed_decode"
+        spec = ["r[0]"]
+        non_spec = ["r[1:]"]
+        [[steps]]
+        kind = "mixed_prefill_decode"
+        prefill = ["p"]
+        tokens = 16
+        decode = ["r"]
+    """, PROFILES["spec"])
+    assert [len(r.spec_token_ids) for r in plan.steps[1].scheduled] == [2, 0, 0]
+    assert plan.steps[1].kind == "mixed_decode"
+    assert plan.steps[2].total_num_scheduled_tokens == 16 + 3
+
+
+def test_finish_default_finishes_all_live_and_no_auto_cleanup_needed():
+    plan = _plan("""
+        [requests.a]
+        prompt = 4
+        [[steps]]
+        kind = "prefill"
+        requests = ["a"]
+        [[steps]]
+        kind = "finish"
+    """)
+    assert [s.kind for s in plan.steps] == ["prefill", "finish"]
+
+
+def test_encoder_default_on_encoder_decoder_runner():
+    plan = expand(load("cross-attention"), PROFILES["encdec"])
+    assert {r.encoder_len for r in plan.requests} == {48, 24}
+
+
+def test_schema_is_the_model():
+    schema = json_schema()
+    assert schema["additionalProperties"] is False
+    assert set(schema["properties"]) == {"description", "needs", "sequence", "requests", "steps"}
+    kinds = {d["properties"]["kind"]["const"] for d in schema["$defs"].values()
+             if "const" in d.get("properties", {}).get("kind", {})}
+    assert kinds == {"prefill", "chunked_prefill", "prefix_hit", "decode", "spec_decode",
+                     "mixed_decode", "mixed_prefill_decode", "preempt", "resume", "finish"}
+    json.dumps(schema)
+
+
+def test_sequence_plan_errors_become_scenario_errors():
+    # vLLM's sequence on a runner too small for it: the PlanError is reported
+    # as a ScenarioError naming the file and the sequence field.
+    prof = profile(runner="v2", null_block_writes=True, num_blocks=3)
+    with pytest.raises(ScenarioError) as e:
+        plans_for(["default"], prof)
+    assert "scenarios/default.toml:" in str(e.value) and "field 'sequence'" in str(e.value)
+
+
+def test_tiny_profile_is_the_documented_one():
+    p = tiny_profile()
+    assert (p.max_model_len, p.max_num_seqs, p.max_num_batched_tokens) == (512, 8, 512)
+    assert p.kv_cache_groups[0].block_size == 128 and p.num_blocks > 10_000
+
+
+def test_readme_examples_are_valid():
+    """Every ```toml block of scenarios/README.md that is a whole scenario loads
+    and expands (against the profile its comment names, default tiny)."""
+    readme = (Path(__file__).parents[2] / "scenarios" / "README.md").read_text()
+    blocks = readme.split("```toml\n")[1:]
+    assert len(blocks) >= 10
+    n = 0
+    for i, block in enumerate(blocks):
+        text = block.split("```")[0]
+        if "[[steps]]" not in text and "sequence" not in text:
+            continue
+        n += 1
+        prof = PROFILES["tiny"]
+        for need, pname in (("speculator", "spec"), ("mamba_align", "mamba"),
+                            ("encoder_decoder", "encdec"), ("pooling", "pooling")):
+            if f'"{need}"' in text:
+                prof = PROFILES[pname]
+        plan = expand(loads(text, f"README block {i}", f"readme{i}"), prof)
+        assert not plan.skipped and plan.steps, (i, text)
+    assert n >= 10

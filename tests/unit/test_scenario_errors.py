@@ -1,0 +1,258 @@
+"""Every kind of bad scenario input: the message names the file, the line, the
+step index and the field, and says what is allowed; nothing runs (no engine)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from stepwarm.profile import CacheSpec, RunnerProfile
+from stepwarm.scenario import ScenarioError, plans_for
+
+
+def profile(**kw) -> RunnerProfile:
+    base = dict(runner="v1", kv_cache_groups=(CacheSpec(kind="full_attention", block_size=16),),
+                num_blocks=1000, max_model_len=256, max_num_seqs=4,
+                max_num_batched_tokens=128, vocab_size=100)
+    return RunnerProfile(**{**base, **kw})
+
+
+def bad(tmp_path: Path, text: str, prof: RunnerProfile | None = None) -> ScenarioError:
+    f = tmp_path / "bad.toml"
+    f.write_text(textwrap.dedent(text).lstrip())
+    with pytest.raises(ScenarioError) as e:
+        plans_for([str(f)], prof or profile())
+    return e.value
+
+
+def assert_parts(e: ScenarioError, line: int | None, step: int | None, field: str | None,
+                 *words: str) -> None:
+    msg = str(e)
+    assert "bad.toml" in msg and e.file.endswith("bad.toml")
+    if line is not None:
+        assert f"bad.toml:{line}:" in msg and e.line == line
+    if step is not None:
+        assert f"step {step}" in msg and e.step == step
+    if field is not None:
+        assert f"field {field!r}" in msg and e.field == field
+    assert "allowed" in msg
+    for w in words:
+        assert w in msg, msg
+    assert "\n" not in msg
+
+
+PREFILL_A = """
+[requests.a]
+prompt = 10
+
+[[steps]]
+kind = "prefill"
+requests = ["a"]
+"""
+
+
+def test_malformed_toml(tmp_path):
+    e = bad(tmp_path, PREFILL_A + 'tokens = = 3\n')
+    assert_parts(e, 7, None, None, "malformed TOML", "column")
+
+
+def test_unknown_key_suggests_closest(tmp_path):
+    e = bad(tmp_path, PREFILL_A + "tokenz = 3\n")
+    assert_parts(e, 7, 0, "tokenz", "unknown key 'tokenz'", "did you mean 'tokens'?")
+
+
+def test_unknown_top_level_key(tmp_path):
+    e = bad(tmp_path, "need = ['pooling']\n" + PREFILL_A)
+    assert_parts(e, 1, None, "need", "did you mean 'needs'?")
+
+
+def test_unknown_request_key(tmp_path):
+    e = bad(tmp_path, PREFILL_A.replace("prompt = 10", "prompt = 10\nprompt_len = 3"))
+    assert_parts(e, 3, None, "prompt_len", "request 'a'", "did you mean 'prompt'?")
+
+
+def test_unknown_step_kind(tmp_path):
+    e = bad(tmp_path, PREFILL_A.replace('"prefill"', '"prefil"'))
+    assert_parts(e, 5, 0, "kind", "unknown step kind 'prefil'", "did you mean 'prefill'?",
+                 "chunked_prefill")
+
+
+def test_wrong_type(tmp_path):
+    e = bad(tmp_path, PREFILL_A.replace("prompt = 10", "prompt = true"))
+    assert_parts(e, 2, None, "prompt", "request 'a'", "bool", "an integer, or an expression")
+
+
+def test_wrong_type_in_step(tmp_path):
+    e = bad(tmp_path, PREFILL_A + "each = 'yes'\n")
+    assert_parts(e, 7, 0, "each", "'yes'", "allowed: true or false")
+
+
+def test_zero_tokens(tmp_path):
+    e = bad(tmp_path, PREFILL_A + "tokens = 0\n")
+    assert_parts(e, 7, 0, "tokens", "tokens 0 is out of range", "allowed: >= 1")
+
+
+def test_negative_tokens_from_expression(tmp_path):
+    e = bad(tmp_path, PREFILL_A + 'tokens = "decode_query_len - 5"\n')
+    assert_parts(e, 7, 0, "tokens", "'decode_query_len - 5' = -4")
+
+
+def test_zero_prompt(tmp_path):
+    e = bad(tmp_path, PREFILL_A.replace("prompt = 10", "prompt = 0"))
+    assert_parts(e, 2, None, "prompt", "request 'a'", "out of range")
+
+
+def test_prompt_plus_decode_beyond_max_model_len(tmp_path):
+    e = bad(tmp_path, PREFILL_A.replace("prompt = 10", 'prompt = "max_model_len - 1"')
+            .replace("128", "128") + '\n[[steps]]\nkind = "decode"\nrequests = ["a"]\nrepeat = 3\n',
+            profile(max_num_batched_tokens=256))
+    assert_parts(e, 11, 1, "repeat", "beyond max_model_len 256", "max_model_len = 256 per request")
+
+
+def test_prompt_beyond_max_model_len(tmp_path):
+    e = bad(tmp_path, PREFILL_A.replace("prompt = 10", 'prompt = "max_model_len + 1"'))
+    assert_parts(e, 2, None, "prompt", "exceeds max_model_len 256", "1..256")
+
+
+def test_more_requests_than_max_num_seqs(tmp_path):
+    e = bad(tmp_path, PREFILL_A.replace("prompt = 10", 'prompt = 10\ncount = "max_num_seqs + 1"'))
+    assert_parts(e, 7, 0, "requests", "5 requests scheduled but max_num_seqs is 4",
+                 "at most max_num_seqs = 4")
+
+
+def test_more_tokens_than_max_num_batched_tokens(tmp_path):
+    e = bad(tmp_path, PREFILL_A.replace("prompt = 10", "prompt = 100\ncount = 2"))
+    assert_parts(e, 7, 0, "requests", "200 tokens scheduled but max_num_batched_tokens is 128",
+                 "max_num_batched_tokens = 128 per step")
+
+
+def test_more_tokens_than_budget_names_tokens_field(tmp_path):
+    e = bad(tmp_path, PREFILL_A.replace("prompt = 10", "prompt = 200") + "tokens = 129\n")
+    assert_parts(e, 7, 0, "tokens", "129 tokens scheduled")
+
+
+def test_decode_never_prefilled(tmp_path):
+    e = bad(tmp_path, PREFILL_A + '\n[[steps]]\nkind = "decode"\nrequests = ["b"]\n'
+            .replace('["b"]', '["b"]') + "\n[requests.b]\nprompt = 4\n")
+    assert_parts(e, 10, 1, "requests", "request 'b' cannot be decoded: it is never prefilled",
+                 "decode a running request")
+
+
+def test_decode_finished(tmp_path):
+    e = bad(tmp_path, PREFILL_A + '\n[[steps]]\nkind = "finish"\n'
+            '\n[[steps]]\nkind = "decode"\nrequests = ["a"]\n')
+    assert_parts(e, 13, 2, "requests", "request 'a' cannot be decoded: it is finished already")
+
+
+def test_prefill_of_live_request(tmp_path):
+    e = bad(tmp_path, PREFILL_A + '\n[[steps]]\nkind = "prefill"\nrequests = ["a"]\n')
+    assert_parts(e, 10, 1, "requests", "already finished its prefill", "prefill a waiting request")
+
+
+def test_spec_tokens_without_speculator(tmp_path):
+    e = bad(tmp_path, PREFILL_A + '\n[[steps]]\nkind = "decode"\nrequests = ["a"]\nspec_tokens = 2\n')
+    assert_parts(e, 11, 1, "spec_tokens", "no speculator", "0..num_spec_steps = 0")
+
+
+def test_more_blocks_than_the_runner_has(tmp_path):
+    e = bad(tmp_path, PREFILL_A.replace("prompt = 10", "prompt = 40"), profile(num_blocks=3))
+    assert_parts(e, 6, 0, "requests", "needs 3 more block(s)", "num_blocks 3",
+                 "num_blocks - 1 = 2 blocks")
+
+
+def test_expression_unknown_fact(tmp_path):
+    e = bad(tmp_path, PREFILL_A + 'tokens = "max_num_batched_token // 2"\n')
+    assert_parts(e, 7, 0, "tokens", "unknown fact 'max_num_batched_token'",
+                 "did you mean 'max_num_batched_tokens'?")
+
+
+def test_expression_division_by_zero(tmp_path):
+    e = bad(tmp_path, PREFILL_A + 'tokens = "max_model_len // num_spec_steps"\n')
+    assert_parts(e, 7, 0, "tokens", "division by zero")
+
+
+def test_expression_error_in_request(tmp_path):
+    e = bad(tmp_path, PREFILL_A.replace("prompt = 10", 'prompt = 10\ncount = "seqs"'))
+    assert_parts(e, 3, None, "count", "request 'a'", "unknown fact 'seqs'")
+
+
+def test_empty_scenario(tmp_path):
+    e = bad(tmp_path, 'description = "nothing"\n')
+    assert_parts(e, 1, None, "steps", "empty scenario")
+
+
+def test_empty_file(tmp_path):
+    e = bad(tmp_path, "")
+    assert_parts(e, 1, None, "steps", "empty scenario")
+
+
+def test_unknown_request_in_step(tmp_path):
+    e = bad(tmp_path, PREFILL_A.replace('["a"]', '["aa"]'))
+    assert_parts(e, 6, 0, "requests", "unknown request 'aa'", "did you mean 'a'?")
+
+
+def test_bad_selector(tmp_path):
+    e = bad(tmp_path, PREFILL_A.replace('["a"]', '["a[0"]'))
+    assert_parts(e, 6, 0, "requests", "not a request selector")
+
+
+def test_selector_index_out_of_range(tmp_path):
+    e = bad(tmp_path, PREFILL_A.replace('["a"]', '["a[3]"]'))
+    assert_parts(e, 6, 0, "requests", "index 3 out of range", "0..0")
+
+
+def test_missing_required_key(tmp_path):
+    e = bad(tmp_path, PREFILL_A.replace('"prefill"', '"chunked_prefill"'))
+    assert_parts(e, 4, 0, "tokens", "missing required key 'tokens'")
+
+
+def test_wrong_literal(tmp_path):
+    e = bad(tmp_path, PREFILL_A.replace("prompt = 10", 'prompt = 10\nkind = "embed"'))
+    assert_parts(e, 3, None, "kind", "'embed'", "'sample' or 'pool'")
+
+
+def test_requests_not_a_list(tmp_path):
+    e = bad(tmp_path, PREFILL_A.replace('["a"]', '"a"'))
+    assert_parts(e, 6, 0, "requests", "a list of strings")
+
+
+def test_unknown_need(tmp_path):
+    e = bad(tmp_path, "needs = ['speculators']\n" + PREFILL_A)
+    assert_parts(e, 1, None, "needs", "speculator")
+
+
+def test_prefix_hit_not_block_aligned(tmp_path):
+    e = bad(tmp_path, PREFILL_A.replace('"prefill"', '"prefix_hit"').replace(
+        "prompt = 10", "prompt = 40") + "cached = 10\n")
+    assert_parts(e, 7, 0, "cached", "not a whole number of blocks", "lcm_block_size = 16")
+
+
+def test_sequence_with_steps(tmp_path):
+    e = bad(tmp_path, 'sequence = "vllm-default"\n' + PREFILL_A)
+    assert_parts(e, 1, None, "sequence", "one or the other")
+
+
+def test_pool_request_on_generative_runner(tmp_path):
+    e = bad(tmp_path, PREFILL_A.replace("prompt = 10", 'prompt = 10\nkind = "pool"'))
+    assert_parts(e, 3, None, "kind", "not a pooling model", 'needs = ["pooling"]')
+
+
+def test_unknown_builtin_name():
+    with pytest.raises(ScenarioError) as e:
+        plans_for(["spec-decod"], profile())
+    assert "did you mean 'spec-decode'?" in str(e.value) and "allowed" in str(e.value)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ScenarioError) as e:
+        plans_for([str(tmp_path / "nope.toml")], profile())
+    assert "nope.toml" in str(e.value) and "cannot read" in str(e.value)
+
+
+def test_all_scenarios_are_validated_before_any_runs(tmp_path):
+    good = tmp_path / "good.toml"
+    good.write_text(textwrap.dedent(PREFILL_A))
+    with pytest.raises(ScenarioError):
+        plans_for([str(good), "default", str(tmp_path / "missing.toml")], profile())
