@@ -1,0 +1,73 @@
+"""The scenario commands of the CLI: list, check, show, schema (no engine)."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from stepwarm.cli import app
+from stepwarm.profile import CacheSpec, RunnerProfile
+from stepwarm.scenario import builtin_names
+
+runner = CliRunner()
+
+
+def test_list():
+    r = runner.invoke(app, ["list"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0
+    for name in builtin_names():
+        assert name in r.stdout
+
+
+def test_check_builtins_ok():
+    r = runner.invoke(app, ["check", *builtin_names()], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "skipped spec-decode: needs speculator" in r.stdout
+    assert "ok default:" in r.stdout
+
+
+def test_check_bad_file_exit_2(tmp_path):
+    f = tmp_path / "bad.toml"
+    f.write_text('[requests.a]\nprompt = 4\n[[steps]]\nkind = "decode"\nrequests = ["a"]\n')
+    r = runner.invoke(app, ["check", str(f), "default"], env={"COLUMNS": "300"})
+    assert r.exit_code == 2
+    assert "bad.toml:5: step 0 (decode), field 'requests'" in r.stderr
+    assert "never prefilled" in r.stderr and "Traceback" not in r.output
+    assert "ok default" in r.stdout
+
+
+def test_check_against_saved_profile(tmp_path):
+    prof = RunnerProfile(runner="v1", kv_cache_groups=(CacheSpec(kind="full_attention", block_size=16),),
+                         num_blocks=100, max_model_len=64, max_num_seqs=2,
+                         max_num_batched_tokens=64, vocab_size=10, num_speculative_steps=1,
+                         decode_query_len=2)
+    p = tmp_path / "p.json"
+    prof.save(p)
+    r = runner.invoke(app, ["check", "spec-decode", "--profile", str(p)], env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    assert "ok spec-decode" in r.stdout
+
+
+def test_check_bad_profile_exit_2(tmp_path):
+    p = tmp_path / "p.json"
+    p.write_text("{")
+    r = runner.invoke(app, ["check", "default", "--profile", str(p)])
+    assert r.exit_code == 2 and "not JSON" in r.stderr
+
+
+def test_show():
+    r = runner.invoke(app, ["show", "preempt-resume"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "preempt: a" in r.stdout and "resume" in r.stdout
+
+
+def test_show_unknown_exit_2():
+    r = runner.invoke(app, ["show", "nope"])
+    assert r.exit_code == 2 and "unknown scenario 'nope'" in r.stderr
+
+
+def test_schema():
+    r = runner.invoke(app, ["schema"])
+    assert r.exit_code == 0
+    assert json.loads(r.stdout)["title"] == "stepwarm scenario"
