@@ -82,3 +82,11 @@ def test_user_file_runs(engine, profile, tmp_path: Path):
     assert [s.kind for s in report.steps] == ["chunked_prefill", "prefill", "decode", "decode",
                                               "cleanup"]
     assert not {r for r in live_request_ids(engine.worker) if r.startswith(REQ_ID_PREFIX)}
+
+
+def test_packaged_tiny_profile_matches_the_engine(profile):
+    from stepwarm.scenario import tiny_profile
+
+    tiny = tiny_profile()
+    keep = {"model", "num_blocks", "vllm_version"}
+    assert tiny.model_dump(exclude=keep) == profile.model_dump(exclude=keep)

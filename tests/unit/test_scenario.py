@@ -330,3 +330,12 @@ def test_readme_examples_are_valid():
         plan = expand(loads(text, f"README block {i}", f"readme{i}"), prof)
         assert not plan.skipped and plan.steps, (i, text)
     assert n >= 10
+
+
+@pytest.mark.parametrize("pname", list(PROFILES))
+def test_profile_toml_round_trip(pname):
+    from stepwarm.scenario import profile_to_toml
+    import tomllib
+
+    prof = PROFILES[pname]
+    assert RunnerProfile.model_validate(tomllib.loads(profile_to_toml(prof, "x\ny"))) == prof
