@@ -255,7 +255,7 @@ def show(
                   title_justify="left")
     for col, just in (("#", "right"), ("kind", "left"), ("requests", "left"),
                       ("tokens", "right"), ("spec", "right"), ("new blk", "right"),
-                      ("held blk", "right"), ("sample", "left")):
+                      ("held blk", "right"), ("sampled", "left")):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     prefix = f"_stepwarm_{plan.name}_"
 
@@ -266,14 +266,33 @@ def show(
         m = re.fullmatch(r"(.*)_(\d+)_", name)
         return f"{m.group(1)}[{m.group(2)}]" if m else name.rstrip("_")
 
+    order = {r.req_id: i for i, r in enumerate(plan.requests)}
+
+    def names_of(ids: Any) -> str:
+        """``a[0] a[1] a[2] b`` -> ``a[0..2] b`` (runs of one request group)."""
+        import re
+
+        runs: list[list[Any]] = []
+        for name in map(short, ids):
+            m = re.fullmatch(r"(.*)\[(\d+)\]", name)
+            base, i = (m.group(1), int(m.group(2))) if m else (name, None)
+            if runs and i is not None and runs[-1][0] == base and runs[-1][2] == i - 1:
+                runs[-1][2] = i
+            else:
+                runs.append([base, i, i])
+        return " ".join(b if i is None else f"{b}[{i}]" if i == j else f"{b}[{i}..{j}]"
+                        for b, i, j in runs)
+
     for st in plan.steps:
-        names = [short(r.req_id) for r in st.scheduled]
+        names = [names_of(r.req_id for r in st.scheduled)] if st.scheduled else []
         if st.finished_req_ids:
-            names.append("finish: " + ",".join(sorted(map(short, st.finished_req_ids))))
+            names.append("finish: " + names_of(sorted(st.finished_req_ids, key=order.get)))
         if st.preempted_req_ids:
-            names.append("preempt: " + ",".join(sorted(map(short, st.preempted_req_ids))))
+            names.append("preempt: " + names_of(sorted(st.preempted_req_ids, key=order.get)))
         held = [sum(c[g] for _, c in st.held_blocks) for g in range(ng)] if st.held_blocks else []
-        sample = ("grammar" if st.grammar_req_ids else "yes") if st.sample else "-"
+        sample = (str(st.num_sampling_requests)
+                  + (f" (g:{len(st.grammar_req_ids)})" if st.grammar_req_ids else "")
+                  ) if st.sample else "-"
         table.add_row(str(st.index), st.kind, " ".join(names),
                       str(st.total_num_scheduled_tokens),
                       str(sum(len(r.spec_token_ids) for r in st.scheduled)),
