@@ -13,6 +13,7 @@ one shared pool of ``num_blocks`` in which block 0 is the null block.
 
 from __future__ import annotations
 
+import heapq
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
 
@@ -179,12 +180,20 @@ class BlockLedger:
     num_blocks: int
     ctx: ReservationContext = field(default_factory=ReservationContext)
     _held: dict[str, list[list[int]]] = field(default_factory=dict, repr=False)
-    _free: list[int] = field(default_factory=list, repr=False)
+    #: Ids >= _next were never handed out; _freed is a min-heap of returned
+    #: ids (all < _next). The pool is never materialized: GPU runners have
+    #: hundreds of thousands of blocks.
+    _next: int = field(default=1, repr=False)
+    _freed: list[int] = field(default_factory=list, repr=False)
     #: req_id -> the request's context (its own encoder length).
     _ctx: dict[str, ReservationContext] = field(default_factory=dict, repr=False)
 
-    def __post_init__(self) -> None:
-        self._free = list(range(self.num_blocks - 1, 0, -1))  # pop() -> lowest
+    def _take(self) -> int:
+        """The lowest free id."""
+        if self._freed:
+            return heapq.heappop(self._freed)
+        self._next += 1
+        return self._next - 1
 
     @classmethod
     def for_profile(cls, profile: RunnerProfile) -> BlockLedger:
@@ -194,7 +203,7 @@ class BlockLedger:
     @property
     def num_free(self) -> int:
         """Blocks left in the pool."""
-        return len(self._free)
+        return self.num_blocks - self._next + len(self._freed)
 
     @property
     def num_held(self) -> int:
@@ -252,13 +261,13 @@ class BlockLedger:
             ctx = self._request_ctx(encoder_len)
         need = reserved_blocks_per_group(num_tokens, self.specs, ctx)
         deltas = [max(0, n - len(ids)) for n, ids in zip(need, held)]
-        if sum(deltas) > len(self._free):
+        if sum(deltas) > self.num_free:
             raise OutOfBlocksError(
                 f"request {req_id!r} needs {sum(deltas)} more block(s) for "
-                f"{num_tokens} tokens but only {len(self._free)} of "
+                f"{num_tokens} tokens but only {self.num_free} of "
                 f"{self.num_blocks - 1} are free"
             )
-        new = tuple(tuple(self._free.pop() for _ in range(d)) for d in deltas)
+        new = tuple(tuple(self._take() for _ in range(d)) for d in deltas)
         for ids, got in zip(held, new):
             ids.extend(got)
         self._held[req_id] = held
@@ -274,8 +283,8 @@ class BlockLedger:
         groups = self._held.pop(req_id, None) or []
         self._ctx.pop(req_id, None)
         freed = tuple(i for ids in groups for i in ids)
-        self._free.extend(freed)
-        self._free.sort(reverse=True)
+        for block_id in freed:
+            heapq.heappush(self._freed, block_id)
         return freed
 
     def live_requests(self) -> tuple[str, ...]:
