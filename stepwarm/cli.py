@@ -22,7 +22,9 @@ from stepwarm.driver import RunReport, StepFailed, StepResult
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Scheduler-realistic warmup steps for vLLM workers.")
-console = Console()
+#: Tables are ~115 columns wide; when output is not a terminal (CI logs, nox),
+#: rich would wrap them at 80.
+console = Console(width=None if sys.stdout.isatty() else 132)
 err_console = Console(stderr=True)
 
 
