@@ -15,6 +15,7 @@ step and the request.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -404,7 +405,9 @@ class PlanBuilder:
                 )
 
         # Blocks: finished/preempted requests free first (same step), then the
-        # scheduled ones grow. All-or-nothing: check the pool before taking.
+        # scheduled ones grow. All-or-nothing: a refused step leaves the
+        # ledger as it was (no request freed, no block handed out).
+        saved = copy.deepcopy(self.ledger)
         for rid in finish + preempt:
             self.ledger.free(rid)
         final_rows: list[ScheduledRequest] = []
@@ -412,12 +415,13 @@ class PlanBuilder:
         try:
             for row, (live, dn, _) in zip(rows, plan_updates):
                 target = live.num_computed_tokens + dn
-                got = self.ledger.grow(row.req_id, target)
+                got = self.ledger.grow(row.req_id, target, encoder_len=live.decl.encoder_len)
                 if row.new or row.resumed:
                     got = self.ledger.held(row.req_id)
                 final_rows.append(_replace_blocks(row, got))
                 held.append((row.req_id, self.ledger.held_counts(row.req_id)))
         except OutOfBlocksError as e:
+            self.ledger = saved
             raise self._err(f"{e} (runner has num_blocks {p.num_blocks})", "blocks") from None
 
         for live, dn, dout in plan_updates:
@@ -488,7 +492,7 @@ class PlanBuilder:
         # The hit's blocks are held from the start (allocate_slots with
         # new_computed_blocks); they are sent with the first step.
         try:
-            self.ledger.grow(req_id, num_tokens)
+            self.ledger.grow(req_id, num_tokens, encoder_len=live.decl.encoder_len)
         except OutOfBlocksError as e:
             raise self._err(str(e), "blocks") from None
         live.num_computed_tokens = num_tokens

@@ -1,0 +1,21 @@
+"""Hypothesis profiles, chosen with ``HYPOTHESIS_PROFILE`` (default "ci").
+
+- ``ci``: derandomized (same examples every run), 500 examples per property,
+  no deadline. ``nox -s tests`` and ``.ci/run`` use it.
+- ``long``: 20 000 examples per property (``nox -s property``).
+"""
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+_COMMON = dict(
+    deadline=None,
+    stateful_step_count=20,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                           HealthCheck.data_too_large],
+)
+
+settings.register_profile("ci", derandomize=True, max_examples=500, print_blob=True, **_COMMON)
+settings.register_profile("long", max_examples=20_000, print_blob=True, **_COMMON)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))

@@ -1,0 +1,221 @@
+"""The lifecycle state machine every block-accounting property runs on.
+
+:class:`Lifecycle` drives stepwarm's :class:`~stepwarm.plan.PlanBuilder` (and
+through it :class:`~stepwarm.blocks.BlockLedger`) and the oracle
+(:class:`~tests.property.oracle.Oracle`, vLLM's ``KVCacheManager``) side by
+side. Rules: add a request; schedule a step in which every declared request
+independently gets one action the scheduler could give it (skip, a prefill
+chunk, a decode of ``1`` or ``1 + k`` tokens, finish, preempt, resume). The
+subclasses in ``test_*.py`` each check one property as an ``@invariant``.
+
+A step stepwarm refuses for lack of blocks (``PlanError`` on ``blocks``) is
+not sent to the oracle; any other ``PlanError`` fails the test (the machine
+only generates steps the scheduler can produce).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import event, note
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
+
+from stepwarm.plan import PlanBuilder, PlanError, PlannedRequest, PlannedStep
+from tests.property.oracle import Oracle, vllm_spec
+from tests.property.strategies import MAX_LIVE, KVConfig, kv_configs
+
+
+@dataclass
+class Snapshot:
+    """Block state of one request around a step."""
+
+    stepwarm: tuple[int, ...] | None
+    oracle: tuple[int, ...] | None
+
+
+class Lifecycle(RuleBasedStateMachine):
+    """Plan steps with stepwarm and replay them on vLLM's KVCacheManager."""
+
+    #: Strategy for the config; subclasses narrow it (the mutation test).
+    configs = kv_configs()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cfg: KVConfig | None = None
+        self.builder: PlanBuilder | None = None
+        self.oracle: Oracle | None = None
+        self.next_id = 0
+        self.state: dict[str, str] = {}  # waiting/running/preempted/finished
+        self.prompt: dict[str, int] = {}
+        self.computed: dict[str, int] = {}
+        self.outputs: dict[str, int] = {}
+        self.encoder: dict[str, int] = {}
+        #: The last step and the oracle's view of it.
+        self.last_step: PlannedStep | None = None
+        self.last_refused = False
+        self.before: dict[str, Snapshot] = {}
+        self.oracle_new: dict[str, tuple[list[int], ...]] = {}
+        self.live_before: set[str] = set()
+
+    # -- setup -----------------------------------------------------------
+    @initialize(data=st.data())
+    def setup(self, data: st.DataObject) -> None:
+        cfg = data.draw(type(self).configs, label="config")
+        self.cfg = cfg
+        self.profile = cfg.profile()
+        self.builder = PlanBuilder(self.profile, name="property")
+        specs = tuple(vllm_spec(s) for s in cfg.specs)
+        self.oracle = Oracle(specs, cfg.num_blocks, cfg.max_model_len,
+                             cfg.num_lookahead_tokens, cfg.enable_caching)
+        # stepwarm reads the same vLLM specs through its adapter.
+        assert self.oracle.stepwarm_specs == tuple(
+            s.model_copy(update={"vllm_class": o.vllm_class})
+            for s, o in zip(cfg.specs, self.oracle.stepwarm_specs)
+        )
+
+    # -- helpers ---------------------------------------------------------
+    def live(self) -> list[str]:
+        """Requests holding blocks (running: sent and not finished/preempted)."""
+        return [r for r, s in self.state.items() if s == "running"]
+
+    def _align(self, rid: str, start: int, end: int, prefill_end: int, total: int) -> int:
+        """The scheduler's Mamba align-mode rule: a chunk that ends before
+        the prefill end ends on a block boundary."""
+        bs = self.cfg.mamba_align_block_size
+        if bs is None or end >= prefill_end or end == total:
+            return end
+        aligned = end // bs * bs
+        return aligned if aligned > start else -1
+
+    def _chunk(self, data: st.DataObject, rid: str, left: int, prefill_end: int) -> int | None:
+        start = self.computed[rid]
+        total = start + left
+        n = data.draw(st.one_of(st.just(left), st.integers(1, left)), label=f"{rid} chunk")
+        end = self._align(rid, start, start + n, prefill_end, total)
+        if end <= start:
+            end = total  # no aligned end inside the chunk: take the rest
+        return end - start
+
+    # -- rules -----------------------------------------------------------
+    # No preconditions: a disabled rule makes hypothesis retry and give up
+    # on the example; a rule with nothing to do returns instead.
+    @rule(data=st.data())
+    def add_request(self, data: st.DataObject) -> None:
+        cfg = self.cfg
+        if sum(s != "finished" for s in self.state.values()) >= MAX_LIVE:
+            return
+        rid = f"r{self.next_id}"
+        self.next_id += 1
+        # The engine refuses prompts of max_model_len tokens or more here (a
+        # prompt must leave room for one sampled token).
+        top = cfg.max_model_len - 1
+        prompt = data.draw(st.one_of(st.integers(1, min(8, top)), st.integers(1, top)),
+                           label="prompt_len")
+        enc = 0
+        if cfg.is_encoder_decoder:
+            enc = data.draw(st.one_of(st.just(cfg.max_encoder_len),
+                                      st.integers(0, cfg.max_encoder_len)), label="encoder_len")
+        self.builder.add_request(PlannedRequest(rid, prompt, encoder_len=enc))
+        self.oracle.add(rid, prompt, enc)
+        self.state[rid], self.prompt[rid], self.computed[rid] = "waiting", prompt, 0
+        self.outputs[rid], self.encoder[rid] = 0, enc
+
+    @rule(data=st.data())
+    def schedule_step(self, data: st.DataObject) -> None:
+        cfg = self.cfg
+        if all(s == "finished" for s in self.state.values()):
+            return
+        prefill: dict[str, int] = {}
+        decode: dict[str, int] = {}
+        resume: dict[str, int] = {}
+        finish: list[str] = []
+        preempt: list[str] = []
+        for rid, state in list(self.state.items()):
+            if state == "finished":
+                continue
+            num_tokens = self.prompt[rid] + self.outputs[rid]
+            computed, outputs = self.computed[rid], self.outputs[rid]
+            capped = num_tokens >= cfg.max_model_len  # finished by length
+            options = ["skip"]
+            if state == "waiting":
+                options.append("prefill")
+            elif state == "running":
+                options.append("finish")
+                if not capped:
+                    options.append("preempt")
+                    if outputs and computed < num_tokens - 1:
+                        options.append("resume")  # a chunked resumption continues
+                    elif computed < self.prompt[rid]:
+                        options.append("prefill")
+                    else:
+                        options.append("decode")
+            elif state == "preempted":
+                options += ["resume", "finish"]
+            action = data.draw(st.sampled_from(options), label=f"{rid} action")
+            if action == "prefill":
+                left = self.prompt[rid] - self.computed[rid]
+                prefill[rid] = self._chunk(data, rid, left, self.prompt[rid])
+            elif action == "resume":
+                left = num_tokens - self.computed[rid]
+                resume[rid] = self._chunk(data, rid, left, max(self.prompt[rid], num_tokens - 1))
+            elif action == "decode":
+                # The scheduler never schedules past max_model_len - 1.
+                room = cfg.max_model_len - 1 - (self.computed[rid] + 1)
+                k = data.draw(st.integers(0, max(0, min(cfg.num_speculative_steps, room))),
+                              label=f"{rid} drafts")
+                decode[rid] = k
+            elif action == "finish":
+                finish.append(rid)
+            elif action == "preempt":
+                preempt.append(rid)
+        if not (prefill or decode or resume or finish or preempt):
+            return
+        self._run_step(prefill, decode, resume, tuple(finish), tuple(preempt))
+
+    def _run_step(self, prefill, decode, resume, finish, preempt) -> None:
+        b, o = self.builder, self.oracle
+        self.live_before = set(self.live())
+        ledger_before = (b.ledger.num_free, {r: b.ledger.held(r) for r in b.ledger.live_requests()})
+        self.before = {}
+        for rid in list(prefill) + list(decode) + list(resume):
+            sw = b.ledger.held_counts(rid) if rid in b.ledger.live_requests() else None
+            orc = o.held_counts(rid) if self.state[rid] == "running" else None
+            self.before[rid] = Snapshot(sw, orc)
+        note(f"step prefill={prefill} decode={decode} resume={resume} "
+             f"finish={finish} preempt={preempt}")
+        try:
+            step = b.step("custom", "property", prefill=prefill, decode=decode,
+                          resume=resume, finish=finish, preempt=preempt)
+        except PlanError as e:
+            assert e.field == "blocks", f"stepwarm refused a step the scheduler makes: {e}"
+            event("step refused: out of blocks")
+            self.last_step, self.last_refused = None, True
+            self.refused_ledger_before = ledger_before
+            return
+        self.last_step, self.last_refused = step, False
+        for rid in finish:
+            o.finish(rid)
+            self.state[rid] = "finished"
+        for rid in preempt:
+            o.preempt(rid)
+            self.state[rid], self.computed[rid] = "preempted", 0
+        self.oracle_new = {}
+        for row in step.scheduled:
+            rid, n = row.req_id, row.num_scheduled_tokens
+            got = o.schedule(rid, n)
+            assert got is not None, (
+                f"vLLM's KVCacheManager refused {rid} ({n} tokens) that stepwarm's "
+                f"ledger found room for ({o.num_free()} free)"
+            )
+            self.oracle_new[rid] = got
+            if rid in decode:
+                outs = n
+            else:
+                left = self.prompt[rid] + self.outputs[rid] - self.computed[rid]
+                outs = 1 if n == left else 0
+            o.advance(rid, n, outs)
+            self.computed[rid] += n
+            self.outputs[rid] += outs
+            self.state[rid] = "running"
+        event(f"step: {len(step.scheduled)} scheduled")

@@ -1,0 +1,254 @@
+"""The oracle: vLLM's own ``KVCacheManager``, driven the way the scheduler does.
+
+:class:`Oracle` builds a ``vllm.v1.core.kv_cache_manager.KVCacheManager`` over
+a real ``KVCacheConfig`` and replays a request lifecycle through
+``allocate_slots`` exactly as ``vllm/v1/core/sched/scheduler.py`` calls it
+(``num_lookahead_tokens`` on every allocation, ``num_encoder_tokens`` only on
+the allocation that schedules the encoder input, ``num_computed_tokens``
+advanced and output tokens appended after each step, ``free`` on finish and
+preemption). ``get_block_ids`` per group is the ground truth stepwarm's
+:class:`~stepwarm.blocks.BlockLedger` must match.
+
+Encoder-only attention groups are runner-only: vLLM's V1 runner appends them
+to *its* ``KVCacheConfig`` after the scheduler's is built (V2 keeps them out of
+the config altogether), and ``KVCacheSpecRegistry`` has no manager for
+``EncoderOnlyAttentionSpec``. The scheduler therefore holds 0 blocks for them;
+the oracle leaves them out of the manager and reports 0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from stepwarm.profile import CacheSpec, cache_spec_from_vllm
+
+_DTYPE = torch.float16
+_CACHE_HASH_READY = False
+
+
+def vllm_spec(spec: CacheSpec, *, layers: int = 1) -> Any:
+    """The ``KVCacheSpec`` a :class:`CacheSpec` stands for (``layers`` > 1 or
+    ``spec.uniform_type``: a ``UniformTypeKVCacheSpecs`` of that many layers)."""
+    from vllm.v1 import kv_cache_interface as k
+
+    def one(head_size: int) -> Any:
+        attn = dict(block_size=spec.block_size, num_kv_heads=1, head_size=head_size, dtype=_DTYPE)
+        if spec.kind == "full_attention":
+            return k.FullAttentionSpec(**attn)
+        if spec.kind == "mla_attention":
+            return k.MLAAttentionSpec(**attn)
+        if spec.kind == "sliding_window":
+            return k.SlidingWindowSpec(**attn, sliding_window=spec.sliding_window)
+        if spec.kind == "chunked_local_attention":
+            return k.ChunkedLocalAttentionSpec(**attn, attention_chunk_size=spec.attention_chunk_size)
+        if spec.kind == "circular_buffer":
+            return k.CircularBufferSpec(**attn)
+        if spec.kind == "cross_attention":
+            return k.CrossAttentionSpec(**attn)
+        if spec.kind == "encoder_only_attention":
+            return k.EncoderOnlyAttentionSpec(**attn)
+        if spec.kind == "mamba":
+            return k.MambaSpec(
+                block_size=spec.block_size,
+                shapes=((head_size,),),
+                dtypes=(_DTYPE,),
+                mamba_cache_mode=spec.mamba_cache_mode,
+                num_speculative_blocks=spec.num_speculative_blocks,
+            )
+        raise ValueError(spec.kind)
+
+    if not spec.uniform_type and layers == 1:
+        return one(8)
+    n = max(layers, 2)
+    return k.UniformTypeKVCacheSpecs(
+        block_size=spec.block_size,
+        kv_cache_specs={f"layer.{i}": one(8 * (i + 1)) for i in range(n)},
+    )
+
+
+def kv_cache_config(specs: tuple[Any, ...], num_blocks: int) -> Any:
+    """A worker ``KVCacheConfig`` with one group per vLLM spec."""
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+
+    return KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(layer_names=[f"g{i}"], kv_cache_spec=s) for i, s in enumerate(specs)
+        ],
+    )
+
+
+def scheduler_block_sizes(groups: list[Any], enable_caching: bool) -> tuple[int, int]:
+    """``(scheduler_block_size, hash_block_size)`` as the engine resolves them
+    (``vllm.v1.core.kv_cache_utils.resolve_kv_cache_block_sizes``)."""
+    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+
+    cfg = SimpleNamespace(kv_cache_groups=groups)
+    vcfg = SimpleNamespace(
+        cache_config=SimpleNamespace(
+            block_size=groups[0].kv_cache_spec.block_size if groups else 16,
+            enable_prefix_caching=enable_caching,
+            prefix_match_unit=None,
+        ),
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+        kv_transfer_config=None,
+    )
+    return resolve_kv_cache_block_sizes(cfg, vcfg)
+
+
+@dataclass
+class _Req:
+    request: Any
+    encoder_len: int
+    #: Encoder input still to be scheduled (first allocation after admission
+    #: or resumption).
+    encoder_pending: bool = True
+
+
+@dataclass
+class Oracle:
+    """vLLM's ``KVCacheManager`` for one KV cache config.
+
+    Args:
+        worker_specs: the worker's group specs (``UniformTypeKVCacheSpecs``
+            allowed), in group order; encoder-only groups are runner-only.
+        num_blocks: ``KVCacheConfig.num_blocks``.
+        max_model_len, num_lookahead_tokens: as the scheduler has them.
+        enable_caching: prefix caching (requests then carry a block hasher).
+    """
+
+    worker_specs: tuple[Any, ...]
+    num_blocks: int
+    max_model_len: int
+    num_lookahead_tokens: int = 0
+    enable_caching: bool = False
+    manager: Any = field(init=False, repr=False)
+    _reqs: dict[str, _Req] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
+        from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
+        from vllm.v1.kv_cache_interface import EncoderOnlyAttentionSpec
+
+        #: worker group index -> scheduler group index (None: runner-only).
+        self.group_map: list[int | None] = []
+        sched_specs = []
+        for s in self.worker_specs:
+            first = getattr(s, "first_spec", s)
+            if isinstance(first, EncoderOnlyAttentionSpec):
+                self.group_map.append(None)
+            else:
+                self.group_map.append(len(sched_specs))
+                sched_specs.append(s)
+        worker_cfg = kv_cache_config(tuple(sched_specs), self.num_blocks)
+        # What the engine core hands the scheduler (UniformTypeKVCacheSpecs
+        # replaced by their first spec).
+        self.sched_config = generate_scheduler_kv_cache_config([worker_cfg])
+        sbs, hbs = scheduler_block_sizes(self.sched_config.kv_cache_groups, self.enable_caching)
+        self.scheduler_block_size, self.hash_block_size = sbs, hbs
+        self.manager = KVCacheManager(
+            kv_cache_config=self.sched_config,
+            max_model_len=self.max_model_len,
+            scheduler_block_size=sbs,
+            hash_block_size=hbs,
+            enable_caching=self.enable_caching,
+        )
+        self._hasher = None
+        if self.enable_caching:
+            from vllm.utils.hashing import sha256
+            from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+            global _CACHE_HASH_READY
+            if not _CACHE_HASH_READY:
+                init_none_hash(sha256)
+                _CACHE_HASH_READY = True
+            self._hasher = get_request_block_hasher(hbs, sha256)
+
+    @property
+    def stepwarm_specs(self) -> tuple[CacheSpec, ...]:
+        """The worker specs as stepwarm reads them (``cache_spec_from_vllm``)."""
+        return tuple(cache_spec_from_vllm(s) for s in self.worker_specs)
+
+    # -- lifecycle -----------------------------------------------------------
+    def add(self, req_id: str, prompt_len: int, encoder_len: int = 0) -> None:
+        """Admit a waiting request (prompt ``[0, 1, ...]`` like stepwarm's)."""
+        from vllm import SamplingParams
+        from vllm.v1.request import Request
+
+        mm = []
+        if encoder_len:
+            from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+            mm = [MultiModalFeatureSpec(data=None, modality="audio", identifier=f"{req_id}enc",
+                                        mm_position=PlaceholderRange(offset=0, length=encoder_len))]
+        req = Request(req_id, list(range(prompt_len)), SamplingParams(max_tokens=1 << 20), None,
+                      mm_features=mm, block_hasher=self._hasher)
+        self._reqs[req_id] = _Req(req, encoder_len)
+
+    def schedule(self, req_id: str, num_new_tokens: int) -> tuple[list[int], ...] | None:
+        """``allocate_slots`` for ``num_new_tokens`` tokens of ``req_id``, as the
+        scheduler calls it. Returns the new block ids per *worker* group (the
+        scheduler's ``new_block_ids``), or None when the pool refused."""
+        r = self._reqs[req_id]
+        enc = r.encoder_len if r.encoder_pending else 0
+        got = self.manager.allocate_slots(
+            r.request, num_new_tokens,
+            num_lookahead_tokens=self.num_lookahead_tokens,
+            num_encoder_tokens=enc,
+        )
+        if got is None:
+            return None
+        r.encoder_pending = False
+        from vllm.v1.request import RequestStatus
+
+        r.request.status = RequestStatus.RUNNING
+        ids = got.get_block_ids() if got.blocks else tuple([] for _ in self.sched_config.kv_cache_groups)
+        return self._to_worker(ids)
+
+    def advance(self, req_id: str, num_scheduled: int, num_new_outputs: int) -> None:
+        """After the step: ``num_computed_tokens += num_scheduled`` and
+        ``num_new_outputs`` sampled tokens appended (all drafts accepted)."""
+        req = self._reqs[req_id].request
+        req.num_computed_tokens += num_scheduled
+        if num_new_outputs:
+            req.append_output_token_ids([1] * num_new_outputs)
+
+    def finish(self, req_id: str) -> None:
+        """``KVCacheManager.free`` of a finished request."""
+        r = self._reqs.pop(req_id)
+        self.manager.free(r.request)
+
+    def preempt(self, req_id: str) -> None:
+        """The scheduler's ``_preempt_request``: free, reset progress."""
+        from vllm.v1.request import RequestStatus
+
+        r = self._reqs[req_id]
+        self.manager.free(r.request)
+        r.request.status = RequestStatus.PREEMPTED
+        r.request.num_computed_tokens = 0
+        r.encoder_pending = True
+
+    # -- reads ---------------------------------------------------------------
+    def block_ids(self, req_id: str) -> tuple[list[int], ...]:
+        """``get_block_ids(req_id)`` per worker group (null blocks included)."""
+        return self._to_worker(self.manager.get_block_ids(req_id))
+
+    def held_counts(self, req_id: str) -> tuple[int, ...]:
+        """Block table length per worker group."""
+        return tuple(len(ids) for ids in self.block_ids(req_id))
+
+    def num_free(self) -> int:
+        return self.manager.block_pool.get_num_free_blocks()
+
+    def _to_worker(self, ids: tuple[list[int], ...]) -> tuple[list[int], ...]:
+        return tuple([] if g is None else list(ids[g]) for g in self.group_map)
+
+
+def lcm(*xs: int) -> int:
+    return math.lcm(*xs)

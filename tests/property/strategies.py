@@ -1,0 +1,193 @@
+"""Hypothesis strategies: KV cache configs vLLM accepts, and runner profiles.
+
+:func:`kv_configs` draws a :class:`KVConfig`: 1-4 KV cache groups mixing full,
+MLA, sliding window, chunked local, circular buffer, Mamba (cache mode
+none/all/align, 0-3 speculative blocks), cross-attention and encoder-only
+attention, any of them possibly a ``UniformTypeKVCacheSpecs``; block sizes
+1-256 (powers of two and not); ``max_model_len``; ``num_lookahead_tokens``
+0-8; ``max_encoder_len``; prefix caching on or off; ``num_blocks`` from tight
+to ample.
+
+Only combinations vLLM accepts are kept; :func:`why_invalid` names the reason
+for each rejected one (recorded with ``hypothesis.event`` and rejected with
+``assume``), so nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import assume, event
+from hypothesis import strategies as st
+
+from stepwarm.blocks import cdiv
+from stepwarm.profile import CacheSpec, RunnerProfile
+
+ATTENTION_KINDS = (
+    "full_attention", "mla_attention", "sliding_window", "chunked_local_attention",
+    "circular_buffer", "cross_attention", "encoder_only_attention",
+)
+ALL_KINDS = ATTENTION_KINDS + ("mamba",)
+
+#: Most requests live at once in a generated lifecycle.
+MAX_LIVE = 4
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    """One generated KV cache configuration (what a runner profile and the
+    oracle are both built from)."""
+
+    specs: tuple[CacheSpec, ...]
+    num_blocks: int
+    max_model_len: int
+    num_lookahead_tokens: int
+    num_speculative_steps: int
+    max_encoder_len: int
+    enable_caching: bool
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return any(s.kind == "cross_attention" for s in self.specs)
+
+    @property
+    def mamba_align_block_size(self) -> int | None:
+        """Block size prefill chunk ends must align to (the scheduler's Mamba
+        align-mode rule), or None."""
+        for s in self.specs:
+            if s.kind == "mamba" and s.mamba_cache_mode == "align":
+                return s.block_size
+        return None
+
+    def profile(self) -> RunnerProfile:
+        """The runner profile stepwarm plans with for this config."""
+        return RunnerProfile(
+            runner="v2",
+            kv_cache_groups=self.specs,
+            num_blocks=self.num_blocks,
+            max_model_len=self.max_model_len,
+            max_num_seqs=1 << 10,
+            max_num_batched_tokens=1 << 20,
+            num_lookahead_tokens=self.num_lookahead_tokens,
+            num_speculative_steps=self.num_speculative_steps,
+            decode_query_len=1 + self.num_speculative_steps,
+            max_encoder_len=self.max_encoder_len,
+            is_encoder_decoder=self.is_encoder_decoder,
+            vocab_size=64,
+            enable_prefix_caching=self.enable_caching,
+            mamba_cache_mode=next(
+                (s.mamba_cache_mode for s in self.specs if s.kind == "mamba"), "none"
+            ),
+        )
+
+    def ample_blocks(self) -> int:
+        """Blocks for MAX_LIVE requests at max_model_len in every group, + null."""
+        per = 0
+        for s in self.specs:
+            per += cdiv(self.max_model_len + self.num_lookahead_tokens, s.block_size)
+            per += s.num_speculative_blocks + cdiv(self.max_encoder_len, s.block_size) + 1
+        return MAX_LIVE * per + 1
+
+
+def why_invalid(specs: tuple[CacheSpec, ...], enable_caching: bool, max_encoder_len: int) -> str | None:
+    """Why vLLM would not run this KV cache config, or None if it would."""
+    kinds = [s.kind for s in specs]
+    modes = {s.mamba_cache_mode for s in specs if s.kind == "mamba"}
+    if kinds.count("encoder_only_attention") > 1:
+        return "V1 runner supports one encoder-only attention spec"
+    if "encoder_only_attention" in kinds and kinds[-1] != "encoder_only_attention":
+        return "encoder-only group is appended last by the runner"
+    if all(k == "encoder_only_attention" for k in kinds):
+        return "no scheduler-managed group"
+    if "cross_attention" in kinds and enable_caching:
+        return "encoder-decoder models disable prefix caching"
+    if "cross_attention" in kinds and max_encoder_len <= 0:
+        return "encoder-decoder model without encoder length"
+    if modes - {"none"} and not enable_caching:
+        return "Mamba cache mode all/align needs prefix caching"
+    if enable_caching and all(k in ("circular_buffer", "encoder_only_attention") for k in kinds):
+        return "prefix caching needs a cacheable group"
+    return None
+
+
+def vllm_rejects(cfg: KVConfig) -> str | None:
+    """The error vLLM's own ``KVCacheManager`` raises building this config
+    (e.g. a group block size the prefix-cache hash size does not divide), or None."""
+    from tests.property.oracle import Oracle, vllm_spec
+
+    try:
+        Oracle(tuple(vllm_spec(s) for s in cfg.specs), 16, cfg.max_model_len,
+               cfg.num_lookahead_tokens, cfg.enable_caching)
+    except (AssertionError, ValueError) as e:
+        return str(e).split(".")[0][:100]
+    return None
+
+
+_block_sizes = st.one_of(
+    st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128, 256]),
+    st.integers(1, 256),
+)
+
+
+@st.composite
+def cache_specs(draw, kind: str, block_size: int, mamba_mode: str, spec_blocks: int) -> CacheSpec:
+    extra: dict = {}
+    if kind == "sliding_window":
+        extra["sliding_window"] = draw(st.integers(1, 512))
+    elif kind == "chunked_local_attention":
+        extra["attention_chunk_size"] = draw(st.integers(1, 512))
+    elif kind == "mamba":
+        extra["mamba_cache_mode"] = mamba_mode
+        extra["num_speculative_blocks"] = spec_blocks
+    uniform = kind != "encoder_only_attention" and draw(st.booleans())
+    return CacheSpec(kind=kind, block_size=block_size, uniform_type=uniform, **extra)
+
+
+@st.composite
+def kv_configs(draw, kinds: tuple[str, ...] = ALL_KINDS, max_model_len: int = 1024) -> KVConfig:
+    """A KV cache config vLLM accepts (see the module docstring)."""
+    n = draw(st.integers(1, 4))
+    group_kinds = draw(st.lists(st.sampled_from(kinds), min_size=n, max_size=n))
+    if "encoder_only_attention" in group_kinds:  # one, appended last (runner-only)
+        group_kinds = [k for k in group_kinds if k != "encoder_only_attention"]
+        group_kinds.append("encoder_only_attention")
+    mamba_mode = draw(st.sampled_from(["none", "all", "align"]))
+    spec_blocks = draw(st.integers(0, 3))
+    enable_caching = mamba_mode != "none" or draw(st.booleans())
+    if "cross_attention" in group_kinds:
+        enable_caching = False
+        mamba_mode = "none"
+    # Mamba groups share the cache config's block size (align mode chunking).
+    mamba_bs = draw(_block_sizes)
+    # One block size for every group (hybrid models unify page sizes; prefix
+    # caching with Mamba outside align mode needs it), or one per group.
+    shared_bs = draw(st.booleans())
+    specs = []
+    for kind in group_kinds:
+        bs = mamba_bs if kind == "mamba" or shared_bs else draw(_block_sizes)
+        specs.append(draw(cache_specs(kind, bs, mamba_mode, spec_blocks)))
+    specs_t = tuple(specs)
+    max_encoder_len = draw(st.integers(1, 600)) if "cross_attention" in group_kinds else 0
+    reason = why_invalid(specs_t, enable_caching, max_encoder_len)
+    if reason is not None:
+        event(f"rejected config: {reason}")
+    assume(reason is None)
+    cfg = KVConfig(
+        specs=specs_t,
+        num_blocks=0,
+        max_model_len=draw(st.integers(2, max_model_len)),
+        num_lookahead_tokens=draw(st.integers(0, 8)),
+        num_speculative_steps=draw(st.integers(0, 4)),
+        max_encoder_len=max_encoder_len,
+        enable_caching=enable_caching,
+    )
+    vllm_reason = vllm_rejects(cfg)
+    if vllm_reason is not None:
+        event(f"rejected config: vLLM: {vllm_reason}")
+    assume(vllm_reason is None)
+    ample = cfg.ample_blocks()
+    num_blocks = draw(st.one_of(st.just(ample), st.integers(2, ample)))
+    for s in specs_t:
+        event(f"kind: {s.kind}" + (f"/{s.mamba_cache_mode}" if s.kind == "mamba" else "")
+              + ("/uniform" if s.uniform_type else ""))
+    return KVConfig(**{**cfg.__dict__, "num_blocks": num_blocks})
