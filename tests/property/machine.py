@@ -57,6 +57,7 @@ class Lifecycle(RuleBasedStateMachine):
         self.before: dict[str, Snapshot] = {}
         self.oracle_new: dict[str, tuple[list[int], ...]] = {}
         self.live_before: set[str] = set()
+        self.known_before: set[str] = set()
 
     # -- setup -----------------------------------------------------------
     @initialize(data=st.data())
@@ -176,6 +177,8 @@ class Lifecycle(RuleBasedStateMachine):
     def _run_step(self, prefill, decode, resume, finish, preempt) -> None:
         b, o = self.builder, self.oracle
         self.live_before = set(self.live())
+        #: Requests the runner knows (sent, not finished) before the step.
+        self.known_before = {r for r, st_ in self.state.items() if st_ in ("running", "preempted")}
         ledger_before = (b.ledger.num_free, {r: b.ledger.held(r) for r in b.ledger.live_requests()})
         self.before = {}
         for rid in list(prefill) + list(decode) + list(resume):
