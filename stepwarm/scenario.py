@@ -301,8 +301,15 @@ def json_schema() -> dict[str, Any]:
 # Finding files and lines.
 
 def builtin_dir() -> Any:
-    """The packaged ``stepwarm.scenarios`` directory (a Traversable)."""
-    return resources.files("stepwarm.scenarios")
+    """The packaged ``stepwarm.scenarios`` directory (a Traversable).
+
+    Falls back to the source tree's ``scenarios/`` when stepwarm runs from a
+    checkout on ``PYTHONPATH`` without being installed (e.g. on a GPU box).
+    """
+    try:
+        return resources.files("stepwarm.scenarios")
+    except ModuleNotFoundError:
+        return resources.files("stepwarm").joinpath("..", "scenarios")
 
 
 def builtin_names() -> list[str]:
