@@ -1,0 +1,266 @@
+"""Exact, hand-computed block counts for every spec kind, and the ledger.
+
+Each expected value is worked out in the comment next to it from vLLM's
+``KVCacheManager.allocate_slots`` / ``SingleTypeKVCacheManager`` rules, and
+is chosen so that a plausible wrong rule (lookahead ignored, no
+``max_model_len`` cap, align mode capped, speculative blocks dropped,
+cross-attention sized by decoder tokens, encoder-only holding blocks) gives a
+different number.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from stepwarm.blocks import (
+    RULES,
+    BlockLedger,
+    OutOfBlocksError,
+    ReservationContext,
+    cdiv,
+    reserved_blocks,
+    reserved_blocks_per_group,
+)
+from stepwarm.profile import CacheSpec, RunnerProfile
+from stepwarm.sequences import max_warmup_requests
+
+
+def spec(kind: str, bs: int, **kw) -> CacheSpec:
+    return CacheSpec(kind=kind, block_size=bs, **kw)
+
+
+CTX = ReservationContext()  # no lookahead, no cap, no encoder
+
+
+def test_cdiv() -> None:
+    assert [cdiv(a, 4) for a in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
+
+
+def test_every_kind_has_a_rule() -> None:
+    assert set(RULES) == {
+        "full_attention", "mla_attention", "sliding_window", "chunked_local_attention",
+        "circular_buffer", "mamba", "cross_attention", "encoder_only_attention",
+    }
+
+
+# -- token-range kinds ------------------------------------------------------
+@pytest.mark.parametrize("kind,extra", [
+    ("full_attention", {}),
+    ("mla_attention", {}),
+    ("sliding_window", {"sliding_window": 4}),
+    ("chunked_local_attention", {"attention_chunk_size": 8}),
+])
+def test_token_range_kinds(kind: str, extra: dict) -> None:
+    s = spec(kind, 16, **extra)
+    assert reserved_blocks(16, s, CTX) == 1  # exactly one block
+    assert reserved_blocks(17, s, CTX) == 2  # one token spills
+    # Sliding window / chunked local keep out-of-window blocks as null
+    # placeholders: the table is as long as full attention's.
+    assert reserved_blocks(100, s, CTX) == 7  # cdiv(100, 16)
+
+
+def test_non_power_of_two_block_size() -> None:
+    assert reserved_blocks(100, spec("full_attention", 24), CTX) == 5  # cdiv(100, 24)
+    assert reserved_blocks(1, spec("full_attention", 1), CTX) == 1
+    assert reserved_blocks(255, spec("mla_attention", 256), CTX) == 1
+
+
+def test_lookahead_is_reserved() -> None:
+    ctx = ReservationContext(num_lookahead_tokens=3)
+    # 14 tokens + 3 lookahead = 17 slots -> 2 blocks of 16 (1 without lookahead).
+    assert reserved_blocks(14, spec("full_attention", 16), ctx) == 2
+    assert reserved_blocks(13, spec("full_attention", 16), ctx) == 1  # 16 slots
+
+
+def test_max_model_len_caps_lookahead() -> None:
+    ctx = ReservationContext(num_lookahead_tokens=8, max_model_len=20)
+    # min(18 + 8, 20) = 20 slots -> 5 blocks of 4 (7 uncapped).
+    assert reserved_blocks(18, spec("full_attention", 4), ctx) == 5
+    assert reserved_blocks(18, spec("sliding_window", 4, sliding_window=2), ctx) == 5
+
+
+# -- circular buffer, cross-attention, encoder-only ---------------------------
+def test_circular_buffer_one_ring_block() -> None:
+    s = spec("circular_buffer", 16)
+    ctx = ReservationContext(num_lookahead_tokens=8)
+    assert [reserved_blocks(n, s, ctx) for n in (1, 16, 17, 1000)] == [1, 1, 1, 1]
+
+
+def test_cross_attention_sized_by_encoder() -> None:
+    s = spec("cross_attention", 16)
+    ctx = ReservationContext(max_encoder_len=1500, num_lookahead_tokens=4)
+    # cdiv(1500, 16) = 94, whatever the decoder length (not cdiv(n, 16)).
+    assert [reserved_blocks(n, s, ctx) for n in (1, 17, 400)] == [94, 94, 94]
+    assert reserved_blocks(5, s, ReservationContext()) == 0  # no encoder input
+
+
+def test_encoder_only_holds_nothing() -> None:
+    # Runner-only group: the scheduler's KVCacheManager has no such group.
+    s = spec("encoder_only_attention", 16)
+    ctx = ReservationContext(num_lookahead_tokens=4, max_model_len=512)
+    assert reserved_blocks(100, s, ctx) == 0  # not cdiv(104, 16) = 7
+
+
+# -- Mamba ----------------------------------------------------------------------
+def test_mamba_none_and_all_like_attention_plus_speculative() -> None:
+    ctx = ReservationContext(num_lookahead_tokens=3, max_model_len=1000)
+    # cdiv(17 + 3, 16) + 2 = 4 (2 without spec blocks, 3 without lookahead).
+    assert reserved_blocks(17, spec("mamba", 16, mamba_cache_mode="none", num_speculative_blocks=2), ctx) == 4
+    assert reserved_blocks(17, spec("mamba", 16, mamba_cache_mode="all", num_speculative_blocks=2), ctx) == 4
+    # cdiv(25 + 6, 10) = 4 with no spec blocks.
+    ctx6 = ReservationContext(num_lookahead_tokens=6)
+    assert reserved_blocks(25, spec("mamba", 10, mamba_cache_mode="all"), ctx6) == 4
+
+
+def test_mamba_none_capped_at_max_model_len() -> None:
+    ctx = ReservationContext(num_lookahead_tokens=8, max_model_len=20)
+    # min(18 + 8, 20) = 20 -> 5 blocks of 4, + 1 speculative = 6.
+    assert reserved_blocks(18, spec("mamba", 4, num_speculative_blocks=1), ctx) == 6
+
+
+def test_mamba_align_no_lookahead_no_cap() -> None:
+    s = spec("mamba", 4, mamba_cache_mode="align", num_speculative_blocks=1)
+    ctx = ReservationContext(num_lookahead_tokens=8, max_model_len=100)
+    # align: cdiv(9, 4) + 1 = 4; lookahead not reserved (none mode: cdiv(17, 4) + 1 = 6).
+    assert reserved_blocks(9, s, ctx) == 4
+    # align sizes from the uncapped token range: cdiv(30, 4) + 1 = 9 (capped: 6).
+    assert reserved_blocks(30, s, ReservationContext(num_lookahead_tokens=8, max_model_len=20)) == 9
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 3])
+def test_mamba_speculative_blocks_every_mode(k: int) -> None:
+    for mode in ("none", "all", "align"):
+        s = spec("mamba", 16, mamba_cache_mode=mode, num_speculative_blocks=k)
+        assert reserved_blocks(33, s, CTX) == 3 + k  # cdiv(33, 16) = 3
+
+
+# -- uniform-type groups and mixes ----------------------------------------------
+def test_uniform_type_reads_its_first_spec() -> None:
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec, UniformTypeKVCacheSpecs
+
+    import torch
+
+    from stepwarm.profile import cache_spec_from_vllm
+
+    layers = {
+        f"l{i}": SlidingWindowSpec(block_size=16, num_kv_heads=1, head_size=8 * (i + 1),
+                                   dtype=torch.float16, sliding_window=128)
+        for i in range(2)
+    }
+    s = cache_spec_from_vllm(UniformTypeKVCacheSpecs(block_size=16, kv_cache_specs=layers))
+    assert (s.kind, s.block_size, s.sliding_window, s.uniform_type) == ("sliding_window", 16, 128, True)
+    assert reserved_blocks(40, s, CTX) == 3  # cdiv(40, 16), as one group
+
+
+def test_hybrid_groups_per_group() -> None:
+    specs = (
+        spec("full_attention", 16),
+        spec("sliding_window", 32, sliding_window=64),
+        spec("mamba", 16, mamba_cache_mode="align", num_speculative_blocks=2),
+        spec("cross_attention", 16),
+        spec("circular_buffer", 8),
+        spec("encoder_only_attention", 16),
+    )
+    ctx = ReservationContext(num_lookahead_tokens=4, max_model_len=4096, max_encoder_len=100)
+    # 30 tokens: full cdiv(34,16)=3, SWA cdiv(34,32)=2, align cdiv(30,16)+2=4,
+    # cross cdiv(100,16)=7, ring 1, encoder-only 0.
+    assert reserved_blocks_per_group(30, specs, ctx) == (3, 2, 4, 7, 1, 0)
+
+
+# -- ledger -------------------------------------------------------------------
+def test_ledger_ids_start_at_1_and_are_distinct() -> None:
+    led = BlockLedger((spec("full_attention", 4), spec("mla_attention", 8)), num_blocks=20)
+    # 9 tokens: cdiv(9,4)=3 in group 0, cdiv(9,8)=2 in group 1; group order.
+    assert led.grow("a", 9) == ((1, 2, 3), (4, 5))
+    assert led.grow("b", 4) == ((6,), (7,))
+    assert led.held("a") == ((1, 2, 3), (4, 5))
+    assert led.held_counts("a") == (3, 2)
+    assert led.num_held == 7 and led.num_free == 19 - 7
+    assert led.live_requests() == ("a", "b")
+
+
+def test_ledger_grow_deltas_and_never_shrinks() -> None:
+    led = BlockLedger((spec("full_attention", 4),), num_blocks=20)
+    assert led.grow("a", 4) == ((1,),)
+    assert led.grow("a", 4) == ((),)  # nothing new
+    assert led.grow("a", 9) == ((2, 3),)  # delta only
+    assert led.grow("a", 1) == ((),)  # a smaller requirement keeps the table
+    assert led.held_counts("a") == (3,)
+
+
+def test_ledger_reuses_freed_ids_lowest_first() -> None:
+    led = BlockLedger((spec("full_attention", 4),), num_blocks=20)
+    led.grow("a", 12)  # 1, 2, 3
+    led.grow("b", 8)  # 4, 5
+    assert sorted(led.free("a")) == [1, 2, 3]
+    assert led.free("zzz") == ()  # unknown: nothing
+    assert led.grow("c", 8) == ((1, 2),)
+    assert led.grow("d", 12) == ((3, 6, 7),)
+    assert led.num_held == 7 and led.num_free == 12
+
+
+def test_ledger_out_of_blocks_hands_out_nothing() -> None:
+    led = BlockLedger((spec("full_attention", 4),), num_blocks=4)  # 3 usable
+    assert led.grow("a", 8) == ((1, 2),)
+    with pytest.raises(OutOfBlocksError, match="needs 2 more"):
+        led.grow("b", 8)
+    assert led.live_requests() == ("a",)
+    with pytest.raises(KeyError):
+        led.held_counts("b")
+    assert led.num_free == 1 and led.num_held == 2
+    with pytest.raises(OutOfBlocksError):
+        led.grow("a", 13)  # running request: +2 needed, 1 free
+    assert led.held("a") == ((1, 2),) and led.num_free == 1
+    assert led.grow("a", 12) == ((3,),)  # exactly num_blocks - 1 held
+    assert led.num_free == 0
+
+
+def test_ledger_remembers_encoder_len() -> None:
+    led = BlockLedger((spec("cross_attention", 16), spec("full_attention", 16)), num_blocks=100,
+                      ctx=ReservationContext(max_encoder_len=160))
+    assert led.grow("x", 5, encoder_len=17) == ((1, 2), (3,))  # cdiv(17, 16) = 2
+    assert led.grow("x", 20) == ((), (4,))  # no cross-attention growth
+    led.free("x")
+    assert led.grow("y", 5) == ((1, 2, 3, 4, 5, 6, 7, 8, 9, 10), (11,))  # max_encoder_len 160
+    assert led.grow("z", 5, encoder_len=0) == ((), (12,))  # no encoder input
+
+
+def test_ledger_for_profile() -> None:
+    p = _profile((spec("full_attention", 16),), num_blocks=11, num_lookahead_tokens=3)
+    led = BlockLedger.for_profile(p)
+    assert led.num_free == 10
+    assert led.required(14) == (2,)  # cdiv(14 + 3, 16)
+
+
+# -- request-count cap ------------------------------------------------------------
+def _profile(groups, **kw) -> RunnerProfile:
+    base = dict(runner="v2", kv_cache_groups=groups, num_blocks=11, max_model_len=4096,
+                max_num_seqs=256, max_num_batched_tokens=8192, vocab_size=32000)
+    base.update(kw)
+    return RunnerProfile(**base)
+
+
+def test_max_warmup_requests_block_cap() -> None:
+    full = (spec("full_attention", 16),)
+    # per request cdiv(5, 16) = 1 block -> (11 - 1) // 1 = 10 requests.
+    assert max_warmup_requests(_profile(full), 2, 5) == 10
+    # lookahead 16: cdiv(21, 16) = 2 blocks -> 10 // 2 = 5.
+    assert max_warmup_requests(_profile(full, num_lookahead_tokens=16), 2, 5) == 5
+    # encoder-only groups cost nothing.
+    eo = full + (spec("encoder_only_attention", 16),)
+    assert max_warmup_requests(_profile(eo), 2, 5) == 10
+    # + align Mamba with 2 spec blocks: 1 + (1 + 2) = 4 -> 10 // 4 = 2.
+    mamba = full + (spec("mamba", 16, mamba_cache_mode="align", num_speculative_blocks=2),)
+    assert max_warmup_requests(_profile(mamba), 2, 5) == 2
+    # too few blocks for one request: still 1.
+    assert max_warmup_requests(_profile(full, num_blocks=1), 2, 5) == 1
+    # null-block writes (V2): no block cap -> max_num_seqs.
+    assert max_warmup_requests(_profile(full, null_block_writes=True), 2, 5) == 256
+
+
+def test_max_warmup_requests_token_and_seq_caps() -> None:
+    full = (spec("full_attention", 16),)
+    p = _profile(full, num_blocks=10_000, max_num_batched_tokens=8, decode_query_len=4)
+    assert max_warmup_requests(p, 2, 5) == 2  # 8 // max(2, 4)
+    p = _profile(full, num_blocks=10_000, max_num_seqs=3)
+    assert max_warmup_requests(p, 2, 5) == 3
