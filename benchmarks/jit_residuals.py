@@ -22,7 +22,9 @@ import time
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=None)
-    ap.add_argument("--scenario", action="append", default=None,
+    ap.add_argument("-e", "--engine-arg", action="append", default=[],
+                    help="vllm.LLM keyword as KEY=VALUE (VALUE as JSON)")
+    ap.add_argument("-s", "--scenario", action="append", default=None,
                     help="stepwarm scenario(s) to run after start-up (default: none)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -50,7 +52,14 @@ def main() -> None:
     from vllm import SamplingParams
 
     t0 = time.perf_counter()
-    engine = start_engine(args.model, enforce_eager=False)
+    overrides = {"enforce_eager": False}
+    for pair in args.engine_arg:
+        key, _, value = pair.partition("=")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    engine = start_engine(args.model, **overrides)
     startup_s = time.perf_counter() - t0
     profile = read_profile(engine.worker)
     timings: dict[str, float] = {"start-up": startup_s * 1e3}

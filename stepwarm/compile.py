@@ -55,8 +55,11 @@ def _mm_features(req: PlannedRequest) -> list[Any]:
 
 def _new_request_data(
     req: PlannedRequest, block_ids: tuple[tuple[int, ...], ...], num_computed: int,
-    profile: RunnerProfile, params: tuple[Any, Any],
+    profile: RunnerProfile, params: tuple[Any, Any], num_output_tokens: int = 0,
 ) -> Any:
+    """``NewRequestData.from_request`` for a new request, or (V2 runner) a
+    resumed one: the V2 scheduler sends resumed requests as new, with
+    ``prefill_token_ids`` = prompt + the tokens sampled before preemption."""
     from vllm.v1.core.sched.output import NewRequestData
     from vllm.v1.request import Request
 
@@ -64,7 +67,8 @@ def _new_request_data(
     request = Request(req.req_id, tokens, params[0], params[1], mm_features=_mm_features(req))
     request.num_computed_tokens = num_computed
     return NewRequestData.from_request(
-        request, block_ids=tuple(list(ids) for ids in block_ids), prefill_token_ids=tokens
+        request, block_ids=tuple(list(ids) for ids in block_ids),
+        prefill_token_ids=tokens + [0] * num_output_tokens,
     )
 
 
@@ -88,8 +92,9 @@ def to_scheduler_output(
             steps; filled in for new requests.
 
     Returns:
-        A ``SchedulerOutput`` with ``scheduled_new_reqs`` for new requests,
-        ``scheduled_cached_reqs`` for running and resumed ones,
+        A ``SchedulerOutput`` with ``scheduled_new_reqs`` for new requests
+        (and, on a V2 runner, resumed ones, as vLLM's scheduler sends them),
+        ``scheduled_cached_reqs`` for running ones (and V1 resumed ones),
         ``num_scheduled_tokens``, ``total_num_scheduled_tokens``,
         ``scheduled_spec_decode_tokens``, ``finished_req_ids``,
         ``preempted_req_ids`` and ``num_spec_tokens_to_schedule``.
@@ -106,10 +111,11 @@ def to_scheduler_output(
                 (None, _pooling_params(profile)) if req.kind == "pool"
                 else (_sampling_params(req), None)
             )
-        if row.new:
+        if row.new or (row.resumed and profile.runner == "v2"):
             out.scheduled_new_reqs.append(
                 _new_request_data(req, row.block_ids, row.num_computed_tokens, profile,
-                                  params[row.req_id])
+                                  params[row.req_id],
+                                  row.num_output_tokens if row.resumed else 0)
             )
         else:
             cached.req_ids.append(row.req_id)

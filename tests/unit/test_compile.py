@@ -1,0 +1,104 @@
+"""PlannedStep -> vLLM's SchedulerOutput / GrammarOutput (real vLLM classes)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stepwarm.compile import to_grammar_output, to_scheduler_output
+from stepwarm.plan import PlanBuilder, PlannedRequest
+from stepwarm.profile import CacheSpec, RunnerProfile
+
+
+def _profile(runner: str = "v1", **kw) -> RunnerProfile:
+    base = dict(runner=runner, kv_cache_groups=(CacheSpec(kind="full_attention", block_size=4),
+                                                CacheSpec(kind="sliding_window", block_size=4,
+                                                          sliding_window=8)),
+                num_blocks=100, max_model_len=64, max_num_seqs=4, max_num_batched_tokens=32,
+                vocab_size=70)
+    base.update(kw)
+    return RunnerProfile(**base)
+
+
+def _preempt_resume(runner: str):
+    p = _profile(runner)
+    b = PlanBuilder(p)
+    b.add_request(PlannedRequest("_stepwarm_a_", 6, structured_output=True))
+    b.add_request(PlannedRequest("_stepwarm_b_", 3))
+    b.step("prefill", "p", prefill={"_stepwarm_a_": 6, "_stepwarm_b_": 3})
+    b.step("decode", "d", decode={"_stepwarm_a_": 0, "_stepwarm_b_": 0})
+    b.step("preempt", "x", preempt=("_stepwarm_a_",))
+    b.step("resume", "r", resume={"_stepwarm_a_": 8})
+    b.cleanup()
+    return p, b.build()
+
+
+def test_prefill_and_decode_outputs():
+    p, plan = _preempt_resume("v1")
+    so = to_scheduler_output(plan.steps[0], plan, p)
+    assert [r.req_id for r in so.scheduled_new_reqs] == ["_stepwarm_a_", "_stepwarm_b_"]
+    a = so.scheduled_new_reqs[0]
+    assert a.prompt_token_ids == [0, 1, 2, 3, 4, 5] and a.num_computed_tokens == 0
+    # 6 tokens, block_size 4: 2 blocks in each group, ids 1..4 from the shared pool.
+    assert a.block_ids == ([1, 2], [3, 4])
+    assert so.num_scheduled_tokens == {"_stepwarm_a_": 6, "_stepwarm_b_": 3}
+    assert so.total_num_scheduled_tokens == 9
+    assert so.num_common_prefix_blocks == [0, 0]
+    go = to_grammar_output(plan.steps[0], p)
+    assert go.structured_output_request_ids == ["_stepwarm_a_"]
+    assert go.grammar_bitmask.shape == (1, 3) and go.grammar_bitmask.dtype == np.int32
+    assert (go.grammar_bitmask == -1).all()
+
+    so = to_scheduler_output(plan.steps[1], plan, p)
+    c = so.scheduled_cached_reqs
+    assert c.req_ids == ["_stepwarm_a_", "_stepwarm_b_"]
+    assert c.num_computed_tokens == [6, 3] and c.num_output_tokens == [1, 1]
+    assert c.new_block_ids == [None, None]  # 7 and 4 tokens still fit
+    assert so.scheduled_new_reqs == []
+
+
+def test_resume_on_v1_replaces_the_block_table_as_a_cached_row():
+    p, plan = _preempt_resume("v1")
+    assert to_scheduler_output(plan.steps[2], plan, p).preempted_req_ids == {"_stepwarm_a_"}
+    so = to_scheduler_output(plan.steps[3], plan, p)
+    c = so.scheduled_cached_reqs
+    assert c.req_ids == ["_stepwarm_a_"] and c.resumed_req_ids == {"_stepwarm_a_"}
+    assert c.num_computed_tokens == [0] and c.num_output_tokens == [2]
+    # Blocks of the preempted request were freed and handed out again, whole.
+    assert [len(g) for g in c.new_block_ids[0]] == [2, 2]
+    assert len(c.all_token_ids["_stepwarm_a_"]) == 8
+    assert so.scheduled_new_reqs == []
+
+
+def test_resume_on_v2_is_sent_as_a_new_request():
+    p, plan = _preempt_resume("v2")
+    so = to_scheduler_output(plan.steps[3], plan, p)
+    assert so.scheduled_cached_reqs.req_ids == []
+    (r,) = so.scheduled_new_reqs
+    assert r.req_id == "_stepwarm_a_" and r.num_computed_tokens == 0
+    assert r.prompt_token_ids == [0, 1, 2, 3, 4, 5]
+    assert len(r.prefill_token_ids) == 8  # prompt + the 2 tokens sampled before
+    assert [len(g) for g in r.block_ids] == [2, 2]
+
+
+def test_spec_tokens_only_for_scheduled_requests():
+    p = _profile(num_speculative_steps=2, decode_query_len=3, num_lookahead_tokens=2)
+    b = PlanBuilder(p)
+    for rid in ("_stepwarm_a_", "_stepwarm_b_"):
+        b.add_request(PlannedRequest(rid, 4))
+    b.step("prefill", "p", prefill={"_stepwarm_a_": 4, "_stepwarm_b_": 4})
+    step = b.step("mixed_decode", "m", decode={"_stepwarm_a_": 2, "_stepwarm_b_": 0})
+    so = to_scheduler_output(step, b.build(), p)
+    assert so.scheduled_spec_decode_tokens == {"_stepwarm_a_": [0, 0]}
+    assert so.num_scheduled_tokens == {"_stepwarm_a_": 3, "_stepwarm_b_": 1}
+    assert so.num_spec_tokens_to_schedule == 2
+    # a: 4 + 3 tokens + 2 lookahead = 9 -> 3 blocks per group, had 2 (4 + 2 -> 6).
+    assert [len(g) for g in so.scheduled_cached_reqs.new_block_ids[0]] == [1, 1]
+
+
+def test_cleanup_step_finishes_every_live_request():
+    p, plan = _preempt_resume("v1")
+    so = to_scheduler_output(plan.steps[-1], plan, p)
+    assert so.finished_req_ids == {"_stepwarm_a_", "_stepwarm_b_"}
+    assert so.total_num_scheduled_tokens == 0 and so.num_spec_tokens_to_schedule == 0
+    assert to_grammar_output(plan.steps[-1], p) is None
