@@ -17,6 +17,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from stepwarm.driver import RunReport, StepFailed, StepResult
 
@@ -24,8 +25,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Scheduler-realistic warmup steps for vLLM workers.")
 #: Tables are ~115 columns wide; when output is not a terminal (CI logs, nox),
 #: rich would wrap them at 80.
-console = Console(width=None if sys.stdout.isatty() else 132)
-err_console = Console(stderr=True)
+console = Console(width=None if sys.stdout.isatty() else 132, markup=False)
+err_console = Console(stderr=True, markup=False)
+#: Markup is off: labels, file names and messages ("NAME[i]", "[requests.a]")
+#: are printed as they are; styles go through rich.text.Text.
 
 
 @app.callback()
@@ -73,7 +76,8 @@ def _row(s: StepResult, num_groups: int) -> list[str]:
 
 
 def _fail(message: str, code: int = 1) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # The message is plain text: "NAME[i]" must not be read as rich markup.
+    err_console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -86,12 +90,17 @@ def run(
 ) -> None:
     """Start vLLM in-process and drive scenarios through its worker."""
     from stepwarm.profile import read_profile
-    from stepwarm.scenario import ScenarioError, plans_for
+    from stepwarm.scenario import ScenarioError, expand, load
 
     names = scenario or ["default"]
     overrides = _parse_engine_args(engine_arg or [])
     if model is not None and not (model / "config.json").is_file():
         _fail(f"--model {model}: not a model directory (no config.json)", 2)
+    try:
+        # Files and format first: a typo costs no engine start.
+        loaded = [load(name) for name in names]
+    except ScenarioError as e:
+        _fail(str(e), 2)
     t0 = time.perf_counter()
     from stepwarm.engine import start_engine
 
@@ -107,7 +116,7 @@ def run(
                   f"vllm {profile.vllm_version}, {profile.num_blocks} blocks, groups: {groups}",
                   highlight=False)
     try:
-        plans = plans_for(names, profile)
+        plans = [expand(sc, profile) for sc in loaded]  # all checked before any step
     except ScenarioError as e:
         _fail(str(e), 2)
     from stepwarm.driver import drive
@@ -139,11 +148,12 @@ def run(
             if not failed.report.left_in_runner
             else f"; the runner still holds {failed.report.left_in_runner}"))
     ran = [r for r in reports if not r.skipped]
-    console.print(
-        f"[bold green]ok[/]: {len(ran)} scenario(s), {sum(len(r.steps) for r in ran)} steps "
+    console.print(Text.assemble(
+        ("ok", "bold green"),
+        f": {len(ran)} scenario(s), {sum(len(r.steps) for r in ran)} steps "
         f"in {sum(r.wall_ms for r in ran):.0f} ms"
         + (f", {len(reports) - len(ran)} skipped" if len(ran) < len(reports) else "")
-        + "; runner left with no warmup request", highlight=False)
+        + "; runner left with no warmup request"))
 
 
 def _profile_for(model: Optional[Path], profile: Optional[Path],
@@ -202,7 +212,7 @@ def list_scenarios() -> None:
             sc = load(name)
             table.add_row(name, ", ".join(sc.model.needs) or "-", sc.model.description)
         except ScenarioError as e:
-            table.add_row(name, "?", f"[red]invalid: {e}[/]")
+            table.add_row(name, "?", Text(f"invalid: {e}", style="red"))
     console.print(table)
 
 
@@ -222,13 +232,13 @@ def check(
     for name, result in check_all(files, prof):
         if isinstance(result, ScenarioError):
             bad += 1
-            err_console.print(f"[bold red]error:[/] {result}", highlight=False, soft_wrap=True)
+            err_console.print(Text.assemble(("error:", "bold red"), f" {result}"), soft_wrap=True)
         elif result.skipped:
             console.print(f"skipped {name}: {result.skipped}", highlight=False)
         else:
             n_req = len(result.requests)
-            console.print(f"[green]ok[/] {name}: {len(result.steps)} steps, {n_req} requests",
-                          highlight=False)
+            console.print(Text.assemble(("ok", "green"),
+                                        f" {name}: {len(result.steps)} steps, {n_req} requests"))
     if bad:
         raise typer.Exit(2)
 

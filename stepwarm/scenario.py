@@ -467,7 +467,9 @@ _TYPE_ALLOWED = {
 
 def _validation_error(e: ValidationError, file: str, index: _TomlIndex) -> ScenarioError:
     errors = e.errors()
-    err = errors[0]
+    # An unknown key (a typo) explains the "missing" error that comes with it:
+    # report it first.
+    err = min(errors, key=lambda x: x["type"] != "extra_forbidden")
     loc = tuple(err["loc"])
     model, sec, fld = _model_at(loc)
     kind = loc[2] if sec[0] == "steps" and len(loc) >= 3 and loc[2] in STEP_MODELS else None

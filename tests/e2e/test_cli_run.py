@@ -54,3 +54,12 @@ def test_run_rejects_a_malformed_engine_arg():
     proc = _stepwarm("run", "-e", "max_num_seqs", timeout=120)
     assert proc.returncode == 2
     assert "expected KEY=VALUE" in proc.stderr
+
+
+def test_run_rejects_a_bad_scenario_file_before_starting_vllm(tmp_path):
+    bad = tmp_path / "typo.toml"
+    bad.write_text('[requests.a]\nprompt = 8\n\n[[steps]]\nkind = "prefill"\nreqests = ["a"]\n')
+    proc = _stepwarm("run", "-s", "default", "-s", str(bad), timeout=60)
+    assert proc.returncode == 2
+    assert str(bad) in proc.stderr and "reqests" in proc.stderr and "requests" in proc.stderr
+    assert "engine up" not in proc.stdout  # nothing started, nothing ran
