@@ -39,11 +39,14 @@ def vllm_spec(spec: CacheSpec, *, layers: int = 1) -> Any:
     def one(head_size: int) -> Any:
         attn = dict(block_size=spec.block_size, num_kv_heads=1, head_size=head_size, dtype=_DTYPE)
         if spec.kind == "full_attention":
+            if spec.vllm_class == "RSWASpec":
+                return k.RSWASpec(**attn, rswa_window=64)
             return k.FullAttentionSpec(**attn)
         if spec.kind == "mla_attention":
             return k.MLAAttentionSpec(**attn)
         if spec.kind == "sliding_window":
-            return k.SlidingWindowSpec(**attn, sliding_window=spec.sliding_window)
+            cls = k.SlidingWindowMLASpec if spec.vllm_class == "SlidingWindowMLASpec" else k.SlidingWindowSpec
+            return cls(**attn, sliding_window=spec.sliding_window)
         if spec.kind == "chunked_local_attention":
             return k.ChunkedLocalAttentionSpec(**attn, attention_chunk_size=spec.attention_chunk_size)
         if spec.kind == "circular_buffer":

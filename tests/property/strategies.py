@@ -28,6 +28,11 @@ ATTENTION_KINDS = (
     "circular_buffer", "cross_attention", "encoder_only_attention",
 )
 ALL_KINDS = ATTENTION_KINDS + ("mamba",)
+#: vLLM spec classes the strategies build (by kind): FullAttentionSpec,
+#: RSWASpec, MLAAttentionSpec, SlidingWindowSpec, SlidingWindowMLASpec,
+#: ChunkedLocalAttentionSpec, CircularBufferSpec, CrossAttentionSpec,
+#: EncoderOnlyAttentionSpec, MambaSpec (none/all/align), each also inside a
+#: UniformTypeKVCacheSpecs.
 
 #: Most requests live at once in a generated lifecycle.
 MAX_LIVE = 4
@@ -132,7 +137,14 @@ _block_sizes = st.one_of(
 @st.composite
 def cache_specs(draw, kind: str, block_size: int, mamba_mode: str, spec_blocks: int) -> CacheSpec:
     extra: dict = {}
+    # Subclasses stepwarm reads as the same kind (vllm_class picks the class
+    # the oracle builds). SinkFullAttentionSpec is left out: vLLM 0.32.0
+    # cannot build its manager (SinkFullAttentionManager.__init__ rejects
+    # the needs_kv_cache_zeroing argument get_manager_for_kv_cache_spec passes).
+    if kind == "full_attention":
+        extra["vllm_class"] = draw(st.sampled_from(["FullAttentionSpec", "RSWASpec"]))
     if kind == "sliding_window":
+        extra["vllm_class"] = draw(st.sampled_from(["SlidingWindowSpec", "SlidingWindowMLASpec"]))
         extra["sliding_window"] = draw(st.integers(1, 512))
     elif kind == "chunked_local_attention":
         extra["attention_chunk_size"] = draw(st.integers(1, 512))
@@ -189,5 +201,6 @@ def kv_configs(draw, kinds: tuple[str, ...] = ALL_KINDS, max_model_len: int = 10
     num_blocks = draw(st.one_of(st.just(ample), st.integers(2, ample)))
     for s in specs_t:
         event(f"kind: {s.kind}" + (f"/{s.mamba_cache_mode}" if s.kind == "mamba" else "")
+              + (f"/{s.vllm_class}" if s.vllm_class else "")
               + ("/uniform" if s.uniform_type else ""))
     return KVConfig(**{**cfg.__dict__, "num_blocks": num_blocks})
