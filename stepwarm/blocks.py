@@ -4,7 +4,10 @@ One reservation rule per KV cache spec kind, looked up by ``CacheSpec.kind``
 (:data:`RULES`), each mirroring what ``KVCacheManager.allocate_slots``
 (``vllm/v1/core/kv_cache_manager.py``) and the matching
 ``SingleTypeKVCacheManager`` subclass hold for one request, and vLLM's own
-``vllm.v1.worker.gpu.warmup._reserved_block_count``.
+``vllm.v1.worker.gpu.warmup._reserved_block_count`` (which differs for
+encoder-only groups and requests without encoder input; see
+:func:`reserved_blocks`). ``tests/property`` checks every rule against a real
+``KVCacheManager`` driven the way the scheduler drives it.
 
 :class:`BlockLedger` hands out block ids the way the scheduler's block pool
 does from a warmup's point of view: distinct ids per request per group, from
