@@ -22,12 +22,21 @@ def prompt_token_ids(req: PlannedRequest, vocab_size: int) -> list[int]:
     return [i % vocab_size for i in range(req.prompt_len)]
 
 
-def _sampling_params(req: PlannedRequest) -> Any:
+def _sampling_params(req: PlannedRequest, profile: RunnerProfile) -> Any:
+    """``SamplingParams.for_sampler_warmup()`` (or greedy) as the engine would
+    accept them: with a speculator on the V1 runner, vLLM's front end refuses
+    ``min_p`` and ``logit_bias`` (``SamplingParams._validate_spec_decode``),
+    and its rejection sampler indexes out of bounds on them, so they are
+    dropped there."""
     from vllm import SamplingParams
 
-    if req.sampling == "warmup":
-        return SamplingParams.for_sampler_warmup()
-    return SamplingParams(max_tokens=2, temperature=0.0)
+    if req.sampling != "warmup":
+        return SamplingParams(max_tokens=2, temperature=0.0)
+    params = SamplingParams.for_sampler_warmup()
+    if profile.has_speculator and profile.runner == "v1":
+        params.min_p = 0.0
+        params.logit_bias = None
+    return params
 
 
 def _pooling_params(profile: RunnerProfile) -> Any:
@@ -109,7 +118,7 @@ def to_scheduler_output(
         if row.req_id not in params:
             params[row.req_id] = (
                 (None, _pooling_params(profile)) if req.kind == "pool"
-                else (_sampling_params(req), None)
+                else (_sampling_params(req, profile), None)
             )
         if row.new or (row.resumed and profile.runner == "v2"):
             out.scheduled_new_reqs.append(

