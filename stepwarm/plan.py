@@ -169,6 +169,7 @@ class _Live:
     num_output_tokens: int = 0
     state: Literal["waiting", "running", "preempted", "finished"] = "waiting"
     seen: bool = False  # runner has been sent NewRequestData
+    resuming: bool = False  # resumed, still recomputing prompt + outputs
 
     @property
     def num_tokens(self) -> int:
@@ -203,7 +204,8 @@ class PlanBuilder:
 
         Raises:
             PlanError: duplicate id, zero tokens, or a prompt longer than
-                ``max_model_len``.
+                ``max_model_len`` (``max_model_len - 1`` for a sampling
+                request: the token sampled after the prompt must fit too).
         """
         if req.req_id in self._requests:
             raise PlanError(f"request {req.req_id!r} is declared twice", field="requests")
@@ -212,10 +214,13 @@ class PlanBuilder:
                 f"request {req.req_id!r}: prompt_len must be > 0, got {req.prompt_len}",
                 field="prompt_len",
             )
-        if req.prompt_len > self.profile.max_model_len:
+        # A sampling request gets a token after its prompt: prompt + 1 must fit.
+        limit = self.profile.max_model_len - (1 if req.kind == "sample" else 0)
+        if req.prompt_len > limit:
             raise PlanError(
                 f"request {req.req_id!r}: prompt_len {req.prompt_len} exceeds "
-                f"max_model_len {self.profile.max_model_len}",
+                f"{limit}; allowed: 1..{limit} (max_model_len {self.profile.max_model_len}"
+                + (", less the token sampled after the prompt)" if req.kind == "sample" else ")"),
                 field="prompt_len",
             )
         self._requests[req.req_id] = _Live(req)
@@ -324,6 +329,7 @@ class PlanBuilder:
 
         rows: list[ScheduledRequest] = []
         plan_updates: list[tuple[_Live, int, int]] = []  # live, computed+=, outputs+=
+        resuming: list[tuple[_Live, bool]] = []
         total = 0
         for rid, n in prefill.items():
             live = self._live(rid, self.next_index)
@@ -378,10 +384,14 @@ class PlanBuilder:
             live = self._live(rid, self.next_index)
             # A preempted request resumes (fresh block table); a running one
             # whose resumption was chunked continues recomputing.
-            continuing = (live.state == "running"
-                          and live.num_computed_tokens < live.num_tokens)
+            continuing = live.state == "running" and live.resuming
             if live.state != "preempted" and not continuing:
-                raise self._err(f"request {rid!r} cannot be resumed: it is {live.state}", "resume")
+                what = "running (never preempted)" if live.state == "running" else live.state
+                raise self._err(
+                    f"request {rid!r} cannot be resumed: it is {what}; allowed: a "
+                    "preempted request, or one whose resumption is still recomputing",
+                    "resume",
+                )
             left = live.num_tokens - live.num_computed_tokens
             if n <= 0 or n > left:
                 raise self._err(
@@ -390,18 +400,23 @@ class PlanBuilder:
             done = n == left
             rows.append(self._row(live, n, (), done, resumed=not continuing))
             plan_updates.append((live, n, 1 if done else 0))
+            resuming.append((live, not done))
             total += n
         if total > p.max_num_batched_tokens:
             raise self._err(
                 f"{total} tokens scheduled but max_num_batched_tokens is "
                 f"{p.max_num_batched_tokens}", "tokens",
             )
-        for live, dn, _ in plan_updates:
-            after = live.num_computed_tokens + dn
+        for live, dn, dout in plan_updates:
+            # The runner asserts prompt + sampled tokens <= max_model_len after
+            # sampling (vLLM's scheduler finishes a request at max_model_len).
+            sampled = dout if live.decl.kind == "sample" else 0
+            after = max(live.num_computed_tokens + dn, live.num_tokens + sampled)
             if after > p.max_model_len:
                 raise self._err(
-                    f"request {live.decl.req_id!r} would reach {after} tokens, beyond "
-                    f"max_model_len {p.max_model_len}", "tokens",
+                    f"request {live.decl.req_id!r} would reach {after} tokens "
+                    f"(prompt {live.decl.prompt_len} + {live.num_output_tokens + sampled} "
+                    f"sampled), beyond max_model_len {p.max_model_len}", "tokens",
                 )
 
         # Blocks: finished/preempted requests free first (same step), then the
@@ -429,6 +444,8 @@ class PlanBuilder:
             live.num_output_tokens += dout
             live.state = "running"
             live.seen = True
+        for live, still in resuming:
+            live.resuming = still
         for rid in finish:
             self._requests[rid].state = "finished"
         for rid in preempt:

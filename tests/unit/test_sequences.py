@@ -215,6 +215,8 @@ def test_warmup_past_max_model_len_is_refused_before_any_step():
     from stepwarm.plan import PlanError
 
     profile = _profile(num_speculative_steps=3, decode_query_len=4, max_model_len=9)
-    with pytest.raises(PlanError, match="would reach 13 tokens, beyond max_model_len 9") as info:
+    # Step 1 decodes 4 tokens after the prefill's sampled one: 5 + 1 + 4 > 9.
+    with pytest.raises(PlanError, match=r"would reach 10 tokens \(prompt 5 \+ 5 sampled\), "
+                       "beyond max_model_len 9") as info:
         warmup_kernels_plan(profile)
-    assert info.value.step == 2 and info.value.field == "tokens"
+    assert info.value.step == 1 and info.value.field == "tokens"

@@ -1,0 +1,71 @@
+"""PlanBuilder: the request lifecycle and runner limits (no engine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stepwarm.plan import PlanBuilder, PlanError, PlannedRequest
+from stepwarm.profile import CacheSpec, RunnerProfile
+
+A = "_stepwarm_a_"
+
+
+def _builder(**kw) -> PlanBuilder:
+    base = dict(runner="v1", kv_cache_groups=(CacheSpec(kind="full_attention", block_size=16),),
+                num_blocks=64, max_model_len=32, max_num_seqs=4, max_num_batched_tokens=64,
+                vocab_size=100)
+    base.update(kw)
+    return PlanBuilder(RunnerProfile(**base))
+
+
+def test_sampling_prompt_must_leave_room_for_the_sampled_token():
+    b = _builder()
+    with pytest.raises(PlanError, match=r"prompt_len 32 exceeds 31; allowed: 1\.\.31") as info:
+        b.add_request(PlannedRequest(A, 32))
+    assert info.value.field == "prompt_len"
+    b.add_request(PlannedRequest("_stepwarm_pool_", 32, kind="pool"))  # pooling samples nothing
+
+
+def test_decodes_stop_at_max_model_len_counting_sampled_tokens():
+    b = _builder()
+    b.add_request(PlannedRequest(A, 30))
+    b.step("prefill", "p", prefill={A: 30})            # 30 + 1 sampled = 31
+    b.step("decode", "d", decode={A: 0})               # 32 = max_model_len
+    with pytest.raises(PlanError) as info:
+        b.step("decode", "d", decode={A: 0})
+    assert str(info.value) == (
+        f"step 2: request {A!r} would reach 33 tokens (prompt 30 + 3 sampled), "
+        "beyond max_model_len 32"
+    )
+    assert (info.value.step, info.value.field) == (2, "tokens")
+
+
+def test_resume_needs_a_preempted_request():
+    b = _builder()
+    b.add_request(PlannedRequest(A, 20))
+    b.step("prefill", "p", prefill={A: 20})
+    b.step("decode", "d", decode={A: 0})
+    with pytest.raises(PlanError, match="cannot be resumed: it is running \\(never preempted\\)"):
+        b.step("resume", "r", resume={A: 1})
+    b.step("preempt", "x", preempt=(A,))
+    # 20 prompt + 2 sampled tokens to recompute, in two chunks.
+    first = b.step("resume", "r1", resume={A: 16})
+    assert first.scheduled[0].resumed and not first.scheduled[0].samples
+    second = b.step("resume", "r2", resume={A: 6})
+    row = second.scheduled[0]
+    assert (row.resumed, row.num_computed_tokens, row.samples) == (False, 16, True)
+    with pytest.raises(PlanError, match="cannot be resumed: it is running"):
+        b.step("resume", "r3", resume={A: 1})  # recomputed: a decode now
+    assert b.step("decode", "d", decode={A: 0}).scheduled[0].num_computed_tokens == 22
+
+
+def test_refused_step_leaves_no_block_handed_out():
+    b = _builder(num_blocks=3)  # 2 usable blocks of 16 tokens
+    b.add_request(PlannedRequest(A, 20))
+    b.add_request(PlannedRequest("_stepwarm_b_", 10))
+    b.step("prefill", "p", prefill={A: 20})             # 2 blocks
+    with pytest.raises(PlanError, match="needs 1 more block\\(s\\) .* only 0 of 2 are free"):
+        b.step("prefill", "p", prefill={"_stepwarm_b_": 10})
+    assert b.ledger.num_free == 0 and b.ledger.held_counts(A) == (2,)
+    finish = b.step("finish", "f", finish=(A,))
+    assert finish.finished_req_ids == {A} and b.ledger.num_free == 2
