@@ -56,7 +56,7 @@ def step_table(report: RunReport, num_groups: int) -> Table:
     table = Table(title=f"scenario {report.plan} ({report.runner} runner)", title_justify="left")
     table.add_column("#", justify="right")
     table.add_column("kind", no_wrap=True)
-    table.add_column("step", no_wrap=True, max_width=28, overflow="ellipsis")
+    table.add_column("step", no_wrap=True, max_width=44, overflow="ellipsis")
     table.add_column("reqs", justify="right")
     table.add_column("tokens", justify="right")
     table.add_column("spec", justify="right")
@@ -70,7 +70,7 @@ def step_table(report: RunReport, num_groups: int) -> Table:
 
 def _row(s: StepResult, num_groups: int) -> list[str]:
     blocks = s.new_blocks or [0] * num_groups
-    sampled = "-" if s.sampled is None else str(len(s.sampled))
+    sampled = "-" if s.sampled is None else str(sum(1 for n in s.sampled.values() if n))
     return [str(s.index), s.kind, s.label, str(s.num_reqs), str(s.num_scheduled_tokens),
             str(s.num_spec_tokens), "/".join(map(str, blocks)), sampled, f"{s.wall_ms:.1f}"]
 
@@ -81,6 +81,33 @@ def _fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+def _check_output_path(path: Optional[Path], option: str) -> None:
+    """Exit 2 before any work when ``path``'s directory does not exist."""
+    if path is not None and not path.parent.is_dir():
+        _fail(f"{option} {path}: directory {path.parent} does not exist", 2)
+
+
+def _start_engine(model: Optional[Path], engine_arg: Optional[list[str]]) -> Any:
+    """Start the in-process engine (exit 2 on a bad model dir or engine args)."""
+    overrides = _parse_engine_args(engine_arg or [])
+    if model is not None and not (model / "config.json").is_file():
+        _fail(f"--model {model}: not a model directory (no config.json)", 2)
+    from stepwarm.engine import start_engine
+
+    with err_console.status("starting vLLM engine..."):
+        try:
+            return start_engine(model, **overrides)
+        except Exception as e:  # noqa: BLE001 - vLLM rejects configs with many types
+            _fail(f"vLLM could not start the engine: {type(e).__name__}: {e}", 2)
+
+
+def _failure_line(failed: StepFailed) -> str:
+    return f"scenario {failed.report.plan}: " + failed.report.error + (
+        "; cleanup ran, the runner holds no stepwarm request"
+        if not failed.report.left_in_runner
+        else f"; the runner still holds {failed.report.left_in_runner}")
+
+
 @app.command()
 def run(
     model: Annotated[Optional[Path], typer.Option(help="Local model directory (config.json; weights optional). Default: the embedded tiny Llama.")] = None,
@@ -88,72 +115,74 @@ def run(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the report as JSON to this file.")] = None,
     engine_arg: Annotated[Optional[list[str]], typer.Option("--engine-arg", "-e", help="vllm.LLM keyword as KEY=VALUE (VALUE as JSON), e.g. -e max_num_seqs=4.")] = None,
 ) -> None:
-    """Start vLLM in-process and drive scenarios through its worker."""
+    """Start vLLM in-process and drive scenarios through its worker.
+
+    Every scenario is loaded before the engine starts and expanded against the
+    worker's profile before the first step. A scenario whose step fails on the
+    worker is reported (the runner is cleaned up) and the next one runs; the
+    exit status is then 1.
+    """
+    from stepwarm.driver import drive
     from stepwarm.profile import read_profile
     from stepwarm.scenario import ScenarioError, expand, load
 
     names = scenario or ["default"]
-    overrides = _parse_engine_args(engine_arg or [])
-    if model is not None and not (model / "config.json").is_file():
-        _fail(f"--model {model}: not a model directory (no config.json)", 2)
-    try:
-        # Files and format first: a typo costs no engine start.
-        loaded = [load(name) for name in names]
-    except ScenarioError as e:
-        _fail(str(e), 2)
-    t0 = time.perf_counter()
-    from stepwarm.engine import start_engine
-
-    with console.status("starting vLLM engine..."):
+    _check_output_path(json_out, "--json")
+    loaded, errors = [], []
+    for name in names:  # files and format first: a typo costs no engine start
         try:
-            engine = start_engine(model, **overrides)
-        except Exception as e:  # noqa: BLE001 - vLLM rejects configs with many types
-            _fail(f"vLLM could not start the engine: {type(e).__name__}: {e}", 2)
+            loaded.append(load(name))
+        except ScenarioError as e:
+            errors.append(str(e))
+    if errors:
+        _fail("\nerror: ".join(errors), 2)
+    t0 = time.perf_counter()
+    engine = _start_engine(model, engine_arg)
     startup_s = time.perf_counter() - t0
     profile = read_profile(engine.worker)
     groups = ", ".join(f"{g.kind}(block_size={g.block_size})" for g in profile.kv_cache_groups)
     console.print(f"engine up in {startup_s:.1f} s: {profile.runner} runner, "
-                  f"vllm {profile.vllm_version}, {profile.num_blocks} blocks, groups: {groups}",
-                  highlight=False)
-    try:
-        plans = [expand(sc, profile) for sc in loaded]  # all checked before any step
-    except ScenarioError as e:
-        _fail(str(e), 2)
-    from stepwarm.driver import drive
+                  f"vllm {profile.vllm_version}, {profile.num_blocks} blocks, groups: {groups}")
+    plans = []
+    for sc in loaded:  # all checked before any step
+        try:
+            plans.append(expand(sc, profile))
+        except ScenarioError as e:
+            errors.append(str(e))
+    if errors:
+        _fail("\nerror: ".join(errors), 2)
 
     reports: list[RunReport] = []
-    failed: StepFailed | None = None
+    failures: list[StepFailed] = []
     for plan in plans:
         if plan.skipped:
-            console.print(f"scenario {plan.name}: skipped: {plan.skipped}", highlight=False)
+            console.print(f"scenario {plan.name}: skipped: {plan.skipped}")
             reports.append(RunReport(plan=plan.name, runner=profile.runner,
                                      model=profile.model, skipped=plan.skipped))
             continue
         try:
             report = drive(engine.worker, plan, profile)
         except StepFailed as e:
-            failed = e
+            failures.append(e)
             report = e.report
         reports.append(report)
         console.print(step_table(report, len(profile.kv_cache_groups)))
-        if failed:
-            break
+        if failures and failures[-1].report is report:
+            err_console.print(Text.assemble(("failed:", "bold red"), " ", _failure_line(failures[-1])),
+                              soft_wrap=True)
     if json_out is not None:
         json_out.write_text(json.dumps(
             {"profile": profile.model_dump(), "startup_s": startup_s,
              "scenarios": [r.to_dict() for r in reports]}, indent=2) + "\n")
-    if failed is not None:
-        _fail(failed.report.error + (
-            "; cleanup ran, the runner holds no stepwarm request"
-            if not failed.report.left_in_runner
-            else f"; the runner still holds {failed.report.left_in_runner}"))
     ran = [r for r in reports if not r.skipped]
-    console.print(Text.assemble(
-        ("ok", "bold green"),
-        f": {len(ran)} scenario(s), {sum(len(r.steps) for r in ran)} steps "
-        f"in {sum(r.wall_ms for r in ran):.0f} ms"
-        + (f", {len(reports) - len(ran)} skipped" if len(ran) < len(reports) else "")
-        + "; runner left with no warmup request"))
+    summary = (f"{len(ran)} scenario(s), {sum(len(r.steps) for r in ran)} steps "
+               f"in {sum(r.wall_ms for r in ran):.0f} ms"
+               + (f", {len(reports) - len(ran)} skipped" if len(ran) < len(reports) else ""))
+    if failures:
+        _fail(f"{len(failures)} of {len(ran)} scenario(s) failed on the worker: "
+              + "; ".join(_failure_line(f) for f in failures), 1)
+    console.print(Text.assemble(("ok", "bold green"),
+                                f": {summary}; runner left with no warmup request"))
 
 
 def _profile_for(model: Optional[Path], profile: Optional[Path],
@@ -173,15 +202,7 @@ def _profile_for(model: Optional[Path], profile: Optional[Path],
             _fail(str(e), 2)
     if model is None and not engine_arg:
         return tiny_profile()
-    if model is not None and not (model / "config.json").is_file():
-        _fail(f"--model {model}: not a model directory (no config.json)", 2)
-    from stepwarm.engine import start_engine
-
-    with err_console.status("starting vLLM engine..."):
-        try:
-            engine = start_engine(model, **_parse_engine_args(engine_arg or []))
-        except Exception as e:  # noqa: BLE001 - vLLM rejects configs with many types
-            _fail(f"vLLM could not start the engine: {type(e).__name__}: {e}", 2)
+    engine = _start_engine(model, engine_arg)
     try:
         return read_profile(engine.worker)
     except ProfileError as e:
@@ -323,23 +344,16 @@ def schema() -> None:
 
 @app.command("profile")
 def profile_cmd(
-    output: Annotated[Path, typer.Option("--output", "-o", help="Write the profile JSON here.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Write the profile here (JSON; TOML if it ends in .toml).")],
     model: Annotated[Optional[Path], typer.Option(help="Local model directory (config.json; weights optional). Default: the embedded tiny Llama.")] = None,
     engine_arg: Annotated[Optional[list[str]], typer.Option("--engine-arg", "-e", help="vllm.LLM keyword as KEY=VALUE (VALUE as JSON).")] = None,
 ) -> None:
-    """Start vLLM, read the worker's runner profile and save it as JSON (for `check --profile`)."""
+    """Start vLLM, read the worker's runner profile and save it (JSON, or TOML for a
+    .toml file) for `check --profile` / `show --profile` on machines with no engine."""
     from stepwarm.profile import ProfileError, read_profile
 
-    overrides = _parse_engine_args(engine_arg or [])
-    if model is not None and not (model / "config.json").is_file():
-        _fail(f"--model {model}: not a model directory (no config.json)", 2)
-    from stepwarm.engine import start_engine
-
-    with err_console.status("starting vLLM engine..."):
-        try:
-            engine = start_engine(model, **overrides)
-        except Exception as e:  # noqa: BLE001 - vLLM rejects configs with many types
-            _fail(f"vLLM could not start the engine: {type(e).__name__}: {e}", 2)
+    _check_output_path(output, "--output")
+    engine = _start_engine(model, engine_arg)
     try:
         prof = read_profile(engine.worker)
     except ProfileError as e:
@@ -350,8 +364,8 @@ def profile_cmd(
         prof.save(output)
     except OSError as e:
         _fail(f"{output}: cannot write profile: {e.strerror or e}", 2)
-    console.print(_profile_line(prof), highlight=False)
-    console.print(f"saved {output}", highlight=False)
+    console.print(_profile_line(prof))
+    console.print(f"saved {output}")
 
 
 def main() -> None:

@@ -25,7 +25,8 @@ from typing import Any
 from stepwarm.driver import RunReport, drive
 from stepwarm.profile import read_profile
 
-logger = logging.getLogger("stepwarm")
+#: A child of vLLM's logger, so the lines appear in vLLM's start-up log.
+logger = logging.getLogger("vllm.stepwarm")
 
 #: Environment variable naming the scenarios the plugin runs.
 ENV_SCENARIOS = "STEPWARM_SCENARIOS"

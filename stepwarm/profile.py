@@ -121,27 +121,55 @@ class RunnerProfile(BaseModel):
         """The profile as indented JSON text."""
         return self.model_dump_json(indent=2) + "\n"
 
+    def to_toml(self, header: str = "") -> str:
+        """The profile as TOML text (``None`` fields left out: they are the
+        defaults), optionally after ``header`` as comment lines."""
+
+        def scalar(v: Any) -> str:
+            return ("true" if v else "false") if isinstance(v, bool) else json.dumps(v)
+
+        data = self.model_dump()
+        groups = data.pop("kv_cache_groups")
+        lines = [f"# {ln}" for ln in header.splitlines()]
+        lines += [f"{k} = {scalar(v)}" for k, v in data.items() if v is not None]
+        for g in groups:
+            lines += ["", "[[kv_cache_groups]]"]
+            lines += [f"{k} = {scalar(v)}" for k, v in g.items() if v is not None]
+        return "\n".join(lines) + "\n"
+
     def save(self, path: str | Path) -> None:
-        """Write :meth:`to_json` to ``path``."""
-        Path(path).write_text(self.to_json())
+        """Write the profile to ``path``: TOML if it ends in ``.toml``, else JSON."""
+        path = Path(path)
+        path.write_text(self.to_toml() if path.suffix == ".toml" else self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> RunnerProfile:
-        """Read a profile saved by :meth:`save`.
+        """Read a profile saved by :meth:`save` (``.toml``: TOML, else JSON).
 
         Raises:
-            ProfileError: the file is missing, not JSON, or not a profile
-                (the message names the file and the field).
+            ProfileError: the file is missing, not JSON/TOML, or not a profile
+                (the message names the file, the line where the parser gives
+                one, and the field).
         """
         path = Path(path)
         try:
-            data = json.loads(path.read_text())
+            text = path.read_text()
         except OSError as e:
             raise ProfileError(f"{path}: cannot read profile: {e.strerror}") from None
-        except json.JSONDecodeError as e:
-            raise ProfileError(
-                f"{path}:{e.lineno}: not JSON: {e.msg} (column {e.colno})"
-            ) from None
+        if path.suffix == ".toml":
+            import tomllib
+
+            try:
+                data = tomllib.loads(text)
+            except tomllib.TOMLDecodeError as e:
+                raise ProfileError(f"{path}: not TOML: {e}") from None
+        else:
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ProfileError(
+                    f"{path}:{e.lineno}: not JSON: {e.msg} (column {e.colno})"
+                ) from None
         try:
             return cls.model_validate(data)
         except ValidationError as e:

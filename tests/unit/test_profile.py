@@ -1,0 +1,43 @@
+"""RunnerProfile files: JSON and TOML round trips and clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from stepwarm.profile import CacheSpec, ProfileError, RunnerProfile
+
+PROFILE = RunnerProfile(
+    runner="v2", kv_cache_groups=(
+        CacheSpec(kind="full_attention", block_size=16),
+        CacheSpec(kind="mamba", block_size=64, mamba_cache_mode="align", num_speculative_blocks=2),
+    ),
+    num_blocks=1234, max_model_len=4096, max_num_seqs=64, max_num_batched_tokens=8192,
+    num_lookahead_tokens=2, num_speculative_steps=2, decode_query_len=3, vocab_size=32000,
+)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".toml"])
+def test_save_and_load_round_trip(tmp_path, suffix):
+    path = tmp_path / f"p{suffix}"
+    PROFILE.save(path)
+    assert path.read_text().lstrip().startswith("{" if suffix == ".json" else "runner = ")
+    assert RunnerProfile.load(path) == PROFILE
+
+
+def test_corrupt_json_names_file_and_line(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text('{\n  "runner": "v1",\n  oops\n}')
+    with pytest.raises(ProfileError, match=rf"^{path}:3: not JSON: Expecting property name"):
+        RunnerProfile.load(path)
+
+
+def test_wrong_field_names_it(tmp_path):
+    path = tmp_path / "p.toml"
+    path.write_text(PROFILE.to_toml().replace("max_num_seqs = 64", "max_num_seqs = 0"))
+    with pytest.raises(ProfileError, match=rf"^{path}: field 'max_num_seqs': Input should be greater than 0"):
+        RunnerProfile.load(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ProfileError, match="cannot read profile: No such file or directory"):
+        RunnerProfile.load(tmp_path / "nope.json")
