@@ -5,10 +5,12 @@ A size in a scenario file is an int or a string such as
 ``"block_size(0) * 2"``. :func:`evaluate` parses the string with
 :func:`ast.parse` and walks the tree with a whitelist: int literals, the
 names in ``facts``, ``+ - * // %``, unary ``-``/``+``, parentheses and the
-calls ``block_size(i)``, ``min(a, b, ...)`` and ``max(a, b, ...)``. Nothing
-is evaluated by Python itself (no ``eval``, no attribute access, no
-imports). :func:`buckets` expands a limit into Triton's integer
-specialization classes.
+calls ``block_size(i)``, ``min(a, b, ...)``, ``max(a, b, ...)`` and the
+runner's KV cache functions (``kv_seqs(tokens)``, ``kv_tokens(requests)``,
+see :func:`functions_of`). Nothing is evaluated by Python itself (no
+``eval``, no attribute access, no imports). :func:`evaluate_condition`
+evaluates one comparison (a scenario's ``requires``). :func:`buckets`
+expands a limit into Triton's integer specialization classes.
 """
 
 from __future__ import annotations
@@ -26,9 +28,18 @@ _BINOPS: dict[type, str] = {
     ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%",
 }
 
+_CMPOPS: dict[type, tuple[str, Callable[[int, int], bool]]] = {
+    ast.Lt: ("<", lambda a, b: a < b), ast.LtE: ("<=", lambda a, b: a <= b),
+    ast.Gt: (">", lambda a, b: a > b), ast.GtE: (">=", lambda a, b: a >= b),
+    ast.Eq: ("==", lambda a, b: a == b), ast.NotEq: ("!=", lambda a, b: a != b),
+}
+
 #: What an expression may contain, for error messages.
-ALLOWED = ("integers, the facts {facts}, block_size(i), min(...), max(...), "
-           "+ - * // % and parentheses")
+ALLOWED = ("integers, the facts {facts}, block_size(i), kv_seqs(tokens), "
+           "kv_tokens(requests), min(...), max(...), + - * // % and parentheses")
+
+#: Functions of the runner's KV cache an expression may call (see functions_of).
+KV_FUNCS = ("kv_seqs", "kv_tokens")
 
 #: Longest expression text accepted (characters).
 MAX_LEN = 200
@@ -61,7 +72,50 @@ def facts_of(profile: RunnerProfile) -> dict[str, int]:
         "num_blocks": profile.num_blocks,
         "num_kv_groups": len(profile.kv_cache_groups),
         "lcm_block_size": lcm(*token_groups),
+        # the most requests one uniform decode step can hold
+        "max_decode_seqs": max(1, min(profile.max_num_seqs,
+                                      profile.max_num_batched_tokens // profile.decode_query_len)),
     }
+
+
+def functions_of(profile: RunnerProfile) -> dict[str, Callable[[int], int]]:
+    """The KV cache functions an expression can call, read off ``profile``.
+
+    ``kv_seqs(t)``: how many requests of ``t`` tokens each (computed +
+    scheduled) the KV cache holds at once: ``(num_blocks - 1) //`` the blocks
+    one such request holds over all groups (lookahead and encoder input
+    included, as :class:`~stepwarm.blocks.BlockLedger` counts them).
+    ``kv_tokens(n)``: the most tokens (at most ``max_model_len``) each of
+    ``n`` requests can have with all ``n`` holding blocks at once (0: not
+    even one token each).
+    """
+    from stepwarm.blocks import BlockLedger
+
+    ledger = BlockLedger.for_profile(profile)
+    usable = max(0, profile.num_blocks - 1)
+
+    def blocks_for(t: int) -> int:
+        return sum(ledger.required(max(1, t)))
+
+    def kv_seqs(t: int) -> int:
+        if t < 1:
+            raise ExpressionError(f"kv_seqs({t}): tokens must be >= 1")
+        per = blocks_for(t)
+        return usable // per if per else 1 << 30
+
+    def kv_tokens(n: int) -> int:
+        if n < 1:
+            raise ExpressionError(f"kv_tokens({n}): requests must be >= 1")
+        lo, hi = 0, profile.max_model_len  # largest t with n * blocks_for(t) <= usable
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if n * blocks_for(mid) <= usable:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    return {"kv_seqs": kv_seqs, "kv_tokens": kv_tokens}
 
 
 def block_sizes_of(profile: RunnerProfile) -> tuple[int, ...]:
@@ -73,6 +127,7 @@ def evaluate(
     expr: int | str,
     facts: Mapping[str, int],
     block_sizes: tuple[int, ...] = (),
+    functions: Mapping[str, Callable[[int], int]] | None = None,
 ) -> int:
     """Evaluate a size: an int as is, a string as safe integer arithmetic.
 
@@ -80,6 +135,8 @@ def evaluate(
         expr: an int or an expression string.
         facts: name -> value (see :func:`facts_of`).
         block_sizes: ``block_size(i)`` of group ``i``.
+        functions: ``kv_seqs``/``kv_tokens`` (see :func:`functions_of`);
+            calling one that is not given is an error.
 
     Returns:
         The int value.
@@ -101,13 +158,63 @@ def evaluate(
         raise ExpressionError("empty expression; allowed: " + _allowed(facts))
     if len(text) > MAX_LEN:
         raise ExpressionError(f"expression longer than {MAX_LEN} characters")
+    tree = _parse(expr, text, facts)
+    if isinstance(tree.body, ast.Compare):
+        raise ExpressionError(f"{text!r}: a comparison is not a size; allowed: "
+                              f"{_allowed(facts)} (comparisons only in requires)")
+    return _Eval(text, facts, block_sizes, functions).visit(tree.body)
+
+
+def _parse(expr: object, text: str, facts: Mapping[str, int]) -> ast.Expression:
     try:
-        tree = ast.parse(text, mode="eval")
+        return ast.parse(text, mode="eval")
     except SyntaxError as e:
         raise ExpressionError(
             f"{expr!r} is not a valid expression ({e.msg}); allowed: {_allowed(facts)}"
         ) from None
-    return _Eval(text, facts, block_sizes).visit(tree.body)
+
+
+def evaluate_condition(
+    text: str,
+    facts: Mapping[str, int],
+    block_sizes: tuple[int, ...] = (),
+    functions: Mapping[str, Callable[[int], int]] | None = None,
+) -> tuple[bool, str]:
+    """Evaluate one comparison over runner facts, e.g. ``"max_num_seqs >= 2"``.
+
+    Both sides are size expressions (see :func:`evaluate`); the operators are
+    ``< <= > >= == !=``, chained as in Python (``"2 <= max_num_seqs <= 64"``).
+
+    Returns:
+        (truth, the comparison with the values filled in, e.g. ``"1 >= 2"``).
+
+    Raises:
+        ExpressionError: not a string, not a comparison, or a side that is
+            not a valid expression.
+    """
+    if not isinstance(text, str):
+        raise ExpressionError(f"{text!r} is not a comparison string such as "
+                              "\"max_num_seqs >= 2\"")
+    text = text.strip()
+    if len(text) > MAX_LEN:
+        raise ExpressionError(f"expression longer than {MAX_LEN} characters")
+    tree = _parse(text, text, facts)
+    node = tree.body
+    if not isinstance(node, ast.Compare):
+        raise ExpressionError(
+            f"{text!r} is not a comparison; allowed: EXPR OP EXPR with OP one of "
+            "< <= > >= == != (e.g. \"max_num_seqs >= 2\"), EXPR made of " + _allowed(facts))
+    ev = _Eval(text, facts, block_sizes, functions)
+    values = [ev.visit(node.left)] + [ev.visit(c) for c in node.comparators]
+    shown, ok = [str(values[0])], True
+    for op, a, b in zip(node.ops, values, values[1:]):
+        if type(op) not in _CMPOPS:
+            raise ExpressionError(f"{text!r}: operator {type(op).__name__} is not allowed; "
+                                  "allowed: < <= > >= == !=")
+        sym, fn = _CMPOPS[type(op)]
+        ok = ok and fn(a, b)
+        shown += [sym, str(b)]
+    return ok, " ".join(shown)
 
 
 def _allowed(facts: Mapping[str, int]) -> str:
@@ -118,8 +225,10 @@ class _Eval:
     """Whitelisted walk of a parsed expression (every node type not handled
     here is refused)."""
 
-    def __init__(self, text: str, facts: Mapping[str, int], block_sizes: tuple[int, ...]):
+    def __init__(self, text: str, facts: Mapping[str, int], block_sizes: tuple[int, ...],
+                 functions: Mapping[str, Callable[[int], int]] | None = None):
         self.text, self.facts, self.block_sizes = text, facts, block_sizes
+        self.functions = functions or {}
 
     def fail(self, why: str) -> ExpressionError:
         return ExpressionError(f"{self.text!r}: {why}")
@@ -132,10 +241,12 @@ class _Eval:
         if isinstance(node, ast.Name):
             if node.id in self.facts:
                 return self.facts[node.id]
-            close = difflib.get_close_matches(node.id, list(self.facts) + ["block_size"], n=1)
+            close = difflib.get_close_matches(
+                node.id, list(self.facts) + ["block_size", *KV_FUNCS], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise self.fail(f"unknown fact {node.id!r}{hint}; allowed facts: "
-                            f"{', '.join(sorted(self.facts))}, block_size(i)")
+                            f"{', '.join(sorted(self.facts))}, block_size(i), "
+                            "kv_seqs(tokens), kv_tokens(requests)")
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
             v = self.visit(node.operand)
             return -v if isinstance(node.op, ast.USub) else v
@@ -154,9 +265,19 @@ class _Eval:
                     "%": a % b if b else 0}[op]
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
             name = node.func.id
-            if name != "block_size" and name not in _FUNCS:
-                raise self.fail(f"function {name!r} is not allowed; allowed: block_size, min, max")
+            if name != "block_size" and name not in _FUNCS and name not in KV_FUNCS:
+                raise self.fail(f"function {name!r} is not allowed; allowed: block_size, "
+                                "kv_seqs, kv_tokens, min, max")
             args = [self.visit(a) for a in node.args]
+            if name in KV_FUNCS:
+                if len(args) != 1:
+                    raise self.fail(f"{name} takes one argument")
+                if name not in self.functions:
+                    raise self.fail(f"{name}() needs a runner profile here")
+                try:
+                    return self.functions[name](args[0])
+                except ExpressionError as e:
+                    raise self.fail(str(e)) from None
             if name == "block_size":
                 if len(args) != 1:
                     raise self.fail("block_size takes one argument: the KV cache group index")
@@ -170,7 +291,8 @@ class _Eval:
                 if not args:
                     raise self.fail(f"{name}() needs at least one argument")
                 return _FUNCS[name](args)
-            raise self.fail(f"function {name!r} is not allowed; allowed: block_size, min, max")
+            raise self.fail(f"function {name!r} is not allowed; allowed: block_size, "
+                            "kv_seqs, kv_tokens, min, max")
         raise self.fail(f"{type(node).__name__} is not allowed here; allowed: "
                         f"{_allowed(self.facts)}")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -41,7 +42,9 @@ from stepwarm.expressions import (
     block_sizes_of,
     buckets,
     evaluate,
+    evaluate_condition,
     facts_of,
+    functions_of,
 )
 from stepwarm.plan import REQ_ID_PREFIX, Plan, PlanBuilder, PlanError, PlannedRequest
 from stepwarm.profile import RunnerProfile
@@ -275,6 +278,9 @@ class ScenarioFile(BaseModel):
     description: str = Field(default="", description="One line for `stepwarm list`.")
     needs: list[Need] = Field(default_factory=list, description=(
         "Runner features the scenario needs; without them it is skipped, not failed."))
+    requires: list[str] = Field(default_factory=list, description=(
+        "Comparisons over runner facts, e.g. \"max_num_seqs >= 2\"; the scenario is "
+        "skipped (not failed) on a runner where one is false."))
     sequence: Sequence | None = Field(default=None, description=(
         "Delegate to one of vLLM's own warmup sequences (stepwarm.sequences) "
         "instead of [requests]/[[steps]]."))
@@ -286,10 +292,13 @@ class ScenarioFile(BaseModel):
     @classmethod
     def _names(cls, v: dict[str, RequestSpec]) -> dict[str, RequestSpec]:
         for name in v:
-            if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", name):
-                raise ValueError(f"request name {name!r}; allowed: a letter, then letters, "
-                                 "digits, _ and -")
+            if not _REQUEST_NAME.fullmatch(name):
+                raise ValueError(f"bad request name {name!r}; allowed: {_NAME_HELP}")
         return v
+
+
+_REQUEST_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+_NAME_HELP = "a letter, then letters, digits, _ and - (e.g. [requests.long_1])"
 
 
 def json_schema() -> dict[str, Any]:
@@ -338,7 +347,18 @@ def load(name_or_path: str) -> LoadedScenario:
             file the format rejects (file, line, step, field, what is allowed).
     """
     path = Path(name_or_path)
-    if name_or_path.endswith(".toml") or path.is_file() or "/" in name_or_path:
+    if path.is_dir():
+        raise ScenarioError(f"{name_or_path!r} is a directory, not a scenario file (*.toml); "
+                            "allowed: a path to a .toml file or a built-in name: "
+                            f"{', '.join(builtin_names())}", file=name_or_path)
+    looks_like_path = name_or_path.endswith(".toml") or "/" in name_or_path \
+        or (os.sep != "/" and os.sep in name_or_path)
+    if looks_like_path and not path.exists():
+        raise ScenarioError(f"{name_or_path}: cannot read scenario file: no such file; allowed: "
+                            "a path to an existing .toml file or a built-in name: "
+                            + ", ".join(builtin_names()),
+                            file=name_or_path)
+    if looks_like_path or path.is_file():
         try:
             text = path.read_text(encoding="utf-8")
         except OSError as e:
@@ -370,6 +390,14 @@ def loads(text: str, file: str, name: str) -> LoadedScenario:
             "(key = value, [requests.NAME] and [[steps]] tables, see scenarios/README.md)",
             file=file, line=line) from None
     index = _TomlIndex(text)
+    reqs = data.get("requests")
+    if isinstance(reqs, dict):
+        for rname in reqs:
+            if not _REQUEST_NAME.fullmatch(rname):
+                line = index.line(("requests", rname))
+                raise ScenarioError(
+                    f"{file}:{line or '?'}: bad request name {rname!r}; allowed: {_NAME_HELP}",
+                    file=file, line=line, field="requests")
     try:
         model = ScenarioFile.model_validate(data)
     except ValidationError as e:
@@ -535,6 +563,26 @@ def unmet_need(needs: list[str], profile: RunnerProfile) -> str:
     return ""
 
 
+def unmet_requirement(sc: LoadedScenario, profile: RunnerProfile) -> str:
+    """Why ``profile`` fails one of the scenario's ``requires`` ("" if none).
+
+    Raises:
+        ScenarioError: a ``requires`` entry that is not a valid comparison
+            (file, line, field 'requires', what is allowed).
+    """
+    facts, sizes, funcs = facts_of(profile), block_sizes_of(profile), functions_of(profile)
+    for cond in sc.model.requires:
+        try:
+            ok, shown = evaluate_condition(cond, facts, sizes, funcs)
+        except ExpressionError as e:
+            line = sc.index.line(("top",), "requires")
+            raise ScenarioError(f"{sc.file}:{line or '?'}: field 'requires': {e}",
+                                file=sc.file, line=line, field="requires") from None
+        if not ok:
+            return f"requires {cond.strip()}: false on this runner ({shown})"
+    return ""
+
+
 # --------------------------------------------------------------------------
 # Expansion.
 
@@ -563,6 +611,7 @@ class _Expander:
         self.sc, self.p = sc, profile
         self.facts = facts_of(profile)
         self.block_sizes = block_sizes_of(profile)
+        self.functions = functions_of(profile)
         self.b = PlanBuilder(profile, name=sc.name)
         self.groups: dict[str, list[str]] = {}
         self.prompt_len: dict[str, int] = {}
@@ -593,7 +642,7 @@ class _Expander:
               low: int | None = 1, high: int | None = None, what: str = "") -> int:
         """Evaluate an expression and range-check it."""
         try:
-            v = evaluate(expr, self.facts, self.block_sizes)
+            v = evaluate(expr, self.facts, self.block_sizes, self.functions)
         except ExpressionError as e:
             raise self.err(str(e), field, request=request) from None
         rng = f"{low}..{high}" if high is not None else f">= {low}"
@@ -816,10 +865,19 @@ class _Expander:
     def _decode(self, st: DecodeStep) -> None:
         self._decode_like(st, "decode")
 
+    def _no_speculator(self) -> None:
+        if not self.p.has_speculator:
+            raise self.err(
+                f"{self.kind} step but the runner has no speculator (num_speculative_steps "
+                f"{self.p.num_speculative_steps}); add needs = [\"speculator\"] to skip on "
+                "such runners, or use kind = \"decode\"", "kind")
+
     def _spec_decode(self, st: SpecDecodeStep) -> None:
+        self._no_speculator()
         self._decode_like(st, "spec_decode")
 
     def _mixed_decode(self, st: MixedDecodeStep) -> None:
+        self._no_speculator()
         k = self.value(st.spec_tokens, "spec_tokens", low=0)
         reps = self.value(st.repeat, "repeat", high=MAX_EXPANDED)
         spec = self.select(st.spec, "spec")
@@ -863,16 +921,19 @@ class _Expander:
 def expand(sc: LoadedScenario, profile: RunnerProfile) -> Plan:
     """The plan of a loaded scenario for ``profile``.
 
-    A scenario whose ``needs`` the runner does not meet (or that samples
-    tokens on a pooling runner, or any scenario on an encoder-only runner)
-    gives an empty plan with ``skipped`` set. A ``sequence`` scenario is the
+    A scenario whose ``needs`` the runner does not meet, one of whose
+    ``requires`` comparisons is false on it (or that samples tokens on a
+    pooling runner, or any scenario on an encoder-only runner) gives an
+    empty plan with ``skipped`` set. A ``sequence`` scenario is the
     named :mod:`stepwarm.sequences` plan. Otherwise every request and step
     goes through :class:`PlanBuilder`; requests still live after the last
     step are finished by an appended cleanup step.
 
     Raises:
         ScenarioError: an expression, a limit or the request lifecycle
-            rejects a step (file, line, step index, field, what is allowed).
+            rejects a step, or a ``spec_decode``/``mixed_decode`` step meets a
+            runner with no speculator (file, line, step index, field, what is
+            allowed).
     """
     from stepwarm import sequences
 
@@ -882,6 +943,8 @@ def expand(sc: LoadedScenario, profile: RunnerProfile) -> Plan:
     if not why and profile.is_pooling_model and sc.model.sequence is None and any(
             r.kind == "sample" for r in sc.model.requests.values()):
         why = "scenario samples tokens but the runner is a pooling model"
+    if not why:
+        why = unmet_requirement(sc, profile)
     if why:
         return Plan(name=sc.name, requests=(), steps=(), skipped=why)
     if sc.model.sequence is not None:

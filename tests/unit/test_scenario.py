@@ -287,7 +287,8 @@ def test_encoder_default_on_encoder_decoder_runner():
 def test_schema_is_the_model():
     schema = json_schema()
     assert schema["additionalProperties"] is False
-    assert set(schema["properties"]) == {"description", "needs", "sequence", "requests", "steps"}
+    assert set(schema["properties"]) == {"description", "needs", "requires", "sequence", "requests",
+                                       "steps"}
     kinds = {d["properties"]["kind"]["const"] for d in schema["$defs"].values()
              if "const" in d.get("properties", {}).get("kind", {})}
     assert kinds == {"prefill", "chunked_prefill", "prefix_hit", "decode", "spec_decode",

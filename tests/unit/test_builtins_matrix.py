@@ -1,0 +1,100 @@
+"""Every built-in scenario on a grid of realistic runner profiles: it expands
+(every step within the runner's limits, nothing left live) or is skipped
+with a reason, never a hard error."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from stepwarm.blocks import BlockLedger
+from stepwarm.profile import CacheSpec, RunnerProfile
+from stepwarm.scenario import ScenarioError, builtin_names, expand, load
+
+FULL16 = (CacheSpec(kind="full_attention", block_size=16),)
+FULL128 = (CacheSpec(kind="full_attention", block_size=128),)
+HYBRID = (CacheSpec(kind="full_attention", block_size=64),
+          CacheSpec(kind="mamba", block_size=64, mamba_cache_mode="align"))
+GROUPS = {"b16": FULL16, "b128": FULL128, "hybrid": HYBRID}
+SPEC = {"nospec": {}, "spec2": dict(num_speculative_steps=2, decode_query_len=3,
+                                   num_lookahead_tokens=2)}
+NUM_BLOCKS = {"few": 40, "many": 100_000}
+
+
+def _fits(p: RunnerProfile) -> bool:
+    """vLLM starts only if one request of max_model_len fits in the KV cache."""
+    need = BlockLedger.for_profile(p).required(p.max_model_len)
+    return sum(need) <= p.num_blocks - 1
+
+
+def _grid() -> dict[str, RunnerProfile]:
+    out: dict[str, RunnerProfile] = {}
+    for seqs, mnbt, mml, (gname, groups), (sname, spec), (bname, nb) in itertools.product(
+            (1, 2, 3, 8, 256), (16, 128, 512, 8192), (64, 512, 4096), GROUPS.items(),
+            SPEC.items(), NUM_BLOCKS.items()):
+        if mnbt < seqs:  # vLLM: max_num_batched_tokens >= max_num_seqs
+            continue
+        p = RunnerProfile(
+            runner="v1", kv_cache_groups=groups, num_blocks=nb, max_model_len=mml,
+            max_num_seqs=seqs, max_num_batched_tokens=mnbt, vocab_size=1000,
+            mamba_cache_mode="align" if gname == "hybrid" else "none",
+            enable_prefix_caching=True, **spec)
+        if _fits(p):
+            out[f"s{seqs}-t{mnbt}-l{mml}-{gname}-{sname}-{bname}"] = p
+    for seqs, mnbt, mml in ((1, 16, 64), (3, 128, 512), (256, 8192, 4096)):
+        out[f"pooling-s{seqs}-t{mnbt}-l{mml}"] = RunnerProfile(
+            runner="v1", kv_cache_groups=FULL16, num_blocks=100_000, max_model_len=mml,
+            max_num_seqs=seqs, max_num_batched_tokens=mnbt, vocab_size=1000,
+            is_pooling_model=True, pooling_task="embed")
+        for enc in (16, 1500):
+            if enc > mnbt:  # vLLM: the encoder input fits one step's budget
+                continue
+            out[f"encdec{enc}-s{seqs}-t{mnbt}-l{mml}"] = RunnerProfile(
+                runner="v1", num_blocks=100_000, max_model_len=mml, max_num_seqs=seqs,
+                max_num_batched_tokens=mnbt, vocab_size=1000, is_encoder_decoder=True,
+                max_encoder_len=enc, kv_cache_groups=(
+                    FULL16[0], CacheSpec(kind="cross_attention", block_size=16)))
+    return out
+
+
+PROFILES = _grid()
+
+
+def test_grid_is_big_and_varied():
+    assert len(PROFILES) > 300
+    assert any(p.num_blocks == 40 for p in PROFILES.values())
+    assert any(p.is_pooling_model for p in PROFILES.values())
+    assert any(p.is_encoder_decoder for p in PROFILES.values())
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_builtin_expands_or_skips_on_every_profile(name):
+    sc = load(name)
+    errors, ran, skipped = [], 0, 0
+    for pname, p in PROFILES.items():
+        try:
+            plan = expand(sc, p)
+        except ScenarioError as e:
+            errors.append(f"{pname}: {e}")
+            continue
+        if plan.skipped:
+            skipped += 1
+            assert plan.skipped.strip() and not plan.steps, (pname, plan.skipped)
+            continue
+        ran += 1
+        assert plan.steps, pname
+        live: set[str] = set()
+        held: dict[str, int] = {}  # blocks each live request holds
+        for st in plan.steps:
+            assert len(st.scheduled) <= p.max_num_seqs, (pname, st.label)
+            assert st.total_num_scheduled_tokens <= p.max_num_batched_tokens, (pname, st.label)
+            live |= {r.req_id for r in st.scheduled}
+            live -= st.finished_req_ids
+            for rid in st.finished_req_ids | st.preempted_req_ids:
+                held.pop(rid, None)
+            held.update((rid, sum(counts)) for rid, counts in st.held_blocks)
+            assert sum(held.values()) <= p.num_blocks - 1, (pname, st.label)
+        assert not live, (pname, sorted(live))
+    assert not errors, f"{len(errors)} error(s), e.g.:\n" + "\n".join(errors[:15])
+    assert ran, f"{name} never expands on the grid"
