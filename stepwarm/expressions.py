@@ -198,11 +198,16 @@ def evaluate_condition(
     text = text.strip()
     if len(text) > MAX_LEN:
         raise ExpressionError(f"expression longer than {MAX_LEN} characters")
-    tree = _parse(text, text, facts)
-    node = tree.body
+    try:
+        node = ast.parse(text, mode="eval").body
+    except SyntaxError as e:
+        node = None
+        why = f" ({e.msg})"
+    else:
+        why = ""
     if not isinstance(node, ast.Compare):
         raise ExpressionError(
-            f"{text!r} is not a comparison; allowed: EXPR OP EXPR with OP one of "
+            f"{text!r} is not a comparison{why}; allowed: EXPR OP EXPR with OP one of "
             "< <= > >= == != (e.g. \"max_num_seqs >= 2\"), EXPR made of " + _allowed(facts))
     ev = _Eval(text, facts, block_sizes, functions)
     values = [ev.visit(node.left)] + [ev.visit(c) for c in node.comparators]

@@ -870,7 +870,8 @@ class _Expander:
             raise self.err(
                 f"{self.kind} step but the runner has no speculator (num_speculative_steps "
                 f"{self.p.num_speculative_steps}); add needs = [\"speculator\"] to skip on "
-                "such runners, or use kind = \"decode\"", "kind")
+                "such runners, or use kind = \"decode\"", "kind",
+                allowed="spec_decode and mixed_decode steps only on a runner with a speculator")
 
     def _spec_decode(self, st: SpecDecodeStep) -> None:
         self._no_speculator()

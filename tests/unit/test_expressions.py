@@ -91,3 +91,81 @@ def test_buckets_cover_the_classes_within_limits(limit, low):
         assert "m16" in classes
     if any(v != 1 and v % 16 for v in range(max(low, 2), min(limit, low + 40) + 1)) and limit > 1:
         assert "neither" in classes
+
+
+# -- requires conditions and the KV cache functions ---------------------------
+
+from stepwarm.expressions import evaluate_condition, facts_of, functions_of  # noqa: E402
+from stepwarm.profile import CacheSpec, RunnerProfile  # noqa: E402
+
+
+@pytest.mark.parametrize("text, ok, shown", [
+    ("max_num_seqs >= 2", True, "8 >= 2"),
+    ("max_num_seqs < 2", False, "8 < 2"),
+    ("2 <= max_num_seqs <= 4", False, "2 <= 8 <= 4"),
+    ("min(max_num_seqs, 4) == 4", True, "4 == 4"),
+    ("block_size(1) != 64", False, "64 != 64"),
+])
+def test_condition(text, ok, shown):
+    assert evaluate_condition(text, FACTS, (16, 64)) == (ok, shown)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("max_num_seqs", ["is not a comparison", "< <= > >= == !=", "max_num_seqs >= 2"]),
+    ("max_num_seqs > = 2", ["is not a comparison (invalid syntax)", "allowed"]),
+    ("max_num_seqs in 2", ["operator In is not allowed", "allowed: < <= > >= == !="]),
+    ("max_num_seq >= 2", ["unknown fact 'max_num_seq'", "did you mean 'max_num_seqs'"]),
+    ("max_num_seqs >= 2 and 1", ["is not a comparison"]),
+])
+def test_condition_rejects(text, words):
+    with pytest.raises(ExpressionError) as e:
+        evaluate_condition(text, FACTS, (16, 64))
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+def test_comparison_is_not_a_size():
+    with pytest.raises(ExpressionError) as e:
+        evaluate("max_num_seqs >= 2", FACTS)
+    assert "a comparison is not a size" in str(e.value) and "only in requires" in str(e.value)
+
+
+def _prof(**kw) -> RunnerProfile:
+    base = dict(runner="v1", kv_cache_groups=(CacheSpec(kind="full_attention", block_size=16),),
+                num_blocks=41, max_model_len=512, max_num_seqs=8,
+                max_num_batched_tokens=20, vocab_size=100)
+    return RunnerProfile(**{**base, **kw})
+
+
+def test_kv_functions_count_blocks_like_the_ledger():
+    fn = functions_of(_prof())
+    # 40 usable blocks of 16 tokens: 20 requests of 32 tokens, 13 of 33
+    assert fn["kv_seqs"](32) == 20 and fn["kv_seqs"](33) == 13
+    assert fn["kv_tokens"](1) == 512  # capped by max_model_len
+    assert fn["kv_tokens"](5) == 8 * 16 and fn["kv_tokens"](41) == 0
+    # lookahead slots count too
+    la = functions_of(_prof(num_lookahead_tokens=2, num_speculative_steps=2, decode_query_len=3))
+    assert la["kv_seqs"](32) == 13 and la["kv_tokens"](5) == 8 * 16 - 2
+    # a hybrid model holds blocks in every group
+    hy = functions_of(_prof(kv_cache_groups=(CacheSpec(kind="full_attention", block_size=16),
+                                             CacheSpec(kind="full_attention", block_size=16))))
+    assert hy["kv_seqs"](32) == 10
+    assert evaluate("kv_seqs(32) + kv_tokens(5)", facts_of(_prof()), (16,),
+                    functions_of(_prof())) == 20 + 128
+
+
+def test_kv_functions_reject_bad_arguments_and_need_a_profile():
+    facts, fn = facts_of(_prof()), functions_of(_prof())
+    for expr, word in (("kv_seqs(0)", "tokens must be >= 1"), ("kv_tokens(0)", "requests must be >= 1"),
+                       ("kv_seqs(1, 2)", "takes one argument"), ("kv_sqs(1)", "'kv_sqs' is not allowed")):
+        with pytest.raises(ExpressionError) as e:
+            evaluate(expr, facts, (16,), fn)
+        assert word in str(e.value), str(e.value)
+    with pytest.raises(ExpressionError) as e:
+        evaluate("kv_seqs(4)", facts, (16,))
+    assert "needs a runner profile" in str(e.value)
+
+
+def test_max_decode_seqs_is_capped_by_the_token_budget():
+    assert facts_of(_prof())["max_decode_seqs"] == 8
+    assert facts_of(_prof(num_speculative_steps=2, decode_query_len=3))["max_decode_seqs"] == 6

@@ -256,3 +256,128 @@ def test_all_scenarios_are_validated_before_any_runs(tmp_path):
     good.write_text(textwrap.dedent(PREFILL_A))
     with pytest.raises(ScenarioError):
         plans_for([str(good), "default", str(tmp_path / "missing.toml")], profile())
+
+
+def test_bad_request_name_gives_line_and_name_only(tmp_path):
+    e = bad(tmp_path, """
+        description = "x"
+
+        [requests."1bad name"]
+        prompt = 4
+
+        [[steps]]
+        kind = "prefill"
+        requests = ["a"]
+    """)
+    assert_parts(e, 3, None, None, "bad request name '1bad name'",
+                 "allowed: a letter, then letters, digits, _ and -")
+    assert "{" not in str(e) and "got" not in str(e)
+
+
+def test_bad_inline_request_name_gives_line(tmp_path):
+    e = bad(tmp_path, """
+        [requests]
+        ok = { prompt = 4 }
+        "a b" = { prompt = 4 }
+
+        [[steps]]
+        kind = "prefill"
+        requests = ["ok"]
+    """)
+    assert_parts(e, 3, None, None, "bad request name 'a b'")
+
+
+SPEC_STEP = """
+[requests.a]
+prompt = 4
+count = 2
+
+[[steps]]
+kind = "prefill"
+requests = ["a"]
+
+[[steps]]
+kind = "{kind}"
+{sel}
+"""
+
+
+@pytest.mark.parametrize("kind, sel, line", [
+    ("spec_decode", 'requests = ["a"]', 10),
+    ("mixed_decode", 'spec = ["a[0]"]\nnon_spec = ["a[1]"]', 10),
+])
+def test_spec_step_without_speculator_is_an_error(tmp_path, kind, sel, line):
+    e = bad(tmp_path, SPEC_STEP.replace("{kind}", kind).replace("{sel}", sel))
+    assert_parts(e, line, 1, "kind",
+                 f"{kind} step but the runner has no speculator (num_speculative_steps 0)",
+                 'add needs = ["speculator"] to skip on such runners', 'or use kind = "decode"')
+
+
+def test_spec_step_with_needs_speculator_is_skipped(tmp_path):
+    f = tmp_path / "ok.toml"
+    f.write_text('needs = ["speculator"]\n' + SPEC_STEP.replace("{kind}", "spec_decode")
+                 .replace("{sel}", 'requests = ["a"]'))
+    (plan,) = plans_for([str(f)], profile())
+    assert plan.skipped.startswith("needs speculator") and not plan.steps
+
+
+def test_requires_false_skips_with_the_values(tmp_path):
+    f = tmp_path / "ok.toml"
+    f.write_text('requires = ["max_num_batched_tokens >= 16", "max_num_seqs >= 2 * 4"]\n'
+                 + textwrap.dedent(PREFILL_A))
+    (plan,) = plans_for([str(f)], profile())
+    assert plan.skipped == "requires max_num_seqs >= 2 * 4: false on this runner (4 >= 8)"
+    (plan,) = plans_for([str(f)], profile(max_num_seqs=8))
+    assert not plan.skipped and plan.steps
+
+
+def test_requires_bad_condition(tmp_path):
+    e = bad(tmp_path, 'description = "x"\nrequires = ["max_num_seqs"]\n' + PREFILL_A)
+    assert_parts(e, 2, None, "requires", "'max_num_seqs' is not a comparison",
+                 "< <= > >= == !=")
+    e = bad(tmp_path, 'requires = ["max_num_sqs >= 2"]\n' + PREFILL_A)
+    assert_parts(e, 1, None, "requires", "unknown fact 'max_num_sqs'",
+                 "did you mean 'max_num_seqs'?")
+
+
+def test_requires_wrong_type(tmp_path):
+    e = bad(tmp_path, 'requires = "max_num_seqs >= 2"\n' + PREFILL_A)
+    assert_parts(e, 1, None, "requires", "a list of strings")
+
+
+def test_directory_is_not_a_scenario(tmp_path):
+    d = tmp_path / "adir"
+    d.mkdir()
+    with pytest.raises(ScenarioError) as e:
+        plans_for([str(d)], profile())
+    msg = str(e.value)
+    assert f"{str(d)!r} is a directory, not a scenario file (*.toml)" in msg
+    assert "unknown scenario" not in msg and "default" in msg
+
+
+def test_directory_by_bare_name(tmp_path, monkeypatch):
+    (tmp_path / "adir").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ScenarioError) as e:
+        plans_for(["adir"], profile())
+    assert "'adir' is a directory, not a scenario file (*.toml)" in str(e.value)
+
+
+@pytest.mark.parametrize("arg", ["nope.toml", "sub/nope", "sub/nope.toml"])
+def test_missing_path_says_no_such_file(tmp_path, monkeypatch, arg):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ScenarioError) as e:
+        plans_for([arg], profile())
+    msg = str(e.value)
+    assert msg.startswith(f"{arg}: cannot read scenario file: no such file")
+    assert "unknown scenario" not in msg and "allowed: a path to an existing .toml file" in msg
+
+
+def test_unknown_bare_name_lists_builtins(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ScenarioError) as e:
+        plans_for(["nope"], profile())
+    msg = str(e.value)
+    assert msg.startswith("unknown scenario 'nope'")
+    assert "built-in name: chunked-prefill, cross-attention, default," in msg
+    assert "no such file" not in msg
