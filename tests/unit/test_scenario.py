@@ -340,3 +340,51 @@ def test_profile_toml_round_trip(pname):
 
     prof = PROFILES[pname]
     assert RunnerProfile.model_validate(tomllib.loads(profile_to_toml(prof, "x\ny"))) == prof
+
+
+def test_spec_decode_builtin_samples_greedy_and_says_why():
+    plan = expand(load("spec-decode"), PROFILES["spec"])
+    assert plan.requests and {r.sampling for r in plan.requests} == {"greedy"}
+    assert any(len(r.spec_token_ids) == 2 for s in plan.steps for r in s.scheduled)
+    text = load("spec-decode").text
+    assert 'sampling = "greedy"' in text and "rejection sampler" in text
+    readme = (Path(__file__).parents[2] / "scenarios" / "README.md").read_text()
+    assert "rejection sampler crashes on top-k/top-p" in readme
+
+
+@pytest.mark.parametrize("name", ["mixed-prefill-decode", "chunked-prefill", "triton-buckets",
+                                  "prefix-hit", "preempt-resume", "structured-output"])
+def test_new_user_runners_expand_the_builtins(name):
+    # the limits of the new-user report: these used to be hard errors
+    small = profile(max_num_batched_tokens=128, max_num_seqs=3)
+    plan = expand(load(name), small)
+    assert not plan.skipped and plan.steps
+    assert max(s.total_num_scheduled_tokens for s in plan.steps) <= 128
+    assert max(len(s.scheduled) for s in plan.steps) <= 3
+    short = profile(max_model_len=64, kv_cache_groups=(CacheSpec(kind="full_attention",
+                                                                 block_size=16),))
+    assert not expand(load(name), short).skipped
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("chunked-prefill", "requires max_num_seqs >= 2: false on this runner (1 >= 2)"),
+    ("mixed-prefill-decode", "requires max_num_seqs >= 2: false on this runner (1 >= 2)"),
+    ("structured-output", "requires max_num_seqs >= 2: false on this runner (1 >= 2)"),
+    ("preempt-resume", "requires max_num_seqs >= 2: false on this runner (1 >= 2)"),
+])
+def test_one_seq_runner_skips_multi_request_builtins_with_reason(name, reason):
+    assert expand(load(name), PROFILES["one_seq"]).skipped == reason
+
+
+def test_one_seq_runner_expands_single_request_builtins():
+    for name in ("prefix-hit", "triton-buckets"):
+        plan = expand(load(name), PROFILES["one_seq"])
+        assert not plan.skipped and all(len(s.scheduled) <= 1 for s in plan.steps), name
+
+
+def test_prefix_hit_skips_when_a_block_does_not_fit_max_model_len():
+    prof = profile(max_model_len=64, kv_cache_groups=(CacheSpec(kind="full_attention",
+                                                                block_size=128),))
+    assert expand(load("prefix-hit"), prof).skipped == (
+        "requires max_model_len >= lcm_block_size + 4: false on this runner (64 >= 132)")
+    assert not expand(load("triton-buckets"), prof).skipped
