@@ -42,19 +42,22 @@ def _grid() -> dict[str, RunnerProfile]:
             enable_prefix_caching=True, **spec)
         if _fits(p):
             out[f"s{seqs}-t{mnbt}-l{mml}-{gname}-{sname}-{bname}"] = p
-    for seqs, mnbt, mml in ((1, 16, 64), (3, 128, 512), (256, 8192, 4096)):
-        out[f"pooling-s{seqs}-t{mnbt}-l{mml}"] = RunnerProfile(
-            runner="v1", kv_cache_groups=FULL16, num_blocks=100_000, max_model_len=mml,
+    for (seqs, mnbt, mml), (bname, nb) in itertools.product(
+            ((1, 16, 64), (2, 16, 512), (3, 128, 512), (8, 512, 4096), (256, 8192, 4096)),
+            NUM_BLOCKS.items()):
+        cands = {f"pooling-s{seqs}-t{mnbt}-l{mml}-{bname}": RunnerProfile(
+            runner="v1", kv_cache_groups=FULL16, num_blocks=nb, max_model_len=mml,
             max_num_seqs=seqs, max_num_batched_tokens=mnbt, vocab_size=1000,
-            is_pooling_model=True, pooling_task="embed")
+            is_pooling_model=True, pooling_task="embed")}
         for enc in (16, 1500):
             if enc > mnbt:  # vLLM: the encoder input fits one step's budget
                 continue
-            out[f"encdec{enc}-s{seqs}-t{mnbt}-l{mml}"] = RunnerProfile(
-                runner="v1", num_blocks=100_000, max_model_len=mml, max_num_seqs=seqs,
+            cands[f"encdec{enc}-s{seqs}-t{mnbt}-l{mml}-{bname}"] = RunnerProfile(
+                runner="v1", num_blocks=nb, max_model_len=mml, max_num_seqs=seqs,
                 max_num_batched_tokens=mnbt, vocab_size=1000, is_encoder_decoder=True,
                 max_encoder_len=enc, kv_cache_groups=(
                     FULL16[0], CacheSpec(kind="cross_attention", block_size=16)))
+        out.update((k, p) for k, p in cands.items() if _fits(p))
     return out
 
 
