@@ -194,6 +194,9 @@ class PlanBuilder:
     ledger: BlockLedger = field(init=False)
     _requests: dict[str, _Live] = field(default_factory=dict, init=False)
     _steps: list[PlannedStep] = field(default_factory=list, init=False)
+    #: Pooling requests whose prompt is done: the scheduler finishes them, so
+    #: the next step carries them in finished_req_ids.
+    _pooled: list[str] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         self.ledger = BlockLedger.for_profile(self.profile)
@@ -305,6 +308,7 @@ class PlanBuilder:
         prefill = dict(prefill or {})
         decode = dict(decode or {})
         resume = dict(resume or {})
+        finish = tuple(finish) + tuple(r for r in self._pooled if r not in finish)
         p = self.profile
         names = list(prefill) + list(decode) + list(resume)
         dup = {n for n in names if names.count(n) > 1}
@@ -315,6 +319,12 @@ class PlanBuilder:
                 f"{len(names)} requests scheduled but max_num_seqs is {p.max_num_seqs}",
                 "requests",
             )
+        for rid in names:
+            if rid in self._pooled:
+                raise self._err(
+                    f"request {rid!r} is a pooling request: it samples no token and "
+                    "finished with its prefill; allowed: prefill", "requests",
+                )
         for rid in finish + preempt:
             live = self._live(rid, self.next_index)
             if not live.seen or live.state == "finished":
@@ -365,6 +375,11 @@ class PlanBuilder:
                 }.get(live.state, f"still prefilling ({live.num_computed_tokens}/"
                                   f"{live.decl.prompt_len} prompt tokens computed)")
                 raise self._err(f"request {rid!r} cannot be decoded: it is {what}", "decode")
+            if live.decl.kind == "pool":
+                raise self._err(
+                    f"request {rid!r} is a pooling request: it samples no token and "
+                    "finishes with its prefill; allowed: prefill", "decode",
+                )
             if k < 0:
                 raise self._err(f"request {rid!r}: draft tokens must be >= 0, got {k}", "spec_tokens")
             if k and not p.has_speculator:
@@ -407,6 +422,16 @@ class PlanBuilder:
                 f"{total} tokens scheduled but max_num_batched_tokens is "
                 f"{p.max_num_batched_tokens}", "tokens",
             )
+        # The scheduler's running queue holds at most max_num_seqs requests:
+        # count those running after this step (finished and preempted leave).
+        running = {rid for rid, r in self._requests.items() if r.state == "running"}
+        running = (running | set(names)) - set(finish) - set(preempt)
+        if len(running) > p.max_num_seqs:
+            raise self._err(
+                f"{len(running)} requests would be running after this step but "
+                f"max_num_seqs is {p.max_num_seqs}; allowed: finish or preempt "
+                "some first", "requests",
+            )
         for live, dn, dout in plan_updates:
             # The runner asserts prompt + sampled tokens <= max_model_len after
             # sampling (vLLM's scheduler finishes a request at max_model_len).
@@ -446,6 +471,10 @@ class PlanBuilder:
             live.seen = True
         for live, still in resuming:
             live.resuming = still
+        self._pooled = [
+            live.decl.req_id for live, _, _ in plan_updates
+            if live.decl.kind == "pool" and live.num_computed_tokens >= live.decl.prompt_len
+        ]
         for rid in finish:
             self._requests[rid].state = "finished"
         for rid in preempt:

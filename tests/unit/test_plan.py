@@ -69,3 +69,31 @@ def test_refused_step_leaves_no_block_handed_out():
     assert b.ledger.num_free == 0 and b.ledger.held_counts(A) == (2,)
     finish = b.step("finish", "f", finish=(A,))
     assert finish.finished_req_ids == {A} and b.ledger.num_free == 2
+
+
+def test_at_most_max_num_seqs_requests_running():
+    b = _builder(max_num_seqs=2)
+    for rid in ("_stepwarm_a_", "_stepwarm_b_", "_stepwarm_c_"):
+        b.add_request(PlannedRequest(rid, 4))
+    b.step("prefill", "p", prefill={"_stepwarm_a_": 4})
+    b.step("prefill", "p", prefill={"_stepwarm_b_": 4})
+    with pytest.raises(PlanError) as info:
+        b.step("prefill", "p", prefill={"_stepwarm_c_": 4})  # a and b still run
+    assert str(info.value) == ("step 2: 3 requests would be running after this step but "
+                               "max_num_seqs is 2; allowed: finish or preempt some first")
+    step = b.step("prefill", "p", prefill={"_stepwarm_c_": 4}, finish=("_stepwarm_a_",))
+    assert step.finished_req_ids == {"_stepwarm_a_"} and step.req_ids == ("_stepwarm_c_",)
+
+
+def test_pooling_requests_finish_in_the_step_after_their_prefill():
+    b = _builder(max_num_seqs=1)
+    b.add_request(PlannedRequest("_stepwarm_p_", 8, kind="pool"))
+    b.add_request(PlannedRequest("_stepwarm_q_", 8, kind="pool"))
+    first = b.step("prefill", "p", prefill={"_stepwarm_p_": 8})
+    assert first.sample is False and first.finished_req_ids == frozenset()
+    second = b.step("prefill", "q", prefill={"_stepwarm_q_": 8})  # p left: room for q
+    assert second.finished_req_ids == {"_stepwarm_p_"}
+    with pytest.raises(PlanError, match="is a pooling request: it samples no token"):
+        b.step("decode", "d", decode={"_stepwarm_q_": 0})
+    assert b.cleanup().finished_req_ids == {"_stepwarm_q_"}
+    assert b.live_req_ids() == ()
