@@ -88,12 +88,16 @@ def test_builtin_expands_or_skips_on_every_profile(name):
         ran += 1
         assert plan.steps, pname
         live: set[str] = set()
+        running: set[str] = set()  # vLLM's running queue: at most max_num_seqs
         held: dict[str, int] = {}  # blocks each live request holds
         for st in plan.steps:
             assert len(st.scheduled) <= p.max_num_seqs, (pname, st.label)
             assert st.total_num_scheduled_tokens <= p.max_num_batched_tokens, (pname, st.label)
             live |= {r.req_id for r in st.scheduled}
             live -= st.finished_req_ids
+            running |= {r.req_id for r in st.scheduled}
+            running -= st.finished_req_ids | st.preempted_req_ids
+            assert len(running) <= p.max_num_seqs, (pname, st.label, sorted(running))
             for rid in st.finished_req_ids | st.preempted_req_ids:
                 held.pop(rid, None)
             held.update((rid, sum(counts)) for rid, counts in st.held_blocks)

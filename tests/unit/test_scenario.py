@@ -166,15 +166,21 @@ def test_request_ids_and_selectors():
 
 
 def test_bucketed_prompt_and_each():
-    plan = _plan("""
+    text = """
         [requests.p]
         prompt = { buckets = "max_num_batched_tokens" }
         [[steps]]
         kind = "prefill"
         requests = ["p"]
         each = true
-    """)
+    """
+    # each prefilled request keeps running: five need max_num_seqs >= 5
+    plan = _plan(text, profile(max_num_seqs=5))
     assert [s.total_num_scheduled_tokens for s in plan.steps[:-1]] == [1, 16, 17, 127, 128]
+    assert plan.steps[-1].kind == "cleanup" and len(plan.steps[-1].finished_req_ids) == 5
+    with pytest.raises(ScenarioError, match="5 requests would be running after this step but "
+                                            "max_num_seqs is 4"):
+        _plan(text, profile(max_num_seqs=4))
 
 
 def test_bucketed_batch_and_tokens():
@@ -380,6 +386,44 @@ def test_one_seq_runner_expands_single_request_builtins():
     for name in ("prefix-hit", "triton-buckets"):
         plan = expand(load(name), PROFILES["one_seq"])
         assert not plan.skipped and all(len(s.scheduled) <= 1 for s in plan.steps), name
+
+
+@pytest.mark.parametrize("pname", ["tiny", "plain", "one_seq", "spec1"])
+def test_triton_buckets_sweeps_the_bucket_classes_one_request_at_a_time(pname):
+    from stepwarm.expressions import buckets
+
+    prof = PROFILES[pname]
+    plan = expand(load("triton-buckets"), prof)
+    sweep = [s for s in plan.steps if s.kind == "prefill"][:-1]  # the last prefills d
+    budget = min(prof.max_num_batched_tokens, prof.max_model_len - 1)
+    assert sorted({s.total_num_scheduled_tokens for s in sweep}) == list(buckets(budget))
+    assert all(len(s.scheduled) == 1 and s.scheduled[0].num_computed_tokens == 0
+               for s in sweep)
+    # each sweep request is finished by the step after its prefill
+    for st, nxt in zip(sweep, [plan.steps[plan.steps.index(s) + 1] for s in sweep]):
+        assert nxt.kind == "finish" and nxt.finished_req_ids == {st.scheduled[0].req_id}
+    decodes = [len(s.scheduled) for s in plan.steps if s.kind == "decode"]
+    assert decodes == sorted(set(buckets(prof.max_num_seqs)))
+
+
+@pytest.mark.parametrize("pname", ["tiny", "plain"])
+def test_structured_output_bitmask_for_all_some_and_one_within_two_running(pname):
+    plan = expand(load("structured-output"), PROFILES[pname])
+    shapes = [(s.kind, len(s.scheduled), len(s.grammar_req_ids))
+              for s in plan.steps if s.scheduled]
+    assert shapes == [("prefill", 2, 1), ("decode", 2, 1), ("prefill", 1, 1),
+                      ("decode", 2, 2), ("decode", 1, 1)]
+
+
+def test_prefix_hit_hits_one_and_two_blocks_then_decodes():
+    plan = expand(load("prefix-hit"), PROFILES["plain"])  # block 16, max_num_seqs 4
+    hits = [[r.num_computed_tokens for r in s.scheduled] for s in plan.steps
+            if s.kind == "prefix_hit"]
+    assert hits == [[16, 16], [32], [16]]
+    assert [len(s.scheduled) for s in plan.steps if s.kind == "decode"] == [2, 1, 1]
+    one = expand(load("prefix-hit"), PROFILES["one_seq"])
+    assert [[r.num_computed_tokens for r in s.scheduled] for s in one.steps
+            if s.kind == "prefix_hit"] == [[16], [32], [16]]
 
 
 def test_prefix_hit_skips_when_a_block_does_not_fit_max_model_len():
