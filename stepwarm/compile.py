@@ -148,6 +148,17 @@ def to_scheduler_output(
     if step.preempted_req_ids:
         _set(out, "preempted_req_ids", set(step.preempted_req_ids))
     _set(out, "num_spec_tokens_to_schedule", step.num_spec_tokens_to_schedule)
+    if profile.zeroes_new_blocks:
+        # The scheduler's KVCacheManager.take_new_block_ids(): blocks handed
+        # out in this step in the groups the worker zeroes.
+        to_zero = [
+            block_id
+            for row in step.scheduled
+            for group, ids in enumerate(row.allocated)
+            if profile.zeroes_group(group)
+            for block_id in ids
+        ]
+        _set(out, "new_block_ids_to_zero", to_zero or None)
     if step.scheduled:
         # No common prefix across the warmup requests (older V2 runners read
         # one entry per KV cache group).

@@ -16,7 +16,7 @@ step and the request.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from stepwarm.blocks import BlockLedger, OutOfBlocksError
@@ -74,6 +74,10 @@ class ScheduledRequest:
     #: Block ids per group: all of them for new and resumed requests, the
     #: ``new_block_ids`` delta for running ones.
     block_ids: tuple[tuple[int, ...], ...] = ()
+    #: Block ids per group handed out from the pool in this step (what the
+    #: scheduler's ``new_block_ids_to_zero`` draws on): ``block_ids`` less a
+    #: prefix-cache hit's blocks.
+    allocated: tuple[tuple[int, ...], ...] = ()
     #: ``num_output_tokens`` the scheduler would report (tokens sampled so far,
     #: all drafts assumed accepted).
     num_output_tokens: int = 0
@@ -455,10 +459,9 @@ class PlanBuilder:
         try:
             for row, (live, dn, _) in zip(rows, plan_updates):
                 target = live.num_computed_tokens + dn
-                got = self.ledger.grow(row.req_id, target, encoder_len=live.decl.encoder_len)
-                if row.new or row.resumed:
-                    got = self.ledger.held(row.req_id)
-                final_rows.append(_replace_blocks(row, got))
+                allocated = self.ledger.grow(row.req_id, target, encoder_len=live.decl.encoder_len)
+                got = self.ledger.held(row.req_id) if row.new or row.resumed else allocated
+                final_rows.append(replace(row, block_ids=got, allocated=allocated))
                 held.append((row.req_id, self.ledger.held_counts(row.req_id)))
         except OutOfBlocksError as e:
             self.ledger = saved
@@ -561,9 +564,3 @@ class PlanBuilder:
             requests=tuple(r.decl for r in self._requests.values()),
             steps=tuple(self._steps),
         )
-
-
-def _replace_blocks(row: ScheduledRequest, block_ids: tuple[tuple[int, ...], ...]) -> ScheduledRequest:
-    from dataclasses import replace
-
-    return replace(row, block_ids=block_ids)

@@ -97,6 +97,10 @@ class RunnerProfile(BaseModel):
     #: The Mamba cache mode of the cache config ("none" with no Mamba layers).
     mamba_cache_mode: str = "none"
     enable_prefix_caching: bool = False
+    #: ``KVCacheConfig.needs_kv_cache_zeroing`` (Mamba layers, mixed-precision
+    #: caches): the scheduler sends new attention blocks in
+    #: ``SchedulerOutput.new_block_ids_to_zero`` and the worker zeroes them.
+    zeroes_new_blocks: bool = False
 
     @property
     def has_speculator(self) -> bool:
@@ -110,6 +114,15 @@ class RunnerProfile(BaseModel):
             g.kind == "mamba" and g.mamba_cache_mode == "align"
             for g in self.kv_cache_groups
         )
+
+    def zeroes_group(self, group: int) -> bool:
+        """Whether new blocks of KV cache group ``group`` are zeroed: with
+        :attr:`zeroes_new_blocks`, attention groups but not circular buffers,
+        Mamba or uniform-type groups (``SingleTypeKVCacheManager``'s
+        ``_record_new_block_ids``)."""
+        spec = self.kv_cache_groups[group]
+        return (self.zeroes_new_blocks and not spec.uniform_type
+                and spec.kind not in ("mamba", "circular_buffer"))
 
     @property
     def bitmask_width(self) -> int:
@@ -332,4 +345,5 @@ def read_profile(worker: Any) -> RunnerProfile:
         null_block_writes=null_block_writes,
         mamba_cache_mode=str(getattr(cfg.cache_config, "mamba_cache_mode", "none")),
         enable_prefix_caching=bool(cfg.cache_config.enable_prefix_caching),
+        zeroes_new_blocks=bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False)),
     )

@@ -115,3 +115,32 @@ def test_sampler_warmup_params_with_a_speculator(runner, kept):
     sp = to_scheduler_output(step, b.build(), p).scheduled_new_reqs[0].sampling_params
     assert (sp.min_p > 0, bool(sp.logit_bias)) == (kept, kept)
     assert sp.top_k == 50 and sp.logprobs == 5  # the rest of for_sampler_warmup()
+
+
+def test_new_block_ids_to_zero_on_runners_that_zero_new_blocks():
+    """Mamba hybrids: the scheduler sends the attention blocks handed out in
+    the step (not Mamba blocks, not a prefix hit's cached blocks)."""
+    p = _profile(
+        kv_cache_groups=(CacheSpec(kind="full_attention", block_size=4),
+                         CacheSpec(kind="mamba", block_size=4, mamba_cache_mode="align")),
+        zeroes_new_blocks=True,
+    )
+    b = PlanBuilder(p)
+    b.add_request(PlannedRequest("_stepwarm_a_", 6))
+    b.add_request(PlannedRequest("_stepwarm_h_", 10))
+    prefill = b.step("prefill", "p", prefill={"_stepwarm_a_": 6})
+    so = to_scheduler_output(prefill, b.build(), p)
+    full, mamba = so.scheduled_new_reqs[0].block_ids
+    assert so.new_block_ids_to_zero == full == [1, 2] and mamba == [3, 4]
+    decode = b.step("decode", "d", decode={"_stepwarm_a_": 0})  # 7 tokens: no new block
+    assert to_scheduler_output(decode, b.build(), p).new_block_ids_to_zero is None
+    b.set_computed("_stepwarm_h_", 8)  # two cached blocks per group
+    hit = b.step("prefix_hit", "h", prefill={"_stepwarm_h_": 2})
+    so = to_scheduler_output(hit, b.build(), p)
+    full, _ = so.scheduled_new_reqs[0].block_ids
+    assert len(full) == 3 and so.new_block_ids_to_zero == full[2:]
+
+
+def test_no_zeroing_without_the_runner_flag():
+    p, plan = _preempt_resume("v1")
+    assert to_scheduler_output(plan.steps[0], plan, p).new_block_ids_to_zero is None
