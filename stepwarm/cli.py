@@ -348,8 +348,7 @@ def profile_cmd(
     model: Annotated[Optional[Path], typer.Option(help="Local model directory (config.json; weights optional). Default: the embedded tiny Llama.")] = None,
     engine_arg: Annotated[Optional[list[str]], typer.Option("--engine-arg", "-e", help="vllm.LLM keyword as KEY=VALUE (VALUE as JSON).")] = None,
 ) -> None:
-    """Start vLLM, read the worker's runner profile and save it (JSON, or TOML for a
-    .toml file) for `check --profile` / `show --profile` on machines with no engine."""
+    """Start vLLM and save the worker's runner profile (JSON; TOML for *.toml) for check/show --profile."""
     from stepwarm.profile import ProfileError, read_profile
 
     _check_output_path(output, "--output")
