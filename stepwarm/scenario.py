@@ -999,24 +999,7 @@ TINY_PROFILE_FILE = "_tiny-llama.profile.toml"
 def tiny_profile() -> RunnerProfile:
     """The runner profile of the embedded tiny Llama under stepwarm's default
     engine arguments (``stepwarm profile`` output, stored with
-    :func:`profile_to_toml` next to the built-in scenarios), so ``check`` and
+    :meth:`RunnerProfile.to_toml` next to the built-in scenarios), so ``check`` and
     ``show`` need no engine."""
     text = (builtin_dir() / TINY_PROFILE_FILE).read_text(encoding="utf-8")
     return RunnerProfile.model_validate(tomllib.loads(text))
-
-
-def profile_to_toml(profile: RunnerProfile, header: str = "") -> str:
-    """A profile as TOML text (``None`` fields left out: they are the defaults)."""
-    import json
-
-    def scalar(v: Any) -> str:
-        return json.dumps(v) if not isinstance(v, bool) else ("true" if v else "false")
-
-    data = profile.model_dump()
-    groups = data.pop("kv_cache_groups")
-    lines = [f"# {ln}" for ln in header.splitlines()]
-    lines += [f"{k} = {scalar(v)}" for k, v in data.items() if v is not None]
-    for g in groups:
-        lines += ["", "[[kv_cache_groups]]"]
-        lines += [f"{k} = {scalar(v)}" for k, v in g.items() if v is not None]
-    return "\n".join(lines) + "\n"

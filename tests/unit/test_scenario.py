@@ -341,11 +341,10 @@ def test_readme_examples_are_valid():
 
 @pytest.mark.parametrize("pname", list(PROFILES))
 def test_profile_toml_round_trip(pname):
-    from stepwarm.scenario import profile_to_toml
     import tomllib
 
     prof = PROFILES[pname]
-    assert RunnerProfile.model_validate(tomllib.loads(profile_to_toml(prof, "x\ny"))) == prof
+    assert RunnerProfile.model_validate(tomllib.loads(prof.to_toml("x\ny"))) == prof
 
 
 def test_spec_decode_builtin_samples_greedy_and_says_why():
