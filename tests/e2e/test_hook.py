@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from tests.e2e.helpers import run_script
 
 pytestmark = pytest.mark.e2e
 
@@ -30,24 +29,15 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _start(tmp_path, env_extra: dict[str, str]) -> subprocess.CompletedProcess:
+def _start(tmp_path, scenarios: str):
     script = tmp_path / "start.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, **env_extra}
-    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          env=env, timeout=600)
-
-
-def _result(proc: subprocess.CompletedProcess) -> dict:
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return run_script(script, env={**os.environ, "STEPWARM_SCENARIOS": scenarios})
 
 
 def test_plugin_runs_scenarios_during_worker_start_up(tmp_path):
-    proc = _start(tmp_path, {"STEPWARM_SCENARIOS": "default"})
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = _result(proc)
+    proc, result = _start(tmp_path, "default")
+    assert proc.returncode == 0 and result is not None, proc.stderr[-4000:]
     (report,) = result["reports"]
     assert report["plan"] == "default" and report["ok"] and report["cleanup_ran"]
     assert [s["kind"] for s in report["steps"]] == [
@@ -59,6 +49,6 @@ def test_plugin_runs_scenarios_during_worker_start_up(tmp_path):
 
 
 def test_plugin_bad_scenario_stops_start_up_with_its_name(tmp_path):
-    proc = _start(tmp_path, {"STEPWARM_SCENARIOS": "no-such-scenario"})
+    proc, _ = _start(tmp_path, "no-such-scenario")
     assert proc.returncode != 0
     assert "no-such-scenario" in proc.stderr

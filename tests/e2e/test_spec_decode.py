@@ -7,40 +7,13 @@ has no speculator.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
+from tests.e2e.helpers import GREEDY_SPEC_SCENARIO, NGRAM_2, run_script
+
 pytestmark = pytest.mark.e2e
-
-GREEDY_SPEC = """
-description = "spec / non-spec decodes, greedy"
-needs = ["speculator"]
-
-[requests.r]
-prompt = "decode_query_len + 1"
-count = 4
-sampling = "greedy"
-
-[[steps]]
-kind = "prefill"
-requests = ["r"]
-
-[[steps]]
-kind = "spec_decode"
-requests = ["r"]
-
-[[steps]]
-kind = "mixed_decode"
-spec = ["r[0]"]
-non_spec = ["r[1]"]
-
-[[steps]]
-kind = "decode"
-requests = ["r[0]"]
-"""
 
 SCRIPT = textwrap.dedent(
     """
@@ -52,9 +25,7 @@ SCRIPT = textwrap.dedent(
     from stepwarm.scenario import plans_for
 
     if __name__ == "__main__":
-        engine = start_engine(speculative_config={
-            "method": "ngram", "num_speculative_tokens": 2,
-            "prompt_lookup_max": 3, "prompt_lookup_min": 1})
+        engine = start_engine(speculative_config=json.loads(sys.argv[2]))
         profile = read_profile(engine.worker)
         out = {"profile": profile.model_dump()}
         (plan,) = plans_for([sys.argv[1]], profile)
@@ -75,13 +46,11 @@ SCRIPT = textwrap.dedent(
 @pytest.fixture(scope="module")
 def result(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("spec")
-    (tmp / "greedy-spec.toml").write_text(GREEDY_SPEC)
+    (tmp / "greedy-spec.toml").write_text(GREEDY_SPEC_SCENARIO)
     (tmp / "run.py").write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, str(tmp / "run.py"), str(tmp / "greedy-spec.toml")],
-                          capture_output=True, text=True, timeout=600)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    proc, result = run_script(tmp / "run.py", str(tmp / "greedy-spec.toml"), json.dumps(NGRAM_2))
+    assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return result
 
 
 def test_profile_reads_the_speculator(result):

