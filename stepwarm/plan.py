@@ -241,16 +241,16 @@ class PlanBuilder:
 
     def num_computed_tokens(self, req_id: str) -> int:
         """Tokens computed so far for ``req_id``."""
-        return self._live(req_id, None).num_computed_tokens
+        return self._live(req_id).num_computed_tokens
 
     def num_tokens(self, req_id: str) -> int:
         """Prompt plus output tokens of ``req_id`` so far (what a resumption
         recomputes)."""
-        return self._live(req_id, None).num_tokens
+        return self._live(req_id).num_tokens
 
     def state(self, req_id: str) -> Literal["waiting", "running", "preempted", "finished"]:
         """Lifecycle state of ``req_id``."""
-        return self._live(req_id, None).state
+        return self._live(req_id).state
 
     # -- steps ---------------------------------------------------------------
     @property
@@ -261,7 +261,7 @@ class PlanBuilder:
     def _err(self, msg: str, field: str | None = None) -> PlanError:
         return PlanError(f"step {self.next_index}: {msg}", step=self.next_index, field=field)
 
-    def _live(self, req_id: str, step: int | None) -> _Live:
+    def _live(self, req_id: str) -> _Live:
         try:
             return self._requests[req_id]
         except KeyError:
@@ -288,8 +288,8 @@ class PlanBuilder:
         Args:
             kind, label: for reports.
             prefill: request -> prompt tokens to schedule now. A waiting
-                request starts at 0 computed tokens (or at the prefix-cache
-                hit its ``start_at`` gives via :meth:`set_computed`); a running
+                request starts at 0 computed tokens (or after the prefix-cache
+                hit given by :meth:`set_computed`); a running
                 one continues its chunked prefill.
             decode: request -> draft tokens (0: plain decode). Schedules
                 ``1 + drafts`` tokens for a request whose prompt is done.
@@ -330,7 +330,7 @@ class PlanBuilder:
                     "finished with its prefill; allowed: prefill", "requests",
                 )
         for rid in finish + preempt:
-            live = self._live(rid, self.next_index)
+            live = self._live(rid)
             if not live.seen or live.state == "finished":
                 raise self._err(
                     f"request {rid!r} cannot be {'finished' if rid in finish else 'preempted'}: "
@@ -346,7 +346,7 @@ class PlanBuilder:
         resuming: list[tuple[_Live, bool]] = []
         total = 0
         for rid, n in prefill.items():
-            live = self._live(rid, self.next_index)
+            live = self._live(rid)
             if live.state == "finished":
                 raise self._err(f"request {rid!r} is finished; it cannot be prefilled", "prefill")
             if live.state == "preempted":
@@ -371,7 +371,7 @@ class PlanBuilder:
             plan_updates.append((live, n, 1 if done else 0))
             total += n
         for rid, k in decode.items():
-            live = self._live(rid, self.next_index)
+            live = self._live(rid)
             if live.state != "running" or live.num_computed_tokens < live.decl.prompt_len:
                 what = {
                     "waiting": "never prefilled", "finished": "finished already",
@@ -400,7 +400,7 @@ class PlanBuilder:
             plan_updates.append((live, 1 + k, 1 + k))
             total += 1 + k
         for rid, n in resume.items():
-            live = self._live(rid, self.next_index)
+            live = self._live(rid)
             # A preempted request resumes (fresh block table); a running one
             # whose resumption was chunked continues recomputing.
             continuing = live.state == "running" and live.resuming
@@ -529,7 +529,7 @@ class PlanBuilder:
             PlanError: the request is not waiting, or the hit is not shorter
                 than its prompt.
         """
-        live = self._live(req_id, None)
+        live = self._live(req_id)
         if live.state != "waiting" or live.seen:
             raise self._err(f"request {req_id!r}: a prefix hit needs a waiting request", "prefix_hit")
         if not 0 <= num_tokens < live.decl.prompt_len:
