@@ -46,6 +46,9 @@ class StepResult:
     #: req_id -> number of tokens ``sample_tokens`` returned for it (sampling
     #: steps); None for steps that do not sample.
     sampled: dict[str, int] | None = None
+    #: Requests ``execute_model`` returned a pooler output for (pooling
+    #: steps); None for steps that do not pool.
+    pooled: list[str] | None = None
 
 
 @dataclass
@@ -86,11 +89,12 @@ class StepFailed(RuntimeError):
         self.step = step
 
 
+def _resolved(output: Any) -> Any:
+    """A ``ModelRunnerOutput`` (``AsyncModelRunnerOutput`` waited for)."""
+    return output.get_output() if hasattr(output, "get_output") else output
+
+
 def _sampled_counts(output: Any) -> dict[str, int] | None:
-    if output is None:
-        return None
-    if hasattr(output, "get_output"):
-        output = output.get_output()
     req_ids = getattr(output, "req_ids", None)
     sampled = getattr(output, "sampled_token_ids", None)
     if req_ids is None or sampled is None:
@@ -98,7 +102,15 @@ def _sampled_counts(output: Any) -> dict[str, int] | None:
     return {rid: len(tokens) for rid, tokens in zip(req_ids, sampled)}
 
 
-def _result(step: PlannedStep, wall_ms: float, sampled: dict[str, int] | None) -> StepResult:
+def _pooled(output: Any) -> list[str] | None:
+    req_ids = getattr(output, "req_ids", None)
+    pooler = getattr(output, "pooler_output", None)
+    if req_ids is None or pooler is None:
+        return None
+    return [rid for rid, out in zip(req_ids, pooler) if out is not None]
+
+
+def _result(step: PlannedStep, wall_ms: float, output: Any) -> StepResult:
     return StepResult(
         index=step.index,
         kind=step.kind,
@@ -109,7 +121,8 @@ def _result(step: PlannedStep, wall_ms: float, sampled: dict[str, int] | None) -
         new_blocks=list(step.new_block_counts),
         held_blocks={rid: list(c) for rid, c in step.held_blocks},
         wall_ms=wall_ms,
-        sampled=sampled,
+        sampled=_sampled_counts(output) if step.sample else None,
+        pooled=_pooled(output) if step.scheduled and not step.sample else None,
     )
 
 
@@ -173,10 +186,10 @@ def drive(
                 output = worker.execute_model(scheduler_output)
                 if step.sample:
                     output = worker.sample_tokens(grammar_output)
-                sampled = _sampled_counts(output) if step.sample else None
+                output = _resolved(output)
                 wall_ms = (time.perf_counter() - t0) * 1e3
                 sent.difference_update(step.finished_req_ids)
-                result = _result(step, wall_ms, sampled)
+                result = _result(step, wall_ms, output)
                 report.steps.append(result)
                 if on_step is not None:
                     on_step(result)

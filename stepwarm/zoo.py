@@ -52,23 +52,42 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def write_model(name: str = "tiny-llama", root: Path | None = None) -> Path:
+def write_model(name: str = "tiny-llama", root: Path | None = None,
+                *, tokenizer: bool = False) -> Path:
     """Write the named tiny model's ``config.json`` and return its directory.
 
     Args:
         name: a key of :data:`MODELS`.
         root: parent directory; defaults to :func:`cache_dir`.
+        tokenizer: also write a word-level tokenizer over the model's vocab
+            (tokens ``t0`` .. ``t{vocab-1}``), for engine paths that need one
+            (pooling models build their scoring IO processor from it); the
+            directory is then ``root/name-tok``.
 
     Returns:
-        ``root/name``, holding ``config.json`` (rewritten each call, so an
-        edited or truncated file never survives).
+        ``root/name`` (or ``root/name-tok``), holding ``config.json``
+        (rewritten each call, so an edited or truncated file never survives).
 
     Raises:
         KeyError: ``name`` is not a known model.
     """
     if name not in MODELS:
         raise KeyError(f"unknown tiny model {name!r}; known: {sorted(MODELS)}")
-    model_dir = (root or cache_dir()) / name
+    model_dir = (root or cache_dir()) / (f"{name}-tok" if tokenizer else name)
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(MODELS[name], indent=1) + "\n")
+    if tokenizer:
+        _write_tokenizer(model_dir, MODELS[name]["vocab_size"])
     return model_dir
+
+
+def _write_tokenizer(model_dir: Path, vocab_size: int) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"t{i}": i for i in range(vocab_size)} | {"<unk>": 0}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(model_dir / "tokenizer.json"))
+    (model_dir / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>",
+         "model_max_length": MODELS["tiny-llama"]["max_position_embeddings"]}) + "\n")

@@ -1,0 +1,75 @@
+"""A pooling runner (the tiny Llama converted to an embedding model) on the
+CPU worker, in a fresh process: vLLM's pooling branch of warmup_kernels and
+the pooling built-in."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from tests.e2e.helpers import run_script
+
+pytestmark = pytest.mark.e2e
+
+SCRIPT = textwrap.dedent(
+    """
+    import json
+    from stepwarm.driver import drive
+    from stepwarm.engine import start_engine
+    from stepwarm.profile import read_profile
+    from stepwarm.runner import live_request_ids
+    from stepwarm.scenario import plans_for
+    from stepwarm.zoo import write_model
+
+    if __name__ == "__main__":
+        engine = start_engine(write_model(tokenizer=True), runner="pooling", convert="embed",
+                              skip_tokenizer_init=False)
+        profile = read_profile(engine.worker)
+        out = {"profile": profile.model_dump(), "runs": {}}
+        for plan in plans_for(["default", "pooling"], profile):
+            report = drive(engine.worker, plan, profile)
+            out["runs"][plan.name] = {
+                "report": report.to_dict(),
+                "prefilled": [[r.req_id for r in s.scheduled
+                               if r.num_computed_tokens + r.num_scheduled_tokens
+                               == plan.request(r.req_id).prompt_len] for s in plan.steps],
+            }
+        out["live"] = sorted(live_request_ids(engine.worker))
+        print("RESULT " + json.dumps(out))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory) -> dict:
+    script = tmp_path_factory.mktemp("pool") / "run.py"
+    script.write_text(SCRIPT)
+    proc, result = run_script(script)
+    assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return result
+
+
+def test_profile_reads_a_pooling_runner(result):
+    assert result["profile"]["is_pooling_model"] and result["profile"]["pooling_task"] == "embed"
+
+
+def test_default_on_a_pooling_runner_is_prefill_then_cleanup(result):
+    report = result["runs"]["default"]["report"]
+    assert [s["kind"] for s in report["steps"]] == ["prefill", "cleanup"]
+    prefill = report["steps"][0]
+    assert prefill["num_reqs"] == 8 and prefill["num_scheduled_tokens"] == 16
+    assert prefill["sampled"] is None
+    # One pooler output per request whose prompt completed.
+    assert sorted(prefill["pooled"]) == sorted(result["runs"]["default"]["prefilled"][0])
+
+
+def test_pooling_builtin_pools_every_finished_prompt(result):
+    run = result["runs"]["pooling"]
+    report = run["report"]
+    assert report["ok"] and report["left_in_runner"] == [] and result["live"] == []
+    for step, prefilled in zip(report["steps"], run["prefilled"]):
+        assert step["sampled"] is None
+        if step["num_reqs"]:
+            assert sorted(step["pooled"]) == sorted(prefilled)
+    assert sum(len(p) for p in run["prefilled"]) == len({r for p in run["prefilled"] for r in p})
