@@ -97,3 +97,25 @@ def test_pooling_requests_finish_in_the_step_after_their_prefill():
         b.step("decode", "d", decode={"_stepwarm_q_": 0})
     assert b.cleanup().finished_req_ids == {"_stepwarm_q_"}
     assert b.live_req_ids() == ()
+
+
+def test_mamba_align_prefill_chunks_end_on_block_boundaries():
+    """Scheduler._mamba_block_aligned_split: in align mode every prefill chunk
+    but the last ends on a multiple of the Mamba block size."""
+    b = _builder(kv_cache_groups=(CacheSpec(kind="full_attention", block_size=16),
+                                  CacheSpec(kind="mamba", block_size=16, mamba_cache_mode="align")),
+                 max_model_len=128)
+    b.add_request(PlannedRequest(A, 40))
+    with pytest.raises(PlanError) as info:
+        b.step("chunked_prefill", "c", prefill={A: 20})
+    assert str(info.value) == (
+        f"step 0: request {A!r}: prefill chunk ends at token 20, not on a Mamba block "
+        "boundary; allowed in Mamba align mode: a chunk that finishes the prefill, or one "
+        "ending on a multiple of block_size 16 (next: 32)")
+    b.step("chunked_prefill", "c", prefill={A: 32})
+    b.step("prefill", "rest", prefill={A: 8})  # the last chunk may end anywhere
+    # A block wider than the token budget advances by sub-block chunks.
+    wide = _builder(kv_cache_groups=(CacheSpec(kind="mamba", block_size=128, mamba_cache_mode="align"),),
+                    max_model_len=256, max_num_batched_tokens=64)
+    wide.add_request(PlannedRequest(A, 200))
+    assert wide.step("chunked_prefill", "c", prefill={A: 50}).total_num_scheduled_tokens == 50
