@@ -57,11 +57,22 @@ def facts_of(profile: RunnerProfile) -> dict[str, int]:
     ``lcm_block_size`` is the least common multiple of the block sizes of
     the groups that cache tokens (every group but cross-attention): the
     granularity of a prefix-cache hit on a hybrid model.
+
+    ``prefill_chunk_align`` is what a prefill chunk that does not finish the
+    prefill must end on a multiple of: on a runner with a Mamba group in
+    ``align`` cache mode, that group's ``block_size`` (vLLM's
+    ``Scheduler._mamba_block_aligned_split``), unless it exceeds
+    ``max_num_batched_tokens`` (then sub-block chunks are scheduled); else 1.
+    With several such groups, the least common multiple of their block sizes
+    that fit the budget.
     """
     from math import lcm
 
     token_groups = [g.block_size for g in profile.kv_cache_groups
                     if g.kind != "cross_attention"] or [1]
+    align_groups = [g.block_size for g in profile.kv_cache_groups
+                    if g.kind == "mamba" and g.mamba_cache_mode == "align"
+                    and g.block_size <= profile.max_num_batched_tokens] or [1]
     return {
         "decode_query_len": profile.decode_query_len,
         "num_spec_steps": profile.num_speculative_steps,
@@ -72,6 +83,8 @@ def facts_of(profile: RunnerProfile) -> dict[str, int]:
         "num_blocks": profile.num_blocks,
         "num_kv_groups": len(profile.kv_cache_groups),
         "lcm_block_size": lcm(*token_groups),
+        # non-final prefill chunks end on a multiple of this (Mamba align mode)
+        "prefill_chunk_align": lcm(*align_groups),
         # the most requests one uniform decode step can hold
         "max_decode_seqs": max(1, min(profile.max_num_seqs,
                                       profile.max_num_batched_tokens // profile.decode_query_len)),

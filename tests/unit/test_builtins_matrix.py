@@ -9,6 +9,7 @@ import itertools
 import pytest
 
 from stepwarm.blocks import BlockLedger
+from stepwarm.expressions import facts_of
 from stepwarm.profile import CacheSpec, RunnerProfile
 from stepwarm.scenario import ScenarioError, builtin_names, expand, load
 
@@ -87,6 +88,19 @@ def test_builtin_expands_or_skips_on_every_profile(name):
             continue
         ran += 1
         assert plan.steps, pname
+        # Mamba align: every prefill chunk but the last ends on a Mamba block
+        # boundary, unless the block exceeds the token budget
+        # (Scheduler._mamba_block_aligned_split)
+        align = [g.block_size for g in p.kv_cache_groups
+                 if g.kind == "mamba" and g.mamba_cache_mode == "align"
+                 and g.block_size <= p.max_num_batched_tokens]
+        for st in plan.steps:
+            for r in st.scheduled:
+                if r.samples or r.spec_token_ids:
+                    continue  # a decode, or the chunk that finishes the prefill
+                end = r.num_computed_tokens + r.num_scheduled_tokens
+                assert all(end % bs == 0 for bs in align), (pname, st.label, r.req_id, end)
+                assert end % facts_of(p)["prefill_chunk_align"] == 0, (pname, st.label)
         live: set[str] = set()
         running: set[str] = set()  # vLLM's running queue: at most max_num_seqs
         held: dict[str, int] = {}  # blocks each live request holds
@@ -105,3 +119,16 @@ def test_builtin_expands_or_skips_on_every_profile(name):
         assert not live, (pname, sorted(live))
     assert not errors, f"{len(errors)} error(s), e.g.:\n" + "\n".join(errors[:15])
     assert ran, f"{name} never expands on the grid"
+
+
+def test_chunking_builtins_chunk_on_mamba_align_profiles():
+    """The built-ins that chunk a prefill still do so, on block boundaries,
+    on a hybrid runner whose Mamba block fits the token budget."""
+    p = PROFILES["s8-t512-l4096-hybrid-nospec-many"]
+    assert facts_of(p)["prefill_chunk_align"] == 64
+    for name in ("chunked-prefill", "mamba-align", "preempt-resume", "prefix-hit"):
+        plan = expand(load(name), p)
+        assert not plan.skipped, (name, plan.skipped)
+        ends = [r.num_computed_tokens + r.num_scheduled_tokens
+                for st in plan.steps for r in st.scheduled if not r.samples]
+        assert ends and all(e % 64 == 0 for e in ends), (name, ends)

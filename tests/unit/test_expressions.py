@@ -169,3 +169,19 @@ def test_kv_functions_reject_bad_arguments_and_need_a_profile():
 def test_max_decode_seqs_is_capped_by_the_token_budget():
     assert facts_of(_prof())["max_decode_seqs"] == 8
     assert facts_of(_prof(num_speculative_steps=2, decode_query_len=3))["max_decode_seqs"] == 6
+
+
+def test_prefill_chunk_align_is_the_mamba_align_block_within_the_budget():
+    full = CacheSpec(kind="full_attention", block_size=16)
+    def mamba(mode, bs=64):
+        return CacheSpec(kind="mamba", block_size=bs, mamba_cache_mode=mode)
+    assert facts_of(_prof())["prefill_chunk_align"] == 1
+    assert facts_of(_prof(kv_cache_groups=(full, mamba("align")), max_num_batched_tokens=64,
+                          mamba_cache_mode="align"))["prefill_chunk_align"] == 64
+    # a block wider than the token budget: sub-block chunks are scheduled
+    assert facts_of(_prof(kv_cache_groups=(full, mamba("align")), max_num_batched_tokens=63,
+                          mamba_cache_mode="align"))["prefill_chunk_align"] == 1
+    # other Mamba cache modes do not align chunks
+    for mode in ("none", "all"):
+        assert facts_of(_prof(kv_cache_groups=(full, mamba(mode)), max_num_batched_tokens=512,
+                              mamba_cache_mode=mode))["prefill_chunk_align"] == 1
