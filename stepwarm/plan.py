@@ -367,7 +367,7 @@ class PlanBuilder:
                     f"{live.num_computed_tokens} computed)", "tokens",
                 )
             done = n == left
-            self._check_mamba_align_chunk(live, n, done)
+            self._check_mamba_align_chunk(live, n)
             rows.append(self._row(live, n, (), done))
             plan_updates.append((live, n, 1 if done else 0))
             total += n
@@ -418,7 +418,7 @@ class PlanBuilder:
                     f"request {rid!r}: resume schedules {n} tokens; allowed 1..{left}", "tokens"
                 )
             done = n == left
-            self._check_mamba_align_chunk(live, n, done)
+            self._check_mamba_align_chunk(live, n)
             rows.append(self._row(live, n, (), done, resumed=not continuing))
             plan_updates.append((live, n, 1 if done else 0))
             resuming.append((live, not done))
@@ -510,21 +510,23 @@ class PlanBuilder:
         self._steps.append(step)
         return step
 
-    def _check_mamba_align_chunk(self, live: _Live, n: int, done: bool) -> None:
+    def _check_mamba_align_chunk(self, live: _Live, n: int) -> None:
         """Mamba ``align`` cache mode: the scheduler
         (``Scheduler._mamba_block_aligned_split``) ends every prefill chunk
         but the last on a multiple of the Mamba ``block_size``, because the
         SSM state is cached at chunk ends; only a block wider than one step's
         token budget advances by sub-block chunks. The scheduler's extra early
         stops (prefix-cache checkpoints, shared-prefix junctions) are not
-        modelled: they only make chunks shorter."""
-        if done:
+        modelled: they only make chunks shorter. The prefill ends at the
+        prompt, or, for a resumed request replaying its outputs, one token
+        before its last (``max(num_prompt_tokens, num_tokens - 1)``)."""
+        end = live.num_computed_tokens + n
+        if end >= max(live.decl.prompt_len, live.num_tokens - 1):
             return
         for spec in self.profile.kv_cache_groups:
             if spec.kind != "mamba" or spec.mamba_cache_mode != "align":
                 continue
             bs = spec.block_size
-            end = live.num_computed_tokens + n
             if end % bs and bs <= self.profile.max_num_batched_tokens:
                 raise self._err(
                     f"request {live.decl.req_id!r}: prefill chunk ends at token {end}, not "

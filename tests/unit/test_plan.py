@@ -119,3 +119,19 @@ def test_mamba_align_prefill_chunks_end_on_block_boundaries():
                     max_model_len=256, max_num_batched_tokens=64)
     wide.add_request(PlannedRequest(A, 200))
     assert wide.step("chunked_prefill", "c", prefill={A: 50}).total_num_scheduled_tokens == 50
+
+
+def test_mamba_align_resume_chunk_may_end_one_token_before_the_last():
+    """Regression (found by the property tests): a resumed request's prefill
+    ends at max(prompt_len, num_tokens - 1), so recomputing a 1-token prompt
+    plus 1 sampled token may stop after token 1 even with Mamba block 2."""
+    b = _builder(kv_cache_groups=(CacheSpec(kind="mamba", block_size=2, mamba_cache_mode="align"),),
+                 max_model_len=8)
+    b.add_request(PlannedRequest(A, 1))
+    b.step("prefill", "p", prefill={A: 1})
+    b.step("preempt", "x", preempt=(A,))
+    first = b.step("resume", "r1", resume={A: 1})
+    assert first.scheduled[0].resumed and first.scheduled[0].num_scheduled_tokens == 1
+    b.add_request(PlannedRequest("_stepwarm_b_", 5))
+    with pytest.raises(PlanError, match="prefill chunk ends at token 3, not on a Mamba block"):
+        b.step("chunked_prefill", "c", prefill={"_stepwarm_b_": 3})
