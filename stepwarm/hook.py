@@ -67,6 +67,11 @@ def warmup(worker: Any, scenarios: Sequence[str] = ("default",)) -> list[RunRepo
     return reports
 
 
+def _scenario_names() -> list[str]:
+    """The scenarios ``STEPWARM_SCENARIOS`` names (comma-separated), in order."""
+    return [s.strip() for s in os.environ.get(ENV_SCENARIOS, "").split(",") if s.strip()]
+
+
 def _wrap(cls: type) -> None:
     original = cls.__dict__.get("compile_or_warm_up_model")
     if original is None or getattr(original, "_stepwarm", False):
@@ -74,9 +79,17 @@ def _wrap(cls: type) -> None:
 
     @functools.wraps(original)
     def compile_or_warm_up_model(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(self, *args, **kwargs)
-        names = [s.strip() for s in os.environ.get(ENV_SCENARIOS, "").split(",") if s.strip()]
-        if names:
+        # A wrapped subclass may call a wrapped base class's method: only the
+        # outermost call runs the scenarios.
+        outermost = not getattr(self, "_stepwarm_in_warmup", False)
+        self._stepwarm_in_warmup = True
+        try:
+            result = original(self, *args, **kwargs)
+        finally:
+            if outermost:
+                self._stepwarm_in_warmup = False
+        names = _scenario_names()
+        if outermost and names:
             # Kept on the worker so that callers (and tests) can read them.
             self.stepwarm_reports = warmup(self, names)
         return result
@@ -88,7 +101,7 @@ def _wrap(cls: type) -> None:
 def register() -> None:
     """vLLM general plugin: wrap the worker classes' warmup when
     ``STEPWARM_SCENARIOS`` is set. Safe to call more than once."""
-    if not os.environ.get(ENV_SCENARIOS, "").strip():
+    if not _scenario_names():
         return
     import importlib
 

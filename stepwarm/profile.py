@@ -263,9 +263,8 @@ def runner_of(worker: Any) -> Any:
 
 def runner_kind(runner: Any) -> Literal["v1", "v2"]:
     """"v2" for ``vllm.v1.worker.gpu.model_runner.GPUModelRunner``, else "v1"."""
-    return "v2" if type(runner).__module__.startswith("vllm.v1.worker.gpu.") or any(
-        c.__module__ == "vllm.v1.worker.gpu.model_runner" for c in type(runner).__mro__
-    ) else "v1"
+    v2 = any(c.__module__ == "vllm.v1.worker.gpu.model_runner" for c in type(runner).__mro__)
+    return "v2" if v2 else "v1"
 
 
 def _is_last_pp_rank(runner: Any) -> bool:
