@@ -173,9 +173,10 @@ def to_grammar_output(step: PlannedStep, profile: RunnerProfile) -> Any:
 
     Shape: ``grammar_bitmask`` is int32 ``[len(grammar_req_ids),
     ceil(vocab_size / 32)]``, all ones (every token allowed), as vLLM's
-    warmup builds it to exercise the bitmask kernel.
+    warmup builds it to exercise the bitmask kernel. None on a pipeline rank
+    that is not the last (it does not sample), as in ``warmup_kernels``.
     """
-    if not step.grammar_req_ids:
+    if not step.grammar_req_ids or not profile.is_last_pp_rank:
         return None
     import numpy as np
     from vllm.v1.core.sched.output import GrammarOutput

@@ -16,6 +16,7 @@ from typing import Any
 from stepwarm.compile import cleanup_output, to_grammar_output, to_scheduler_output
 from stepwarm.plan import REQ_ID_PREFIX, Plan, PlannedStep
 from stepwarm.profile import RunnerProfile, read_profile
+from stepwarm.ranks import RankGroup
 from stepwarm.runner import (
     discard_pending_step,
     kv_connector_disabled,
@@ -69,6 +70,11 @@ class RunReport:
     cleanup_ran: bool = False
     #: stepwarm request ids the runner still held after cleanup (should be []).
     left_in_runner: list[str] = field(default_factory=list)
+    #: The worker that ran it: rank in vLLM's world group, and its tensor /
+    #: pipeline parallel ranks (all 0 on a single-process engine).
+    rank: int = 0
+    tp_rank: int = 0
+    pp_rank: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of the report."""
@@ -126,12 +132,59 @@ def _result(step: PlannedStep, wall_ms: float, output: Any) -> StepResult:
     )
 
 
+class PeerStepFailed(RuntimeError):
+    """Another tensor / pipeline parallel rank failed the step this rank ran;
+    this rank stops at the same step (see :mod:`stepwarm.ranks`)."""
+
+
+def _run_step(worker: Any, step: PlannedStep, plan: Plan, profile: RunnerProfile,
+              params: dict[str, tuple[Any, Any]], sent: set[str],
+              ranks: RankGroup | None) -> tuple[Any, float]:
+    """``execute_model`` (+ ``sample_tokens``) of one step; with several
+    ranks, then the device sync and the agreement on who failed.
+
+    Returns:
+        (the resolved ``ModelRunnerOutput``, wall ms).
+
+    Raises:
+        Whatever the step raised on this rank; :class:`PeerStepFailed` when it
+        passed here but failed on another rank.
+    """
+    local: Exception | None = None
+    output, wall_ms = None, 0.0
+    try:
+        scheduler_output = to_scheduler_output(step, plan, profile, params)
+        grammar_output = to_grammar_output(step, profile) if step.sample else None
+        sent.update(step.req_ids)
+        t0 = time.perf_counter()
+        output = worker.execute_model(scheduler_output)
+        if step.sample:
+            output = worker.sample_tokens(grammar_output)
+        output = _resolved(output)
+        if ranks is not None and ranks.size > 1:
+            # A rank blocked in a collective stays here, before the agreement.
+            synchronize()
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    except Exception as e:  # noqa: BLE001 - re-raised after the agreement
+        local = e
+    if ranks is not None and ranks.size > 1:
+        failed = ranks.failed_ranks(local is not None, f"the end of step {step.index}")
+        if local is None and failed:
+            raise PeerStepFailed(
+                f"{len(failed)} other rank(s) (TP x PP slots {failed}) failed this step; "
+                f"{ranks.label} stopped with them")
+    if local is not None:
+        raise local
+    return output, wall_ms
+
+
 def drive(
     worker: Any,
     plan: Plan,
     profile: RunnerProfile | None = None,
     *,
     on_step: Callable[[StepResult], None] | None = None,
+    ranks: RankGroup | None = None,
 ) -> RunReport:
     """Run every step of ``plan`` on ``worker``; always clean up.
 
@@ -147,6 +200,9 @@ def drive(
         plan: the plan (built for ``profile``).
         profile: the worker's profile; read off the worker when None.
         on_step: called with each step's result as soon as it ran.
+        ranks: the engine's tensor / pipeline parallel ranks; every rank
+            calls ``drive`` with the same plan, and after each step they agree
+            on which failed, so a failure on one stops all at the same step.
 
     Returns:
         The :class:`RunReport` (``ok`` True).
@@ -154,7 +210,8 @@ def drive(
     Raises:
         RunnerBusyError: the runner already holds requests (stepwarm warms an
             idle runner); raised before any step.
-        StepFailed: a step raised; the runner was cleaned up first and
+        StepFailed: a step raised on this rank or another (then the cause is
+            :class:`PeerStepFailed`); the runner was cleaned up first and
             ``error.report`` says which step and what vLLM said.
         RuntimeError: the runner still held stepwarm requests after cleanup.
     """
@@ -179,15 +236,7 @@ def drive(
         try:
             for step in plan.steps:
                 failed_at = step.index
-                scheduler_output = to_scheduler_output(step, plan, profile, params)
-                grammar_output = to_grammar_output(step, profile) if step.sample else None
-                sent.update(step.req_ids)
-                t0 = time.perf_counter()
-                output = worker.execute_model(scheduler_output)
-                if step.sample:
-                    output = worker.sample_tokens(grammar_output)
-                output = _resolved(output)
-                wall_ms = (time.perf_counter() - t0) * 1e3
+                output, wall_ms = _run_step(worker, step, plan, profile, params, sent, ranks)
                 sent.difference_update(step.finished_req_ids)
                 result = _result(step, wall_ms, output)
                 report.steps.append(result)

@@ -6,60 +6,170 @@ Two ways in:
   at the end of ``compile_or_warm_up_model``).
 * The vLLM plugin :func:`register` (entry point ``vllm.general_plugins``,
   installed with stepwarm). It does nothing unless ``STEPWARM_SCENARIOS`` is
-  set (comma-separated names or files); then every worker class's
-  ``compile_or_warm_up_model`` runs those scenarios right after vLLM's own
-  warmup, in every worker process, and keeps the reports on the worker as
-  ``worker.stepwarm_reports``. An invalid scenario or a failing step raises
-  out of ``compile_or_warm_up_model``, so the engine does not start half
-  warmed (the runner is cleaned up first).
+  set (see :mod:`stepwarm.settings` for every variable); then the worker
+  class the process runs gets its ``compile_or_warm_up_model`` wrapped: vLLM's
+  own warmup, then the scenarios on every rank in lockstep
+  (:mod:`stepwarm.ranks`), then vLLM's JIT monitor is switched on, so the
+  compiles stepwarm causes are not reported as first-traffic compiles. The
+  reports stay on the worker as ``worker.stepwarm_reports``.
+
+``register()`` imports no worker module and changes no torch or vLLM state: it
+asks Python to wrap the worker class when (and only if) vLLM imports its
+module, which vLLM does in the process that runs that worker. Importing
+every candidate instead would, for one, run ``vllm/v1/worker/cpu/shm.py``,
+which replaces ``torch.cuda.Event`` / ``Stream`` for the whole process and
+breaks a GPU worker's start-up.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.abc
+import importlib.machinery
 import logging
-import os
+import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
-from stepwarm.driver import RunReport, drive
-from stepwarm.profile import read_profile
+from stepwarm.driver import RunnerBusyError, RunReport, StepFailed, drive
+from stepwarm.profile import RunnerProfile, read_profile
+from stepwarm.ranks import RankGroup
+from stepwarm.runner import jit_monitor_deferred
+from stepwarm.settings import ENV_SCENARIOS, HookSettings, SettingsError
+
+__all__ = ["ENV_SCENARIOS", "WORKER_CLASSES", "SettingsError", "WarmupError", "register",
+           "warmup"]
 
 #: A child of vLLM's logger, so the lines appear in vLLM's start-up log.
 logger = logging.getLogger("vllm.stepwarm")
 
-#: Environment variable naming the scenarios the plugin runs.
-ENV_SCENARIOS = "STEPWARM_SCENARIOS"
-#: Worker classes whose ``compile_or_warm_up_model`` the plugin wraps.
+#: Worker classes whose ``compile_or_warm_up_model`` the plugin wraps, as
+#: ``module:Class`` — the values vLLM's platforms give ``worker_cls``
+#: (``CudaPlatform``/``RocmPlatform``: ``gpu_worker.Worker``, ``CpuPlatform``:
+#: ``cpu_worker.CPUWorker``, a subclass of it). A custom ``--worker-cls``
+#: subclassing one of them is covered through the class hierarchy.
 WORKER_CLASSES = (
     "vllm.v1.worker.gpu_worker:Worker",
     "vllm.v1.worker.cpu_worker:CPUWorker",
 )
 
 
-def warmup(worker: Any, scenarios: Sequence[str] = ("default",)) -> list[RunReport]:
+class WarmupError(RuntimeError):
+    """Raised out of ``compile_or_warm_up_model`` under ``STEPWARM_ON_ERROR=raise``:
+    a scenario was invalid, the ranks disagreed, or a step failed (the runner
+    was cleaned up first)."""
+
+
+def _label(ranks: RankGroup) -> str:
+    return f"stepwarm [{ranks.label}]" if ranks.size > 1 else "stepwarm"
+
+
+def _plans(worker: Any, names: Sequence[str], profile: RunnerProfile, ranks: RankGroup) -> list:
+    """Every scenario expanded for ``profile``, identical on every rank.
+
+    Raises:
+        WarmupError: a scenario is invalid on some rank, or two ranks would
+            run different steps (raised on every rank, before any step).
+    """
+    from stepwarm.scenario import ScenarioError, plans_for
+
+    error: Exception | None = None
+    plans: list = []
+    try:
+        plans = plans_for(list(names), profile)
+    except ScenarioError as e:
+        error = e
+    failed = ranks.failed_ranks(error is not None, "scenario expansion")
+    if failed:
+        raise WarmupError(str(error) if error is not None else
+                          f"scenarios could not be expanded on TP x PP slots {failed}; "
+                          "see their log")
+    signature = "\n".join(p.lockstep_signature() for p in plans)
+    differing = ranks.differing_ranks(signature, "plan agreement")
+    if differing:
+        raise WarmupError(
+            f"ranks would run different steps (TP x PP slots {differing} differ from slot 0): "
+            "their runner profiles differ; nothing was run")
+    return plans
+
+
+def warmup(
+    worker: Any,
+    scenarios: Sequence[str] = ("default",),
+    *,
+    settings: HookSettings | None = None,
+    ranks: RankGroup | None = None,
+) -> list[RunReport]:
     """Run ``scenarios`` (built-in names or scenario file paths) on ``worker``.
 
     Every scenario is expanded and checked against the worker's profile
     before the first step runs; scenarios whose needs the runner does not
-    meet are skipped (their report's ``skipped`` says why).
+    meet, or that are not for the worker's role, are skipped (their
+    report's ``skipped`` says why). With several ranks, call it on every rank
+    (the plugin does): they agree on the plans first and on each step's
+    outcome after it.
+
+    Args:
+        worker: a vLLM worker whose KV cache is initialized.
+        scenarios: names or paths, run in order.
+        settings: policy (``on_error``, ``time_limit_s``, ``role``); the
+            ``STEPWARM_*`` environment variables when None. Its
+            ``scenarios`` are ignored here.
+        ranks: the engine's ranks; read off vLLM's parallel state when None.
 
     Returns:
-        One :class:`~stepwarm.driver.RunReport` per scenario.
+        One :class:`~stepwarm.driver.RunReport` per scenario, each with the
+        rank that ran it. Under ``on_error="warn"`` a failed scenario's report
+        has ``ok`` False, and a bad scenario gives no reports.
 
     Raises:
-        stepwarm.scenario.ScenarioError: a scenario is invalid (nothing ran).
-        stepwarm.driver.StepFailed: a step raised (the runner was cleaned up).
+        WarmupError: under ``on_error="raise"``: a scenario is invalid or the
+            ranks disagree (nothing ran), or a step failed on any rank (the
+            runner was cleaned up first; ``__cause__`` is the
+            :class:`~stepwarm.driver.StepFailed`).
+        SettingsError: ``settings`` is None and a ``STEPWARM_*`` variable is bad.
     """
-    from stepwarm.scenario import plans_for
-
+    settings = settings if settings is not None else HookSettings.from_env()
+    ranks = ranks if ranks is not None else RankGroup.of_worker(worker, settings.rank_timeout_s)
+    who = _label(ranks)
+    t_start = time.monotonic()
     profile = read_profile(worker)
-    plans = plans_for(list(scenarios), profile)
-    reports = []
+    if settings.role != "auto":
+        profile = profile.model_copy(update={"role": settings.role})
+    try:
+        plans = _plans(worker, scenarios, profile, ranks)
+    except WarmupError as e:
+        if settings.on_error == "raise":
+            raise
+        logger.warning("%s: scenarios not run (STEPWARM_ON_ERROR=warn): %s", who, e)
+        return []
+    reports: list[RunReport] = []
     for plan in plans:
-        report = drive(worker, plan, profile)
+        elapsed = time.monotonic() - t_start
+        over = settings.time_limit_s is not None and elapsed > settings.time_limit_s
+        if ranks.failed_ranks(over, f"the start of {plan.name}"):
+            report = RunReport(plan=plan.name, runner=profile.runner, model=profile.model,
+                               skipped=f"time limit: STEPWARM_TIME_LIMIT_S={settings.time_limit_s:g} "
+                                       f"reached after {elapsed:.1f} s")
+        else:
+            try:
+                report = drive(worker, plan, profile, ranks=ranks)
+            except (StepFailed, RunnerBusyError) as e:
+                report = getattr(e, "report", None) or RunReport(
+                    plan=plan.name, runner=profile.runner, model=profile.model, ok=False,
+                    error=str(e))
+                _stamp(report, ranks)
+                if settings.on_error == "raise":
+                    logger.error("%s: %s: %s", who, plan.name, report.error)
+                    raise WarmupError(f"{who}: scenario {plan.name}: {report.error}") from e
+                logger.warning("%s: %s failed, runner cleaned up, serving anyway "
+                               "(STEPWARM_ON_ERROR=warn): %s", who, plan.name, report.error)
+                reports.append(report)
+                continue
+        _stamp(report, ranks)
         logger.info(
-            "stepwarm: %s: %s", plan.name,
+            "%s: %s: %s", who, plan.name,
             f"skipped ({report.skipped})" if report.skipped
             else f"{len(report.steps)} steps in {report.wall_ms:.0f} ms",
         )
@@ -67,12 +177,17 @@ def warmup(worker: Any, scenarios: Sequence[str] = ("default",)) -> list[RunRepo
     return reports
 
 
-def _scenario_names() -> list[str]:
-    """The scenarios ``STEPWARM_SCENARIOS`` names (comma-separated), in order."""
-    return [s.strip() for s in os.environ.get(ENV_SCENARIOS, "").split(",") if s.strip()]
+def _stamp(report: RunReport, ranks: RankGroup) -> None:
+    report.rank, report.tp_rank, report.pp_rank = ranks.rank, ranks.tp_rank, ranks.pp_rank
 
+
+# --------------------------------------------------------------------------
+# The plugin.
 
 def _wrap(cls: type) -> None:
+    """Wrap ``cls.compile_or_warm_up_model`` (its own, not an inherited one):
+    vLLM's warmup with its JIT monitor held back, then the scenarios of
+    ``STEPWARM_SCENARIOS``, then the monitor. Wrapping twice is a no-op."""
     original = cls.__dict__.get("compile_or_warm_up_model")
     if original is None or getattr(original, "_stepwarm", False):
         return
@@ -81,34 +196,90 @@ def _wrap(cls: type) -> None:
     def compile_or_warm_up_model(self: Any, *args: Any, **kwargs: Any) -> Any:
         # A wrapped subclass may call a wrapped base class's method: only the
         # outermost call runs the scenarios.
-        outermost = not getattr(self, "_stepwarm_in_warmup", False)
+        if getattr(self, "_stepwarm_in_warmup", False):
+            return original(self, *args, **kwargs)
+        settings = HookSettings.from_env()
+        if not settings.enabled:
+            return original(self, *args, **kwargs)
         self._stepwarm_in_warmup = True
         try:
-            result = original(self, *args, **kwargs)
+            with jit_monitor_deferred():
+                result = original(self, *args, **kwargs)
+                # Kept on the worker so that callers (and tests) can read them.
+                self.stepwarm_reports = warmup(self, settings.scenarios, settings=settings)
         finally:
-            if outermost:
-                self._stepwarm_in_warmup = False
-        names = _scenario_names()
-        if outermost and names:
-            # Kept on the worker so that callers (and tests) can read them.
-            self.stepwarm_reports = warmup(self, names)
+            self._stepwarm_in_warmup = False
         return result
 
     compile_or_warm_up_model._stepwarm = True  # type: ignore[attr-defined]
     cls.compile_or_warm_up_model = compile_or_warm_up_model  # type: ignore[attr-defined]
 
 
-def register() -> None:
-    """vLLM general plugin: wrap the worker classes' warmup when
-    ``STEPWARM_SCENARIOS`` is set. Safe to call more than once."""
-    if not _scenario_names():
-        return
-    import importlib
+class _WrapOnImport(importlib.abc.MetaPathFinder):
+    """Wraps a worker class right after vLLM imports its module (a
+    ``sys.meta_path`` finder that hands the real spec back with a loader
+    that wraps after executing the module)."""
 
+    def __init__(self, targets: dict[str, str]):
+        self.targets = dict(targets)  # module -> class name
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in self.targets:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _WrappingLoader(spec.loader, self.targets[fullname])
+        return spec
+
+
+class _WrappingLoader(importlib.abc.Loader):
+    def __init__(self, inner: Any, cls_name: str):
+        self.inner, self.cls_name = inner, cls_name
+
+    def create_module(self, spec: Any) -> Any:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.inner.exec_module(module)
+        cls = getattr(module, self.cls_name, None)
+        if isinstance(cls, type):
+            _wrap(cls)
+
+    def __getattr__(self, name: str) -> Any:  # get_code, get_source, ... for tracebacks
+        return getattr(self.inner, name)
+
+
+def register() -> None:
+    """vLLM general plugin (runs in every vLLM process at start-up).
+
+    Without ``STEPWARM_SCENARIOS`` it does nothing. Otherwise it checks the
+    ``STEPWARM_*`` variables and arranges for the worker class of
+    :data:`WORKER_CLASSES` that this process imports to be wrapped: a class
+    whose module is loaded already is wrapped now, the others when (if ever)
+    vLLM imports them. Nothing is imported, no torch or vLLM state changes.
+    Safe to call more than once.
+
+    Raises:
+        SettingsError: a ``STEPWARM_*`` variable has a bad value (one line
+            naming it and the allowed values); start-up fails.
+    """
+    settings = HookSettings.from_env()
+    if not settings.enabled:
+        return
+    pending: dict[str, str] = {}
     for path in WORKER_CLASSES:
         module, _, name = path.partition(":")
-        try:
-            cls = getattr(importlib.import_module(module), name)
-        except (ImportError, AttributeError):
-            continue
-        _wrap(cls)
+        loaded = sys.modules.get(module)
+        if loaded is not None:
+            cls = getattr(loaded, name, None)
+            if isinstance(cls, type):
+                _wrap(cls)
+        else:
+            pending[module] = name
+    finder = next((f for f in sys.meta_path if isinstance(f, _WrapOnImport)), None)
+    if finder is not None:
+        finder.targets = {m: c for m, c in finder.targets.items() if m in pending}
+    elif pending:
+        sys.meta_path.insert(0, _WrapOnImport(pending))
+

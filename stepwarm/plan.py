@@ -142,6 +142,22 @@ class Plan:
     #: runner does not meet), else "".
     skipped: str = ""
 
+    def lockstep_signature(self) -> str:
+        """What every tensor / pipeline parallel rank must run identically, as
+        text: the plan's name, whether it was skipped, and per step its kind,
+        each scheduled request's ``(req_id, num_computed_tokens,
+        num_scheduled_tokens, drafts, block ids)``, finished and preempted ids
+        and whether it samples. The grammar bitmask is left out: only the last
+        pipeline rank gets one (:mod:`stepwarm.ranks` compares these)."""
+        lines = [f"{self.name} skipped={bool(self.skipped)}"]
+        for st in self.steps:
+            reqs = ";".join(
+                f"{r.req_id},{r.num_computed_tokens},{r.num_scheduled_tokens},"
+                f"{len(r.spec_token_ids)},{r.block_ids}" for r in st.scheduled)
+            lines.append(f"{st.index} {st.kind} sample={st.sample} [{reqs}] "
+                         f"fin={sorted(st.finished_req_ids)} pre={sorted(st.preempted_req_ids)}")
+        return "\n".join(lines)
+
     def request(self, req_id: str) -> PlannedRequest:
         """The declared request ``req_id``.
 

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from stepwarm.settings import role_of_kv_role
+
 #: The KV cache spec kinds stepwarm knows, named after vLLM's spec classes.
 SpecKind = Literal[
     "full_attention",  # FullAttentionSpec (and SinkFullAttentionSpec, RSWASpec)
@@ -101,6 +103,10 @@ class RunnerProfile(BaseModel):
     #: caches): the scheduler sends new attention blocks in
     #: ``SchedulerOutput.new_block_ids_to_zero`` and the worker zeroes them.
     zeroes_new_blocks: bool = False
+    #: The worker's role in disaggregated serving: "prefill"
+    #: (``kv_role = "kv_producer"``), "decode" (``"kv_consumer"``) or "both"
+    #: (``"kv_both"`` or no KV transfer). Scenarios say which roles they are for.
+    role: Literal["prefill", "decode", "both"] = "both"
 
     @property
     def has_speculator(self) -> bool:
@@ -345,4 +351,5 @@ def read_profile(worker: Any) -> RunnerProfile:
         mamba_cache_mode=str(getattr(cfg.cache_config, "mamba_cache_mode", "none")),
         enable_prefix_caching=bool(cfg.cache_config.enable_prefix_caching),
         zeroes_new_blocks=bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False)),
+        role=role_of_kv_role(getattr(getattr(cfg, "kv_transfer_config", None), "kv_role", None)),
     )

@@ -82,6 +82,34 @@ def kv_connector_active(worker: Any) -> bool:
     return kv_transfer_state._KV_CONNECTOR_AGENT is not None
 
 
+@contextmanager
+def jit_monitor_deferred() -> Iterator[None]:
+    """Hold vLLM's kernel JIT monitor back until the block ends.
+
+    ``Worker.compile_or_warm_up_model`` switches the monitor on
+    (``vllm.utils.jit_monitor.activate``) once its own warmup is done; after
+    that, with ``--jit-monitor-mode error``, any Triton compile raises. Inside
+    the block that call is recorded instead, and replayed with the same
+    arguments when the block exits (also when it raises), so the compiles
+    stepwarm causes at start-up are warmup, and every compile after
+    start-up is still caught. A no-op on vLLM builds without the monitor.
+    """
+    try:
+        from vllm.utils import jit_monitor
+    except ImportError:
+        yield
+        return
+    original = jit_monitor.activate
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    jit_monitor.activate = lambda *args, **kwargs: calls.append((args, kwargs))
+    try:
+        yield
+    finally:
+        jit_monitor.activate = original
+        for args, kwargs in calls:
+            original(*args, **kwargs)
+
+
 def synchronize() -> None:
     """Wait for the device (``torch.accelerator.synchronize``; no-op on CPU
     builds without an accelerator)."""

@@ -281,6 +281,12 @@ class ScenarioFile(BaseModel):
     requires: list[str] = Field(default_factory=list, description=(
         "Comparisons over runner facts, e.g. \"max_num_seqs >= 2\"; the scenario is "
         "skipped (not failed) on a runner where one is false."))
+    roles: list[Literal["prefill", "decode"]] = Field(
+        default_factory=lambda: ["prefill", "decode"], min_length=1, description=(
+            "Worker roles in disaggregated serving the scenario is for. A decode-only "
+            "worker (kv_role \"kv_consumer\") skips scenarios without \"decode\" "
+            "(long prefills, encoder inputs); a prefill-only worker (\"kv_producer\") "
+            "skips those without \"prefill\"."))
     sequence: Sequence | None = Field(default=None, description=(
         "Delegate to one of vLLM's own warmup sequences (stepwarm.sequences) "
         "instead of [requests]/[[steps]]."))
@@ -557,9 +563,12 @@ def unmet_need(needs: list[str], profile: RunnerProfile) -> str:
                     f"(is_encoder_decoder {p.is_encoder_decoder}, max_encoder_len {p.max_encoder_len})")
         if need == "pooling" and not p.is_pooling_model:
             return "needs pooling: runner's model is not a pooling model"
-        if need == "structured_output" and (p.is_pooling_model or not p.is_last_pp_rank):
-            return ("needs structured_output: runner does not sample tokens here "
-                    f"(pooling model {p.is_pooling_model}, last PP rank {p.is_last_pp_rank})")
+        # Not is_last_pp_rank: every pipeline rank runs the same steps (the
+        # plan leaves the grammar bitmask out on non-last ranks, as vLLM's
+        # warmup does), or the ranks would fall out of lockstep.
+        if need == "structured_output" and p.is_pooling_model:
+            return ("needs structured_output: runner does not sample tokens "
+                    f"(pooling model {p.is_pooling_model})")
     return ""
 
 
@@ -922,7 +931,8 @@ class _Expander:
 def expand(sc: LoadedScenario, profile: RunnerProfile) -> Plan:
     """The plan of a loaded scenario for ``profile``.
 
-    A scenario whose ``needs`` the runner does not meet, one of whose
+    A scenario whose ``needs`` the runner does not meet, whose ``roles``
+    leave out the worker's role (``profile.role``), one of whose
     ``requires`` comparisons is false on it (or that samples tokens on a
     pooling runner, or any scenario on an encoder-only runner) gives an
     empty plan with ``skipped`` set. A ``sequence`` scenario is the
@@ -939,6 +949,9 @@ def expand(sc: LoadedScenario, profile: RunnerProfile) -> Plan:
     from stepwarm import sequences
 
     why = unmet_need(list(sc.model.needs), profile)
+    if not why and profile.role != "both" and profile.role not in sc.model.roles:
+        why = (f"for roles {', '.join(sc.model.roles)}: this worker's role is "
+               f"{profile.role}")
     if not why and profile.is_encoder_only:
         why = "encoder-only model: vLLM warms no step"
     if not why and profile.is_pooling_model and sc.model.sequence is None and any(

@@ -1,9 +1,20 @@
-"""The plugin's wrapper around compile_or_warm_up_model (plain classes; the
-real worker start-up is in tests/e2e/test_hook.py)."""
+"""The plugin: what register() touches, the wrapper around
+compile_or_warm_up_model, the STEPWARM_* settings and the JIT monitor hold.
+The real worker start-up is in tests/e2e/test_hook.py."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
 from stepwarm import hook
+from stepwarm.runner import jit_monitor_deferred
+from stepwarm.settings import HookSettings, SettingsError
 
 
 class Base:
@@ -16,12 +27,17 @@ class Sub(Base):
         return "sub+" + super().compile_or_warm_up_model()
 
 
-def test_scenarios_run_once_when_a_wrapped_subclass_calls_its_wrapped_base(monkeypatch):
-    calls = []
-    monkeypatch.setattr(hook, "warmup", lambda worker, names: calls.append(list(names)) or ["r"])
-    monkeypatch.setenv(hook.ENV_SCENARIOS, " default , spec-decode,,")
+@pytest.fixture
+def plain_classes(monkeypatch):
     monkeypatch.setattr(Base, "compile_or_warm_up_model", Base.__dict__["compile_or_warm_up_model"])
     monkeypatch.setattr(Sub, "compile_or_warm_up_model", Sub.__dict__["compile_or_warm_up_model"])
+
+
+def test_scenarios_run_once_when_a_wrapped_subclass_calls_its_wrapped_base(monkeypatch, plain_classes):
+    calls = []
+    monkeypatch.setattr(hook, "warmup",
+                        lambda worker, names, settings: calls.append(list(names)) or ["r"])
+    monkeypatch.setenv("STEPWARM_SCENARIOS", " default , spec-decode,,")
     hook._wrap(Base)
     hook._wrap(Sub)
     hook._wrap(Sub)  # wrapping twice is a no-op
@@ -32,10 +48,115 @@ def test_scenarios_run_once_when_a_wrapped_subclass_calls_its_wrapped_base(monke
     assert Base().compile_or_warm_up_model() == "base" and len(calls) == 2
 
 
-def test_nothing_runs_without_the_variable(monkeypatch):
-    monkeypatch.delenv(hook.ENV_SCENARIOS, raising=False)
-    monkeypatch.setattr(hook, "warmup", lambda *a: (_ for _ in ()).throw(AssertionError("ran")))
-    monkeypatch.setattr(Base, "compile_or_warm_up_model", Base.__dict__["compile_or_warm_up_model"])
+def test_nothing_runs_without_the_variable(monkeypatch, plain_classes):
+    monkeypatch.delenv("STEPWARM_SCENARIOS", raising=False)
+    monkeypatch.setattr(hook, "warmup", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
     hook._wrap(Base)
     assert Base().compile_or_warm_up_model() == "base"
-    assert hook._scenario_names() == []
+    assert HookSettings.from_env().scenarios == ()
+
+
+# register() in a fresh interpreter: what it imports and what it changes.
+REGISTER_PROBE = textwrap.dedent(
+    """
+    import json, sys, torch
+    before = (torch.cuda.Event, torch.cuda.Stream)
+    from stepwarm.hook import register
+    register()
+    register()  # twice: still one finder
+    after = (torch.cuda.Event, torch.cuda.Stream)
+    out = {
+        "same_event": before[0] is after[0], "same_stream": before[1] is after[1],
+        "worker_modules": sorted(m for m in sys.modules if m.startswith("vllm.v1.worker")),
+        "vllm_loaded": "vllm" in sys.modules,
+        "finders": sum(type(f).__name__ == "_WrapOnImport" for f in sys.meta_path),
+    }
+    # What the CPU platform's worker_cls resolves to, imported the way vLLM does.
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+    cls = resolve_obj_by_qualname("vllm.v1.worker.cpu_worker.CPUWorker")
+    from vllm.v1.worker.gpu_worker import Worker
+    out["cpu_wrapped"] = getattr(cls.__dict__["compile_or_warm_up_model"], "_stepwarm", False)
+    out["gpu_base_wrapped"] = getattr(Worker.__dict__["compile_or_warm_up_model"], "_stepwarm", False)
+    out["event_after_cpu_import_is_placeholder"] = torch.cuda.Event is not before[0]
+    print("RESULT " + json.dumps(out))
+    """
+)
+
+
+def _probe(env_extra: dict[str, str]) -> tuple[subprocess.CompletedProcess, dict | None]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPWARM_")}
+    env.update(env_extra)
+    proc = subprocess.run([sys.executable, "-c", REGISTER_PROBE], capture_output=True,
+                          text=True, env=env, timeout=300)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    return proc, json.loads(lines[-1][7:]) if lines else None
+
+
+def test_register_imports_no_worker_module_and_keeps_torch_cuda_event_and_stream():
+    proc, out = _probe({"STEPWARM_SCENARIOS": "default,triton-buckets"})
+    assert out is not None, proc.stderr[-3000:]
+    assert out["same_event"] and out["same_stream"]
+    assert out["worker_modules"] == [] and not out["vllm_loaded"]
+    assert out["finders"] == 1
+    # The worker this process runs (CPU here) is wrapped once vLLM imports it;
+    # importing it is what replaces torch.cuda.Event (vLLM's shm.py), which is
+    # why register() must not.
+    assert out["cpu_wrapped"] and out["gpu_base_wrapped"]
+    assert out["event_after_cpu_import_is_placeholder"]
+
+
+def test_register_without_scenarios_installs_nothing():
+    proc, out = _probe({})
+    assert out is not None, proc.stderr[-3000:]
+    assert out["finders"] == 0 and not out["cpu_wrapped"] and not out["gpu_base_wrapped"]
+
+
+@pytest.mark.parametrize("var, value, allowed", [
+    ("STEPWARM_ON_ERROR", "ignore", "allowed: raise | warn"),
+    ("STEPWARM_ROLE", "consumer", "allowed: auto | prefill | decode | both"),
+    ("STEPWARM_TIME_LIMIT_S", "soon", "allowed: a number > 0"),
+    ("STEPWARM_TIME_LIMIT_S", "-5", "allowed: a number > 0"),
+    ("STEPWARM_RANK_TIMEOUT_S", "nan", "allowed: a number > 0"),
+])
+def test_bad_setting_is_one_line_naming_variable_and_allowed_values(var, value, allowed):
+    with pytest.raises(SettingsError) as e:
+        HookSettings.from_env({"STEPWARM_SCENARIOS": "default", var: value})
+    msg = str(e.value)
+    assert msg.startswith(f"{var}={value!r}: ") and allowed in msg and "\n" not in msg
+
+
+def test_register_fails_on_a_bad_setting(monkeypatch):
+    monkeypatch.setenv("STEPWARM_SCENARIOS", "default")
+    monkeypatch.setenv("STEPWARM_ON_ERROR", "later")
+    with pytest.raises(SettingsError, match=r"^STEPWARM_ON_ERROR='later': allowed: raise \| warn$"):
+        hook.register()
+
+
+def test_settings_values():
+    s = HookSettings.from_env({"STEPWARM_SCENARIOS": "a, b", "STEPWARM_ON_ERROR": "WARN",
+                               "STEPWARM_TIME_LIMIT_S": "2.5", "STEPWARM_ROLE": "decode",
+                               "STEPWARM_RANK_TIMEOUT_S": "30"})
+    assert (s.scenarios, s.on_error, s.time_limit_s, s.role, s.rank_timeout_s) == (
+        ("a", "b"), "warn", 2.5, "decode", 30.0)
+    d = HookSettings.from_env({})
+    assert (d.enabled, d.on_error, d.time_limit_s, d.role, d.rank_timeout_s) == (
+        False, "raise", None, "auto", 300.0)
+
+
+def test_jit_monitor_is_activated_after_the_block_with_vllms_arguments():
+    from vllm.utils import jit_monitor
+
+    original = jit_monitor.activate
+    seen = []
+    jit_monitor.activate = lambda **kw: seen.append(("activated", kw))
+    try:
+        with jit_monitor_deferred():
+            jit_monitor.activate(mode="error", verbose=False)  # what the worker calls
+            seen.append("stepwarm ran")
+        assert seen == ["stepwarm ran", ("activated", {"mode": "error", "verbose": False})]
+        with pytest.raises(KeyError), jit_monitor_deferred():
+            jit_monitor.activate(mode="warn", verbose=True)
+            raise KeyError("a step failed")
+        assert seen[-1] == ("activated", {"mode": "warn", "verbose": True})
+    finally:
+        jit_monitor.activate = original

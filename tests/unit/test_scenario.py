@@ -125,13 +125,35 @@ def test_default_covers_one_and_many_requests_spec_and_pooling():
     ("encoder_decoder", "plain", "needs encoder_decoder"),
     ("pooling", "plain", "needs pooling"),
     ("structured_output", "pooling", "needs structured_output"),
-    ("structured_output", "not_last_pp", "needs structured_output: runner does not sample"),
 ])
 def test_unmet_need_skips_not_fails(need, pname, reason):
     text = f'needs = ["{need}"]\n[requests.a]\nprompt = 4\n[[steps]]\nkind = "prefill"\nrequests = ["a"]\n'
     plan = expand(loads(text, "x.toml", "x"), PROFILES[pname])
     assert plan.skipped.startswith(reason)
     assert not plan.steps
+
+
+def test_non_last_pp_rank_runs_the_same_steps_without_a_bitmask():
+    """Every pipeline rank runs the same steps (lockstep); only the last one
+    gets grammar bitmasks, as in vLLM's own warmup."""
+    last = expand(load("structured-output"), PROFILES["plain"])
+    other = expand(load("structured-output"), PROFILES["not_last_pp"])
+    assert not other.skipped and len(other.steps) == len(last.steps) > 0
+    assert [s.req_ids for s in other.steps] == [s.req_ids for s in last.steps]
+    assert sum(len(s.grammar_req_ids) for s in last.steps) > 0
+    assert all(s.grammar_req_ids == () for s in other.steps)
+    assert other.lockstep_signature() == last.lockstep_signature()
+
+
+@pytest.mark.parametrize("role, ran", [("both", {"chunked-prefill", "default"}),
+                                       ("prefill", {"chunked-prefill", "default"}),
+                                       ("decode", {"default"})])
+def test_roles_skip_scenarios_not_for_the_worker_role(role, ran):
+    prof = PROFILES["plain"].model_copy(update={"role": role})
+    plans = {n: expand(load(n), prof) for n in ("chunked-prefill", "default")}
+    assert {n for n, p in plans.items() if p.steps} == ran
+    if role == "decode":
+        assert plans["chunked-prefill"].skipped == "for roles prefill: this worker's role is decode"
 
 
 def test_met_need_runs():
@@ -293,7 +315,7 @@ def test_encoder_default_on_encoder_decoder_runner():
 def test_schema_is_the_model():
     schema = json_schema()
     assert schema["additionalProperties"] is False
-    assert set(schema["properties"]) == {"description", "needs", "requires", "sequence", "requests",
+    assert set(schema["properties"]) == {"description", "needs", "roles", "requires", "sequence", "requests",
                                        "steps"}
     kinds = {d["properties"]["kind"]["const"] for d in schema["$defs"].values()
              if "const" in d.get("properties", {}).get("kind", {})}

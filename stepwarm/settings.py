@@ -1,0 +1,129 @@
+"""HookSettings: what the start-up hook reads from the environment.
+
+The plugin (:mod:`stepwarm.hook`) is configured by environment variables only,
+because ``vllm serve`` passes nothing else to a general plugin and every
+worker process inherits the environment:
+
+========================  =====================================  ==============
+variable                  values                                 default
+========================  =====================================  ==============
+``STEPWARM_SCENARIOS``    comma-separated built-in names / files (unset: off)
+``STEPWARM_ON_ERROR``     ``raise`` | ``warn``                   ``raise``
+``STEPWARM_TIME_LIMIT_S`` seconds > 0                            no limit
+``STEPWARM_ROLE``         ``auto`` | ``prefill`` | ``decode`` |  ``auto``
+                          ``both``
+``STEPWARM_RANK_TIMEOUT_S`` seconds > 0                          ``300``
+========================  =====================================  ==============
+
+Parsing is pure (no vLLM, no torch) so that a bad value fails start-up in
+``register()`` with one line naming the variable and the allowed values.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+ENV_SCENARIOS = "STEPWARM_SCENARIOS"
+ENV_ON_ERROR = "STEPWARM_ON_ERROR"
+ENV_TIME_LIMIT_S = "STEPWARM_TIME_LIMIT_S"
+ENV_ROLE = "STEPWARM_ROLE"
+ENV_RANK_TIMEOUT_S = "STEPWARM_RANK_TIMEOUT_S"
+
+OnError = Literal["raise", "warn"]
+#: A worker's role in disaggregated serving. ``both``: prefill and decode
+#: (no KV transfer, or ``kv_role = "kv_both"``).
+Role = Literal["prefill", "decode", "both"]
+ON_ERROR_VALUES: tuple[str, ...] = ("raise", "warn")
+ROLE_VALUES: tuple[str, ...] = ("auto", "prefill", "decode", "both")
+#: ``KVTransferConfig.kv_role`` -> the role stepwarm plans for.
+KV_ROLE_TO_ROLE: dict[str, Role] = {
+    "kv_producer": "prefill",
+    "kv_consumer": "decode",
+    "kv_both": "both",
+}
+DEFAULT_RANK_TIMEOUT_S = 300.0
+
+
+class SettingsError(ValueError):
+    """An environment variable with a value the hook does not accept; the
+    message is one line naming the variable, the value and what is allowed."""
+
+
+def _seconds(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise SettingsError(
+            f"{name}={raw!r}: not a number of seconds; allowed: a number > 0 (e.g. 60), or unset")
+    return value
+
+
+def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...], default: str) -> str:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if raw.lower() not in allowed:
+        raise SettingsError(f"{name}={raw!r}: allowed: {' | '.join(allowed)}")
+    return raw.lower()
+
+
+@dataclass(frozen=True)
+class HookSettings:
+    """The hook's configuration, parsed from the environment.
+
+    Attributes:
+        scenarios: scenario names or files, in order (empty: the hook is off).
+        on_error: ``raise`` — a bad scenario or a failed step fails start-up
+            (after cleanup); ``warn`` — it is logged and the engine serves.
+        time_limit_s: seconds from the start of stepwarm's run after which no
+            further scenario starts (those are reported as skipped); None: no
+            limit. A scenario already running is not interrupted.
+        role: ``auto`` reads ``kv_transfer_config.kv_role`` off the worker;
+            otherwise the role the scenarios are filtered by.
+        rank_timeout_s: seconds a rank waits for the other ranks to report a
+            step before it gives up (see :mod:`stepwarm.ranks`).
+    """
+
+    scenarios: tuple[str, ...] = ()
+    on_error: OnError = "raise"
+    time_limit_s: float | None = None
+    role: Literal["auto", "prefill", "decode", "both"] = "auto"
+    rank_timeout_s: float = DEFAULT_RANK_TIMEOUT_S
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any scenario is named (the hook does nothing otherwise)."""
+        return bool(self.scenarios)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> HookSettings:
+        """Parse the ``STEPWARM_*`` variables of ``env`` (default ``os.environ``).
+
+        Raises:
+            SettingsError: a variable has a value outside the allowed ones.
+        """
+        env = os.environ if env is None else env
+        scenarios = tuple(s.strip() for s in env.get(ENV_SCENARIOS, "").split(",") if s.strip())
+        return cls(
+            scenarios=scenarios,
+            on_error=_choice(env, ENV_ON_ERROR, ON_ERROR_VALUES, "raise"),  # type: ignore[arg-type]
+            time_limit_s=_seconds(env, ENV_TIME_LIMIT_S),
+            role=_choice(env, ENV_ROLE, ROLE_VALUES, "auto"),  # type: ignore[arg-type]
+            rank_timeout_s=_seconds(env, ENV_RANK_TIMEOUT_S) or DEFAULT_RANK_TIMEOUT_S,
+        )
+
+
+def role_of_kv_role(kv_role: str | None) -> Role:
+    """The role for a ``KVTransferConfig.kv_role`` (None: no KV transfer ->
+    ``both``). ``kv_consumer`` (a decode-only worker) -> ``decode``,
+    ``kv_producer`` -> ``prefill``."""
+    return KV_ROLE_TO_ROLE.get(kv_role or "kv_both", "both")
