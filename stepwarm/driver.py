@@ -168,7 +168,9 @@ def _run_step(worker: Any, step: PlannedStep, plan: Plan, profile: RunnerProfile
     except Exception as e:  # noqa: BLE001 - re-raised after the agreement
         local = e
     if ranks is not None and ranks.size > 1:
-        failed = ranks.failed_ranks(local is not None, f"the end of step {step.index}")
+        what = f"the end of step {step.index}" + (
+            f" (this rank failed it: {type(local).__name__}: {local})" if local else "")
+        failed = ranks.failed_ranks(local is not None, what)
         if local is None and failed:
             raise PeerStepFailed(
                 f"{len(failed)} other rank(s) (TP x PP slots {failed}) failed this step; "

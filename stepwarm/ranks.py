@@ -11,9 +11,9 @@ the hook, on every rank:
   it; a failure on any rank stops all of them at the same step;
 * agrees on whether the time limit is reached before each scenario.
 
-The agreement is a sum of one flag per rank over vLLM's CPU (gloo) process
-groups: first over the rank's tensor parallel group, then over its pipeline
-parallel group, which covers the whole TP x PP grid of one engine (data
+The agreement is a sum of one flag per rank over stepwarm's own gloo process
+groups, with the members of vLLM's groups: first over the rank's tensor
+parallel group, then over its pipeline parallel group, which covers the whole TP x PP grid of one engine (data
 parallel engines warm up independently). Each wait is bounded by
 ``timeout_s``. A rank whose peers do not answer in time is stuck beside a
 peer that is blocked in a collective, which nothing in-process can release:
@@ -32,6 +32,31 @@ from datetime import timedelta
 from typing import Any
 
 logger = logging.getLogger("vllm.stepwarm")
+
+
+#: stepwarm's own gloo groups, by member ranks (made once per process).
+_GROUPS: dict[tuple[int, ...], Any] = {}
+
+
+def _own_group(ranks: list[int], timeout_s: float) -> Any:
+    """A gloo process group of ``ranks`` for stepwarm's agreements alone.
+
+    Not vLLM's ``cpu_group``: on the CPU worker the model's own collectives
+    run there, and a rank that skipped a step would match its agreement
+    against a peer's all-reduce. Only the members create it
+    (``use_local_synchronization``), so data parallel engines do not wait
+    for each other. None for a group of one.
+    """
+    key = tuple(sorted(ranks))
+    if len(key) == 1:
+        return None
+    if key not in _GROUPS:
+        import torch.distributed as dist
+
+        _GROUPS[key] = dist.new_group(list(key), backend="gloo",
+                                      timeout=timedelta(seconds=timeout_s),
+                                      use_local_synchronization=True)
+    return _GROUPS[key]
 
 
 class RankTimeout(RuntimeError):
@@ -64,7 +89,8 @@ class RankGroup:
     pp_rank: int = 0
     pp_size: int = 1
     timeout_s: float = 300.0
-    #: (tp cpu group, pp cpu group): torch ``ProcessGroup``s (gloo).
+    #: (tp group, pp group): stepwarm's own torch ``ProcessGroup``s (gloo),
+    #: None for a group of one.
     _groups: tuple[Any, Any] | None = field(default=None, repr=False)
     #: Called when a wait times out; ends the process by default.
     on_timeout: Callable[[str], None] = field(default=_exit_process, repr=False)
@@ -103,11 +129,13 @@ class RankGroup:
             tp, pp, world = get_tp_group(), get_pp_group(), get_world_group()
         except Exception:  # noqa: BLE001 - no distributed state: one rank
             return cls(timeout_s=timeout_s)
-        return cls(
+        group = cls(
             rank=int(world.rank), tp_rank=int(tp.rank_in_group), tp_size=int(tp.world_size),
             pp_rank=int(pp.rank_in_group), pp_size=int(pp.world_size), timeout_s=timeout_s,
-            _groups=(tp.cpu_group, pp.cpu_group),
         )
+        if group.size > 1:
+            group._groups = (_own_group(tp.ranks, timeout_s), _own_group(pp.ranks, timeout_s))
+        return group
 
     def _gather(self, value: int, what: str) -> list[int]:
         """Every rank's ``value``, indexed by grid slot (sum of one-hot vectors,
@@ -119,8 +147,8 @@ class RankGroup:
 
         values = torch.zeros(self.size, dtype=torch.int64)
         values[self.index] = value
-        for group, size in zip(self._groups, (self.tp_size, self.pp_size)):
-            if size == 1:
+        for group in self._groups:
+            if group is None:
                 continue
             try:
                 work = dist.all_reduce(values, op=dist.ReduceOp.SUM, group=group,
