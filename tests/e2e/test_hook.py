@@ -52,3 +52,42 @@ def test_plugin_bad_scenario_stops_start_up_with_its_name(tmp_path):
     proc, _ = _start(tmp_path, "no-such-scenario")
     assert proc.returncode != 0
     assert "no-such-scenario" in proc.stderr
+
+
+# warmup() with explicit settings on the session's in-process engine.
+
+from stepwarm.hook import WarmupError, warmup  # noqa: E402
+from stepwarm.runner import live_request_ids  # noqa: E402
+from stepwarm.settings import HookSettings  # noqa: E402
+
+
+def test_time_limit_skips_scenarios_that_would_start_after_it(engine):
+    reports = warmup(engine.worker, ["default", "triton-buckets"],
+                     settings=HookSettings(time_limit_s=1e-9))
+    assert [r.plan for r in reports] == ["default", "triton-buckets"]
+    assert all(r.steps == [] and r.skipped.startswith("time limit: STEPWARM_TIME_LIMIT_S=1e-09 "
+                                                      "reached after ") for r in reports)
+    assert live_request_ids(engine.worker) == set()
+    reports = warmup(engine.worker, ["default"], settings=HookSettings(time_limit_s=1e6))
+    assert reports[0].ok and len(reports[0].steps) == 8 and not reports[0].skipped
+
+
+def test_bad_scenario_raises_or_is_logged_by_policy(engine, caplog):
+    with pytest.raises(WarmupError, match="no-such-scenario"):
+        warmup(engine.worker, ["default", "no-such-scenario"], settings=HookSettings())
+    with caplog.at_level("WARNING", logger="vllm.stepwarm"):
+        assert warmup(engine.worker, ["default", "no-such-scenario"],
+                      settings=HookSettings(on_error="warn")) == []
+    assert any("scenarios not run (STEPWARM_ON_ERROR=warn)" in r.message
+               and "no-such-scenario" in r.message for r in caplog.records)
+    assert live_request_ids(engine.worker) == set()
+
+
+def test_role_decode_skips_prefill_only_scenarios(engine):
+    reports = warmup(engine.worker, ["chunked-prefill", "default"],
+                     settings=HookSettings(role="decode"))
+    assert reports[0].skipped == "for roles prefill: this worker's role is decode"
+    assert reports[0].steps == [] and reports[1].ok and len(reports[1].steps) == 8
+    # The session engine's kv_role is "kv_both": role "auto" runs both.
+    auto = warmup(engine.worker, ["chunked-prefill"], settings=HookSettings())
+    assert auto[0].ok and not auto[0].skipped and len(auto[0].steps) > 0

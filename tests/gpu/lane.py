@@ -54,7 +54,7 @@ def lane_env(**extra: str) -> dict[str, str]:
     """This environment without ``STEPWARM_*``, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPWARM_")}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    if env.get("STEPWARM_LANE_DRY_RUN") == "1":
+    if os.environ.get("STEPWARM_LANE_DRY_RUN") == "1":
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     env.update(extra)
     return env

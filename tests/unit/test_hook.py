@@ -160,3 +160,11 @@ def test_jit_monitor_is_activated_after_the_block_with_vllms_arguments():
         assert seen[-1] == ("activated", {"mode": "warn", "verbose": True})
     finally:
         jit_monitor.activate = original
+
+
+@pytest.mark.parametrize("kv_role, role", [(None, "both"), ("kv_both", "both"),
+                                           ("kv_producer", "prefill"), ("kv_consumer", "decode")])
+def test_role_of_kv_role(kv_role, role):
+    from stepwarm.settings import role_of_kv_role
+
+    assert role_of_kv_role(kv_role) == role
