@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -51,8 +52,12 @@ def needs_gpus(n: int):
 
 
 def lane_env(**extra: str) -> dict[str, str]:
-    """This environment without ``STEPWARM_*``, plus ``extra``."""
+    """This environment without ``STEPWARM_*``, plus ``extra``, with fresh
+    Triton / vLLM / Inductor cache directories: every engine start compiles
+    from cold, so start-up times with and without stepwarm compare."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPWARM_")}
+    for var in ("TRITON_CACHE_DIR", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR"):
+        env[var] = tempfile.mkdtemp(prefix=var.lower() + "-")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     if os.environ.get("STEPWARM_LANE_DRY_RUN") == "1":
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0|1")
@@ -63,6 +68,19 @@ def lane_env(**extra: str) -> dict[str, str]:
 def stepwarm_lines(log: str) -> list[str]:
     """The log lines stepwarm wrote (its logger is ``vllm.stepwarm``)."""
     return [ln for ln in log.splitlines() if "stepwarm: " in ln or "stepwarm [" in ln]
+
+
+def scenario_ms(lines: list[str]) -> float:
+    """Milliseconds stepwarm's scenarios took, from its ``N steps in M ms`` lines
+    (summed over scenarios, the largest over ranks)."""
+    import re
+
+    per_rank: dict[str, float] = {}
+    for ln in lines:
+        m = re.search(r"stepwarm(?: \[(rank \d+)[^\]]*\])?: .*: \d+ steps in (\d+) ms", ln)
+        if m:
+            per_rank[m.group(1) or "rank 0"] = per_rank.get(m.group(1) or "rank 0", 0) + float(m.group(2))
+    return max(per_rank.values(), default=0.0)
 
 
 def record(test: str, **fields) -> None:
@@ -133,8 +151,9 @@ def vllm_serve(model: Path, args: list[str], env: dict[str, str], log_path: Path
     cmd = [*_serve_command(model), "--host", "127.0.0.1", "--port", str(port), *args]
     t0 = time.monotonic()
     with open(log_path, "w") as log:
+        # cwd away from the checkout: the plugin comes from the installed package.
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+                                cwd=log_path.parent, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         while True:

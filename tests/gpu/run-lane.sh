@@ -7,10 +7,12 @@
 #   call 2:  carry .gpu/c2 .gpu/sw   command: bash tests/gpu/run-lane.sh parallel   (2 GPUs: nvidia-h200-x2)
 #   call 3:  carry .gpu/c3 .gpu/sw   command: bash tests/gpu/run-lane.sh serve
 # Calls 2 and 3 go back to back (the machine stays warm ~30 s).
-# $1: parallel (tests/gpu/test_parallel.py) | serve (test_serve.py, test_policy.py) | all
+# $1: parallel (tests/gpu/test_parallel.py) | serve (test_serve.py, test_policy.py) | all;
+# further arguments go to pytest (e.g. -k "tp1 or tp2").
 set -uo pipefail
 D=${STEPWARM_GPU_DIR:-.gpu}
 PART=${1:-all}
+shift || true
 OUTDIR=${OUT:-/tmp/stepwarm-lane}
 mkdir -p "$OUTDIR"
 if [ ! -d /tmp/site/vllm ]; then . "$D/c2/install.sh" || exit 1; fi
@@ -18,9 +20,7 @@ if [ -d "$D/c3" ] && [ ! -d /tmp/site/uvicorn ]; then . "$D/c3/install-serve.sh"
 export PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 # stepwarm installed as a package: its vllm.general_plugins entry point is how vLLM finds it.
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$D"/sw/stepwarm-*.whl || exit 1
-# Fresh compile caches, so that first-traffic compiles are not hidden by an earlier run's.
-TRITON_CACHE_DIR=$(mktemp -d) VLLM_CACHE_ROOT=$(mktemp -d) TORCHINDUCTOR_CACHE_DIR=$(mktemp -d)
-export TRITON_CACHE_DIR VLLM_CACHE_ROOT TORCHINDUCTOR_CACHE_DIR
+# (tests/gpu/lane.py gives every engine start fresh compile caches.)
 export STEPWARM_LANE_RECORD="$OUTDIR/lane-$PART.jsonl"
 case "$PART" in
   parallel) FILES=(tests/gpu/test_parallel.py) ;;
@@ -29,5 +29,5 @@ case "$PART" in
 esac
 nvidia-smi -L
 python3 -c "import vllm, stepwarm; print('vllm', vllm.__version__, 'stepwarm from', stepwarm.__file__)"
-python3 -m pytest -p no:cacheprovider -v -rA "${FILES[@]}" 2>&1 | tee "$OUTDIR/lane-$PART.log"
+python3 -m pytest -p no:cacheprovider -v -rA "${FILES[@]}" "$@" 2>&1 | tee "$OUTDIR/lane-$PART.log"
 exit "${PIPESTATUS[0]}"

@@ -8,7 +8,15 @@ import os
 
 import pytest
 
-from tests.gpu.lane import FAULT_PLUGIN, lane_env, needs_gpus, probe, record, stepwarm_lines
+from tests.gpu.lane import (
+    FAULT_PLUGIN,
+    lane_env,
+    needs_gpus,
+    probe,
+    record,
+    scenario_ms,
+    stepwarm_lines,
+)
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
@@ -33,7 +41,7 @@ def test_every_rank_runs_the_same_steps_then_serves(layout, scenarios):
     assert result is not None and result["started"], (proc.stdout + proc.stderr)[-6000:]
     log = proc.stdout + proc.stderr
     record(f"{layout}[{scenarios or 'baseline'}]", start_s=round(result["start_s"], 1),
-           stepwarm=stepwarm_lines(log))
+           stepwarm_ms=scenario_ms(stepwarm_lines(log)), stepwarm=stepwarm_lines(log))
     assert result["tokens"] == [4, 4, 4] and result["live"] == [[], []]
     if not scenarios:
         assert result["reports"] == [[], []] and stepwarm_lines(log) == []
