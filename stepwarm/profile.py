@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from stepwarm.settings import role_of_kv_role
 
@@ -81,8 +81,8 @@ class RunnerProfile(BaseModel):
     num_lookahead_tokens: int = Field(default=0, ge=0)
     #: ``num_speculative_tokens`` (0: no speculator).
     num_speculative_steps: int = Field(default=0, ge=0)
-    #: Tokens per request in a uniform decode step (``1 + num_speculative_steps``
-    #: unless the runner says otherwise).
+    #: Tokens per request in a uniform decode step; derived as
+    #: ``1 + num_speculative_steps`` when left out.
     decode_query_len: int = Field(default=1, gt=0)
     #: Encoder tokens per request for encoder-decoder models (0 otherwise).
     max_encoder_len: int = Field(default=0, ge=0)
@@ -107,6 +107,15 @@ class RunnerProfile(BaseModel):
     #: (``kv_role = "kv_producer"``), "decode" (``"kv_consumer"``) or "both"
     #: (``"kv_both"`` or no KV transfer). Scenarios say which roles they are for.
     role: Literal["prefill", "decode", "both"] = "both"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_decode_query_len(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "decode_query_len" not in data:
+            spec = data.get("num_speculative_steps", 0)
+            if isinstance(spec, int) and spec >= 0:
+                data = {**data, "decode_query_len": 1 + spec}
+        return data
 
     @property
     def has_speculator(self) -> bool:
@@ -198,6 +207,18 @@ class RunnerProfile(BaseModel):
                 f"{path}: field {loc!r}: {first['msg']} "
                 f"({len(e.errors())} error(s) in all)"
             ) from None
+
+
+def tiny_profile() -> RunnerProfile:
+    """The runner profile of the embedded tiny Llama under stepwarm's default
+    engine arguments on the CPU build (``stepwarm profile`` output, packaged as
+    ``stepwarm/profiles/tiny-llama.toml``), so ``check`` and ``show`` need no
+    engine."""
+    import tomllib
+    from importlib import resources
+
+    text = (resources.files("stepwarm") / "profiles" / "tiny-llama.toml").read_text(encoding="utf-8")
+    return RunnerProfile.model_validate(tomllib.loads(text))
 
 
 class ProfileError(ValueError):

@@ -47,7 +47,7 @@ from stepwarm.expressions import (
     functions_of,
 )
 from stepwarm.plan import REQ_ID_PREFIX, Plan, PlanBuilder, PlanError, PlannedRequest
-from stepwarm.profile import RunnerProfile
+from stepwarm.profile import RunnerProfile, tiny_profile  # noqa: F401 - re-exported
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -1001,18 +1001,3 @@ def check(names: list[str], profile: RunnerProfile) -> list[tuple[str, Plan | Sc
         except ScenarioError as e:
             out.append((name, e))
     return out
-
-
-#: The packaged tiny-Llama profile. TOML, not JSON, because the package data
-#: of ``stepwarm.scenarios`` is ``*.toml`` and ``README.md``; the leading "_"
-#: keeps it out of :func:`builtin_names`.
-TINY_PROFILE_FILE = "_tiny-llama.profile.toml"
-
-
-def tiny_profile() -> RunnerProfile:
-    """The runner profile of the embedded tiny Llama under stepwarm's default
-    engine arguments (``stepwarm profile`` output, stored with
-    :meth:`RunnerProfile.to_toml` next to the built-in scenarios), so ``check`` and
-    ``show`` need no engine."""
-    text = (builtin_dir() / TINY_PROFILE_FILE).read_text(encoding="utf-8")
-    return RunnerProfile.model_validate(tomllib.loads(text))

@@ -41,3 +41,29 @@ def test_wrong_field_names_it(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(ProfileError, match="cannot read profile: No such file or directory"):
         RunnerProfile.load(tmp_path / "nope.json")
+
+
+def test_decode_query_len_is_derived_when_left_out(tmp_path):
+    from stepwarm.profile import tiny_profile
+
+    text = tiny_profile().to_toml().replace("decode_query_len = 1\n", "").replace(
+        "num_speculative_steps = 0", "num_speculative_steps = 3")
+    (tmp_path / "p.toml").write_text(text)
+    assert "decode_query_len" not in text
+    p = RunnerProfile.load(tmp_path / "p.toml")
+    assert (p.num_speculative_steps, p.decode_query_len) == (3, 4)
+    # Given explicitly, it is kept (the V2 runner may say otherwise).
+    (tmp_path / "q.toml").write_text("decode_query_len = 2\n" + text)
+    assert RunnerProfile.load(tmp_path / "q.toml").decode_query_len == 2
+
+
+def test_every_toml_in_the_scenario_folder_is_a_scenario():
+    from pathlib import Path
+
+    from stepwarm.profile import tiny_profile
+    from stepwarm.scenario import ScenarioError, check
+
+    files = sorted(str(p) for p in (Path(__file__).parents[2] / "scenarios").glob("*.toml"))
+    assert len(files) == 11
+    results = check(files, tiny_profile())
+    assert not [r for _, r in results if isinstance(r, ScenarioError)]
