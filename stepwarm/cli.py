@@ -15,20 +15,29 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from stepwarm.driver import RunReport, StepFailed, StepResult
+from stepwarm.console import ScenarioProgress, console, err_console, route_vllm_log
+from stepwarm.driver import RunReport, StepFailed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Scheduler-realistic warmup steps for vLLM workers.")
-#: Tables are ~115 columns wide; when output is not a terminal (CI logs, nox),
-#: rich would wrap them at 80.
-console = Console(width=None if sys.stdout.isatty() else 132, markup=False)
-err_console = Console(stderr=True, markup=False)
-#: Markup is off: labels, file names and messages ("NAME[i]", "[requests.a]")
-#: are printed as they are; styles go through rich.text.Text.
+
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show vLLM's INFO log (stderr) and tracebacks.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Show vLLM's errors only.")]
+EngineArgs = Annotated[Optional[list[str]], typer.Option(
+    "--engine-arg", "-e", help="vllm.LLM keyword as KEY=VALUE (VALUE as JSON), e.g. -e max_num_seqs=4; "
+    "with check/show it starts an engine.")]
+#: Set by the commands' -v (tracebacks on errors).
+_verbose = False
+
+
+def _setup(verbose: bool, quiet: bool) -> None:
+    """Route vLLM's log (stderr; WARNING, -v INFO, -q ERROR) before vLLM is imported."""
+    global _verbose
+    _verbose = verbose
+    route_vllm_log(1 if verbose else -1 if quiet else 0)
 
 
 @app.callback()
@@ -51,32 +60,10 @@ def _parse_engine_args(pairs: list[str]) -> dict[str, Any]:
     return args
 
 
-def step_table(report: RunReport, num_groups: int) -> Table:
-    """A rich table of a run: one row per step."""
-    table = Table(title=f"scenario {report.plan} ({report.runner} runner)", title_justify="left")
-    table.add_column("#", justify="right")
-    table.add_column("kind", no_wrap=True)
-    table.add_column("step", no_wrap=True, max_width=44, overflow="ellipsis")
-    table.add_column("reqs", justify="right")
-    table.add_column("tokens", justify="right")
-    table.add_column("spec", justify="right")
-    table.add_column("new blk", justify="right")
-    table.add_column("sampled", justify="right")
-    table.add_column("ms", justify="right")
-    for s in report.steps:
-        table.add_row(*_row(s, num_groups))
-    return table
-
-
-def _row(s: StepResult, num_groups: int) -> list[str]:
-    blocks = s.new_blocks or [0] * num_groups
-    sampled = "-" if s.sampled is None else str(sum(1 for n in s.sampled.values() if n))
-    return [str(s.index), s.kind, s.label, str(s.num_reqs), str(s.num_scheduled_tokens),
-            str(s.num_spec_tokens), "/".join(map(str, blocks)), sampled, f"{s.wall_ms:.1f}"]
-
-
 def _fail(message: str, code: int = 1) -> None:
     # The message is plain text: "NAME[i]" must not be read as rich markup.
+    if _verbose and sys.exc_info()[0] is not None:
+        err_console.print_exception()
     err_console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
     raise typer.Exit(code)
 
@@ -88,17 +75,33 @@ def _check_output_path(path: Optional[Path], option: str) -> None:
 
 
 def _start_engine(model: Optional[Path], engine_arg: Optional[list[str]]) -> Any:
-    """Start the in-process engine (exit 2 on a bad model dir or engine args)."""
+    """Start the in-process engine; exit 2 with one paragraph on a bad model
+    directory or a config vLLM rejects (see :mod:`stepwarm.model_dir`)."""
+    from stepwarm.model_dir import ModelDirError, check_model_dir, vllm_rejection
+
     overrides = _parse_engine_args(engine_arg or [])
-    if model is not None and not (model / "config.json").is_file():
-        _fail(f"--model {model}: not a model directory (no config.json)", 2)
+    if model is not None:
+        try:
+            check_model_dir(model)
+        except ModelDirError as e:
+            _fail(str(e), 2)
     from stepwarm.engine import start_engine
 
-    with err_console.status("starting vLLM engine..."):
-        try:
-            return start_engine(model, **overrides)
-        except Exception as e:  # noqa: BLE001 - vLLM rejects configs with many types
-            _fail(f"vLLM could not start the engine: {type(e).__name__}: {e}", 2)
+    t0 = time.perf_counter()
+    what = "starting vLLM engine (import, model load, KV cache, vLLM's own warmup)"
+    if console.is_terminal:
+        status = console.status(what + "...")
+    else:
+        console.print(what + "...")
+        status = None
+    try:
+        if status is not None:
+            with status:
+                return start_engine(model, **overrides)
+        return start_engine(model, **overrides)
+    except Exception as e:  # noqa: BLE001 - vLLM rejects configs with many types
+        _fail(f"vLLM could not start the engine after {time.perf_counter() - t0:.0f} s: "
+              + vllm_rejection(e, model), 2)
 
 
 def _failure_line(failed: StepFailed) -> str:
@@ -113,7 +116,9 @@ def run(
     model: Annotated[Optional[Path], typer.Option(help="Local model directory (config.json; weights optional). Default: the embedded tiny Llama.")] = None,
     scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario name or TOML file; repeat for several. Default: default.")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the report as JSON to this file.")] = None,
-    engine_arg: Annotated[Optional[list[str]], typer.Option("--engine-arg", "-e", help="vllm.LLM keyword as KEY=VALUE (VALUE as JSON), e.g. -e max_num_seqs=4.")] = None,
+    engine_arg: EngineArgs = None,
+    verbose: Verbose = False,
+    quiet: Quiet = False,
 ) -> None:
     """Start vLLM in-process and drive scenarios through its worker.
 
@@ -121,7 +126,15 @@ def run(
     worker's profile before the first step. A scenario whose step fails on the
     worker is reported (the runner is cleaned up) and the next one runs; the
     exit status is then 1.
+
+    Engine arguments passed beyond vLLM's defaults (each overridable with -e):
+    load_format=dummy and distributed_executor_backend=uni always; on vLLM's
+    CPU build enforce_eager=true and gpu_memory_utilization=0.3; for the
+    embedded tiny Llama max_model_len=512, max_num_seqs=8,
+    max_num_batched_tokens=512 (it comes with a word-level tokenizer); for a
+    --model directory without tokenizer files skip_tokenizer_init=true.
     """
+    _setup(verbose, quiet)
     from stepwarm.driver import drive
     from stepwarm.profile import read_profile
     from stepwarm.scenario import ScenarioError, expand, load
@@ -154,22 +167,27 @@ def run(
 
     reports: list[RunReport] = []
     failures: list[StepFailed] = []
+    ng = len(profile.kv_cache_groups)
     for plan in plans:
         if plan.skipped:
             console.print(f"scenario {plan.name}: skipped: {plan.skipped}")
             reports.append(RunReport(plan=plan.name, runner=profile.runner,
                                      model=profile.model, skipped=plan.skipped))
             continue
-        try:
-            report = drive(engine.worker, plan, profile)
-        except StepFailed as e:
-            failures.append(e)
-            report = e.report
+        with ScenarioProgress(plan, profile.runner, ng) as progress:
+            try:
+                report = drive(engine.worker, plan, profile, on_step=progress.step)
+            except StepFailed as e:
+                progress.failed(plan.steps[e.step])
+                failures.append(e)
+                report = e.report
         reports.append(report)
-        console.print(step_table(report, len(profile.kv_cache_groups)))
         if failures and failures[-1].report is report:
             err_console.print(Text.assemble(("failed:", "bold red"), " ", _failure_line(failures[-1])),
                               soft_wrap=True)
+        else:
+            console.print(f"scenario {plan.name}: {len(report.steps)} steps in "
+                          f"{report.wall_ms:.0f} ms, runner left with no warmup request")
     if json_out is not None:
         json_out.write_text(json.dumps(
             {"profile": profile.model_dump(), "startup_s": startup_s,
@@ -179,8 +197,8 @@ def run(
                f"in {sum(r.wall_ms for r in ran):.0f} ms"
                + (f", {len(reports) - len(ran)} skipped" if len(ran) < len(reports) else ""))
     if failures:
-        _fail(f"{len(failures)} of {len(ran)} scenario(s) failed on the worker: "
-              + "; ".join(_failure_line(f) for f in failures), 1)
+        _fail(f"{len(failures)} of {len(ran)} scenario(s) failed on the worker "
+              f"({', '.join(f.report.plan for f in failures)}: see 'failed:' above)", 1)
     console.print(Text.assemble(("ok", "bold green"),
                                 f": {summary}; runner left with no warmup request"))
 
@@ -242,13 +260,16 @@ def check(
     files: Annotated[list[str], typer.Argument(help="Scenario files (.toml) or built-in names.")],
     model: Annotated[Optional[Path], typer.Option(help="Start vLLM with this model directory and check against its runner.")] = None,
     profile: Annotated[Optional[Path], typer.Option(help="Check against a profile saved by `stepwarm profile`. Default: the embedded tiny Llama's.")] = None,
-    engine_arg: Annotated[Optional[list[str]], typer.Option("--engine-arg", "-e", help="vllm.LLM keyword as KEY=VALUE with --model.")] = None,
+    engine_arg: EngineArgs = None,
+    verbose: Verbose = False,
+    quiet: Quiet = False,
 ) -> None:
     """Validate scenarios against a runner profile without running any step (exit 2 on any error)."""
+    _setup(verbose, quiet)
     from stepwarm.scenario import ScenarioError, check as check_all
 
     prof = _profile_for(model, profile, engine_arg)
-    console.print(_profile_line(prof), highlight=False)
+    console.print(_profile_line(prof), soft_wrap=True)
     bad = 0
     for name, result in check_all(files, prof):
         if isinstance(result, ScenarioError):
@@ -269,16 +290,20 @@ def show(
     file: Annotated[str, typer.Argument(help="Scenario file (.toml) or built-in name.")],
     model: Annotated[Optional[Path], typer.Option(help="Start vLLM with this model directory and plan for its runner.")] = None,
     profile: Annotated[Optional[Path], typer.Option(help="Plan for a profile saved by `stepwarm profile`. Default: the embedded tiny Llama's.")] = None,
+    engine_arg: EngineArgs = None,
+    verbose: Verbose = False,
+    quiet: Quiet = False,
 ) -> None:
     """Print the expanded plan of a scenario: per step requests, tokens, drafts, blocks per group."""
+    _setup(verbose, quiet)
     from stepwarm.scenario import ScenarioError, plans_for
 
-    prof = _profile_for(model, profile)
+    prof = _profile_for(model, profile, engine_arg)
     try:
         plan = plans_for([file], prof)[0]
     except ScenarioError as e:
         _fail(str(e), 2)
-    console.print(_profile_line(prof), highlight=False)
+    console.print(_profile_line(prof), soft_wrap=True)
     if plan.skipped:
         console.print(f"scenario {plan.name}: skipped: {plan.skipped}", highlight=False)
         return
@@ -290,14 +315,7 @@ def show(
                       ("tokens", "right"), ("spec", "right"), ("new blk", "right"),
                       ("held blk", "right"), ("sampled", "left")):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
-    prefix = f"_stepwarm_{plan.name}_"
-
-    def short(rid: str) -> str:
-        import re
-
-        name = rid.removeprefix(prefix)
-        m = re.fullmatch(r"(.*)_(\d+)_", name)
-        return f"{m.group(1)}[{m.group(2)}]" if m else name.rstrip("_")
+    short = plan.display_name
 
     order = {r.req_id: i for i, r in enumerate(plan.requests)}
 
@@ -346,9 +364,12 @@ def schema() -> None:
 def profile_cmd(
     output: Annotated[Path, typer.Option("--output", "-o", help="Write the profile here (JSON; TOML if it ends in .toml).")],
     model: Annotated[Optional[Path], typer.Option(help="Local model directory (config.json; weights optional). Default: the embedded tiny Llama.")] = None,
-    engine_arg: Annotated[Optional[list[str]], typer.Option("--engine-arg", "-e", help="vllm.LLM keyword as KEY=VALUE (VALUE as JSON).")] = None,
+    engine_arg: EngineArgs = None,
+    verbose: Verbose = False,
+    quiet: Quiet = False,
 ) -> None:
     """Start vLLM and save the worker's runner profile (JSON; TOML for *.toml) for check/show --profile."""
+    _setup(verbose, quiet)
     from stepwarm.profile import ProfileError, read_profile
 
     _check_output_path(output, "--output")
@@ -363,7 +384,7 @@ def profile_cmd(
         prof.save(output)
     except OSError as e:
         _fail(f"{output}: cannot write profile: {e.strerror or e}", 2)
-    console.print(_profile_line(prof))
+    console.print(_profile_line(prof), soft_wrap=True)
     console.print(f"saved {output}")
 
 

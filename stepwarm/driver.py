@@ -248,7 +248,7 @@ def drive(
         except Exception as e:  # noqa: BLE001 - reported with the step, re-raised below
             step = plan.steps[failed_at] if failed_at is not None else None
             report.ok = False
-            report.error = (
+            report.error = plan.with_display_names(
                 f"step {failed_at} ({step.kind}: {step.label}) failed on the "
                 f"{profile.runner} runner: {type(e).__name__}: {e}"
                 if step is not None else f"{type(e).__name__}: {e}"

