@@ -1,8 +1,9 @@
 """Tiny model configs that stepwarm writes at run time.
 
-No model hub is needed: a model directory is a ``config.json`` (no weights,
-no tokenizer); vLLM loads it with ``load_format="dummy"`` and
-``skip_tokenizer_init=True``.
+No model hub is needed: a model directory is a ``config.json`` (no weights),
+optionally with a word-level tokenizer over the model's vocabulary; vLLM
+loads it with ``load_format="dummy"`` (and ``skip_tokenizer_init=True`` when
+there is no tokenizer).
 """
 
 from __future__ import annotations

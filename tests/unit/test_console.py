@@ -1,0 +1,73 @@
+"""What the CLI prints while scenarios run (no engine: step results as the
+driver reports them)."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from stepwarm.console import ScenarioProgress, route_vllm_log
+from stepwarm.driver import StepResult
+from stepwarm.profile import tiny_profile
+from stepwarm.scenario import expand, load
+
+
+def _results(plan):
+    for st in plan.steps:
+        yield StepResult(index=st.index, kind=st.kind, label=st.label, num_reqs=len(st.scheduled),
+                         num_scheduled_tokens=st.total_num_scheduled_tokens, num_spec_tokens=0,
+                         new_blocks=list(st.new_block_counts), held_blocks={}, wall_ms=1.25,
+                         sampled={r: 1 for r in st.req_ids} if st.sample else None)
+
+
+def _console(terminal: bool) -> tuple[Console, io.StringIO]:
+    buf = io.StringIO()
+    return Console(file=buf, force_terminal=terminal, width=160, markup=False,
+                   highlight=False, color_system=None), buf
+
+
+def test_one_line_per_step_when_not_a_terminal():
+    plan = expand(load("default"), tiny_profile())
+    out, buf = _console(False)
+    with ScenarioProgress(plan, "v1", 1, out) as progress:
+        results = list(_results(plan))
+        progress.step(results[0])
+        first = buf.getvalue()  # printed before the next step runs
+        for r in results[1:3]:
+            progress.step(r)
+        progress.failed(plan.steps[3])
+    lines = buf.getvalue().splitlines()
+    assert first.splitlines() == [
+        "scenario default (v1 runner): 8 steps",
+        "  [1/8] prefill              prefill 8 x 2                            reqs   8  tokens"
+        "    16  spec   0  new blk     8  sampled   8  1.2 ms"]
+    assert len(lines) == 5 and lines[3].startswith("  [3/8] decode ")
+    assert lines[4].startswith("  [4/8] decode ") and lines[4].endswith("FAILED")
+
+
+def test_live_table_on_a_terminal_holds_every_row_and_the_count():
+    plan = expand(load("default"), tiny_profile())
+    out, buf = _console(True)
+    with ScenarioProgress(plan, "v1", 1, out) as progress:
+        for r in _results(plan):
+            progress.step(r)
+    text = buf.getvalue()
+    assert "scenario default (v1 runner): 8/8 steps" in text
+    assert text.count("1.2") >= 8 and "mixed_prefill_decode" in text
+
+
+def test_vllm_log_goes_to_stderr_at_the_chosen_level(monkeypatch):
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    route_vllm_log(0)
+    import os
+
+    assert os.environ["VLLM_LOGGING_STREAM"] == "ext://sys.stderr"
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
+    route_vllm_log(0)
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG"  # the user's choice stays
+    route_vllm_log(1)
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "INFO"
+    route_vllm_log(-1)
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "ERROR"
