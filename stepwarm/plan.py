@@ -163,8 +163,12 @@ class Plan:
     def display_name(self, req_id: str) -> str:
         """A request as its scenario file names it: ``NAME`` or ``NAME[i]``
         for ids of this plan (``_stepwarm_<plan>_NAME_`` /
-        ``_stepwarm_<plan>_NAME_<i>_``); other ids unchanged."""
+        ``_stepwarm_<plan>_NAME_<i>_``), ``req[i]`` for the numbered requests
+        of vLLM's own sequences (``_stepwarm_<i>_``); other ids unchanged."""
         prefix = f"{REQ_ID_PREFIX}{self.name}_"
+        plain = re.fullmatch(re.escape(REQ_ID_PREFIX) + r"(\d+)_", req_id)
+        if plain:  # vLLM's own warmup sequences (stepwarm.sequences) number requests
+            return f"req[{plain.group(1)}]"
         if not req_id.startswith(prefix):
             return req_id
         name = req_id[len(prefix):]
@@ -175,8 +179,9 @@ class Plan:
         """``text`` with every request id of this plan replaced by its
         :meth:`display_name` (for messages: vLLM's errors name request ids)."""
         prefix = re.escape(f"{REQ_ID_PREFIX}{self.name}_")
-        return re.sub(prefix + r"[A-Za-z0-9_-]*?_(?:\d+_)?(?![A-Za-z0-9_-])",
-                      lambda m: self.display_name(m.group(0)), text)
+        own = prefix + r"[A-Za-z0-9_-]*?_(?:\d+_)?(?![A-Za-z0-9_-])"
+        numbered = re.escape(REQ_ID_PREFIX) + r"\d+_(?![A-Za-z0-9_-])"
+        return re.sub(f"{own}|{numbered}", lambda m: self.display_name(m.group(0)), text)
 
     def request(self, req_id: str) -> PlannedRequest:
         """The declared request ``req_id``.

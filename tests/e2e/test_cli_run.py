@@ -152,3 +152,11 @@ def test_a_failing_scenario_is_reported_and_the_next_one_runs(tmp_path):
     # 4 requests: prefill, spec decode (2 drafts each), [0] spec + [1] non-spec,
     # [0] alone, cleanup.
     assert second["ok"] and [s["num_spec_tokens"] for s in second["steps"]] == [0, 8, 2, 0, 0]
+
+
+def test_show_takes_engine_args():
+    proc = _stepwarm("show", "default", "-e", "max_num_seqs=4", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("profile:")]
+    assert "max_num_seqs 4," in line
+    assert re.search(r"│ 0 │ prefill +│ req\[0\.\.3\] ", proc.stdout)  # 4 requests, not 8

@@ -463,3 +463,7 @@ def test_messages_name_requests_as_the_file_does():
     assert plan.with_display_names(f"KeyError: '{ids[1]}' (and {ids[2]}).") == (
         "KeyError: 'long_1[1]' (and b).")
     assert plan.display_name("other-request") == "other-request"
+    default = expand(load("default"), PROFILES["plain"])
+    assert [default.display_name(r.req_id) for r in default.requests][:2] == ["req[0]", "req[1]"]
+    assert default.with_display_names(f"KeyError: '{default.requests[1].req_id}'") == (
+        "KeyError: 'req[1]'")

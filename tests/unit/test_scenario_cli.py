@@ -71,3 +71,10 @@ def test_schema():
     r = runner.invoke(app, ["schema"])
     assert r.exit_code == 0
     assert json.loads(r.stdout)["title"] == "stepwarm scenario"
+
+
+def test_profile_line_is_one_line_when_not_a_terminal():
+    r = runner.invoke(app, ["check", "default"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("profile:")]
+    assert line.endswith("groups: full_attention(block_size=128)") and "max_model_len 512" in line
