@@ -88,20 +88,33 @@ def _start_engine(model: Optional[Path], engine_arg: Optional[list[str]]) -> Any
     from stepwarm.engine import start_engine
 
     t0 = time.perf_counter()
-    what = "starting vLLM engine (import, model load, KV cache, vLLM's own warmup)"
-    if console.is_terminal:
-        status = console.status(what + "...")
-    else:
-        console.print(what + "...")
-        status = None
-    try:
+    status = console.status("starting vLLM engine: importing vLLM...") if console.is_terminal else None
+
+    def phase(name: str) -> None:
+        line = f"starting vLLM engine: {name} ({time.perf_counter() - t0:.1f} s)"
         if status is not None:
-            with status:
-                return start_engine(model, **overrides)
+            status.update(line + "...")
+        else:
+            console.print(line)
+
+    if status is None:
+        console.print("starting vLLM engine: importing vLLM")
+    else:
+        status.start()
+    from stepwarm import console as console_module
+
+    console_module.phase_listener = phase
+    try:
         return start_engine(model, **overrides)
     except Exception as e:  # noqa: BLE001 - vLLM rejects configs with many types
+        if status is not None:
+            status.stop()
         _fail(f"vLLM could not start the engine after {time.perf_counter() - t0:.0f} s: "
               + vllm_rejection(e, model), 2)
+    finally:
+        console_module.phase_listener = None
+        if status is not None:
+            status.stop()
 
 
 def _failure_line(failed: StepFailed) -> str:

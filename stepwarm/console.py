@@ -1,17 +1,19 @@
 """What the CLI prints: step rows as they run, tables, vLLM's log routing.
 
 stdout carries stepwarm's own progress, tables and summary; vLLM's log goes to
-stderr (``VLLM_LOGGING_STREAM``) at WARNING by default, INFO with ``-v``,
-ERROR with ``-q``. On a terminal a scenario's table grows row by row while
+stderr at WARNING by default, INFO with ``-v``, ERROR with ``-q``, while
+stepwarm follows vLLM's INFO records to show the engine's start-up phases. On a terminal a scenario's table grows row by row while
 it runs (``rich.live``); otherwise each step prints one line as soon as it
 ran, so CI logs show progress too.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -29,20 +31,95 @@ console = Console(width=None if sys.stdout.isatty() else 160, markup=False, high
 err_console = Console(stderr=True, markup=False, highlight=False,
                       width=None if sys.stderr.isatty() else 160)
 
-#: -q, default, -v -> vLLM's log level.
+#: -q, default, -v -> the level of vLLM's log on stderr.
 VLLM_LOG_LEVELS = {-1: "ERROR", 0: "WARNING", 1: "INFO"}
+#: vLLM log messages that start an engine start-up phase (substring, phase);
+#: vLLM 0.26-0.32, V1 and V2 runners, CPU and GPU.
+ENGINE_PHASES = (
+    ("Starting to load model", "loading the model"),
+    ("Initializing model took", "profiling memory"),
+    ("Model loading took", "profiling memory"),
+    ("KV cache size", "vLLM's own warmup"),
+    ("Capturing CUDA graphs", "capturing CUDA graphs"),
+    ("init engine (profile, create kv cache, warmup model) took", "engine ready"),
+)
 
 
-def route_vllm_log(verbosity: int) -> None:
-    """Send vLLM's log to stderr at the level for ``verbosity`` (-1 quiet,
-    0 default, 1 verbose). Must run before vLLM is imported (vLLM reads
-    ``VLLM_LOGGING_STREAM`` / ``VLLM_LOGGING_LEVEL`` once). A level the user
-    set in the environment is kept unless ``-v``/``-q`` is given."""
+def route_vllm_log(verbosity: int, config_dir: str | None = None) -> str:
+    """Send vLLM's log to stderr at the level for ``verbosity``, and let
+    :class:`EnginePhases` see its start-up phases. Must run before vLLM is
+    imported (vLLM reads its logging variables once).
+
+    Unless the user gave vLLM a logging config (``VLLM_LOGGING_CONFIG_PATH``),
+    stepwarm writes one: vLLM's loggers at INFO (or the user's
+    ``VLLM_LOGGING_LEVEL`` if lower), a stderr handler at the level returned,
+    and the phase handler at INFO.
+
+    Args:
+        verbosity: -1 (``-q``), 0 or 1 (``-v``).
+        config_dir: where to write the config (default: a temporary directory).
+
+    Returns:
+        The stderr level: ERROR / WARNING / INFO for -q / default / -v; the
+        user's ``VLLM_LOGGING_LEVEL`` when set and neither flag is given.
+    """
+    user = os.environ.get("VLLM_LOGGING_LEVEL", "").upper()
+    level = user if user and not verbosity else VLLM_LOG_LEVELS[verbosity]
     os.environ["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
-    if verbosity:
-        os.environ["VLLM_LOGGING_LEVEL"] = VLLM_LOG_LEVELS[verbosity]
-    else:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", VLLM_LOG_LEVELS[0])
+    os.environ["VLLM_LOGGING_LEVEL"] = level
+    if os.environ.get("VLLM_LOGGING_CONFIG_PATH"):
+        return level
+    import json
+    import tempfile
+
+    logger_level = level if logging.getLevelName(level) == logging.DEBUG else "INFO"
+    config = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"vllm": {"format": "(%(processName)s pid=%(process)d) %(levelname)s "
+                                          "%(asctime)s [%(filename)s:%(lineno)d] %(message)s",
+                                "datefmt": "%m-%d %H:%M:%S"}},
+        "handlers": {
+            "vllm": {"class": "logging.StreamHandler", "formatter": "vllm",
+                     "level": level, "stream": "ext://sys.stderr"},
+            "stepwarm_phases": {"class": "stepwarm.console.EnginePhases", "level": "INFO"},
+        },
+        "loggers": {"vllm": {"handlers": ["vllm", "stepwarm_phases"], "level": logger_level,
+                             "propagate": False}},
+    }
+    path = os.path.join(config_dir or tempfile.mkdtemp(prefix="stepwarm-log-"), "vllm-logging.json")
+    with open(path, "w") as f:
+        json.dump(config, f)
+    os.environ["VLLM_LOGGING_CONFIG_PATH"] = path
+    return level
+
+
+#: Where :class:`EnginePhases` handlers report phases (set by the CLI while an
+#: engine starts; None: phases are ignored).
+phase_listener: Callable[[str], None] | None = None
+
+
+class EnginePhases(logging.Handler):
+    """Follows vLLM's start-up log (logger ``vllm``) and reports each phase
+    of :data:`ENGINE_PHASES` once, as it starts, to ``on_phase`` (default:
+    the module's :data:`phase_listener`)."""
+
+    def __init__(self, on_phase: Callable[[str], None] | None = None, level: int = logging.INFO):
+        super().__init__(level)
+        self.on_phase, self.seen = on_phase, set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        listener = self.on_phase or phase_listener
+        if listener is None:
+            return
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad record is vLLM's to report
+            return
+        for key, phase in ENGINE_PHASES:
+            if key in msg and phase not in self.seen:
+                self.seen.add(phase)
+                listener(phase)
 
 
 COLUMNS = ("#", "kind", "step", "reqs", "tokens", "spec", "new blk", "sampled", "ms")

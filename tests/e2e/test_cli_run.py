@@ -26,6 +26,11 @@ def test_run_prints_step_tables_and_writes_json(tmp_path):
     assert "scenario default (v1 runner): 8 steps" in proc.stdout
     # One line per step as it runs (stdout is not a terminal here).
     assert "  [1/8] prefill " in proc.stdout and "  [8/8] cleanup " in proc.stdout
+    # The engine's start-up phases, followed from vLLM's log.
+    assert re.search(r"starting vLLM engine: loading the model \(\d+\.\d s\)\n"
+                     r"starting vLLM engine: profiling memory .*\n"
+                     r"starting vLLM engine: vLLM's own warmup .*\n", proc.stdout)
+    assert " INFO " not in proc.stderr  # vLLM's INFO lines only with -v
     assert "ok: 2 scenario(s)" in proc.stdout
     # stdout holds stepwarm's lines only: vLLM logs to stderr, and the default
     # model's tokenizer lets vLLM's renderer warmup pass without a traceback.
@@ -93,6 +98,7 @@ def test_a_config_vllm_rejects_names_the_field_trimmed(tmp_path):
     assert "Traceback" not in proc.stderr
     verbose = _stepwarm("run", "-v", "--model", str(d), "-e", "max_model_len=99999", timeout=300)
     assert verbose.returncode == 2 and "Traceback" in verbose.stderr  # -v shows it
+    assert " INFO " in verbose.stderr and " INFO " not in verbose.stdout
 
 
 def test_run_rejects_a_malformed_engine_arg():

@@ -57,17 +57,51 @@ def test_live_table_on_a_terminal_holds_every_row_and_the_count():
     assert text.count("1.2") >= 8 and "mixed_prefill_decode" in text
 
 
-def test_vllm_log_goes_to_stderr_at_the_chosen_level(monkeypatch):
-    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
-    route_vllm_log(0)
+def test_vllm_log_goes_to_stderr_at_the_chosen_level(monkeypatch, tmp_path):
+    import json
     import os
 
+    for var in ("VLLM_LOGGING_LEVEL", "VLLM_LOGGING_CONFIG_PATH"):
+        monkeypatch.delenv(var, raising=False)
+    assert route_vllm_log(0, str(tmp_path)) == "WARNING"
     assert os.environ["VLLM_LOGGING_STREAM"] == "ext://sys.stderr"
-    assert os.environ["VLLM_LOGGING_LEVEL"] == "WARNING"
-    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")
-    route_vllm_log(0)
-    assert os.environ["VLLM_LOGGING_LEVEL"] == "DEBUG"  # the user's choice stays
-    route_vllm_log(1)
-    assert os.environ["VLLM_LOGGING_LEVEL"] == "INFO"
-    route_vllm_log(-1)
-    assert os.environ["VLLM_LOGGING_LEVEL"] == "ERROR"
+    config = json.loads((tmp_path / "vllm-logging.json").read_text())
+    assert os.environ["VLLM_LOGGING_CONFIG_PATH"] == str(tmp_path / "vllm-logging.json")
+    assert config["handlers"]["vllm"]["level"] == "WARNING"
+    assert config["handlers"]["vllm"]["stream"] == "ext://sys.stderr"
+    # vLLM's loggers stay at INFO so that the phase handler sees start-up.
+    assert config["loggers"]["vllm"] == {"handlers": ["vllm", "stepwarm_phases"],
+                                         "level": "INFO", "propagate": False}
+    for verbosity, level in ((1, "INFO"), (-1, "ERROR")):
+        monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH")
+        assert route_vllm_log(verbosity, str(tmp_path)) == level
+        assert json.loads((tmp_path / "vllm-logging.json").read_text())["handlers"]["vllm"]["level"] == level
+    # The user's level stays without -v/-q; the user's own config file is kept.
+    monkeypatch.delenv("VLLM_LOGGING_CONFIG_PATH")
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "debug")
+    assert route_vllm_log(0, str(tmp_path)) == "DEBUG"
+    assert json.loads((tmp_path / "vllm-logging.json").read_text())["loggers"]["vllm"]["level"] == "DEBUG"
+    monkeypatch.setenv("VLLM_LOGGING_CONFIG_PATH", "/etc/my-logging.json")
+    assert route_vllm_log(1, str(tmp_path)) == "INFO"
+    assert os.environ["VLLM_LOGGING_CONFIG_PATH"] == "/etc/my-logging.json"
+
+
+def test_engine_phases_follow_vllms_start_up_log():
+    import logging
+
+    from stepwarm.console import EnginePhases
+
+    seen = []
+    log = logging.getLogger("vllm.test_phases")
+    handler = EnginePhases(seen.append)
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        for msg in ("Starting to load model %s...", "Initializing model took 0.36 seconds",
+                    "CPU KV cache size: 3,666,816 tokens", "unrelated",
+                    "Starting to load model %s...",
+                    "init engine (profile, create kv cache, warmup model) took 10.73 s"):
+            log.info(msg, "/tmp/m") if "%s" in msg else log.info(msg)
+    finally:
+        log.removeHandler(handler)
+    assert seen == ["loading the model", "profiling memory", "vLLM's own warmup", "engine ready"]
