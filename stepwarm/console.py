@@ -163,7 +163,8 @@ class ScenarioProgress:
     Use as a context manager around :func:`stepwarm.driver.drive` and pass
     :meth:`step` as its ``on_step``. On a terminal: a table that grows row by
     row, titled with steps done / planned and elapsed seconds. Otherwise: a
-    header line, then one line per step.
+    header line, then one line per step, ending with the seconds since the
+    scenario started.
     """
 
     def __init__(self, plan: Plan, runner: str, num_groups: int, out: Console = console):
@@ -198,7 +199,8 @@ class ScenarioProgress:
         self.out.print(
             f"  [{int(idx) + 1}/{n}] {kind:<20} {label[:40]:<40} reqs {reqs:>3}  tokens "
             f"{tokens:>5}  spec {spec:>3}  new blk {blocks:>5}  sampled {sampled:>3}  "
-            + (ms if ms == "FAILED" else f"{ms} ms"), soft_wrap=True)
+            + (ms if ms == "FAILED" else f"{ms} ms")
+            + f"  (at {time.perf_counter() - self.t0:.1f} s)", soft_wrap=True)
 
     def step(self, result: StepResult) -> None:
         """A step ran (``drive``'s ``on_step``)."""
