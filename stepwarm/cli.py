@@ -72,6 +72,8 @@ def _check_output_path(path: Optional[Path], option: str) -> None:
     """Exit 2 before any work when ``path``'s directory does not exist."""
     if path is not None and not path.parent.is_dir():
         _fail(f"{option} {path}: directory {path.parent} does not exist", 2)
+    if path is not None and path.is_dir():
+        _fail(f"{option} {path}: is a directory; allowed: a file path", 2)
 
 
 def _start_engine(model: Optional[Path], engine_arg: Optional[list[str]]) -> Any:
@@ -202,9 +204,12 @@ def run(
             console.print(f"scenario {plan.name}: {len(report.steps)} steps in "
                           f"{report.wall_ms:.0f} ms, runner left with no warmup request")
     if json_out is not None:
-        json_out.write_text(json.dumps(
-            {"profile": profile.model_dump(), "startup_s": startup_s,
-             "scenarios": [r.to_dict() for r in reports]}, indent=2) + "\n")
+        try:
+            json_out.write_text(json.dumps(
+                {"profile": profile.model_dump(), "startup_s": startup_s,
+                 "scenarios": [r.to_dict() for r in reports]}, indent=2) + "\n")
+        except OSError as e:
+            _fail(f"--json {json_out}: cannot write the report: {e.strerror or e}", 2)
     ran = [r for r in reports if not r.skipped]
     summary = (f"{len(ran)} scenario(s), {sum(len(r.steps) for r in ran)} steps "
                f"in {sum(r.wall_ms for r in ran):.0f} ms"

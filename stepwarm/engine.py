@@ -110,7 +110,8 @@ def start_engine(model: str | Path | None = None, **engine_args: Any) -> Engine:
     # renderer warmup finds one (without, it logs a traceback at start-up).
     path = given if given is not None else write_model(tokenizer=True)
     args = {**default_engine_args(given, on_cpu_build()), **engine_args}
-    if args.get("max_num_batched_tokens", 0) < args.get("max_model_len", 0):
+    budget, max_len = args.get("max_num_batched_tokens"), args.get("max_model_len")
+    if isinstance(budget, int) and isinstance(max_len, int) and budget < max_len:
         args.setdefault("enable_chunked_prefill", True)
     llm = LLM(model=str(path), **args)
     core = llm.llm_engine.engine_core.engine_core

@@ -250,6 +250,26 @@ class _WrappingLoader(importlib.abc.Loader):
         return getattr(self.inner, name)
 
 
+def _check_scenario_files(settings: HookSettings) -> None:
+    """Load every scenario named (format only: the runner's limits are checked
+    once the worker is up), so that a misspelled name or a bad file fails
+    start-up before vLLM loads the model (``raise``), or is logged (``warn``).
+
+    Raises:
+        stepwarm.scenario.ScenarioError: under ``raise``, the first bad one.
+    """
+    from stepwarm.scenario import ScenarioError, load
+
+    for name in settings.scenarios:
+        try:
+            load(name)
+        except ScenarioError as e:
+            if settings.on_error == "raise":
+                raise
+            logger.warning("stepwarm: scenarios will not run (STEPWARM_ON_ERROR=warn): %s", e)
+            return
+
+
 def register() -> None:
     """vLLM general plugin (runs in every vLLM process at start-up).
 
@@ -263,10 +283,14 @@ def register() -> None:
     Raises:
         SettingsError: a ``STEPWARM_*`` variable has a bad value (one line
             naming it and the allowed values); start-up fails.
+        stepwarm.scenario.ScenarioError: under ``STEPWARM_ON_ERROR=raise``, a
+            scenario name or file that cannot be loaded; start-up fails
+            before vLLM loads the model.
     """
     settings = HookSettings.from_env()
     if not settings.enabled:
         return
+    _check_scenario_files(settings)
     pending: dict[str, str] = {}
     for path in WORKER_CLASSES:
         module, _, name = path.partition(":")

@@ -164,12 +164,16 @@ class Plan:
         """A request as its scenario file names it: ``NAME`` or ``NAME[i]``
         for ids of this plan (``_stepwarm_<plan>_NAME_`` /
         ``_stepwarm_<plan>_NAME_<i>_``), ``req[i]`` for the numbered requests
-        of vLLM's own sequences (``_stepwarm_<i>_``); other ids unchanged."""
+        of vLLM's own sequences (``_stepwarm_<i>_``), other stepwarm ids
+        without the prefix (``_stepwarm_mixed_decode_`` -> ``mixed_decode``);
+        ids that are not stepwarm's unchanged."""
         prefix = f"{REQ_ID_PREFIX}{self.name}_"
         plain = re.fullmatch(re.escape(REQ_ID_PREFIX) + r"(\d+)_", req_id)
         if plain:  # vLLM's own warmup sequences (stepwarm.sequences) number requests
             return f"req[{plain.group(1)}]"
         if not req_id.startswith(prefix):
+            if req_id.startswith(REQ_ID_PREFIX):  # e.g. vLLM's mixed warmup's pair
+                return req_id[len(REQ_ID_PREFIX):].rstrip("_")
             return req_id
         name = req_id[len(prefix):]
         m = re.fullmatch(r"(.*)_(\d+)_", name)
@@ -180,8 +184,8 @@ class Plan:
         :meth:`display_name` (for messages: vLLM's errors name request ids)."""
         prefix = re.escape(f"{REQ_ID_PREFIX}{self.name}_")
         own = prefix + r"[A-Za-z0-9_-]*?_(?:\d+_)?(?![A-Za-z0-9_-])"
-        numbered = re.escape(REQ_ID_PREFIX) + r"\d+_(?![A-Za-z0-9_-])"
-        return re.sub(f"{own}|{numbered}", lambda m: self.display_name(m.group(0)), text)
+        other = re.escape(REQ_ID_PREFIX) + r"[A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*_(?![A-Za-z0-9_-])"
+        return re.sub(f"{own}|{other}", lambda m: self.display_name(m.group(0)), text)
 
     def request(self, req_id: str) -> PlannedRequest:
         """The declared request ``req_id``.

@@ -181,9 +181,12 @@ class RunnerProfile(BaseModel):
         """
         path = Path(path)
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as e:
             raise ProfileError(f"{path}: cannot read profile: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise ProfileError(f"{path}: cannot read profile: not UTF-8 (byte "
+                               f"{e.object[e.start]:#04x} at offset {e.start})") from None
         if path.suffix == ".toml":
             import tomllib
 

@@ -370,6 +370,10 @@ def load(name_or_path: str) -> LoadedScenario:
         except OSError as e:
             raise ScenarioError(f"{name_or_path}: cannot read scenario file: "
                                 f"{e.strerror or e}", file=name_or_path) from None
+        except UnicodeDecodeError as e:
+            raise ScenarioError(f"{name_or_path}: cannot read scenario file: not UTF-8 "
+                                f"(byte {e.object[e.start]:#04x} at offset {e.start}); "
+                                "allowed: TOML in UTF-8", file=name_or_path) from None
         return loads(text, str(path), path.stem)
     known = builtin_names()
     if name_or_path not in known:

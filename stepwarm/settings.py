@@ -53,6 +53,11 @@ class SettingsError(ValueError):
     message is one line naming the variable, the value and what is allowed."""
 
 
+#: The longest time a variable may give (one day, seconds): timedelta and
+#: gloo timeouts overflow on much larger values.
+MAX_SECONDS = 86400.0
+
+
 def _seconds(env: Mapping[str, str], name: str) -> float | None:
     raw = env.get(name, "").strip()
     if not raw:
@@ -61,9 +66,10 @@ def _seconds(env: Mapping[str, str], name: str) -> float | None:
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value <= 0:
+    if not math.isfinite(value) or value <= 0 or value > MAX_SECONDS:
         raise SettingsError(
-            f"{name}={raw!r}: not a number of seconds; allowed: a number > 0 (e.g. 60), or unset")
+            f"{name}={raw!r}: not a number of seconds; allowed: a number > 0 and <= "
+            f"{MAX_SECONDS:g} (e.g. 60), or unset")
     return value
 
 
@@ -108,11 +114,17 @@ class HookSettings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> HookSettings:
         """Parse the ``STEPWARM_*`` variables of ``env`` (default ``os.environ``).
 
+        Without ``STEPWARM_SCENARIOS`` the hook is off and the other
+        variables are not read (their values cannot break a vLLM start-up).
+
         Raises:
             SettingsError: a variable has a value outside the allowed ones.
         """
         env = os.environ if env is None else env
         scenarios = tuple(s.strip() for s in env.get(ENV_SCENARIOS, "").split(",") if s.strip())
+        if not scenarios:
+            # The plugin is off: the other variables are not read.
+            return cls()
         return cls(
             scenarios=scenarios,
             on_error=_choice(env, ENV_ON_ERROR, ON_ERROR_VALUES, "raise"),  # type: ignore[arg-type]

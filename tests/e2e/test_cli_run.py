@@ -127,6 +127,13 @@ def test_run_reports_every_bad_file_before_starting_vllm(tmp_path):
     assert f"{broken}:1" in proc.stderr
 
 
+def test_run_rejects_a_json_path_that_is_a_directory(tmp_path):
+    proc = _stepwarm("run", "--json", str(tmp_path), timeout=60)
+    assert proc.returncode == 2 and "engine up" not in proc.stdout
+    assert f"--json {tmp_path}: is a directory; allowed: a file path" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_run_rejects_a_json_path_in_a_missing_directory(tmp_path):
     proc = _stepwarm("run", "--json", str(tmp_path / "no" / "out.json"), timeout=60)
     assert proc.returncode == 2 and "engine up" not in proc.stdout

@@ -20,11 +20,10 @@ SCRIPT = textwrap.dedent(
     from stepwarm.profile import read_profile
     from stepwarm.runner import live_request_ids
     from stepwarm.scenario import plans_for
-    from stepwarm.zoo import write_model
 
     if __name__ == "__main__":
-        engine = start_engine(write_model(tokenizer=True), runner="pooling", convert="embed",
-                              skip_tokenizer_init=False)
+        # The embedded tiny Llama (its limits, its word-level tokenizer) as an embedder.
+        engine = start_engine(runner="pooling", convert="embed")
         profile = read_profile(engine.worker)
         out = {"profile": profile.model_dump(), "runs": {}}
         for plan in plans_for(["default", "pooling"], profile):

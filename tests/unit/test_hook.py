@@ -168,3 +168,25 @@ def test_role_of_kv_role(kv_role, role):
     from stepwarm.settings import role_of_kv_role
 
     assert role_of_kv_role(kv_role) == role
+
+
+def test_other_variables_are_not_read_while_the_plugin_is_off():
+    # A bad STEPWARM_ON_ERROR cannot break a vLLM start-up that runs no scenario.
+    assert HookSettings.from_env({"STEPWARM_ON_ERROR": "later", "STEPWARM_ROLE": "x"}) == HookSettings()
+
+
+def test_rank_timeout_beyond_a_day_is_refused():
+    with pytest.raises(SettingsError, match=r"STEPWARM_RANK_TIMEOUT_S='1e15': .* <= 86400"):
+        HookSettings.from_env({"STEPWARM_SCENARIOS": "default", "STEPWARM_RANK_TIMEOUT_S": "1e15"})
+
+
+def test_register_checks_scenario_names_before_vllm_loads_anything(monkeypatch, caplog):
+    from stepwarm.scenario import ScenarioError
+
+    monkeypatch.setenv("STEPWARM_SCENARIOS", "default,tritonbuckets")
+    with pytest.raises(ScenarioError, match="unknown scenario 'tritonbuckets' .*triton-buckets"):
+        hook.register()
+    monkeypatch.setenv("STEPWARM_ON_ERROR", "warn")
+    with caplog.at_level("WARNING", logger="vllm.stepwarm"):
+        hook.register()  # logged, start-up goes on
+    assert any("tritonbuckets" in r.message for r in caplog.records)

@@ -67,3 +67,10 @@ def test_every_toml_in_the_scenario_folder_is_a_scenario():
     assert len(files) == 11
     results = check(files, tiny_profile())
     assert not [r for _, r in results if isinstance(r, ScenarioError)]
+
+
+def test_a_profile_that_is_not_utf8_is_a_profile_error(tmp_path):
+    p = tmp_path / "p.json"
+    p.write_bytes(b'{"runner": "v1", "model": "caf\xe9"}')
+    with pytest.raises(ProfileError, match=r"p.json: cannot read profile: not UTF-8 \(byte 0xe9 at offset 31\)"):
+        RunnerProfile.load(p)

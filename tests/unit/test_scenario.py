@@ -467,3 +467,18 @@ def test_messages_name_requests_as_the_file_does():
     assert [default.display_name(r.req_id) for r in default.requests][:2] == ["req[0]", "req[1]"]
     assert default.with_display_names(f"KeyError: '{default.requests[1].req_id}'") == (
         "KeyError: 'req[1]'")
+
+
+def test_a_scenario_that_is_not_utf8_is_a_scenario_error(tmp_path):
+    f = tmp_path / "latin1.toml"
+    f.write_bytes(b'[requests.a]\nprompt = 24\n# caf\xe9\n[[steps]]\nkind = "prefill"\nrequests = ["a"]\n')
+    with pytest.raises(ScenarioError, match=r"latin1.toml: cannot read scenario file: not UTF-8 "
+                                            r"\(byte 0xe9 at offset 30\); allowed: TOML in UTF-8"):
+        load(str(f))
+
+
+def test_vllm_sequence_ids_show_without_the_prefix():
+    plan = expand(load("default"), PROFILES["plain"])
+    assert plan.display_name("_stepwarm_mixed_decode_") == "mixed_decode"
+    assert plan.with_display_names("finish _stepwarm_mixed_prefill_ and _stepwarm_3_") == (
+        "finish mixed_prefill and req[3]")
