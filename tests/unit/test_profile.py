@@ -72,5 +72,5 @@ def test_every_toml_in_the_scenario_folder_is_a_scenario():
 def test_a_profile_that_is_not_utf8_is_a_profile_error(tmp_path):
     p = tmp_path / "p.json"
     p.write_bytes(b'{"runner": "v1", "model": "caf\xe9"}')
-    with pytest.raises(ProfileError, match=r"p.json: cannot read profile: not UTF-8 \(byte 0xe9 at offset 31\)"):
+    with pytest.raises(ProfileError, match=r"p.json: cannot read profile: not UTF-8 \(byte 0xe9 at offset 30\)"):
         RunnerProfile.load(p)
