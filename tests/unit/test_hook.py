@@ -183,6 +183,7 @@ def test_rank_timeout_beyond_a_day_is_refused():
 def test_register_checks_scenario_names_before_vllm_loads_anything(monkeypatch, caplog):
     from stepwarm.scenario import ScenarioError
 
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # the finder goes with the test
     monkeypatch.setenv("STEPWARM_SCENARIOS", "default,tritonbuckets")
     with pytest.raises(ScenarioError, match="unknown scenario 'tritonbuckets' .*triton-buckets"):
         hook.register()
