@@ -30,7 +30,8 @@ def install(session: nox.Session, *extras: str) -> None:
 def run(session: nox.Session) -> None:
     """Set up and run the default scenario on the embedded tiny Llama."""
     install(session)
-    session.run("stepwarm", "run", *session.posargs)
+    # stderr=None: vLLM's log stays on stderr (nox would merge it into stdout).
+    session.run("stepwarm", "run", *session.posargs, stderr=None)
 
 
 @nox.session
