@@ -476,10 +476,10 @@ def _model_at(loc: tuple) -> tuple[type[BaseModel] | None, tuple, str | None]:
         sec = ("steps", loc[1])
         if len(loc) >= 3 and loc[2] in STEP_MODELS:
             return STEP_MODELS[loc[2]], sec, (str(loc[3]) if len(loc) >= 4 else None)
-        return None, sec, "kind"
+        return None, sec, ("kind" if len(loc) >= 3 else None)
     if loc and loc[0] == "requests" and len(loc) >= 2:
-        if len(loc) == 2:
-            return None, ("requests",), str(loc[1])
+        if len(loc) == 2:  # the request itself is not a table
+            return None, ("requests", loc[1]), None
         return RequestSpec, ("requests", loc[1]), str(loc[2])
     return ScenarioFile, ("top",), (str(loc[0]) if loc else None)
 
@@ -500,6 +500,13 @@ _TYPE_ALLOWED = {
     "bool_type": "true or false", "bool_parsing": "true or false",
     "string_type": "a string", "list_type": "a list of strings",
     "dict_type": "a table", "model_type": "a table", "int_type": "an integer",
+    "model_attributes_type": "a table",
+}
+#: What a section must be, where a wrong type there has a better answer.
+_SECTION_ALLOWED = {
+    ("steps",): "[[steps]] tables (an array of tables, each with a kind), not a [steps] table",
+    ("step",): "a [[steps]] table with a kind, e.g. kind = \"prefill\"",
+    ("request",): "a [requests.NAME] table, e.g. prompt = 24",
 }
 
 
@@ -531,6 +538,12 @@ def _validation_error(e: ValidationError, file: str, index: _TomlIndex) -> Scena
         what = f"{got}{hint}; allowed kinds: {tags}"
     elif typ in _TYPE_ALLOWED or typ == "literal_error":
         allowed = _TYPE_ALLOWED.get(typ) or err["msg"].removeprefix("Input should be ")
+        if sec == ("top",) and fld == "steps":
+            allowed = _SECTION_ALLOWED[("steps",)]
+        elif sec[0] == "steps" and fld is None:
+            allowed = _SECTION_ALLOWED[("step",)]
+        elif sec[0] == "requests" and fld is None:
+            allowed = _SECTION_ALLOWED[("request",)]
         what = f"wrong type or value {err['input']!r}; allowed: {allowed}"
         desc = model.model_fields[fld].description if model and fld in model.model_fields else ""
         what += f" ({desc})" if desc else ""

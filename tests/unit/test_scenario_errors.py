@@ -381,3 +381,22 @@ def test_unknown_bare_name_lists_builtins(tmp_path, monkeypatch):
     assert msg.startswith("unknown scenario 'nope'")
     assert "built-in name: chunked-prefill, cross-attention, default," in msg
     assert "no such file" not in msg
+
+
+def test_steps_written_as_one_table(tmp_path):
+    e = bad(tmp_path, '[requests.a]\nprompt = 4\n[steps]\nkind = "prefill"\nrequests = ["a"]\n')
+    assert_parts(e, None, None, "steps",
+                 "allowed: [[steps]] tables (an array of tables, each with a kind), not a [steps] table")
+
+
+def test_a_request_that_is_not_a_table(tmp_path):
+    e = bad(tmp_path, 'requests = { a = 5 }\n[[steps]]\nkind = "prefill"\nrequests = ["a"]\n')
+    assert_parts(e, None, None, None, "request 'a': wrong type or value 5",
+                 "allowed: a [requests.NAME] table, e.g. prompt = 24")
+
+
+def test_a_step_that_is_not_a_table(tmp_path):
+    e = bad(tmp_path, "steps = [1, 2]\n")
+    assert_parts(e, None, 0, None, "step 0: wrong type or value 1",
+                 'allowed: a [[steps]] table with a kind, e.g. kind = "prefill"')
+    assert "Input should be" not in str(e)
