@@ -65,7 +65,7 @@ def _label(ranks: RankGroup) -> str:
     return f"stepwarm [{ranks.label}]" if ranks.size > 1 else "stepwarm"
 
 
-def _plans(worker: Any, names: Sequence[str], profile: RunnerProfile, ranks: RankGroup) -> list:
+def _plans(names: Sequence[str], profile: RunnerProfile, ranks: RankGroup) -> list:
     """Every scenario expanded for ``profile``, identical on every rank.
 
     Raises:
@@ -138,7 +138,7 @@ def warmup(
     if settings.role != "auto":
         profile = profile.model_copy(update={"role": settings.role})
     try:
-        plans = _plans(worker, scenarios, profile, ranks)
+        plans = _plans(scenarios, profile, ranks)
     except WarmupError as e:
         if settings.on_error == "raise":
             raise
