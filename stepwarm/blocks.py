@@ -205,8 +205,8 @@ class BlockLedger:
 
     @property
     def num_free(self) -> int:
-        """Blocks left in the pool."""
-        return self.num_blocks - self._next + len(self._freed)
+        """Blocks left in the pool (0 when the runner has no usable block)."""
+        return max(0, self.num_blocks - self._next) + len(self._freed)
 
     @property
     def num_held(self) -> int:
@@ -265,6 +265,11 @@ class BlockLedger:
         need = reserved_blocks_per_group(num_tokens, self.specs, ctx)
         deltas = [max(0, n - len(ids)) for n, ids in zip(need, held)]
         if sum(deltas) > self.num_free:
+            if self.num_blocks <= 1:
+                raise OutOfBlocksError(
+                    f"request {req_id!r} needs {sum(deltas)} block(s) for {num_tokens} "
+                    f"tokens but the runner has no usable KV cache block (num_blocks "
+                    f"{self.num_blocks}; block 0 is the null block)")
             raise OutOfBlocksError(
                 f"request {req_id!r} needs {sum(deltas)} more block(s) for "
                 f"{num_tokens} tokens but only {self.num_free} of "

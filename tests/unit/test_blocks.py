@@ -264,3 +264,13 @@ def test_max_warmup_requests_token_and_seq_caps() -> None:
     assert max_warmup_requests(p, 2, 5) == 2  # 8 // max(2, 4)
     p = _profile(full, num_blocks=10_000, max_num_seqs=3)
     assert max_warmup_requests(p, 2, 5) == 3
+
+
+@pytest.mark.parametrize("num_blocks", [0, 1])
+def test_a_runner_without_usable_blocks_says_so(num_blocks: int) -> None:
+    led = BlockLedger((spec("full_attention", 4),), num_blocks=num_blocks)
+    with pytest.raises(OutOfBlocksError, match=(
+            rf"needs 1 block\(s\) for 3 tokens but the runner has no usable KV cache block "
+            rf"\(num_blocks {num_blocks}; block 0 is the null block\)")):
+        led.grow("a", 3)
+    assert led.num_free == 0 and led.num_held == 0  # nothing handed out
