@@ -247,8 +247,10 @@ _SPEC_CLASS_KIND: tuple[tuple[str, SpecKind], ...] = (
 def cache_spec_from_vllm(spec: Any) -> CacheSpec:
     """Convert a ``vllm.v1.kv_cache_interface.KVCacheSpec`` to a :class:`CacheSpec`.
 
-    ``UniformTypeKVCacheSpecs`` is read through its ``first_spec`` (as
-    ``_reserved_block_count`` does) and marked ``uniform_type``.
+    ``UniformTypeKVCacheSpecs`` is read through its first layer's spec
+    (``first_spec``, as ``_reserved_block_count`` does; vLLM 0.26 has no
+    ``first_spec``, so the first of ``kv_cache_specs``) and marked
+    ``uniform_type``.
 
     Raises:
         ProfileError: the spec class (or none of its bases) is not one stepwarm
@@ -256,7 +258,8 @@ def cache_spec_from_vllm(spec: Any) -> CacheSpec:
     """
     uniform = type(spec).__name__ == "UniformTypeKVCacheSpecs"
     if uniform:
-        spec = spec.first_spec
+        # ``first_spec`` (vLLM 0.32) is this; vLLM 0.26 has only ``kv_cache_specs``.
+        spec = next(iter(spec.kv_cache_specs.values()))
     mro = [c.__name__ for c in type(spec).__mro__]
     for cls_name, kind in _SPEC_CLASS_KIND:
         if cls_name in mro:

@@ -152,6 +152,26 @@ def test_uniform_type_reads_its_first_spec() -> None:
     assert reserved_blocks(40, s, CTX) == 3  # cdiv(40, 16), as one group
 
 
+def test_uniform_type_without_first_spec_as_in_vllm_0_26() -> None:
+    """vLLM 0.26's UniformTypeKVCacheSpecs has kv_cache_specs and no first_spec."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    import torch
+
+    from stepwarm.profile import cache_spec_from_vllm
+
+    class UniformTypeKVCacheSpecs:  # the 0.26 shape: a dict of layer specs only
+        def __init__(self, kv_cache_specs):
+            self.kv_cache_specs = kv_cache_specs
+
+    layers = {f"m{i}": MambaSpec(block_size=64, shapes=((4, 8),), dtypes=(torch.float16,),
+                                 mamba_cache_mode="align", num_speculative_blocks=1)
+              for i in range(2)}
+    s = cache_spec_from_vllm(UniformTypeKVCacheSpecs(layers))
+    assert (s.kind, s.block_size, s.mamba_cache_mode, s.num_speculative_blocks, s.uniform_type) == (
+        "mamba", 64, "align", 1, True)
+
+
 def test_hybrid_groups_per_group() -> None:
     specs = (
         spec("full_attention", 16),
