@@ -19,9 +19,8 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
-from rich.text import Text
 
-from stepwarm.driver import RunReport, StepResult
+from stepwarm.driver import StepResult
 from stepwarm.plan import Plan, PlannedStep
 
 #: Tables are ~115 columns wide; when output is not a terminal (CI logs, nox),
@@ -149,14 +148,6 @@ def _table(title: str) -> Table:
     return table
 
 
-def step_table(report: RunReport, num_groups: int) -> Table:
-    """A rich table of a finished run: one row per step."""
-    table = _table(f"scenario {report.plan} ({report.runner} runner)")
-    for s in report.steps:
-        table.add_row(*step_row(s, num_groups))
-    return table
-
-
 class ScenarioProgress:
     """Shows one scenario's steps as they run.
 
@@ -215,8 +206,3 @@ class ScenarioProgress:
         if self.live is not None:
             self.table.title = self._title()
             self.live.__exit__(*exc)
-
-
-def error(message: str) -> None:
-    """``error: MESSAGE`` on stderr, as plain text."""
-    err_console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
