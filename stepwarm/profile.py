@@ -188,7 +188,7 @@ class RunnerProfile(BaseModel):
             raise ProfileError(f"{path}: cannot read profile: not UTF-8 (byte "
                                f"{e.object[e.start]:#04x} at offset {e.start})") from None
         if path.suffix == ".toml":
-            import tomllib
+            tomllib = _tomllib()
 
             try:
                 data = tomllib.loads(text)
@@ -212,13 +212,23 @@ class RunnerProfile(BaseModel):
             ) from None
 
 
+def _tomllib() -> Any:
+    """``tomllib`` (Python >= 3.11), or ``tomli`` before it."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+        import tomli as tomllib
+    return tomllib
+
+
 def tiny_profile() -> RunnerProfile:
     """The runner profile of the embedded tiny Llama under stepwarm's default
     engine arguments on the CPU build (``stepwarm profile`` output, packaged as
     ``stepwarm/profiles/tiny-llama.toml``), so ``check`` and ``show`` need no
     engine."""
-    import tomllib
     from importlib import resources
+
+    tomllib = _tomllib()
 
     text = (resources.files("stepwarm") / "profiles" / "tiny-llama.toml").read_text(encoding="utf-8")
     return RunnerProfile.model_validate(tomllib.loads(text))
