@@ -276,7 +276,7 @@ def coverage(
     if errors:
         _fail("\nerror: ".join(errors), 2)
     if compare:
-        _coverage_compare(sys.argv[sys.argv.index("coverage") + 1:], json_out)
+        _coverage_compare(sys.argv[sys.argv.index("coverage") + 1:], json_out, timeline)
         return
     from stepwarm.coverage.detectors import Detectors
 
@@ -322,8 +322,10 @@ def _write_outputs(rep: Any, json_out: Optional[Path], timeline: Optional[Path])
         _fail(f"cannot write the report: {e.strerror or e}", 2)
 
 
-def _coverage_compare(args: list[str], json_out: Optional[Path]) -> None:
-    """--compare: both runs in their own processes, then side by side."""
+def _coverage_compare(args: list[str], json_out: Optional[Path],
+                      timeline: Optional[Path]) -> None:
+    """--compare: both runs in their own processes, then side by side (the
+    timeline is stepwarm's run)."""
     from stepwarm.coverage.compare import run_both
     from stepwarm.coverage.report import print_comparison
 
@@ -341,6 +343,7 @@ def _coverage_compare(args: list[str], json_out: Optional[Path]) -> None:
         _fail(f"the {'baseline' if base is None else 'stepwarm'} run ended with status "
               f"{code_b if base is None else code_s} before its report", 2)
     print_comparison(base, sw, console)
+    _write_outputs(sw, None, timeline)
     if json_out is not None:
         try:
             json_out.write_text(json.dumps({"baseline": base.to_dict(), "stepwarm": sw.to_dict()},

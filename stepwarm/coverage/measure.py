@@ -28,6 +28,9 @@ from stepwarm.coverage.traffic import Traffic, TrafficLimits, check_limits
 from stepwarm.driver import RunReport
 from stepwarm.settings import ENV_SCENARIOS
 
+#: The phase from the engine's start until vLLM logs its first one.
+IMPORT_PHASE = "importing vLLM"
+
 def enable_hook(scenarios: list[str] | None) -> None:
     """Switch stepwarm's start-up hook on for ``scenarios`` (None: off, the
     baseline), as ``STEPWARM_SCENARIOS=...`` does for ``vllm serve``.
@@ -92,8 +95,8 @@ def measure(
     from stepwarm.profile import read_profile
 
     enable_hook(scenarios)
-    phases: list[tuple[str, float]] = []
     t0 = time.time()
+    phases: list[tuple[str, float]] = [(IMPORT_PHASE, t0)]
     engine = start_engine(lambda name: phases.append((name, time.time())))
     startup_s = time.time() - t0
     startup_events = detectors.poll()
@@ -105,7 +108,8 @@ def measure(
         mode="stepwarm" if scenarios else "baseline", scenarios=list(scenarios or []),
         traffic=os.path.basename(traffic.source), vllm_version=profile.vllm_version,
         runner=profile.runner, model=profile.model, device=device,
-        detectors=detectors.available,
+        # vLLM's CPU build disables Triton: only the cache scan sees anything there.
+        detectors=detectors.available if device == "gpu" else [detectors.scan.name],
         threshold=default_ratio if threshold is None else threshold,
         min_excess_ms=default_floor if min_excess_ms is None else min_excess_ms,
         startup_s=round(startup_s, 3),

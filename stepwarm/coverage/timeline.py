@@ -13,7 +13,7 @@ from typing import Any
 from stepwarm.coverage.report import CoverageReport
 
 COLORS = {"vllm": "#9e9e9e", "stepwarm": "#3f7fbf", "traffic": "#e08a2c", "bad": "#d0342c"}
-WIDE, NARROW, HEIGHT, BAR_MAX, TOP = 70, 16, 300, 150, 40
+WIDE, NARROW, HEIGHT, BAR_MAX, TOP, MIN_WIDTH = 70, 16, 360, 150, 40, 900
 
 
 def _columns(rep: CoverageReport) -> list[dict[str, Any]]:
@@ -47,7 +47,7 @@ def timeline_svg(rep: CoverageReport) -> str:
     """The SVG document (a string) for ``rep``."""
     cols = _columns(rep)
     peak = max([sum(c["kernels"].values()) for c in cols] + [1])
-    width = sum(c["width"] for c in cols) + 40
+    width = max(sum(c["width"] for c in cols) + 40, MIN_WIDTH)
     base_y = TOP + BAR_MAX
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{HEIGHT + 40}" '
              f'font-family="sans-serif" font-size="10">',
