@@ -239,7 +239,7 @@ def coverage(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON to this file.")] = None,
     timeline: Annotated[Optional[Path], typer.Option("--timeline", help="Write an SVG timeline of compiles per start-up phase, scenario step and request.")] = None,
     threshold: Annotated[Optional[float], typer.Option(help="First/second latency ratio above which a request fails. Default: 1.2 on GPUs, 3.0 on CPUs.")] = None,
-    min_excess_ms: Annotated[Optional[float], typer.Option(help="...and by how many ms the first run must be slower to fail. Default: 10 on GPUs, 1000 on CPUs.")] = None,
+    min_excess_ms: Annotated[Optional[float], typer.Option(help="...and by how many ms the first run must be slower to fail. Default: 10 on GPUs, 2000 on CPUs.")] = None,
     cache_dir: Annotated[Optional[Path], typer.Option(help="Where the fresh TRITON_CACHE_DIR / VLLM_CACHE_ROOT / TORCHINDUCTOR_CACHE_DIR go (an empty directory). Default: a new temporary directory.")] = None,
     verbose: Verbose = False,
     quiet: Quiet = False,

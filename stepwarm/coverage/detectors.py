@@ -42,6 +42,8 @@ TRITON_GROUP = re.compile(r"^__grp__(?P<name>.+)\.json$")
 INDUCTOR_KERNEL = re.compile(r"^(?P<name>\w+) = async_compile\.(?P<how>\w+)\(", re.M)
 #: vLLM's JIT monitor warning (``vllm/utils/jit_monitor.py::_handle_jit_event``).
 MONITOR_LINE = re.compile(r"^(?P<backend>\S+) (?P<event>.+?) during inference: (?P<name>[^\s(.]+)")
+#: The most characters of a variant key kept.
+MAX_VARIANT = 400
 #: Logger of vLLM's JIT monitor.
 MONITOR_LOGGER = "vllm.utils.jit_monitor"
 
@@ -60,6 +62,10 @@ class CompileEvent:
     #: When it was seen (seconds since the epoch, ``time.time()``; for the
     #: cache scan the file's mtime).
     at: float
+    #: Which variant (the Triton hook: the specialization key Triton caches
+    #: the kernel under, which tells two variants of one kernel apart); ''
+    #: where the detector cannot tell.
+    variant: str = ""
 
 
 def merge(events: Iterable[CompileEvent]) -> dict[str, int]:
@@ -161,7 +167,9 @@ class TritonHook:
         def hook(**kwargs: Any) -> Any:
             fn = kwargs.get("fn")
             name = getattr(fn, "name", None) or getattr(fn, "__name__", None) or repr(fn)
-            self.events.append(CompileEvent(self.name, str(name), "triton", time.time()))
+            key = kwargs.get("key")
+            self.events.append(CompileEvent(self.name, str(name), "triton", time.time(),
+                                            "" if key is None else str(key)[:MAX_VARIANT]))
             return previous(**kwargs) if previous is not None else None
 
         runtime.jit_post_compile_hook = hook

@@ -191,7 +191,7 @@ def parse_line(text: str, file: str, line: int) -> TrafficRequest:
         err = sorted(e.errors(), key=lambda x: x["type"] != "extra_forbidden")[0]
         loc = _loc(err["loc"]) or "line"
         msg = err["msg"]
-        if err["loc"][0] == "prompt":
+        if err["loc"][0] == "prompt" and err["type"] != "missing":
             index = next((p for p in err["loc"][1:] if isinstance(p, int)), None)
             loc = "prompt" if index is None else f"prompt[{index}]"
             msg = (f"{data.get('prompt')!r}: allowed: a length (an integer > 0) or a list of "
