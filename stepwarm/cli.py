@@ -326,19 +326,10 @@ def _coverage_compare(args: list[str], json_out: Optional[Path],
                       timeline: Optional[Path]) -> None:
     """--compare: both runs in their own processes, then side by side (the
     timeline is stepwarm's run)."""
-    from stepwarm.coverage.compare import run_both
+    from stepwarm.coverage.compare import child_args, run_both
     from stepwarm.coverage.report import print_comparison
 
-    drop = {"--compare", "--json", "--timeline"}
-    child_args, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-        elif a in drop:
-            skip = a != "--compare"
-        elif not any(a.startswith(f"{d}=") for d in drop):
-            child_args.append(a)
-    (code_b, base), (code_s, sw) = run_both(child_args)
+    (code_b, base), (code_s, sw) = run_both(child_args(args))
     if base is None or sw is None:
         _fail(f"the {'baseline' if base is None else 'stepwarm'} run ended with status "
               f"{code_b if base is None else code_s} before its report", 2)

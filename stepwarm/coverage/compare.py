@@ -16,6 +16,26 @@ from pathlib import Path
 from stepwarm.coverage.report import CoverageReport
 
 
+#: Options of the parent's command line that the children do not get: the
+#: parent compares, and writes the JSON / timeline of both runs itself.
+PARENT_ONLY = ("--compare", "--json", "--timeline")
+
+
+def child_args(args: list[str]) -> list[str]:
+    """The ``coverage`` arguments a child run gets: ``args`` without
+    :data:`PARENT_ONLY` options (and the values of those that take one, as
+    ``--json OUT`` or ``--json=OUT``)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in PARENT_ONLY:
+            skip = a != "--compare"
+        elif not any(a.startswith(f"{opt}=") for opt in PARENT_ONLY):
+            out.append(a)
+    return out
+
+
 def run_child(args: list[str], baseline: bool, json_out: Path) -> int:
     """``python -m stepwarm coverage ARGS [--baseline] --json JSON_OUT``;
     its output goes to this process's stdout/stderr. Returns its exit status."""

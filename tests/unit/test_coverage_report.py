@@ -159,3 +159,11 @@ def test_timeline_is_svg_with_a_column_per_phase_step_and_request():
     assert titles == ["vLLM: loading the model at 1.00 s: 0 compile(s)",
                       "default: 0 prefill: prefill [0] at 50.00 s: 1 compile(s): s0",
                       "traffic: compiled at 60.00 s: 1 compile(s): _topk_log_softmax_kernel"]
+
+
+def test_compare_children_get_every_argument_but_the_parents_outputs():
+    from stepwarm.coverage.compare import child_args
+
+    assert child_args(["t.jsonl", "--compare", "-s", "default", "--json", "o.json",
+                       "--timeline=t.svg", "-e", "max_num_seqs=4", "--threshold", "2"]) == [
+        "t.jsonl", "-s", "default", "-e", "max_num_seqs=4", "--threshold", "2"]
