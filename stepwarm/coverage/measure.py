@@ -123,7 +123,7 @@ def measure(
     if on_started is not None:
         on_started(rep)
     t_traffic = time.time()
-    results = replay(engine.llm, traffic, limits, detectors, on_request)
+    results = replay(engine.llm, traffic, limits, detectors, on_request, worker=engine.worker)
     rep.requests = [request_dict(r, t0) for r in results]
     rep.traffic_s = [round(t_traffic - t0, 3), round(time.time() - t0, 3)]
     detectors.stop()

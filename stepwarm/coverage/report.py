@@ -138,6 +138,8 @@ def request_dict(r: RequestResult, t0: float) -> dict[str, Any]:
     return {"line": r.line, "name": r.name, "at_s": round(r.started_at - t0, 3), "count": r.count, "prompt_len": r.prompt_len,
             "sampling": {k: v for k, v in r.sampling.items() if k != "detokenize"},
             "first_ms": round(r.first_ms, 2), "second_ms": round(r.second_ms, 2),
+            "first_worker_ms": round(r.first_worker_ms, 2),
+            "second_worker_ms": round(r.second_worker_ms, 2),
             "ratio": round(r.ratio, 3), "excess_ms": round(r.excess_ms, 2),
             "compiles_first": r.compiles_first, "compiles_second": r.compiles_second,
             "events": [[e.detector, e.name, e.kind] + ([e.variant] if e.variant else [])
@@ -184,7 +186,8 @@ def print_report(rep: CoverageReport, out: Console) -> None:
               title_justify="left")
     for col, just in (("line", "right"), ("request", "left"), ("n", "right"),
                       ("prompt", "right"), ("sampling", "left"), ("1st ms", "right"),
-                      ("2nd ms", "right"), ("ratio", "right"), ("compiled (1st run)", "left"),
+                      ("2nd ms", "right"), ("ratio", "right"), ("in worker", "right"),
+                      ("compiled (1st run)", "left"),
                       ("", "left")):
         t.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
     for r in rep.requests:
@@ -193,7 +196,9 @@ def print_report(rep: CoverageReport, out: Console) -> None:
             f"; 2nd run: {_kernels(r['compiles_second'])}" if r["compiles_second"] else "")
         t.add_row(str(r["line"]), r["name"], str(r["count"]), str(r["prompt_len"]),
                   _sampling_text(r["sampling"]), f"{r['first_ms']:.1f}", f"{r['second_ms']:.1f}",
-                  f"{r['ratio']:.2f}", r["error"] or kernels,
+                  f"{r['ratio']:.2f}",
+                  f"{r.get('first_worker_ms', 0):.1f} / {r.get('second_worker_ms', 0):.1f}",
+                  r["error"] or kernels,
                   Text(why, style="bold red") if why else Text("ok", style="green"))
     out.print(t)
     out.print(summary_line(rep), soft_wrap=True)

@@ -61,6 +61,8 @@ def test_compare_baseline_fails_on_the_logprobs_compile_and_stepwarm_passes(tmp_
     assert run["start_s"] <= startup["at_s"] <= run["steps"][0][3] + 0.01
     assert sw["stepwarm_s"] > 0 and sw["detectors"] == ["cache"] and sw["device"] == "cpu"
     assert [r["tokens"] for r in sw["requests"]] == [[4, 4], [4, 4], [20, 20], [4, 4]]
+    for r in sw["requests"] + base["requests"]:  # the worker's share of each run
+        assert 0 < r["first_worker_ms"] <= r["first_ms"] and 0 < r["second_worker_ms"] <= r["second_ms"]
     assert (sw["threshold"], sw["min_excess_ms"], base["threshold"]) == (5.0, 4000.0, 5.0)
     # Printed side by side.
     assert "baseline (vLLM's warmup) vs stepwarm (default)" in proc.stdout
