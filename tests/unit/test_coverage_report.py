@@ -139,6 +139,11 @@ def test_the_verdict_compiles_ratio_with_floor_and_errors(tmp_path):
     assert rep.traffic_compiles == 1 and rep.exit_code == 1
     rep.requests = [_request("warm", 20.0, 19.0)]
     assert rep.exit_code == 0
+    rep.threshold = None  # the ratio reported, not gating (the CPU build's default)
+    rep.requests = [_request("slow", 30000.0, 20.0)]
+    assert rep.flagged(rep.requests[0]) == "" and rep.exit_code == 0
+    rep.threshold = 1.2
+    rep.requests = [_request("warm", 20.0, 19.0)]
     rep.requests.append(_request("broken", 0.0, 0.0, error="RuntimeError: boom"))
     assert rep.exit_code == 1
     path = tmp_path / "r.json"
