@@ -284,6 +284,7 @@ def coverage(
     try:
         loaded = load_traffic(traffic)
     except TrafficError as e:
+        detectors.stop()
         _fail(str(e), 2)
     from stepwarm.coverage.measure import measure
     from stepwarm.runner import jit_monitor_engine_args
@@ -305,6 +306,8 @@ def coverage(
                       on_request=on_request)
     except TrafficError as e:
         _fail(str(e), 2)
+    finally:
+        detectors.stop()
     print_report(rep, console)
     _write_outputs(rep, json_out, timeline)
     raise typer.Exit(rep.exit_code)

@@ -51,6 +51,12 @@ def test_cache_scan_sees_new_triton_and_inductor_kernels_once(tmp_path, monkeypa
         ("cpp_fused_ge_sum_1", "inductor", 200.0),
         ("triton_per_fused_ge_sum_0", "inductor", 200.0),
     ]
+    scan.remove()  # a directory the user gave is left alone
+    assert (triton / "AB12" / "__grp___topk_topp_kernel.json").is_file()
+    own = CacheScan.use_fresh_dirs()  # a temporary one is removed
+    assert own.root.is_dir() and os.environ["VLLM_CACHE_ROOT"].startswith(str(own.root))
+    own.remove()
+    assert not own.root.exists()
 
 
 def test_vllm_monitor_lines_become_events():
