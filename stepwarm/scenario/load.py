@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from stepwarm.scenario.errors import ScenarioError
+from stepwarm.scenario.sampling import SamplingTable
 from stepwarm.scenario.format import (
     RequestSpec,
     STEP_MODELS,
@@ -162,6 +163,8 @@ class _TomlIndex:
                 n_steps += 1
             elif name[0] == "requests" and len(name) == 2:
                 current = ("requests", name[1])
+            elif name[0] == "requests" and len(name) == 3:
+                current = ("requests", name[1], name[2])  # [requests.NAME.sampling]
             elif name == ["requests"]:
                 current = ("requests",)
             else:
@@ -170,7 +173,17 @@ class _TomlIndex:
         self.sections.append((current, start, len(self.lines) - 1))
 
     def line(self, section: tuple, key: str | None = None) -> int | None:
-        """1-based line of ``key`` in ``section`` (or of the section header)."""
+        """1-based line of ``key`` in ``section`` (or of the section header).
+
+        A dotted ``key`` ("sampling.logprobs") is looked up in the sub-table
+        (``[requests.NAME.sampling]``) first, then as the line of its first
+        part (an inline table: ``sampling = { logprobs = 5 }``).
+        """
+        if key is not None and "." in key:
+            head, _, tail = key.partition(".")
+            if any(sec == (*section, head) for sec, _, _ in self.sections):
+                return self.line((*section, head), tail)
+            return self.line(section, head)
         for sec, first, last in self.sections:
             if sec != section:
                 continue
@@ -196,6 +209,8 @@ def _model_at(loc: tuple) -> tuple[type[BaseModel] | None, tuple, str | None]:
     if loc and loc[0] == "requests" and len(loc) >= 2:
         if len(loc) == 2:  # the request itself is not a table
             return None, ("requests", loc[1]), None
+        if loc[2] == "sampling" and len(loc) >= 5 and loc[3] == "table":
+            return SamplingTable, ("requests", loc[1]), f"sampling.{loc[4]}"
         return RequestSpec, ("requests", loc[1]), str(loc[2])
     return ScenarioFile, ("top",), (str(loc[0]) if loc else None)
 
@@ -233,15 +248,16 @@ def _validation_error(e: ValidationError, file: str, index: _TomlIndex) -> Scena
     err = min(errors, key=lambda x: x["type"] != "extra_forbidden")
     loc = tuple(err["loc"])
     model, sec, fld = _model_at(loc)
+    key = (fld or "").rpartition(".")[2]  # the model's field ("sampling.top_k": "top_k")
     kind = loc[2] if sec[0] == "steps" and len(loc) >= 3 and loc[2] in STEP_MODELS else None
     typ = err["type"]
     if typ == "extra_forbidden":
         allowed = sorted(model.model_fields) if model else []
-        close = difflib.get_close_matches(fld or "", allowed, n=1)
+        close = difflib.get_close_matches(key, allowed, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         what = f"unknown key {fld!r}{hint}; allowed keys: {', '.join(allowed)}"
     elif typ == "missing":
-        desc = model.model_fields[fld].description if model and fld in model.model_fields else ""
+        desc = model.model_fields[key].description if model and key in model.model_fields else ""
         what = f"missing required key {fld!r}; allowed: {desc or 'see scenarios/README.md'}"
     elif typ in ("union_tag_invalid", "union_tag_not_found"):
         fld = "kind"
@@ -261,13 +277,13 @@ def _validation_error(e: ValidationError, file: str, index: _TomlIndex) -> Scena
         elif sec[0] == "requests" and fld is None:
             allowed = _SECTION_ALLOWED[("request",)]
         what = f"wrong type or value {err['input']!r}; allowed: {allowed}"
-        desc = model.model_fields[fld].description if model and fld in model.model_fields else ""
+        desc = model.model_fields[key].description if model and key in model.model_fields else ""
         what += f" ({desc})" if desc else ""
     else:
         msg = err["msg"].removeprefix("Value error, ")
         desc = ""
-        if model and fld in model.model_fields and "allowed" not in msg:
-            desc = model.model_fields[fld].description or ""
+        if model and key in model.model_fields and "allowed" not in msg:
+            desc = model.model_fields[key].description or ""
             desc = f"; allowed: {desc}" if desc else ""
         what = f"{msg} (got {err['input']!r}){desc}" if "got" not in msg else msg + desc
         if "allowed" not in what:
