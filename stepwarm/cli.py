@@ -129,7 +129,7 @@ def _failure_line(failed: StepFailed) -> str:
 @app.command()
 def run(
     model: Annotated[Optional[Path], typer.Option(help="Local model directory (config.json; weights optional). Default: the embedded tiny Llama.")] = None,
-    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario name or TOML file; repeat for several. Default: default.")] = None,
+    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario name, set (all: every built-in) or TOML file; repeat for several. Default: all.")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the report as JSON to this file.")] = None,
     engine_arg: EngineArgs = None,
     verbose: Verbose = False,
@@ -152,9 +152,9 @@ def run(
     _setup(verbose, quiet)
     from stepwarm.driver import drive
     from stepwarm.profile import read_profile
-    from stepwarm.scenario import ScenarioError, expand, load
+    from stepwarm.scenario import ScenarioError, expand, load, resolve_names
 
-    names = scenario or ["default"]
+    names = resolve_names(scenario or ["all"])
     _check_output_path(json_out, "--json")
     loaded, errors = [], []
     for name in names:  # files and format first: a typo costs no engine start

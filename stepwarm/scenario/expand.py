@@ -41,7 +41,7 @@ from stepwarm.scenario.format import (
     SpecDecodeStep,
     _SELECTOR,
 )
-from stepwarm.scenario.load import LoadedScenario, _where, load
+from stepwarm.scenario.load import LoadedScenario, _where, load, resolve_names
 from stepwarm.scenario.needs import unmet_need, unmet_requirement
 from stepwarm.scenario.sampling import (
     SweepFieldError,
@@ -510,10 +510,13 @@ def plans_for(names: list[str], profile: RunnerProfile) -> list[Plan]:
     """Load and expand every scenario named (built-in names or ``.toml`` paths)
     for ``profile``, all of them before any runs.
 
+    A set name (``all``) stands for its members
+    (:func:`~stepwarm.scenario.load.resolve_names`).
+
     Raises:
         ScenarioError: the first scenario that cannot be loaded or expanded.
     """
-    return [expand(load(name), profile) for name in names]
+    return [expand(load(name), profile) for name in resolve_names(names)]
 
 
 def check(names: list[str], profile: RunnerProfile) -> list[tuple[str, Plan | ScenarioError]]:
@@ -523,7 +526,7 @@ def check(names: list[str], profile: RunnerProfile) -> list[tuple[str, Plan | Sc
         (name, plan or the error) per name, in order.
     """
     out: list[tuple[str, Plan | ScenarioError]] = []
-    for name in names:
+    for name in resolve_names(names):
         try:
             out.append((name, expand(load(name), profile)))
         except ScenarioError as e:

@@ -10,6 +10,7 @@ import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -33,9 +34,14 @@ else:  # pragma: no cover
 def builtin_dir() -> Any:
     """The packaged ``stepwarm.scenarios`` directory (a Traversable).
 
-    Falls back to the source tree's ``scenarios/`` when stepwarm runs from a
-    checkout on ``PYTHONPATH`` without being installed (e.g. on a GPU box).
+    When stepwarm runs from a checkout (its ``scenarios/`` beside the
+    ``stepwarm`` package), that checkout's directory, also when another
+    checkout is installed in editable mode (whose ``stepwarm.scenarios``
+    would point at the other tree) or none is installed (e.g. on a GPU box).
     """
+    checkout = Path(__file__).resolve().parents[2] / "scenarios"
+    if (checkout / "default.toml").is_file():
+        return checkout
     try:
         return resources.files("stepwarm.scenarios")
     except ModuleNotFoundError:
@@ -48,9 +54,29 @@ def builtin_names() -> list[str]:
                   if p.name.endswith(".toml") and not p.name.startswith("_"))
 
 
+#: Named sets of built-ins: in a list of scenario names, a set's name stands
+#: for its members, in order. ``all`` is every built-in, ``default`` first
+#: (vLLM's own warmup), then the sampler scenarios, then the rest sorted;
+#: those a runner cannot run are skipped with their reason.
+SETS: dict[str, Callable[[], list[str]]] = {
+    "all": lambda: ["default", "sampler-matrix", "sampler-spec-decode"] + [
+        n for n in builtin_names()
+        if n not in ("default", "sampler-matrix", "sampler-spec-decode")],
+}
+
+
+def resolve_names(names: Iterable[str]) -> list[str]:
+    """``names`` with every set name (``all``) replaced by its members, in
+    order, each scenario once."""
+    out: list[str] = []
+    for name in names:
+        for member in SETS[name]() if name in SETS else [name]:
+            if member not in out:
+                out.append(member)
+    return out
+
+
 @dataclass(frozen=True)
-
-
 class LoadedScenario:
     """A parsed, validated scenario file."""
 
@@ -97,7 +123,8 @@ def load(name_or_path: str) -> LoadedScenario:
         close = difflib.get_close_matches(name_or_path, known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ScenarioError(f"unknown scenario {name_or_path!r}{hint}; allowed: a path to a "
-                            f".toml file or a built-in name: {', '.join(known)}",
+                            f".toml file, a built-in name: {', '.join(known)}, or a set: "
+                            + ", ".join(SETS),
                             file=name_or_path)
     text = (builtin_dir() / f"{name_or_path}.toml").read_text(encoding="utf-8")
     return loads(text, f"scenarios/{name_or_path}.toml", name_or_path)
