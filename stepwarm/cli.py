@@ -30,6 +30,9 @@ Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Show vLLM's errors o
 EngineArgs = Annotated[Optional[list[str]], typer.Option(
     "--engine-arg", "-e", help="vllm.LLM keyword as KEY=VALUE (VALUE as JSON), e.g. -e max_num_seqs=4; "
     "with check/show it starts an engine.")]
+ModelOption = Annotated[Optional[str], typer.Option(
+    "--model", "-m", help="Local model directory (config.json; weights optional) or a zoo model name "
+    "(stepwarm list --models). Default: the zoo's tiny Llama.")]
 #: Set by the commands' -v (tracebacks on errors).
 _verbose = False
 
@@ -77,19 +80,21 @@ def _check_output_path(path: Optional[Path], option: str) -> None:
         _fail(f"{option} {path}: is a directory; allowed: a file path", 2)
 
 
-def _start_engine(model: Optional[Path], engine_arg: Optional[list[str]],
+def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
                   on_phase: Optional[Callable[[str], None]] = None,
                   defaults: Optional[dict[str, Any]] = None) -> Any:
-    """Start the in-process engine; exit 2 with one paragraph on a bad model
-    directory or a config vLLM rejects (see :mod:`stepwarm.model_dir`).
-    ``on_phase`` also hears each start-up phase; ``defaults`` are engine
-    arguments that ``-e`` overrides."""
+    """Start the in-process engine on a model directory or zoo name; exit 2
+    with one paragraph on a bad model directory or a config vLLM rejects (see
+    :mod:`stepwarm.model_dir`). ``on_phase`` also hears each start-up phase;
+    ``defaults`` are engine arguments that ``-e`` overrides."""
     from stepwarm.model_dir import ModelDirError, check_model_dir, vllm_rejection
+    from stepwarm.zoo import resolve
 
     overrides = {**(defaults or {}), **_parse_engine_args(engine_arg or [])}
-    if model is not None:
+    path, _ = resolve(model)
+    if path is not None:
         try:
-            check_model_dir(model)
+            check_model_dir(path)
         except ModelDirError as e:
             _fail(str(e), 2)
     from stepwarm.engine import start_engine
@@ -119,7 +124,7 @@ def _start_engine(model: Optional[Path], engine_arg: Optional[list[str]],
         if status is not None:
             status.stop()
         _fail(f"vLLM could not start the engine after {time.perf_counter() - t0:.0f} s: "
-              + vllm_rejection(e, model), 2)
+              + vllm_rejection(e, path), 2)
     finally:
         console_module.phase_listener = None
         if status is not None:
@@ -135,8 +140,8 @@ def _failure_line(failed: StepFailed) -> str:
 
 @app.command()
 def run(
-    model: Annotated[Optional[Path], typer.Option(help="Local model directory (config.json; weights optional). Default: the embedded tiny Llama.")] = None,
-    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario name or TOML file; repeat for several. Default: default.")] = None,
+    model: ModelOption = None,
+    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario name, set (all: every built-in) or TOML file; repeat for several. Default: all.")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the report as JSON to this file.")] = None,
     engine_arg: EngineArgs = None,
     verbose: Verbose = False,
@@ -159,9 +164,9 @@ def run(
     _setup(verbose, quiet)
     from stepwarm.driver import drive
     from stepwarm.profile import read_profile
-    from stepwarm.scenario import ScenarioError, expand, load
+    from stepwarm.scenario import ScenarioError, expand, load, resolve_names
 
-    names = scenario or ["default"]
+    names = resolve_names(scenario or ["all"])
     _check_output_path(json_out, "--json")
     loaded, errors = [], []
     for name in names:  # files and format first: a typo costs no engine start
@@ -232,7 +237,7 @@ def run(
 def coverage(
     traffic: Annotated[Optional[str], typer.Argument(help="Traffic file (JSON Lines, one request a line). Default: the built-in one.")] = None,
     scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario the start-up hook runs; repeat for several. Default: every built-in (those the runner cannot run are skipped).")] = None,
-    model: Annotated[Optional[Path], typer.Option(help="Local model directory (config.json; weights optional). Default: the embedded tiny Llama.")] = None,
+    model: ModelOption = None,
     engine_arg: EngineArgs = None,
     baseline: Annotated[bool, typer.Option("--baseline", help="vLLM's own warmup alone: the start-up hook off.")] = False,
     compare: Annotated[bool, typer.Option("--compare", help="The baseline, then stepwarm, each in its own process with fresh caches; printed side by side (exit status: stepwarm's).")] = False,
@@ -347,7 +352,7 @@ def _coverage_compare(args: list[str], json_out: Optional[Path],
     raise typer.Exit(code_s)
 
 
-def _profile_for(model: Optional[Path], profile: Optional[Path],
+def _profile_for(model: Optional[str], profile: Optional[Path],
                  engine_arg: Optional[list[str]] = None) -> Any:
     """The runner profile ``check``/``show`` plan against: ``--profile`` file,
     or a profile read off an engine started with ``--model``, or the packaged
@@ -382,8 +387,13 @@ def _profile_line(p: Any) -> str:
 
 
 @app.command("list")
-def list_scenarios() -> None:
-    """List the built-in scenarios with what they need."""
+def list_scenarios(
+    models: Annotated[bool, typer.Option("--models", help="List the zoo's tiny models instead.")] = False,
+) -> None:
+    """List the built-in scenarios with what they need (--models: the zoo's models)."""
+    if models:
+        _list_models()
+        return
     from stepwarm.scenario import ScenarioError, builtin_names, load
 
     table = Table(title="built-in scenarios", title_justify="left")
@@ -399,10 +409,23 @@ def list_scenarios() -> None:
     console.print(table)
 
 
+def _list_models() -> None:
+    from stepwarm.zoo import ZOO
+
+    table = Table(title="zoo models (--model NAME; written at run time, dummy weights)",
+                  title_justify="left")
+    for col in ("name", "architecture", "kind", "vLLM runner / mode", "engine args"):
+        table.add_column(col, no_wrap=col == "name")
+    for m in ZOO.values():
+        table.add_row(m.name, m.architecture, m.kind, m.runner,
+                      " ".join(f"{k}={json.dumps(v)}" for k, v in m.engine_args.items()))
+    console.print(table)
+
+
 @app.command()
 def check(
     files: Annotated[list[str], typer.Argument(help="Scenario files (.toml) or built-in names.")],
-    model: Annotated[Optional[Path], typer.Option(help="Start vLLM with this model directory and check against its runner.")] = None,
+    model: ModelOption = None,
     profile: Annotated[Optional[Path], typer.Option(help="Check against a profile saved by `stepwarm profile`. Default: the embedded tiny Llama's.")] = None,
     engine_arg: EngineArgs = None,
     verbose: Verbose = False,
@@ -432,7 +455,7 @@ def check(
 @app.command()
 def show(
     file: Annotated[str, typer.Argument(help="Scenario file (.toml) or built-in name.")],
-    model: Annotated[Optional[Path], typer.Option(help="Start vLLM with this model directory and plan for its runner.")] = None,
+    model: ModelOption = None,
     profile: Annotated[Optional[Path], typer.Option(help="Plan for a profile saved by `stepwarm profile`. Default: the embedded tiny Llama's.")] = None,
     engine_arg: EngineArgs = None,
     verbose: Verbose = False,
@@ -507,7 +530,7 @@ def schema() -> None:
 @app.command("profile")
 def profile_cmd(
     output: Annotated[Path, typer.Option("--output", "-o", help="Write the profile here (JSON; TOML if it ends in .toml).")],
-    model: Annotated[Optional[Path], typer.Option(help="Local model directory (config.json; weights optional). Default: the embedded tiny Llama.")] = None,
+    model: ModelOption = None,
     engine_arg: EngineArgs = None,
     verbose: Verbose = False,
     quiet: Quiet = False,

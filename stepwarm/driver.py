@@ -50,6 +50,13 @@ class StepResult:
     #: Requests ``execute_model`` returned a pooler output for (pooling
     #: steps); None for steps that do not pool.
     pooled: list[str] | None = None
+    #: Columns of the sampled-token logprobs ``sample_tokens`` returned:
+    #: the step's largest ``logprobs`` + 1 (the sampled token's own); None
+    #: when no request asked for logprobs.
+    logprobs_width: int | None = None
+    #: req_id -> [rows, columns] of the prompt logprobs ``execute_model``
+    #: returned for this step's prompt chunk (columns: ``prompt_logprobs`` + 1).
+    prompt_logprobs: dict[str, list[int]] | None = None
     #: When the step was built and sent, and when its output was back
     #: (seconds since the epoch, ``time.time()``): what a compile seen at a
     #: given time is attributed to (``stepwarm coverage``).
@@ -125,6 +132,27 @@ def _pooled(output: Any) -> list[str] | None:
     return [rid for rid, out in zip(req_ids, pooler) if out is not None]
 
 
+def _shape(arr: Any) -> list[int]:
+    shape = getattr(arr, "shape", None)
+    if shape is not None:
+        return [int(n) for n in shape]
+    return [len(arr), len(arr[0]) if len(arr) else 0]
+
+
+def _logprobs_width(output: Any) -> int | None:
+    """Columns of ``ModelRunnerOutput.logprobs`` (``LogprobsLists``), or None."""
+    lists = getattr(output, "logprobs", None)
+    ids = getattr(lists, "logprob_token_ids", None)
+    return None if ids is None else _shape(ids)[-1]
+
+
+def _prompt_logprobs(output: Any) -> dict[str, list[int]] | None:
+    """req_id -> [rows, columns] of ``ModelRunnerOutput.prompt_logprobs_dict``."""
+    found = getattr(output, "prompt_logprobs_dict", None) or {}
+    out = {rid: _shape(t.logprob_token_ids) for rid, t in found.items() if t is not None}
+    return out or None
+
+
 def _result(step: PlannedStep, wall_ms: float, output: Any) -> StepResult:
     return StepResult(
         index=step.index,
@@ -138,6 +166,8 @@ def _result(step: PlannedStep, wall_ms: float, output: Any) -> StepResult:
         wall_ms=wall_ms,
         sampled=_sampled_counts(output) if step.sample else None,
         pooled=_pooled(output) if step.scheduled and not step.sample else None,
+        logprobs_width=_logprobs_width(output) if step.sample else None,
+        prompt_logprobs=_prompt_logprobs(output),
     )
 
 
