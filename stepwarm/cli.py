@@ -236,7 +236,7 @@ def run(
 @app.command()
 def coverage(
     traffic: Annotated[Optional[str], typer.Argument(help="Traffic file (JSON Lines, one request a line). Default: the built-in one.")] = None,
-    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario the start-up hook runs; repeat for several. Default: every built-in (those the runner cannot run are skipped).")] = None,
+    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario (or set) the start-up hook runs; repeat for several. Default: all (every built-in; those the runner cannot run are skipped).")] = None,
     model: ModelOption = None,
     engine_arg: EngineArgs = None,
     baseline: Annotated[bool, typer.Option("--baseline", help="vLLM's own warmup alone: the start-up hook off.")] = False,
@@ -263,7 +263,7 @@ def coverage(
     _setup(verbose, quiet)
     from stepwarm.coverage.report import print_report
     from stepwarm.coverage.traffic import TrafficError, load_traffic
-    from stepwarm.scenario import ScenarioError, builtin_names, load
+    from stepwarm.scenario import ScenarioError, load, resolve_names
 
     if baseline and compare:
         _fail("give --baseline or --compare, not both", 2)
@@ -271,7 +271,7 @@ def coverage(
         _check_output_path(path, option)
     if cache_dir is not None and cache_dir.exists() and any(cache_dir.iterdir()):
         _fail(f"--cache-dir {cache_dir}: not empty; compiles are found as new files there", 2)
-    names = [] if baseline else (scenario or builtin_names())
+    names = [] if baseline else resolve_names(scenario or ["all"])
     errors = []
     for name in names:  # files and format first: a typo costs no engine start
         try:
