@@ -142,14 +142,19 @@ def test_the_builtin_traffic_covers_the_classes_it_promises():
     traffic = load_traffic(None)
     assert traffic.source == str(builtin_path())
     reqs = [tl.request for tl in traffic.lines]
-    assert {r.count for r in reqs} == {1, 5, 16, 40}
+    assert {r.count for r in reqs} == {1, 5, 8, 16, 40}
     assert {r.prompt_len for r in reqs if r.count == 1} >= {1, 7, 16, 33, 300}
     samplings = [r.sampling for r in reqs]
     assert {s.get("logprobs") for s in samplings} >= {1, 5, "max"}
     assert any("prompt_logprobs" in s for s in samplings)
     assert any("seed" in s for s in samplings) and any("min_p" in s for s in samplings)
     assert any(s.get("temperature") == 0.7 and len(s) == 1 for s in samplings)  # temperature only
-    assert any("top_k" in s and "top_p" not in s for s in samplings)
+    # top-k alone, top-p alone and both at >= 8 requests (Triton's top-k/top-p kernel)
+    for only in ({"top_k"}, {"top_p"}, {"top_k", "top_p"}):
+        assert {r.count for r in reqs if only <= set(r.sampling)
+                and not ({"top_k", "top_p"} - only) & set(r.sampling)} >= {16, 40}
+    # prompts over a step's token budget: chunked prefill beside decodes
+    assert any(r.count * r.prompt_len > 2048 and r.prompt_len <= 300 for r in reqs)
     assert any("repetition_penalty" in s for s in samplings)
     assert sum(1 for r in reqs if r.prefix is not None) == 2
     assert any(isinstance(r.prompt, list) for r in reqs)
