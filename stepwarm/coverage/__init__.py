@@ -11,5 +11,6 @@ detectors saw and each request's first/second latency ratio.
 - :mod:`~stepwarm.coverage.replay`: each request twice through ``LLM.generate``;
 - :mod:`~stepwarm.coverage.measure`: one measurement, engine start to report;
 - :mod:`~stepwarm.coverage.report`: the report, its verdict, JSON and tables;
-- :mod:`~stepwarm.coverage.timeline`: the SVG timeline.
+- :mod:`~stepwarm.coverage.timeline`: the SVG timeline;
+- :mod:`~stepwarm.coverage.compare`: baseline and stepwarm, each in its own process.
 """

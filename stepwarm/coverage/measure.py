@@ -46,13 +46,11 @@ def enable_hook(scenarios: list[str] | None) -> None:
     register()
 
 
-def engine_limits(engine: Any, profile: Any) -> TrafficLimits:
-    """The limits traffic is checked against: ``max_model_len`` and
-    ``vocab_size`` from the runner profile, ``max_logprobs`` from the engine's
-    ``ModelConfig`` (vLLM's default 20 when absent)."""
-    model_config = engine.llm.llm_engine.model_config
+def engine_limits(profile: Any) -> TrafficLimits:
+    """The limits traffic is checked against, from the runner profile:
+    ``max_model_len``, ``vocab_size`` and ``max_logprobs``."""
     return TrafficLimits(max_model_len=profile.max_model_len, vocab_size=profile.vocab_size,
-                         max_logprobs=int(getattr(model_config, "max_logprobs", 20) or 20))
+                         max_logprobs=profile.max_logprobs)
 
 
 def _device() -> str:
@@ -118,7 +116,7 @@ def measure(
         startup_compiles=group_startup(attribute(startup_events, phases, reports), t0),
         scenario_runs=[_scenario_run(r, t0) for r in reports],
     )
-    limits = engine_limits(engine, profile)
+    limits = engine_limits(profile)
     check_limits(traffic, limits)
     if on_started is not None:
         on_started(rep)
