@@ -16,6 +16,7 @@ message (:func:`refusal`).
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Union
 
@@ -139,10 +140,12 @@ def shown(args: SamplingArgs) -> str:
     if isinstance(args, str):
         return repr(args)
 
-    def plain(v: Any) -> Any:
-        return [plain(x) for x in v] if isinstance(v, tuple) else v
+    def plain(k: str, v: Any) -> str:
+        if k == "logit_bias":
+            return "{ " + ", ".join(f"{t} = {b!r}" for t, b in v) + " }"
+        return repr(json.loads(json.dumps(v)))  # tuples as lists
 
-    return "{ " + ", ".join(f"{k} = {plain(v)!r}" for k, v in args) + " }"
+    return "{ " + ", ".join(f"{k} = {plain(k, v)}" for k, v in args) + " }"
 
 
 def variants(sampling: Preset | SamplingTable,
