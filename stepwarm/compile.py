@@ -182,13 +182,15 @@ def to_scheduler_output(
     _set(out, "num_spec_tokens_to_schedule", step.num_spec_tokens_to_schedule)
     if profile.zeroes_new_blocks:
         # The scheduler's KVCacheManager.take_new_block_ids(): blocks handed
-        # out in this step in the groups the worker zeroes.
+        # out in this step in the groups whose manager records them, group
+        # by group (one manager after the other), requests in schedule order.
         to_zero = [
             block_id
-            for row in step.scheduled
-            for group, ids in enumerate(row.allocated)
+            for group in range(len(profile.kv_cache_groups))
             if profile.zeroes_group(group)
-            for block_id in ids
+            for row in step.scheduled
+            if row.allocated
+            for block_id in row.allocated[group]
         ]
         _set(out, "new_block_ids_to_zero", to_zero or None)
     if step.scheduled:

@@ -57,6 +57,11 @@ class StepResult:
     #: req_id -> [rows, columns] of the prompt logprobs ``execute_model``
     #: returned for this step's prompt chunk (columns: ``prompt_logprobs`` + 1).
     prompt_logprobs: dict[str, list[int]] | None = None
+    #: When the step was built and sent, and when its output was back
+    #: (seconds since the epoch, ``time.time()``): what a compile seen at a
+    #: given time is attributed to (``stepwarm coverage``).
+    started_at: float = 0.0
+    ended_at: float = 0.0
 
 
 @dataclass
@@ -82,6 +87,10 @@ class RunReport:
     rank: int = 0
     tp_rank: int = 0
     pp_rank: int = 0
+    #: When the run started and ended, cleanup included (seconds since the
+    #: epoch, ``time.time()``; 0 when nothing ran).
+    started_at: float = 0.0
+    ended_at: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of the report."""
@@ -264,13 +273,16 @@ def drive(
     failed_at: int | None = None
     cause: BaseException | None = None
     t_run = time.perf_counter()
+    report.started_at = time.time()
     with kv_connector_disabled(worker):
         try:
             for step in plan.steps:
                 failed_at = step.index
+                started_at = time.time()
                 output, wall_ms = _run_step(worker, step, plan, profile, params, sent, ranks)
                 sent.difference_update(step.finished_req_ids)
                 result = _result(step, wall_ms, output)
+                result.started_at, result.ended_at = started_at, time.time()
                 report.steps.append(result)
                 if on_step is not None:
                     on_step(result)
@@ -294,6 +306,7 @@ def drive(
             report.cleanup_ran = True
             synchronize()
     report.wall_ms = (time.perf_counter() - t_run) * 1e3
+    report.ended_at = time.time()
     report.left_in_runner = sorted(
         r for r in live_request_ids(worker) if r.startswith(REQ_ID_PREFIX)
     )
