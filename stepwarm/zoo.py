@@ -107,7 +107,7 @@ def cache_dir() -> Path:
 
 
 def write_model(name: str = "tiny-llama", root: Path | None = None,
-                *, tokenizer: bool = False) -> Path:
+                *, tokenizer: bool = False, weights_seed: int | None = None) -> Path:
     """Write the named tiny model's ``config.json`` and return its directory.
 
     Args:
@@ -117,6 +117,13 @@ def write_model(name: str = "tiny-llama", root: Path | None = None,
             (tokens ``t0`` .. ``t{vocab-1}``), for engine paths that need one
             (pooling models build their scoring IO processor from it); the
             directory is then ``root/name-tok``.
+        weights_seed: also write random weights (``model.safetensors``,
+            bfloat16, the architecture's own initialization in
+            ``transformers`` under ``torch.manual_seed(weights_seed)``), for
+            engines started with ``load_format="auto"``: vLLM's dummy weights
+            (uniform in +-1e-3) leave logits nearly flat, too flat to compare
+            greedy tokens (:mod:`stepwarm.verify`). The directory name then
+            ends in ``-seed<weights_seed>``.
 
     Returns:
         ``root/name`` (or ``root/name-tok``), holding ``config.json``
@@ -127,12 +134,29 @@ def write_model(name: str = "tiny-llama", root: Path | None = None,
     """
     if name not in MODELS:
         raise KeyError(f"unknown tiny model {name!r}; known: {sorted(MODELS)}")
-    model_dir = (root or cache_dir()) / (f"{name}-tok" if tokenizer else name)
+    suffix = ("-tok" if tokenizer else "") + (
+        f"-seed{weights_seed}" if weights_seed is not None else "")
+    model_dir = (root or cache_dir()) / f"{name}{suffix}"
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(MODELS[name], indent=1) + "\n")
     if tokenizer:
         _write_tokenizer(model_dir, MODELS[name])
+    if weights_seed is not None:
+        _write_weights(model_dir, weights_seed)
     return model_dir
+
+
+def _write_weights(model_dir: Path, seed: int) -> None:
+    """``model.safetensors``: the model built from ``config.json`` by
+    ``transformers`` with seed ``seed`` (deterministic for a seed)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(model_dir / "model.safetensors"))
 
 
 def _write_tokenizer(model_dir: Path, config: dict[str, Any]) -> None:
