@@ -130,3 +130,18 @@ def finished_not_sent(llm: Any) -> set[str]:
     """
     core = llm.llm_engine.engine_core.engine_core
     return set(getattr(core.scheduler, "finished_req_ids", ()) or ())
+
+
+def abort_all(llm: Any) -> list[str]:
+    """Abort every request ``llm``'s engine still holds (after a step raised
+    inside ``llm.generate``/``llm.embed``, which leaves them behind); the
+    scheduler then finishes them.
+
+    Returns:
+        The aborted request ids.
+    """
+    engine = llm.llm_engine
+    ids = list(getattr(engine.output_processor, "request_states", {}))
+    if ids:
+        engine.abort_request(ids, internal=True)
+    return ids

