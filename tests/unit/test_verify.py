@@ -96,8 +96,22 @@ def test_a_prefix_fill_longer_than_the_token_budget_is_chunked():
     plan = b.build()
     filled, origin = with_prefix_fills(plan, p)
     assert origin == (0, 0, 0)
-    rows = [s.scheduled[0] for s in filled.steps[:2]]
+    rows = [s.scheduled[0] for s in filled.steps[:2]]  # 8 tokens in chunks of 4
     assert [(r.num_computed_tokens, r.num_scheduled_tokens, r.new, r.samples) for r in rows] == [
         (0, 4, True, False), (4, 4, False, True)]
     assert rows[0].block_ids == (plan.steps[0].scheduled[0].block_ids[0][:2],)
     assert rows[1].block_ids == ()
+
+
+def test_a_prefix_fill_in_mamba_align_mode_goes_one_mamba_block_per_step():
+    p = _profile(max_num_batched_tokens=32, num_speculative_steps=0, decode_query_len=1,
+                 num_lookahead_tokens=0,
+                 kv_cache_groups=(CacheSpec(kind="mamba", block_size=4, mamba_cache_mode="align"),
+                                  CacheSpec(kind="full_attention", block_size=4)))
+    b = PlanBuilder(p, name="t")
+    b.add_request(PlannedRequest(B, 10))
+    b.set_computed(B, 8)
+    b.step("prefix_hit", "h", prefill={B: 2})
+    filled, _ = with_prefix_fills(b.build(), p)
+    assert [(s.scheduled[0].num_computed_tokens, s.scheduled[0].num_scheduled_tokens)
+            for s in filled.steps[:2]] == [(0, 4), (4, 4)]
