@@ -78,9 +78,20 @@ def _sampling_params(req: PlannedRequest, profile: RunnerProfile) -> Any:
 
 
 def _pooling_params(profile: RunnerProfile) -> Any:
+    """``PoolingParams`` as the front end sends them: ``PoolingParams.verify``
+    (``_set_default_parameters``) turns an unset ``use_activation`` on for
+    the embed and classify tasks, so the runner normalizes embeddings (applies
+    the classifier's activation) for real requests; stepwarm's do the same.
+    (A ``pooler_config`` that turns it off is not read.)"""
     from vllm import PoolingParams
 
-    return PoolingParams(task=profile.pooling_task) if profile.pooling_task else PoolingParams()
+    if not profile.pooling_task:
+        return PoolingParams()
+    params = PoolingParams(task=profile.pooling_task)
+    if profile.pooling_task in ("embed", "token_embed", "classify", "token_classify") and \
+            getattr(params, "use_activation", False) is None:
+        params.use_activation = True
+    return params
 
 
 def _mm_features(req: PlannedRequest) -> list[Any]:
