@@ -60,21 +60,53 @@ class OutputHistory:
         return list(expected) + list(placeholder[len(expected):])
 
 
-def _sampling_params(req: PlannedRequest, profile: RunnerProfile) -> Any:
-    """``SamplingParams.for_sampler_warmup()`` (or greedy) as the engine would
-    accept them: with a speculator on the V1 runner, vLLM's front end refuses
+#: ``SamplingParams`` keyword arguments of the presets other than "warmup"
+#: (which is ``SamplingParams.for_sampler_warmup()``).
+PRESET_ARGS: dict[str, dict[str, Any]] = {
+    "greedy": {"temperature": 0.0, "max_tokens": 2},
+    "random": {"temperature": 1.0},
+    "seeded": {"temperature": 1.0, "seed": 0},
+}
+
+
+def sampling_params(sampling: str | tuple[tuple[str, Any], ...], profile: RunnerProfile) -> Any:
+    """The ``SamplingParams`` a request with ``sampling`` sends (a
+    :attr:`~stepwarm.plan.PlannedRequest.sampling`: a preset name or keyword
+    arguments).
+
+    "warmup" is ``SamplingParams.for_sampler_warmup()`` as the engine would
+    accept it: with a speculator on the V1 runner, vLLM's front end refuses
     ``min_p`` and ``logit_bias`` (``SamplingParams._validate_spec_decode``),
     and its rejection sampler indexes out of bounds on them, so they are
-    dropped there."""
+    dropped there. Keyword arguments become ``SamplingParams(**kwargs)``
+    with lists for tuples, a dict for ``logit_bias`` and ``bad_words`` as
+    the token-id lists vLLM's tokenizer step would make of them
+    (``_bad_words_token_ids``, which the worker reads); ``max_tokens`` is
+    at least ``min_tokens`` (vLLM requires it) and 16.
+
+    Raises:
+        ValueError: ``SamplingParams`` refuses the arguments (vLLM's message).
+    """
     from vllm import SamplingParams
 
-    if req.sampling != "warmup":
-        return SamplingParams(max_tokens=2, temperature=0.0)
-    params = SamplingParams.for_sampler_warmup()
-    if profile.has_speculator and profile.runner == "v1":
-        params.min_p = 0.0
-        params.logit_bias = None
-    return params
+    if sampling == "warmup":
+        params = SamplingParams.for_sampler_warmup()
+        if profile.has_speculator and profile.runner == "v1":
+            params.min_p = 0.0
+            params.logit_bias = None
+        return params
+    if isinstance(sampling, str):
+        return SamplingParams(**PRESET_ARGS[sampling])
+    kwargs: dict[str, Any] = {}
+    for name, value in sampling:
+        if name == "logit_bias":
+            kwargs[name] = dict(value)
+        elif name == "bad_words":
+            kwargs["_bad_words_token_ids"] = [list(w) for w in value]
+        else:
+            kwargs[name] = list(value) if isinstance(value, tuple) else value
+    kwargs["max_tokens"] = max(16, kwargs.get("min_tokens") or 0)
+    return SamplingParams(**kwargs)
 
 
 def _pooling_params(profile: RunnerProfile) -> Any:
@@ -178,7 +210,7 @@ def to_scheduler_output(
         if row.req_id not in params:
             params[row.req_id] = (
                 (None, _pooling_params(profile)) if req.kind == "pool"
-                else (_sampling_params(req, profile), None)
+                else (sampling_params(req.sampling, profile), None)
             )
         if row.new or (row.resumed and profile.runner == "v2"):
             out.scheduled_new_reqs.append(
@@ -213,13 +245,15 @@ def to_scheduler_output(
     _set(out, "num_spec_tokens_to_schedule", step.num_spec_tokens_to_schedule)
     if profile.zeroes_new_blocks:
         # The scheduler's KVCacheManager.take_new_block_ids(): blocks handed
-        # out in this step in the groups the worker zeroes.
+        # out in this step in the groups whose manager records them, group
+        # by group (one manager after the other), requests in schedule order.
         to_zero = [
             block_id
-            for row in step.scheduled
-            for group, ids in enumerate(row.allocated)
+            for group in range(len(profile.kv_cache_groups))
             if profile.zeroes_group(group)
-            for block_id in ids
+            for row in step.scheduled
+            if row.allocated
+            for block_id in row.allocated[group]
         ]
         _set(out, "new_block_ids_to_zero", to_zero or None)
     if step.scheduled:

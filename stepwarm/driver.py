@@ -53,6 +53,18 @@ class StepResult:
     #: Requests ``execute_model`` returned a pooler output for (pooling
     #: steps); None for steps that do not pool.
     pooled: list[str] | None = None
+    #: Columns of the sampled-token logprobs ``sample_tokens`` returned:
+    #: the step's largest ``logprobs`` + 1 (the sampled token's own); None
+    #: when no request asked for logprobs.
+    logprobs_width: int | None = None
+    #: req_id -> [rows, columns] of the prompt logprobs ``execute_model``
+    #: returned for this step's prompt chunk (columns: ``prompt_logprobs`` + 1).
+    prompt_logprobs: dict[str, list[int]] | None = None
+    #: When the step was built and sent, and when its output was back
+    #: (seconds since the epoch, ``time.time()``): what a compile seen at a
+    #: given time is attributed to (``stepwarm coverage``).
+    started_at: float = 0.0
+    ended_at: float = 0.0
 
 
 @dataclass
@@ -78,6 +90,10 @@ class RunReport:
     rank: int = 0
     tp_rank: int = 0
     pp_rank: int = 0
+    #: When the run started and ended, cleanup included (seconds since the
+    #: epoch, ``time.time()``; 0 when nothing ran).
+    started_at: float = 0.0
+    ended_at: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of the report."""
@@ -123,6 +139,27 @@ def _pooler_outputs(output: Any) -> dict[str, Any] | None:
     return {rid: out for rid, out in zip(req_ids, pooler) if out is not None}
 
 
+def _shape(arr: Any) -> list[int]:
+    shape = getattr(arr, "shape", None)
+    if shape is not None:
+        return [int(n) for n in shape]
+    return [len(arr), len(arr[0]) if len(arr) else 0]
+
+
+def _logprobs_width(output: Any) -> int | None:
+    """Columns of ``ModelRunnerOutput.logprobs`` (``LogprobsLists``), or None."""
+    lists = getattr(output, "logprobs", None)
+    ids = getattr(lists, "logprob_token_ids", None)
+    return None if ids is None else _shape(ids)[-1]
+
+
+def _prompt_logprobs(output: Any) -> dict[str, list[int]] | None:
+    """req_id -> [rows, columns] of ``ModelRunnerOutput.prompt_logprobs_dict``."""
+    found = getattr(output, "prompt_logprobs_dict", None) or {}
+    out = {rid: _shape(t.logprob_token_ids) for rid, t in found.items() if t is not None}
+    return out or None
+
+
 def _result(step: PlannedStep, wall_ms: float, output: Any, pooled: dict[str, Any] | None,
             ) -> StepResult:
     tokens = _sampled_tokens(output) if step.sample else None
@@ -139,6 +176,8 @@ def _result(step: PlannedStep, wall_ms: float, output: Any, pooled: dict[str, An
         sampled=None if tokens is None else {rid: len(t) for rid, t in tokens.items()},
         sampled_token_ids=tokens,
         pooled=None if pooled is None else list(pooled),
+        logprobs_width=_logprobs_width(output) if step.sample else None,
+        prompt_logprobs=_prompt_logprobs(output),
     )
 
 
@@ -251,16 +290,19 @@ def drive(
     failed_at: int | None = None
     cause: BaseException | None = None
     t_run = time.perf_counter()
+    report.started_at = time.time()
     with kv_connector_disabled(worker):
         try:
             for step in plan.steps:
                 failed_at = step.index
+                started_at = time.time()
                 output, wall_ms = _run_step(worker, step, plan, profile, params, sent, ranks,
                                             tokens)
                 sent.difference_update(step.finished_req_ids)
                 pooled = (_pooler_outputs(output) if step.scheduled and not step.sample
                           else None)
                 result = _result(step, wall_ms, output, pooled)
+                result.started_at, result.ended_at = started_at, time.time()
                 tokens.pooled.update(pooled or {})
                 for rid, ids in (result.sampled_token_ids or {}).items():
                     tokens.sampled.setdefault(rid, []).extend(ids)
@@ -287,6 +329,7 @@ def drive(
             report.cleanup_ran = True
             synchronize()
     report.wall_ms = (time.perf_counter() - t_run) * 1e3
+    report.ended_at = time.time()
     report.left_in_runner = sorted(
         r for r in live_request_ids(worker) if r.startswith(REQ_ID_PREFIX)
     )

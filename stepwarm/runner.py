@@ -110,6 +110,16 @@ def jit_monitor_deferred() -> Iterator[None]:
             original(*args, **kwargs)
 
 
+def jit_monitor_engine_args() -> dict[str, Any]:
+    """``{"jit_monitor_verbose": True}`` (vLLM's JIT monitor logs every
+    compile, not only a kernel's first) where vLLM's ``EngineArgs`` has the
+    field (vLLM >= 0.26), else ``{}``."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    fields = getattr(EngineArgs, "__dataclass_fields__", {})
+    return {"jit_monitor_verbose": True} if "jit_monitor_verbose" in fields else {}
+
+
 def synchronize() -> None:
     """Wait for the device (``torch.accelerator.synchronize``; no-op on CPU
     builds without an accelerator)."""

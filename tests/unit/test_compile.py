@@ -123,7 +123,7 @@ def test_new_block_ids_to_zero_on_runners_that_zero_new_blocks():
     p = _profile(
         kv_cache_groups=(CacheSpec(kind="full_attention", block_size=4),
                          CacheSpec(kind="mamba", block_size=4, mamba_cache_mode="align")),
-        zeroes_new_blocks=True,
+        zeroes_new_blocks=True, enable_prefix_caching=True,
     )
     b = PlanBuilder(p)
     b.add_request(PlannedRequest("_stepwarm_a_", 6))
@@ -131,14 +131,19 @@ def test_new_block_ids_to_zero_on_runners_that_zero_new_blocks():
     prefill = b.step("prefill", "p", prefill={"_stepwarm_a_": 6})
     so = to_scheduler_output(prefill, b.build(), p)
     full, mamba = so.scheduled_new_reqs[0].block_ids
-    assert so.new_block_ids_to_zero == full == [1, 2] and mamba == [3, 4]
+    # Align mode: a null placeholder, then one state block.
+    assert so.new_block_ids_to_zero == full == [1, 2] and mamba == [0, 3]
     decode = b.step("decode", "d", decode={"_stepwarm_a_": 0})  # 7 tokens: no new block
     assert to_scheduler_output(decode, b.build(), p).new_block_ids_to_zero is None
     b.set_computed("_stepwarm_h_", 8)  # two cached blocks per group
     hit = b.step("prefix_hit", "h", prefill={"_stepwarm_h_": 2})
     so = to_scheduler_output(hit, b.build(), p)
-    full, _ = so.scheduled_new_reqs[0].block_ids
-    assert len(full) == 3 and so.new_block_ids_to_zero == full[2:]
+    full, mamba = so.scheduled_new_reqs[0].block_ids
+    # The hit shares a's cached prompt block (id 1; a's prompt of 6 tokens
+    # fills one block); the second hit block stands in for an uncached one;
+    # only the third block is new, so only it is zeroed.
+    assert full[0] == 1 and len(full) == 3 and so.new_block_ids_to_zero == full[2:]
+    assert mamba[0] == 0  # the Mamba hit keeps only its last state
 
 
 def test_no_zeroing_without_the_runner_flag():
