@@ -35,15 +35,16 @@ def main(pairs: list[str]) -> None:
                 k = {**r["compiles_first"], **r["compiles_second"]}
                 if k or _flagged(rep).get(r["name"]):
                     details.append(f"| {name} | {mode} | {r['name']} | {r['first_ms']:.0f} / "
-                                   f"{r['second_ms']:.0f} | {', '.join(k) or '-'} |")
+                                   f"{r['second_ms']:.0f} | {r.get('first_worker_ms', 0):.0f} / "
+                                   f"{r.get('second_worker_ms', 0):.0f} | {', '.join(k) or '-'} |")
     print("| engine | compiles, baseline | compiles, stepwarm | excess ms, baseline "
           "| excess ms, stepwarm | flagged, baseline | flagged, stepwarm "
           "| stepwarm's scenarios (s) | engine start-up s (baseline / stepwarm) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(rows))
     print()
-    print("| engine | run | request | first / second ms | compiled |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| engine | run | request | first / second ms | of which in the worker | compiled |")
+    print("| --- | --- | --- | --- | --- | --- |")
     print("\n".join(details))
 
 

@@ -12,6 +12,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -144,6 +145,7 @@ def run(
     scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario name, set (all: every built-in) or TOML file; repeat for several. Default: all.")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the report as JSON to this file.")] = None,
     engine_arg: EngineArgs = None,
+    verify: Annotated[bool, typer.Option("--verify", help="After warmup, run each scenario's sampling requests through vLLM's own scheduler (LLM.generate, greedy) and its steps again greedily; report every request whose tokens differ (exit 1).")] = False,
     verbose: Verbose = False,
     quiet: Quiet = False,
 ) -> None:
@@ -152,7 +154,9 @@ def run(
     Every scenario is loaded before the engine starts and expanded against the
     worker's profile before the first step. A scenario whose step fails on the
     worker is reported (the runner is cleaned up) and the next one runs; the
-    exit status is then 1.
+    exit status is then 1. With --verify, every scenario that ran is then
+    compared with vLLM's own scheduler (stepwarm.verify); any difference
+    also exits 1.
 
     Engine arguments passed beyond vLLM's defaults (each overridable with -e):
     load_format=dummy and distributed_executor_backend=uni always; on vLLM's
@@ -215,11 +219,16 @@ def run(
         else:
             console.print(f"scenario {plan.name}: {len(report.steps)} steps in "
                           f"{report.wall_ms:.0f} ms, runner left with no warmup request")
+    checked = _verify(engine, [p for p, r in zip(plans, reports) if r.ok and not r.skipped],
+                      profile) if verify else []
     if json_out is not None:
         try:
             json_out.write_text(json.dumps(
                 {"profile": profile.model_dump(), "startup_s": startup_s,
-                 "scenarios": [r.to_dict() for r in reports]}, indent=2) + "\n")
+                 "scenarios": [r.to_dict() for r in reports],
+                 **({"verify": [{"scenario": n, **(asdict(v) if not isinstance(v, str)
+                                                   else {"error": v})} for n, v in checked]}
+                    if verify else {})}, indent=2) + "\n")
         except OSError as e:
             _fail(f"--json {json_out}: cannot write the report: {e.strerror or e}", 2)
     ran = [r for r in reports if not r.skipped]
@@ -229,22 +238,48 @@ def run(
     if failures:
         _fail(f"{len(failures)} of {len(ran)} scenario(s) failed on the worker "
               f"({', '.join(f.report.plan for f in failures)}: see 'failed:' above)", 1)
+    bad = [n for n, v in checked if isinstance(v, str) or not v.ok]
+    if bad:
+        _fail(f"--verify: {len(bad)} scenario(s) differ from vLLM's scheduler or could not be "
+              f"compared ({', '.join(bad)}: see the table above)", 1)
     console.print(Text.assemble(("ok", "bold green"),
                                 f": {summary}; runner left with no warmup request"))
+
+
+def _verify(engine: Any, plans: list[Any], profile: Any) -> list[tuple[str, Any]]:
+    """``run --verify``: :func:`stepwarm.verify.verify` each plan; print the table.
+
+    Returns:
+        (scenario, VerifyReport or the error text) per plan.
+    """
+    from stepwarm.console import verify_table
+    from stepwarm.verify import verify
+
+    results: list[tuple[str, Any]] = []
+    for plan in plans:
+        console.print(f"verifying {plan.name} against vLLM's scheduler")
+        try:
+            results.append((plan.name, verify(engine.llm, engine.worker, plan, profile)))
+        except Exception as e:  # noqa: BLE001 - reported in the table, exit 1
+            if _verbose:
+                err_console.print_exception()
+            results.append((plan.name, plan.with_display_names(f"{type(e).__name__}: {e}")))
+    console.print(verify_table(results))
+    return results
 
 
 @app.command()
 def coverage(
     traffic: Annotated[Optional[str], typer.Argument(help="Traffic file (JSON Lines, one request a line). Default: the built-in one.")] = None,
-    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario the start-up hook runs; repeat for several. Default: every built-in (those the runner cannot run are skipped).")] = None,
+    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario (or set) the start-up hook runs; repeat for several. Default: all (every built-in; those the runner cannot run are skipped).")] = None,
     model: ModelOption = None,
     engine_arg: EngineArgs = None,
     baseline: Annotated[bool, typer.Option("--baseline", help="vLLM's own warmup alone: the start-up hook off.")] = False,
     compare: Annotated[bool, typer.Option("--compare", help="The baseline, then stepwarm, each in its own process with fresh caches; printed side by side (exit status: stepwarm's).")] = False,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON to this file.")] = None,
     timeline: Annotated[Optional[Path], typer.Option("--timeline", help="Write an SVG timeline of compiles per start-up phase, scenario step and request.")] = None,
-    threshold: Annotated[Optional[float], typer.Option(help="First/second latency ratio above which a request fails. Default: 1.2 on GPUs, 3.0 on CPUs.")] = None,
-    min_excess_ms: Annotated[Optional[float], typer.Option(help="...and by how many ms the first run must be slower to fail. Default: 10 on GPUs, 2000 on CPUs.")] = None,
+    threshold: Annotated[Optional[float], typer.Option(help="First/second latency ratio above which a request fails. Default: 1.2 on GPUs; on vLLM's CPU build none (the ratio is reported, compiles gate).")] = None,
+    min_excess_ms: Annotated[Optional[float], typer.Option(help="...and by how many ms the first run must be slower to fail. Default: 10 on GPUs, 0 on CPUs.")] = None,
     cache_dir: Annotated[Optional[Path], typer.Option(help="Where the fresh TRITON_CACHE_DIR / VLLM_CACHE_ROOT / TORCHINDUCTOR_CACHE_DIR go (an empty directory). Default: a new temporary directory.")] = None,
     verbose: Verbose = False,
     quiet: Quiet = False,
@@ -263,7 +298,7 @@ def coverage(
     _setup(verbose, quiet)
     from stepwarm.coverage.report import print_report
     from stepwarm.coverage.traffic import TrafficError, load_traffic
-    from stepwarm.scenario import ScenarioError, builtin_names, load
+    from stepwarm.scenario import ScenarioError, load, resolve_names
 
     if baseline and compare:
         _fail("give --baseline or --compare, not both", 2)
@@ -271,7 +306,7 @@ def coverage(
         _check_output_path(path, option)
     if cache_dir is not None and cache_dir.exists() and any(cache_dir.iterdir()):
         _fail(f"--cache-dir {cache_dir}: not empty; compiles are found as new files there", 2)
-    names = [] if baseline else (scenario or builtin_names())
+    names = [] if baseline else resolve_names(scenario or ["all"])
     errors = []
     for name in names:  # files and format first: a typo costs no engine start
         try:
@@ -289,6 +324,7 @@ def coverage(
     try:
         loaded = load_traffic(traffic)
     except TrafficError as e:
+        detectors.stop()
         _fail(str(e), 2)
     from stepwarm.coverage.measure import measure
     from stepwarm.runner import jit_monitor_engine_args
@@ -310,6 +346,8 @@ def coverage(
                       on_request=on_request)
     except TrafficError as e:
         _fail(str(e), 2)
+    finally:
+        detectors.stop()
     print_report(rep, console)
     _write_outputs(rep, json_out, timeline)
     raise typer.Exit(rep.exit_code)

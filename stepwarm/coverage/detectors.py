@@ -26,6 +26,7 @@ import collections
 import logging
 import os
 import re
+import shutil
 import tempfile
 import time
 from collections.abc import Iterable
@@ -90,8 +91,10 @@ class CacheScan:
 
     name = "cache"
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, owned: bool = False):
         self.root = root
+        #: Whether :meth:`remove` may delete ``root`` (a directory it made).
+        self.owned = owned
         self.dirs = {var: root / var.lower() for var in CACHE_VARIABLES}
         self._seen: set[Path] = set()
 
@@ -99,12 +102,17 @@ class CacheScan:
     def use_fresh_dirs(cls, root: Path | None = None) -> CacheScan:
         """Point :data:`CACHE_VARIABLES` at new empty directories under
         ``root`` (default: a new temporary directory) in ``os.environ``."""
-        root = Path(root or tempfile.mkdtemp(prefix="stepwarm-coverage-"))
-        scan = cls(root)
+        scan = cls(Path(root), owned=False) if root is not None else cls(
+            Path(tempfile.mkdtemp(prefix="stepwarm-coverage-")), owned=True)
         for var, d in scan.dirs.items():
             d.mkdir(parents=True, exist_ok=True)
             os.environ[var] = str(d)
         return scan
+
+    def remove(self) -> None:
+        """Delete the cache directories if this scan made them (a temporary directory)."""
+        if self.owned:
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def _files(self) -> set[Path]:
         found: set[Path] = set()
@@ -244,5 +252,7 @@ class Detectors:
                       key=lambda e: (e.at, e.detector, e.name))
 
     def stop(self) -> None:
-        """Detach the log handler (the Triton hook stays chained: harmless)."""
+        """Detach the log handler (the Triton hook stays chained: harmless)
+        and delete the temporary cache directories."""
         logging.getLogger(MONITOR_LOGGER).removeHandler(self.monitor)
+        self.scan.remove()

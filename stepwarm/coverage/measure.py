@@ -82,7 +82,7 @@ def measure(
         start_engine: starts the engine (an :class:`~stepwarm.engine.Engine`),
             calling its argument with each start-up phase's name as it begins.
         detectors: started before anything imported vLLM
-            (:meth:`~stepwarm.coverage.detectors.Detectors.start`).
+            (:meth:`~stepwarm.coverage.detectors.Detectors.start`); the caller stops them.
         threshold, min_excess_ms: the ratio gate; the device's
             :data:`~stepwarm.coverage.report.DEFAULT_THRESHOLDS` when None.
         on_started: called with the report once start-up is attributed.
@@ -123,10 +123,9 @@ def measure(
     if on_started is not None:
         on_started(rep)
     t_traffic = time.time()
-    results = replay(engine.llm, traffic, limits, detectors, on_request)
+    results = replay(engine.llm, traffic, limits, detectors, on_request, worker=engine.worker)
     rep.requests = [request_dict(r, t0) for r in results]
     rep.traffic_s = [round(t_traffic - t0, 3), round(time.time() - t0, 3)]
-    detectors.stop()
     return rep
 
 

@@ -10,6 +10,7 @@ initialization. The detectors are polled after each run.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from stepwarm.coverage.traffic import (
     make_sampling_params,
     prompts_for,
 )
+from stepwarm.runner import WorkerClock
 
 
 @dataclass
@@ -40,6 +42,9 @@ class RequestResult:
     #: priming request of a prefix line not included).
     first_ms: float = 0.0
     second_ms: float = 0.0
+    #: Of which inside the worker's ``execute_model`` / ``sample_tokens`` (ms).
+    first_worker_ms: float = 0.0
+    second_worker_ms: float = 0.0
     #: Compiles seen during the first / second run (kernel -> count, detectors merged).
     compiles_first: dict[str, int] = field(default_factory=dict)
     compiles_second: dict[str, int] = field(default_factory=dict)
@@ -73,8 +78,9 @@ def _generate(llm: Any, prompts: list[list[int]], params: Any) -> Any:
 
 
 def replay_line(llm: Any, tl: TrafficLine, limits: TrafficLimits,
-                detectors: Detectors) -> RequestResult:
-    """Run one line twice (see the module docstring) and what the detectors saw.
+                detectors: Detectors, clock: WorkerClock | None = None) -> RequestResult:
+    """Run one line twice (see the module docstring) and what the detectors
+    saw; with ``clock`` (attached to the worker), the worker's share of each run.
 
     A run that raises is recorded in ``error``; the second run is then skipped.
     """
@@ -92,9 +98,12 @@ def replay_line(llm: Any, tl: TrafficLine, limits: TrafficLimits,
             llm.reset_prefix_cache()
             if priming is not None:
                 _generate(llm, [priming], prime_params)
+            if clock is not None:
+                clock.take()
             t0 = time.perf_counter()
             outs = _generate(llm, prompts, params)
             elapsed = (time.perf_counter() - t0) * 1e3
+            worker_ms = clock.take() if clock is not None else 0.0
         except Exception as e:  # noqa: BLE001 - reported per request
             result.error = f"{type(e).__name__}: {e}"
             result.events += detectors.poll()
@@ -103,18 +112,23 @@ def replay_line(llm: Any, tl: TrafficLine, limits: TrafficLimits,
         result.events += events
         result.tokens.append(sum(len(c.token_ids) for o in outs for c in o.outputs))
         if round_ == 0:
-            result.first_ms, result.compiles_first = elapsed, merge(events)
+            result.first_ms, result.first_worker_ms = elapsed, worker_ms
+            result.compiles_first = merge(events)
         else:
-            result.second_ms, result.compiles_second = elapsed, merge(events)
+            result.second_ms, result.second_worker_ms = elapsed, worker_ms
+            result.compiles_second = merge(events)
     return result
 
 
 def replay(llm: Any, traffic: Traffic, limits: TrafficLimits, detectors: Detectors,
-           on_request: Callable[[RequestResult], None] | None = None) -> list[RequestResult]:
+           on_request: Callable[[RequestResult], None] | None = None,
+           worker: Any = None) -> list[RequestResult]:
     """Replay every line of ``traffic`` in file order (:func:`replay_line`).
 
     Args:
         llm: the ``vllm.LLM``.
+        worker: its worker, in this process: then each run's time inside the
+            worker is measured too (:class:`~stepwarm.runner.WorkerClock`).
         traffic: a checked traffic file (:func:`~stepwarm.coverage.traffic.check_limits`).
         limits: the engine's limits (vocabulary, ``max_logprobs``).
         detectors: polled before and after each run.
@@ -124,9 +138,12 @@ def replay(llm: Any, traffic: Traffic, limits: TrafficLimits, detectors: Detecto
         One :class:`RequestResult` per line.
     """
     results = []
-    for tl in traffic.lines:
-        result = replay_line(llm, tl, limits, detectors)
-        results.append(result)
-        if on_request is not None:
-            on_request(result)
+    clock = WorkerClock()
+    with clock.attached(worker) if worker is not None else contextlib.nullcontext():
+        for tl in traffic.lines:
+            result = replay_line(llm, tl, limits, detectors,
+                                 clock if worker is not None else None)
+            results.append(result)
+            if on_request is not None:
+                on_request(result)
     return results

@@ -21,15 +21,17 @@ from stepwarm.coverage.detectors import CompileEvent, merge
 from stepwarm.coverage.replay import RequestResult
 from stepwarm.coverage.startup import Where
 
-#: Default first/second latency ratio above which a request is flagged, per
-#: device kind, and the excess (ms) it must also exceed. GPU: the issue's
-#: target (1.2) with a 10 ms floor (warm tiny-model requests take 5-50 ms).
-#: CPU: on a shared 2-core machine (load 5-8) requests with no compile had
-#: first/second ratios of 0.37-3.5 and first runs up to ~1 s slower, so only
-#: a first call at least 3x and 2 s slower is told apart from noise there
-#: (the CPU build's one first-call compile, Inductor's logprobs kernel, costs
-#: 10-11 s).
-DEFAULT_THRESHOLDS = {"gpu": (1.2, 10.0), "cpu": (3.0, 2000.0)}
+#: Default first/second latency ratio above which a request is flagged, and
+#: the excess (ms) its first run must also exceed, per device kind; None: the
+#: ratio is reported but does not gate. GPU: the issue's target (1.2) with a
+#: 10 ms floor (warm tiny-model requests take 5-30 ms there). CPU: off. On the
+#: shared 2-core machine CI runs on (load 5-12), requests with no compile had
+#: first runs 0.2-7.5 times their second, and single runs (first or second)
+#: 10 s slower than the other; no threshold tells the CPU build's one
+#: first-call compile (Inductor's logprobs kernel, 10-40 s there) from that
+#: noise, and the cache scan sees that compile anyway.
+DEFAULT_THRESHOLDS: dict[str, tuple[float | None, float]] = {
+    "gpu": (1.2, 10.0), "cpu": (None, 0.0)}
 
 
 @dataclass
@@ -61,7 +63,8 @@ class CoverageReport:
     model: str
     device: str
     detectors: list[str]
-    threshold: float
+    #: First/second ratio that fails a request (None: the ratio does not gate).
+    threshold: float | None
     min_excess_ms: float
     #: Seconds in ``LLM(...)`` (import of vLLM included).
     startup_s: float = 0.0
@@ -85,7 +88,8 @@ class CoverageReport:
             return "error"
         if r["compiles_first"] or r["compiles_second"]:
             return "compiled"
-        if r["ratio"] > self.threshold and r["excess_ms"] > self.min_excess_ms:
+        if (self.threshold is not None and r["ratio"] > self.threshold
+                and r["excess_ms"] > self.min_excess_ms):
             return f"ratio > {self.threshold:g}"
         return ""
 
@@ -138,6 +142,8 @@ def request_dict(r: RequestResult, t0: float) -> dict[str, Any]:
     return {"line": r.line, "name": r.name, "at_s": round(r.started_at - t0, 3), "count": r.count, "prompt_len": r.prompt_len,
             "sampling": {k: v for k, v in r.sampling.items() if k != "detokenize"},
             "first_ms": round(r.first_ms, 2), "second_ms": round(r.second_ms, 2),
+            "first_worker_ms": round(r.first_worker_ms, 2),
+            "second_worker_ms": round(r.second_worker_ms, 2),
             "ratio": round(r.ratio, 3), "excess_ms": round(r.excess_ms, 2),
             "compiles_first": r.compiles_first, "compiles_second": r.compiles_second,
             "events": [[e.detector, e.name, e.kind] + ([e.variant] if e.variant else [])
@@ -179,12 +185,14 @@ def print_report(rep: CoverageReport, out: Console) -> None:
         for c in rep.startup_compiles:
             t.add_row(f"{c.at_s:.1f}", c.where, _kernels(c.kernels))
         out.print(t)
-    t = Table(title=f"{rep.mode}: traffic ({rep.traffic}), each request twice; flagged: "
-              f"compiled, or first/second > {rep.threshold:g} and {rep.min_excess_ms:g} ms slower",
+    gate = ("compiled" if rep.threshold is None else f"compiled, or first/second > "
+            f"{rep.threshold:g} and {rep.min_excess_ms:g} ms slower")
+    t = Table(title=f"{rep.mode}: traffic ({rep.traffic}), each request twice; flagged: {gate}",
               title_justify="left")
     for col, just in (("line", "right"), ("request", "left"), ("n", "right"),
                       ("prompt", "right"), ("sampling", "left"), ("1st ms", "right"),
-                      ("2nd ms", "right"), ("ratio", "right"), ("compiled (1st run)", "left"),
+                      ("2nd ms", "right"), ("ratio", "right"), ("in worker", "right"),
+                      ("compiled (1st run)", "left"),
                       ("", "left")):
         t.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
     for r in rep.requests:
@@ -193,7 +201,9 @@ def print_report(rep: CoverageReport, out: Console) -> None:
             f"; 2nd run: {_kernels(r['compiles_second'])}" if r["compiles_second"] else "")
         t.add_row(str(r["line"]), r["name"], str(r["count"]), str(r["prompt_len"]),
                   _sampling_text(r["sampling"]), f"{r['first_ms']:.1f}", f"{r['second_ms']:.1f}",
-                  f"{r['ratio']:.2f}", r["error"] or kernels,
+                  f"{r['ratio']:.2f}",
+                  f"{r.get('first_worker_ms', 0):.1f} / {r.get('second_worker_ms', 0):.1f}",
+                  r["error"] or kernels,
                   Text(why, style="bold red") if why else Text("ok", style="green"))
     out.print(t)
     out.print(summary_line(rep), soft_wrap=True)

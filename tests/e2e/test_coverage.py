@@ -35,10 +35,8 @@ def test_compare_baseline_fails_on_the_logprobs_compile_and_stepwarm_passes(tmp_
     traffic = tmp_path / "traffic.jsonl"
     traffic.write_text(TRAFFIC)
     out, svg = tmp_path / "both.json", tmp_path / "timeline.svg"
-    # The ratio gate set wider than the CPU default: this test is about
-    # compiles, and a loaded CI machine must not fail it on latency noise.
     proc = _stepwarm("coverage", str(traffic), "-s", "default", "--compare", "--json", str(out),
-                     "--timeline", str(svg), "--threshold", "5", "--min-excess-ms", "4000")
+                     "--timeline", str(svg))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     both = json.loads(out.read_text())
     base, sw = both["baseline"], both["stepwarm"]
@@ -61,7 +59,10 @@ def test_compare_baseline_fails_on_the_logprobs_compile_and_stepwarm_passes(tmp_
     assert run["start_s"] <= startup["at_s"] <= run["steps"][0][3] + 0.01
     assert sw["stepwarm_s"] > 0 and sw["detectors"] == ["cache"] and sw["device"] == "cpu"
     assert [r["tokens"] for r in sw["requests"]] == [[4, 4], [4, 4], [20, 20], [4, 4]]
-    assert (sw["threshold"], sw["min_excess_ms"], base["threshold"]) == (5.0, 4000.0, 5.0)
+    for r in sw["requests"] + base["requests"]:  # the worker's share of each run
+        assert 0 < r["first_worker_ms"] <= r["first_ms"] and 0 < r["second_worker_ms"] <= r["second_ms"]
+    # On the CPU build the ratio is reported, compiles gate (README: Thresholds).
+    assert (sw["threshold"], base["threshold"]) == (None, None)
     # Printed side by side.
     assert "baseline (vLLM's warmup) vs stepwarm (default)" in proc.stdout
     assert "first-traffic compiles" in proc.stdout

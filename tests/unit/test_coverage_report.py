@@ -51,6 +51,12 @@ def test_cache_scan_sees_new_triton_and_inductor_kernels_once(tmp_path, monkeypa
         ("cpp_fused_ge_sum_1", "inductor", 200.0),
         ("triton_per_fused_ge_sum_0", "inductor", 200.0),
     ]
+    scan.remove()  # a directory the user gave is left alone
+    assert (triton / "AB12" / "__grp___topk_topp_kernel.json").is_file()
+    own = CacheScan.use_fresh_dirs()  # a temporary one is removed
+    assert own.root.is_dir() and os.environ["VLLM_CACHE_ROOT"].startswith(str(own.root))
+    own.remove()
+    assert not own.root.exists()
 
 
 def test_vllm_monitor_lines_become_events():
@@ -139,6 +145,11 @@ def test_the_verdict_compiles_ratio_with_floor_and_errors(tmp_path):
     assert rep.traffic_compiles == 1 and rep.exit_code == 1
     rep.requests = [_request("warm", 20.0, 19.0)]
     assert rep.exit_code == 0
+    rep.threshold = None  # the ratio reported, not gating (the CPU build's default)
+    rep.requests = [_request("slow", 30000.0, 20.0)]
+    assert rep.flagged(rep.requests[0]) == "" and rep.exit_code == 0
+    rep.threshold = 1.2
+    rep.requests = [_request("warm", 20.0, 19.0)]
     rep.requests.append(_request("broken", 0.0, 0.0, error="RuntimeError: boom"))
     assert rep.exit_code == 1
     path = tmp_path / "r.json"
