@@ -12,6 +12,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -144,6 +145,7 @@ def run(
     scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario name, set (all: every built-in) or TOML file; repeat for several. Default: all.")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the report as JSON to this file.")] = None,
     engine_arg: EngineArgs = None,
+    verify: Annotated[bool, typer.Option("--verify", help="After warmup, run each scenario's sampling requests through vLLM's own scheduler (LLM.generate, greedy) and its steps again greedily; report every request whose tokens differ (exit 1).")] = False,
     verbose: Verbose = False,
     quiet: Quiet = False,
 ) -> None:
@@ -152,7 +154,9 @@ def run(
     Every scenario is loaded before the engine starts and expanded against the
     worker's profile before the first step. A scenario whose step fails on the
     worker is reported (the runner is cleaned up) and the next one runs; the
-    exit status is then 1.
+    exit status is then 1. With --verify, every scenario that ran is then
+    compared with vLLM's own scheduler (stepwarm.verify); any difference
+    also exits 1.
 
     Engine arguments passed beyond vLLM's defaults (each overridable with -e):
     load_format=dummy and distributed_executor_backend=uni always; on vLLM's
@@ -215,11 +219,16 @@ def run(
         else:
             console.print(f"scenario {plan.name}: {len(report.steps)} steps in "
                           f"{report.wall_ms:.0f} ms, runner left with no warmup request")
+    checked = _verify(engine, [p for p, r in zip(plans, reports) if r.ok and not r.skipped],
+                      profile) if verify else []
     if json_out is not None:
         try:
             json_out.write_text(json.dumps(
                 {"profile": profile.model_dump(), "startup_s": startup_s,
-                 "scenarios": [r.to_dict() for r in reports]}, indent=2) + "\n")
+                 "scenarios": [r.to_dict() for r in reports],
+                 **({"verify": [{"scenario": n, **(asdict(v) if not isinstance(v, str)
+                                                   else {"error": v})} for n, v in checked]}
+                    if verify else {})}, indent=2) + "\n")
         except OSError as e:
             _fail(f"--json {json_out}: cannot write the report: {e.strerror or e}", 2)
     ran = [r for r in reports if not r.skipped]
@@ -229,8 +238,34 @@ def run(
     if failures:
         _fail(f"{len(failures)} of {len(ran)} scenario(s) failed on the worker "
               f"({', '.join(f.report.plan for f in failures)}: see 'failed:' above)", 1)
+    bad = [n for n, v in checked if isinstance(v, str) or not v.ok]
+    if bad:
+        _fail(f"--verify: {len(bad)} scenario(s) differ from vLLM's scheduler or could not be "
+              f"compared ({', '.join(bad)}: see the table above)", 1)
     console.print(Text.assemble(("ok", "bold green"),
                                 f": {summary}; runner left with no warmup request"))
+
+
+def _verify(engine: Any, plans: list[Any], profile: Any) -> list[tuple[str, Any]]:
+    """``run --verify``: :func:`stepwarm.verify.verify` each plan; print the table.
+
+    Returns:
+        (scenario, VerifyReport or the error text) per plan.
+    """
+    from stepwarm.console import verify_table
+    from stepwarm.verify import verify
+
+    results: list[tuple[str, Any]] = []
+    for plan in plans:
+        console.print(f"verifying {plan.name} against vLLM's scheduler")
+        try:
+            results.append((plan.name, verify(engine.llm, engine.worker, plan, profile)))
+        except Exception as e:  # noqa: BLE001 - reported in the table, exit 1
+            if _verbose:
+                err_console.print_exception()
+            results.append((plan.name, plan.with_display_names(f"{type(e).__name__}: {e}")))
+    console.print(verify_table(results))
+    return results
 
 
 @app.command()

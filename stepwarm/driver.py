@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from stepwarm.compile import cleanup_output, to_grammar_output, to_scheduler_output
+from stepwarm.compile import OutputHistory, cleanup_output, to_grammar_output, to_scheduler_output
 from stepwarm.plan import REQ_ID_PREFIX, Plan, PlannedStep
 from stepwarm.profile import RunnerProfile, read_profile
 from stepwarm.ranks import RankGroup
@@ -47,6 +47,9 @@ class StepResult:
     #: req_id -> number of tokens ``sample_tokens`` returned for it (sampling
     #: steps); None for steps that do not sample.
     sampled: dict[str, int] | None = None
+    #: req_id -> the token ids ``sample_tokens`` returned for it (sampling
+    #: steps; what :mod:`stepwarm.verify` compares); None for other steps.
+    sampled_token_ids: dict[str, list[int]] | None = None
     #: Requests ``execute_model`` returned a pooler output for (pooling
     #: steps); None for steps that do not pool.
     pooled: list[str] | None = None
@@ -116,20 +119,24 @@ def _resolved(output: Any) -> Any:
     return output.get_output() if hasattr(output, "get_output") else output
 
 
-def _sampled_counts(output: Any) -> dict[str, int] | None:
+def _sampled_tokens(output: Any) -> dict[str, list[int]] | None:
+    """req_id -> sampled token ids of a ``ModelRunnerOutput`` (None when it
+    carries none: a non-last pipeline rank, a pooling step)."""
     req_ids = getattr(output, "req_ids", None)
     sampled = getattr(output, "sampled_token_ids", None)
     if req_ids is None or sampled is None:
         return None
-    return {rid: len(tokens) for rid, tokens in zip(req_ids, sampled)}
+    return {rid: [int(t) for t in tokens] for rid, tokens in zip(req_ids, sampled)}
 
 
-def _pooled(output: Any) -> list[str] | None:
+def _pooler_outputs(output: Any) -> dict[str, Any] | None:
+    """req_id -> pooler output (a tensor) of the requests ``execute_model``
+    pooled; None when the output has no pooler outputs."""
     req_ids = getattr(output, "req_ids", None)
     pooler = getattr(output, "pooler_output", None)
     if req_ids is None or pooler is None:
         return None
-    return [rid for rid, out in zip(req_ids, pooler) if out is not None]
+    return {rid: out for rid, out in zip(req_ids, pooler) if out is not None}
 
 
 def _shape(arr: Any) -> list[int]:
@@ -153,7 +160,9 @@ def _prompt_logprobs(output: Any) -> dict[str, list[int]] | None:
     return out or None
 
 
-def _result(step: PlannedStep, wall_ms: float, output: Any) -> StepResult:
+def _result(step: PlannedStep, wall_ms: float, output: Any, pooled: dict[str, Any] | None,
+            ) -> StepResult:
+    tokens = _sampled_tokens(output) if step.sample else None
     return StepResult(
         index=step.index,
         kind=step.kind,
@@ -164,8 +173,9 @@ def _result(step: PlannedStep, wall_ms: float, output: Any) -> StepResult:
         new_blocks=list(step.new_block_counts),
         held_blocks={rid: list(c) for rid, c in step.held_blocks},
         wall_ms=wall_ms,
-        sampled=_sampled_counts(output) if step.sample else None,
-        pooled=_pooled(output) if step.scheduled and not step.sample else None,
+        sampled=None if tokens is None else {rid: len(t) for rid, t in tokens.items()},
+        sampled_token_ids=tokens,
+        pooled=None if pooled is None else list(pooled),
         logprobs_width=_logprobs_width(output) if step.sample else None,
         prompt_logprobs=_prompt_logprobs(output),
     )
@@ -178,7 +188,7 @@ class PeerStepFailed(RuntimeError):
 
 def _run_step(worker: Any, step: PlannedStep, plan: Plan, profile: RunnerProfile,
               params: dict[str, tuple[Any, Any]], sent: set[str],
-              ranks: RankGroup | None) -> tuple[Any, float]:
+              ranks: RankGroup | None, tokens: OutputHistory) -> tuple[Any, float]:
     """``execute_model`` (+ ``sample_tokens``) of one step; with several
     ranks, then the device sync and the agreement on who failed.
 
@@ -192,7 +202,7 @@ def _run_step(worker: Any, step: PlannedStep, plan: Plan, profile: RunnerProfile
     local: Exception | None = None
     output, wall_ms = None, 0.0
     try:
-        scheduler_output = to_scheduler_output(step, plan, profile, params)
+        scheduler_output = to_scheduler_output(step, plan, profile, params, tokens)
         grammar_output = to_grammar_output(step, profile) if step.sample else None
         sent.update(step.req_ids)
         t0 = time.perf_counter()
@@ -226,6 +236,7 @@ def drive(
     *,
     on_step: Callable[[StepResult], None] | None = None,
     ranks: RankGroup | None = None,
+    tokens: OutputHistory | None = None,
 ) -> RunReport:
     """Run every step of ``plan`` on ``worker``; always clean up.
 
@@ -244,6 +255,11 @@ def drive(
         ranks: the engine's tensor / pipeline parallel ranks; every rank
             calls ``drive`` with the same plan, and after each step they agree
             on which failed, so a failure on one stops all at the same step.
+        tokens: the token history to compile steps with; the driver appends
+            each step's sampled tokens to ``tokens.sampled``, so a resumed
+            request carries its real outputs. Give one with ``expected``
+            outputs to draw drafts from them (:mod:`stepwarm.verify`); None:
+            a fresh one.
 
     Returns:
         The :class:`RunReport` (``ok`` True).
@@ -269,6 +285,7 @@ def drive(
             "(at start-up, before traffic), so nothing was run"
         )
     params: dict[str, tuple[Any, Any]] = {}
+    tokens = tokens if tokens is not None else OutputHistory()
     sent: set[str] = set()
     failed_at: int | None = None
     cause: BaseException | None = None
@@ -279,10 +296,16 @@ def drive(
             for step in plan.steps:
                 failed_at = step.index
                 started_at = time.time()
-                output, wall_ms = _run_step(worker, step, plan, profile, params, sent, ranks)
+                output, wall_ms = _run_step(worker, step, plan, profile, params, sent, ranks,
+                                            tokens)
                 sent.difference_update(step.finished_req_ids)
-                result = _result(step, wall_ms, output)
+                pooled = (_pooler_outputs(output) if step.scheduled and not step.sample
+                          else None)
+                result = _result(step, wall_ms, output, pooled)
                 result.started_at, result.ended_at = started_at, time.time()
+                tokens.pooled.update(pooled or {})
+                for rid, ids in (result.sampled_token_ids or {}).items():
+                    tokens.sampled.setdefault(rid, []).extend(ids)
                 report.steps.append(result)
                 if on_step is not None:
                     on_step(result)

@@ -14,15 +14,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from stepwarm.scenario.sampling import PRESET_HELP, Sampling
-from stepwarm.scenario.sweeps import (  # noqa: F401 - Buckets, Range, Values: part of the format
-    MAX_SWEEP,
-    SIZE_HELP,
-    Buckets,
-    Expr,
-    Range,
-    Size,
-    Values,
-)
+from stepwarm.scenario.sweeps import MAX_SWEEP, SIZE_HELP, Expr, Size
 
 
 #: Most requests one ``[requests.NAME]`` entry may declare with ``count``.

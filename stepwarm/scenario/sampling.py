@@ -16,6 +16,7 @@ message (:func:`refusal`).
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Union
 
@@ -139,10 +140,12 @@ def shown(args: SamplingArgs) -> str:
     if isinstance(args, str):
         return repr(args)
 
-    def plain(v: Any) -> Any:
-        return [plain(x) for x in v] if isinstance(v, tuple) else v
+    def plain(k: str, v: Any) -> str:
+        if k == "logit_bias":
+            return "{ " + ", ".join(f"{t} = {b!r}" for t, b in v) + " }"
+        return repr(json.loads(json.dumps(v)))  # tuples as lists
 
-    return "{ " + ", ".join(f"{k} = {plain(v)!r}" for k, v in args) + " }"
+    return "{ " + ", ".join(f"{k} = {plain(k, v)}" for k, v in args) + " }"
 
 
 def variants(sampling: Preset | SamplingTable,
@@ -211,8 +214,9 @@ def refusal(args: SamplingArgs, profile: RunnerProfile) -> tuple[str, str] | Non
     (:func:`stepwarm.compile.sampling_params`), so its ``__post_init__``
     checks run, then ``SamplingParams.verify`` (the check vLLM's
     ``InputProcessor`` runs on every request) with the runner's
-    ``max_logprobs``, ``vocab_size`` and speculator; ``bad_words`` token ids
-    must be below ``vocab_size`` (vLLM checks them after tokenizing). Returns
+    ``max_logprobs``, ``vocab_size`` and speculator; ``bad_words`` and
+    ``allowed_token_ids`` token ids must be below ``vocab_size`` (vLLM
+    checks them with the tokenizer). Returns
     None without checking when vLLM cannot be imported.
     """
     if isinstance(args, str):
@@ -224,11 +228,14 @@ def refusal(args: SamplingArgs, profile: RunnerProfile) -> tuple[str, str] | Non
     except ImportError:  # pragma: no cover - stepwarm without vLLM
         return None
     fields = dict(args)
-    for words in fields.get("bad_words", ()):
-        bad = [t for t in words if not 0 <= t < profile.vocab_size]
+    # vLLM checks these against the tokenizer (bad_words after tokenizing;
+    # allowed_token_ids in 0.26), which check-time validation does not have.
+    for name, ids in [("bad_words", t) for t in fields.get("bad_words", ())] + [
+            ("allowed_token_ids", fields.get("allowed_token_ids", ()))]:
+        bad = [t for t in ids if not 0 <= t < profile.vocab_size]
         if bad:
-            return "bad_words", (f"token id(s) {bad} in bad_words are out of the vocabulary "
-                                 f"(vocab_size {profile.vocab_size})")
+            return name, (f"token id(s) {bad} in {name} are out of the vocabulary "
+                          f"(vocab_size {profile.vocab_size})")
     try:
         params = sampling_params(args, profile)
         params.verify(_ModelFacts(profile), object() if profile.has_speculator else None,

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from stepwarm.expressions import ExpressionError, buckets
 
@@ -81,7 +81,18 @@ def check_size(v: Any) -> Any:
         forms = [k for k in _FORMS if k in v]
         if len(forms) != 1:
             raise ValueError(f"got table with keys {sorted(v)}; allowed: {_FORMS_HELP}")
-        return _FORMS[forms[0]].model_validate(v)
+        model = _FORMS[forms[0]]
+        extra = sorted(set(v) - set(model.model_fields))
+        if extra:
+            raise ValueError(f"unknown key {extra[0]!r} in a {forms[0]} sweep; allowed keys: "
+                             + ", ".join(model.model_fields))
+        try:
+            return model.model_validate(v)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise ValueError(f"{forms[0]} sweep, {where}: {err['msg']} (got {err['input']!r}); "
+                             f"allowed: {_FORMS_HELP}") from None
     return check_expr(v)
 
 
