@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepwarm.zoo import write_model
+from stepwarm.zoo import SMALL_LIMITS, ZOO, resolve, write_model
 
 #: Engine arguments ``run`` always passes (unless overridden): no weights are
 #: read, and the engine runs in this process so stepwarm can reach its worker.
@@ -29,11 +29,7 @@ CPU_ENGINE_ARGS: dict[str, Any] = {
 }
 #: Added for the embedded tiny Llama only (not for ``--model``): small limits
 #: that keep every built-in fast on a CPU.
-TINY_MODEL_ENGINE_ARGS: dict[str, Any] = {
-    "max_model_len": 512,
-    "max_num_seqs": 8,
-    "max_num_batched_tokens": 512,
-}
+TINY_MODEL_ENGINE_ARGS: dict[str, Any] = dict(SMALL_LIMITS)
 #: Files any of which makes a model directory carry a tokenizer.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -86,30 +82,36 @@ def start_engine(model: str | Path | None = None, **engine_args: Any) -> Engine:
     """Start ``vllm.LLM`` in this process and return it with its worker.
 
     Args:
-        model: a local model directory (``config.json``, weights optional);
-            ``None`` writes and uses the embedded tiny Llama (with a
-            word-level tokenizer).
+        model: a local model directory (``config.json``, weights optional),
+            or the name of a zoo model (:data:`stepwarm.zoo.ZOO`, written
+            now, started with its own engine arguments); ``None`` is the
+            zoo's tiny Llama (with a word-level tokenizer).
         **engine_args: ``vllm.LLM`` keyword arguments overriding
-            :func:`default_engine_args`.
+            :func:`default_engine_args` and the zoo model's.
 
     Returns:
         An :class:`Engine`; ``engine.worker`` is the driver worker
         (``llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker``).
 
     Raises:
-        FileNotFoundError: ``model`` is not a directory with a ``config.json``.
+        FileNotFoundError: ``model`` is neither a zoo name nor a directory
+            with a ``config.json``.
         Whatever ``vllm.LLM`` raises for a config it rejects.
     """
-    given = None if model is None else Path(model)
-    if given is not None and not (given / "config.json").is_file():
-        raise FileNotFoundError(f"{given}: not a model directory (no config.json)")
+    if model is None:
+        # The tiny Llama comes with the zoo's word-level tokenizer, so vLLM's
+        # renderer warmup finds one (without, it logs a traceback at start-up).
+        given, path, zoo_args = None, write_model("tiny-llama"), ZOO["tiny-llama"].engine_args
+    else:
+        path, zoo_args = resolve(model)
+        given = path
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path}: not a model directory (no config.json) "
+                                    f"nor a zoo model ({', '.join(ZOO)})")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 
-    # The tiny Llama comes with the zoo's word-level tokenizer, so vLLM's
-    # renderer warmup finds one (without, it logs a traceback at start-up).
-    path = given if given is not None else write_model(tokenizer=True)
-    args = {**default_engine_args(given, on_cpu_build()), **engine_args}
+    args = {**default_engine_args(given, on_cpu_build()), **zoo_args, **engine_args}
     budget, max_len = args.get("max_num_batched_tokens"), args.get("max_model_len")
     if isinstance(budget, int) and isinstance(max_len, int) and budget < max_len:
         args.setdefault("enable_chunked_prefill", True)
@@ -117,3 +119,31 @@ def start_engine(model: str | Path | None = None, **engine_args: Any) -> Engine:
     core = llm.llm_engine.engine_core.engine_core
     worker = core.model_executor.driver_worker.worker
     return Engine(llm=llm, worker=worker)
+
+
+def finished_not_sent(llm: Any) -> set[str]:
+    """Requests the engine's scheduler finished but has not yet told the
+    worker about (``Scheduler.finished_req_ids``: sent with the next
+    ``SchedulerOutput``). After ``llm.generate`` returns, the worker still
+    holds these until the engine schedules again.
+
+    Returns:
+        The request ids (empty when the scheduler keeps no such set).
+    """
+    core = llm.llm_engine.engine_core.engine_core
+    return set(getattr(core.scheduler, "finished_req_ids", ()) or ())
+
+
+def abort_all(llm: Any) -> list[str]:
+    """Abort every request ``llm``'s engine still holds (after a step raised
+    inside ``llm.generate``/``llm.embed``, which leaves them behind); the
+    scheduler then finishes them.
+
+    Returns:
+        The aborted request ids.
+    """
+    engine = llm.llm_engine
+    ids = list(getattr(engine.output_processor, "request_states", {}))
+    if ids:
+        engine.abort_request(ids, internal=True)
+    return ids

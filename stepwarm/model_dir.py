@@ -38,7 +38,8 @@ def check_model_dir(model: Path) -> dict[str, Any]:
             with how to list the supported ones).
     """
     if not model.is_dir():
-        raise ModelDirError(f"--model {model}: no such directory")
+        raise ModelDirError(f"--model {model}: no such directory, nor a zoo model "
+                            "(stepwarm list --models)")
     config = model / "config.json"
     if not config.is_file():
         raise ModelDirError(f"--model {model}: not a model directory (no config.json)")

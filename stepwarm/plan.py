@@ -19,7 +19,7 @@ import re
 
 import copy
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from stepwarm.blocks import BlockLedger, OutOfBlocksError
 from stepwarm.profile import RunnerProfile
@@ -49,9 +49,11 @@ class PlannedRequest:
     structured_output: bool = False
     #: Encoder input tokens (encoder-decoder models; 0 = none).
     encoder_len: int = 0
-    #: "warmup" uses ``SamplingParams.for_sampler_warmup()``; "greedy" uses
-    #: temperature 0.
-    sampling: Literal["warmup", "greedy"] = "warmup"
+    #: A preset name ("warmup": ``SamplingParams.for_sampler_warmup()``,
+    #: "greedy", "random", "seeded"; see ``stepwarm.compile.PRESET_ARGS``) or
+    #: ``SamplingParams`` keyword arguments as sorted (name, value) pairs,
+    #: tuples for lists (``stepwarm.scenario.sampling.SamplingArgs``).
+    sampling: str | tuple[tuple[str, Any], ...] = "warmup"
 
 
 @dataclass(frozen=True)

@@ -100,6 +100,10 @@ class RunnerProfile(BaseModel):
     is_encoder_only: bool = False
     is_last_pp_rank: bool = True
     vocab_size: int = Field(gt=0)
+    #: ``ModelConfig.max_logprobs``: the most ``logprobs`` / ``prompt_logprobs``
+    #: a request may ask for (vLLM's -1, the whole vocabulary, is stored as
+    #: ``vocab_size``).
+    max_logprobs: int = Field(default=20, ge=0)
     #: V2 ``BlockTables.redirect_writes_to_null_block``: block 0 may be reused,
     #: so the ``num_blocks`` cap on the request count does not apply.
     null_block_writes: bool = False
@@ -355,6 +359,14 @@ def _is_last_pp_rank(runner: Any) -> bool:
         return True
 
 
+def _max_logprobs(model_config: Any) -> int:
+    """``ModelConfig.max_logprobs`` (vLLM 0.26 and 0.32: default 20; -1 means
+    the vocabulary), as a count of tokens."""
+    n = getattr(model_config, "max_logprobs", 20)
+    n = 20 if n is None else int(n)
+    return int(model_config.get_vocab_size()) if n == -1 else n
+
+
 def read_profile(worker: Any) -> RunnerProfile:
     """Read a :class:`RunnerProfile` off a live vLLM worker (or model runner).
 
@@ -418,6 +430,7 @@ def read_profile(worker: Any) -> RunnerProfile:
         is_encoder_only=bool(getattr(cfg, "is_mm_encoder_only", False)),
         is_last_pp_rank=_is_last_pp_rank(runner),
         vocab_size=int(model_config.get_vocab_size()),
+        max_logprobs=_max_logprobs(model_config),
         null_block_writes=null_block_writes,
         mamba_cache_mode=str(getattr(cfg.cache_config, "mamba_cache_mode", "none")),
         enable_prefix_caching=bool(cfg.cache_config.enable_prefix_caching),

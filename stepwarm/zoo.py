@@ -12,6 +12,8 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 #: Tiny Llama: hidden 256, head_dim 64 (CPU attention rejects 16), 2 layers,
@@ -88,11 +90,292 @@ TINY_GRANITE_HYBRID: dict[str, Any] = {
     "attention_multiplier": 0.125
 }
 
-#: Models stepwarm can write by name.
-MODELS: dict[str, dict[str, Any]] = {
-    "tiny-llama": TINY_LLAMA,
-    "tiny-granite-hybrid": TINY_GRANITE_HYBRID,
+#: Tiny Qwen3-Next: gated delta net (GDN) linear attention then full
+#: attention, MoE MLPs (4 experts, top 2; vLLM requires one), hidden 256, vocab 512.
+TINY_QWEN3_NEXT: dict[str, Any] = {
+    "architectures": ["Qwen3NextForCausalLM"],
+    "model_type": "qwen3_next",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "num_hidden_layers": 2,
+    "full_attention_interval": 2,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 64,
+    "linear_value_head_dim": 64,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 128,
+    "shared_expert_intermediate_size": 128,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "norm_topk_prob": True,
+    "partial_rotary_factor": 0.25,
+    "rope_theta": 10000.0,
+    "vocab_size": 512,
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-06,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "bfloat16",
 }
+
+#: Tiny DeepSeek-V2: multi-head latent attention (MLA: ``kv_lora_rank``,
+#: decoupled rope dims), dense MLPs (``first_k_dense_replace`` = layers).
+TINY_DEEPSEEK_V2: dict[str, Any] = {
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "model_type": "deepseek_v2",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "moe_intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "n_shared_experts": 1,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "first_k_dense_replace": 2,
+    "moe_layer_freq": 1,
+    "kv_lora_rank": 128,
+    "q_lora_rank": None,
+    "qk_nope_head_dim": 64,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 64,
+    "topk_method": "greedy",
+    "n_group": 1,
+    "topk_group": 1,
+    "routed_scaling_factor": 1.0,
+    "scoring_func": "softmax",
+    "norm_topk_prob": False,
+    "rope_theta": 10000.0,
+    "rope_scaling": None,
+    "vocab_size": 512,
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-06,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "bfloat16",
+}
+
+#: Tiny Mixtral: 4 experts, 2 per token, in both layers.
+TINY_MIXTRAL: dict[str, Any] = {
+    **{k: v for k, v in TINY_LLAMA.items() if k not in ("attention_bias", "mlp_bias")},
+    "architectures": ["MixtralForCausalLM"],
+    "model_type": "mixtral",
+    "intermediate_size": 256,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "sliding_window": None,
+    "router_aux_loss_coef": 0.0,
+}
+
+#: Tiny Gemma 3 (text): sliding-window (64 tokens) and full attention layers
+#: alternating, so two KV cache groups.
+TINY_GEMMA3: dict[str, Any] = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "num_hidden_layers": 2,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "sliding_window": 64,
+    "query_pre_attn_scalar": 64,
+    "vocab_size": 512,
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0,
+    "rope_local_base_freq": 10000.0,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "attn_logit_softcapping": None,
+    "final_logit_softcapping": None,
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+    "torch_dtype": "bfloat16",
+}
+
+#: Tiny Whisper: one encoder and one decoder layer, d_model 256, 80 mel
+#: bins, 1500 encoder positions (30 s of audio), vocab 512.
+TINY_WHISPER: dict[str, Any] = {
+    "architectures": ["WhisperForConditionalGeneration"],
+    "model_type": "whisper",
+    "d_model": 256,
+    "encoder_layers": 1,
+    "decoder_layers": 1,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 512,
+    "decoder_ffn_dim": 512,
+    "num_mel_bins": 80,
+    "max_source_positions": 1500,
+    "max_target_positions": 448,
+    "vocab_size": 512,
+    "activation_function": "gelu",
+    "scale_embedding": False,
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 2,
+    "decoder_start_token_id": 3,
+    "begin_suppress_tokens": None,
+    "suppress_tokens": None,
+    "torch_dtype": "float32",
+}
+
+#: Whisper's feature extractor (``WhisperFeatureExtractor``): 80 mel bins,
+#: 16 kHz, 30 s chunks (3000 frames -> 1500 encoder tokens).
+WHISPER_FEATURE_EXTRACTOR: dict[str, Any] = {
+    "feature_extractor_type": "WhisperFeatureExtractor",
+    "processor_class": "WhisperProcessor",
+    "feature_size": 80,
+    "sampling_rate": 16000,
+    "hop_length": 160,
+    "chunk_length": 30,
+    "n_fft": 400,
+    "n_samples": 480000,
+    "nb_max_frames": 3000,
+    "padding_side": "right",
+    "padding_value": 0.0,
+    "return_attention_mask": False,
+}
+
+#: Special token ids of the tiny Qwen2-VL (inside its 512-token vocab).
+QWEN2_VL_TOKENS = {"<|vision_start|>": 507, "<|vision_end|>": 508,
+                   "<|image_pad|>": 509, "<|video_pad|>": 510}
+
+#: Tiny Qwen2-VL: a 1-layer vision transformer (patch 14, 2x2 merge) in
+#: front of a 2-layer Qwen2 language model with M-RoPE, hidden 256.
+TINY_QWEN2_VL: dict[str, Any] = {
+    "architectures": ["Qwen2VLForConditionalGeneration"],
+    "model_type": "qwen2_vl",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 10000.0,
+    "rope_scaling": {"type": "mrope", "mrope_section": [8, 12, 12]},
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "vision_start_token_id": QWEN2_VL_TOKENS["<|vision_start|>"],
+    "vision_end_token_id": QWEN2_VL_TOKENS["<|vision_end|>"],
+    "image_token_id": QWEN2_VL_TOKENS["<|image_pad|>"],
+    "video_token_id": QWEN2_VL_TOKENS["<|video_pad|>"],
+    "vision_config": {
+        "depth": 1,
+        "embed_dim": 64,
+        "hidden_size": 256,
+        "mlp_ratio": 2,
+        "num_heads": 2,
+        "in_chans": 3,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    },
+    "torch_dtype": "bfloat16",
+}
+
+#: Qwen2-VL's image processor: images resized to multiples of 28 pixels,
+#: between 4 and 64 merged patches (56x56 to 224x224 pixels), so at most 64
+#: image tokens per image.
+QWEN2_VL_IMAGE_PROCESSOR: dict[str, Any] = {
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "processor_class": "Qwen2VLProcessor",
+    "min_pixels": 56 * 56,
+    "max_pixels": 224 * 224,
+    "patch_size": 14,
+    "merge_size": 2,
+    "temporal_patch_size": 2,
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "do_resize": True,
+    "do_rescale": True,
+    "do_normalize": True,
+    "do_convert_rgb": True,
+}
+
+#: Limits that keep every built-in fast on a CPU (tokens, requests).
+SMALL_LIMITS: dict[str, Any] = {
+    "max_model_len": 512,
+    "max_num_seqs": 8,
+    "max_num_batched_tokens": 512,
+}
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    """A tiny model stepwarm writes by name, with the engine arguments it
+    starts under (before ``-e`` overrides)."""
+
+    #: The name ``--model`` accepts.
+    name: str
+    #: What the model exercises ("dense", "Mamba2 hybrid", "MLA", ...).
+    kind: str
+    #: ``config.json`` contents.
+    config: Mapping[str, Any]
+    #: ``vllm.LLM`` keywords it starts with (limits, runner, prefix caching).
+    engine_args: Mapping[str, Any] = field(default_factory=dict)
+    #: What vLLM runs it as, for ``stepwarm list --models``.
+    runner: str = "generate"
+    #: Token strings for special ids in the word-level tokenizer.
+    special_tokens: Mapping[str, int] = field(default_factory=dict)
+    #: Further JSON files (processor / feature extractor configs) by name.
+    files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @property
+    def architecture(self) -> str:
+        """The config's first ``architectures`` entry."""
+        return self.config["architectures"][0]
+
+
+#: Models stepwarm can write by name (``--model NAME``, ``stepwarm list --models``).
+ZOO: dict[str, ZooModel] = {m.name: m for m in (
+    ZooModel("tiny-llama", "dense", TINY_LLAMA, SMALL_LIMITS),
+    ZooModel("tiny-llama-embed", "embedding (pooling)", TINY_LLAMA,
+             {**SMALL_LIMITS, "runner": "pooling", "convert": "embed"},
+             runner="pooling, convert=embed"),
+    ZooModel("tiny-granite-hybrid", "Mamba2 + attention", TINY_GRANITE_HYBRID,
+             {**SMALL_LIMITS, "enable_prefix_caching": False},
+             runner="generate, Mamba cache mode none (no prefix caching)"),
+    ZooModel("tiny-granite-hybrid-align", "Mamba2 + attention", TINY_GRANITE_HYBRID,
+             {**SMALL_LIMITS, "enable_prefix_caching": True},
+             runner="generate, Mamba cache mode align (prefix caching)"),
+    ZooModel("tiny-qwen3-next", "GDN (gated delta net) + attention", TINY_QWEN3_NEXT,
+             SMALL_LIMITS),
+    ZooModel("tiny-deepseek-v2", "MLA", TINY_DEEPSEEK_V2, SMALL_LIMITS),
+    ZooModel("tiny-mixtral", "MoE (4 experts, top 2)", TINY_MIXTRAL, SMALL_LIMITS),
+    ZooModel("tiny-gemma3", "sliding window + full attention", TINY_GEMMA3, SMALL_LIMITS),
+    ZooModel("tiny-whisper", "encoder-decoder (cross-attention)", TINY_WHISPER,
+             {"max_model_len": 448, "max_num_seqs": 8, "max_num_batched_tokens": 2048},
+             runner="generate, encoder-decoder",
+             files={"preprocessor_config.json": WHISPER_FEATURE_EXTRACTOR}),
+    ZooModel("tiny-qwen2-vl", "vision-language (image encoder)", TINY_QWEN2_VL,
+             {**SMALL_LIMITS, "limit_mm_per_prompt": {"image": 2, "video": 0}},
+             runner="generate, multimodal (images)",
+             special_tokens=QWEN2_VL_TOKENS,
+             files={"preprocessor_config.json": QWEN2_VL_IMAGE_PROCESSOR}),
+)}
+
+#: Config dicts by zoo name (kept for callers of the first zoo).
+MODELS: dict[str, Mapping[str, Any]] = {name: m.config for name, m in ZOO.items()}
 
 
 def cache_dir() -> Path:
@@ -107,41 +390,94 @@ def cache_dir() -> Path:
 
 
 def write_model(name: str = "tiny-llama", root: Path | None = None,
-                *, tokenizer: bool = False) -> Path:
-    """Write the named tiny model's ``config.json`` and return its directory.
+                *, tokenizer: bool = True, weights_seed: int | None = None) -> Path:
+    """Write the named tiny model's files and return its directory.
 
     Args:
-        name: a key of :data:`MODELS`.
+        name: a key of :data:`ZOO`.
         root: parent directory; defaults to :func:`cache_dir`.
         tokenizer: also write a word-level tokenizer over the model's vocab
-            (tokens ``t0`` .. ``t{vocab-1}``), for engine paths that need one
-            (pooling models build their scoring IO processor from it); the
-            directory is then ``root/name-tok``.
+            (tokens ``t0`` .. ``t{vocab-1}``, the model's special tokens at
+            their ids), which vLLM's renderer, pooling IO processors and
+            multimodal processors need. Without it the directory is
+            ``root/name-notok`` and holds ``config.json`` only.
+        weights_seed: also write random weights (``model.safetensors``,
+            bfloat16, the architecture's own initialization in
+            ``transformers`` under ``torch.manual_seed(weights_seed)``;
+            causal LMs), for engines started with ``load_format="auto"``:
+            vLLM's dummy weights (uniform in +-1e-3) leave logits nearly
+            flat, too flat to compare greedy tokens (:mod:`stepwarm.verify`).
+            The directory name then ends in ``-seed<weights_seed>``.
 
     Returns:
-        ``root/name`` (or ``root/name-tok``), holding ``config.json``
-        (rewritten each call, so an edited or truncated file never survives).
+        ``root/name`` holding ``config.json``, the tokenizer and the model's
+        processor configs (rewritten each call, so an edited or truncated
+        file never survives).
 
     Raises:
-        KeyError: ``name`` is not a known model.
+        KeyError: ``name`` is not a zoo model.
     """
-    if name not in MODELS:
-        raise KeyError(f"unknown tiny model {name!r}; known: {sorted(MODELS)}")
-    model_dir = (root or cache_dir()) / (f"{name}-tok" if tokenizer else name)
+    if name not in ZOO:
+        raise KeyError(f"unknown tiny model {name!r}; known: {', '.join(ZOO)}")
+    model = ZOO[name]
+    suffix = ("" if tokenizer else "-notok") + (
+        f"-seed{weights_seed}" if weights_seed is not None else "")
+    model_dir = (root or cache_dir()) / f"{name}{suffix}"
     model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.json").write_text(json.dumps(MODELS[name], indent=1) + "\n")
+    (model_dir / "config.json").write_text(json.dumps(model.config, indent=1) + "\n")
     if tokenizer:
-        _write_tokenizer(model_dir, MODELS[name])
+        _write_tokenizer(model_dir, model)
+        for file, content in model.files.items():
+            (model_dir / file).write_text(json.dumps(content, indent=1) + "\n")
+    if weights_seed is not None:
+        _write_weights(model_dir, weights_seed)
     return model_dir
 
 
-def _write_tokenizer(model_dir: Path, config: dict[str, Any]) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
+def _write_weights(model_dir: Path, seed: int) -> None:
+    """``model.safetensors``: the model built from ``config.json`` by
+    ``transformers`` with seed ``seed`` (deterministic for a seed)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    vocab = {f"t{i}": i for i in range(config["vocab_size"])} | {"<unk>": 0}
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(model_dir / "model.safetensors"))
+
+
+def resolve(model: str | Path | None) -> tuple[Path | None, Mapping[str, Any]]:
+    """What ``--model`` names: an existing directory (no engine arguments
+    added), a zoo model (written now; its :attr:`ZooModel.engine_args`), or
+    None (kept: the caller's default).
+
+    A directory wins over a zoo model of the same name. Anything else is
+    returned as a path, for the caller's "no such directory" error.
+    """
+    if model is None:
+        return None, {}
+    path = Path(model)
+    if not path.exists() and str(model) in ZOO:
+        return write_model(str(model)), ZOO[str(model)].engine_args
+    return path, {}
+
+
+def _write_tokenizer(model_dir: Path, model: ZooModel) -> None:
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    config = model.config
+    vocab_size = config.get("vocab_size") or config["text_config"]["vocab_size"]
+    vocab = {f"t{i}": i for i in range(vocab_size)} | {"<unk>": 0}
+    for token, token_id in model.special_tokens.items():
+        vocab.pop(f"t{token_id}", None)
+        vocab[token] = token_id
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    if model.special_tokens:
+        tok.add_special_tokens([AddedToken(t, special=True) for t in model.special_tokens])
     tok.save(str(model_dir / "tokenizer.json"))
     (model_dir / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>",
-         "model_max_length": config["max_position_embeddings"]}) + "\n")
+         "model_max_length": config.get("max_position_embeddings")
+         or config.get("max_target_positions", 1024)}) + "\n")

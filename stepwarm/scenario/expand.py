@@ -1,0 +1,534 @@
+"""Expansion: a validated scenario and a :class:`~stepwarm.profile.RunnerProfile`
+become a :class:`~stepwarm.plan.Plan`.
+
+Sizes are evaluated by :mod:`stepwarm.expressions`, every step goes through
+:class:`~stepwarm.plan.PlanBuilder` (so lifecycle and limit errors are the
+builder's), and errors become a :class:`ScenarioError` naming the file, the
+line, the step index and the field. :func:`plans_for` expands every scenario
+named before any of them runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from typing import Any
+
+from stepwarm.expressions import (
+    ExpressionError,
+    block_sizes_of,
+    evaluate,
+    facts_of,
+    functions_of,
+)
+from stepwarm.plan import REQ_ID_PREFIX, Plan, PlanBuilder, PlanError, PlannedRequest
+from stepwarm.profile import RunnerProfile
+from stepwarm.scenario.errors import ScenarioError
+from stepwarm.scenario.format import (
+    ChunkedPrefillStep,
+    DecodeStep,
+    FinishStep,
+    MAX_COUNT,
+    MAX_EXPANDED,
+    MixedDecodeStep,
+    MixedPrefillDecodeStep,
+    PreemptStep,
+    PrefillStep,
+    PrefixHitStep,
+    ResumeStep,
+    STEP_MODELS,
+    SpecDecodeStep,
+    _SELECTOR,
+)
+from stepwarm.scenario.load import LoadedScenario, _where, load, resolve_names
+from stepwarm.scenario.needs import unmet_need, unmet_requirement
+from stepwarm.scenario.sampling import (
+    SweepFieldError,
+    has_prompt_logprobs,
+    refusal,
+    shown,
+    variants,
+)
+from stepwarm.scenario.sweeps import MAX_SWEEP, Sweep, describe, sweep_values
+
+#: Step kinds whose ``repeat`` the expander applies to the whole step (the
+#: decode kinds repeat each batch themselves).
+_REPEATED_WHOLE = ("prefill", "chunked_prefill", "prefix_hit", "resume", "mixed_prefill_decode")
+
+
+_ALLOWED_BY_FIELD = {
+    "requests": "at most max_num_seqs = {p.max_num_seqs} distinct requests per step, "
+                "each scheduled once, in a state the step kind accepts",
+    "prefill": "prefill a waiting request, or continue a running request's chunked prefill",
+    "decode": "decode a running request whose prompt is fully computed",
+    "tokens": "1 or more tokens per request, at most the prompt left, at most "
+              "max_num_batched_tokens = {p.max_num_batched_tokens} per step and "
+              "max_model_len = {p.max_model_len} per request",
+    "spec_tokens": "0..num_spec_steps = {p.num_speculative_steps} draft tokens",
+    "resume": "resume a request preempted earlier",
+    "finish": "finish running requests",
+    "preempt": "preempt running requests",
+    "blocks": "at most num_blocks - 1 = {blocks} blocks held by all live requests",
+    "prefix_hit": "a waiting request, a hit below its prompt length",
+    "prompt_len": "1..max_model_len = {p.max_model_len} tokens",
+}
+
+
+class _Expander:
+    """Expands one loaded scenario for one profile through a PlanBuilder."""
+
+    def __init__(self, sc: LoadedScenario, profile: RunnerProfile):
+        self.sc, self.p = sc, profile
+        self.facts = facts_of(profile)
+        self.block_sizes = block_sizes_of(profile)
+        self.functions = functions_of(profile)
+        self.b = PlanBuilder(profile, name=sc.name)
+        self.groups: dict[str, list[str]] = {}
+        self.prompt_len: dict[str, int] = {}
+        self.sampling: dict[str, Any] = {}
+        #: which run of a repeated step is expanding (0: the first)
+        self.rep = 0
+        #: request id -> "name" or "name[i]", for messages
+        self.display: dict[str, str] = {}
+        self.step_i: int | None = None
+        self.kind: str | None = None
+
+    # -- errors --------------------------------------------------------------
+    def err(self, what: str, field: str | None, *, request: str | None = None,
+            allowed: str = "") -> ScenarioError:
+        if request is not None:
+            sec: tuple = ("requests", request)
+        elif self.step_i is not None:
+            sec = ("steps", self.step_i)
+        else:
+            sec = ("top",)
+        line = self.sc.index.line(sec, field)
+        if sec == ("top",) and line is None:
+            line = None
+        where = _where(self.sc.file, line, sec, field, self.kind if sec[0] == "steps" else None)
+        if allowed and "allowed" not in what:
+            what = f"{what}; allowed: {allowed}"
+        return ScenarioError(f"{where}: {what}", file=self.sc.file, line=line,
+                             step=self.step_i if sec[0] == "steps" else None, field=field)
+
+    def value(self, expr: Any, field: str, *, request: str | None = None,
+              low: int | None = 1, high: int | None = None, what: str = "") -> int:
+        """Evaluate an expression and range-check it."""
+        try:
+            v = evaluate(expr, self.facts, self.block_sizes, self.functions)
+        except ExpressionError as e:
+            raise self.err(str(e), field, request=request) from None
+        rng = f"{low}..{high}" if high is not None else f">= {low}"
+        shown = f"{expr!r} = {v}" if isinstance(expr, str) else str(v)
+        if low is not None and v < low or high is not None and v > high:
+            raise self.err(f"{what or field} {shown} is out of range", field,
+                           request=request, allowed=f"{rng}")
+        return v
+
+    def sizes(self, size: Any, field: str, *, request: str | None = None,
+              high: int | None = None) -> list[int]:
+        """A size as the list of values it stands for (one, or a sweep's),
+        each in ``1..high``."""
+        if not isinstance(size, Sweep.__args__):  # type: ignore[attr-defined]
+            return [self.value(size, field, request=request, high=high)]
+        try:
+            values = sweep_values(size, lambda e, what: self.value(
+                e, field, request=request, low=None, what=what))
+        except ExpressionError as e:
+            raise self.err(str(e), field, request=request) from None
+        for v in values:
+            if v < 1 or high is not None and v > high:
+                rng = f"1..{high}" if high is not None else ">= 1"
+                raise self.err(f"{describe(size)}: value {v} is out of range", field,
+                               request=request, allowed=rng)
+        return values
+
+    def sampling_variants(self, name: str, spec: Any) -> list[Any]:
+        """The sampling args a request declaration stands for, each checked
+        with vLLM's ``SamplingParams`` (:func:`~stepwarm.scenario.sampling.refusal`)."""
+        if spec.kind == "pool":
+            if "sampling" in spec.model_fields_set:
+                raise self.err('sampling on a kind = "pool" request', "sampling", request=name,
+                               allowed='no sampling key on pooling requests (PoolingParams)')
+            return ["warmup"]
+        try:
+            out = variants(spec.sampling, lambda e, fld: self.value(
+                e, f"sampling.{fld}", request=name, low=None))
+        except SweepFieldError as e:
+            raise self.err(str(e), f"sampling.{e.field}", request=name) from None
+        if len(out) > MAX_SWEEP:
+            raise self.err(f"the sampling sweeps make {len(out)} combinations", "sampling",
+                           request=name, allowed=f"at most {MAX_SWEEP}")
+        for args in out:
+            why = refusal(args, self.p)
+            if why:
+                fld, msg = why
+                raise self.err(f"vLLM's SamplingParams refuses {shown(args)}: {msg}; allowed: "
+                               f"what vLLM accepts on this runner (max_logprobs "
+                               f"{self.p.max_logprobs}, vocab_size {self.p.vocab_size}, "
+                               f"num_speculative_steps {self.p.num_speculative_steps})",
+                               f"sampling.{fld}", request=name)
+        return out
+
+    # -- requests -------------------------------------------------------------
+    def declare(self) -> None:
+        p = self.p
+        for name, spec in self.sc.model.requests.items():
+            prompts = self.sizes(spec.prompt, "prompt", request=name)
+            swept = isinstance(spec.prompt, Sweep.__args__)  # type: ignore[attr-defined]
+            if swept:
+                if "count" in spec.model_fields_set:
+                    raise self.err("count cannot be combined with a swept prompt (the "
+                                   "sweep sets the count)", "count", request=name,
+                                   allowed="count or a prompt sweep, not both")
+            else:
+                n = self.value(spec.count, "count", request=name, high=MAX_COUNT)
+                prompts = prompts * n
+            samplings = self.sampling_variants(name, spec)
+            if len(prompts) * len(samplings) > MAX_SWEEP:
+                raise self.err(f"{len(prompts)} prompt(s) x {len(samplings)} sampling "
+                               f"combination(s) make {len(prompts) * len(samplings)} requests",
+                               "prompt", request=name, allowed=f"at most {MAX_SWEEP}")
+            for v in prompts:
+                if v > p.max_model_len:
+                    raise self.err(f"prompt of {v} tokens exceeds max_model_len {p.max_model_len}",
+                                   "prompt", request=name, allowed=f"1..{p.max_model_len}")
+            if spec.kind == "pool" and not p.is_pooling_model:
+                raise self.err('kind = "pool" but the runner is not a pooling model', "kind",
+                               request=name, allowed='"sample" here, or add needs = ["pooling"] '
+                               "to skip on such runners")
+            if spec.structured_output and unmet_need(["structured_output"], p):
+                raise self.err("structured_output on a runner that does not sample here",
+                               "structured_output", request=name,
+                               allowed='false, or add needs = ["structured_output"]')
+            if spec.encoder is None:
+                enc = p.max_encoder_len if p.is_encoder_decoder else 0
+            else:
+                enc = self.value(spec.encoder, "encoder", request=name, low=0,
+                                 high=p.max_encoder_len if p.is_encoder_decoder else 0)
+            single = len(prompts) == 1 and len(samplings) == 1 and not swept
+            ids = []
+            for i, (sampling, v) in enumerate((s, v) for s in samplings for v in prompts):
+                rid = f"{REQ_ID_PREFIX}{self.sc.name}_{name}_" + ("" if single else f"{i}_")
+                try:
+                    self.b.add_request(PlannedRequest(
+                        req_id=rid, prompt_len=v, kind=spec.kind,
+                        structured_output=spec.structured_output, encoder_len=enc,
+                        sampling=sampling))
+                except PlanError as e:
+                    raise self.err(str(e), "prompt", request=name,
+                                   allowed=f"1..max_model_len = {p.max_model_len}") from None
+                ids.append(rid)
+                self.prompt_len[rid] = v
+                self.sampling[rid] = sampling
+                self.display[rid] = name if single else f"{name}[{i}]"
+            self.groups[name] = ids
+
+    def select(self, selectors: list[str] | None, field: str) -> list[str]:
+        """Request ids for selectors, in order, without duplicates."""
+        out: list[str] = []
+        for s in selectors or []:
+            m = _SELECTOR.match(s)
+            name, sub = m.group(1), m.group(2)  # type: ignore[union-attr]
+            if name not in self.groups:
+                close = difflib.get_close_matches(name, list(self.groups), n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise self.err(f"unknown request {name!r}{hint}", field,
+                               allowed="names declared under [requests]: "
+                               + (", ".join(self.groups) or "none"))
+            ids = self.groups[name]
+            if sub is not None:
+                if ":" in sub:
+                    lo_s, _, hi_s = sub.partition(":")
+                    lo = self.value(lo_s, field, low=None) if lo_s.strip() else 0
+                    hi = self.value(hi_s, field, low=None) if hi_s.strip() else len(ids)
+                    picked = ids[lo:hi]
+                    if not picked:
+                        raise self.err(f"{s!r} selects no request ({name} has {len(ids)})",
+                                       field, allowed=f"a non-empty slice of 0..{len(ids)}")
+                else:
+                    i = self.value(sub, field, low=None)
+                    if not -len(ids) <= i < len(ids):
+                        raise self.err(f"{s!r}: index {i} out of range ({name} has "
+                                       f"{len(ids)} request(s))", field,
+                                       allowed=f"0..{len(ids) - 1}")
+                    picked = [ids[i]]
+            else:
+                picked = ids
+            out.extend(r for r in picked if r not in out)
+        return out
+
+    # -- steps -----------------------------------------------------------------
+    def run_step(self, kind: str, label: str, field: str, **kw: Any) -> None:
+        if self.b.next_index >= self._limit:
+            raise self.err(f"the scenario expands to more than {self._limit} steps",
+                           field, allowed=f"at most {MAX_EXPANDED} steps per [[steps]] entry")
+        try:
+            self.b.step(kind, label, **kw)  # type: ignore[arg-type]
+        except PlanError as e:
+            raise self.plan_err(e, field) from None
+
+    def plan_err(self, e: PlanError, field: str) -> ScenarioError:
+        key = {"spec_tokens": "spec_tokens", "prefix_hit": "cached"}.get(e.field or "", field)
+        if self.rep > 0:
+            key = "repeat"  # the first run passed: repeating is what the builder refuses
+        elif e.field == "tokens":
+            st = self.sc.model.steps[self.step_i]  # type: ignore[index]
+            if getattr(st, "tokens", None) is not None:
+                key = "tokens"
+            elif getattr(st, "repeat", 1) != 1:
+                key = "repeat"
+        if key not in (STEP_MODELS[self.kind].model_fields if self.kind else {}):
+            key = field
+        allowed = _ALLOWED_BY_FIELD.get(e.field or "", "see scenarios/README.md").format(
+            p=self.p, blocks=self.p.num_blocks - 1)
+        msg = re.sub(r"^step \d+: ", "", str(e))
+        msg = re.sub(r"'(" + re.escape(REQ_ID_PREFIX) + r"[^']*)'",
+                     lambda m: repr(self.display.get(m.group(1), m.group(1))), msg)
+        if e.step is not None and e.step != self.step_i:
+            msg += f" (expanded plan step {e.step})"
+        return self.err(msg, key, allowed=allowed)
+
+    def expand(self) -> Plan:
+        self.declare()
+        for i, st in enumerate(self.sc.model.steps):
+            self.step_i, self.kind = i, st.kind
+            self._limit = self.b.next_index + MAX_EXPANDED
+            reps = (self.value(st.repeat, "repeat", high=MAX_EXPANDED)
+                    if st.kind in _REPEATED_WHOLE else 1)
+            for self.rep in range(reps):
+                getattr(self, f"_{st.kind}")(st)
+            self.rep = 0
+        self.step_i = self.kind = None
+        try:
+            self.b.cleanup("cleanup (auto)")
+        except PlanError as e:  # pragma: no cover - finishing never fails
+            raise self.err(str(e), None) from None
+        return self.b.build()
+
+    def _short(self, ids: list[str]) -> str:
+        names = [self.display[r] for r in ids]
+        return ",".join(names) if len(names) <= 3 else f"{names[0]}..{names[-1]} ({len(names)})"
+
+    def _batches(self, st: Any) -> list[list[str]]:
+        ids = self.select(st.requests, "requests")
+        if st.batch is None:
+            return [ids]
+        out = []
+        for n in self.sizes(st.batch, "batch", high=len(ids)):
+            if n > len(ids):
+                raise self.err(f"batch {n} but the step selects {len(ids)} request(s)",
+                               "batch", allowed=f"1..{len(ids)}")
+            out.append(ids[:n])
+        return out
+
+    def _prefill_like(self, st: Any, kind: str) -> None:
+        for ids in self._batches(st):
+            token_values = [None] if st.tokens is None else self.sizes(st.tokens, "tokens")
+            for tokens in token_values:
+                for group in ([[r] for r in ids] if st.each else [ids]):
+                    step_kind = kind
+                    if kind == "prefix_hit" and self.rep == 0:
+                        self._hit(group, st.cached)
+                    elif kind == "prefix_hit":  # a repeat continues the prefill
+                        step_kind = "prefill"
+                    sched = {r: tokens if tokens is not None else self._prompt_left(r)
+                             for r in group}
+                    label = st.label or (
+                        f"{kind.replace('_', ' ')} {self._short(group)} x "
+                        + ("rest" if tokens is None else str(tokens)))
+                    self.run_step(step_kind, label, "requests", prefill=sched)
+
+    def _hit(self, ids: list[str], cached_expr: Any) -> None:
+        """Requests ``ids`` arrive with ``cached`` prompt tokens in the prefix cache."""
+        cached = self.value(cached_expr, "cached", low=1)
+        g = self.facts["lcm_block_size"]
+        if cached % g:
+            raise self.err(f"cached {cached} is not a whole number of blocks",
+                           "cached", allowed=f"a multiple of lcm_block_size = {g}")
+        for r in ids:
+            if has_prompt_logprobs(self.sampling.get(r, "warmup")):
+                raise self.err(
+                    f"request {self.display[r]!r} asks for prompt_logprobs, and vLLM never "
+                    "serves such a request from the prefix cache "
+                    "(SamplingParams.skip_reading_prefix_cache)", "cached",
+                    allowed="prefix hits of requests without prompt_logprobs")
+            try:
+                self.b.set_computed(r, cached)
+            except PlanError as e:
+                raise self.plan_err(e, "cached") from None
+
+    def _prompt_left(self, rid: str) -> int:
+        left = self._prompt_len(rid) - self.b.num_computed_tokens(rid)
+        return left if left > 0 else 1  # let the builder say why it cannot prefill
+
+    def _prompt_len(self, rid: str) -> int:
+        return self.prompt_len[rid]
+
+    def _prefill(self, st: PrefillStep) -> None:
+        self._prefill_like(st, "prefill")
+
+    def _chunked_prefill(self, st: ChunkedPrefillStep) -> None:
+        self._prefill_like(st, "chunked_prefill")
+
+    def _prefix_hit(self, st: PrefixHitStep) -> None:
+        self._prefill_like(st, "prefix_hit")
+
+    def _resume(self, st: ResumeStep) -> None:
+        for ids in self._batches(st):
+            token_values = [None] if st.tokens is None else self.sizes(st.tokens, "tokens")
+            for tokens in token_values:
+                sched = {r: (tokens if tokens is not None else
+                             max(1, self.b.num_tokens(r) - self.b.num_computed_tokens(r)))
+                         for r in ids}
+                label = st.label or f"resume {self._short(ids)}"
+                self.run_step("resume", label, "requests", resume=sched)
+
+    def _decode_like(self, st: Any, default_kind: str) -> None:
+        k = self.value(st.spec_tokens, "spec_tokens", low=0)
+        reps = self.value(st.repeat, "repeat", high=MAX_EXPANDED)
+        for ids in self._batches(st):
+            kind = "spec_decode" if k else "decode"
+            label = st.label or f"{kind.replace('_', ' ')} {self._short(ids)}" + (
+                f" +{k} drafts" if k else "")
+            for _ in range(reps):
+                self.run_step(kind, label, "requests", decode={r: k for r in ids})
+
+    def _decode(self, st: DecodeStep) -> None:
+        self._decode_like(st, "decode")
+
+    def _no_speculator(self) -> None:
+        if not self.p.has_speculator:
+            raise self.err(
+                f"{self.kind} step but the runner has no speculator (num_speculative_steps "
+                f"{self.p.num_speculative_steps}); add needs = [\"speculator\"] to skip on "
+                "such runners, or use kind = \"decode\"", "kind",
+                allowed="spec_decode and mixed_decode steps only on a runner with a speculator")
+
+    def _spec_decode(self, st: SpecDecodeStep) -> None:
+        self._no_speculator()
+        self._decode_like(st, "spec_decode")
+
+    def _mixed_decode(self, st: MixedDecodeStep) -> None:
+        self._no_speculator()
+        k = self.value(st.spec_tokens, "spec_tokens", low=0)
+        reps = self.value(st.repeat, "repeat", high=MAX_EXPANDED)
+        spec = self.select(st.spec, "spec")
+        non = self.select(st.non_spec, "non_spec")
+        both = set(spec) & set(non)
+        if both:
+            raise self.err(f"request(s) {self._short(sorted(both))} are both spec and non_spec",
+                           "non_spec", allowed="disjoint spec and non_spec selections")
+        label = st.label or f"mixed decode {self._short(spec)} +{k} / {self._short(non)}"
+        for _ in range(reps):
+            self.run_step("mixed_decode", label, "spec",
+                          decode={**{r: k for r in spec}, **{r: 0 for r in non}})
+
+    def _mixed_prefill_decode(self, st: MixedPrefillDecodeStep) -> None:
+        k = self.value(st.spec_tokens, "spec_tokens", low=0)
+        pre = self.select(st.prefill, "prefill")
+        dec = self.select(st.decode, "decode")
+        token_values = [None] if st.tokens is None else self.sizes(st.tokens, "tokens")
+        for tokens in token_values:
+            if st.cached is not None and self.rep == 0:
+                self._hit(pre, st.cached)
+            sched = {r: tokens if tokens is not None else self._prompt_left(r) for r in pre}
+            label = st.label or (f"decode {self._short(dec)} + "
+                                 + ("prefix hit " if st.cached is not None else "prefill ")
+                                 + f"{self._short(pre)} x "
+                                 + ("rest" if tokens is None else str(tokens)))
+            self.run_step("mixed_prefill_decode", label, "prefill",
+                          prefill=sched, decode={r: k for r in dec})
+
+    def _preempt(self, st: PreemptStep) -> None:
+        for ids in self._batches(st):
+            self.run_step("preempt", st.label or f"preempt {self._short(ids)}", "requests",
+                          preempt=tuple(ids))
+
+    def _finish(self, st: FinishStep) -> None:
+        ids = (self.select(st.requests, "requests") if st.requests is not None
+               else list(self.b.live_req_ids()))
+        if not ids:
+            raise self.err("no live request to finish", "requests",
+                           allowed="finish requests that were scheduled and are not finished")
+        self.run_step("finish", st.label or f"finish {self._short(ids)}", "requests",
+                      finish=tuple(ids))
+
+
+def expand(sc: LoadedScenario, profile: RunnerProfile) -> Plan:
+    """The plan of a loaded scenario for ``profile``.
+
+    A scenario whose ``needs`` the runner does not meet, whose ``roles``
+    leave out the worker's role (``profile.role``), one of whose
+    ``requires`` comparisons is false on it (or that samples tokens on a
+    pooling runner, or any scenario on an encoder-only runner) gives an
+    empty plan with ``skipped`` set. A ``sequence`` scenario is the
+    named :mod:`stepwarm.sequences` plan. Otherwise every request and step
+    goes through :class:`PlanBuilder`; requests still live after the last
+    step are finished by an appended cleanup step.
+
+    Raises:
+        ScenarioError: an expression, a limit or the request lifecycle
+            rejects a step, or a ``spec_decode``/``mixed_decode`` step meets a
+            runner with no speculator (file, line, step index, field, what is
+            allowed).
+    """
+    from stepwarm import sequences
+
+    why = unmet_need(list(sc.model.needs), profile)
+    if not why and profile.role != "both" and profile.role not in sc.model.roles:
+        why = (f"for roles {', '.join(sc.model.roles)}: this worker's role is "
+               f"{profile.role}")
+    if not why and profile.is_encoder_only:
+        why = "encoder-only model: vLLM warms no step"
+    if not why and profile.is_pooling_model and sc.model.sequence is None and any(
+            r.kind == "sample" for r in sc.model.requests.values()):
+        why = "scenario samples tokens but the runner is a pooling model"
+    if not why:
+        why = unmet_requirement(sc, profile)
+    if why:
+        return Plan(name=sc.name, requests=(), steps=(), skipped=why)
+    if sc.model.sequence is not None:
+        fn = {"vllm-default": sequences.default_plan,
+              "vllm-warmup-kernels": sequences.warmup_kernels_plan,
+              "vllm-mixed-prefill-decode": sequences.mixed_prefill_decode_plan,
+              }[sc.model.sequence]
+        try:
+            plan = fn(profile)
+        except PlanError as e:
+            line = sc.index.line(("top",), "sequence")
+            raise ScenarioError(
+                f"{sc.file}:{line}: field 'sequence': {sc.model.sequence} cannot be built for "
+                f"this runner: {e}; allowed: a runner whose limits fit vLLM's own warmup",
+                file=sc.file, line=line, step=e.step, field="sequence") from None
+        return dataclasses.replace(plan, name=sc.name)
+    return _Expander(sc, profile).expand()
+
+
+def plans_for(names: list[str], profile: RunnerProfile) -> list[Plan]:
+    """Load and expand every scenario named (built-in names or ``.toml`` paths)
+    for ``profile``, all of them before any runs.
+
+    A set name (``all``) stands for its members
+    (:func:`~stepwarm.scenario.load.resolve_names`).
+
+    Raises:
+        ScenarioError: the first scenario that cannot be loaded or expanded.
+    """
+    return [expand(load(name), profile) for name in resolve_names(names)]
+
+
+def check(names: list[str], profile: RunnerProfile) -> list[tuple[str, Plan | ScenarioError]]:
+    """Load and expand each scenario, collecting errors instead of raising.
+
+    Returns:
+        (name, plan or the error) per name, in order.
+    """
+    out: list[tuple[str, Plan | ScenarioError]] = []
+    for name in resolve_names(names):
+        try:
+            out.append((name, expand(load(name), profile)))
+        except ScenarioError as e:
+            out.append((name, e))
+    return out

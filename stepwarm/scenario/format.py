@@ -1,0 +1,240 @@
+"""The scenario format: pydantic models of a scenario file, the single source of
+the format (validation, ``stepwarm schema``'s JSON Schema and the documentation).
+
+A scenario is one TOML file: what it ``needs`` from the runner, the
+``[requests.NAME]`` it declares and the ordered ``[[steps]]`` that schedule
+them (see ``scenarios/README.md``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+
+from stepwarm.scenario.sampling import PRESET_HELP, Sampling
+from stepwarm.scenario.sweeps import (  # noqa: F401 - Buckets, Range, Values: part of the format
+    MAX_SWEEP,
+    SIZE_HELP,
+    Buckets,
+    Expr,
+    Range,
+    Size,
+    Values,
+)
+
+
+#: Most requests one ``[requests.NAME]`` entry may declare with ``count``.
+MAX_COUNT = 1024
+#: Most plan steps one ``[[steps]]`` entry may expand to (as many as a sweep's values).
+MAX_EXPANDED = MAX_SWEEP
+
+
+Need = Literal["speculator", "mamba_align", "encoder_decoder", "pooling", "structured_output"]
+Sequence = Literal["vllm-default", "vllm-warmup-kernels", "vllm-mixed-prefill-decode"]
+
+_REPEAT_HELP = ("Run the step this many times, each continuing from the last (a "
+                "prefill with tokens = N: consecutive chunks of N).")
+
+
+_SELECTOR = re.compile(r"^\s*([A-Za-z][A-Za-z0-9_-]*)\s*(?:\[([^\]]*)\])?\s*$")
+_SEL_HELP = ('request names declared under [requests]: "NAME" (all of its count), '
+             '"NAME[i]", or "NAME[i:j]" (i, j expressions)')
+
+
+def _check_selectors(v: list[str]) -> list[str]:
+    for s in v:
+        if not _SELECTOR.match(s):
+            raise ValueError(f"{s!r} is not a request selector; allowed: {_SEL_HELP}")
+    return v
+
+
+Selectors = Annotated[list[str], Field(min_length=1, description=_SEL_HELP)]
+
+
+class RequestSpec(BaseModel):
+    """``[requests.NAME]``: one or ``count`` identical requests."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompt: Size = Field(description="Prompt length in tokens: " + SIZE_HELP
+                         + ". A sweep declares one request per value.")
+    count: Expr = Field(default=1, description=f"How many such requests (1..{MAX_COUNT}).")
+    kind: Literal["sample", "pool"] = Field(
+        default="sample", description="\"sample\" (SamplingParams) or \"pool\" (PoolingParams; needs pooling).")
+    sampling: Sampling = Field(
+        default="warmup", description="A preset: " + PRESET_HELP + "; or a table of "
+        "SamplingParams fields (see SamplingTable), whose swept fields declare one request "
+        "per combination.")
+    structured_output: StrictBool = Field(
+        default=False, description="Sample with an all-ones grammar bitmask (needs structured_output).")
+    encoder: Expr | None = Field(
+        default=None, description="Encoder input tokens (needs encoder_decoder); default "
+        "max_encoder_len on encoder-decoder runners, else none.")
+
+
+class _Step(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    label: str | None = Field(default=None, description="Text for reports (default: generated).")
+
+
+class _Scheduling(_Step):
+    requests: Selectors
+    batch: Size | None = Field(
+        default=None, description="Schedule only the first N selected requests; with "
+        "{ buckets = ... } one step per N.")
+
+    _check = field_validator("requests")(_check_selectors)
+
+
+class PrefillStep(_Scheduling):
+    """Prefill waiting requests (or continue a chunked prefill) in one step."""
+
+    kind: Literal["prefill"]
+    tokens: Size | None = Field(default=None, description="Prompt tokens per request "
+                                "(default: the rest of the prompt). " + SIZE_HELP)
+    each: StrictBool = Field(default=False, description="One step per selected request.")
+    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
+
+
+class ChunkedPrefillStep(_Scheduling):
+    """One chunk of a prefill, continuing from ``num_computed_tokens``."""
+
+    kind: Literal["chunked_prefill"]
+    tokens: Size = Field(description="Chunk length per request. " + SIZE_HELP)
+    each: StrictBool = Field(default=False, description="One step per selected request.")
+    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
+
+
+class PrefixHitStep(_Scheduling):
+    """Prefill of new requests whose first ``cached`` tokens hit the prefix cache."""
+
+    kind: Literal["prefix_hit"]
+    cached: Expr = Field(description="Tokens already cached: a multiple of lcm_block_size, "
+                         "below the prompt length.")
+    tokens: Size | None = Field(default=None, description="Tokens to compute per request "
+                                "(default: the rest of the prompt). " + SIZE_HELP)
+    each: StrictBool = Field(default=False, description="One step per selected request.")
+    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
+
+
+class DecodeStep(_Scheduling):
+    """Decode running requests: ``1 + spec_tokens`` tokens each."""
+
+    kind: Literal["decode"]
+    spec_tokens: Expr = Field(default=0, description="Draft tokens per request (needs speculator if > 0).")
+    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
+
+
+class SpecDecodeStep(_Scheduling):
+    """Decode with ``spec_tokens`` draft tokens per request."""
+
+    kind: Literal["spec_decode"]
+    spec_tokens: Expr = Field(default="num_spec_steps", description="Draft tokens per request.")
+    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
+
+
+class MixedDecodeStep(_Step):
+    """One decode step with spec requests (drafts) and non-spec requests (no drafts)."""
+
+    kind: Literal["mixed_decode"]
+    spec: Selectors = Field(description="Requests decoded with drafts. " + _SEL_HELP)
+    non_spec: Selectors = Field(description="Requests decoded without drafts. " + _SEL_HELP)
+    spec_tokens: Expr = Field(default="num_spec_steps", description="Draft tokens per spec request.")
+    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
+
+    _check = field_validator("spec", "non_spec")(_check_selectors)
+
+
+class MixedPrefillDecodeStep(_Step):
+    """One step that prefills some requests and decodes others."""
+
+    kind: Literal["mixed_prefill_decode"]
+    prefill: Selectors = Field(description="Requests prefilled. " + _SEL_HELP)
+    tokens: Size | None = Field(default=None, description="Prefill tokens per request "
+                                "(default: the rest of the prompt). " + SIZE_HELP)
+    decode: Selectors = Field(description="Running requests decoded. " + _SEL_HELP)
+    spec_tokens: Expr = Field(default=0, description="Draft tokens per decoded request.")
+    cached: Expr | None = Field(default=None, description=(
+        "New prefilled requests whose first `cached` tokens hit the prefix cache: a multiple "
+        "of lcm_block_size, below the prompt length (a prefix hit beside decodes)."))
+    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
+
+    _check = field_validator("prefill", "decode")(_check_selectors)
+
+
+class PreemptStep(_Scheduling):
+    """Preempt running requests (blocks freed, progress reset)."""
+
+    kind: Literal["preempt"]
+
+
+class ResumeStep(_Scheduling):
+    """Resume preempted requests: recompute prompt + outputs (or a chunk)."""
+
+    kind: Literal["resume"]
+    tokens: Size | None = Field(default=None, description="Tokens per request (default: all "
+                                "of prompt + outputs). " + SIZE_HELP)
+    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
+
+
+class FinishStep(_Step):
+    """Finish requests (``finished_req_ids``); default every live request."""
+
+    kind: Literal["finish"]
+    requests: Selectors | None = Field(default=None, description="Default: all live requests.")
+
+    _check = field_validator("requests")(lambda v: v if v is None else _check_selectors(v))
+
+
+Step = Annotated[
+    Union[PrefillStep, ChunkedPrefillStep, PrefixHitStep, DecodeStep, SpecDecodeStep,
+          MixedDecodeStep, MixedPrefillDecodeStep, PreemptStep, ResumeStep, FinishStep],
+    Field(discriminator="kind"),
+]
+STEP_MODELS: dict[str, type[BaseModel]] = {
+    m.model_fields["kind"].annotation.__args__[0]: m  # type: ignore[union-attr]
+    for m in (PrefillStep, ChunkedPrefillStep, PrefixHitStep, DecodeStep, SpecDecodeStep,
+              MixedDecodeStep, MixedPrefillDecodeStep, PreemptStep, ResumeStep, FinishStep)
+}
+
+
+class ScenarioFile(BaseModel):
+    """One scenario file (the top-level TOML table)."""
+
+    model_config = ConfigDict(extra="forbid", title="stepwarm scenario")
+    description: str = Field(default="", description="One line for `stepwarm list`.")
+    needs: list[Need] = Field(default_factory=list, description=(
+        "Runner features the scenario needs; without them it is skipped, not failed."))
+    requires: list[str] = Field(default_factory=list, description=(
+        "Comparisons over runner facts, e.g. \"max_num_seqs >= 2\"; the scenario is "
+        "skipped (not failed) on a runner where one is false."))
+    roles: list[Literal["prefill", "decode"]] = Field(
+        default_factory=lambda: ["prefill", "decode"], min_length=1, description=(
+            "Worker roles in disaggregated serving the scenario is for. A decode-only "
+            "worker (kv_role \"kv_consumer\") skips scenarios without \"decode\" "
+            "(long prefills, encoder inputs); a prefill-only worker (\"kv_producer\") "
+            "skips those without \"prefill\"."))
+    sequence: Sequence | None = Field(default=None, description=(
+        "Delegate to one of vLLM's own warmup sequences (stepwarm.sequences) "
+        "instead of [requests]/[[steps]]."))
+    requests: dict[str, RequestSpec] = Field(default_factory=dict, description=(
+        "[requests.NAME] tables; NAME is letters, digits, _ and -."))
+    steps: list[Step] = Field(default_factory=list, description="[[steps]] tables, in order.")
+
+    @field_validator("requests")
+    @classmethod
+    def _names(cls, v: dict[str, RequestSpec]) -> dict[str, RequestSpec]:
+        for name in v:
+            if not _REQUEST_NAME.fullmatch(name):
+                raise ValueError(f"bad request name {name!r}; allowed: {_NAME_HELP}")
+        return v
+
+
+_REQUEST_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+_NAME_HELP = "a letter, then letters, digits, _ and - (e.g. [requests.long_1])"
+
+
+def json_schema() -> dict[str, Any]:
+    """The scenario format as JSON Schema (``ScenarioFile.model_json_schema()``)."""
+    return ScenarioFile.model_json_schema()

@@ -1,0 +1,322 @@
+"""Finding and reading scenario files: built-in names, the TOML loader, and the
+line index that turns pydantic error locations into file:line: step: field messages."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from stepwarm.scenario.errors import ScenarioError
+from stepwarm.scenario.sampling import SamplingTable
+from stepwarm.scenario.format import (
+    RequestSpec,
+    STEP_MODELS,
+    ScenarioFile,
+    _NAME_HELP,
+    _REQUEST_NAME,
+)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+def builtin_dir() -> Any:
+    """The packaged ``stepwarm.scenarios`` directory (a Traversable).
+
+    When stepwarm runs from a checkout (its ``scenarios/`` beside the
+    ``stepwarm`` package), that checkout's directory, also when another
+    checkout is installed in editable mode (whose ``stepwarm.scenarios``
+    would point at the other tree) or none is installed (e.g. on a GPU box).
+    """
+    checkout = Path(__file__).resolve().parents[2] / "scenarios"
+    if (checkout / "default.toml").is_file():
+        return checkout
+    try:
+        return resources.files("stepwarm.scenarios")
+    except ModuleNotFoundError:
+        return resources.files("stepwarm").joinpath("..", "scenarios")
+
+
+def builtin_names() -> list[str]:
+    """Names of the built-in scenarios (``scenarios/*.toml`` without ``.toml``), sorted."""
+    return sorted(p.name[:-5] for p in builtin_dir().iterdir()
+                  if p.name.endswith(".toml") and not p.name.startswith("_"))
+
+
+#: Named sets of built-ins: in a list of scenario names, a set's name stands
+#: for its members, in order. ``all`` is every built-in, ``default`` first
+#: (vLLM's own warmup), then the sampler scenarios, then the rest sorted;
+#: those a runner cannot run are skipped with their reason.
+SETS: dict[str, Callable[[], list[str]]] = {
+    "all": lambda: ["default", "sampler-matrix", "sampler-spec-decode"] + [
+        n for n in builtin_names()
+        if n not in ("default", "sampler-matrix", "sampler-spec-decode")],
+}
+
+
+def resolve_names(names: Iterable[str]) -> list[str]:
+    """``names`` with every set name (``all``) replaced by its members, in
+    order, each scenario once."""
+    out: list[str] = []
+    for name in names:
+        for member in SETS[name]() if name in SETS else [name]:
+            if member not in out:
+                out.append(member)
+    return out
+
+
+@dataclass(frozen=True)
+class LoadedScenario:
+    """A parsed, validated scenario file."""
+
+    name: str
+    #: Where it came from, for messages (a path, or "builtin:NAME.toml").
+    file: str
+    text: str
+    model: ScenarioFile
+    index: _TomlIndex
+
+
+def load(name_or_path: str) -> LoadedScenario:
+    """Read and validate a scenario: a built-in name or a path to a ``.toml`` file.
+
+    Raises:
+        ScenarioError: unknown name, unreadable file, malformed TOML, or a
+            file the format rejects (file, line, step, field, what is allowed).
+    """
+    path = Path(name_or_path)
+    if path.is_dir():
+        raise ScenarioError(f"{name_or_path!r} is a directory, not a scenario file (*.toml); "
+                            "allowed: a path to a .toml file or a built-in name: "
+                            f"{', '.join(builtin_names())}", file=name_or_path)
+    looks_like_path = name_or_path.endswith(".toml") or "/" in name_or_path \
+        or (os.sep != "/" and os.sep in name_or_path)
+    if looks_like_path and not path.exists():
+        raise ScenarioError(f"{name_or_path}: cannot read scenario file: no such file; allowed: "
+                            "a path to an existing .toml file or a built-in name: "
+                            + ", ".join(builtin_names()),
+                            file=name_or_path)
+    if looks_like_path or path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as e:
+            raise ScenarioError(f"{name_or_path}: cannot read scenario file: "
+                                f"{e.strerror or e}", file=name_or_path) from None
+        except UnicodeDecodeError as e:
+            raise ScenarioError(f"{name_or_path}: cannot read scenario file: not UTF-8 "
+                                f"(byte {e.object[e.start]:#04x} at offset {e.start}); "
+                                "allowed: TOML in UTF-8", file=name_or_path) from None
+        return loads(text, str(path), path.stem)
+    known = builtin_names()
+    if name_or_path not in known:
+        close = difflib.get_close_matches(name_or_path, known, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ScenarioError(f"unknown scenario {name_or_path!r}{hint}; allowed: a path to a "
+                            f".toml file, a built-in name: {', '.join(known)}, or a set: "
+                            + ", ".join(SETS),
+                            file=name_or_path)
+    text = (builtin_dir() / f"{name_or_path}.toml").read_text(encoding="utf-8")
+    return loads(text, f"scenarios/{name_or_path}.toml", name_or_path)
+
+
+def loads(text: str, file: str, name: str) -> LoadedScenario:
+    """Parse and validate scenario TOML ``text`` (``file`` for messages)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        m = re.search(r"\(at line (\d+), column (\d+)\)", str(e))
+        line = int(m.group(1)) if m else getattr(e, "lineno", None)
+        msg = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(e))
+        col = f", column {m.group(2)}" if m else ""
+        raise ScenarioError(
+            f"{file}:{line or '?'}: malformed TOML{col}: {msg}; allowed: TOML 1.0 "
+            "(key = value, [requests.NAME] and [[steps]] tables, see scenarios/README.md)",
+            file=file, line=line) from None
+    index = _TomlIndex(text)
+    reqs = data.get("requests")
+    if isinstance(reqs, dict):
+        for rname in reqs:
+            if not _REQUEST_NAME.fullmatch(rname):
+                line = index.line(("requests", rname))
+                raise ScenarioError(
+                    f"{file}:{line or '?'}: bad request name {rname!r}; allowed: {_NAME_HELP}",
+                    file=file, line=line, field="requests")
+    try:
+        model = ScenarioFile.model_validate(data)
+    except ValidationError as e:
+        raise _validation_error(e, file, index) from None
+    if model.sequence is not None and (model.requests or model.steps):
+        raise ScenarioError(
+            f"{file}:{index.line(('top',), 'sequence')}: field 'sequence': a scenario "
+            "with sequence = ... has no [requests] or [[steps]]; allowed: one or the other",
+            file=file, line=index.line(("top",), "sequence"), field="sequence")
+    if model.sequence is None and not model.steps:
+        raise ScenarioError(
+            f"{file}:1: field 'steps': empty scenario: no [[steps]]; allowed: at least one [[steps]] "
+            "table with a kind (or sequence = \"vllm-default\")", file=file, line=1,
+            field="steps")
+    return LoadedScenario(name=name, file=file, text=text, model=model, index=index)
+
+
+class _TomlIndex:
+    """Where tables and keys sit in a TOML text (tomllib keeps no positions)."""
+
+    _HEADER = re.compile(r"^\s*(\[\[?)\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+
+    def __init__(self, text: str):
+        self.lines = text.splitlines()
+        self.sections: list[tuple[tuple, int, int]] = []  # key, first, last (0-based)
+        current: tuple = ("top",)
+        start, n_steps = 0, 0
+        for i, raw in enumerate(self.lines):
+            m = self._HEADER.match(raw)
+            if not m:
+                continue
+            self.sections.append((current, start, i - 1))
+            name = [p.strip().strip('"').strip("'") for p in m.group(2).split(".")]
+            if m.group(1) == "[[" and name == ["steps"]:
+                current = ("steps", n_steps)
+                n_steps += 1
+            elif name[0] == "requests" and len(name) == 2:
+                current = ("requests", name[1])
+            elif name[0] == "requests" and len(name) == 3:
+                current = ("requests", name[1], name[2])  # [requests.NAME.sampling]
+            elif name == ["requests"]:
+                current = ("requests",)
+            else:
+                current = ("other", i)
+            start = i
+        self.sections.append((current, start, len(self.lines) - 1))
+
+    def line(self, section: tuple, key: str | None = None) -> int | None:
+        """1-based line of ``key`` in ``section`` (or of the section header).
+
+        A dotted ``key`` ("sampling.logprobs") is looked up in the sub-table
+        (``[requests.NAME.sampling]``) first, then as the line of its first
+        part (an inline table: ``sampling = { logprobs = 5 }``).
+        """
+        if key is not None and "." in key:
+            head, _, tail = key.partition(".")
+            if any(sec == (*section, head) for sec, _, _ in self.sections):
+                return self.line((*section, head), tail)
+            return self.line(section, head)
+        for sec, first, last in self.sections:
+            if sec != section:
+                continue
+            if key is not None:
+                pat = re.compile(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*[=.]")
+                for i in range(first, last + 1):
+                    if pat.match(self.lines[i]):
+                        return i + 1
+            return first + 1 if section != ("top",) else (1 if key is None else None)
+        if section[0] == "requests" and len(section) == 2:
+            # inline: [requests] NAME = { ... }
+            return self.line(("requests",), section[1])
+        return None
+
+
+def _model_at(loc: tuple) -> tuple[type[BaseModel] | None, tuple, str | None]:
+    """(model, TOML section, field) for a pydantic error location."""
+    if loc and loc[0] == "steps" and len(loc) >= 2 and isinstance(loc[1], int):
+        sec = ("steps", loc[1])
+        if len(loc) >= 3 and loc[2] in STEP_MODELS:
+            return STEP_MODELS[loc[2]], sec, (str(loc[3]) if len(loc) >= 4 else None)
+        return None, sec, ("kind" if len(loc) >= 3 else None)
+    if loc and loc[0] == "requests" and len(loc) >= 2:
+        if len(loc) == 2:  # the request itself is not a table
+            return None, ("requests", loc[1]), None
+        if loc[2] == "sampling" and len(loc) >= 5 and loc[3] == "table":
+            return SamplingTable, ("requests", loc[1]), f"sampling.{loc[4]}"
+        return RequestSpec, ("requests", loc[1]), str(loc[2])
+    return ScenarioFile, ("top",), (str(loc[0]) if loc else None)
+
+
+def _where(file: str, line: int | None, sec: tuple, field: str | None,
+           kind: str | None = None) -> str:
+    parts = [f"{file}:{line}" if line else file]
+    if sec[0] == "steps":
+        parts.append(f"step {sec[1]}" + (f" ({kind})" if kind else ""))
+    elif sec[0] == "requests" and len(sec) == 2:
+        parts.append(f"request {sec[1]!r}")
+    if field:
+        parts.append(f"field {field!r}")
+    return ": ".join(parts[:1]) + (": " + ", ".join(parts[1:]) if len(parts) > 1 else "")
+
+
+_TYPE_ALLOWED = {
+    "bool_type": "true or false", "bool_parsing": "true or false",
+    "string_type": "a string", "list_type": "a list of strings",
+    "dict_type": "a table", "model_type": "a table", "int_type": "an integer",
+    "model_attributes_type": "a table",
+}
+#: What a section must be, where a wrong type there has a better answer.
+_SECTION_ALLOWED = {
+    ("steps",): "[[steps]] tables (an array of tables, each with a kind), not a [steps] table",
+    ("step",): "a [[steps]] table with a kind, e.g. kind = \"prefill\"",
+    ("request",): "a [requests.NAME] table, e.g. prompt = 24",
+}
+
+
+def _validation_error(e: ValidationError, file: str, index: _TomlIndex) -> ScenarioError:
+    errors = e.errors()
+    # An unknown key (a typo) explains the "missing" error that comes with it:
+    # report it first.
+    err = min(errors, key=lambda x: x["type"] != "extra_forbidden")
+    loc = tuple(err["loc"])
+    model, sec, fld = _model_at(loc)
+    key = (fld or "").rpartition(".")[2]  # the model's field ("sampling.top_k": "top_k")
+    kind = loc[2] if sec[0] == "steps" and len(loc) >= 3 and loc[2] in STEP_MODELS else None
+    typ = err["type"]
+    if typ == "extra_forbidden":
+        allowed = sorted(model.model_fields) if model else []
+        close = difflib.get_close_matches(key, allowed, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        what = f"unknown key {fld!r}{hint}; allowed keys: {', '.join(allowed)}"
+    elif typ == "missing":
+        desc = model.model_fields[key].description if model and key in model.model_fields else ""
+        what = f"missing required key {fld!r}; allowed: {desc or 'see scenarios/README.md'}"
+    elif typ in ("union_tag_invalid", "union_tag_not_found"):
+        fld = "kind"
+        tags = ", ".join(STEP_MODELS)
+        got = f"unknown step kind {err['input'].get('kind')!r}" if typ == "union_tag_invalid" \
+            and isinstance(err["input"], dict) else "a step without kind"
+        close = difflib.get_close_matches(str(err["input"].get("kind", "")), list(STEP_MODELS), n=1) \
+            if isinstance(err["input"], dict) else []
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        what = f"{got}{hint}; allowed kinds: {tags}"
+    elif typ in _TYPE_ALLOWED or typ == "literal_error":
+        allowed = _TYPE_ALLOWED.get(typ) or err["msg"].removeprefix("Input should be ")
+        if sec == ("top",) and fld == "steps":
+            allowed = _SECTION_ALLOWED[("steps",)]
+        elif sec[0] == "steps" and fld is None:
+            allowed = _SECTION_ALLOWED[("step",)]
+        elif sec[0] == "requests" and fld is None:
+            allowed = _SECTION_ALLOWED[("request",)]
+        what = f"wrong type or value {err['input']!r}; allowed: {allowed}"
+        desc = model.model_fields[key].description if model and key in model.model_fields else ""
+        what += f" ({desc})" if desc else ""
+    else:
+        msg = err["msg"].removeprefix("Value error, ")
+        desc = ""
+        if model and key in model.model_fields and "allowed" not in msg:
+            desc = model.model_fields[key].description or ""
+            desc = f"; allowed: {desc}" if desc else ""
+        what = f"{msg} (got {err['input']!r}){desc}" if "got" not in msg else msg + desc
+        if "allowed" not in what:
+            what += "; allowed: see scenarios/README.md"
+    line = index.line(sec, fld)
+    more = f" ({len(errors) - 1} more error(s) in this file)" if len(errors) > 1 else ""
+    return ScenarioError(f"{_where(file, line, sec, fld, kind)}: {what}{more}",
+                         file=file, line=line,
+                         step=sec[1] if sec[0] == "steps" else None, field=fld)

@@ -1,0 +1,58 @@
+"""Whether a runner can run a scenario: its ``needs`` and ``requires``."""
+
+from __future__ import annotations
+
+
+from stepwarm.expressions import (
+    ExpressionError,
+    block_sizes_of,
+    evaluate_condition,
+    facts_of,
+    functions_of,
+)
+from stepwarm.profile import RunnerProfile
+from stepwarm.scenario.errors import ScenarioError
+from stepwarm.scenario.load import LoadedScenario
+
+
+def unmet_need(needs: list[str], profile: RunnerProfile) -> str:
+    """Why ``profile`` cannot run a scenario needing ``needs`` ("" if it can)."""
+    p = profile
+    for need in needs:
+        if need == "speculator" and not p.has_speculator:
+            return f"needs speculator: runner has num_speculative_steps {p.num_speculative_steps}"
+        if need == "mamba_align" and not p.has_mamba_align:
+            return ("needs mamba_align: runner has no Mamba KV cache group in align mode "
+                    f"(mamba_cache_mode {p.mamba_cache_mode})")
+        if need == "encoder_decoder" and not (p.is_encoder_decoder and p.max_encoder_len > 0):
+            return (f"needs encoder_decoder: runner's model is not encoder-decoder "
+                    f"(is_encoder_decoder {p.is_encoder_decoder}, max_encoder_len {p.max_encoder_len})")
+        if need == "pooling" and not p.is_pooling_model:
+            return "needs pooling: runner's model is not a pooling model"
+        # Not is_last_pp_rank: every pipeline rank runs the same steps (the
+        # plan leaves the grammar bitmask out on non-last ranks, as vLLM's
+        # warmup does), or the ranks would fall out of lockstep.
+        if need == "structured_output" and p.is_pooling_model:
+            return ("needs structured_output: runner does not sample tokens "
+                    f"(pooling model {p.is_pooling_model})")
+    return ""
+
+
+def unmet_requirement(sc: LoadedScenario, profile: RunnerProfile) -> str:
+    """Why ``profile`` fails one of the scenario's ``requires`` ("" if none).
+
+    Raises:
+        ScenarioError: a ``requires`` entry that is not a valid comparison
+            (file, line, field 'requires', what is allowed).
+    """
+    facts, sizes, funcs = facts_of(profile), block_sizes_of(profile), functions_of(profile)
+    for cond in sc.model.requires:
+        try:
+            ok, shown = evaluate_condition(cond, facts, sizes, funcs)
+        except ExpressionError as e:
+            line = sc.index.line(("top",), "requires")
+            raise ScenarioError(f"{sc.file}:{line or '?'}: field 'requires': {e}",
+                                file=sc.file, line=line, field="requires") from None
+        if not ok:
+            return f"requires {cond.strip()}: false on this runner ({shown})"
+    return ""
