@@ -558,7 +558,7 @@ class BlockLedger:
             if spec.kind in _NOT_CACHED:
                 continue
             full = min(num_tokens // spec.block_size, len(table.ids))
-            if spec.kind == "mamba" and spec.mamba_cache_mode != "none":
+            if spec.kind == "mamba":  # every cache mode (MambaManager.cache_blocks)
                 self._cached_this_step.update(
                     (g, i) for i in range(done[g], full) if table.ids[i])
             done[g] = max(done[g], full)
