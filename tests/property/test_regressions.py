@@ -194,3 +194,40 @@ def test_prefix_hit_tables_match_oracle(cfg: KVConfig, data, expect) -> None:
     h = data.draw(st.integers(1, top), label="r1 prompt")
     _hit_lifecycle(cfg, (a, h), decodes=data.draw(st.integers(0, 3), label="decodes"),
                    exact=False)
+
+
+def test_regression_mamba_hit_on_a_state_cached_in_the_same_step() -> None:
+    """Found by the long profile: a request whose prefix hit ends on a Mamba
+    state that another request caches in the same step (same prompt blocks)
+    cannot be allocated (``MambaManager.get_num_blocks_to_allocate`` returns
+    more than the pool holds, in every cache mode); stepwarm allocated it."""
+    from stepwarm.plan import PlanBuilder, PlanError, PlannedRequest
+    from tests.property.oracle import Oracle, vllm_spec
+
+    specs = (FULL16.model_copy(update={"block_size": 2}),
+             CacheSpec(kind="mamba", block_size=2, mamba_cache_mode="none"))
+    cfg = _hit_cfg(*specs)
+    o = Oracle(tuple(vllm_spec(s) for s in specs), cfg.num_blocks, cfg.max_model_len, 0, True)
+    b = PlanBuilder(cfg.profile(), name="same-step")
+    for rid in ("r0", "r3", "r4"):
+        o.add(rid, 8)
+        b.add_request(PlannedRequest(rid, 8))
+    o.new_step()
+    assert o.schedule("r0", 8) is not None
+    o.advance("r0", 8, 1)
+    b.step("custom", "r0", prefill={"r0": 8})
+    o.new_step()
+    o.finish("r0")
+    b.step("custom", "finish", finish=("r0",))
+    hit = o.lookup("r4")
+    assert hit == 6  # 3 of r0's cached blocks (at most prompt - 1 tokens)
+    b.set_computed("r4", hit)
+    o.new_step()
+    assert o.schedule("r3", 8) is not None  # r3 caches the same prompt blocks ...
+    assert o.schedule("r4", 2) is None  # ... so vLLM refuses r4's hit
+    try:
+        b.step("custom", "same step", prefill={"r3": 8, "r4": 2})
+    except PlanError as e:
+        assert e.field == "blocks" and "Mamba state cached in this same step" in str(e)
+    else:
+        raise AssertionError("stepwarm allocated a hit vLLM's MambaManager refuses")
