@@ -374,6 +374,19 @@ class BlockLedger:
     _cached: dict[int, tuple[int, int]] = field(default_factory=dict, repr=False)
     #: req_id -> the request's context (its own encoder length).
     _ctx: dict[str, ReservationContext] = field(default_factory=dict, repr=False)
+    #: req_id -> per group, prompt blocks already recorded by cache_prompt.
+    _num_cached: dict[str, list[int]] = field(default_factory=dict, repr=False)
+    #: Mamba positions (group, block index) a request cached in this step
+    #: (``MambaManager.cached_blocks_this_step``).
+    _cached_this_step: set[tuple[int, int]] = field(default_factory=set, repr=False)
+    #: req_id -> the Mamba hit positions its first allocation must not find
+    #: in _cached_this_step.
+    _pending_hit: dict[str, list[tuple[int, int]]] = field(default_factory=dict, repr=False)
+
+    def new_step(self) -> None:
+        """``KVCacheManager.new_step_starts``: a new step begins (Mamba
+        forgets which states were cached in the last one)."""
+        self._cached_this_step.clear()
 
     @classmethod
     def for_profile(cls, profile: RunnerProfile) -> BlockLedger:
@@ -508,6 +521,13 @@ class BlockLedger:
         ctx = self._ctx.get(req_id) if encoder_len is None else None
         if ctx is None:
             ctx = self._request_ctx(encoder_len)
+        stale = [key for key in self._pending_hit.get(req_id, ()) if key in self._cached_this_step]
+        if stale:
+            # MambaManager.get_num_blocks_to_allocate: a hit whose last state
+            # another request cached in this same step cannot be allocated.
+            raise OutOfBlocksError(
+                f"request {req_id!r}: its prefix hit ends on a Mamba state cached in "
+                f"this same step (group {stale[0][0]}); vLLM's MambaManager refuses it")
         for spec, table in zip(self.specs, tables):
             self._release(RULES[spec.kind].remove_skipped(table, num_computed, spec))
         need = sum(RULES[spec.kind].to_allocate(t, num_tokens, spec, ctx)
@@ -523,6 +543,7 @@ class BlockLedger:
             taken.append(tuple(t))
         self._tables[req_id] = tables
         self._ctx[req_id] = ctx
+        self._pending_hit.pop(req_id, None)
         return Growth(tuple(appended), tuple(taken))
 
     def cache_prompt(self, req_id: str, num_tokens: int) -> None:
@@ -532,10 +553,16 @@ class BlockLedger:
         request's prompt is block ``i`` of any other's."""
         if not self.enable_caching or req_id not in self._tables:
             return
+        done = self._num_cached.setdefault(req_id, [0] * len(self.specs))
         for g, (spec, table) in enumerate(zip(self.specs, self._tables[req_id])):
             if spec.kind in _NOT_CACHED:
                 continue
-            for i in range(min(num_tokens // spec.block_size, len(table.ids))):
+            full = min(num_tokens // spec.block_size, len(table.ids))
+            if spec.kind == "mamba":  # every cache mode (MambaManager.cache_blocks)
+                self._cached_this_step.update(
+                    (g, i) for i in range(done[g], full) if table.ids[i])
+            done[g] = max(done[g], full)
+            for i in range(full):
                 block = table.ids[i]
                 if block and (g, i) not in self._cache and block not in self._cached:
                     self._cache[(g, i)] = block
@@ -583,6 +610,10 @@ class BlockLedger:
             tables.append(GroupTable(full))
         self._tables[req_id] = tables
         self._ctx[req_id] = self._request_ctx(encoder_len)
+        self._num_cached[req_id] = [len(t.ids) for t in tables]
+        self._pending_hit[req_id] = [
+            (g, len(t.ids) - 1) for g, (spec, t) in enumerate(zip(self.specs, tables))
+            if spec.kind == "mamba" and t.ids]
         return Growth(tuple(tuple(t.ids) for t in tables), tuple(taken))
 
     def free(self, req_id: str) -> tuple[int, ...]:
@@ -595,6 +626,8 @@ class BlockLedger:
         """
         tables = self._tables.pop(req_id, None) or []
         self._ctx.pop(req_id, None)
+        self._num_cached.pop(req_id, None)
+        self._pending_hit.pop(req_id, None)
         dropped: list[int] = []
         for table in tables:
             ids = [i for i in reversed(table.ids) if i]

@@ -284,10 +284,21 @@ def to_grammar_output(step: PlannedStep, profile: RunnerProfile) -> Any:
     )
 
 
-def cleanup_output(req_ids: set[str]) -> Any:
-    """An empty ``SchedulerOutput`` whose ``finished_req_ids`` is ``req_ids``."""
+def encoder_hashes(plan: Plan) -> list[str]:
+    """The ``mm_hash`` of every dummy encoder input the plan sends (the
+    identifiers :func:`_mm_features` gives them)."""
+    return [f"{r.req_id}encoder" for r in plan.requests if r.encoder_len]
+
+
+def cleanup_output(req_ids: set[str], mm_hashes: list[str] | tuple[str, ...] = ()) -> Any:
+    """An empty ``SchedulerOutput`` whose ``finished_req_ids`` is ``req_ids``
+    and whose ``free_encoder_mm_hashes`` is ``mm_hashes`` (what the
+    scheduler's encoder cache manager sends once those requests finish, so
+    the runner's encoder cache drops their outputs)."""
     from vllm.v1.core.sched.output import SchedulerOutput
 
     out = SchedulerOutput.make_empty()
     out.finished_req_ids = set(req_ids)
+    if mm_hashes:
+        _set(out, "free_encoder_mm_hashes", list(mm_hashes))
     return out

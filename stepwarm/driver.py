@@ -13,14 +13,22 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from stepwarm.compile import OutputHistory, cleanup_output, to_grammar_output, to_scheduler_output
+from stepwarm.compile import (
+    OutputHistory,
+    cleanup_output,
+    encoder_hashes,
+    to_grammar_output,
+    to_scheduler_output,
+)
 from stepwarm.plan import REQ_ID_PREFIX, Plan, PlannedStep
 from stepwarm.profile import RunnerProfile, read_profile
 from stepwarm.ranks import RankGroup
 from stepwarm.runner import (
     discard_pending_step,
     kv_connector_disabled,
+    drop_finished_state,
     live_request_ids,
+    request_tables,
     synchronize,
 )
 
@@ -322,16 +330,24 @@ def drive(
         finally:
             discard_pending_step(worker)
             leftover = {r for r in live_request_ids(worker) if r.startswith(REQ_ID_PREFIX)}
-            to_finish = sent | leftover
+            # Ids only other tables still hold (e.g. Mamba state indices of
+            # requests a plan step finished without scheduling any token).
+            stale = set().union(*request_tables(worker, REQ_ID_PREFIX).values())
+            to_finish = sent | leftover | stale
             if to_finish:
-                worker.execute_model(cleanup_output(to_finish))
+                out = cleanup_output(to_finish, encoder_hashes(plan))
+                worker.execute_model(out)
                 discard_pending_step(worker)
+                drop_finished_state(worker, out)
             report.cleanup_ran = True
             synchronize()
     report.wall_ms = (time.perf_counter() - t_run) * 1e3
     report.ended_at = time.time()
+    # Every per-request table of the runner (runner.V1_TABLES / V2_TABLES),
+    # not only requests and the input batch.
     report.left_in_runner = sorted(
-        r for r in live_request_ids(worker) if r.startswith(REQ_ID_PREFIX)
+        f"{r} ({table})" for table, ids in request_tables(worker, REQ_ID_PREFIX).items()
+        for r in ids
     )
     if failed_at is not None:
         raise StepFailed(report, failed_at) from cause

@@ -501,6 +501,7 @@ class PlanBuilder:
         # scheduled ones grow. All-or-nothing: a refused step leaves the
         # ledger as it was (no request freed, no block handed out).
         saved = copy.deepcopy(self.ledger)
+        self.ledger.new_step()
         for rid in finish + preempt:
             self.ledger.free(rid)
         final_rows: list[ScheduledRequest] = []

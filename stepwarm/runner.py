@@ -15,6 +15,119 @@ from typing import Any
 from stepwarm.profile import runner_kind, runner_of
 
 
+#: Every per-request table of the V1 runner (``gpu_model_runner.py``, also
+#: the CPU runner), as ``attribute path -> how its request ids are read``:
+#: "keys" (dict keys / set or list members) or "values" (a dict of sets).
+#: Encoder caches are keyed by ``mm_hash``, which for stepwarm's dummy
+#: encoder inputs is ``<req_id>encoder``.
+V1_TABLES: dict[str, str] = {
+    "requests": "keys",
+    "num_prompt_logprobs": "keys",
+    "mamba_state_idx": "keys",
+    "encoder_cache": "keys",
+    "encoder_timing_registry": "keys",
+    "input_batch.req_ids": "keys",
+    "input_batch.req_id_to_index": "keys",
+    "input_batch.prev_req_id_to_index": "keys",
+    "input_batch.greedy_reqs": "keys",
+    "input_batch.random_reqs": "keys",
+    "input_batch.top_p_reqs": "keys",
+    "input_batch.top_k_reqs": "keys",
+    "input_batch.frequency_penalties_reqs": "keys",
+    "input_batch.presence_penalties_reqs": "keys",
+    "input_batch.repetition_penalties_reqs": "keys",
+    "input_batch.has_allowed_token_ids": "keys",
+    "input_batch.thinking_token_budget_reqs": "keys",
+    "input_batch.num_logprobs": "keys",
+    "input_batch.logprob_token_ids": "keys",
+    "input_batch.pooling_params": "keys",
+    "input_batch.pooling_states": "keys",
+    "input_batch.lora_id_to_request_ids": "values",
+    "late_interaction_runner": "scan",
+    "drafter": "scan",
+}
+
+#: Every per-request table of the V2 runner (``vllm/v1/worker/gpu/``).
+V2_TABLES: dict[str, str] = {
+    "req_states.req_id_to_index": "keys",
+    "req_states.index_to_req_id": "values",
+    "encoder_cache.mm_features": "keys",
+    "encoder_cache.encoder_outputs": "keys",
+    "prompt_logprobs_worker.in_progress_prompt_logprobs": "keys",
+    "lora_state.lora_requests": "keys",
+    "model_state": "scan",
+    "structured_outputs_worker": "scan",
+    "speculator": "scan",
+    "sampler": "scan",
+    "pp_handler": "scan",
+}
+
+
+def _resolve(obj: Any, path: str) -> Any:
+    for name in path.split("."):
+        obj = getattr(obj, name, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _ids_in(value: Any, how: str) -> set[str]:
+    """Request ids (strings) a table holds."""
+    if how == "values" and isinstance(value, dict):
+        out: set[str] = set()
+        for v in value.values():
+            out |= _ids_in(v, "keys") if isinstance(v, (set, list, tuple, dict)) else (
+                {v} if isinstance(v, str) else set())
+        return out
+    if isinstance(value, (dict, set, frozenset, list, tuple)):
+        return {k for k in value if isinstance(k, str)}
+    return set()
+
+
+def _scan(obj: Any) -> dict[str, set[str]]:
+    """Dict / set / list attributes of ``obj`` (and of its attributes one
+    level down) that hold strings: tables the lists above do not name, in
+    helpers whose layout differs across versions."""
+    found: dict[str, set[str]] = {}
+    if obj is None or not hasattr(obj, "__dict__"):
+        return found
+    for name, value in vars(obj).items():
+        ids = _ids_in(value, "keys")
+        if ids:
+            found[name] = ids
+        elif hasattr(value, "__dict__") and type(value).__module__.startswith("vllm"):
+            for sub, v in vars(value).items():
+                ids = _ids_in(v, "keys")
+                if ids:
+                    found[f"{name}.{sub}"] = ids
+    return found
+
+
+def request_tables(worker: Any, prefix: str = "") -> dict[str, set[str]]:
+    """Per-request tables of the runner -> the ids in them starting with
+    ``prefix`` (tables holding none left out).
+
+    Reads :data:`V1_TABLES` or :data:`V2_TABLES` (attributes a version lacks
+    are skipped); entries marked "scan" are searched for any dict/set/list
+    of strings (speculator, model-specific and layer-specific states).
+    """
+    runner = runner_of(worker)
+    tables = V2_TABLES if runner_kind(runner) == "v2" else V1_TABLES
+    out: dict[str, set[str]] = {}
+    for path, how in tables.items():
+        value = _resolve(runner, path)
+        if how == "scan":
+            for sub, ids in _scan(value).items():
+                ids = {i for i in ids if i.startswith(prefix)}
+                if ids:
+                    out[f"{path}.{sub}"] = ids
+            continue
+        ids = {i for i in _ids_in(value, how) if i.startswith(prefix)}
+        if ids:
+            out[path] = ids
+    return out
+
+
 def live_request_ids(worker: Any) -> set[str]:
     """Request ids the runner holds state for.
 
@@ -29,6 +142,29 @@ def live_request_ids(worker: Any) -> set[str]:
     if batch is not None:
         ids.update(r for r in batch.req_ids if r is not None)
     return ids
+
+
+def drop_finished_state(worker: Any, scheduler_output: Any) -> None:
+    """After a cleanup step that schedules no tokens: let vLLM drop the
+    per-request state it only drops inside a forward pass.
+
+    V1: ``execute_model`` returns before ``preprocess_mamba`` when nothing
+    is scheduled, so ``runner.mamba_state_idx`` keeps the finished requests;
+    this runs vLLM's own ``mamba_utils.cleanup_mamba_state_idx`` with the
+    cleanup's ``SchedulerOutput``, as the next scheduled step would. A no-op
+    where the runner or vLLM has no such state.
+    """
+    runner = runner_of(worker)
+    state = getattr(runner, "mamba_state_idx", None)
+    if not state:
+        return
+    try:
+        from vllm.v1.worker.mamba_utils import cleanup_mamba_state_idx
+    except ImportError:  # a vLLM without it: drop the finished ids directly
+        for req_id in scheduler_output.finished_req_ids:
+            state.pop(req_id, None)
+        return
+    cleanup_mamba_state_idx(scheduler_output, state)
 
 
 def discard_pending_step(worker: Any) -> bool:

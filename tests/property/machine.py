@@ -66,6 +66,10 @@ class Lifecycle(RuleBasedStateMachine):
         self.oracle_refused = False
         #: stepwarm's ledger before this step's first hit.
         self.pre_hit = None
+        #: vLLM's copy-on-write copies in the last step / ever (stepwarm
+        #: sends none: its ids then differ from vLLM's).
+        self.copies = 0
+        self.cow_seen = False
 
     # -- setup -----------------------------------------------------------
     @initialize(data=st.data())
@@ -124,6 +128,12 @@ class Lifecycle(RuleBasedStateMachine):
             self.oracle.drop_hit(rid)
             return
         if not n:
+            return
+        if any(s.kind == "chunked_local_attention" for s in self.cfg.specs):
+            # vLLM's ChunkedLocalAttentionManager nulls the blocks before the
+            # chunk of the *lookup's* max length, not of the hit: not modelled.
+            event("prefix hit: chunked local attention, not taken")
+            self.oracle.drop_hit(rid)
             return
         if any(n % s.block_size for s in self.cfg.specs):
             event("prefix hit: partial block, not taken")
@@ -286,6 +296,10 @@ class Lifecycle(RuleBasedStateMachine):
             self.outputs[rid] += outs
             self.state[rid] = "running"
         self.oracle_zero = o.take_new_block_ids()
+        self.copies = o.end_step()
+        if self.copies:
+            event("vLLM copy-on-write copies (partial-block caching): ids not modelled")
+            self.cow_seen = True
         event(f"step: {len(step.scheduled)} scheduled")
 
     def _oracle_refuses(self, prefill, decode, resume, finish, preempt) -> bool:

@@ -310,6 +310,22 @@ class Oracle:
         """Free blocks in the pool (cached-but-unreferenced ones included)."""
         return self.manager.block_pool.get_num_free_blocks()
 
+    def end_step(self) -> int:
+        """What the scheduler does once a step is scheduled with the
+        copy-on-write copies of partial-block prefix caching (vLLM's
+        ``take_kv_cache_block_copies``, then ``_free_cow_retained_blocks``
+        with no step in flight): the retained endpoints go back to the pool.
+        stepwarm sends no ``kv_cache_block_copies``, so a step with copies
+        is one whose ids it does not model. Returns the number of copies."""
+        self._log.append(("end_step", ()))
+        take = getattr(self.manager, "take_kv_cache_block_copies", None)
+        if take is None:
+            return 0
+        copies, retained = take()
+        if retained:
+            self.manager.block_pool.free_blocks(retained)
+        return len(copies)
+
     def take_new_block_ids(self) -> list[int]:
         """``KVCacheManager.take_new_block_ids()``: what the scheduler puts
         in ``new_block_ids_to_zero`` for the step (drained)."""

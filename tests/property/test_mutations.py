@@ -93,3 +93,80 @@ def test_correct_rules_pass_the_same_run() -> None:
     run = settings(max_examples=200, phases=[Phase.generate], derandomize=True,
                    database=None, deadline=None, stateful_step_count=20)
     run_state_machine_as_test(HeldCounts, settings=run)
+
+
+# -- property (e): exact tables, zeroing, free blocks ------------------------------
+class KeepsWindowBlocks(blocks.SlidingWindowRule):
+    """Out-of-window blocks neither nulled nor freed (stepwarm before)."""
+
+    def skipped_tokens(self, num_computed, spec):
+        return 0
+
+
+class KeepsEveryChunk(blocks.ChunkedLocalRule):
+    def skipped_tokens(self, num_computed, spec):
+        return 0
+
+
+class KeepsEveryMambaState(MambaRule):
+    def skipped_tokens(self, num_computed, spec):
+        return 0
+
+
+class AlignWithoutNullPadding(MambaRule):
+    """Align mode handing out real ids for the whole range (stepwarm before)."""
+
+    def to_allocate(self, table, num_tokens, spec, ctx):
+        return max(0, self.blocks(num_tokens, spec, ctx) - len(table.ids))
+
+    def allocate(self, table, num_tokens, spec, ctx, take):
+        return ReservationRule.allocate(self, table, num_tokens, spec, ctx, take)
+
+
+def _hit_with_lookahead(self, req_id, num_tokens, encoder_len=None):
+    """The old prefix hit: the hit grown like a step, lookahead block included
+    and counted as cached."""
+    g = self.grow(req_id, num_tokens, encoder_len)
+    return blocks.Growth(g.appended, tuple(() for _ in g.taken))
+
+
+def _zero_row_major(self, group):
+    return self.zeroes_new_blocks  # every group zeroed, whatever vLLM records
+
+
+TABLE_MUTANTS = {
+    "window blocks kept": ({"sliding_window": KeepsWindowBlocks()}, None, ("sliding_window",)),
+    "local chunks kept": ({"chunked_local_attention": KeepsEveryChunk()}, None,
+                          ("chunked_local_attention",)),
+    "Mamba states kept": ({"mamba": KeepsEveryMambaState()}, None, ("mamba",)),
+    "align mode without null placeholders": ({"mamba": AlignWithoutNullPadding()}, None,
+                                             ("mamba",)),
+    "prefix hit counts the lookahead block": ({}, ("hit", _hit_with_lookahead),
+                                              ("full_attention",)),
+    "every group zeroed": ({}, ("zeroes_group", _zero_row_major),
+                           ("full_attention", "sliding_window", "mamba", "cross_attention")),
+}
+
+
+@pytest.mark.parametrize("name", list(TABLE_MUTANTS))
+def test_property_e_kills_mutant(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepwarm.profile import RunnerProfile
+    from tests.property.strategies import kv_configs
+    from tests.property.test_tables import Tables
+
+    rules, method, kinds = TABLE_MUTANTS[name]
+    for kind, rule in rules.items():
+        monkeypatch.setitem(blocks.RULES, kind, rule)
+    if method is not None:
+        owner = blocks.BlockLedger if method[0] == "hit" else RunnerProfile
+        monkeypatch.setattr(owner, method[0], method[1])
+
+    class Narrow(Tables):
+        configs = kv_configs(kinds=kinds)
+
+    run = settings(
+        max_examples=1500, phases=[Phase.generate], derandomize=True, database=None,
+        deadline=None, stateful_step_count=20, report_multiple_bugs=False,
+    )
+    with pytest.raises(AssertionError):
+        run_state_machine_as_test(Narrow, settings=run)
