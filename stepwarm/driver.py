@@ -13,12 +13,20 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from stepwarm.compile import cleanup_output, to_grammar_output, to_scheduler_output
+from stepwarm.compile import (
+    cleanup_output,
+    encoder_cache_keys,
+    prompt_token_ids,
+    to_grammar_output,
+    to_scheduler_output,
+)
+from stepwarm.encoder_inputs import RequestInputs, request_inputs
 from stepwarm.plan import REQ_ID_PREFIX, Plan, PlannedStep
 from stepwarm.profile import RunnerProfile, read_profile
 from stepwarm.ranks import RankGroup
 from stepwarm.runner import (
     discard_pending_step,
+    encoder_cache_ids,
     kv_connector_disabled,
     live_request_ids,
     synchronize,
@@ -68,7 +76,8 @@ class RunReport:
     wall_ms: float = 0.0
     #: Whether the cleanup step ran (always True unless the worker is gone).
     cleanup_ran: bool = False
-    #: stepwarm request ids the runner still held after cleanup (should be []).
+    #: stepwarm request ids (and encoder-cache keys of stepwarm images) the
+    #: runner still held after cleanup (should be []).
     left_in_runner: list[str] = field(default_factory=list)
     #: The worker that ran it: rank in vLLM's world group, and its tensor /
     #: pipeline parallel ranks (all 0 on a single-process engine).
@@ -139,7 +148,8 @@ class PeerStepFailed(RuntimeError):
 
 def _run_step(worker: Any, step: PlannedStep, plan: Plan, profile: RunnerProfile,
               params: dict[str, tuple[Any, Any]], sent: set[str],
-              ranks: RankGroup | None) -> tuple[Any, float]:
+              ranks: RankGroup | None,
+              images: dict[str, RequestInputs] | None = None) -> tuple[Any, float]:
     """``execute_model`` (+ ``sample_tokens``) of one step; with several
     ranks, then the device sync and the agreement on who failed.
 
@@ -153,7 +163,7 @@ def _run_step(worker: Any, step: PlannedStep, plan: Plan, profile: RunnerProfile
     local: Exception | None = None
     output, wall_ms = None, 0.0
     try:
-        scheduler_output = to_scheduler_output(step, plan, profile, params)
+        scheduler_output = to_scheduler_output(step, plan, profile, params, images)
         grammar_output = to_grammar_output(step, profile) if step.sample else None
         sent.update(step.req_ids)
         t0 = time.perf_counter()
@@ -229,6 +239,10 @@ def drive(
             f"{', ...' if len(busy) > 4 else ''}); stepwarm drives an idle runner "
             "(at start-up, before traffic), so nothing was run"
         )
+    # Requests with images: processed by the model's processor before any step.
+    images = {r.req_id: request_inputs(worker, r, profile.image_classes,
+                                       prompt_token_ids(r, profile.vocab_size))
+              for r in plan.requests if r.images}
     params: dict[str, tuple[Any, Any]] = {}
     sent: set[str] = set()
     failed_at: int | None = None
@@ -238,7 +252,8 @@ def drive(
         try:
             for step in plan.steps:
                 failed_at = step.index
-                output, wall_ms = _run_step(worker, step, plan, profile, params, sent, ranks)
+                output, wall_ms = _run_step(worker, step, plan, profile, params, sent, ranks,
+                                            images)
                 sent.difference_update(step.finished_req_ids)
                 result = _result(step, wall_ms, output)
                 report.steps.append(result)
@@ -258,14 +273,16 @@ def drive(
             discard_pending_step(worker)
             leftover = {r for r in live_request_ids(worker) if r.startswith(REQ_ID_PREFIX)}
             to_finish = sent | leftover
-            if to_finish:
-                worker.execute_model(cleanup_output(to_finish))
+            cached = encoder_cache_keys(plan, [r.req_id for r in plan.requests])
+            if to_finish or cached:
+                worker.execute_model(cleanup_output(to_finish, cached))
                 discard_pending_step(worker)
             report.cleanup_ran = True
             synchronize()
     report.wall_ms = (time.perf_counter() - t_run) * 1e3
     report.left_in_runner = sorted(
-        r for r in live_request_ids(worker) if r.startswith(REQ_ID_PREFIX)
+        r for r in live_request_ids(worker) | encoder_cache_ids(worker)
+        if r.startswith(REQ_ID_PREFIX)
     )
     if failed_at is not None:
         raise StepFailed(report, failed_at) from cause

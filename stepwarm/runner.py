@@ -31,6 +31,14 @@ def live_request_ids(worker: Any) -> set[str]:
     return ids
 
 
+def encoder_cache_ids(worker: Any) -> set[str]:
+    """Keys of the runner's multimodal encoder cache (``runner.encoder_cache``:
+    ``MultiModalFeatureSpec.identifier`` -> encoder output); empty where the
+    runner has none."""
+    cache = getattr(runner_of(worker), "encoder_cache", None)
+    return set(cache) if isinstance(cache, dict) else set()
+
+
 def discard_pending_step(worker: Any) -> bool:
     """Drop the state ``execute_model`` left for a ``sample_tokens`` call that
     will not come (``runner.execute_model_state``), so the next

