@@ -32,10 +32,12 @@ def live_request_ids(worker: Any) -> set[str]:
 
 
 def encoder_cache_ids(worker: Any) -> set[str]:
-    """Keys of the runner's multimodal encoder cache (``runner.encoder_cache``:
-    ``MultiModalFeatureSpec.identifier`` -> encoder output); empty where the
-    runner has none."""
+    """Keys of the runner's multimodal encoder cache
+    (``MultiModalFeatureSpec.identifier`` -> encoder output): V1
+    ``runner.encoder_cache`` (a dict), V2 ``runner.encoder_cache.encoder_outputs``;
+    empty where the runner has none."""
     cache = getattr(runner_of(worker), "encoder_cache", None)
+    cache = getattr(cache, "encoder_outputs", cache)
     return set(cache) if isinstance(cache, dict) else set()
 
 

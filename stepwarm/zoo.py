@@ -313,7 +313,7 @@ QWEN2_VL_IMAGE_PROCESSOR: dict[str, Any] = {
 }
 
 #: The tiny PaliGemma's image token (inside its 512-token vocab).
-PALIGEMMA_TOKENS = {"<image>": 511}
+PALIGEMMA_TOKENS = {"<bos>": 1, "<eos>": 2, "<image>": 511}
 
 #: Tiny PaliGemma (LLaVA style: a SigLIP vision tower, a linear projector, a
 #: Gemma language model): 56x56 images, patch 14, so 16 image tokens each.
@@ -401,6 +401,8 @@ class ZooModel:
     runner: str = "generate"
     #: Token strings for special ids in the word-level tokenizer.
     special_tokens: Mapping[str, int] = field(default_factory=dict)
+    #: Further ``tokenizer_config.json`` entries (e.g. ``bos_token``).
+    tokenizer_config: Mapping[str, Any] = field(default_factory=dict)
     #: Further JSON files (processor / feature extractor configs) by name.
     files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -440,6 +442,7 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              {**SMALL_LIMITS, "limit_mm_per_prompt": {"image": 1}},
              runner="generate, multimodal (images)",
              special_tokens=PALIGEMMA_TOKENS,
+             tokenizer_config={"bos_token": "<bos>", "eos_token": "<eos>", "add_bos_token": True},
              files={"preprocessor_config.json": PALIGEMMA_IMAGE_PROCESSOR}),
 )}
 
@@ -525,4 +528,4 @@ def _write_tokenizer(model_dir: Path, model: ZooModel) -> None:
     (model_dir / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>",
          "model_max_length": config.get("max_position_embeddings")
-         or config.get("max_target_positions", 1024)}) + "\n")
+         or config.get("max_target_positions", 1024), **model.tokenizer_config}) + "\n")
