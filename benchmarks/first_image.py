@@ -31,6 +31,7 @@ def main() -> None:
     from PIL import Image
 
     from stepwarm.driver import drive
+    from stepwarm.encoder_inputs import processor_of
     from stepwarm.engine import start_engine
     from stepwarm.profile import read_profile
     from stepwarm.scenario import plans_for
@@ -45,7 +46,7 @@ def main() -> None:
         prewarm_ms = report.wall_ms
     from vllm import SamplingParams
 
-    processor = engine.worker.model_runner.mm_budget.processor
+    processor = processor_of(engine.worker.model_runner)
     text = processor.dummy_inputs.get_dummy_text({"image": 1})
     side = profile.image_classes[-1].side
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)

@@ -39,7 +39,7 @@ class RequestInputs:
     mm_features: list[Any]
 
 
-def _processor(runner: Any) -> Any:
+def processor_of(runner: Any) -> Any:
     """The runner's multimodal processor (``runner.mm_budget.processor`` on the
     V1 runner), else one made by ``MULTIMODAL_REGISTRY.create_processor``;
     None for a model without one."""
@@ -87,19 +87,26 @@ def read_image_classes(worker: Any) -> tuple[tuple[ImageClass, ...], int, int]:
         without an image processor.
     """
     runner = runner_of(worker)
-    processor = _processor(runner)
+    processor = processor_of(runner)
     if processor is None or "image" not in getattr(processor.info, "supported_mm_limits", {}):
         return (), 0, 0
-    budget = getattr(runner, "mm_budget", None)
-    encoder_budget = int(budget.get_encoder_budget()) if budget is not None else 0
-    max_images = int(getattr(budget, "mm_max_items_per_prompt", {}).get("image", 1)) \
-        if budget is not None else 1
     classes: dict[tuple[int, int], ImageClass] = {}
     for side in CANDIDATE_SIDES:
         out = _process(processor, [side])
         placeholder = out["mm_placeholders"]["image"][0]
         key = (_num_embeds(placeholder), len(out["prompt_token_ids"]))
         classes.setdefault(key, ImageClass(side=side, tokens=key[0], prompt_tokens=key[1]))
+    budget = getattr(runner, "mm_budget", None)
+    if budget is not None:  # V1 runner: vLLM's own MultiModalBudget
+        encoder_budget = int(budget.get_encoder_budget())
+        max_images = int(budget.mm_max_items_per_prompt.get("image", 0))
+    else:  # V2 runner: compute_mm_encoder_budget's rule from the scheduler config
+        sc = runner.vllm_config.scheduler_config
+        largest = max(c.tokens for c in classes.values())
+        encoder_budget = max(min(int(sc.max_num_encoder_input_tokens),
+                                 int(sc.encoder_cache_size)), largest)
+        limit = int(processor.info.allowed_mm_limits.get("image", 1))
+        max_images = max(1, min(limit, runner.vllm_config.model_config.max_model_len // largest))
     return tuple(classes.values()), encoder_budget, max_images
 
 
@@ -120,7 +127,7 @@ def request_inputs(worker: Any, req: PlannedRequest, classes: tuple[ImageClass, 
     """
     from vllm.multimodal.inputs import MultiModalFeatureSpec
 
-    processor = _processor(runner_of(worker))
+    processor = processor_of(runner_of(worker))
     out = _process(processor, [classes[c].side for c in req.images])
     ids = list(out["prompt_token_ids"])
     if len(ids) > req.prompt_len:
