@@ -9,7 +9,7 @@ different colour, so no processor or encoder cache hit), at the size of the
 processor's largest image class. Run it twice, once per mode, in fresh
 processes (the comparison needs cold workers):
 
-    python benchmarks/first_image.py --model tiny-paligemma [--prewarm] [--requests 4]
+    python benchmarks/first_image.py --model tiny-qwen2-vl [--prewarm] [--requests 4]
 
 Prints one JSON line: start-up s, prewarm ms, per-request ms.
 """
@@ -23,7 +23,7 @@ import time
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny-paligemma")
+    ap.add_argument("--model", default="tiny-qwen2-vl")
     ap.add_argument("--prewarm", action="store_true", help="run the vision-encoder scenario first")
     ap.add_argument("--requests", type=int, default=4)
     args = ap.parse_args()

