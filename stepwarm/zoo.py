@@ -401,7 +401,7 @@ def write_model(name: str = "tiny-llama", root: Path | None = None,
         name: a key of :data:`ZOO`.
         root: parent directory; defaults to :func:`cache_dir`.
         tokenizer: also write a word-level tokenizer over the model's vocab
-            (tokens ``t0`` .. ``t{vocab-1}``, the model's special tokens at
+            (``<unk>`` = 0, tokens ``t1`` .. ``t{vocab-1}``, the model's special tokens at
             their ids), which vLLM's renderer, pooling IO processors and
             multimodal processors need. Without it the directory is
             ``root/name-notok`` and holds ``config.json`` only.
@@ -448,7 +448,9 @@ def _write_tokenizer(model_dir: Path, model: ZooModel) -> None:
 
     config = model.config
     vocab_size = config.get("vocab_size") or config["text_config"]["vocab_size"]
-    vocab = {f"t{i}": i for i in range(vocab_size)} | {"<unk>": 0}
+    # Id 0 is "<unk>" only: a second token on one id makes the id -> token
+    # map depend on hash order (Whisper's processor then failed at random).
+    vocab = {"<unk>": 0} | {f"t{i}": i for i in range(1, vocab_size)}
     for token, token_id in model.special_tokens.items():
         vocab.pop(f"t{token_id}", None)
         vocab[token] = token_id
