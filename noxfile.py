@@ -28,7 +28,7 @@ def install(session: nox.Session, *extras: str) -> None:
 
 @nox.session
 def run(session: nox.Session) -> None:
-    """Set up and run the default scenario on the embedded tiny Llama."""
+    """Set up and run the built-in scenarios (`all`) on the embedded tiny Llama."""
     install(session)
     # stderr=None: vLLM's log stays on stderr (nox would merge it into stdout).
     session.run("stepwarm", "run", *session.posargs, stderr=None)

@@ -9,15 +9,20 @@ encoder-only groups and requests without encoder input; see
 :func:`reserved_blocks`). ``tests/property`` checks every rule against a real
 ``KVCacheManager`` driven the way the scheduler drives it.
 
-:class:`BlockLedger` hands out block ids the way the scheduler's block pool
-does from a warmup's point of view: distinct ids per request per group, from
-one shared pool of ``num_blocks`` in which block 0 is the null block.
+:class:`BlockLedger` builds block tables the way the scheduler's managers
+do: ids from one shared pool of ``num_blocks`` in which block 0 is the null
+block, reused in vLLM's free-queue order; null placeholders where a manager
+keeps them (sliding window, chunked local, Mamba); blocks freed when they fall
+out of a window or chunk; prefix-cache hits sharing an earlier request's
+cached prompt blocks. Each rule's methods mirror the manager's
+``get_num_skipped_tokens``, ``get_num_blocks_to_allocate``,
+``allocate_new_blocks`` and ``remove_skipped_blocks``.
 """
 
 from __future__ import annotations
 
-import heapq
 from abc import ABC, abstractmethod
+from collections import deque
 from dataclasses import dataclass, field, replace
 
 from stepwarm.profile import CacheSpec, RunnerProfile
@@ -46,8 +51,23 @@ class ReservationContext:
         )
 
 
+@dataclass
+class GroupTable:
+    """One request's block table in one KV cache group, as the scheduler's
+    ``SingleTypeKVCacheManager.req_to_blocks`` holds it (0: the null block),
+    plus the Mamba align-mode bookkeeping ``MambaManager`` keeps per request
+    (``_allocated_block_reqs``, ``last_state_block_idx``,
+    ``_num_retired_blocks``)."""
+
+    ids: list[int] = field(default_factory=list)
+    allocated: bool = False
+    last_state_idx: int | None = None
+    retired: int = 0
+
+
 class ReservationRule(ABC):
-    """Blocks one KV cache group holds for a request of ``num_tokens`` tokens."""
+    """How one KV cache group's scheduler manager grows, trims and frees a
+    request's block table (one subclass per manager)."""
 
     @abstractmethod
     def blocks(self, num_tokens: int, spec: CacheSpec, ctx: ReservationContext) -> int:
@@ -64,19 +84,83 @@ class ReservationRule(ABC):
             in the request's block table).
         """
 
+    def skipped_tokens(self, num_computed: int, spec: CacheSpec) -> int:
+        """``get_num_skipped_tokens``: leading tokens whose blocks the manager
+        no longer needs once ``num_computed`` tokens are computed (their
+        blocks become null placeholders and go back to the pool). 0 here."""
+        return 0
+
+    def to_allocate(self, table: GroupTable, num_tokens: int, spec: CacheSpec,
+                    ctx: ReservationContext) -> int:
+        """``get_num_blocks_to_allocate`` for a request whose table is
+        ``table``: blocks the pool must hand out to reach ``num_tokens``."""
+        return max(0, self.blocks(num_tokens, spec, ctx) - len(table.ids))
+
+    def allocate(self, table: GroupTable, num_tokens: int, spec: CacheSpec,
+                 ctx: ReservationContext, take) -> tuple[list[int], list[int]]:
+        """``allocate_new_blocks``: grow ``table`` to cover ``num_tokens``.
+
+        Args:
+            take: ``take(n)`` -> ``n`` ids popped from the pool.
+
+        Returns:
+            ``(appended, taken)``: the ids appended to the table (what the
+            scheduler sends as the request's new block ids; may include null
+            placeholders) and the ids taken from the pool.
+        """
+        got = take(self.to_allocate(table, num_tokens, spec, ctx))
+        table.ids.extend(got)
+        return list(got), list(got)
+
+    def remove_skipped(self, table: GroupTable, num_computed: int, spec: CacheSpec) -> list[int]:
+        """``remove_skipped_blocks``: replace blocks of skipped tokens by the
+        null block, walking back from the last skipped block and stopping at
+        the first null one (``_remove_blocks_in_range``).
+
+        Returns:
+            The freed ids, in the order vLLM frees them (last block first).
+        """
+        skipped = self.skipped_tokens(num_computed, spec)
+        if skipped <= 0:
+            return []
+        last = min(skipped // spec.block_size, len(table.ids))
+        freed = []
+        for i in range(last - 1, -1, -1):
+            if table.ids[i] == 0:
+                break
+            freed.append(table.ids[i])
+            table.ids[i] = 0
+        return freed
+
 
 class TokenRangeRule(ReservationRule):
-    """Full, MLA, sliding window and chunked local attention.
+    """Full and MLA attention (``FullAttentionManager``).
 
     Mirrors ``SingleTypeKVCacheManager.get_num_blocks_to_allocate``: the block
     table covers ``min(num_tokens + num_lookahead_tokens, max_model_len)``
-    tokens. Sliding window and chunked local managers replace blocks that fell
-    out of the window with the null block but keep the table length.
+    tokens. Subclasses for windowed attention replace blocks that fell out of
+    the window with the null block (and free them) but keep the table length.
     """
 
     def blocks(self, num_tokens: int, spec: CacheSpec, ctx: ReservationContext) -> int:
         covered = min(num_tokens + ctx.num_lookahead_tokens, ctx.max_model_len)
         return cdiv(covered, spec.block_size)
+
+
+class SlidingWindowRule(TokenRangeRule):
+    """``SlidingWindowManager``: tokens before the window of the next token
+    are skipped (``num_computed - sliding_window + 1``)."""
+
+    def skipped_tokens(self, num_computed: int, spec: CacheSpec) -> int:
+        return max(0, num_computed - spec.sliding_window + 1)
+
+
+class ChunkedLocalRule(TokenRangeRule):
+    """``ChunkedLocalAttentionManager``: tokens of the chunks before the
+    current one are skipped (``num_computed // chunk * chunk``)."""
+
+    def skipped_tokens(self, num_computed: int, spec: CacheSpec) -> int:
+        return num_computed // spec.attention_chunk_size * spec.attention_chunk_size
 
 
 class CircularBufferRule(ReservationRule):
@@ -116,8 +200,18 @@ class RunnerOnlyRule(ReservationRule):
 
 class MambaRule(ReservationRule):
     """``MambaManager``: the token range plus ``num_speculative_blocks``
-    running-state blocks, in every cache mode. Align mode sizes from the
-    uncapped token range without lookahead; none/all modes like attention."""
+    running-state blocks, in every cache mode. Only the state after the last
+    computed token is needed (``get_num_skipped_tokens`` = ``num_computed -
+    1``): earlier blocks become null placeholders.
+
+    None/all modes size like attention (lookahead, ``max_model_len`` cap).
+    Align mode sizes from the uncapped token range without lookahead, hands
+    out at most one state block per step (plus the speculative blocks on the
+    first), pads the skipped part with null blocks, moves the speculative
+    blocks to the end of the table as it grows, and frees the previous
+    step's state block once it is behind the computed tokens
+    (``MambaManager.allocate_new_blocks`` / ``remove_skipped_blocks``).
+    """
 
     def blocks(self, num_tokens: int, spec: CacheSpec, ctx: ReservationContext) -> int:
         if spec.mamba_cache_mode == "align":
@@ -125,13 +219,70 @@ class MambaRule(ReservationRule):
         covered = min(num_tokens + ctx.num_lookahead_tokens, ctx.max_model_len)
         return cdiv(covered, spec.block_size) + spec.num_speculative_blocks
 
+    def skipped_tokens(self, num_computed: int, spec: CacheSpec) -> int:
+        return num_computed - 1
+
+    def to_allocate(self, table, num_tokens, spec, ctx) -> int:
+        new = self.blocks(num_tokens, spec, ctx) - len(table.ids)
+        if spec.mamba_cache_mode != "align" or new <= 0:
+            return max(0, new)
+        return min(new, 1 if table.allocated else 1 + spec.num_speculative_blocks)
+
+    def allocate(self, table, num_tokens, spec, ctx, take):
+        if spec.mamba_cache_mode != "align":
+            return super().allocate(table, num_tokens, spec, ctx, take)
+        ids, spec_blocks = table.ids, spec.num_speculative_blocks
+        need = self.blocks(num_tokens, spec, ctx)
+        if need <= len(ids):
+            table.allocated = True
+            return [], []
+        prev = len(ids)
+        if table.allocated:
+            table.last_state_idx = prev - 1 - spec_blocks
+        elif prev > 0:
+            table.last_state_idx = prev - 1
+        skipped = need - spec_blocks - 1
+        if prev < skipped:
+            ids.extend([0] * (skipped - prev))
+        if table.allocated:
+            for i in range(prev - spec_blocks, prev):
+                if i >= skipped:
+                    break
+                ids.append(ids[i])  # _relocate_speculative_block
+                ids[i] = 0
+        got = take(max(need - len(ids), 0))
+        appended = ids[prev:] + list(got)
+        ids.extend(got)
+        table.allocated = True
+        return appended, list(got)
+
+    def remove_skipped(self, table, num_computed, spec):
+        if spec.mamba_cache_mode != "align":
+            return super().remove_skipped(table, num_computed, spec)
+        ids, freed = table.ids, []
+        skipped = self.skipped_tokens(num_computed, spec)
+        if skipped > 0:
+            first = table.retired
+            last = min(skipped // spec.block_size, len(ids))
+            if first < last:
+                for i in range(last - 1, first - 1, -1):
+                    if ids[i]:
+                        freed.append(ids[i])
+                        ids[i] = 0
+                table.retired = last
+        idx = table.last_state_idx
+        if idx is not None and idx < cdiv(num_computed, spec.block_size) - 1 and ids[idx]:
+            freed.append(ids[idx])
+            ids[idx] = 0
+        return freed
+
 
 #: Spec kind -> reservation rule. A new kind is one class and one entry here.
 RULES: dict[str, ReservationRule] = {
     "full_attention": TokenRangeRule(),
     "mla_attention": TokenRangeRule(),
-    "sliding_window": TokenRangeRule(),
-    "chunked_local_attention": TokenRangeRule(),
+    "sliding_window": SlidingWindowRule(),
+    "chunked_local_attention": ChunkedLocalRule(),
     "encoder_only_attention": RunnerOnlyRule(),
     "circular_buffer": CircularBufferRule(),
     "cross_attention": CrossAttentionRule(),
@@ -165,65 +316,141 @@ class OutOfBlocksError(RuntimeError):
     """The ledger's pool cannot hold what a step asks for."""
 
 
+#: Kinds whose managers keep no prefix-cache entries (and get no hit).
+_NOT_CACHED = ("circular_buffer", "cross_attention", "encoder_only_attention")
+
+
+@dataclass(frozen=True)
+class Growth:
+    """What one :meth:`BlockLedger.grow` did, per group."""
+
+    #: Ids appended to the request's block table (the scheduler's
+    #: ``new_block_ids``; may hold null placeholders, 0).
+    appended: tuple[tuple[int, ...], ...]
+    #: Ids taken from the pool (what ``new_block_ids_to_zero`` draws on).
+    taken: tuple[tuple[int, ...], ...]
+
+
 @dataclass
 class BlockLedger:
-    """Distinct block ids per request per group from one shared pool.
+    """Block tables per request per group from one shared pool, as the
+    scheduler's ``KVCacheManager`` builds them.
 
-    Block 0 is vLLM's null block and is never handed out, so at most
-    ``num_blocks - 1`` blocks are held at once. Freed ids go back to the pool
-    and are reused lowest-first.
+    Block 0 is vLLM's null block: never handed out, and the placeholder the
+    managers put where a request no longer needs a block (out of a sliding
+    window or local chunk, Mamba states behind the last one). Such blocks go
+    back to the pool when they fall out. The pool reuses ids in the order of
+    vLLM's ``FreeKVCacheBlockQueue``: blocks freed without a prefix-cache
+    entry first (last freed first, ``prepend_n``), then never used ids, then
+    blocks freed with a cache entry (oldest first, ``append_n``).
+
+    A prefix-cache hit (:meth:`hit`) puts the cached blocks of an earlier
+    request's prompt into the new request's table (shared, with a reference
+    count), with null placeholders where the group's manager skips them.
 
     Args:
         specs: one spec per KV cache group.
         num_blocks: ``KVCacheConfig.num_blocks``.
         ctx: lookahead, ``max_model_len``, encoder length.
+        enable_caching: prefix caching (full prompt blocks are kept as cache
+            entries after their request frees them, until reused).
     """
 
     specs: tuple[CacheSpec, ...]
     num_blocks: int
     ctx: ReservationContext = field(default_factory=ReservationContext)
-    _held: dict[str, list[list[int]]] = field(default_factory=dict, repr=False)
-    #: Ids >= _next were never handed out; _freed is a min-heap of returned
-    #: ids (all < _next). The pool is never materialized: GPU runners have
-    #: hundreds of thousands of blocks.
+    enable_caching: bool = False
+    _tables: dict[str, list[GroupTable]] = field(default_factory=dict, repr=False)
+    #: Free queue: _front (deque head first), then ids _next.. never handed
+    #: out, then _tail (insertion order). The never-used range is not
+    #: materialized: GPU runners have hundreds of thousands of blocks.
     _next: int = field(default=1, repr=False)
-    _freed: list[int] = field(default_factory=list, repr=False)
+    _front: deque = field(default_factory=deque, repr=False)
+    _tail: dict[int, None] = field(default_factory=dict, repr=False)
+    #: Reference counts of held ids (a prefix hit shares blocks).
+    _ref: dict[int, int] = field(default_factory=dict, repr=False)
+    #: Prefix cache: (group, block index of the shared prompt) -> id, and back.
+    _cache: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
+    _cached: dict[int, tuple[int, int]] = field(default_factory=dict, repr=False)
     #: req_id -> the request's context (its own encoder length).
     _ctx: dict[str, ReservationContext] = field(default_factory=dict, repr=False)
-
-    def _take(self) -> int:
-        """The lowest free id."""
-        if self._freed:
-            return heapq.heappop(self._freed)
-        self._next += 1
-        return self._next - 1
 
     @classmethod
     def for_profile(cls, profile: RunnerProfile) -> BlockLedger:
         """A ledger over a runner profile's groups and ``num_blocks``."""
-        return cls(profile.kv_cache_groups, profile.num_blocks, ReservationContext.of(profile))
+        return cls(profile.kv_cache_groups, profile.num_blocks, ReservationContext.of(profile),
+                   enable_caching=profile.enable_prefix_caching)
+
+    # -- pool ------------------------------------------------------------------
+    def _take(self, n: int) -> tuple[int, ...]:
+        """``BlockPool.get_new_blocks``: pop ``n`` ids off the free queue's
+        head (evicting any cache entry they had)."""
+        out = []
+        for _ in range(n):
+            if self._front:
+                i = self._front.popleft()
+            elif self._next < self.num_blocks:
+                i, self._next = self._next, self._next + 1
+            else:
+                i = next(iter(self._tail))
+                del self._tail[i]
+            key = self._cached.pop(i, None)
+            if key is not None:
+                del self._cache[key]
+            self._ref[i] = 1
+            out.append(i)
+        return tuple(out)
+
+    def _release(self, ids) -> None:
+        """``BlockPool.free_blocks(ids)`` (ids in eviction order): drop one
+        reference each; ids no longer held go back to the queue."""
+        front = []
+        for i in ids:
+            if i == 0:
+                continue
+            self._ref[i] -= 1
+            if self._ref[i]:
+                continue
+            del self._ref[i]
+            if i in self._cached:
+                self._tail[i] = None
+            else:
+                front.append(i)
+        self._front.extendleft(reversed(front))
+
+    def _touch(self, i: int) -> None:
+        """``BlockPool.touch``: a cache hit takes a reference (and out of the
+        free queue if nobody held it)."""
+        if i in self._ref:
+            self._ref[i] += 1
+            return
+        self._tail.pop(i, None)
+        if i in self._front:
+            self._front.remove(i)
+        self._ref[i] = 1
 
     @property
     def num_free(self) -> int:
         """Blocks left in the pool (0 when the runner has no usable block)."""
-        return max(0, self.num_blocks - self._next) + len(self._freed)
+        return max(0, self.num_blocks - self._next) + len(self._front) + len(self._tail)
 
     @property
     def num_held(self) -> int:
-        """Blocks held by live requests, all groups together."""
-        return sum(len(ids) for groups in self._held.values() for ids in groups)
+        """Distinct blocks held by live requests, all groups together."""
+        return len(self._ref)
 
+    # -- requests ------------------------------------------------------------------
     def held(self, req_id: str) -> tuple[tuple[int, ...], ...]:
-        """Block ids ``req_id`` holds, per group.
+        """``req_id``'s block table per group (0: null placeholder).
 
         Raises:
             KeyError: ``req_id`` holds nothing in this ledger.
         """
-        return tuple(tuple(ids) for ids in self._held[req_id])
+        return tuple(tuple(t.ids) for t in self._tables[req_id])
 
     def held_counts(self, req_id: str) -> tuple[int, ...]:
-        """Blocks ``req_id`` holds, per group."""
-        return tuple(len(ids) for ids in self._held[req_id])
+        """Block table length per group (null placeholders included)."""
+        return tuple(len(t.ids) for t in self._tables[req_id])
 
     def required(self, num_tokens: int, encoder_len: int | None = None) -> tuple[int, ...]:
         """Blocks per group a request of ``num_tokens`` tokens holds
@@ -235,66 +462,146 @@ class BlockLedger:
             return self.ctx
         return replace(self.ctx, max_encoder_len=encoder_len)
 
-    def grow(
-        self, req_id: str, num_tokens: int, encoder_len: int | None = None
-    ) -> tuple[tuple[int, ...], ...]:
-        """Bring ``req_id`` to ``num_tokens`` tokens (computed + scheduled).
+    def _refuse(self, req_id: str, need: int, num_tokens: int) -> OutOfBlocksError:
+        if self.num_blocks <= 1:
+            return OutOfBlocksError(
+                f"request {req_id!r} needs {need} block(s) for {num_tokens} "
+                f"tokens but the runner has no usable KV cache block (num_blocks "
+                f"{self.num_blocks}; block 0 is the null block)")
+        return OutOfBlocksError(
+            f"request {req_id!r} needs {need} more block(s) for "
+            f"{num_tokens} tokens but only {self.num_free} of "
+            f"{self.num_blocks - 1} are free")
 
-        A request the ledger does not know is admitted. Block tables never
-        shrink: a group whose requirement fell keeps its blocks.
+    def grow(
+        self, req_id: str, num_tokens: int, encoder_len: int | None = None,
+        num_computed: int = 0,
+    ) -> Growth:
+        """Bring ``req_id`` to ``num_tokens`` tokens (computed + scheduled),
+        as ``KVCacheManager.allocate_slots`` does: first blocks of tokens
+        before ``num_computed`` that the group no longer needs become null
+        and go back to the pool (``remove_skipped_blocks``), then the pool
+        must hold what every group still needs, then each group grows.
+
+        A request the ledger does not know is admitted. Tables never shrink.
+        With prefix caching, full blocks of the prompt computed by the end of
+        the step become cache entries (an approximation of
+        ``cache_blocks``: prompt blocks only).
 
         Args:
             encoder_len: the request's encoder input tokens (cross-attention
                 groups hold ``cdiv(encoder_len, block_size)``), remembered
                 from the request's first ``grow`` until it is freed. None:
                 the remembered value, else ``ctx.max_encoder_len``.
+            num_computed: tokens already computed before this step.
 
         Returns:
-            The newly handed-out block ids per group (empty tuples where a
-            group needed none): ``NewRequestData.block_ids`` for a new request,
-            ``CachedRequestData.new_block_ids`` for a running one.
+            The ids appended per group (``NewRequestData.block_ids`` is the
+            whole table for a new request; ``CachedRequestData.new_block_ids``
+            these for a running one) and the ids taken from the pool.
 
         Raises:
-            OutOfBlocksError: the pool has fewer free blocks than needed
-                (nothing is handed out in that case).
+            OutOfBlocksError: the pool has fewer free blocks than needed. The
+                blocks freed by the first stage stay freed, as in vLLM.
         """
-        held = self._held.get(req_id) or [[] for _ in self.specs]
+        tables = self._tables.get(req_id) or [GroupTable() for _ in self.specs]
         ctx = self._ctx.get(req_id) if encoder_len is None else None
         if ctx is None:
             ctx = self._request_ctx(encoder_len)
-        need = reserved_blocks_per_group(num_tokens, self.specs, ctx)
-        deltas = [max(0, n - len(ids)) for n, ids in zip(need, held)]
-        if sum(deltas) > self.num_free:
-            if self.num_blocks <= 1:
-                raise OutOfBlocksError(
-                    f"request {req_id!r} needs {sum(deltas)} block(s) for {num_tokens} "
-                    f"tokens but the runner has no usable KV cache block (num_blocks "
-                    f"{self.num_blocks}; block 0 is the null block)")
-            raise OutOfBlocksError(
-                f"request {req_id!r} needs {sum(deltas)} more block(s) for "
-                f"{num_tokens} tokens but only {self.num_free} of "
-                f"{self.num_blocks - 1} are free"
-            )
-        new = tuple(tuple(self._take() for _ in range(d)) for d in deltas)
-        for ids, got in zip(held, new):
-            ids.extend(got)
-        self._held[req_id] = held
+        for spec, table in zip(self.specs, tables):
+            self._release(RULES[spec.kind].remove_skipped(table, num_computed, spec))
+        need = sum(RULES[spec.kind].to_allocate(t, num_tokens, spec, ctx)
+                   for spec, t in zip(self.specs, tables))
+        if need > self.num_free:
+            if req_id in self._tables:
+                self._tables[req_id] = tables
+            raise self._refuse(req_id, need, num_tokens)
+        appended, taken = [], []
+        for spec, table in zip(self.specs, tables):
+            a, t = RULES[spec.kind].allocate(table, num_tokens, spec, ctx, self._take)
+            appended.append(tuple(a))
+            taken.append(tuple(t))
+        self._tables[req_id] = tables
         self._ctx[req_id] = ctx
-        return new
+        return Growth(tuple(appended), tuple(taken))
 
-    def free(self, req_id: str) -> tuple[int, ...]:
-        """Return ``req_id``'s blocks to the pool (finish or preemption).
+    def cache_prompt(self, req_id: str, num_tokens: int) -> None:
+        """Record ``req_id``'s full blocks within its first ``num_tokens``
+        prompt tokens as prefix-cache entries (no-op without caching). Every
+        stepwarm prompt is the same token sequence, so block ``i`` of one
+        request's prompt is block ``i`` of any other's."""
+        if not self.enable_caching or req_id not in self._tables:
+            return
+        for g, (spec, table) in enumerate(zip(self.specs, self._tables[req_id])):
+            if spec.kind in _NOT_CACHED:
+                continue
+            for i in range(min(num_tokens // spec.block_size, len(table.ids))):
+                block = table.ids[i]
+                if block and (g, i) not in self._cache and block not in self._cached:
+                    self._cache[(g, i)] = block
+                    self._cached[block] = (g, i)
+
+    def hit(self, req_id: str, num_tokens: int, encoder_len: int | None = None) -> Growth:
+        """Start a new request with a prefix-cache hit of ``num_tokens``
+        tokens (a whole number of blocks of every group), as
+        ``add_local_computed_blocks`` does after ``find_longest_cache_hit``:
+        per group, blocks of tokens the group skips (``get_num_skipped_tokens``
+        of the hit) are null placeholders; the others are the cached blocks of
+        an earlier request's prompt (shared), or, where nothing is cached,
+        blocks taken from the pool that stand for them. No lookahead block:
+        blocks past the hit are allocated by the step that schedules the
+        request.
 
         Returns:
-            The freed ids (all groups), empty if the request held none.
+            The table per group (``appended``) and the ids taken from the
+            pool for uncached positions (``taken``; never zeroed by the
+            scheduler, which counts them as the hit).
+
+        Raises:
+            OutOfBlocksError: uncached positions need more blocks than free.
+            ValueError: ``req_id`` already holds blocks.
         """
-        groups = self._held.pop(req_id, None) or []
+        if req_id in self._tables:
+            raise ValueError(f"request {req_id!r} already holds blocks; a hit starts a new one")
+        plan = []
+        for g, spec in enumerate(self.specs):
+            rule = RULES[spec.kind]
+            n = 0 if spec.kind in _NOT_CACHED else num_tokens // spec.block_size
+            skip = min(n, max(0, rule.skipped_tokens(num_tokens, spec)) // spec.block_size)
+            plan.append([0] * skip + [self._cache.get((g, i)) for i in range(skip, n)])
+        missing = sum(i is None for ids in plan for i in ids)
+        if missing > self.num_free:
+            raise self._refuse(req_id, missing, num_tokens)
+        tables, taken = [], []
+        for ids in plan:
+            for i in ids:
+                if i:
+                    self._touch(i)
+            fresh = iter(self._take(sum(i is None for i in ids)))
+            full = [next(fresh) if i is None else i for i in ids]
+            taken.append(tuple(i for i, was in zip(full, ids) if was is None))
+            tables.append(GroupTable(full))
+        self._tables[req_id] = tables
+        self._ctx[req_id] = self._request_ctx(encoder_len)
+        return Growth(tuple(tuple(t.ids) for t in tables), tuple(taken))
+
+    def free(self, req_id: str) -> tuple[int, ...]:
+        """Return ``req_id``'s blocks to the pool (finish or preemption), group
+        by group, each table last block first (``KVCacheManager.free``).
+
+        Returns:
+            The ids whose reference this drops (all groups, nulls left out),
+            empty if the request held none.
+        """
+        tables = self._tables.pop(req_id, None) or []
         self._ctx.pop(req_id, None)
-        freed = tuple(i for ids in groups for i in ids)
-        for block_id in freed:
-            heapq.heappush(self._freed, block_id)
-        return freed
+        dropped: list[int] = []
+        for table in tables:
+            ids = [i for i in reversed(table.ids) if i]
+            self._release(ids)
+            dropped.extend(ids)
+        return tuple(dropped)
 
     def live_requests(self) -> tuple[str, ...]:
         """Requests that hold blocks, in admission order."""
-        return tuple(self._held)
+        return tuple(self._tables)

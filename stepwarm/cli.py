@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -79,14 +81,17 @@ def _check_output_path(path: Optional[Path], option: str) -> None:
         _fail(f"{option} {path}: is a directory; allowed: a file path", 2)
 
 
-def _start_engine(model: Optional[str], engine_arg: Optional[list[str]]) -> Any:
+def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
+                  on_phase: Optional[Callable[[str], None]] = None,
+                  defaults: Optional[dict[str, Any]] = None) -> Any:
     """Start the in-process engine on a model directory or zoo name; exit 2
     with one paragraph on a bad model directory or a config vLLM rejects (see
-    :mod:`stepwarm.model_dir`)."""
+    :mod:`stepwarm.model_dir`). ``on_phase`` also hears each start-up phase;
+    ``defaults`` are engine arguments that ``-e`` overrides."""
     from stepwarm.model_dir import ModelDirError, check_model_dir, vllm_rejection
     from stepwarm.zoo import resolve
 
-    overrides = _parse_engine_args(engine_arg or [])
+    overrides = {**(defaults or {}), **_parse_engine_args(engine_arg or [])}
     path, _ = resolve(model)
     if path is not None:
         try:
@@ -99,6 +104,8 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]]) -> Any:
     status = console.status("starting vLLM engine: importing vLLM...") if console.is_terminal else None
 
     def phase(name: str) -> None:
+        if on_phase is not None:
+            on_phase(name)
         line = f"starting vLLM engine: {name} ({time.perf_counter() - t0:.1f} s)"
         if status is not None:
             status.update(line + "...")
@@ -135,9 +142,10 @@ def _failure_line(failed: StepFailed) -> str:
 @app.command()
 def run(
     model: ModelOption = None,
-    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario name or TOML file; repeat for several. Default: default.")] = None,
+    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario name, set (all: every built-in) or TOML file; repeat for several. Default: all.")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the report as JSON to this file.")] = None,
     engine_arg: EngineArgs = None,
+    verify: Annotated[bool, typer.Option("--verify", help="After warmup, run each scenario's sampling requests through vLLM's own scheduler (LLM.generate, greedy) and its steps again greedily; report every request whose tokens differ (exit 1).")] = False,
     verbose: Verbose = False,
     quiet: Quiet = False,
 ) -> None:
@@ -146,7 +154,9 @@ def run(
     Every scenario is loaded before the engine starts and expanded against the
     worker's profile before the first step. A scenario whose step fails on the
     worker is reported (the runner is cleaned up) and the next one runs; the
-    exit status is then 1.
+    exit status is then 1. With --verify, every scenario that ran is then
+    compared with vLLM's own scheduler (stepwarm.verify); any difference
+    also exits 1.
 
     Engine arguments passed beyond vLLM's defaults (each overridable with -e):
     load_format=dummy and distributed_executor_backend=uni always; on vLLM's
@@ -158,9 +168,9 @@ def run(
     _setup(verbose, quiet)
     from stepwarm.driver import drive
     from stepwarm.profile import read_profile
-    from stepwarm.scenario import ScenarioError, expand, load
+    from stepwarm.scenario import ScenarioError, expand, load, resolve_names
 
-    names = scenario or ["default"]
+    names = resolve_names(scenario or ["all"])
     _check_output_path(json_out, "--json")
     loaded, errors = [], []
     for name in names:  # files and format first: a typo costs no engine start
@@ -209,11 +219,16 @@ def run(
         else:
             console.print(f"scenario {plan.name}: {len(report.steps)} steps in "
                           f"{report.wall_ms:.0f} ms, runner left with no warmup request")
+    checked = _verify(engine, [p for p, r in zip(plans, reports) if r.ok and not r.skipped],
+                      profile) if verify else []
     if json_out is not None:
         try:
             json_out.write_text(json.dumps(
                 {"profile": profile.model_dump(), "startup_s": startup_s,
-                 "scenarios": [r.to_dict() for r in reports]}, indent=2) + "\n")
+                 "scenarios": [r.to_dict() for r in reports],
+                 **({"verify": [{"scenario": n, **(asdict(v) if not isinstance(v, str)
+                                                   else {"error": v})} for n, v in checked]}
+                    if verify else {})}, indent=2) + "\n")
         except OSError as e:
             _fail(f"--json {json_out}: cannot write the report: {e.strerror or e}", 2)
     ran = [r for r in reports if not r.skipped]
@@ -223,8 +238,153 @@ def run(
     if failures:
         _fail(f"{len(failures)} of {len(ran)} scenario(s) failed on the worker "
               f"({', '.join(f.report.plan for f in failures)}: see 'failed:' above)", 1)
+    bad = [n for n, v in checked if isinstance(v, str) or not v.ok]
+    if bad:
+        _fail(f"--verify: {len(bad)} scenario(s) differ from vLLM's scheduler or could not be "
+              f"compared ({', '.join(bad)}: see the table above)", 1)
     console.print(Text.assemble(("ok", "bold green"),
                                 f": {summary}; runner left with no warmup request"))
+
+
+def _verify(engine: Any, plans: list[Any], profile: Any) -> list[tuple[str, Any]]:
+    """``run --verify``: :func:`stepwarm.verify.verify` each plan; print the table.
+
+    Returns:
+        (scenario, VerifyReport or the error text) per plan.
+    """
+    from stepwarm.console import verify_table
+    from stepwarm.verify import verify
+
+    results: list[tuple[str, Any]] = []
+    for plan in plans:
+        console.print(f"verifying {plan.name} against vLLM's scheduler")
+        try:
+            results.append((plan.name, verify(engine.llm, engine.worker, plan, profile)))
+        except Exception as e:  # noqa: BLE001 - reported in the table, exit 1
+            if _verbose:
+                err_console.print_exception()
+            results.append((plan.name, plan.with_display_names(f"{type(e).__name__}: {e}")))
+    console.print(verify_table(results))
+    return results
+
+
+@app.command()
+def coverage(
+    traffic: Annotated[Optional[str], typer.Argument(help="Traffic file (JSON Lines, one request a line). Default: the built-in one.")] = None,
+    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario (or set) the start-up hook runs; repeat for several. Default: all (every built-in; those the runner cannot run are skipped).")] = None,
+    model: ModelOption = None,
+    engine_arg: EngineArgs = None,
+    baseline: Annotated[bool, typer.Option("--baseline", help="vLLM's own warmup alone: the start-up hook off.")] = False,
+    compare: Annotated[bool, typer.Option("--compare", help="The baseline, then stepwarm, each in its own process with fresh caches; printed side by side (exit status: stepwarm's).")] = False,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON to this file.")] = None,
+    timeline: Annotated[Optional[Path], typer.Option("--timeline", help="Write an SVG timeline of compiles per start-up phase, scenario step and request.")] = None,
+    threshold: Annotated[Optional[float], typer.Option(help="First/second latency ratio above which a request fails. Default: 1.2 on GPUs; on vLLM's CPU build none (the ratio is reported, compiles gate).")] = None,
+    min_excess_ms: Annotated[Optional[float], typer.Option(help="...and by how many ms the first run must be slower to fail. Default: 10 on GPUs, 0 on CPUs.")] = None,
+    cache_dir: Annotated[Optional[Path], typer.Option(help="Where the fresh TRITON_CACHE_DIR / VLLM_CACHE_ROOT / TORCHINDUCTOR_CACHE_DIR go (an empty directory). Default: a new temporary directory.")] = None,
+    verbose: Verbose = False,
+    quiet: Quiet = False,
+) -> None:
+    """Prove the first real request costs what the second does.
+
+    Starts the engine with fresh compile caches (stepwarm's scenarios through
+    the start-up hook, as STEPWARM_SCENARIOS does for vllm serve; --baseline:
+    vLLM's warmup alone), attributes each kernel compiled at start-up to a
+    vLLM phase or a scenario step, then replays the traffic through
+    LLM.generate, each request twice. Exit 0: no request compiled and every
+    first/second ratio is within the threshold; 1: some request compiled, was
+    slower than the threshold or failed; 2: bad input (traffic file, scenario,
+    model directory, engine argument), nothing replayed.
+    """
+    _setup(verbose, quiet)
+    from stepwarm.coverage.report import print_report
+    from stepwarm.coverage.traffic import TrafficError, load_traffic
+    from stepwarm.scenario import ScenarioError, load, resolve_names
+
+    if baseline and compare:
+        _fail("give --baseline or --compare, not both", 2)
+    for path, option in ((json_out, "--json"), (timeline, "--timeline")):
+        _check_output_path(path, option)
+    if cache_dir is not None and cache_dir.exists() and any(cache_dir.iterdir()):
+        _fail(f"--cache-dir {cache_dir}: not empty; compiles are found as new files there", 2)
+    names = [] if baseline else resolve_names(scenario or ["all"])
+    errors = []
+    for name in names:  # files and format first: a typo costs no engine start
+        try:
+            load(name)
+        except ScenarioError as e:
+            errors.append(str(e))
+    if errors:
+        _fail("\nerror: ".join(errors), 2)
+    if compare:
+        _coverage_compare(sys.argv[sys.argv.index("coverage") + 1:], json_out, timeline)
+        return
+    from stepwarm.coverage.detectors import Detectors
+
+    detectors = Detectors.start(cache_dir)  # before anything compiles
+    try:
+        loaded = load_traffic(traffic)
+    except TrafficError as e:
+        detectors.stop()
+        _fail(str(e), 2)
+    from stepwarm.coverage.measure import measure
+    from stepwarm.runner import jit_monitor_engine_args
+
+    def start(on_phase: Callable[[str], None]) -> Any:
+        return _start_engine(model, engine_arg, on_phase, defaults=jit_monitor_engine_args())
+
+    def on_request(r: Any) -> None:
+        console.print(f"  {r.name}: {r.first_ms:.1f} ms then {r.second_ms:.1f} ms"
+                      + (f", compiled {', '.join(r.compiles_first)}" if r.compiles_first else "")
+                      + (f", error: {r.error}" if r.error else ""), soft_wrap=True)
+
+    try:
+        rep = measure(loaded, names, start, detectors, threshold=threshold,
+                      min_excess_ms=min_excess_ms,
+                      on_started=lambda rep: console.print(
+                          f"engine up in {rep.startup_s:.1f} s ({rep.mode}); replaying "
+                          f"{len(loaded.lines)} request(s) of {rep.traffic}, each twice"),
+                      on_request=on_request)
+    except TrafficError as e:
+        _fail(str(e), 2)
+    finally:
+        detectors.stop()
+    print_report(rep, console)
+    _write_outputs(rep, json_out, timeline)
+    raise typer.Exit(rep.exit_code)
+
+
+def _write_outputs(rep: Any, json_out: Optional[Path], timeline: Optional[Path]) -> None:
+    from stepwarm.coverage.timeline import timeline_svg
+
+    try:
+        if json_out is not None:
+            rep.save(json_out)
+        if timeline is not None:
+            timeline.write_text(timeline_svg(rep))
+    except OSError as e:
+        _fail(f"cannot write the report: {e.strerror or e}", 2)
+
+
+def _coverage_compare(args: list[str], json_out: Optional[Path],
+                      timeline: Optional[Path]) -> None:
+    """--compare: both runs in their own processes, then side by side (the
+    timeline is stepwarm's run)."""
+    from stepwarm.coverage.compare import child_args, run_both
+    from stepwarm.coverage.report import print_comparison
+
+    (code_b, base), (code_s, sw) = run_both(child_args(args))
+    if base is None or sw is None:
+        _fail(f"the {'baseline' if base is None else 'stepwarm'} run ended with status "
+              f"{code_b if base is None else code_s} before its report", 2)
+    print_comparison(base, sw, console)
+    _write_outputs(sw, None, timeline)
+    if json_out is not None:
+        try:
+            json_out.write_text(json.dumps({"baseline": base.to_dict(), "stepwarm": sw.to_dict()},
+                                           indent=2) + "\n")
+        except OSError as e:
+            _fail(f"--json {json_out}: cannot write the report: {e.strerror or e}", 2)
+    raise typer.Exit(code_s)
 
 
 def _profile_for(model: Optional[str], profile: Optional[Path],

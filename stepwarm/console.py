@@ -206,3 +206,39 @@ class ScenarioProgress:
         if self.live is not None:
             self.table.title = self._title()
             self.live.__exit__(*exc)
+
+
+def verify_table(results: list[tuple[str, Any]]) -> Table:
+    """The ``run --verify`` summary: one row per scenario (a
+    :class:`~stepwarm.verify.VerifyReport`, or the error text when the
+    comparison could not run) and one row per request whose tokens differ
+    from vLLM's scheduler, at the first step where they diverge."""
+    table = Table(title="--verify: stepwarm's steps vs vLLM's own scheduler (greedy)",
+                  title_justify="left")
+    for col in ("scenario", "result", "request", "first differing step", "position",
+                "stepwarm sampled", "vLLM sampled"):
+        table.add_column(col)
+    for name, rep in results:
+        if isinstance(rep, str):
+            table.add_row(name, "error", "", rep, "", "", "", style="red")
+            continue
+        if rep.skipped:
+            table.add_row(name, "skipped", "", rep.skipped, "", "", "")
+            continue
+        if rep.embedding_error:
+            worst = max(rep.embedding_error.values())
+            table.add_row(name, "equal" if rep.ok else "DIFFER",
+                          f"{len(rep.embedding_error)} embedded",
+                          "" if rep.ok else ", ".join(rep.embedding_differs),
+                          "", f"max |diff| {worst:.2e}", "LLM.embed",
+                          style=None if rep.ok else "red")
+            continue
+        tokens = sum(rep.checked.values())
+        table.add_row(name, "equal" if rep.ok else "DIFFER",
+                      f"{len(rep.checked)} requests, {tokens} tokens", "", "", "", "",
+                      style=None if rep.ok else "red")
+        for d in rep.differences:
+            table.add_row("", "", d.request, f"{d.step} ({d.step_kind}: {d.step_label})",
+                          str(d.position), str(list(d.stepwarm)), str(list(d.reference)),
+                          style="red")
+    return table

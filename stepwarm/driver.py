@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from stepwarm.compile import (
+    OutputHistory,
     cleanup_output,
     encoder_cache_keys,
     prompt_token_ids,
@@ -55,9 +56,24 @@ class StepResult:
     #: req_id -> number of tokens ``sample_tokens`` returned for it (sampling
     #: steps); None for steps that do not sample.
     sampled: dict[str, int] | None = None
+    #: req_id -> the token ids ``sample_tokens`` returned for it (sampling
+    #: steps; what :mod:`stepwarm.verify` compares); None for other steps.
+    sampled_token_ids: dict[str, list[int]] | None = None
     #: Requests ``execute_model`` returned a pooler output for (pooling
     #: steps); None for steps that do not pool.
     pooled: list[str] | None = None
+    #: Columns of the sampled-token logprobs ``sample_tokens`` returned:
+    #: the step's largest ``logprobs`` + 1 (the sampled token's own); None
+    #: when no request asked for logprobs.
+    logprobs_width: int | None = None
+    #: req_id -> [rows, columns] of the prompt logprobs ``execute_model``
+    #: returned for this step's prompt chunk (columns: ``prompt_logprobs`` + 1).
+    prompt_logprobs: dict[str, list[int]] | None = None
+    #: When the step was built and sent, and when its output was back
+    #: (seconds since the epoch, ``time.time()``): what a compile seen at a
+    #: given time is attributed to (``stepwarm coverage``).
+    started_at: float = 0.0
+    ended_at: float = 0.0
 
 
 @dataclass
@@ -84,6 +100,10 @@ class RunReport:
     rank: int = 0
     tp_rank: int = 0
     pp_rank: int = 0
+    #: When the run started and ended, cleanup included (seconds since the
+    #: epoch, ``time.time()``; 0 when nothing ran).
+    started_at: float = 0.0
+    ended_at: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of the report."""
@@ -109,23 +129,50 @@ def _resolved(output: Any) -> Any:
     return output.get_output() if hasattr(output, "get_output") else output
 
 
-def _sampled_counts(output: Any) -> dict[str, int] | None:
+def _sampled_tokens(output: Any) -> dict[str, list[int]] | None:
+    """req_id -> sampled token ids of a ``ModelRunnerOutput`` (None when it
+    carries none: a non-last pipeline rank, a pooling step)."""
     req_ids = getattr(output, "req_ids", None)
     sampled = getattr(output, "sampled_token_ids", None)
     if req_ids is None or sampled is None:
         return None
-    return {rid: len(tokens) for rid, tokens in zip(req_ids, sampled)}
+    return {rid: [int(t) for t in tokens] for rid, tokens in zip(req_ids, sampled)}
 
 
-def _pooled(output: Any) -> list[str] | None:
+def _pooler_outputs(output: Any) -> dict[str, Any] | None:
+    """req_id -> pooler output (a tensor) of the requests ``execute_model``
+    pooled; None when the output has no pooler outputs."""
     req_ids = getattr(output, "req_ids", None)
     pooler = getattr(output, "pooler_output", None)
     if req_ids is None or pooler is None:
         return None
-    return [rid for rid, out in zip(req_ids, pooler) if out is not None]
+    return {rid: out for rid, out in zip(req_ids, pooler) if out is not None}
 
 
-def _result(step: PlannedStep, wall_ms: float, output: Any) -> StepResult:
+def _shape(arr: Any) -> list[int]:
+    shape = getattr(arr, "shape", None)
+    if shape is not None:
+        return [int(n) for n in shape]
+    return [len(arr), len(arr[0]) if len(arr) else 0]
+
+
+def _logprobs_width(output: Any) -> int | None:
+    """Columns of ``ModelRunnerOutput.logprobs`` (``LogprobsLists``), or None."""
+    lists = getattr(output, "logprobs", None)
+    ids = getattr(lists, "logprob_token_ids", None)
+    return None if ids is None else _shape(ids)[-1]
+
+
+def _prompt_logprobs(output: Any) -> dict[str, list[int]] | None:
+    """req_id -> [rows, columns] of ``ModelRunnerOutput.prompt_logprobs_dict``."""
+    found = getattr(output, "prompt_logprobs_dict", None) or {}
+    out = {rid: _shape(t.logprob_token_ids) for rid, t in found.items() if t is not None}
+    return out or None
+
+
+def _result(step: PlannedStep, wall_ms: float, output: Any, pooled: dict[str, Any] | None,
+            ) -> StepResult:
+    tokens = _sampled_tokens(output) if step.sample else None
     return StepResult(
         index=step.index,
         kind=step.kind,
@@ -136,8 +183,11 @@ def _result(step: PlannedStep, wall_ms: float, output: Any) -> StepResult:
         new_blocks=list(step.new_block_counts),
         held_blocks={rid: list(c) for rid, c in step.held_blocks},
         wall_ms=wall_ms,
-        sampled=_sampled_counts(output) if step.sample else None,
-        pooled=_pooled(output) if step.scheduled and not step.sample else None,
+        sampled=None if tokens is None else {rid: len(t) for rid, t in tokens.items()},
+        sampled_token_ids=tokens,
+        pooled=None if pooled is None else list(pooled),
+        logprobs_width=_logprobs_width(output) if step.sample else None,
+        prompt_logprobs=_prompt_logprobs(output),
     )
 
 
@@ -148,7 +198,7 @@ class PeerStepFailed(RuntimeError):
 
 def _run_step(worker: Any, step: PlannedStep, plan: Plan, profile: RunnerProfile,
               params: dict[str, tuple[Any, Any]], sent: set[str],
-              ranks: RankGroup | None,
+              ranks: RankGroup | None, tokens: OutputHistory,
               images: dict[str, RequestInputs] | None = None) -> tuple[Any, float]:
     """``execute_model`` (+ ``sample_tokens``) of one step; with several
     ranks, then the device sync and the agreement on who failed.
@@ -163,7 +213,7 @@ def _run_step(worker: Any, step: PlannedStep, plan: Plan, profile: RunnerProfile
     local: Exception | None = None
     output, wall_ms = None, 0.0
     try:
-        scheduler_output = to_scheduler_output(step, plan, profile, params, images)
+        scheduler_output = to_scheduler_output(step, plan, profile, params, tokens, images)
         grammar_output = to_grammar_output(step, profile) if step.sample else None
         sent.update(step.req_ids)
         t0 = time.perf_counter()
@@ -197,6 +247,7 @@ def drive(
     *,
     on_step: Callable[[StepResult], None] | None = None,
     ranks: RankGroup | None = None,
+    tokens: OutputHistory | None = None,
 ) -> RunReport:
     """Run every step of ``plan`` on ``worker``; always clean up.
 
@@ -215,6 +266,11 @@ def drive(
         ranks: the engine's tensor / pipeline parallel ranks; every rank
             calls ``drive`` with the same plan, and after each step they agree
             on which failed, so a failure on one stops all at the same step.
+        tokens: the token history to compile steps with; the driver appends
+            each step's sampled tokens to ``tokens.sampled``, so a resumed
+            request carries its real outputs. Give one with ``expected``
+            outputs to draw drafts from them (:mod:`stepwarm.verify`); None:
+            a fresh one.
 
     Returns:
         The :class:`RunReport` (``ok`` True).
@@ -244,18 +300,27 @@ def drive(
                                        prompt_token_ids(r, profile.vocab_size))
               for r in plan.requests if r.images}
     params: dict[str, tuple[Any, Any]] = {}
+    tokens = tokens if tokens is not None else OutputHistory()
     sent: set[str] = set()
     failed_at: int | None = None
     cause: BaseException | None = None
     t_run = time.perf_counter()
+    report.started_at = time.time()
     with kv_connector_disabled(worker):
         try:
             for step in plan.steps:
                 failed_at = step.index
+                started_at = time.time()
                 output, wall_ms = _run_step(worker, step, plan, profile, params, sent, ranks,
-                                            images)
+                                            tokens, images)
                 sent.difference_update(step.finished_req_ids)
-                result = _result(step, wall_ms, output)
+                pooled = (_pooler_outputs(output) if step.scheduled and not step.sample
+                          else None)
+                result = _result(step, wall_ms, output, pooled)
+                result.started_at, result.ended_at = started_at, time.time()
+                tokens.pooled.update(pooled or {})
+                for rid, ids in (result.sampled_token_ids or {}).items():
+                    tokens.sampled.setdefault(rid, []).extend(ids)
                 report.steps.append(result)
                 if on_step is not None:
                     on_step(result)
@@ -280,6 +345,7 @@ def drive(
             report.cleanup_ran = True
             synchronize()
     report.wall_ms = (time.perf_counter() - t_run) * 1e3
+    report.ended_at = time.time()
     report.left_in_runner = sorted(
         r for r in live_request_ids(worker) | encoder_cache_ids(worker)
         if r.startswith(REQ_ID_PREFIX)

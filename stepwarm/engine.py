@@ -119,3 +119,31 @@ def start_engine(model: str | Path | None = None, **engine_args: Any) -> Engine:
     core = llm.llm_engine.engine_core.engine_core
     worker = core.model_executor.driver_worker.worker
     return Engine(llm=llm, worker=worker)
+
+
+def finished_not_sent(llm: Any) -> set[str]:
+    """Requests the engine's scheduler finished but has not yet told the
+    worker about (``Scheduler.finished_req_ids``: sent with the next
+    ``SchedulerOutput``). After ``llm.generate`` returns, the worker still
+    holds these until the engine schedules again.
+
+    Returns:
+        The request ids (empty when the scheduler keeps no such set).
+    """
+    core = llm.llm_engine.engine_core.engine_core
+    return set(getattr(core.scheduler, "finished_req_ids", ()) or ())
+
+
+def abort_all(llm: Any) -> list[str]:
+    """Abort every request ``llm``'s engine still holds (after a step raised
+    inside ``llm.generate``/``llm.embed``, which leaves them behind); the
+    scheduler then finishes them.
+
+    Returns:
+        The aborted request ids.
+    """
+    engine = llm.llm_engine
+    ids = list(getattr(engine.output_processor, "request_states", {}))
+    if ids:
+        engine.abort_request(ids, internal=True)
+    return ids

@@ -82,6 +82,8 @@ def facts_of(profile: RunnerProfile) -> dict[str, int]:
         "max_encoder_len": profile.max_encoder_len,
         "num_blocks": profile.num_blocks,
         "num_kv_groups": len(profile.kv_cache_groups),
+        # the most logprobs / prompt_logprobs a request may ask for
+        "max_logprobs": profile.max_logprobs,
         "lcm_block_size": lcm(*token_groups),
         # non-final prefill chunks end on a multiple of this (Mamba align mode)
         "prefill_chunk_align": lcm(*align_groups),

@@ -258,9 +258,9 @@ def _check_scenario_files(settings: HookSettings) -> None:
     Raises:
         stepwarm.scenario.ScenarioError: under ``raise``, the first bad one.
     """
-    from stepwarm.scenario import ScenarioError, load
+    from stepwarm.scenario import ScenarioError, load, resolve_names
 
-    for name in settings.scenarios:
+    for name in resolve_names(settings.scenarios):
         try:
             load(name)
         except ScenarioError as e:

@@ -19,7 +19,7 @@ import re
 
 import copy
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from stepwarm.blocks import BlockLedger, OutOfBlocksError
 from stepwarm.profile import RunnerProfile
@@ -49,9 +49,11 @@ class PlannedRequest:
     structured_output: bool = False
     #: Encoder input tokens (encoder-decoder models; 0 = none).
     encoder_len: int = 0
-    #: "warmup" uses ``SamplingParams.for_sampler_warmup()``; "greedy" uses
-    #: temperature 0.
-    sampling: Literal["warmup", "greedy"] = "warmup"
+    #: A preset name ("warmup": ``SamplingParams.for_sampler_warmup()``,
+    #: "greedy", "random", "seeded"; see ``stepwarm.compile.PRESET_ARGS``) or
+    #: ``SamplingParams`` keyword arguments as sorted (name, value) pairs,
+    #: tuples for lists (``stepwarm.scenario.sampling.SamplingArgs``).
+    sampling: str | tuple[tuple[str, Any], ...] = "warmup"
     #: One image per entry, as an index into the profile's ``image_classes``
     #: (multimodal models; the prompt holds their placeholder tokens).
     images: tuple[int, ...] = ()
@@ -81,7 +83,7 @@ class ScheduledRequest:
     block_ids: tuple[tuple[int, ...], ...] = ()
     #: Block ids per group handed out from the pool in this step (what the
     #: scheduler's ``new_block_ids_to_zero`` draws on): ``block_ids`` less a
-    #: prefix-cache hit's blocks.
+    #: prefix-cache hit's blocks and null placeholders.
     allocated: tuple[tuple[int, ...], ...] = ()
     #: ``num_output_tokens`` the scheduler would report (tokens sampled so far,
     #: all drafts assumed accepted).
@@ -554,9 +556,11 @@ class PlanBuilder:
         try:
             for row, (live, dn, _) in zip(rows, plan_updates):
                 target = live.num_computed_tokens + dn
-                allocated = self.ledger.grow(row.req_id, target, encoder_len=live.decl.encoder_len)
-                got = self.ledger.held(row.req_id) if row.new or row.resumed else allocated
-                final_rows.append(replace(row, block_ids=got, allocated=allocated))
+                growth = self.ledger.grow(row.req_id, target, encoder_len=live.decl.encoder_len,
+                                          num_computed=live.num_computed_tokens)
+                got = self.ledger.held(row.req_id) if row.new or row.resumed else growth.appended
+                final_rows.append(replace(row, block_ids=got, allocated=growth.taken))
+                self.ledger.cache_prompt(row.req_id, min(target, live.decl.prompt_len))
                 held.append((row.req_id, self.ledger.held_counts(row.req_id)))
         except OutOfBlocksError as e:
             self.ledger = saved
@@ -658,10 +662,13 @@ class PlanBuilder:
                 f"0..{live.decl.prompt_len - 1} (prompt_len {live.decl.prompt_len})",
                 "prefix_hit",
             )
-        # The hit's blocks are held from the start (allocate_slots with
-        # new_computed_blocks); they are sent with the first step.
+        # The hit's blocks (an earlier request's cached prompt blocks, null
+        # placeholders where the group skips them) are held from the start
+        # (allocate_slots with new_computed_blocks) and sent with the first
+        # step; blocks past the hit (lookahead included) are that step's new
+        # blocks, zeroed like any other.
         try:
-            self.ledger.grow(req_id, num_tokens, encoder_len=live.decl.encoder_len)
+            self.ledger.hit(req_id, num_tokens, encoder_len=live.decl.encoder_len)
         except OutOfBlocksError as e:
             raise self._err(str(e), "blocks") from None
         live.num_computed_tokens = num_tokens

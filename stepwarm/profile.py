@@ -55,6 +55,13 @@ class CacheSpec(BaseModel):
     uniform_type: bool = False
     #: The vLLM class name, for reports only.
     vllm_class: str = ""
+    #: Whether the scheduler's manager for this group records its new blocks
+    #: for ``new_block_ids_to_zero`` (``SingleTypeKVCacheManager.
+    #: _record_new_block_ids`` with zeroing on), as the installed vLLM decides
+    #: it (0.32: every attention spec but circular buffers; 0.26: full and MLA
+    #: attention only). None: stepwarm's default (full, MLA, sliding window,
+    #: chunked local and cross-attention groups).
+    zeroed: bool | None = None
 
 
 class ImageClass(BaseModel):
@@ -111,6 +118,10 @@ class RunnerProfile(BaseModel):
     is_encoder_only: bool = False
     is_last_pp_rank: bool = True
     vocab_size: int = Field(gt=0)
+    #: ``ModelConfig.max_logprobs``: the most ``logprobs`` / ``prompt_logprobs``
+    #: a request may ask for (vLLM's -1, the whole vocabulary, is stored as
+    #: ``vocab_size``).
+    max_logprobs: int = Field(default=20, ge=0)
     #: V2 ``BlockTables.redirect_writes_to_null_block``: block 0 may be reused,
     #: so the ``num_blocks`` cap on the request count does not apply.
     null_block_writes: bool = False
@@ -162,8 +173,11 @@ class RunnerProfile(BaseModel):
         Mamba or uniform-type groups (``SingleTypeKVCacheManager``'s
         ``_record_new_block_ids``)."""
         spec = self.kv_cache_groups[group]
-        return (self.zeroes_new_blocks and not spec.uniform_type
-                and spec.kind not in ("mamba", "circular_buffer"))
+        if not self.zeroes_new_blocks:
+            return False
+        if spec.zeroed is not None:
+            return spec.zeroed
+        return spec.kind not in ("mamba", "circular_buffer", "encoder_only_attention")
 
     @property
     def bitmask_width(self) -> int:
@@ -323,7 +337,31 @@ def cache_spec_from_vllm(spec: Any) -> CacheSpec:
         else 0,
         uniform_type=uniform,
         vllm_class=type(spec).__name__,
+        zeroed=_records_new_block_ids(spec),
     )
+
+
+def _records_new_block_ids(spec: Any) -> bool | None:
+    """Whether the installed vLLM's scheduler manager for ``spec`` (a
+    scheduler-side spec: a uniform-type group's first layer spec) records new
+    block ids for zeroing when the config needs zeroing: builds the manager
+    (``get_manager_for_kv_cache_spec`` over a 2-block ``BlockPool``) and reads
+    its ``_record_new_block_ids``. None when the installed vLLM cannot build
+    it that way (no manager for the spec, another signature)."""
+    try:
+        from vllm.v1.core.block_pool import BlockPool
+        from vllm.v1.core.single_type_kv_cache_manager import get_manager_for_kv_cache_spec
+
+        manager = get_manager_for_kv_cache_spec(
+            spec, max_in_flight_tokens=1, max_model_len=spec.block_size,
+            block_pool=BlockPool(2, False, spec.block_size), enable_caching=False,
+            kv_cache_group_id=0, scheduler_block_size=spec.block_size,
+            needs_kv_cache_zeroing=True,
+        )
+    except Exception:
+        return None
+    flag = getattr(manager, "_record_new_block_ids", None)
+    return None if flag is None else bool(flag)
 
 
 def runner_of(worker: Any) -> Any:
@@ -346,6 +384,14 @@ def _is_last_pp_rank(runner: Any) -> bool:
         return bool(get_pp_group().is_last_rank)
     except Exception:  # pragma: no cover - no distributed state at all
         return True
+
+
+def _max_logprobs(model_config: Any) -> int:
+    """``ModelConfig.max_logprobs`` (vLLM 0.26 and 0.32: default 20; -1 means
+    the vocabulary), as a count of tokens."""
+    n = getattr(model_config, "max_logprobs", 20)
+    n = 20 if n is None else int(n)
+    return int(model_config.get_vocab_size()) if n == -1 else n
 
 
 def read_profile(worker: Any) -> RunnerProfile:
@@ -414,6 +460,7 @@ def read_profile(worker: Any) -> RunnerProfile:
         is_encoder_only=bool(getattr(cfg, "is_mm_encoder_only", False)),
         is_last_pp_rank=_is_last_pp_rank(runner),
         vocab_size=int(model_config.get_vocab_size()),
+        max_logprobs=_max_logprobs(model_config),
         null_block_writes=null_block_writes,
         mamba_cache_mode=str(getattr(cfg.cache_config, "mamba_cache_mode", "none")),
         enable_prefix_caching=bool(cfg.cache_config.enable_prefix_caching),

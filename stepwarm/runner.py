@@ -120,6 +120,56 @@ def jit_monitor_deferred() -> Iterator[None]:
             original(*args, **kwargs)
 
 
+class WorkerClock:
+    """Wall time spent inside the worker's ``execute_model`` and
+    ``sample_tokens`` (ms), while :meth:`attached`: what of a request's
+    latency the worker took, the rest being vLLM's front end and scheduler."""
+
+    METHODS = ("execute_model", "sample_tokens")
+
+    def __init__(self) -> None:
+        self.ms = 0.0
+
+    @contextmanager
+    def attached(self, worker: Any) -> Iterator[WorkerClock]:
+        """Time ``worker``'s calls for the block: instance attributes wrapping
+        its methods (vLLM's executor calls them through the worker object),
+        removed on exit."""
+        import time
+
+        def timed(fn: Any) -> Any:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                t0 = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    self.ms += (time.perf_counter() - t0) * 1e3
+            return call
+
+        for name in self.METHODS:
+            setattr(worker, name, timed(getattr(worker, name)))
+        try:
+            yield self
+        finally:
+            for name in self.METHODS:
+                worker.__dict__.pop(name, None)
+
+    def take(self) -> float:
+        """Milliseconds counted since the last take."""
+        ms, self.ms = self.ms, 0.0
+        return ms
+
+
+def jit_monitor_engine_args() -> dict[str, Any]:
+    """``{"jit_monitor_verbose": True}`` (vLLM's JIT monitor logs every
+    compile, not only a kernel's first) where vLLM's ``EngineArgs`` has the
+    field (vLLM >= 0.26), else ``{}``."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    fields = getattr(EngineArgs, "__dataclass_fields__", {})
+    return {"jit_monitor_verbose": True} if "jit_monitor_verbose" in fields else {}
+
+
 def synchronize() -> None:
     """Wait for the device (``torch.accelerator.synchronize``; no-op on CPU
     builds without an accelerator)."""

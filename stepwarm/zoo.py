@@ -394,7 +394,7 @@ def cache_dir() -> Path:
 
 
 def write_model(name: str = "tiny-llama", root: Path | None = None,
-                *, tokenizer: bool = True) -> Path:
+                *, tokenizer: bool = True, weights_seed: int | None = None) -> Path:
     """Write the named tiny model's files and return its directory.
 
     Args:
@@ -405,6 +405,13 @@ def write_model(name: str = "tiny-llama", root: Path | None = None,
             their ids), which vLLM's renderer, pooling IO processors and
             multimodal processors need. Without it the directory is
             ``root/name-notok`` and holds ``config.json`` only.
+        weights_seed: also write random weights (``model.safetensors``,
+            bfloat16, the architecture's own initialization in
+            ``transformers`` under ``torch.manual_seed(weights_seed)``;
+            causal LMs), for engines started with ``load_format="auto"``:
+            vLLM's dummy weights (uniform in +-1e-3) leave logits nearly
+            flat, too flat to compare greedy tokens (:mod:`stepwarm.verify`).
+            The directory name then ends in ``-seed<weights_seed>``.
 
     Returns:
         ``root/name`` holding ``config.json``, the tokenizer and the model's
@@ -417,14 +424,31 @@ def write_model(name: str = "tiny-llama", root: Path | None = None,
     if name not in ZOO:
         raise KeyError(f"unknown tiny model {name!r}; known: {', '.join(ZOO)}")
     model = ZOO[name]
-    model_dir = (root or cache_dir()) / (name if tokenizer else f"{name}-notok")
+    suffix = ("" if tokenizer else "-notok") + (
+        f"-seed{weights_seed}" if weights_seed is not None else "")
+    model_dir = (root or cache_dir()) / f"{name}{suffix}"
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(model.config, indent=1) + "\n")
     if tokenizer:
         _write_tokenizer(model_dir, model)
         for file, content in model.files.items():
             (model_dir / file).write_text(json.dumps(content, indent=1) + "\n")
+    if weights_seed is not None:
+        _write_weights(model_dir, weights_seed)
     return model_dir
+
+
+def _write_weights(model_dir: Path, seed: int) -> None:
+    """``model.safetensors``: the model built from ``config.json`` by
+    ``transformers`` with seed ``seed`` (deterministic for a seed)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(model_dir / "model.safetensors"))
 
 
 def resolve(model: str | Path | None) -> tuple[Path | None, Mapping[str, Any]]:

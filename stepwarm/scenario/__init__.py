@@ -7,6 +7,9 @@ split the way data flows through it:
   the single source of the format (validation, ``stepwarm schema``);
 - :mod:`~stepwarm.scenario.load`: built-in names, reading TOML, and turning
   pydantic error locations into ``file:line: step N: field`` messages;
+- :mod:`~stepwarm.scenario.sweeps`: the ``buckets`` / ``range`` / ``values`` forms of a size;
+- :mod:`~stepwarm.scenario.sampling`: sampling presets and tables, checked with
+  vLLM's own ``SamplingParams``;
 - :mod:`~stepwarm.scenario.needs`: whether a runner meets ``needs`` / ``requires``;
 - :mod:`~stepwarm.scenario.expand`: a scenario and a
   :class:`~stepwarm.profile.RunnerProfile` become a :class:`~stepwarm.plan.Plan`;
@@ -18,11 +21,19 @@ from stepwarm.profile import tiny_profile
 from stepwarm.scenario.errors import ScenarioError
 from stepwarm.scenario.expand import check, expand, plans_for
 from stepwarm.scenario.format import MAX_COUNT, MAX_EXPANDED, ScenarioFile, json_schema
-from stepwarm.scenario.load import LoadedScenario, builtin_dir, builtin_names, load, loads
+from stepwarm.scenario.load import (
+    SETS,
+    LoadedScenario,
+    builtin_dir,
+    builtin_names,
+    load,
+    loads,
+    resolve_names,
+)
 from stepwarm.scenario.needs import unmet_need, unmet_requirement
 
 __all__ = [
-    "MAX_COUNT", "MAX_EXPANDED", "LoadedScenario", "ScenarioError", "ScenarioFile",
+    "MAX_COUNT", "MAX_EXPANDED", "SETS", "LoadedScenario", "ScenarioError", "ScenarioFile",
     "builtin_dir", "builtin_names", "check", "expand", "json_schema", "load", "loads",
-    "plans_for", "tiny_profile", "unmet_need", "unmet_requirement",
+    "plans_for", "resolve_names", "tiny_profile", "unmet_need", "unmet_requirement",
 ]

@@ -18,7 +18,6 @@ from typing import Any
 from stepwarm.expressions import (
     ExpressionError,
     block_sizes_of,
-    buckets,
     evaluate,
     facts_of,
     functions_of,
@@ -27,7 +26,6 @@ from stepwarm.plan import REQ_ID_PREFIX, Plan, PlanBuilder, PlanError, PlannedRe
 from stepwarm.profile import RunnerProfile
 from stepwarm.scenario.errors import ScenarioError
 from stepwarm.scenario.format import (
-    Buckets,
     ChunkedPrefillStep,
     DecodeStep,
     FinishStep,
@@ -43,8 +41,20 @@ from stepwarm.scenario.format import (
     SpecDecodeStep,
     _SELECTOR,
 )
-from stepwarm.scenario.load import LoadedScenario, _where, load
+from stepwarm.scenario.load import LoadedScenario, _where, load, resolve_names
 from stepwarm.scenario.needs import unmet_need, unmet_requirement
+from stepwarm.scenario.sampling import (
+    SweepFieldError,
+    has_prompt_logprobs,
+    refusal,
+    shown,
+    variants,
+)
+from stepwarm.scenario.sweeps import MAX_SWEEP, Sweep, describe, sweep_values
+
+#: Step kinds whose ``repeat`` the expander applies to the whole step (the
+#: decode kinds repeat each batch themselves).
+_REPEATED_WHOLE = ("prefill", "chunked_prefill", "prefix_hit", "resume", "mixed_prefill_decode")
 
 
 _ALLOWED_BY_FIELD = {
@@ -76,6 +86,9 @@ class _Expander:
         self.b = PlanBuilder(profile, name=sc.name)
         self.groups: dict[str, list[str]] = {}
         self.prompt_len: dict[str, int] = {}
+        self.sampling: dict[str, Any] = {}
+        #: which run of a repeated step is expanding (0: the first)
+        self.rep = 0
         #: request id -> "name" or "name[i]", for messages
         self.display: dict[str, str] = {}
         self.step_i: int | None = None
@@ -115,29 +128,68 @@ class _Expander:
 
     def sizes(self, size: Any, field: str, *, request: str | None = None,
               high: int | None = None) -> list[int]:
-        """A size as the list of values it stands for (one, or a bucket sweep)."""
-        if isinstance(size, Buckets):
-            lim = self.value(size.buckets, field, request=request, what="bucket limit")
-            lo = self.value(size.min, field, request=request, what="bucket min")
-            if lo > lim:
-                raise self.err(f"bucket min {lo} is above the limit {lim}", field,
-                               request=request, allowed="min <= buckets")
-            return list(buckets(lim, lo))
-        return [self.value(size, field, request=request, high=high)]
+        """A size as the list of values it stands for (one, or a sweep's),
+        each in ``1..high``."""
+        if not isinstance(size, Sweep.__args__):  # type: ignore[attr-defined]
+            return [self.value(size, field, request=request, high=high)]
+        try:
+            values = sweep_values(size, lambda e, what: self.value(
+                e, field, request=request, low=None, what=what))
+        except ExpressionError as e:
+            raise self.err(str(e), field, request=request) from None
+        for v in values:
+            if v < 1 or high is not None and v > high:
+                rng = f"1..{high}" if high is not None else ">= 1"
+                raise self.err(f"{describe(size)}: value {v} is out of range", field,
+                               request=request, allowed=rng)
+        return values
+
+    def sampling_variants(self, name: str, spec: Any) -> list[Any]:
+        """The sampling args a request declaration stands for, each checked
+        with vLLM's ``SamplingParams`` (:func:`~stepwarm.scenario.sampling.refusal`)."""
+        if spec.kind == "pool":
+            if "sampling" in spec.model_fields_set:
+                raise self.err('sampling on a kind = "pool" request', "sampling", request=name,
+                               allowed='no sampling key on pooling requests (PoolingParams)')
+            return ["warmup"]
+        try:
+            out = variants(spec.sampling, lambda e, fld: self.value(
+                e, f"sampling.{fld}", request=name, low=None))
+        except SweepFieldError as e:
+            raise self.err(str(e), f"sampling.{e.field}", request=name) from None
+        if len(out) > MAX_SWEEP:
+            raise self.err(f"the sampling sweeps make {len(out)} combinations", "sampling",
+                           request=name, allowed=f"at most {MAX_SWEEP}")
+        for args in out:
+            why = refusal(args, self.p)
+            if why:
+                fld, msg = why
+                raise self.err(f"vLLM's SamplingParams refuses {shown(args)}: {msg}; allowed: "
+                               f"what vLLM accepts on this runner (max_logprobs "
+                               f"{self.p.max_logprobs}, vocab_size {self.p.vocab_size}, "
+                               f"num_speculative_steps {self.p.num_speculative_steps})",
+                               f"sampling.{fld}", request=name)
+        return out
 
     # -- requests -------------------------------------------------------------
     def declare(self) -> None:
         p = self.p
         for name, spec in self.sc.model.requests.items():
             prompts = self.sizes(spec.prompt, "prompt", request=name)
-            if isinstance(spec.prompt, Buckets):
+            swept = isinstance(spec.prompt, Sweep.__args__)  # type: ignore[attr-defined]
+            if swept:
                 if "count" in spec.model_fields_set:
-                    raise self.err("count cannot be combined with a bucketed prompt (the "
+                    raise self.err("count cannot be combined with a swept prompt (the "
                                    "sweep sets the count)", "count", request=name,
-                                   allowed="count or prompt = { buckets = ... }, not both")
+                                   allowed="count or a prompt sweep, not both")
             else:
                 n = self.value(spec.count, "count", request=name, high=MAX_COUNT)
                 prompts = prompts * n
+            samplings = self.sampling_variants(name, spec)
+            if len(prompts) * len(samplings) > MAX_SWEEP:
+                raise self.err(f"{len(prompts)} prompt(s) x {len(samplings)} sampling "
+                               f"combination(s) make {len(prompts) * len(samplings)} requests",
+                               "prompt", request=name, allowed=f"at most {MAX_SWEEP}")
             for v in prompts:
                 if v > p.max_model_len:
                     raise self.err(f"prompt of {v} tokens exceeds max_model_len {p.max_model_len}",
@@ -156,21 +208,23 @@ class _Expander:
                 enc = self.value(spec.encoder, "encoder", request=name, low=0,
                                  high=p.max_encoder_len if p.is_encoder_decoder else 0)
             images, prompts = self.images(spec, name, prompts)
-            single = len(prompts) == 1 and not isinstance(spec.prompt, Buckets) \
+            single = len(prompts) == 1 and len(samplings) == 1 and not swept \
                 and spec.image_class != "each"
             ids = []
-            for i, (v, imgs) in enumerate(zip(prompts, images)):
+            for i, (sampling, (v, imgs)) in enumerate(
+                    (s, p) for s in samplings for p in zip(prompts, images)):
                 rid = f"{REQ_ID_PREFIX}{self.sc.name}_{name}_" + ("" if single else f"{i}_")
                 try:
                     self.b.add_request(PlannedRequest(
                         req_id=rid, prompt_len=v, kind=spec.kind,
                         structured_output=spec.structured_output, encoder_len=enc,
-                        sampling=spec.sampling, images=imgs))
+                        sampling=sampling, images=imgs))
                 except PlanError as e:
                     raise self.err(str(e), "prompt", request=name,
                                    allowed=f"1..max_model_len = {p.max_model_len}") from None
                 ids.append(rid)
                 self.prompt_len[rid] = v
+                self.sampling[rid] = sampling
                 self.display[rid] = name if single else f"{name}[{i}]"
             self.groups[name] = ids
 
@@ -242,7 +296,9 @@ class _Expander:
 
     def plan_err(self, e: PlanError, field: str) -> ScenarioError:
         key = {"spec_tokens": "spec_tokens", "prefix_hit": "cached"}.get(e.field or "", field)
-        if e.field == "tokens":
+        if self.rep > 0:
+            key = "repeat"  # the first run passed: repeating is what the builder refuses
+        elif e.field == "tokens":
             st = self.sc.model.steps[self.step_i]  # type: ignore[index]
             if getattr(st, "tokens", None) is not None:
                 key = "tokens"
@@ -264,7 +320,11 @@ class _Expander:
         for i, st in enumerate(self.sc.model.steps):
             self.step_i, self.kind = i, st.kind
             self._limit = self.b.next_index + MAX_EXPANDED
-            getattr(self, f"_{st.kind}")(st)
+            reps = (self.value(st.repeat, "repeat", high=MAX_EXPANDED)
+                    if st.kind in _REPEATED_WHOLE else 1)
+            for self.rep in range(reps):
+                getattr(self, f"_{st.kind}")(st)
+            self.rep = 0
         self.step_i = self.kind = None
         try:
             self.b.cleanup("cleanup (auto)")
@@ -293,23 +353,36 @@ class _Expander:
             token_values = [None] if st.tokens is None else self.sizes(st.tokens, "tokens")
             for tokens in token_values:
                 for group in ([[r] for r in ids] if st.each else [ids]):
-                    if kind == "prefix_hit":
-                        cached = self.value(st.cached, "cached", low=1)
-                        g = self.facts["lcm_block_size"]
-                        if cached % g:
-                            raise self.err(f"cached {cached} is not a whole number of blocks",
-                                           "cached", allowed=f"a multiple of lcm_block_size = {g}")
-                        for r in group:
-                            try:
-                                self.b.set_computed(r, cached)
-                            except PlanError as e:
-                                raise self.plan_err(e, "cached") from None
+                    step_kind = kind
+                    if kind == "prefix_hit" and self.rep == 0:
+                        self._hit(group, st.cached)
+                    elif kind == "prefix_hit":  # a repeat continues the prefill
+                        step_kind = "prefill"
                     sched = {r: tokens if tokens is not None else self._prompt_left(r)
                              for r in group}
                     label = st.label or (
                         f"{kind.replace('_', ' ')} {self._short(group)} x "
                         + ("rest" if tokens is None else str(tokens)))
-                    self.run_step(kind, label, "requests", prefill=sched)
+                    self.run_step(step_kind, label, "requests", prefill=sched)
+
+    def _hit(self, ids: list[str], cached_expr: Any) -> None:
+        """Requests ``ids`` arrive with ``cached`` prompt tokens in the prefix cache."""
+        cached = self.value(cached_expr, "cached", low=1)
+        g = self.facts["lcm_block_size"]
+        if cached % g:
+            raise self.err(f"cached {cached} is not a whole number of blocks",
+                           "cached", allowed=f"a multiple of lcm_block_size = {g}")
+        for r in ids:
+            if has_prompt_logprobs(self.sampling.get(r, "warmup")):
+                raise self.err(
+                    f"request {self.display[r]!r} asks for prompt_logprobs, and vLLM never "
+                    "serves such a request from the prefix cache "
+                    "(SamplingParams.skip_reading_prefix_cache)", "cached",
+                    allowed="prefix hits of requests without prompt_logprobs")
+            try:
+                self.b.set_computed(r, cached)
+            except PlanError as e:
+                raise self.plan_err(e, "cached") from None
 
     def _prompt_left(self, rid: str) -> int:
         left = self._prompt_len(rid) - self.b.num_computed_tokens(rid)
@@ -383,8 +456,12 @@ class _Expander:
         dec = self.select(st.decode, "decode")
         token_values = [None] if st.tokens is None else self.sizes(st.tokens, "tokens")
         for tokens in token_values:
+            if st.cached is not None and self.rep == 0:
+                self._hit(pre, st.cached)
             sched = {r: tokens if tokens is not None else self._prompt_left(r) for r in pre}
-            label = st.label or (f"decode {self._short(dec)} + prefill {self._short(pre)} x "
+            label = st.label or (f"decode {self._short(dec)} + "
+                                 + ("prefix hit " if st.cached is not None else "prefill ")
+                                 + f"{self._short(pre)} x "
                                  + ("rest" if tokens is None else str(tokens)))
             self.run_step("mixed_prefill_decode", label, "prefill",
                           prefill=sched, decode={r: k for r in dec})
@@ -458,10 +535,13 @@ def plans_for(names: list[str], profile: RunnerProfile) -> list[Plan]:
     """Load and expand every scenario named (built-in names or ``.toml`` paths)
     for ``profile``, all of them before any runs.
 
+    A set name (``all``) stands for its members
+    (:func:`~stepwarm.scenario.load.resolve_names`).
+
     Raises:
         ScenarioError: the first scenario that cannot be loaded or expanded.
     """
-    return [expand(load(name), profile) for name in names]
+    return [expand(load(name), profile) for name in resolve_names(names)]
 
 
 def check(names: list[str], profile: RunnerProfile) -> list[tuple[str, Plan | ScenarioError]]:
@@ -471,7 +551,7 @@ def check(names: list[str], profile: RunnerProfile) -> list[tuple[str, Plan | Sc
         (name, plan or the error) per name, in order.
     """
     out: list[tuple[str, Plan | ScenarioError]] = []
-    for name in names:
+    for name in resolve_names(names):
         try:
             out.append((name, expand(load(name), profile)))
         except ScenarioError as e:

@@ -11,56 +11,33 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+
+from stepwarm.scenario.sampling import PRESET_HELP, Sampling
+from stepwarm.scenario.sweeps import (  # noqa: F401 - Buckets, Range, Values: part of the format
+    MAX_SWEEP,
+    SIZE_HELP,
+    Buckets,
+    Expr,
+    Range,
+    Size,
+    Values,
+)
 
 
-#: Most requests one ``[requests.NAME]`` entry may declare.
+#: Most requests one ``[requests.NAME]`` entry may declare with ``count``.
 MAX_COUNT = 1024
-#: Most plan steps one ``[[steps]]`` entry may expand to.
-MAX_EXPANDED = 1024
+#: Most plan steps one ``[[steps]]`` entry may expand to (as many as a sweep's values).
+MAX_EXPANDED = MAX_SWEEP
 
 
 Need = Literal["speculator", "mamba_align", "encoder_decoder", "pooling", "structured_output",
                "images"]
 Sequence = Literal["vllm-default", "vllm-warmup-kernels", "vllm-mixed-prefill-decode"]
 
-_EXPR_HELP = ('an integer, or an expression string over runner facts such as '
-              '"max_num_batched_tokens // 2" or "block_size(0) * 2"')
-_SIZE_HELP = _EXPR_HELP + ', or { buckets = "<limit expression>" } (Triton classes 1, 16k, neither)'
+_REPEAT_HELP = ("Run the step this many times, each continuing from the last (a "
+                "prefill with tokens = N: consecutive chunks of N).")
 
-
-def _check_expr(v: Any) -> Any:
-    if isinstance(v, bool) or not isinstance(v, (int, str)):
-        raise ValueError(f"got {type(v).__name__} {v!r}; allowed: {_EXPR_HELP}")
-    return v
-
-
-def _check_size(v: Any) -> Any:
-    if isinstance(v, dict):
-        extra = set(v) - {"buckets", "min"}
-        if extra or "buckets" not in v:
-            raise ValueError(
-                f"got table with keys {sorted(v)}; allowed: {{ buckets = \"<limit>\" }} "
-                "with an optional min = <expression>")
-        for k in v:
-            _check_expr(v[k])
-        return Buckets(**v)
-    return _check_expr(v)
-
-
-Expr = Annotated[Union[int, str], BeforeValidator(_check_expr)]
-
-
-class Buckets(BaseModel):
-    """A size swept over Triton's specialization classes: 1, a multiple of 16
-    and neither, within ``min..buckets`` (see ``stepwarm.expressions.buckets``)."""
-
-    model_config = ConfigDict(extra="forbid")
-    buckets: Expr = Field(description="Upper limit (expression), e.g. \"max_num_batched_tokens\".")
-    min: Expr = Field(default=1, description="Lower limit (expression).")
-
-
-Size = Annotated[Union[int, str, Buckets], BeforeValidator(_check_size)]
 
 _SELECTOR = re.compile(r"^\s*([A-Za-z][A-Za-z0-9_-]*)\s*(?:\[([^\]]*)\])?\s*$")
 _SEL_HELP = ('request names declared under [requests]: "NAME" (all of its count), '
@@ -81,13 +58,15 @@ class RequestSpec(BaseModel):
     """``[requests.NAME]``: one or ``count`` identical requests."""
 
     model_config = ConfigDict(extra="forbid")
-    prompt: Size = Field(description="Prompt length in tokens: " + _SIZE_HELP
-                         + ". A bucket sweep declares one request per value.")
+    prompt: Size = Field(description="Prompt length in tokens: " + SIZE_HELP
+                         + ". A sweep declares one request per value.")
     count: Expr = Field(default=1, description=f"How many such requests (1..{MAX_COUNT}).")
     kind: Literal["sample", "pool"] = Field(
         default="sample", description="\"sample\" (SamplingParams) or \"pool\" (PoolingParams; needs pooling).")
-    sampling: Literal["warmup", "greedy"] = Field(
-        default="warmup", description="\"warmup\": SamplingParams.for_sampler_warmup(); \"greedy\": temperature 0.")
+    sampling: Sampling = Field(
+        default="warmup", description="A preset: " + PRESET_HELP + "; or a table of "
+        "SamplingParams fields (see SamplingTable), whose swept fields declare one request "
+        "per combination.")
     structured_output: StrictBool = Field(
         default=False, description="Sample with an all-ones grammar bitmask (needs structured_output).")
     encoder: Expr | None = Field(
@@ -121,16 +100,18 @@ class PrefillStep(_Scheduling):
 
     kind: Literal["prefill"]
     tokens: Size | None = Field(default=None, description="Prompt tokens per request "
-                                "(default: the rest of the prompt). " + _SIZE_HELP)
+                                "(default: the rest of the prompt). " + SIZE_HELP)
     each: StrictBool = Field(default=False, description="One step per selected request.")
+    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
 
 
 class ChunkedPrefillStep(_Scheduling):
     """One chunk of a prefill, continuing from ``num_computed_tokens``."""
 
     kind: Literal["chunked_prefill"]
-    tokens: Size = Field(description="Chunk length per request. " + _SIZE_HELP)
+    tokens: Size = Field(description="Chunk length per request. " + SIZE_HELP)
     each: StrictBool = Field(default=False, description="One step per selected request.")
+    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
 
 
 class PrefixHitStep(_Scheduling):
@@ -140,8 +121,9 @@ class PrefixHitStep(_Scheduling):
     cached: Expr = Field(description="Tokens already cached: a multiple of lcm_block_size, "
                          "below the prompt length.")
     tokens: Size | None = Field(default=None, description="Tokens to compute per request "
-                                "(default: the rest of the prompt).")
+                                "(default: the rest of the prompt). " + SIZE_HELP)
     each: StrictBool = Field(default=False, description="One step per selected request.")
+    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
 
 
 class DecodeStep(_Scheduling):
@@ -149,7 +131,7 @@ class DecodeStep(_Scheduling):
 
     kind: Literal["decode"]
     spec_tokens: Expr = Field(default=0, description="Draft tokens per request (needs speculator if > 0).")
-    repeat: Expr = Field(default=1, description="Run the step this many times.")
+    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
 
 
 class SpecDecodeStep(_Scheduling):
@@ -157,7 +139,7 @@ class SpecDecodeStep(_Scheduling):
 
     kind: Literal["spec_decode"]
     spec_tokens: Expr = Field(default="num_spec_steps", description="Draft tokens per request.")
-    repeat: Expr = Field(default=1, description="Run the step this many times.")
+    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
 
 
 class MixedDecodeStep(_Step):
@@ -167,7 +149,7 @@ class MixedDecodeStep(_Step):
     spec: Selectors = Field(description="Requests decoded with drafts. " + _SEL_HELP)
     non_spec: Selectors = Field(description="Requests decoded without drafts. " + _SEL_HELP)
     spec_tokens: Expr = Field(default="num_spec_steps", description="Draft tokens per spec request.")
-    repeat: Expr = Field(default=1, description="Run the step this many times.")
+    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
 
     _check = field_validator("spec", "non_spec")(_check_selectors)
 
@@ -178,9 +160,13 @@ class MixedPrefillDecodeStep(_Step):
     kind: Literal["mixed_prefill_decode"]
     prefill: Selectors = Field(description="Requests prefilled. " + _SEL_HELP)
     tokens: Size | None = Field(default=None, description="Prefill tokens per request "
-                                "(default: the rest of the prompt). " + _SIZE_HELP)
+                                "(default: the rest of the prompt). " + SIZE_HELP)
     decode: Selectors = Field(description="Running requests decoded. " + _SEL_HELP)
     spec_tokens: Expr = Field(default=0, description="Draft tokens per decoded request.")
+    cached: Expr | None = Field(default=None, description=(
+        "New prefilled requests whose first `cached` tokens hit the prefix cache: a multiple "
+        "of lcm_block_size, below the prompt length (a prefix hit beside decodes)."))
+    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
 
     _check = field_validator("prefill", "decode")(_check_selectors)
 
@@ -196,7 +182,8 @@ class ResumeStep(_Scheduling):
 
     kind: Literal["resume"]
     tokens: Size | None = Field(default=None, description="Tokens per request (default: all "
-                                "of prompt + outputs).")
+                                "of prompt + outputs). " + SIZE_HELP)
+    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
 
 
 class FinishStep(_Step):

@@ -10,11 +10,13 @@ import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from stepwarm.scenario.errors import ScenarioError
+from stepwarm.scenario.sampling import SamplingTable
 from stepwarm.scenario.format import (
     RequestSpec,
     STEP_MODELS,
@@ -32,9 +34,14 @@ else:  # pragma: no cover
 def builtin_dir() -> Any:
     """The packaged ``stepwarm.scenarios`` directory (a Traversable).
 
-    Falls back to the source tree's ``scenarios/`` when stepwarm runs from a
-    checkout on ``PYTHONPATH`` without being installed (e.g. on a GPU box).
+    When stepwarm runs from a checkout (its ``scenarios/`` beside the
+    ``stepwarm`` package), that checkout's directory, also when another
+    checkout is installed in editable mode (whose ``stepwarm.scenarios``
+    would point at the other tree) or none is installed (e.g. on a GPU box).
     """
+    checkout = Path(__file__).resolve().parents[2] / "scenarios"
+    if (checkout / "default.toml").is_file():
+        return checkout
     try:
         return resources.files("stepwarm.scenarios")
     except ModuleNotFoundError:
@@ -47,9 +54,29 @@ def builtin_names() -> list[str]:
                   if p.name.endswith(".toml") and not p.name.startswith("_"))
 
 
+#: Named sets of built-ins: in a list of scenario names, a set's name stands
+#: for its members, in order. ``all`` is every built-in, ``default`` first
+#: (vLLM's own warmup), then the sampler scenarios, then the rest sorted;
+#: those a runner cannot run are skipped with their reason.
+SETS: dict[str, Callable[[], list[str]]] = {
+    "all": lambda: ["default", "sampler-matrix", "sampler-spec-decode"] + [
+        n for n in builtin_names()
+        if n not in ("default", "sampler-matrix", "sampler-spec-decode")],
+}
+
+
+def resolve_names(names: Iterable[str]) -> list[str]:
+    """``names`` with every set name (``all``) replaced by its members, in
+    order, each scenario once."""
+    out: list[str] = []
+    for name in names:
+        for member in SETS[name]() if name in SETS else [name]:
+            if member not in out:
+                out.append(member)
+    return out
+
+
 @dataclass(frozen=True)
-
-
 class LoadedScenario:
     """A parsed, validated scenario file."""
 
@@ -96,7 +123,8 @@ def load(name_or_path: str) -> LoadedScenario:
         close = difflib.get_close_matches(name_or_path, known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ScenarioError(f"unknown scenario {name_or_path!r}{hint}; allowed: a path to a "
-                            f".toml file or a built-in name: {', '.join(known)}",
+                            f".toml file, a built-in name: {', '.join(known)}, or a set: "
+                            + ", ".join(SETS),
                             file=name_or_path)
     text = (builtin_dir() / f"{name_or_path}.toml").read_text(encoding="utf-8")
     return loads(text, f"scenarios/{name_or_path}.toml", name_or_path)
@@ -162,6 +190,8 @@ class _TomlIndex:
                 n_steps += 1
             elif name[0] == "requests" and len(name) == 2:
                 current = ("requests", name[1])
+            elif name[0] == "requests" and len(name) == 3:
+                current = ("requests", name[1], name[2])  # [requests.NAME.sampling]
             elif name == ["requests"]:
                 current = ("requests",)
             else:
@@ -170,7 +200,17 @@ class _TomlIndex:
         self.sections.append((current, start, len(self.lines) - 1))
 
     def line(self, section: tuple, key: str | None = None) -> int | None:
-        """1-based line of ``key`` in ``section`` (or of the section header)."""
+        """1-based line of ``key`` in ``section`` (or of the section header).
+
+        A dotted ``key`` ("sampling.logprobs") is looked up in the sub-table
+        (``[requests.NAME.sampling]``) first, then as the line of its first
+        part (an inline table: ``sampling = { logprobs = 5 }``).
+        """
+        if key is not None and "." in key:
+            head, _, tail = key.partition(".")
+            if any(sec == (*section, head) for sec, _, _ in self.sections):
+                return self.line((*section, head), tail)
+            return self.line(section, head)
         for sec, first, last in self.sections:
             if sec != section:
                 continue
@@ -196,6 +236,8 @@ def _model_at(loc: tuple) -> tuple[type[BaseModel] | None, tuple, str | None]:
     if loc and loc[0] == "requests" and len(loc) >= 2:
         if len(loc) == 2:  # the request itself is not a table
             return None, ("requests", loc[1]), None
+        if loc[2] == "sampling" and len(loc) >= 5 and loc[3] == "table":
+            return SamplingTable, ("requests", loc[1]), f"sampling.{loc[4]}"
         return RequestSpec, ("requests", loc[1]), str(loc[2])
     return ScenarioFile, ("top",), (str(loc[0]) if loc else None)
 
@@ -233,15 +275,16 @@ def _validation_error(e: ValidationError, file: str, index: _TomlIndex) -> Scena
     err = min(errors, key=lambda x: x["type"] != "extra_forbidden")
     loc = tuple(err["loc"])
     model, sec, fld = _model_at(loc)
+    key = (fld or "").rpartition(".")[2]  # the model's field ("sampling.top_k": "top_k")
     kind = loc[2] if sec[0] == "steps" and len(loc) >= 3 and loc[2] in STEP_MODELS else None
     typ = err["type"]
     if typ == "extra_forbidden":
         allowed = sorted(model.model_fields) if model else []
-        close = difflib.get_close_matches(fld or "", allowed, n=1)
+        close = difflib.get_close_matches(key, allowed, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         what = f"unknown key {fld!r}{hint}; allowed keys: {', '.join(allowed)}"
     elif typ == "missing":
-        desc = model.model_fields[fld].description if model and fld in model.model_fields else ""
+        desc = model.model_fields[key].description if model and key in model.model_fields else ""
         what = f"missing required key {fld!r}; allowed: {desc or 'see scenarios/README.md'}"
     elif typ in ("union_tag_invalid", "union_tag_not_found"):
         fld = "kind"
@@ -261,13 +304,13 @@ def _validation_error(e: ValidationError, file: str, index: _TomlIndex) -> Scena
         elif sec[0] == "requests" and fld is None:
             allowed = _SECTION_ALLOWED[("request",)]
         what = f"wrong type or value {err['input']!r}; allowed: {allowed}"
-        desc = model.model_fields[fld].description if model and fld in model.model_fields else ""
+        desc = model.model_fields[key].description if model and key in model.model_fields else ""
         what += f" ({desc})" if desc else ""
     else:
         msg = err["msg"].removeprefix("Value error, ")
         desc = ""
-        if model and fld in model.model_fields and "allowed" not in msg:
-            desc = model.model_fields[fld].description or ""
+        if model and key in model.model_fields and "allowed" not in msg:
+            desc = model.model_fields[key].description or ""
             desc = f"; allowed: {desc}" if desc else ""
         what = f"{msg} (got {err['input']!r}){desc}" if "got" not in msg else msg + desc
         if "allowed" not in what:

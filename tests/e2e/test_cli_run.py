@@ -173,3 +173,24 @@ def test_show_takes_engine_args():
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("profile:")]
     assert "max_num_seqs 4," in line
     assert re.search(r"│ 0 │ prefill +│ req\[0\.\.3\] ", proc.stdout)  # 4 requests, not 8
+
+
+def test_run_verify_compares_with_vllms_scheduler_and_reports_a_table(tmp_path):
+    """`run --verify` on the tiny Llama with seeded random weights: after
+    warmup, each scenario's sampling requests, through LLM.generate and
+    through stepwarm's steps, give the same greedy tokens."""
+    from stepwarm.zoo import write_model
+
+    model = write_model("tiny-llama", tmp_path, tokenizer=True, weights_seed=0)
+    out = tmp_path / "report.json"
+    proc = _stepwarm("run", "--model", str(model), "-e", "load_format=auto",
+                     "-e", "max_model_len=512", "-s", "prefix-hit", "-s", "preempt-resume",
+                     "-e", "enable_prefix_caching=true", "--verify", "--json", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "--verify: stepwarm's steps vs vLLM's own scheduler (greedy)" in proc.stdout
+    assert re.search(r"prefix-hit\s+.*equal\s+.*4 requests, 8 tokens", proc.stdout)
+    assert re.search(r"preempt-resume\s+.*equal\s+.*2 requests, 13 tokens", proc.stdout)
+    verify = json.loads(out.read_text())["verify"]
+    assert [(v["scenario"], v["differences"], v["skipped"]) for v in verify] == [
+        ("prefix-hit", [], ""), ("preempt-resume", [], "")]
+    assert verify[1]["checked"] == {"a": 6, "b": 7}

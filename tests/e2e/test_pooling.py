@@ -36,6 +36,12 @@ SCRIPT = textwrap.dedent(
                                == plan.request(r.req_id).prompt_len] for s in plan.steps],
             }
         out["live"] = sorted(live_request_ids(engine.worker))
+        # The consistency oracle: the pooling built-in's embeddings vs LLM.embed.
+        from dataclasses import asdict
+        from stepwarm.verify import verify
+        (plan,) = plans_for(["pooling"], profile)
+        out["verify"] = asdict(verify(engine.llm, engine.worker, plan, profile))
+        out["live_after_verify"] = sorted(live_request_ids(engine.worker))
         print("RESULT " + json.dumps(out))
     """
 )
@@ -73,3 +79,14 @@ def test_pooling_builtin_pools_every_finished_prompt(result):
         if step["num_reqs"]:
             assert sorted(step["pooled"]) == sorted(prefilled)
     assert sum(len(p) for p in run["prefilled"]) == len({r for p in run["prefilled"] for r in p})
+
+
+def test_pooling_builtin_embeddings_equal_llm_embed(result):
+    """Every request the pooling built-in pools gets the embedding vLLM's own
+    scheduler path gives its prompt (LLM.embed), within 1e-3 per element."""
+    rep = result["verify"]
+    assert rep["skipped"] == "" and rep["embedding_differs"] == []
+    pooled = {r for p in result["runs"]["pooling"]["prefilled"] for r in p}
+    assert len(rep["embedding_error"]) == len(pooled)
+    assert all(0 <= e <= 1e-3 for e in rep["embedding_error"].values())
+    assert result["live_after_verify"] == []

@@ -38,17 +38,50 @@ SCRIPT = textwrap.dedent(
         except StepFailed as e:
             out["default"] = {"step": e.step, "error": str(e), "report": e.report.to_dict()}
         out["default_left"] = sorted(live_request_ids(engine.worker))
+        # sampling with drafts: the built-in, and a table with sweeps
+        samplers = plans_for(["sampler-spec-decode", "sampler-matrix", sys.argv[3]], profile)
+        out["sampler_matrix_skipped"] = samplers[1].skipped
+        out["samplers"] = [drive(engine.worker, p, profile).to_dict()
+                           for p in (samplers[0], samplers[2])]
+        out["samplers_left"] = sorted(live_request_ids(engine.worker))
         print("RESULT " + json.dumps(out))
     """
 )
+
+
+#: Greedy and random requests with logprobs swept, in spec / mixed decodes.
+SAMPLING_SPEC = """
+needs = ["speculator"]
+
+[requests.r]
+prompt = { values = ["decode_query_len + 1"] }
+sampling = { temperature = { values = [0.0, 1.0] }, logprobs = { values = [1, 3] } }
+
+[[steps]]
+kind = "prefill"
+requests = ["r"]
+
+[[steps]]
+kind = "spec_decode"
+requests = ["r"]
+batch = { values = [1, 4] }
+
+[[steps]]
+kind = "mixed_decode"
+spec = ["r[0:2]"]
+non_spec = ["r[2:]"]
+repeat = 2
+"""
 
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("spec")
     (tmp / "greedy-spec.toml").write_text(GREEDY_SPEC_SCENARIO)
+    (tmp / "sampling-spec.toml").write_text(SAMPLING_SPEC)
     (tmp / "run.py").write_text(SCRIPT)
-    proc, result = run_script(tmp / "run.py", str(tmp / "greedy-spec.toml"), json.dumps(NGRAM_2))
+    proc, result = run_script(tmp / "run.py", str(tmp / "greedy-spec.toml"), json.dumps(NGRAM_2),
+                              str(tmp / "sampling-spec.toml"))
     assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
     return result
 
@@ -86,3 +119,20 @@ def test_vllm_cpu_rejection_sampler_bug_is_reported_at_start_up_and_cleaned_up(r
     assert "out of bounds" in failure["error"]
     assert failure["report"]["cleanup_ran"] and failure["report"]["left_in_runner"] == []
     assert result["default_left"] == []
+
+
+def test_greedy_random_and_logprobs_requests_with_drafts(result):
+    builtin, table = result["samplers"]
+    assert builtin["ok"] and table["ok"] and result["samplers_left"] == []
+    assert "requires num_spec_steps == 0" in result["sampler_matrix_skipped"]
+    spec_steps = [s for s in builtin["steps"] if s["kind"] == "spec_decode"]
+    assert [s["num_spec_tokens"] for s in spec_steps] == [2] * 8
+    # logprobs = 1 with drafts: 2 columns (the sampled token's and 1 top token)
+    assert [s["logprobs_width"] for s in spec_steps[-2:]] == [2, 2]
+    # the table: 4 requests (greedy/random x logprobs 1/3); widths follow the batch
+    prefill, one, four, mixed, mixed2, _ = table["steps"]
+    assert prefill["num_reqs"] == 4 and prefill["logprobs_width"] == 4
+    assert (one["num_reqs"], one["num_spec_tokens"], one["logprobs_width"]) == (1, 2, 2)
+    assert (four["num_reqs"], four["num_spec_tokens"], four["logprobs_width"]) == (4, 8, 4)
+    assert mixed["num_spec_tokens"] == mixed2["num_spec_tokens"] == 4
+    assert all(1 <= n <= 3 for n in four["sampled"].values())

@@ -15,6 +15,7 @@ only generates steps the scheduler can produce).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from hypothesis import event, note
@@ -58,6 +59,13 @@ class Lifecycle(RuleBasedStateMachine):
         self.oracle_new: dict[str, tuple[list[int], ...]] = {}
         self.live_before: set[str] = set()
         self.known_before: set[str] = set()
+        #: Prefix hits taken this step (req -> tokens).
+        self.hits: dict[str, int] = {}
+        #: The oracle's new_block_ids_to_zero for the last step.
+        self.oracle_zero: list[int] = []
+        self.oracle_refused = False
+        #: stepwarm's ledger before this step's first hit.
+        self.pre_hit = None
 
     # -- setup -----------------------------------------------------------
     @initialize(data=st.data())
@@ -70,10 +78,10 @@ class Lifecycle(RuleBasedStateMachine):
         self.oracle = Oracle(specs, cfg.num_blocks, cfg.max_model_len,
                              cfg.num_lookahead_tokens, cfg.enable_caching)
         # stepwarm reads the same vLLM specs through its adapter.
-        assert self.oracle.stepwarm_specs == tuple(
-            s.model_copy(update={"vllm_class": o.vllm_class})
-            for s, o in zip(cfg.specs, self.oracle.stepwarm_specs)
-        )
+        assert self.oracle.stepwarm_specs == self.profile.kv_cache_groups
+        assert tuple(s.model_copy(update={"vllm_class": "", "zeroed": None})
+                     for s in self.profile.kv_cache_groups) == tuple(
+            s.model_copy(update={"vllm_class": ""}) for s in cfg.specs)
 
     # -- helpers ---------------------------------------------------------
     def live(self) -> list[str]:
@@ -97,6 +105,42 @@ class Lifecycle(RuleBasedStateMachine):
         if end <= start:
             end = total  # no aligned end inside the chunk: take the rest
         return end - start
+
+    def _lookup(self, data: st.DataObject, rid: str) -> None:
+        """A waiting request's prefix-cache lookup (``get_computed_blocks``),
+        taken by stepwarm as a ``prefix_hit`` of the same length. Every
+        request's prompt is ``0, 1, ...``, so earlier requests' cached prompt
+        blocks hit. Hits that are not a whole number of blocks of every group
+        (vLLM 0.32's partial-block hits) are not a stepwarm step: dropped."""
+        if self.computed[rid] or not data.draw(st.booleans(), label=f"{rid} lookup"):
+            return
+        try:
+            n = self.oracle.lookup(rid)
+        except AssertionError as e:
+            # vLLM's own limits (e.g. chunked local attention with another
+            # block size: "KV cache groups with different block sizes are
+            # not compatible with chunked local attention now").
+            event(f"prefix lookup unsupported by vLLM: {str(e)[:60]}")
+            self.oracle.drop_hit(rid)
+            return
+        if not n:
+            return
+        if any(n % s.block_size for s in self.cfg.specs):
+            event("prefix hit: partial block, not taken")
+            self.oracle.drop_hit(rid)
+            return
+        if self.pre_hit is None:
+            self.pre_hit = copy.deepcopy(self.builder.ledger)
+        try:
+            self.builder.set_computed(rid, n)
+        except PlanError as e:
+            assert e.field == "blocks", e
+            event("prefix hit: refused for blocks")
+            self.oracle.drop_hit(rid)
+            return
+        event("prefix hit")
+        self.hits[rid] = n
+        self.computed[rid] = n
 
     # -- rules -----------------------------------------------------------
     # No preconditions: a disabled rule makes hypothesis retry and give up
@@ -155,6 +199,8 @@ class Lifecycle(RuleBasedStateMachine):
                 options += ["resume", "finish"]
             action = data.draw(st.sampled_from(options), label=f"{rid} action")
             if action == "prefill":
+                if state == "waiting" and cfg.enable_caching:
+                    self._lookup(data, rid)
                 left = self.prompt[rid] - self.computed[rid]
                 prefill[rid] = self._chunk(data, rid, left, self.prompt[rid])
             elif action == "resume":
@@ -171,15 +217,30 @@ class Lifecycle(RuleBasedStateMachine):
             elif action == "preempt":
                 preempt.append(rid)
         if not (prefill or decode or resume or finish or preempt):
+            self._undo_hits()
             return
         self._run_step(prefill, decode, resume, tuple(finish), tuple(preempt))
+        self.hits, self.pre_hit = {}, None
+
+    def _undo_hits(self) -> None:
+        """Hits whose step did not happen: both sides forget them (stepwarm's
+        ledger as it was before the first of them)."""
+        for rid in self.hits:
+            self.oracle.drop_hit(rid)
+            self.builder._requests[rid].num_computed_tokens = 0
+            self.computed[rid] = 0
+        if self.pre_hit is not None:
+            self.builder.ledger = self.pre_hit
+        self.hits, self.pre_hit = {}, None
 
     def _run_step(self, prefill, decode, resume, finish, preempt) -> None:
         b, o = self.builder, self.oracle
         self.live_before = set(self.live())
         #: Requests the runner knows (sent, not finished) before the step.
         self.known_before = {r for r, st_ in self.state.items() if st_ in ("running", "preempted")}
-        ledger_before = (b.ledger.num_free, {r: b.ledger.held(r) for r in b.ledger.live_requests()})
+        # A refused step leaves the ledger as before this step's hits.
+        base = self.pre_hit if self.pre_hit is not None else b.ledger
+        ledger_before = (base.num_free, {r: base.held(r) for r in base.live_requests()})
         self.before = {}
         for rid in list(prefill) + list(decode) + list(resume):
             sw = b.ledger.held_counts(rid) if rid in b.ledger.live_requests() else None
@@ -195,8 +256,11 @@ class Lifecycle(RuleBasedStateMachine):
             event("step refused: out of blocks")
             self.last_step, self.last_refused = None, True
             self.refused_ledger_before = ledger_before
+            self.oracle_refused = self._oracle_refuses(prefill, decode, resume, finish, preempt)
+            self._undo_hits()
             return
         self.last_step, self.last_refused = step, False
+        o.new_step()
         for rid in finish:
             o.finish(rid)
             self.state[rid] = "finished"
@@ -221,4 +285,25 @@ class Lifecycle(RuleBasedStateMachine):
             self.computed[rid] += n
             self.outputs[rid] += outs
             self.state[rid] = "running"
+        self.oracle_zero = o.take_new_block_ids()
         event(f"step: {len(step.scheduled)} scheduled")
+
+    def _oracle_refuses(self, prefill, decode, resume, finish, preempt) -> bool:
+        """Whether vLLM's manager refuses the step stepwarm refused: the same
+        step replayed on a copy of the oracle (stepwarm's rows in order)."""
+        o = self.oracle.clone()
+        o.new_step()
+        for rid in finish:
+            o.finish(rid)
+        for rid in preempt:
+            o.preempt(rid)
+        for rid, n in prefill.items():
+            if o.schedule(rid, n) is None:
+                return True
+        for rid, k in decode.items():
+            if o.schedule(rid, 1 + k) is None:
+                return True
+        for rid, n in resume.items():
+            if o.schedule(rid, n) is None:
+                return True
+        return False

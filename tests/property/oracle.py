@@ -28,6 +28,8 @@ import torch
 from stepwarm.profile import CacheSpec, cache_spec_from_vllm
 
 _DTYPE = torch.float16
+#: The token every sampled output is (outside every prompt's 0..len-1).
+OUTPUT_TOKEN = 1 << 20
 _CACHE_HASH_READY = False
 
 
@@ -49,7 +51,7 @@ def vllm_spec(spec: CacheSpec, *, layers: int = 1) -> Any:
             return cls(**attn, sliding_window=spec.sliding_window)
         if spec.kind == "chunked_local_attention":
             return k.ChunkedLocalAttentionSpec(**attn, attention_chunk_size=spec.attention_chunk_size)
-        if spec.kind == "circular_buffer":
+        if spec.kind == "circular_buffer":  # vLLM 0.26 has none (strategies skip it)
             return k.CircularBufferSpec(**attn)
         if spec.kind == "cross_attention":
             return k.CrossAttentionSpec(**attn)
@@ -78,7 +80,16 @@ def kv_cache_config(specs: tuple[Any, ...], num_blocks: int) -> Any:
     """A worker ``KVCacheConfig`` with one group per vLLM spec."""
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
-    return KVCacheConfig(
+    class ZeroingKVCacheConfig(KVCacheConfig):
+        """Zeroing on for every config (vLLM turns it on for Mamba and, in
+        0.32, mixed-precision caches), so ``new_block_ids_to_zero`` is
+        compared on every config."""
+
+        @property
+        def needs_kv_cache_zeroing(self) -> bool:
+            return True
+
+    return ZeroingKVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[],
         kv_cache_groups=[
@@ -112,6 +123,9 @@ class _Req:
     #: Encoder input still to be scheduled (first allocation after admission
     #: or resumption).
     encoder_pending: bool = True
+    #: A prefix-cache hit found by :meth:`Oracle.lookup`, for the next
+    #: allocation: (blocks, tokens).
+    hit: tuple[Any, int] | None = None
 
 
 @dataclass
@@ -133,6 +147,8 @@ class Oracle:
     enable_caching: bool = False
     manager: Any = field(init=False, repr=False)
     _reqs: dict[str, _Req] = field(default_factory=dict, init=False, repr=False)
+    #: Every state-changing call, for :meth:`clone`.
+    _log: list[tuple[str, tuple]] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -173,6 +189,15 @@ class Oracle:
                 _CACHE_HASH_READY = True
             self._hasher = get_request_block_hasher(hbs, sha256)
 
+    def clone(self) -> Oracle:
+        """A fresh oracle brought to this one's state by replaying its calls
+        (``deepcopy`` recurses through the pool's linked free list)."""
+        twin = Oracle(self.worker_specs, self.num_blocks, self.max_model_len,
+                      self.num_lookahead_tokens, self.enable_caching)
+        for name, args in self._log:
+            getattr(twin, name)(*args)
+        return twin
+
     @property
     def stepwarm_specs(self) -> tuple[CacheSpec, ...]:
         """The worker specs as stepwarm reads them (``cache_spec_from_vllm``)."""
@@ -181,6 +206,7 @@ class Oracle:
     # -- lifecycle -----------------------------------------------------------
     def add(self, req_id: str, prompt_len: int, encoder_len: int = 0) -> None:
         """Admit a waiting request (prompt ``[0, 1, ...]`` like stepwarm's)."""
+        self._log.append(('add', (req_id, prompt_len, encoder_len,)))
         from vllm import SamplingParams
         from vllm.v1.request import Request
 
@@ -194,19 +220,49 @@ class Oracle:
                       mm_features=mm, block_hasher=self._hasher)
         self._reqs[req_id] = _Req(req, encoder_len)
 
+    def new_step(self) -> None:
+        """``KVCacheManager.new_step_starts()``, as ``Scheduler.schedule``
+        calls it first thing every step."""
+        self._log.append(('new_step', ()))
+        self.manager.new_step_starts()
+
+    def lookup(self, req_id: str) -> int:
+        """``get_computed_blocks`` for a waiting request, as the scheduler
+        calls it before the request's first allocation: the hit is kept for
+        the next :meth:`schedule`. Returns the hit length (tokens)."""
+        r = self._reqs[req_id]
+        found = self.manager.get_computed_blocks(r.request)
+        self._log.append(('lookup', (req_id,)))
+        blocks, n = found[0], found[1]
+        r.hit = (blocks, n) if n else None
+        return n
+
+    def drop_hit(self, req_id: str) -> None:
+        """Forget a looked-up hit (the scheduler would not use it)."""
+        self._log.append(('drop_hit', (req_id,)))
+        self._reqs[req_id].hit = None
+
     def schedule(self, req_id: str, num_new_tokens: int) -> tuple[list[int], ...] | None:
         """``allocate_slots`` for ``num_new_tokens`` tokens of ``req_id``, as the
-        scheduler calls it. Returns the new block ids per *worker* group (the
-        scheduler's ``new_block_ids``), or None when the pool refused."""
+        scheduler calls it (with the hit :meth:`lookup` found, if any; the
+        request's ``num_computed_tokens`` then starts after the hit). Returns
+        the new block ids per *worker* group (the scheduler's
+        ``new_block_ids``), or None when the pool refused."""
+        self._log.append(('schedule', (req_id, num_new_tokens,)))
         r = self._reqs[req_id]
         enc = r.encoder_len if r.encoder_pending else 0
+        hit_blocks, hit_len = r.hit if r.hit else (None, 0)
         got = self.manager.allocate_slots(
             r.request, num_new_tokens,
+            num_new_computed_tokens=hit_len,
+            new_computed_blocks=hit_blocks,
             num_lookahead_tokens=self.num_lookahead_tokens,
             num_encoder_tokens=enc,
         )
         if got is None:
             return None
+        r.request.num_computed_tokens += hit_len
+        r.hit = None
         r.encoder_pending = False
         from vllm.v1.request import RequestStatus
 
@@ -217,18 +273,22 @@ class Oracle:
     def advance(self, req_id: str, num_scheduled: int, num_new_outputs: int) -> None:
         """After the step: ``num_computed_tokens += num_scheduled`` and
         ``num_new_outputs`` sampled tokens appended (all drafts accepted)."""
+        self._log.append(('advance', (req_id, num_scheduled, num_new_outputs,)))
         req = self._reqs[req_id].request
         req.num_computed_tokens += num_scheduled
         if num_new_outputs:
-            req.append_output_token_ids([1] * num_new_outputs)
+            # A token no prompt holds: output blocks never match a prompt's.
+            req.append_output_token_ids([OUTPUT_TOKEN] * num_new_outputs)
 
     def finish(self, req_id: str) -> None:
         """``KVCacheManager.free`` of a finished request."""
+        self._log.append(('finish', (req_id,)))
         r = self._reqs.pop(req_id)
         self.manager.free(r.request)
 
     def preempt(self, req_id: str) -> None:
         """The scheduler's ``_preempt_request``: free, reset progress."""
+        self._log.append(('preempt', (req_id,)))
         from vllm.v1.request import RequestStatus
 
         r = self._reqs[req_id]
@@ -247,7 +307,14 @@ class Oracle:
         return tuple(len(ids) for ids in self.block_ids(req_id))
 
     def num_free(self) -> int:
+        """Free blocks in the pool (cached-but-unreferenced ones included)."""
         return self.manager.block_pool.get_num_free_blocks()
+
+    def take_new_block_ids(self) -> list[int]:
+        """``KVCacheManager.take_new_block_ids()``: what the scheduler puts
+        in ``new_block_ids_to_zero`` for the step (drained)."""
+        self._log.append(('take_new_block_ids', ()))
+        return list(self.manager.take_new_block_ids())
 
     def _to_worker(self, ids: tuple[list[int], ...]) -> tuple[list[int], ...]:
         return tuple([] if g is None else list(ids[g]) for g in self.group_map)

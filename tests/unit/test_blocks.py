@@ -191,8 +191,8 @@ def test_hybrid_groups_per_group() -> None:
 def test_ledger_ids_start_at_1_and_are_distinct() -> None:
     led = BlockLedger((spec("full_attention", 4), spec("mla_attention", 8)), num_blocks=20)
     # 9 tokens: cdiv(9,4)=3 in group 0, cdiv(9,8)=2 in group 1; group order.
-    assert led.grow("a", 9) == ((1, 2, 3), (4, 5))
-    assert led.grow("b", 4) == ((6,), (7,))
+    assert led.grow("a", 9).appended == ((1, 2, 3), (4, 5))
+    assert led.grow("b", 4).taken == ((6,), (7,))
     assert led.held("a") == ((1, 2, 3), (4, 5))
     assert led.held_counts("a") == (3, 2)
     assert led.num_held == 7 and led.num_free == 19 - 7
@@ -201,27 +201,29 @@ def test_ledger_ids_start_at_1_and_are_distinct() -> None:
 
 def test_ledger_grow_deltas_and_never_shrinks() -> None:
     led = BlockLedger((spec("full_attention", 4),), num_blocks=20)
-    assert led.grow("a", 4) == ((1,),)
-    assert led.grow("a", 4) == ((),)  # nothing new
-    assert led.grow("a", 9) == ((2, 3),)  # delta only
-    assert led.grow("a", 1) == ((),)  # a smaller requirement keeps the table
+    assert led.grow("a", 4).appended == ((1,),)
+    assert led.grow("a", 4).appended == ((),)  # nothing new
+    assert led.grow("a", 9).appended == ((2, 3),)  # delta only
+    assert led.grow("a", 1).appended == ((),)  # a smaller requirement keeps the table
     assert led.held_counts("a") == (3,)
 
 
-def test_ledger_reuses_freed_ids_lowest_first() -> None:
+def test_ledger_reuses_freed_ids_as_vllms_free_queue() -> None:
+    """Freed uncached blocks go to the queue's head, the table's last block
+    first (FreeKVCacheBlockQueue.prepend_n of reversed(blocks))."""
     led = BlockLedger((spec("full_attention", 4),), num_blocks=20)
     led.grow("a", 12)  # 1, 2, 3
     led.grow("b", 8)  # 4, 5
-    assert sorted(led.free("a")) == [1, 2, 3]
+    assert led.free("a") == (3, 2, 1)
     assert led.free("zzz") == ()  # unknown: nothing
-    assert led.grow("c", 8) == ((1, 2),)
-    assert led.grow("d", 12) == ((3, 6, 7),)
+    assert led.grow("c", 8).appended == ((3, 2),)
+    assert led.grow("d", 12).appended == ((1, 6, 7),)
     assert led.num_held == 7 and led.num_free == 12
 
 
 def test_ledger_out_of_blocks_hands_out_nothing() -> None:
     led = BlockLedger((spec("full_attention", 4),), num_blocks=4)  # 3 usable
-    assert led.grow("a", 8) == ((1, 2),)
+    assert led.grow("a", 8).appended == ((1, 2),)
     with pytest.raises(OutOfBlocksError, match="needs 2 more"):
         led.grow("b", 8)
     assert led.live_requests() == ("a",)
@@ -231,25 +233,83 @@ def test_ledger_out_of_blocks_hands_out_nothing() -> None:
     with pytest.raises(OutOfBlocksError):
         led.grow("a", 13)  # running request: +2 needed, 1 free
     assert led.held("a") == ((1, 2),) and led.num_free == 1
-    assert led.grow("a", 12) == ((3,),)  # exactly num_blocks - 1 held
+    assert led.grow("a", 12).appended == ((3,),)  # exactly num_blocks - 1 held
     assert led.num_free == 0
 
 
 def test_ledger_remembers_encoder_len() -> None:
     led = BlockLedger((spec("cross_attention", 16), spec("full_attention", 16)), num_blocks=100,
                       ctx=ReservationContext(max_encoder_len=160))
-    assert led.grow("x", 5, encoder_len=17) == ((1, 2), (3,))  # cdiv(17, 16) = 2
-    assert led.grow("x", 20) == ((), (4,))  # no cross-attention growth
-    led.free("x")
-    assert led.grow("y", 5) == ((1, 2, 3, 4, 5, 6, 7, 8, 9, 10), (11,))  # max_encoder_len 160
-    assert led.grow("z", 5, encoder_len=0) == ((), (12,))  # no encoder input
+    assert led.grow("x", 5, encoder_len=17).appended == ((1, 2), (3,))  # cdiv(17, 16) = 2
+    assert led.grow("x", 20).appended == ((), (4,))  # no cross-attention growth
+    led.free("x")  # queue head: 2, 1 (group 0 reversed), then 4, 3 in front
+    assert led.grow("y", 5).appended == ((4, 3, 2, 1, 5, 6, 7, 8, 9, 10), (11,))
+    assert led.grow("z", 5, encoder_len=0).appended == ((), (12,))  # no encoder input
 
 
-def test_ledger_for_profile() -> None:
-    p = _profile((spec("full_attention", 16),), num_blocks=11, num_lookahead_tokens=3)
-    led = BlockLedger.for_profile(p)
-    assert led.num_free == 10
-    assert led.required(14) == (2,)  # cdiv(14 + 3, 16)
+def test_sliding_window_nulls_and_frees_blocks_out_of_the_window() -> None:
+    """SlidingWindowManager.remove_skipped_blocks: with window 8 and block 4,
+    after 13 computed tokens tokens 0..5 are skipped, so block 0 (tokens 0-3)
+    becomes the null block and goes back to the pool; the table keeps its
+    length."""
+    led = BlockLedger((spec("sliding_window", 4, sliding_window=8),), num_blocks=10)
+    assert led.grow("a", 13).appended == ((1, 2, 3, 4),)
+    assert led.num_free == 5
+    g = led.grow("a", 14, num_computed=13)  # skipped 13 - 8 + 1 = 6 tokens -> 1 block
+    assert g.appended == ((),) and led.held("a") == ((0, 2, 3, 4),) and led.num_free == 6
+    led.grow("a", 17, num_computed=16)  # skipped 9 -> 2 blocks; block 4 of 5 new
+    # Block 1 (id 2) is freed too; freed ids come first, last freed first.
+    assert led.held("a") == ((0, 0, 3, 4, 2),)
+    assert led.free("a") == (2, 4, 3) and led.num_free == 9
+
+
+def test_chunked_local_nulls_previous_chunks() -> None:
+    led = BlockLedger((spec("chunked_local_attention", 2, attention_chunk_size=4),), num_blocks=10)
+    led.grow("a", 6)  # 3 blocks
+    led.grow("a", 7, num_computed=6)  # chunk 4..7 current: tokens 0-3 skipped
+    assert led.held("a") == ((0, 0, 3, 2),)  # 2 freed last: reused first
+
+
+def test_mamba_none_keeps_only_the_last_state() -> None:
+    """MambaManager (none/all): get_num_skipped_tokens = computed - 1."""
+    mamba = spec("mamba", 4, mamba_cache_mode="none", num_speculative_blocks=2)
+    led = BlockLedger((mamba,), num_blocks=20)
+    assert led.grow("a", 9).appended == ((1, 2, 3, 4, 5),)  # 3 + 2 speculative
+    g = led.grow("a", 10, num_computed=9)  # tokens 0..7 skipped -> blocks 0, 1
+    assert led.held("a") == ((0, 0, 3, 4, 5),) and g.taken == ((),)
+
+
+def test_mamba_align_pads_nulls_and_frees_the_previous_state() -> None:
+    """MambaManager in align mode (vLLM 0.32's KVCacheManager gives the same
+    tables: [0, 1, 2] -> [0, 1, 2, 3] -> [0, 0, 2, 3, 4]): a null placeholder
+    before the state block, one state block per step, the previous state
+    block freed once behind the computed tokens."""
+    mamba = spec("mamba", 4, mamba_cache_mode="align", num_speculative_blocks=1)
+    led = BlockLedger((mamba,), num_blocks=20, enable_caching=True)
+    assert led.grow("a", 8).appended == ((0, 1, 2),)  # null, state, speculative
+    led.cache_prompt("a", 8)
+    g = led.grow("a", 12, num_computed=8)
+    assert led.held("a") == ((0, 1, 2, 3),) and g.appended == ((3,),) and g.taken == ((3,),)
+    led.cache_prompt("a", 12)
+    led.grow("a", 13, num_computed=12)  # state block 1 is behind: freed (cached: to the tail)
+    assert led.held("a") == ((0, 0, 2, 3, 4),)
+
+
+def test_prefix_hit_shares_cached_blocks_with_nulls_per_kind() -> None:
+    full, swa = spec("full_attention", 4), spec("sliding_window", 4, sliding_window=4)
+    mamba = spec("mamba", 4, mamba_cache_mode="all")
+    led = BlockLedger((full, swa, mamba), num_blocks=40, enable_caching=True)
+    led.grow("a", 13)
+    led.cache_prompt("a", 13)  # 3 full blocks per group
+    a = led.held("a")
+    g = led.hit("b", 12)
+    # full: all 3 cached blocks; window 4: tokens 0..8 skipped -> 2 nulls;
+    # Mamba: only the last state.
+    assert led.held("b") == (a[0][:3], (0, 0, a[1][2]), (0, 0, a[2][2]))
+    assert g.taken == ((), (), ())
+    led.free("a")
+    assert set(a[0][:3]) <= set(led.held("b")[0])  # still held by b
+    assert led.num_held == 3 + 1 + 1
 
 
 # -- request-count cap ------------------------------------------------------------

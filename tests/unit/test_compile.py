@@ -123,7 +123,7 @@ def test_new_block_ids_to_zero_on_runners_that_zero_new_blocks():
     p = _profile(
         kv_cache_groups=(CacheSpec(kind="full_attention", block_size=4),
                          CacheSpec(kind="mamba", block_size=4, mamba_cache_mode="align")),
-        zeroes_new_blocks=True,
+        zeroes_new_blocks=True, enable_prefix_caching=True,
     )
     b = PlanBuilder(p)
     b.add_request(PlannedRequest("_stepwarm_a_", 6))
@@ -131,16 +131,75 @@ def test_new_block_ids_to_zero_on_runners_that_zero_new_blocks():
     prefill = b.step("prefill", "p", prefill={"_stepwarm_a_": 6})
     so = to_scheduler_output(prefill, b.build(), p)
     full, mamba = so.scheduled_new_reqs[0].block_ids
-    assert so.new_block_ids_to_zero == full == [1, 2] and mamba == [3, 4]
+    # Align mode: a null placeholder, then one state block.
+    assert so.new_block_ids_to_zero == full == [1, 2] and mamba == [0, 3]
     decode = b.step("decode", "d", decode={"_stepwarm_a_": 0})  # 7 tokens: no new block
     assert to_scheduler_output(decode, b.build(), p).new_block_ids_to_zero is None
     b.set_computed("_stepwarm_h_", 8)  # two cached blocks per group
     hit = b.step("prefix_hit", "h", prefill={"_stepwarm_h_": 2})
     so = to_scheduler_output(hit, b.build(), p)
-    full, _ = so.scheduled_new_reqs[0].block_ids
-    assert len(full) == 3 and so.new_block_ids_to_zero == full[2:]
+    full, mamba = so.scheduled_new_reqs[0].block_ids
+    # The hit shares a's cached prompt block (id 1; a's prompt of 6 tokens
+    # fills one block); the second hit block stands in for an uncached one;
+    # only the third block is new, so only it is zeroed.
+    assert full[0] == 1 and len(full) == 3 and so.new_block_ids_to_zero == full[2:]
+    assert mamba[0] == 0  # the Mamba hit keeps only its last state
 
 
 def test_no_zeroing_without_the_runner_flag():
     p, plan = _preempt_resume("v1")
     assert to_scheduler_output(plan.steps[0], plan, p).new_block_ids_to_zero is None
+
+
+def test_resumed_requests_carry_their_real_sampled_tokens():
+    """Scheduler._make_cached_request_data sends prompt + outputs in
+    all_token_ids (V1), the V2 scheduler in prefill_token_ids: the driver's
+    history supplies the outputs, not zeros."""
+    from stepwarm.compile import OutputHistory
+
+    history = OutputHistory(sampled={"_stepwarm_a_": [41, 42]})
+    p, plan = _preempt_resume("v1")
+    c = to_scheduler_output(plan.steps[3], plan, p, tokens=history).scheduled_cached_reqs
+    assert c.all_token_ids["_stepwarm_a_"] == [0, 1, 2, 3, 4, 5, 41, 42]
+    p2, plan2 = _preempt_resume("v2")
+    (r,) = to_scheduler_output(plan2.steps[3], plan2, p2, tokens=history).scheduled_new_reqs
+    assert r.prefill_token_ids == [0, 1, 2, 3, 4, 5, 41, 42]
+    # Unknown outputs (no history) are still 0, as before.
+    c = to_scheduler_output(plan.steps[3], plan, p).scheduled_cached_reqs
+    assert c.all_token_ids["_stepwarm_a_"] == [0, 1, 2, 3, 4, 5, 0, 0]
+
+
+def test_a_running_request_not_scheduled_in_the_previous_step_gets_all_token_ids():
+    """V1's scheduler sends all_token_ids for a request absent from the
+    previous step (the runner dropped it from its persistent batch)."""
+    from stepwarm.compile import OutputHistory
+
+    p = _profile()
+    b = PlanBuilder(p)
+    for rid in ("_stepwarm_a_", "_stepwarm_b_"):
+        b.add_request(PlannedRequest(rid, 3))
+    b.step("prefill", "p", prefill={"_stepwarm_a_": 3, "_stepwarm_b_": 3})
+    b.step("decode", "a", decode={"_stepwarm_a_": 0})
+    b.step("decode", "ab", decode={"_stepwarm_a_": 0, "_stepwarm_b_": 0})
+    plan = b.build()
+    history = OutputHistory(sampled={"_stepwarm_a_": [7, 8], "_stepwarm_b_": [9]})
+    c = to_scheduler_output(plan.steps[1], plan, p, tokens=history).scheduled_cached_reqs
+    assert c.all_token_ids == {}
+    c = to_scheduler_output(plan.steps[2], plan, p, tokens=history).scheduled_cached_reqs
+    assert c.all_token_ids == {"_stepwarm_b_": [0, 1, 2, 9]}
+
+
+def test_drafts_come_from_the_expected_outputs_where_known():
+    from stepwarm.compile import OutputHistory
+
+    p = _profile(num_speculative_steps=2, decode_query_len=3, num_lookahead_tokens=2)
+    b = PlanBuilder(p)
+    for rid in ("_stepwarm_a_", "_stepwarm_b_"):
+        b.add_request(PlannedRequest(rid, 4))
+    b.step("prefill", "p", prefill={"_stepwarm_a_": 4, "_stepwarm_b_": 4})
+    b.step("spec_decode", "s", decode={"_stepwarm_a_": 2, "_stepwarm_b_": 2})
+    plan = b.build()
+    # a: outputs 0..1 known (the prefill sampled output 0; drafts are outputs 1, 2)
+    history = OutputHistory(expected={"_stepwarm_a_": [5, 6, 7, 8], "_stepwarm_b_": [3, 4]})
+    so = to_scheduler_output(plan.steps[1], plan, p, tokens=history)
+    assert so.scheduled_spec_decode_tokens == {"_stepwarm_a_": [6, 7], "_stepwarm_b_": [4, 0]}

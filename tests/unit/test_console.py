@@ -107,3 +107,29 @@ def test_engine_phases_follow_vllms_start_up_log():
     finally:
         log.removeHandler(handler)
     assert seen == ["loading the model", "profiling memory", "vLLM's own warmup", "engine ready"]
+
+
+def test_verify_table_shows_each_scenario_and_the_first_differing_step():
+    from stepwarm.console import verify_table
+    from stepwarm.verify import Divergence, VerifyReport
+
+    diff = Divergence(request="b", step=3, step_kind="resume", step_label="resume b",
+                      position=4, stepwarm=(7,), reference=(9,))
+    table = verify_table([
+        ("default", VerifyReport(plan="default", checked={"a": 2, "b": 3})),
+        ("preempt-resume", VerifyReport(plan="preempt-resume", checked={"b": 5},
+                                        differences=(diff,))),
+        ("mamba-align", VerifyReport(plan="mamba-align", skipped="vLLM's own scheduler failed")),
+        ("pooling", VerifyReport(plan="pooling", embedding_error={"p": 0.0})),
+        ("x", "StepFailed: step 2 failed"),
+    ])
+    buf = io.StringIO()
+    Console(file=buf, width=200, markup=False).print(table)
+    lines = buf.getvalue().splitlines()
+    row = lambda *words: any(all(w in line for w in words) for line in lines)  # noqa: E731
+    assert row("default", "equal", "2 requests, 5 tokens")
+    assert row("preempt-resume", "DIFFER", "1 requests, 5 tokens")
+    assert row("b", "3 (resume: resume b)", "4", "[7]", "[9]")
+    assert row("mamba-align", "skipped", "vLLM's own scheduler failed")
+    assert row("pooling", "equal", "1 embedded", "max |diff| 0.00e+00")
+    assert row("x", "error", "StepFailed: step 2 failed")

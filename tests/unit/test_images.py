@@ -84,11 +84,11 @@ def test_compiled_step_schedules_encoder_inputs_and_frees_them_at_finish():
     plan = Plan("t", (req,), (prefill, finish))
     ids = list(range(100, 120))
     images = {"_stepwarm_a_": RequestInputs(prompt_token_ids=ids, mm_features=[])}
-    out = to_scheduler_output(prefill, plan, p, {}, images)
+    out = to_scheduler_output(prefill, plan, p, {}, images=images)
     assert out.scheduled_encoder_inputs == {"_stepwarm_a_": [0, 1]}
     assert out.scheduled_new_reqs[0].prompt_token_ids == ids
     assert out.free_encoder_mm_hashes == []
-    out = to_scheduler_output(finish, plan, p, {}, images)
+    out = to_scheduler_output(finish, plan, p, {}, images=images)
     keys = ["_stepwarm_a_image0", "_stepwarm_a_image1"]
     assert out.free_encoder_mm_hashes == keys == encoder_cache_keys(plan, ["_stepwarm_a_"])
     assert cleanup_output({"_stepwarm_a_"}, keys).free_encoder_mm_hashes == keys

@@ -1,0 +1,52 @@
+"""Markdown tables from ``stepwarm coverage --compare --json`` files.
+
+    python benchmarks/coverage_table.py NAME=FILE.json [NAME=FILE.json ...]
+
+Prints one row per engine: first-traffic compiles, the sum of first-call
+excess ms and flagged requests, baseline vs stepwarm, and the seconds
+stepwarm's scenarios added to start-up; then, per engine, the requests that
+compiled and what.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def _flagged(rep: dict) -> dict[str, str]:
+    return rep["summary"]["flagged"]
+
+
+def main(pairs: list[str]) -> None:
+    rows, details = [], []
+    for pair in pairs:
+        name, _, path = pair.partition("=")
+        both = json.loads(Path(path).read_text())
+        b, s = both["baseline"], both["stepwarm"]
+        rows.append(
+            f"| {name} | {b['summary']['traffic_compiles']} | {s['summary']['traffic_compiles']} "
+            f"| {b['summary']['excess_ms']:.0f} | {s['summary']['excess_ms']:.0f} "
+            f"| {len(_flagged(b))} | {len(_flagged(s))} "
+            f"| {s['stepwarm_s']:.2f} | {b['startup_s']:.1f} / {s['startup_s']:.1f} |")
+        for mode, rep in (("baseline", b), ("stepwarm", s)):
+            for r in rep["requests"]:
+                k = {**r["compiles_first"], **r["compiles_second"]}
+                if k or _flagged(rep).get(r["name"]):
+                    details.append(f"| {name} | {mode} | {r['name']} | {r['first_ms']:.0f} / "
+                                   f"{r['second_ms']:.0f} | {r.get('first_worker_ms', 0):.0f} / "
+                                   f"{r.get('second_worker_ms', 0):.0f} | {', '.join(k) or '-'} |")
+    print("| engine | compiles, baseline | compiles, stepwarm | excess ms, baseline "
+          "| excess ms, stepwarm | flagged, baseline | flagged, stepwarm "
+          "| stepwarm's scenarios (s) | engine start-up s (baseline / stepwarm) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n".join(rows))
+    print()
+    print("| engine | run | request | first / second ms | of which in the worker | compiled |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    print("\n".join(details))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

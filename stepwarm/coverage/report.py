@@ -1,0 +1,257 @@
+"""The coverage report: data, verdict, JSON, rich tables, baseline beside stepwarm.
+
+A :class:`CoverageReport` is plain data (JSON in and out) so that two runs,
+each in its own process with its own fresh caches, can be printed side by
+side (:func:`print_comparison`).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from stepwarm.coverage.detectors import CompileEvent, merge
+from stepwarm.coverage.replay import RequestResult
+from stepwarm.coverage.startup import Where
+
+#: Default first/second latency ratio above which a request is flagged, and
+#: the excess (ms) its first run must also exceed, per device kind; None: the
+#: ratio is reported but does not gate. GPU: the issue's target (1.2) with a
+#: 10 ms floor (warm tiny-model requests take 5-30 ms there). CPU: off. On the
+#: shared 2-core machine CI runs on (load 5-12), requests with no compile had
+#: first runs 0.2-7.5 times their second, and single runs (first or second)
+#: 10 s slower than the other; no threshold tells the CPU build's one
+#: first-call compile (Inductor's logprobs kernel, 10-40 s there) from that
+#: noise, and the cache scan sees that compile anyway.
+DEFAULT_THRESHOLDS: dict[str, tuple[float | None, float]] = {
+    "gpu": (1.2, 10.0), "cpu": (None, 0.0)}
+
+
+@dataclass
+class StartupCompile:
+    """Kernels compiled in one part of start-up."""
+
+    where: str
+    owner: str
+    phase: str
+    step: int | None
+    #: kernel -> compiles (detectors merged).
+    kernels: dict[str, int]
+    #: Seconds after the engine start when the first of them was seen.
+    at_s: float
+    #: ``[kernel, variant]`` per compile the Triton hook saw (its specialization key).
+    variants: list[list[str]] = field(default_factory=list)
+
+
+@dataclass
+class CoverageReport:
+    """One ``stepwarm coverage`` run: start-up, then traffic."""
+
+    #: ``baseline`` (vLLM's warmup alone) or ``stepwarm`` (through the start-up hook).
+    mode: str
+    scenarios: list[str]
+    traffic: str
+    vllm_version: str
+    runner: str
+    model: str
+    device: str
+    detectors: list[str]
+    #: First/second ratio that fails a request (None: the ratio does not gate).
+    threshold: float | None
+    min_excess_ms: float
+    #: Seconds in ``LLM(...)`` (import of vLLM included).
+    startup_s: float = 0.0
+    #: Seconds stepwarm's scenarios took inside start-up (sum of their wall times).
+    stepwarm_s: float = 0.0
+    #: ``[phase, seconds after the engine start]``.
+    phases: list[list[Any]] = field(default_factory=list)
+    startup_compiles: list[StartupCompile] = field(default_factory=list)
+    #: Per scenario: plan, ok, skipped, wall_ms, start_s, and steps
+    #: ``[index, kind: label, start_s, end_s]`` (seconds after the engine start).
+    scenario_runs: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    #: Seconds after the engine start when the traffic began and ended.
+    traffic_s: list[float] = field(default_factory=list)
+
+    # -- verdict -----------------------------------------------------------
+
+    def flagged(self, r: dict[str, Any]) -> str:
+        """Why request ``r`` fails the gate ('' when it passes)."""
+        if r.get("error"):
+            return "error"
+        if r["compiles_first"] or r["compiles_second"]:
+            return "compiled"
+        if (self.threshold is not None and r["ratio"] > self.threshold
+                and r["excess_ms"] > self.min_excess_ms):
+            return f"ratio > {self.threshold:g}"
+        return ""
+
+    @property
+    def traffic_compiles(self) -> int:
+        """Compiles seen during traffic, both runs of every request."""
+        return sum(sum(r["compiles_first"].values()) + sum(r["compiles_second"].values())
+                   for r in self.requests)
+
+    @property
+    def excess_ms(self) -> float:
+        """Sum of first-call excess over every request (ms)."""
+        return sum(r["excess_ms"] for r in self.requests)
+
+    @property
+    def exit_code(self) -> int:
+        """1 when any request is flagged, else 0."""
+        return 1 if any(self.flagged(r) for r in self.requests) else 0
+
+    # -- JSON ----------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict, with the verdict."""
+        d = asdict(self)
+        d["summary"] = {"traffic_compiles": self.traffic_compiles,
+                        "excess_ms": round(self.excess_ms, 1),
+                        "startup_compiles": sum(sum(c.kernels.values())
+                                                for c in self.startup_compiles),
+                        "flagged": {r["name"]: self.flagged(r) for r in self.requests
+                                    if self.flagged(r)},
+                        "exit_code": self.exit_code}
+        return d
+
+    def save(self, path: Path) -> None:
+        """Write :meth:`to_dict` as JSON."""
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> CoverageReport:
+        """Read a report :meth:`save` wrote."""
+        d = json.loads(path.read_text())
+        d.pop("summary", None)
+        d["startup_compiles"] = [StartupCompile(**c) for c in d.get("startup_compiles", [])]
+        return cls(**d)
+
+
+def request_dict(r: RequestResult, t0: float) -> dict[str, Any]:
+    """A :class:`RequestResult` as report data (events as ``[detector, kernel, kind(, variant)]``,
+    ``at_s`` in seconds after the engine start ``t0``)."""
+    return {"line": r.line, "name": r.name, "at_s": round(r.started_at - t0, 3), "count": r.count, "prompt_len": r.prompt_len,
+            "sampling": {k: v for k, v in r.sampling.items() if k != "detokenize"},
+            "first_ms": round(r.first_ms, 2), "second_ms": round(r.second_ms, 2),
+            "first_worker_ms": round(r.first_worker_ms, 2),
+            "second_worker_ms": round(r.second_worker_ms, 2),
+            "ratio": round(r.ratio, 3), "excess_ms": round(r.excess_ms, 2),
+            "compiles_first": r.compiles_first, "compiles_second": r.compiles_second,
+            "events": [[e.detector, e.name, e.kind] + ([e.variant] if e.variant else [])
+                       for e in r.events],
+            "tokens": r.tokens, "error": r.error}
+
+
+def group_startup(attributed: list[tuple[CompileEvent, Where]], t0: float) -> list[StartupCompile]:
+    """Start-up compiles grouped by where they happened (detectors merged), in time order."""
+    groups: dict[Where, list[CompileEvent]] = collections.defaultdict(list)
+    for e, where in attributed:
+        groups[where].append(e)
+    out = [StartupCompile(where=str(w), owner=w.owner, phase=w.phase, step=w.step,
+                          kernels=merge(evs), at_s=round(min(e.at for e in evs) - t0, 3),
+                          variants=[[e.name, e.variant] for e in evs if e.variant])
+           for w, evs in groups.items()]
+    return sorted(out, key=lambda c: c.at_s)
+
+
+# -- printing -----------------------------------------------------------------
+
+def _sampling_text(s: dict[str, Any]) -> str:
+    shown = {k: v for k, v in s.items() if k not in ("ignore_eos", "max_tokens")}
+    return " ".join(f"{k}={v}" for k, v in shown.items()) or "-"
+
+
+def _kernels(k: dict[str, int]) -> str:
+    return ", ".join(n if c == 1 else f"{n} x{c}" for n, c in k.items()) or "-"
+
+
+def print_report(rep: CoverageReport, out: Console) -> None:
+    """Start-up compiles by phase / step, then one row per traffic request, then the verdict."""
+    if rep.startup_compiles:
+        t = Table(title=f"{rep.mode}: kernels compiled at start-up, by phase / scenario step",
+                  title_justify="left")
+        t.add_column("at s", justify="right")
+        t.add_column("where")
+        t.add_column("kernels")
+        for c in rep.startup_compiles:
+            t.add_row(f"{c.at_s:.1f}", c.where, _kernels(c.kernels))
+        out.print(t)
+    gate = ("compiled" if rep.threshold is None else f"compiled, or first/second > "
+            f"{rep.threshold:g} and {rep.min_excess_ms:g} ms slower")
+    t = Table(title=f"{rep.mode}: traffic ({rep.traffic}), each request twice; flagged: {gate}",
+              title_justify="left")
+    for col, just in (("line", "right"), ("request", "left"), ("n", "right"),
+                      ("prompt", "right"), ("sampling", "left"), ("1st ms", "right"),
+                      ("2nd ms", "right"), ("ratio", "right"), ("in worker", "right"),
+                      ("compiled (1st run)", "left"),
+                      ("", "left")):
+        t.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
+    for r in rep.requests:
+        why = rep.flagged(r)
+        kernels = _kernels(r["compiles_first"]) + (
+            f"; 2nd run: {_kernels(r['compiles_second'])}" if r["compiles_second"] else "")
+        t.add_row(str(r["line"]), r["name"], str(r["count"]), str(r["prompt_len"]),
+                  _sampling_text(r["sampling"]), f"{r['first_ms']:.1f}", f"{r['second_ms']:.1f}",
+                  f"{r['ratio']:.2f}",
+                  f"{r.get('first_worker_ms', 0):.1f} / {r.get('second_worker_ms', 0):.1f}",
+                  r["error"] or kernels,
+                  Text(why, style="bold red") if why else Text("ok", style="green"))
+    out.print(t)
+    out.print(summary_line(rep), soft_wrap=True)
+
+
+def summary_line(rep: CoverageReport) -> str:
+    """One line: start-up, stepwarm's share, traffic compiles, excess, verdict."""
+    n_bad = sum(1 for r in rep.requests if rep.flagged(r))
+    startup = sum(sum(c.kernels.values()) for c in rep.startup_compiles)
+    share = f" (stepwarm's scenarios {rep.stepwarm_s:.2f} s)" if rep.mode == "stepwarm" else ""
+    return (f"{rep.mode}: start-up {rep.startup_s:.1f} s{share}, "
+            f"{startup} kernel(s) compiled at start-up; traffic: {len(rep.requests)} request(s), "
+            f"{rep.traffic_compiles} compile(s), first-call excess {rep.excess_ms:.0f} ms in all; "
+            + (f"{n_bad} flagged" if n_bad else "none flagged")
+            + f" (detectors: {', '.join(rep.detectors)})")
+
+
+def print_comparison(base: CoverageReport, sw: CoverageReport, out: Console) -> None:
+    """Baseline and stepwarm side by side: per request, then totals."""
+    t = Table(title=f"baseline (vLLM's warmup) vs stepwarm ({', '.join(sw.scenarios)}): "
+              "first / second ms, compiles of the first run", title_justify="left")
+    for col in ("line", "request", "baseline 1st/2nd ms", "ratio", "compiled",
+                "stepwarm 1st/2nd ms", "ratio", "compiled"):
+        t.add_column(col, overflow="fold")
+    by_line = {r["line"]: r for r in sw.requests}
+    for b in base.requests:
+        s = by_line.get(b["line"])
+        cells = [str(b["line"]), b["name"], f"{b['first_ms']:.0f} / {b['second_ms']:.0f}",
+                 Text(f"{b['ratio']:.2f}", style="red" if base.flagged(b) else ""),
+                 _kernels(b["compiles_first"])]
+        cells += ([f"{s['first_ms']:.0f} / {s['second_ms']:.0f}",
+                   Text(f"{s['ratio']:.2f}", style="red" if sw.flagged(s) else ""),
+                   _kernels(s["compiles_first"])] if s else ["-", "-", "-"])
+        t.add_row(*cells)
+    out.print(t)
+    totals = Table(title="totals", title_justify="left")
+    for col in ("", "baseline", "stepwarm"):
+        totals.add_column(col, justify="left" if not col else "right")
+    rows = [
+        ("first-traffic compiles", base.traffic_compiles, sw.traffic_compiles),
+        ("sum of first-call excess (ms)", f"{base.excess_ms:.0f}", f"{sw.excess_ms:.0f}"),
+        ("flagged requests", sum(1 for r in base.requests if base.flagged(r)),
+         sum(1 for r in sw.requests if sw.flagged(r))),
+        ("kernels compiled at start-up", sum(sum(c.kernels.values()) for c in base.startup_compiles),
+         sum(sum(c.kernels.values()) for c in sw.startup_compiles)),
+        ("engine start-up (s)", f"{base.startup_s:.1f}", f"{sw.startup_s:.1f}"),
+        ("stepwarm's scenarios (s)", "-", f"{sw.stepwarm_s:.2f}"),
+    ]
+    for name, b, s in rows:
+        totals.add_row(name, str(b), str(s))
+    out.print(totals)

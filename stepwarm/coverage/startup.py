@@ -1,0 +1,78 @@
+"""Which part of start-up compiled each kernel: a vLLM phase, or a stepwarm scenario's step.
+
+Start-up is cut at the engine's phases (the times stepwarm's console saw
+vLLM's log say "loading the model", "vLLM's own warmup", ...) and at the
+step boundaries of every scenario the start-up hook ran
+(:class:`~stepwarm.driver.StepResult` ``started_at`` / ``ended_at``, carried
+by the reports the hook leaves on the worker). A compile seen at time ``t``
+belongs to the step whose window holds ``t``, else to the scenario's cleanup
+when ``t`` falls inside the scenario, else to the last vLLM phase begun by
+``t``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from stepwarm.coverage.detectors import CompileEvent
+from stepwarm.driver import RunReport
+
+#: Slack around a step's window (s): a cache file's mtime comes from the
+#: kernel's coarse clock, a few ms behind ``time.time()``.
+SLACK_S = 0.01
+#: The phase of compiles seen before vLLM logged any phase.
+START = "vLLM start-up"
+
+
+@dataclass(frozen=True)
+class Where:
+    """The part of start-up a compile happened in."""
+
+    #: ``vllm`` or ``stepwarm``.
+    owner: str
+    #: vLLM's phase, or the scenario's name.
+    phase: str
+    #: The scenario's step index (None: a vLLM phase, or the scenario's cleanup).
+    step: int | None = None
+    #: ``kind: label`` of the step, or ``cleanup``.
+    label: str = ""
+
+    def __str__(self) -> str:
+        if self.owner == "vllm":
+            return self.phase
+        return f"{self.phase} step {self.step} ({self.label})" if self.step is not None \
+            else f"{self.phase} {self.label}"
+
+
+def attribute(events: Iterable[CompileEvent], phases: Sequence[tuple[str, float]],
+              reports: Sequence[RunReport]) -> list[tuple[CompileEvent, Where]]:
+    """Attribute each start-up compile to a vLLM phase or a stepwarm step.
+
+    Args:
+        events: compiles seen during start-up.
+        phases: ``(phase, time.time() when it began)``, in order.
+        reports: the scenarios' reports (steps with ``started_at`` / ``ended_at``).
+
+    Returns:
+        ``(event, where)`` per event, in the events' order.
+    """
+    out = []
+    for e in events:
+        out.append((e, _where(e.at, phases, reports)))
+    return out
+
+
+def _where(t: float, phases: Sequence[tuple[str, float]], reports: Sequence[RunReport]) -> Where:
+    for r in reports:
+        for s in r.steps:
+            if s.started_at - SLACK_S <= t <= s.ended_at + SLACK_S:
+                return Where("stepwarm", r.plan, s.index, f"{s.kind}: {s.label}")
+    for r in reports:
+        if r.started_at and r.started_at - SLACK_S <= t <= r.ended_at + SLACK_S:
+            return Where("stepwarm", r.plan, None, "cleanup")
+    phase = START
+    for name, begun in phases:
+        if begun <= t:
+            phase = name
+    return Where("vllm", phase)

@@ -1,0 +1,263 @@
+"""Sampling in scenario files: presets, the ``sampling`` table, its sweeps, and
+its validation with vLLM's own ``SamplingParams``.
+
+A request's ``sampling`` is a preset name or a table of the
+``SamplingParams`` fields that change what the worker executes (see
+:class:`SamplingTable`). A field may be swept (``logprobs = { values = [1, 5,
+"max_logprobs"] }``): the request then stands for one request per
+combination (:func:`variants`). Each combination is built into a real
+``SamplingParams`` exactly as :func:`stepwarm.compile.sampling_params` builds
+it for the worker, and checked with ``SamplingParams.verify`` against the
+runner's facts (``max_logprobs``, ``vocab_size``, the speculator): what vLLM's
+front end would refuse is refused here, before any step, with vLLM's own
+message (:func:`refusal`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictInt,
+    Tag,
+    field_validator,
+)
+
+from stepwarm.expressions import ExpressionError
+from stepwarm.profile import RunnerProfile
+from stepwarm.scenario.sweeps import SIZE_HELP, Size, Sweep, sweep_values
+
+Preset = Literal["warmup", "greedy", "random", "seeded"]
+PRESET_HELP = ('"warmup" (SamplingParams.for_sampler_warmup(): every sampler feature), '
+               '"greedy" (temperature 0), "random" (temperature 1, nothing else: the '
+               'plain random path) or "seeded" (temperature 1, seed 0: per-request generators)')
+
+
+class FloatValues(BaseModel):
+    """``{ values = [0.5, 1.0] }``: a float field swept over these values."""
+
+    model_config = ConfigDict(extra="forbid")
+    values: list[float] = Field(min_length=1, description="The values, in order.")
+
+
+def _check_float(v: Any) -> Any:
+    if isinstance(v, dict):
+        if set(v) != {"values"}:
+            raise ValueError(f"got table with keys {sorted(v)}; allowed: a number or "
+                             "{ values = [<number>, ...] }")
+        return FloatValues.model_validate(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"got {type(v).__name__} {v!r}; allowed: a number or "
+                         "{ values = [<number>, ...] }")
+    return float(v)
+
+
+FloatField = Annotated[Union[float, FloatValues], BeforeValidator(_check_float)]
+_INT_HELP = "an integer: " + SIZE_HELP
+
+
+class SamplingTable(BaseModel):
+    """``sampling = { ... }``: ``SamplingParams`` fields; a field left out takes
+    ``SamplingParams``' default (so ``temperature`` is 1.0: random sampling).
+    Number fields may be swept; the request stands for one request per
+    combination of swept values."""
+
+    model_config = ConfigDict(extra="forbid")
+    temperature: FloatField | None = Field(default=None, description=(
+        "0: greedy; > 0 random (Gumbel-max / exponential sampling)."))
+    top_p: FloatField | None = Field(default=None, description="Nucleus sampling, (0, 1].")
+    top_k: Size | None = Field(default=None, description=(
+        "Top-k (0 or -1: off); " + _INT_HELP))
+    min_p: FloatField | None = Field(default=None, description=(
+        "Min-p, [0, 1]; vLLM refuses it with a speculator."))
+    seed: Size | None = Field(default=None, description=(
+        "A per-request generator seeded with this; " + _INT_HELP))
+    logprobs: Size | None = Field(default=None, description=(
+        "Logprobs of this many top tokens per sampled token (-1: the vocabulary), at most "
+        "max_logprobs; " + _INT_HELP))
+    prompt_logprobs: Size | None = Field(default=None, description=(
+        "Logprobs of this many top tokens per prompt token, at most max_logprobs; " + _INT_HELP))
+    presence_penalty: FloatField | None = Field(default=None, description="[-2, 2].")
+    frequency_penalty: FloatField | None = Field(default=None, description="[-2, 2].")
+    repetition_penalty: FloatField | None = Field(default=None, description="> 0 (1: off).")
+    min_tokens: Size | None = Field(default=None, description=(
+        "Stop tokens are masked until this many tokens were sampled (with stop_token_ids); "
+        + _INT_HELP))
+    stop_token_ids: list[StrictInt] | None = Field(default=None, description=(
+        "Token ids that stop the request (masked while below min_tokens)."))
+    bad_words: list[list[StrictInt]] | None = Field(default=None, description=(
+        "Banned token-id sequences, e.g. [[0], [1, 2]] (SamplingParams' bad_words "
+        "after tokenization)."))
+    allowed_token_ids: list[StrictInt] | None = Field(default=None, description=(
+        "Only these token ids may be sampled."))
+    logit_bias: dict[str, float] | None = Field(default=None, description=(
+        "Token id -> bias added to its logit, e.g. { 0 = -1.0, 7 = 0.5 }; vLLM refuses "
+        "it with a speculator."))
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_ids(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for k in v or {}:
+            if not k.lstrip("-").isdigit():
+                raise ValueError(f"logit_bias key {k!r} is not a token id; allowed: "
+                                 "integer token ids as keys, e.g. { 0 = -1.0 }")
+        return v
+
+
+def _sampling_tag(v: Any) -> str:
+    return "table" if isinstance(v, (dict, SamplingTable)) else "preset"
+
+
+Sampling = Annotated[
+    Union[Annotated[Preset, Tag("preset")], Annotated[SamplingTable, Tag("table")]],
+    Discriminator(_sampling_tag),
+]
+
+#: What a planned request carries: a preset name, or ``SamplingParams``
+#: keyword arguments as sorted (name, value) pairs (tuples for lists,
+#: ((token id, bias), ...) for logit_bias): hashable plain data.
+SamplingArgs = Union[str, tuple[tuple[str, Any], ...]]
+
+
+class SweepFieldError(ExpressionError):
+    """A sampling field's sweep cannot be expanded; ``field`` names it."""
+
+    def __init__(self, message: str, field: str):
+        super().__init__(message)
+        self.field = field
+
+
+def shown(args: SamplingArgs) -> str:
+    """Sampling args as a TOML-like table for messages: ``{ logprobs = 5 }``."""
+    if isinstance(args, str):
+        return repr(args)
+
+    def plain(k: str, v: Any) -> str:
+        if k == "logit_bias":
+            return "{ " + ", ".join(f"{t} = {b!r}" for t, b in v) + " }"
+        return repr(json.loads(json.dumps(v)))  # tuples as lists
+
+    return "{ " + ", ".join(f"{k} = {plain(k, v)}" for k, v in args) + " }"
+
+
+def variants(sampling: Preset | SamplingTable,
+             value: Callable[[Any, str], int]) -> list[SamplingArgs]:
+    """Every combination a request's ``sampling`` stands for, in field order
+    (the last field varies fastest).
+
+    Args:
+        sampling: a preset name or a table.
+        value: evaluates an integer expression of field ``name``
+            (``value(expr, name)``) against the runner's facts.
+
+    Raises:
+        SweepFieldError: a swept field's bounds (from
+            :func:`~stepwarm.scenario.sweeps.sweep_values`), naming the field.
+    """
+    if isinstance(sampling, str):
+        return [sampling]
+    axes: list[list[tuple[str, Any]]] = []
+    for name in SamplingTable.model_fields:
+        v = getattr(sampling, name)
+        if v is None:
+            continue
+        if isinstance(v, FloatValues):
+            axes.append([(name, x) for x in dict.fromkeys(v.values)])
+        elif isinstance(v, Sweep.__args__):  # type: ignore[attr-defined]
+            try:
+                swept = sweep_values(v, lambda e, what, n=name: value(e, n))
+            except ExpressionError as e:
+                raise SweepFieldError(str(e), name) from None
+            axes.append([(name, x) for x in swept])
+        elif name in ("top_k", "seed", "logprobs", "prompt_logprobs", "min_tokens"):
+            axes.append([(name, value(v, name))])
+        elif name == "logit_bias":
+            axes.append([(name, tuple(sorted((int(k), b) for k, b in v.items())))])
+        elif name == "bad_words":
+            axes.append([(name, tuple(tuple(w) for w in v))])
+        elif isinstance(v, list):
+            axes.append([(name, tuple(v))])
+        else:
+            axes.append([(name, v)])
+    return [tuple(sorted(combo)) for combo in itertools.product(*axes)]
+
+
+class _ModelFacts:
+    """What ``SamplingParams.verify`` reads off ``ModelConfig``, from a profile."""
+
+    def __init__(self, profile: RunnerProfile):
+        self.max_logprobs = profile.max_logprobs
+        self.max_model_len = profile.max_model_len
+        self.is_diffusion = False
+        self._vocab = profile.vocab_size
+
+    def get_vocab_size(self) -> int:
+        return self._vocab
+
+    def __getattr__(self, name: str) -> Any:  # a field a later vLLM reads: unset
+        return None
+
+
+def refusal(args: SamplingArgs, profile: RunnerProfile) -> tuple[str, str] | None:
+    """Why vLLM would refuse a request with these sampling args on this
+    runner, as (the field, vLLM's message), or None when it accepts them.
+
+    Builds the ``SamplingParams`` the worker would get
+    (:func:`stepwarm.compile.sampling_params`), so its ``__post_init__``
+    checks run, then ``SamplingParams.verify`` (the check vLLM's
+    ``InputProcessor`` runs on every request) with the runner's
+    ``max_logprobs``, ``vocab_size`` and speculator; ``bad_words`` token ids
+    must be below ``vocab_size`` (vLLM checks them after tokenizing). Returns
+    None without checking when vLLM cannot be imported.
+    """
+    if isinstance(args, str):
+        return None
+    try:
+        from stepwarm.compile import sampling_params
+
+        import vllm.sampling_params  # noqa: F401
+    except ImportError:  # pragma: no cover - stepwarm without vLLM
+        return None
+    fields = dict(args)
+    for words in fields.get("bad_words", ()):
+        bad = [t for t in words if not 0 <= t < profile.vocab_size]
+        if bad:
+            return "bad_words", (f"token id(s) {bad} in bad_words are out of the vocabulary "
+                                 f"(vocab_size {profile.vocab_size})")
+    try:
+        params = sampling_params(args, profile)
+        params.verify(_ModelFacts(profile), object() if profile.has_speculator else None,
+                      None, None)
+    except Exception as e:  # noqa: BLE001 - VLLMValidationError (0.32) is no ValueError
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        field = getattr(e, "parameter", None)
+        if field not in fields:
+            field = next((f for f in fields if f in msg and _set(f, fields[f])),
+                         next(iter(fields), None))
+        if profile.has_speculator and "speculative" in msg:
+            msg += f" (this runner has a speculator: num_speculative_steps {profile.num_speculative_steps})"
+        return str(field), msg
+    return None
+
+
+def _set(name: str, value: Any) -> bool:
+    """Whether a field's value turns its feature on (min_p 0 does not)."""
+    return bool(value) if name in ("min_p", "logit_bias") else True
+
+
+def has_prompt_logprobs(args: SamplingArgs) -> bool:
+    """Whether the request asks for prompt logprobs (vLLM then never serves
+    it from the prefix cache: ``SamplingParams.skip_reading_prefix_cache``).
+    Only tables are asked: the ``warmup`` preset (``prompt_logprobs = 1``)
+    keeps warming prefix hits as it always did."""
+    if isinstance(args, str):
+        return False
+    return dict(args).get("prompt_logprobs") is not None

@@ -1,0 +1,146 @@
+"""Sweeps: one size key standing for many values.
+
+A size (a request's ``prompt``, a step's ``tokens`` or ``batch``, an integer
+sampling field such as ``logprobs``) is an integer, an expression, or one of
+three sweep forms:
+
+- ``{ buckets = "LIMIT", min = ... }``: Triton's specialization classes
+  (``1``, a multiple of 16, neither) within ``min..LIMIT``
+  (:func:`stepwarm.expressions.buckets`);
+- ``{ range = [START, STOP], step = S }``: ``START, START + S, ...`` up to
+  ``STOP`` (both ends included when on the stride; ``step`` default 1);
+- ``{ values = [V, ...] }``: the values listed, in order, duplicates dropped.
+
+Every bound is an expression over runner facts. A sweep stands for at most
+:data:`MAX_SWEEP` values (a request each, or a step each).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, Union
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from stepwarm.expressions import ExpressionError, buckets
+
+#: Most values one sweep may stand for (requests or steps).
+MAX_SWEEP = 4096
+
+EXPR_HELP = ('an integer, or an expression string over runner facts such as '
+             '"max_num_batched_tokens // 2" or "block_size(0) * 2"')
+SIZE_HELP = (EXPR_HELP + ', or a sweep: { buckets = "<limit>" } (Triton classes 1, 16k, '
+             'neither), { range = [<start>, <stop>], step = <n> } or { values = [...] }')
+
+
+def check_expr(v: Any) -> Any:
+    """An integer or an expression string, else ValueError saying what is allowed."""
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
+        raise ValueError(f"got {type(v).__name__} {v!r}; allowed: {EXPR_HELP}")
+    return v
+
+
+Expr = Annotated[Union[int, str], BeforeValidator(check_expr)]
+
+
+class Buckets(BaseModel):
+    """A size swept over Triton's specialization classes: 1, a multiple of 16
+    and neither, within ``min..buckets`` (see ``stepwarm.expressions.buckets``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    buckets: Expr = Field(description="Upper limit (expression), e.g. \"max_num_batched_tokens\".")
+    min: Expr = Field(default=1, description="Lower limit (expression).")
+
+
+class Range(BaseModel):
+    """``{ range = [start, stop], step = n }``: start, start + n, ... up to stop (inclusive)."""
+
+    model_config = ConfigDict(extra="forbid")
+    range: list[Expr] = Field(min_length=2, max_length=2, description=(
+        "[start, stop], expressions; both ends included when stop is on the stride."))
+    step: Expr = Field(default=1, description="Stride (expression, >= 1).")
+
+
+class Values(BaseModel):
+    """``{ values = [...] }``: exactly these values, in order."""
+
+    model_config = ConfigDict(extra="forbid")
+    values: list[Expr] = Field(min_length=1, description="The values (expressions).")
+
+
+Sweep = Union[Buckets, Range, Values]
+_FORMS = {"buckets": Buckets, "range": Range, "values": Values}
+_FORMS_HELP = ('{ buckets = "<limit>" } with an optional min = <expression>, '
+               '{ range = [<start>, <stop>] } with an optional step = <expression>, '
+               'or { values = [<expression>, ...] }')
+
+
+def check_size(v: Any) -> Any:
+    """A size: an expression, or a table that is one of the sweep forms."""
+    if isinstance(v, dict):
+        forms = [k for k in _FORMS if k in v]
+        if len(forms) != 1:
+            raise ValueError(f"got table with keys {sorted(v)}; allowed: {_FORMS_HELP}")
+        model = _FORMS[forms[0]]
+        extra = sorted(set(v) - set(model.model_fields))
+        if extra:
+            raise ValueError(f"unknown key {extra[0]!r} in a {forms[0]} sweep; allowed keys: "
+                             + ", ".join(model.model_fields))
+        try:
+            return model.model_validate(v)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise ValueError(f"{forms[0]} sweep, {where}: {err['msg']} (got {err['input']!r}); "
+                             f"allowed: {_FORMS_HELP}") from None
+    return check_expr(v)
+
+
+Size = Annotated[Union[int, str, Buckets, Range, Values], BeforeValidator(check_size)]
+
+
+def describe(sweep: Sweep) -> str:
+    """The sweep as written, for messages: ``range [16, 4096] step 1``."""
+    if isinstance(sweep, Range):
+        return f"range [{sweep.range[0]!r}, {sweep.range[1]!r}] step {sweep.step!r}"
+    if isinstance(sweep, Values):
+        return f"values {sweep.values!r}"
+    return f"buckets {sweep.buckets!r} min {sweep.min!r}"
+
+
+def sweep_values(sweep: Sweep, value: Callable[[Any, str], int]) -> list[int]:
+    """The values a sweep stands for, in order, without duplicates.
+
+    Args:
+        sweep: the form.
+        value: evaluates one expression (``value(expr, what)``, ``what``
+            naming it for messages, e.g. "range start") to an int.
+
+    Raises:
+        ExpressionError: a range with ``stop < start`` or ``step < 1``,
+            bucket bounds out of order, or more than :data:`MAX_SWEEP`
+            values (the message names the sweep and the count).
+    """
+    if isinstance(sweep, Buckets):
+        lim, lo = value(sweep.buckets, "bucket limit"), value(sweep.min, "bucket min")
+        if lo > lim:
+            raise ExpressionError(f"bucket min {lo} is above the limit {lim}; "
+                                  "allowed: min <= buckets")
+        return list(buckets(lim, lo))
+    if isinstance(sweep, Range):
+        start, stop = value(sweep.range[0], "range start"), value(sweep.range[1], "range stop")
+        step = value(sweep.step, "range step")
+        if step < 1 or stop < start:
+            raise ExpressionError(
+                f"{describe(sweep)} is empty or backwards (start {start}, stop {stop}, "
+                f"step {step}); allowed: start <= stop and step >= 1")
+        count = (stop - start) // step + 1
+        if count > MAX_SWEEP:
+            raise ExpressionError(
+                f"{describe(sweep)} makes {count} values (start {start}, stop {stop}); "
+                f"allowed: at most {MAX_SWEEP} per sweep (a larger step, or a narrower range)")
+        return list(range(start, stop + 1, step))
+    out = list(dict.fromkeys(value(v, "value") for v in sweep.values))
+    if len(out) > MAX_SWEEP:
+        raise ExpressionError(f"values list of {len(out)} values; allowed: at most {MAX_SWEEP}")
+    return out

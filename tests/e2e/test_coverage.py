@@ -1,0 +1,80 @@
+"""`stepwarm coverage` as a user runs it, on the CPU build (embedded tiny Llama).
+
+On vLLM's CPU build the logprobs path compiles an Inductor (C++) kernel on
+its first call (``vllm/v1/sample/ops/logprobs.py``, ``torch.compile``);
+vLLM's own warmup leaves it to the first request asking for logprobs, and
+stepwarm's ``default`` compiles it at start-up (step 0 samples with logprobs).
+So the baseline fails the gate and stepwarm passes it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+TRAFFIC = "\n".join([
+    '{"name": "greedy 7", "prompt": 7, "sampling": {"temperature": 0.0}}',
+    '{"name": "logprobs 5", "prompt": 12, "sampling": {"temperature": 0.0, "logprobs": 5}}',
+    '{"name": "top-p batch 5", "prompt": 9, "count": 5, "sampling": {"temperature": 0.8, "top_p": 0.9}}',
+    '{"name": "prefix hit", "prompt": 300, "sampling": {"temperature": 0.0}, '
+    '"prefix": {"group": "sys", "tokens": 272}}',
+]) + "\n"
+
+
+def _stepwarm(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "stepwarm", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_compare_baseline_fails_on_the_logprobs_compile_and_stepwarm_passes(tmp_path):
+    traffic = tmp_path / "traffic.jsonl"
+    traffic.write_text(TRAFFIC)
+    out, svg = tmp_path / "both.json", tmp_path / "timeline.svg"
+    proc = _stepwarm("coverage", str(traffic), "-s", "default", "--compare", "--json", str(out),
+                     "--timeline", str(svg))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    both = json.loads(out.read_text())
+    base, sw = both["baseline"], both["stepwarm"]
+    assert (base["mode"], base["scenarios"], sw["mode"], sw["scenarios"]) == (
+        "baseline", [], "stepwarm", ["default"])
+    # Baseline: the first logprobs request compiled the Inductor kernel; nothing else did.
+    (logprobs,) = [r for r in base["requests"] if r["name"] == "logprobs 5"]
+    assert list(logprobs["compiles_first"]) == ["cpp_fused_ge_sum_0"]
+    assert logprobs["compiles_second"] == {} and logprobs["first_ms"] > logprobs["second_ms"]
+    assert base["summary"]["flagged"] == {"logprobs 5": "compiled"}
+    assert base["summary"]["exit_code"] == 1 and base["summary"]["traffic_compiles"] == 1
+    assert base["startup_compiles"] == [] and base["scenario_runs"] == []
+    # stepwarm: default's step 0 compiled it at start-up; traffic compiled nothing.
+    assert sw["summary"]["exit_code"] == 0 and sw["summary"]["traffic_compiles"] == 0
+    (startup,) = sw["startup_compiles"]
+    assert (startup["owner"], startup["phase"], startup["step"], startup["kernels"]) == (
+        "stepwarm", "default", 0, {"cpp_fused_ge_sum_0": 1})
+    (run,) = sw["scenario_runs"]
+    assert run["plan"] == "default" and run["ok"] and len(run["steps"]) == 8
+    assert run["start_s"] <= startup["at_s"] <= run["steps"][0][3] + 0.01
+    assert sw["stepwarm_s"] > 0 and sw["detectors"] == ["cache"] and sw["device"] == "cpu"
+    assert [r["tokens"] for r in sw["requests"]] == [[4, 4], [4, 4], [20, 20], [4, 4]]
+    for r in sw["requests"] + base["requests"]:  # the worker's share of each run
+        assert 0 < r["first_worker_ms"] <= r["first_ms"] and 0 < r["second_worker_ms"] <= r["second_ms"]
+    # On the CPU build the ratio is reported, compiles gate (README: Thresholds).
+    assert (sw["threshold"], base["threshold"]) == (None, None)
+    # Printed side by side.
+    assert "baseline (vLLM's warmup) vs stepwarm (default)" in proc.stdout
+    assert "first-traffic compiles" in proc.stdout
+    assert "default: 0 prefill: prefill 8 x 2 at " in svg.read_text()
+    assert "1 compile(s): cpp_fused_ge_sum_0</title>" in svg.read_text()
+
+
+def test_a_bad_traffic_line_exits_2_before_the_engine_starts(tmp_path):
+    traffic = tmp_path / "traffic.jsonl"
+    traffic.write_text('{"prompt": 7}\n{"prompt": 7, "sampling": {"top_k": -5}}\n')
+    proc = _stepwarm("coverage", str(traffic), "-s", "default")
+    assert proc.returncode == 2
+    assert f"{traffic}:2: sampling.top_k: vLLM's SamplingParams refused it: top_k must be " \
+           in proc.stderr
+    assert "starting vLLM engine" not in proc.stdout

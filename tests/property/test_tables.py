@@ -1,0 +1,99 @@
+"""Property (e): block tables exactly as vLLM's scheduler builds them.
+
+After every step of a lifecycle with prefix-cache hits (each waiting request
+may look its prompt up with ``get_computed_blocks``; every prompt is the same
+token sequence, so earlier requests' cached blocks hit, and stepwarm takes
+the hit as a ``prefix_hit`` of the same length), per live request and group:
+
+- the block table equals ``KVCacheManager.get_block_ids``, null placeholders
+  in the same positions;
+- the block ids a step sends (``NewRequestData.block_ids`` /
+  ``CachedRequestData.new_block_ids``) equal what the scheduler sends;
+- ``new_block_ids_to_zero`` equals ``KVCacheManager.take_new_block_ids()``;
+- the pool's free block count equals ``BlockPool.get_num_free_blocks()``;
+- refusal parity: stepwarm refuses a step iff vLLM's manager cannot allocate
+  it (the other direction is asserted in the machine itself).
+
+Ids are compared exactly without prefix caching. With prefix caching the
+ledger's free-queue order approximates which freed blocks keep a cache entry
+(``cache_blocks`` hashes output blocks too, and partial tails in 0.32), so
+there ids are compared up to renumbering: null positions, lengths, counts,
+and which positions share a block.
+"""
+
+from hypothesis.stateful import invariant
+
+from stepwarm.compile import to_scheduler_output
+from tests.property.machine import Lifecycle
+
+
+def shape(tables) -> tuple:
+    """Tables with every non-null id replaced by its order of first
+    appearance (0 stays 0): equal shapes mean equal tables up to renumbering."""
+    seen: dict[int, int] = {0: 0}
+    return tuple(tuple(seen.setdefault(i, len(seen)) for i in t) for t in tables)
+
+
+class Tables(Lifecycle):
+    def _same(self, ours, theirs) -> bool:
+        ours = tuple(tuple(t) for t in ours)
+        theirs = tuple(tuple(t) for t in theirs)
+        if self.cfg.enable_caching:
+            return shape(ours) == shape(theirs)
+        return ours == theirs
+
+    @invariant()
+    def tables_match_oracle(self) -> None:
+        if self.builder is None:
+            return
+        ledger = self.builder.ledger
+        for rid in self.live():
+            sw, orc = ledger.held(rid), self.oracle.block_ids(rid)
+            assert self._same(sw, orc), (
+                f"{rid}: stepwarm's block table {sw}, vLLM's {tuple(map(tuple, orc))} "
+                f"(specs {[s.kind for s in self.cfg.specs]}, {self.computed[rid]} computed)")
+
+    @invariant()
+    def free_blocks_match_oracle(self) -> None:
+        if self.builder is None:
+            return
+        assert self.builder.ledger.num_free == self.oracle.num_free(), (
+            f"stepwarm's pool has {self.builder.ledger.num_free} free blocks, "
+            f"vLLM's {self.oracle.num_free()}")
+
+    @invariant()
+    def step_block_ids_match_oracle(self) -> None:
+        step = self.last_step
+        if step is None:
+            return
+        for row in step.scheduled:
+            if row.new or row.resumed:
+                want = self.oracle.block_ids(row.req_id)
+            else:
+                want = self.oracle_new[row.req_id]
+            assert self._same(row.block_ids, want), (
+                f"{row.req_id}: stepwarm sends block ids {row.block_ids}, vLLM's "
+                f"scheduler {tuple(map(tuple, want))}")
+
+    @invariant()
+    def zeroed_blocks_match_oracle(self) -> None:
+        step = self.last_step
+        if step is None:
+            return
+        out = to_scheduler_output(step, self.builder.build(), self.profile)
+        ours = list(getattr(out, "new_block_ids_to_zero", None) or [])
+        theirs = self.oracle_zero
+        if self.cfg.enable_caching:
+            assert len(ours) == len(theirs), (ours, theirs)
+        else:
+            assert ours == theirs, (
+                f"new_block_ids_to_zero: stepwarm {ours}, vLLM's scheduler {theirs}")
+
+    @invariant()
+    def refusal_parity(self) -> None:
+        if self.last_refused:
+            assert self.oracle_refused, (
+                "stepwarm refused a step for blocks that vLLM's KVCacheManager allocates")
+
+
+TestTables = Tables.TestCase

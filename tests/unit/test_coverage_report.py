@@ -1,0 +1,180 @@
+"""``stepwarm coverage`` without an engine: the cache-scan detector on real
+files, merging detectors, start-up attribution to phases and scenario steps,
+the verdict, JSON round trip and the SVG timeline."""
+
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+
+from stepwarm.coverage.detectors import CacheScan, CompileEvent, JitMonitorLog, merge
+from stepwarm.coverage.report import CoverageReport, group_startup
+from stepwarm.coverage.startup import Where, attribute
+from stepwarm.coverage.timeline import timeline_svg
+from stepwarm.driver import RunReport, StepResult
+
+INDUCTOR_PY = """
+from torch._inductor.runtime import triton_heuristics
+triton_per_fused_ge_sum_0 = async_compile.triton('triton_per_fused_ge_sum_0', '''
+...''')
+cpp_fused_ge_sum_1 = async_compile.cpp_pybinding(['const float*'], '''...''')
+async_compile.wait(globals())
+"""
+
+
+def _touch(path, text="{}", mtime=None):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+
+
+def test_cache_scan_sees_new_triton_and_inductor_kernels_once(tmp_path, monkeypatch):
+    for var in ("TRITON_CACHE_DIR", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    scan = CacheScan.use_fresh_dirs(tmp_path)
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "triton_cache_dir")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "torchinductor_cache_dir")
+    triton = tmp_path / "triton_cache_dir"
+    _touch(triton / "AB12" / "__grp___topk_topp_kernel.json", mtime=100.0)
+    _touch(triton / "AB12" / "_topk_topp_kernel.cubin")
+    assert scan.poll() == [CompileEvent("cache", "_topk_topp_kernel", "triton", 100.0)]
+    assert scan.poll() == []  # seen once
+    inductor = tmp_path / "torchinductor_cache_dir"
+    _touch(inductor / "ca" / "ca5fo.py", INDUCTOR_PY, mtime=200.0)
+    # Inductor's Triton kernel also leaves a group file: one compile, not two.
+    _touch(tmp_path / "vllm_cache_root" / "x" / "__grp__triton_per_fused_ge_sum_0.json",
+           mtime=200.5)
+    _touch(triton / "CD34" / "__grp___zero_kv_blocks_kernel.json", mtime=150.0)
+    assert [(e.name, e.kind, e.at) for e in scan.poll()] == [
+        ("_zero_kv_blocks_kernel", "triton", 150.0),
+        ("cpp_fused_ge_sum_1", "inductor", 200.0),
+        ("triton_per_fused_ge_sum_0", "inductor", 200.0),
+    ]
+    scan.remove()  # a directory the user gave is left alone
+    assert (triton / "AB12" / "__grp___topk_topp_kernel.json").is_file()
+    own = CacheScan.use_fresh_dirs()  # a temporary one is removed
+    assert own.root.is_dir() and os.environ["VLLM_CACHE_ROOT"].startswith(str(own.root))
+    own.remove()
+    assert not own.root.exists()
+
+
+def test_vllm_monitor_lines_become_events():
+    import logging
+
+    handler = JitMonitorLog()
+    record = logging.LogRecord(
+        "vllm.utils.jit_monitor", logging.WARNING, "jit_monitor.py", 1,
+        "%s %s during inference: %s%s. This causes a latency spike; consider extending warmup "
+        "to cover this shape/config.",
+        ("Triton", "kernel JIT compilation", "_topk_log_softmax_kernel",
+         " (constexprs={BLOCK=1024})"), None)
+    handler.handle(record)
+    handler.handle(logging.LogRecord("vllm.utils.jit_monitor", logging.WARNING, "x", 1,
+                                     "Kernel JIT monitor activated", None, None))
+    assert handler.poll() == [CompileEvent("jit-monitor", "_topk_log_softmax_kernel", "triton",
+                                           record.created)]
+    assert handler.poll() == []
+
+
+def test_merge_counts_a_kernel_seen_by_several_detectors_once():
+    events = [CompileEvent("cache", "k", "triton", 1.0), CompileEvent("triton-hook", "k", "triton", 1.0),
+              CompileEvent("triton-hook", "k", "triton", 2.0),
+              CompileEvent("cache", "cpp_fused_0", "inductor", 3.0)]
+    assert merge(events) == {"cpp_fused_0": 1, "k": 2}
+
+
+def _step(index, kind, start, end):
+    return StepResult(index=index, kind=kind, label=f"{kind} [0]", num_reqs=1,
+                      num_scheduled_tokens=1, num_spec_tokens=0, new_blocks=[0], held_blocks={},
+                      wall_ms=(end - start) * 1e3, started_at=start, ended_at=end)
+
+
+def _reports():
+    return [RunReport(plan="default", runner="v2", model="m", wall_ms=600.0,
+                      started_at=50.0, ended_at=50.6,
+                      steps=[_step(0, "prefill", 50.0, 50.3), _step(1, "decode", 50.31, 50.5)])]
+
+
+def test_startup_compiles_go_to_the_phase_or_step_that_ran_them():
+    phases = [("loading the model", 10.0), ("vLLM's own warmup", 40.0), ("engine ready", 51.0)]
+    ev = [CompileEvent("triton-hook", n, "triton", t) for n, t in [
+        ("early", 5.0), ("load", 12.0), ("warm", 45.0), ("s0", 50.2), ("s1", 50.505),
+        ("clean", 50.58), ("late", 52.0)]]
+    got = [str(w) for _, w in attribute(ev, phases, _reports())]
+    assert got == ["vLLM start-up", "loading the model", "vLLM's own warmup",
+                   "default step 0 (prefill: prefill [0])", "default step 1 (decode: decode [0])",
+                   "default cleanup", "engine ready"]
+    grouped = group_startup(attribute(ev[3:5] + ev[3:4], phases, _reports()), t0=0.0)
+    assert [(g.where, g.kernels, g.step) for g in grouped] == [
+        ("default step 0 (prefill: prefill [0])", {"s0": 2}, 0),
+        ("default step 1 (decode: decode [0])", {"s1": 1}, 1)]
+    assert Where("vllm", "x") != Where("stepwarm", "x", 0)
+
+
+def _request(name, first, second, compiles=None, error=None):
+    return {"line": 1, "name": name, "at_s": 60.0, "count": 1, "prompt_len": 7,
+            "sampling": {"temperature": 0.0}, "first_ms": first, "second_ms": second,
+            "ratio": first / second if second else 1.0, "excess_ms": max(0.0, first - second),
+            "compiles_first": compiles or {}, "compiles_second": {}, "events": [],
+            "tokens": [4, 4], "error": error}
+
+
+def _report(**kw):
+    rep = CoverageReport(mode="stepwarm", scenarios=["default"], traffic="t.jsonl",
+                         vllm_version="0.26.0", runner="v2", model="m", device="gpu",
+                         detectors=["cache"], threshold=1.2, min_excess_ms=10.0,
+                         phases=[["loading the model", 1.0]], **kw)
+    rep.startup_compiles = group_startup(
+        attribute([CompileEvent("cache", "s0", "triton", 50.2)], [], _reports()), t0=0.0)
+    rep.scenario_runs = [{"plan": "default", "ok": True, "skipped": "", "wall_ms": 600.0,
+                          "start_s": 50.0, "end_s": 50.6,
+                          "steps": [[0, "prefill: prefill [0]", 50.0, 50.3]]}]
+    return rep
+
+
+def test_the_verdict_compiles_ratio_with_floor_and_errors(tmp_path):
+    rep = _report()
+    rep.requests = [_request("warm", 20.0, 19.0), _request("small", 15.0, 10.0),
+                    _request("slow", 300.0, 20.0)]
+    assert [rep.flagged(r) for r in rep.requests] == ["", "", "ratio > 1.2"]
+    assert rep.exit_code == 1 and rep.excess_ms == 286.0
+    rep.requests = [_request("warm", 20.0, 19.0),
+                    _request("compiled", 21.0, 20.0, {"_topk_log_softmax_kernel": 1})]
+    assert [rep.flagged(r) for r in rep.requests] == ["", "compiled"]
+    assert rep.traffic_compiles == 1 and rep.exit_code == 1
+    rep.requests = [_request("warm", 20.0, 19.0)]
+    assert rep.exit_code == 0
+    rep.threshold = None  # the ratio reported, not gating (the CPU build's default)
+    rep.requests = [_request("slow", 30000.0, 20.0)]
+    assert rep.flagged(rep.requests[0]) == "" and rep.exit_code == 0
+    rep.threshold = 1.2
+    rep.requests = [_request("warm", 20.0, 19.0)]
+    rep.requests.append(_request("broken", 0.0, 0.0, error="RuntimeError: boom"))
+    assert rep.exit_code == 1
+    path = tmp_path / "r.json"
+    rep.save(path)
+    back = CoverageReport.load(path)
+    assert back.to_dict() == rep.to_dict()
+    assert back.to_dict()["summary"] == {"traffic_compiles": 0, "excess_ms": 1.0,
+                                         "startup_compiles": 1,
+                                         "flagged": {"broken": "error"}, "exit_code": 1}
+
+
+def test_timeline_is_svg_with_a_column_per_phase_step_and_request():
+    rep = _report()
+    rep.requests = [_request("compiled", 21.0, 20.0, {"_topk_log_softmax_kernel": 1})]
+    svg = timeline_svg(rep)
+    root = ET.fromstring(svg)
+    titles = [t.text for t in root.iter("{http://www.w3.org/2000/svg}title")]
+    assert titles == ["vLLM: loading the model at 1.00 s: 0 compile(s)",
+                      "default: 0 prefill: prefill [0] at 50.00 s: 1 compile(s): s0",
+                      "traffic: compiled at 60.00 s: 1 compile(s): _topk_log_softmax_kernel"]
+
+
+def test_compare_children_get_every_argument_but_the_parents_outputs():
+    from stepwarm.coverage.compare import child_args
+
+    assert child_args(["t.jsonl", "--compare", "-s", "default", "--json", "o.json",
+                       "--timeline=t.svg", "-e", "max_num_seqs=4", "--threshold", "2"]) == [
+        "t.jsonl", "-s", "default", "-e", "max_num_seqs=4", "--threshold", "2"]

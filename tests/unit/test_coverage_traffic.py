@@ -1,0 +1,158 @@
+"""The traffic file of ``stepwarm coverage``: every bad field is an error naming
+the file, the line and the field, before any engine starts; prompts made up
+for replay are distinct where they must be and shared where a prefix says so."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stepwarm.coverage.traffic import (
+    SAMPLING_DEFAULTS,
+    TrafficError,
+    TrafficLimits,
+    builtin_path,
+    check_limits,
+    load_traffic,
+    loads_traffic,
+    make_sampling_params,
+    prompts_for,
+)
+
+GOOD = '{"prompt": 7}'
+
+
+def _error(*lines: str) -> str:
+    with pytest.raises(TrafficError) as e:
+        loads_traffic("\n".join(lines), "t.jsonl")
+    return str(e.value)
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"prompt": 0}', "t.jsonl:2: prompt: 0: allowed: a length (an integer > 0) or a list of "
+                      "token ids (integers >= 0)"),
+    ('{"prompt": "abc"}', "t.jsonl:2: prompt: 'abc': allowed: a length"),
+    ('{"prompt": [1, -2]}', "t.jsonl:2: prompt: [1, -2]: allowed:"),
+    ('{"count": 2}', "t.jsonl:2: prompt: Field required"),
+    ('{"prompt": 5, "count": 0}', "t.jsonl:2: count: Input should be greater than 0"),
+    ('{"prompt": 5, "count": "a"}', "t.jsonl:2: count: Input should be a valid integer"),
+    ('{"prompt": 5, "extra": 1}',
+     "t.jsonl:2: extra: unknown field; allowed: name, prompt, count, sampling, prefix"),
+    ('{"prompt": 5, "prefix": {"group": "g", "tokenz": 5}}',
+     "t.jsonl:2: prefix.tokenz: unknown field; allowed: group, tokens"),
+    ('{"prompt": 5, "prefix": {"group": "", "tokens": 2}}',
+     "t.jsonl:2: prefix.group: String should have at least 1 character"),
+    ('{"prompt": 5, "prefix": {"group": "g", "tokens": 5}}',
+     "t.jsonl:2: prefix.tokens: 5 must be less than the prompt's 5 tokens"),
+    ('{"prompt": 5, "sampling": {"tempx": 1}}', "t.jsonl:2: sampling.tempx: not a SamplingParams field"),
+    ('{"prompt": 5, "sampling": {"temperature": -1}}',
+     "t.jsonl:2: sampling.temperature: vLLM's SamplingParams refused it: temperature must be "
+     "non-negative, got -1.0."),
+    ('{"prompt": 5, "sampling": {"temperature": "hot"}}',
+     "t.jsonl:2: sampling.temperature: vLLM's SamplingParams refused it: Expected `float`, got `str`"),
+    ('{"prompt": 5, "sampling": {"top_p": 2}}',
+     "t.jsonl:2: sampling.top_p: vLLM's SamplingParams refused it: top_p must be in (0, 1], got 2"),
+    ('{"prompt": 5, "sampling": {"min_p": 3}}',
+     "t.jsonl:2: sampling.min_p: vLLM's SamplingParams refused it: min_p must be in [0, 1], got 3"),
+    ('{"prompt": 5, "sampling": {"seed": "x"}}',
+     "t.jsonl:2: sampling.seed: vLLM's SamplingParams refused it: Expected `int | null`, got `str`"),
+    ('{"prompt": 5, "sampling": {"max_tokens": 0}}',
+     "t.jsonl:2: sampling.max_tokens: vLLM's SamplingParams refused it: max_tokens must be at least 1"),
+    ('{"prompt": 5, "sampling": {"logprobs": "many"}}',
+     "t.jsonl:2: sampling.logprobs: 'many': allowed: a number or \"max\""),
+    ('{"prompt": 5, "sampling": {"logit_bias": {"a": 1.0}}}',
+     "t.jsonl:2: sampling.logit_bias: vLLM's SamplingParams refused it: Expected `int`, got `str`"),
+    ('[1]', "t.jsonl:2: expected a JSON object (one request a line), got list"),
+    ('{"prompt": 5', "t.jsonl:2:13: invalid JSON: Expecting ',' delimiter"),
+])
+def test_each_bad_field_is_named_with_its_line(line, message):
+    assert _error(GOOD, line).startswith(message)
+
+
+def test_blank_lines_count_for_line_numbers_and_an_empty_file_is_an_error():
+    assert _error(GOOD, "", '{"prompt": 0}').startswith("t.jsonl:3: prompt: 0:")
+    assert _error("", "  ") == "t.jsonl: no request (one JSON object a line)"
+
+
+def test_files_that_cannot_be_read(tmp_path):
+    with pytest.raises(TrafficError, match=r"missing\.jsonl: cannot read: No such file"):
+        load_traffic(tmp_path / "missing.jsonl")
+    bad = tmp_path / "latin1.jsonl"
+    bad.write_bytes(b'{"name": "caf\xe9", "prompt": 3}\n')
+    with pytest.raises(TrafficError, match=r"latin1\.jsonl: not UTF-8 \(byte 13\)"):
+        load_traffic(bad)
+
+
+def test_sampling_defaults_max_and_json_keys_reach_vllm():
+    (tl,) = loads_traffic('{"prompt": 5, "sampling": {"logprobs": "max", "logit_bias": '
+                          '{"5": 2.0}, "max_tokens": 9}}', "t.jsonl").lines
+    kwargs = tl.request.sampling_kwargs(max_logprobs=20)
+    assert kwargs == {"max_tokens": 9, "ignore_eos": True, "detokenize": False,
+                      "logprobs": 20, "logit_bias": {"5": 2.0}}
+    params = make_sampling_params(kwargs)
+    assert (params.logprobs, params.max_tokens, params.ignore_eos, params.logit_bias) == (
+        20, 9, True, {5: 2.0})
+    assert SAMPLING_DEFAULTS == {"max_tokens": 4, "ignore_eos": True, "detokenize": False}
+
+
+def test_engine_limits_are_checked_per_line_and_field():
+    traffic = loads_traffic("\n".join([
+        GOOD,
+        '{"prompt": 510, "sampling": {"max_tokens": 4}}',
+    ]), "t.jsonl")
+    limits = TrafficLimits(max_model_len=512, vocab_size=512, max_logprobs=20)
+    with pytest.raises(TrafficError) as e:
+        check_limits(traffic, limits)
+    assert str(e.value) == ("t.jsonl:2: prompt: 510 tokens + max_tokens 4 = 514 > the engine's "
+                            "max_model_len 512")
+    ids = loads_traffic('{"prompt": [3, 600]}', "t.jsonl")
+    with pytest.raises(TrafficError, match=r"^t\.jsonl:1: prompt: token id 600 >= the model's "
+                                           r"vocab_size 512$"):
+        check_limits(ids, limits)
+    lp = loads_traffic('{"prompt": 3, "sampling": {"prompt_logprobs": 21}}', "t.jsonl")
+    with pytest.raises(TrafficError, match=r"^t\.jsonl:1: sampling\.prompt_logprobs: 21 > the "
+                                           r"engine's max_logprobs 20"):
+        check_limits(lp, limits)
+    check_limits(loads_traffic('{"prompt": 3, "sampling": {"logprobs": "max"}}', "t.jsonl"), limits)
+
+
+def test_made_up_prompts_are_distinct_and_prefix_lines_share_their_group():
+    traffic = loads_traffic("\n".join([
+        '{"prompt": 9, "count": 40}',
+        '{"prompt": 40, "prefix": {"group": "sys", "tokens": 32}}',
+        '{"prompt": 36, "count": 3, "prefix": {"group": "sys", "tokens": 32}}',
+        '{"prompt": [5, 6, 7], "count": 2}',
+    ]), "t.jsonl")
+    batch, prefix_a, prefix_b, ids = traffic.lines
+    first, priming = prompts_for(batch, 0, vocab_size=512)
+    second, _ = prompts_for(batch, 1, vocab_size=512)
+    assert priming is None and len(first) == 40 and all(len(p) == 9 for p in first)
+    assert len({p[0] for p in first + second}) == 80  # no request shares a first block
+    assert all(3 <= t < 512 for p in first for t in p)
+    a, prime_a = prompts_for(prefix_a, 0, 512)
+    b, prime_b = prompts_for(prefix_b, 1, 512)
+    assert [len(p) for p in a + b] == [40, 36, 36, 36]
+    assert {tuple(p[:32]) for p in a + b} == {tuple(prime_a[:32])} == {tuple(prime_b[:32])}
+    assert len(prime_a) == 33 and len({tuple(p[32:]) for p in b}) == 3
+    assert prompts_for(ids, 1, 512) == ([[5, 6, 7], [5, 6, 7]], None)
+
+
+def test_the_builtin_traffic_covers_the_classes_it_promises():
+    traffic = load_traffic(None)
+    assert traffic.source == str(builtin_path())
+    reqs = [tl.request for tl in traffic.lines]
+    assert {r.count for r in reqs} == {1, 5, 16, 40}
+    assert {r.prompt_len for r in reqs if r.count == 1} >= {1, 7, 16, 33, 300}
+    samplings = [r.sampling for r in reqs]
+    assert {s.get("logprobs") for s in samplings} >= {1, 5, "max"}
+    assert any("prompt_logprobs" in s for s in samplings)
+    assert any("seed" in s for s in samplings) and any("min_p" in s for s in samplings)
+    assert any(s.get("temperature") == 0.7 and len(s) == 1 for s in samplings)  # temperature only
+    assert any("top_k" in s and "top_p" not in s for s in samplings)
+    assert any("repetition_penalty" in s for s in samplings)
+    assert sum(1 for r in reqs if r.prefix is not None) == 2
+    assert any(isinstance(r.prompt, list) for r in reqs)
+    limits = TrafficLimits(max_model_len=512, vocab_size=512, max_logprobs=20)
+    check_limits(traffic, limits)  # fits the embedded tiny Llama's engine
+    assert all(json.loads(line) for line in builtin_path().read_text().splitlines())

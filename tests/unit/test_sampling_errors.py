@@ -1,0 +1,141 @@
+"""Bad sampling tables, presets and sweeps: the exact message, naming the
+file, the line and the field (``sampling.<field>`` inside a sampling table),
+checked with vLLM's own ``SamplingParams`` before any step; no engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.unit.test_scenario_errors import bad, profile
+
+SPEC = dict(num_speculative_steps=2)
+A = '[requests.a]\nprompt = 10\n'
+STEP = '\n[[steps]]\nkind = "prefill"\nrequests = ["a"]\n'
+
+#: name -> (file text, profile overrides, line, field, message after the file name)
+CASES = {
+    "logprobs_over_max": (
+        A + 'sampling = { logprobs = 21 }\n' + STEP,
+        {}, 3, 'sampling.logprobs',
+        ":3: request 'a', field 'sampling.logprobs': vLLM's SamplingParams refuses { logprobs = 21 }: Requested sample logprobs of 21, which is greater than max allowed: 20 (parameter=logprobs, value=21); allowed: what vLLM accepts on this runner (max_logprobs 20, vocab_size 100, num_speculative_steps 0)"),
+    "prompt_logprobs_sweep": (
+        A + '\n[requests.a.sampling]\ntemperature = 0.0\nprompt_logprobs = { values = [1, "max_logprobs + 1"] }\n' + STEP,
+        {}, 6, 'sampling.prompt_logprobs',
+        ":6: request 'a', field 'sampling.prompt_logprobs': vLLM's SamplingParams refuses { prompt_logprobs = 21, temperature = 0.0 }: Requested prompt logprobs of 21, which is greater than max allowed: 20 (parameter=prompt_logprobs, value=21); allowed: what vLLM accepts on this runner (max_logprobs 20, vocab_size 100, num_speculative_steps 0)"),
+    "top_p": (
+        A + '\n[requests.a.sampling]\ntop_p = 2.0\n' + STEP,
+        {}, 5, 'sampling.top_p',
+        ":5: request 'a', field 'sampling.top_p': vLLM's SamplingParams refuses { top_p = 2.0 }: top_p must be in (0, 1], got 2.0. (parameter=top_p, value=2.0); allowed: what vLLM accepts on this runner (max_logprobs 20, vocab_size 100, num_speculative_steps 0)"),
+    "temperature_neg": (
+        A + 'sampling = { temperature = -1 }\n' + STEP,
+        {}, 3, 'sampling.temperature',
+        ":3: request 'a', field 'sampling.temperature': vLLM's SamplingParams refuses { temperature = -1.0 }: temperature must be non-negative, got -1.0. (parameter=temperature, value=-1.0); allowed: what vLLM accepts on this runner (max_logprobs 20, vocab_size 100, num_speculative_steps 0)"),
+    "unknown_key": (
+        A + 'sampling = { topk = 3 }\n' + STEP,
+        {}, 3, 'sampling.topk',
+        ":3: request 'a', field 'sampling.topk': unknown key 'sampling.topk' (did you mean 'top_k'?); allowed keys: allowed_token_ids, bad_words, frequency_penalty, logit_bias, logprobs, min_p, min_tokens, presence_penalty, prompt_logprobs, repetition_penalty, seed, stop_token_ids, temperature, top_k, top_p"),
+    "wrong_type": (
+        A + '\n[requests.a.sampling]\ntemperature = "hot"\n' + STEP,
+        {}, 5, 'sampling.temperature',
+        ":5: request 'a', field 'sampling.temperature': got str 'hot'; allowed: a number or { values = [<number>, ...] }"),
+    "bad_preset": (
+        A + 'sampling = "beam"\n' + STEP,
+        {}, 3, 'sampling',
+        ':3: request \'a\', field \'sampling\': wrong type or value \'beam\'; allowed: \'warmup\', \'greedy\', \'random\' or \'seeded\' (A preset: "warmup" (SamplingParams.for_sampler_warmup(): every sampler feature), "greedy" (temperature 0), "random" (temperature 1, nothing else: the plain random path) or "seeded" (temperature 1, seed 0: per-request generators); or a table of SamplingParams fields (see SamplingTable), whose swept fields declare one request per combination.)'),
+    "bias_key": (
+        A + 'sampling = { logit_bias = { x = 1.0 } }\n' + STEP,
+        {}, 3, 'sampling.logit_bias',
+        ":3: request 'a', field 'sampling.logit_bias': logit_bias key 'x' is not a token id; allowed: integer token ids as keys, e.g. { 0 = -1.0 } (got {'x': 1.0})"),
+    "bias_vocab": (
+        A + 'sampling = { logit_bias = { 100 = 1.0 } }\n' + STEP,
+        {}, 3, 'sampling.logit_bias',
+        ":3: request 'a', field 'sampling.logit_bias': vLLM's SamplingParams refuses { logit_bias = { 100 = 1.0 } }: token_id(s) [100] in logit_bias contain out-of-vocab token ids. Vocabulary size: 100 (parameter=logit_bias, value=[100]); allowed: what vLLM accepts on this runner (max_logprobs 20, vocab_size 100, num_speculative_steps 0)"),
+    "stop_vocab": (
+        A + '\n[requests.a.sampling]\nmin_tokens = 2\nstop_token_ids = [100]\n' + STEP,
+        {}, 6, 'sampling.stop_token_ids',
+        ":6: request 'a', field 'sampling.stop_token_ids': vLLM's SamplingParams refuses { min_tokens = 2, stop_token_ids = [100] }: token_id(s) [100] in stop_token_ids contain out-of-vocab token ids. Vocabulary size: 100 (parameter=stop_token_ids, value=[100]); allowed: what vLLM accepts on this runner (max_logprobs 20, vocab_size 100, num_speculative_steps 0)"),
+    "bad_words_vocab": (
+        A + 'sampling = { bad_words = [[1], [2, 100]] }\n' + STEP,
+        {}, 3, 'sampling.bad_words',
+        ":3: request 'a', field 'sampling.bad_words': vLLM's SamplingParams refuses { bad_words = [[1], [2, 100]] }: token id(s) [100] in bad_words are out of the vocabulary (vocab_size 100); allowed: what vLLM accepts on this runner (max_logprobs 20, vocab_size 100, num_speculative_steps 0)"),
+    "allowed_empty": (
+        A + 'sampling = { allowed_token_ids = [] }\n' + STEP,
+        {}, 3, 'sampling.allowed_token_ids',
+        ":3: request 'a', field 'sampling.allowed_token_ids': vLLM's SamplingParams refuses { allowed_token_ids = [] }: allowed_token_ids is not None and empty! (parameter=allowed_token_ids, value=[]); allowed: what vLLM accepts on this runner (max_logprobs 20, vocab_size 100, num_speculative_steps 0)"),
+    "min_tokens_neg": (
+        A + 'sampling = { min_tokens = -1 }\n' + STEP,
+        {}, 3, 'sampling.min_tokens',
+        ":3: request 'a', field 'sampling.min_tokens': vLLM's SamplingParams refuses { min_tokens = -1 }: min_tokens must be greater than or equal to 0, got -1.; allowed: what vLLM accepts on this runner (max_logprobs 20, vocab_size 100, num_speculative_steps 0)"),
+    "min_p_spec": (
+        A + 'sampling = { min_p = 0.1 }\n' + STEP,
+        SPEC, 3, 'sampling.min_p',
+        ":3: request 'a', field 'sampling.min_p': vLLM's SamplingParams refuses { min_p = 0.1 }: The min_p and logit_bias sampling parameters are not yet supported with speculative decoding. (this runner has a speculator: num_speculative_steps 2); allowed: what vLLM accepts on this runner (max_logprobs 20, vocab_size 100, num_speculative_steps 2)"),
+    "bias_spec": (
+        A + '\n[requests.a.sampling]\ntop_k = 5\nlogit_bias = { 1 = 0.5 }\n' + STEP,
+        SPEC, 6, 'sampling.logit_bias',
+        ":6: request 'a', field 'sampling.logit_bias': vLLM's SamplingParams refuses { logit_bias = { 1 = 0.5 }, top_k = 5 }: The min_p and logit_bias sampling parameters are not yet supported with speculative decoding. (this runner has a speculator: num_speculative_steps 2); allowed: what vLLM accepts on this runner (max_logprobs 20, vocab_size 100, num_speculative_steps 2)"),
+    "sampling_range_step": (
+        A + 'sampling = { top_k = { range = [1, 8], step = 0 } }\n' + STEP,
+        {}, 3, 'sampling.top_k',
+        ":3: request 'a', field 'sampling.top_k': range [1, 8] step 0 is empty or backwards (start 1, stop 8, step 0); allowed: start <= stop and step >= 1"),
+    "range_too_long": (
+        '[requests.a]\nprompt = { range = [1, "max_model_len * 20"] }\n' + STEP,
+        {}, 2, 'prompt',
+        ":2: request 'a', field 'prompt': range [1, 'max_model_len * 20'] step 1 makes 5120 values (start 1, stop 5120); allowed: at most 4096 per sweep (a larger step, or a narrower range)"),
+    "range_backwards": (
+        '[requests.a]\nprompt = { range = [20, 10] }\n' + STEP,
+        {}, 2, 'prompt',
+        ":2: request 'a', field 'prompt': range [20, 10] step 1 is empty or backwards (start 20, stop 10, step 1); allowed: start <= stop and step >= 1"),
+    "two_forms": (
+        '[requests.a]\nprompt = { range = [1, 2], values = [1] }\n' + STEP,
+        {}, 2, 'prompt',
+        ':2: request \'a\', field \'prompt\': got table with keys [\'range\', \'values\']; allowed: { buckets = "<limit>" } with an optional min = <expression>, { range = [<start>, <stop>] } with an optional step = <expression>, or { values = [<expression>, ...] }'),
+    "range_extra": (
+        '[requests.a]\nprompt = { range = [1, 2], stride = 1 }\n' + STEP,
+        {}, 2, 'prompt',
+        ":2: request 'a', field 'prompt': unknown key 'stride' in a range sweep; allowed keys: range, step (got {'range': [1, 2], 'stride': 1})"),
+    "values_zero_batch": (
+        A + 'count = 2\n' + STEP + 'batch = { values = [0, 2] }\n',
+        {}, 8, 'batch',
+        ":8: step 0 (prefill), field 'batch': values [0, 2]: value 0 is out of range; allowed: 1..2"),
+    "batch_range_too_big": (
+        A + 'count = 2\n' + STEP + 'batch = { range = [1, 3] }\n',
+        {}, 8, 'batch',
+        ":8: step 0 (prefill), field 'batch': range [1, 3] step 1: value 3 is out of range; allowed: 1..2"),
+    "count_with_range": (
+        '[requests.a]\nprompt = { range = [1, 3] }\ncount = 2\n' + STEP,
+        {}, 3, 'count',
+        ":3: request 'a', field 'count': count cannot be combined with a swept prompt (the sweep sets the count); allowed: count or a prompt sweep, not both"),
+    "pool_sampling": (
+        A + 'kind = "pool"\nsampling = "greedy"\n' + STEP,
+        {"is_pooling_model": True}, 4, 'sampling',
+        ':4: request \'a\', field \'sampling\': sampling on a kind = "pool" request; allowed: no sampling key on pooling requests (PoolingParams)'),
+    "hit_prompt_logprobs": (
+        '[requests.a]\nprompt = 40\nsampling = { prompt_logprobs = 1 }\n\n[[steps]]\nkind = "prefix_hit"\nrequests = ["a"]\ncached = 16\n',
+        {}, 8, 'cached',
+        ":8: step 0 (prefix_hit), field 'cached': request 'a' asks for prompt_logprobs, and vLLM never serves such a request from the prefix cache (SamplingParams.skip_reading_prefix_cache); allowed: prefix hits of requests without prompt_logprobs"),
+    "mixed_hit_prompt_logprobs": (
+        '[requests.d]\nprompt = 4\nsampling = "greedy"\n\n[requests.a]\nprompt = 40\nsampling = { prompt_logprobs = 1 }\n\n[[steps]]\nkind = "prefill"\nrequests = ["d"]\n\n[[steps]]\nkind = "mixed_prefill_decode"\ndecode = ["d"]\nprefill = ["a"]\ncached = 16\n',
+        {}, 17, 'cached',
+        ":17: step 1 (mixed_prefill_decode), field 'cached': request 'a' asks for prompt_logprobs, and vLLM never serves such a request from the prefix cache (SamplingParams.skip_reading_prefix_cache); allowed: prefix hits of requests without prompt_logprobs"),
+    "repeat_prefill": (
+        A + STEP + 'repeat = 2\n',
+        {}, 7, 'repeat',
+        ":7: step 0 (prefill), field 'repeat': request 'a' already finished its prefill (10 tokens computed); decode it instead (expanded plan step 1); allowed: prefill a waiting request, or continue a running request's chunked prefill"),
+    "repeat_zero": (
+        A + STEP + 'tokens = 5\nrepeat = 0\n',
+        {}, 8, 'repeat',
+        ":8: step 0 (prefill), field 'repeat': repeat 0 is out of range; allowed: 1..4096"),
+    "float_values": (
+        A + 'sampling = { temperature = { values = ["x"] } }\n' + STEP,
+        {}, 3, 'sampling.temperature',
+        ":3: request 'a', field 'sampling.temperature': Input should be a valid number, unable to parse string as a number (got 'x'); allowed: 0: greedy; > 0 random (Gumbel-max / exponential sampling)."),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_sampling_or_sweep_names_file_line_field(tmp_path, name):
+    text, kw, line, field, message = CASES[name]
+    e = bad(tmp_path, text, profile(**kw))
+    assert (e.line, e.field) == (line, field)
+    assert str(e) == f"{tmp_path / 'bad.toml'}{message}"

@@ -1,0 +1,101 @@
+"""Sweep forms, sampling tables and presets, and the ``all`` set, without an
+engine (the real ``SamplingParams`` where one is built)."""
+
+from __future__ import annotations
+
+import textwrap
+from types import SimpleNamespace
+
+from stepwarm.compile import sampling_params
+from stepwarm.profile import _max_logprobs
+from stepwarm.scenario import builtin_names, json_schema, loads, resolve_names
+from stepwarm.scenario.expand import expand
+from stepwarm.scenario.sweeps import Buckets, Range, Values, sweep_values
+from tests.unit.test_scenario_errors import profile
+
+
+def _plan(text: str, **kw):
+    return expand(loads(textwrap.dedent(text), "t.toml", "t"), profile(**kw))
+
+
+def test_sweep_values_of_each_form():
+    ident = lambda e, what: int(e)  # noqa: E731
+    assert sweep_values(Range(range=[16, 64], step=16), ident) == [16, 32, 48, 64]
+    assert sweep_values(Range(range=[1, 10], step=4), ident) == [1, 5, 9]
+    assert sweep_values(Values(values=[5, 1, 5]), ident) == [5, 1]
+    assert sweep_values(Buckets(buckets=40), ident) == [1, 16, 17, 32, 40]
+
+
+def test_range_values_and_repeat_expand_to_steps():
+    plan = _plan("""
+        [requests.p]
+        prompt = { range = ["block_size(0)", "3 * block_size(0)"], step = "block_size(0)" }
+
+        [[steps]]
+        kind = "prefill"
+        requests = ["p"]
+        tokens = 4
+        repeat = 2
+        batch = { values = [1, 3] }
+    """)
+    assert [r.prompt_len for r in plan.requests] == [16, 32, 48]
+    # batch 1 (4 tokens) then 3 (4 each), the whole step twice, each chunk
+    # continuing the last
+    assert [s.total_num_scheduled_tokens for s in plan.steps[:-1]] == [4, 12, 4, 12]
+    assert [r.num_computed_tokens for r in plan.steps[3].scheduled] == [12, 4, 4]
+
+
+def test_sampling_sweeps_declare_one_request_per_combination():
+    plan = _plan("""
+        [requests.s]
+        prompt = 4
+        count = 2
+        sampling = { temperature = { values = [0.0, 0.5] }, logprobs = { values = [1, "max_logprobs"] } }
+
+        [[steps]]
+        kind = "prefill"
+        requests = ["s[0]"]
+    """)
+    assert [r.sampling for r in plan.requests] == [
+        (("logprobs", 1), ("temperature", 0.0))] * 2 + [
+        (("logprobs", 20), ("temperature", 0.0))] * 2 + [
+        (("logprobs", 1), ("temperature", 0.5))] * 2 + [
+        (("logprobs", 20), ("temperature", 0.5))] * 2
+
+
+def test_sampling_params_built_for_the_worker():
+    prof = profile()
+    table = (("bad_words", ((0,), (1, 2))), ("logit_bias", ((0, -1.0), (7, 0.5))),
+             ("min_tokens", 20), ("seed", 3), ("stop_token_ids", (5,)), ("top_k", 5))
+    p = sampling_params(table, prof)
+    assert p.bad_words_token_ids == [[0], [1, 2]] and p.logit_bias == {0: -1.0, 7: 0.5}
+    assert (p.min_tokens, p.max_tokens, p.seed, p.top_k) == (20, 20, 3, 5)
+    assert p.all_stop_token_ids == {5} and p.sampling_type.name == "RANDOM_SEED"
+    assert sampling_params("greedy", prof).sampling_type.name == "GREEDY"
+    assert sampling_params("random", prof).sampling_type.name == "RANDOM"
+    assert sampling_params("seeded", prof).seed == 0
+    warm = sampling_params("warmup", profile(num_speculative_steps=1))
+    assert (warm.min_p, warm.logit_bias) == (0.0, None)  # V1 with a speculator
+
+
+def test_max_logprobs_is_read_and_minus_one_is_the_vocabulary():
+    cfg = SimpleNamespace(max_logprobs=-1, get_vocab_size=lambda: 512)
+    assert _max_logprobs(cfg) == 512
+    assert _max_logprobs(SimpleNamespace(max_logprobs=7, get_vocab_size=lambda: 512)) == 7
+
+
+def test_the_all_set_is_every_builtin_default_first():
+    names = resolve_names(["all", "default", "x.toml"])
+    assert names[:3] == ["default", "sampler-matrix", "sampler-spec-decode"]
+    assert sorted(names[:-1]) == builtin_names() and names[-1] == "x.toml"
+
+
+def test_schema_shows_sampling_and_sweeps():
+    defs = json_schema()["$defs"]
+    assert {"SamplingTable", "Range", "Values", "Buckets", "FloatValues"} <= set(defs)
+    assert set(defs["SamplingTable"]["properties"]) == {
+        "temperature", "top_p", "top_k", "min_p", "seed", "logprobs", "prompt_logprobs",
+        "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
+        "stop_token_ids", "bad_words", "allowed_token_ids", "logit_bias"}
+    assert "cached" in defs["MixedPrefillDecodeStep"]["properties"]
+    assert "repeat" in defs["PrefillStep"]["properties"]
