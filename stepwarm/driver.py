@@ -16,10 +16,12 @@ from typing import Any
 from stepwarm.compile import (
     OutputHistory,
     cleanup_output,
-    encoder_hashes,
+    encoder_cache_keys,
+    prompt_token_ids,
     to_grammar_output,
     to_scheduler_output,
 )
+from stepwarm.encoder_inputs import RequestInputs, request_inputs
 from stepwarm.plan import REQ_ID_PREFIX, Plan, PlannedStep
 from stepwarm.profile import RunnerProfile, read_profile
 from stepwarm.ranks import RankGroup
@@ -91,7 +93,8 @@ class RunReport:
     wall_ms: float = 0.0
     #: Whether the cleanup step ran (always True unless the worker is gone).
     cleanup_ran: bool = False
-    #: stepwarm request ids the runner still held after cleanup (should be []).
+    #: stepwarm request ids (and encoder-cache keys of stepwarm images) the
+    #: runner still held after cleanup (should be []).
     left_in_runner: list[str] = field(default_factory=list)
     #: The worker that ran it: rank in vLLM's world group, and its tensor /
     #: pipeline parallel ranks (all 0 on a single-process engine).
@@ -196,7 +199,8 @@ class PeerStepFailed(RuntimeError):
 
 def _run_step(worker: Any, step: PlannedStep, plan: Plan, profile: RunnerProfile,
               params: dict[str, tuple[Any, Any]], sent: set[str],
-              ranks: RankGroup | None, tokens: OutputHistory) -> tuple[Any, float]:
+              ranks: RankGroup | None, tokens: OutputHistory,
+              images: dict[str, RequestInputs] | None = None) -> tuple[Any, float]:
     """``execute_model`` (+ ``sample_tokens``) of one step; with several
     ranks, then the device sync and the agreement on who failed.
 
@@ -210,7 +214,7 @@ def _run_step(worker: Any, step: PlannedStep, plan: Plan, profile: RunnerProfile
     local: Exception | None = None
     output, wall_ms = None, 0.0
     try:
-        scheduler_output = to_scheduler_output(step, plan, profile, params, tokens)
+        scheduler_output = to_scheduler_output(step, plan, profile, params, tokens, images)
         grammar_output = to_grammar_output(step, profile) if step.sample else None
         sent.update(step.req_ids)
         t0 = time.perf_counter()
@@ -292,6 +296,10 @@ def drive(
             f"{', ...' if len(busy) > 4 else ''}); stepwarm drives an idle runner "
             "(at start-up, before traffic), so nothing was run"
         )
+    # Requests with images: processed by the model's processor before any step.
+    images = {r.req_id: request_inputs(worker, r, profile.image_classes,
+                                       prompt_token_ids(r, profile.vocab_size))
+              for r in plan.requests if r.images}
     params: dict[str, tuple[Any, Any]] = {}
     tokens = tokens if tokens is not None else OutputHistory()
     sent: set[str] = set()
@@ -305,7 +313,7 @@ def drive(
                 failed_at = step.index
                 started_at = time.time()
                 output, wall_ms = _run_step(worker, step, plan, profile, params, sent, ranks,
-                                            tokens)
+                                            tokens, images)
                 sent.difference_update(step.finished_req_ids)
                 pooled = (_pooler_outputs(output) if step.scheduled and not step.sample
                           else None)
@@ -334,8 +342,9 @@ def drive(
             # requests a plan step finished without scheduling any token).
             stale = set().union(*request_tables(worker, REQ_ID_PREFIX).values())
             to_finish = sent | leftover | stale
-            if to_finish:
-                out = cleanup_output(to_finish, encoder_hashes(plan))
+            cached = encoder_cache_keys(plan, [r.req_id for r in plan.requests])
+            if to_finish or cached:
+                out = cleanup_output(to_finish, cached)
                 worker.execute_model(out)
                 discard_pending_step(worker)
                 drop_finished_state(worker, out)

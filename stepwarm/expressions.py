@@ -87,6 +87,13 @@ def facts_of(profile: RunnerProfile) -> dict[str, int]:
         "lcm_block_size": lcm(*token_groups),
         # non-final prefill chunks end on a multiple of this (Mamba align mode)
         "prefill_chunk_align": lcm(*align_groups),
+        # multimodal models: the processor's image-size classes
+        "num_image_classes": len(profile.image_classes),
+        "max_images_per_prompt": profile.max_images_per_prompt,
+        "encoder_budget": profile.encoder_budget,
+        "max_image_tokens": max((c.tokens for c in profile.image_classes), default=0),
+        "max_image_prompt_tokens": max((c.prompt_tokens for c in profile.image_classes),
+                                       default=0),
         # the most requests one uniform decode step can hold
         "max_decode_seqs": max(1, min(profile.max_num_seqs,
                                       profile.max_num_batched_tokens // profile.decode_query_len)),

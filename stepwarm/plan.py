@@ -54,6 +54,9 @@ class PlannedRequest:
     #: ``SamplingParams`` keyword arguments as sorted (name, value) pairs,
     #: tuples for lists (``stepwarm.scenario.sampling.SamplingArgs``).
     sampling: str | tuple[tuple[str, Any], ...] = "warmup"
+    #: One image per entry, as an index into the profile's ``image_classes``
+    #: (multimodal models; the prompt holds their placeholder tokens).
+    images: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,9 @@ class ScheduledRequest:
     num_output_tokens: int = 0
     #: Whether this step completes the prompt, so the runner samples a token.
     samples: bool = False
+    #: Indices of the request's images whose encoder runs in this step
+    #: (``SchedulerOutput.scheduled_encoder_inputs[req_id]``).
+    encoder_inputs: tuple[int, ...] = ()
 
     @property
     def new_block_counts(self) -> tuple[int, ...]:
@@ -277,7 +283,34 @@ class PlanBuilder:
                 + (", less the token sampled after the prompt)" if req.kind == "sample" else ")"),
                 field="prompt_len",
             )
+        self._check_images(req)
         self._requests[req.req_id] = _Live(req)
+
+    def _check_images(self, req: PlannedRequest) -> None:
+        """A request's images: known classes, at most ``max_images_per_prompt``,
+        a prompt that holds their placeholders, within the encoder budget."""
+        if not req.images:
+            return
+        p = self.profile
+        classes = p.image_classes
+        if not classes:
+            raise PlanError(f"request {req.req_id!r} carries images but the runner's model "
+                            "has no image processor", field="images")
+        bad = [c for c in req.images if not 0 <= c < len(classes)]
+        if bad:
+            raise PlanError(f"request {req.req_id!r}: image class {bad[0]} out of range; "
+                            f"allowed: 0..{len(classes) - 1}", field="images")
+        if len(req.images) > p.max_images_per_prompt:
+            raise PlanError(f"request {req.req_id!r}: {len(req.images)} images but the runner "
+                            f"allows {p.max_images_per_prompt} per prompt", field="images")
+        need = sum(classes[c].prompt_tokens for c in req.images)
+        if req.prompt_len < need:
+            raise PlanError(f"request {req.req_id!r}: prompt_len {req.prompt_len} cannot hold "
+                            f"its images' {need} prompt tokens", field="prompt_len")
+        tokens = sum(classes[c].tokens for c in req.images)
+        if tokens > p.encoder_budget:
+            raise PlanError(f"request {req.req_id!r}: its images need {tokens} encoder tokens "
+                            f"but the encoder budget is {p.encoder_budget}", field="images")
 
     def live_req_ids(self) -> tuple[str, ...]:
         """Requests the runner holds now (sent and not finished)."""
@@ -387,11 +420,14 @@ class PlanBuilder:
             if rid in names:
                 raise self._err(f"request {rid!r} is scheduled and finished/preempted "
                                 "in the same step", "requests")
+            if rid in preempt and live.decl.images:
+                raise self._err(f"request {rid!r} carries images; stepwarm does not preempt "
+                                "such requests", "preempt")
 
         rows: list[ScheduledRequest] = []
         plan_updates: list[tuple[_Live, int, int]] = []  # live, computed+=, outputs+=
         resuming: list[tuple[_Live, bool]] = []
-        total = 0
+        total = encoder_tokens = 0
         for rid, n in prefill.items():
             live = self._live(rid)
             if live.state == "finished":
@@ -415,9 +451,21 @@ class PlanBuilder:
                 )
             done = n == left
             self._check_mamba_align_chunk(live, n)
-            rows.append(self._row(live, n, (), done))
+            row = self._row(live, n, (), done)
+            if live.decl.images:
+                # Its encoder inputs run with the one step that prefills it.
+                if not done or live.num_computed_tokens:
+                    raise self._err(
+                        f"request {rid!r} carries images: it is prefilled in one step "
+                        f"({live.decl.prompt_len} tokens), not in chunks", "tokens")
+                row = replace(row, encoder_inputs=tuple(range(len(live.decl.images))))
+                encoder_tokens += sum(p.image_classes[c].tokens for c in live.decl.images)
+            rows.append(row)
             plan_updates.append((live, n, 1 if done else 0))
             total += n
+        if encoder_tokens > p.encoder_budget:
+            raise self._err(f"{encoder_tokens} encoder tokens scheduled but the encoder "
+                            f"budget is {p.encoder_budget}", "images")
         for rid, k in decode.items():
             live = self._live(rid)
             if live.state != "running" or live.num_computed_tokens < live.decl.prompt_len:

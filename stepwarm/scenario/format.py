@@ -23,7 +23,8 @@ MAX_COUNT = 1024
 MAX_EXPANDED = MAX_SWEEP
 
 
-Need = Literal["speculator", "mamba_align", "encoder_decoder", "pooling", "structured_output"]
+Need = Literal["speculator", "mamba_align", "encoder_decoder", "pooling", "structured_output",
+               "images"]
 Sequence = Literal["vllm-default", "vllm-warmup-kernels", "vllm-mixed-prefill-decode"]
 
 _REPEAT_HELP = ("Run the step this many times, each continuing from the last (a "
@@ -63,6 +64,13 @@ class RequestSpec(BaseModel):
     encoder: Expr | None = Field(
         default=None, description="Encoder input tokens (needs encoder_decoder); default "
         "max_encoder_len on encoder-decoder runners, else none.")
+    images: Expr | None = Field(
+        default=None, description="Images per request (needs images), 1..max_images_per_prompt; "
+        "the prompt then holds the processor's image placeholders, followed by `prompt` text "
+        "tokens. The request is prefilled in one step, with its encoder inputs.")
+    image_class: Union[Expr, Literal["each"]] = Field(
+        default=0, description="Which image-size class of the model's processor (0 = the "
+        "smallest, num_image_classes - 1 = the largest), or \"each\": one request per class.")
 
 
 class _Step(BaseModel):

@@ -27,6 +27,9 @@ def unmet_need(needs: list[str], profile: RunnerProfile) -> str:
         if need == "encoder_decoder" and not (p.is_encoder_decoder and p.max_encoder_len > 0):
             return (f"needs encoder_decoder: runner's model is not encoder-decoder "
                     f"(is_encoder_decoder {p.is_encoder_decoder}, max_encoder_len {p.max_encoder_len})")
+        if need == "images" and not (p.image_classes and p.encoder_budget > 0):
+            return ("needs images: runner's model takes no image input "
+                    f"({len(p.image_classes)} image classes, encoder budget {p.encoder_budget})")
         if need == "pooling" and not p.is_pooling_model:
             return "needs pooling: runner's model is not a pooling model"
         # Not is_last_pp_rank: every pipeline rank runs the same steps (the

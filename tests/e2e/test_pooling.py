@@ -1,4 +1,4 @@
-"""A pooling runner (the tiny Llama converted to an embedding model) on the
+"""A pooling runner (the zoo's tiny-llama-embed: the tiny Llama converted to an embedding model) on the
 CPU worker, in a fresh process: vLLM's pooling branch of warmup_kernels and
 the pooling built-in."""
 
@@ -22,8 +22,9 @@ SCRIPT = textwrap.dedent(
     from stepwarm.scenario import plans_for
 
     if __name__ == "__main__":
-        # The embedded tiny Llama (its limits, its word-level tokenizer) as an embedder.
-        engine = start_engine(runner="pooling", convert="embed")
+        # The zoo's embedding model: the tiny Llama (its limits, its word-level
+        # tokenizer) with runner="pooling", convert="embed".
+        engine = start_engine("tiny-llama-embed")
         profile = read_profile(engine.worker)
         out = {"profile": profile.model_dump(), "runs": {}}
         for plan in plans_for(["default", "pooling"], profile):

@@ -10,7 +10,7 @@ import pytest
 
 from stepwarm.blocks import BlockLedger
 from stepwarm.expressions import facts_of
-from stepwarm.profile import CacheSpec, RunnerProfile
+from stepwarm.profile import CacheSpec, ImageClass, RunnerProfile
 from stepwarm.scenario import ScenarioError, builtin_names, expand, load
 
 FULL16 = (CacheSpec(kind="full_attention", block_size=16),)
@@ -21,6 +21,13 @@ GROUPS = {"b16": FULL16, "b128": FULL128, "hybrid": HYBRID}
 SPEC = {"nospec": {}, "spec2": dict(num_speculative_steps=2, decode_query_len=3,
                                    num_lookahead_tokens=2)}
 NUM_BLOCKS = {"few": 40, "many": 100_000}
+#: Image-size classes: one fixed shape (PaliGemma-like), three (Qwen2-VL-like).
+IMAGE_CLASSES = {
+    "one": (ImageClass(side=16, tokens=16, prompt_tokens=18),),
+    "three": (ImageClass(side=16, tokens=4, prompt_tokens=6),
+              ImageClass(side=112, tokens=16, prompt_tokens=18),
+              ImageClass(side=224, tokens=64, prompt_tokens=66)),
+}
 
 
 def _fits(p: RunnerProfile) -> bool:
@@ -58,6 +65,15 @@ def _grid() -> dict[str, RunnerProfile]:
                 max_num_batched_tokens=mnbt, vocab_size=1000, is_encoder_decoder=True,
                 max_encoder_len=enc, kv_cache_groups=(
                     FULL16[0], CacheSpec(kind="cross_attention", block_size=16)))
+        for cname, classes in IMAGE_CLASSES.items():
+            if max(c.tokens for c in classes) > max(mnbt, 64):
+                continue
+            cands[f"mm-{cname}-s{seqs}-t{mnbt}-l{mml}-{bname}"] = RunnerProfile(
+                runner="v1", kv_cache_groups=FULL16, num_blocks=nb, max_model_len=mml,
+                max_num_seqs=seqs, max_num_batched_tokens=mnbt, vocab_size=1000,
+                image_classes=classes, max_images_per_prompt=2,
+                # vLLM: the encoder budget holds at least the largest image
+                encoder_budget=max(mnbt, max(c.tokens for c in classes)))
         out.update((k, p) for k, p in cands.items() if _fits(p))
     return out
 
@@ -70,6 +86,7 @@ def test_grid_is_big_and_varied():
     assert any(p.num_blocks == 40 for p in PROFILES.values())
     assert any(p.is_pooling_model for p in PROFILES.values())
     assert any(p.is_encoder_decoder for p in PROFILES.values())
+    assert sum(bool(p.image_classes) for p in PROFILES.values()) > 10
 
 
 @pytest.mark.parametrize("name", builtin_names())

@@ -63,7 +63,7 @@ def test_builtins_are_the_issue_list():
     assert set(builtin_names()) == {
         "default", "mixed-prefill-decode", "spec-decode", "triton-buckets", "chunked-prefill",
         "prefix-hit", "mamba-align", "cross-attention", "pooling", "structured-output",
-        "preempt-resume", "sampler-matrix", "sampler-spec-decode",
+        "preempt-resume", "sampler-matrix", "sampler-spec-decode", "vision-encoder",
     }
 
 
@@ -72,7 +72,7 @@ def test_every_builtin_checks_against_the_tiny_profile():
     assert not [n for n, r in results.items() if isinstance(r, ScenarioError)], results
     skipped = {n for n, r in results.items() if r.skipped}
     assert skipped == {"spec-decode", "mamba-align", "cross-attention", "pooling",
-                       "sampler-spec-decode"}
+                       "sampler-spec-decode", "vision-encoder"}
 
 
 @pytest.mark.parametrize("pname", list(PROFILES))
@@ -357,6 +357,11 @@ def test_readme_examples_are_valid():
                             ("encoder_decoder", "encdec"), ("pooling", "pooling")):
             if f'"{need}"' in text:
                 prof = PROFILES[pname]
+        if '"images"' in text:
+            from stepwarm.profile import ImageClass
+
+            prof = profile(image_classes=(ImageClass(side=16, tokens=4, prompt_tokens=6),),
+                           encoder_budget=512, max_images_per_prompt=1)
         plan = expand(loads(text, f"README block {i}", f"readme{i}"), prof)
         assert not plan.skipped and plan.steps, (i, text)
     assert n >= 10

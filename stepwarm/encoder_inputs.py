@@ -1,0 +1,150 @@
+"""Multimodal encoder inputs: image-size classes and processed dummy images.
+
+A multimodal model's processor (vLLM's ``BaseMultiModalProcessor``, the one
+the engine's input processor and ``MultiModalBudget`` use) resizes every image
+to one of a few shapes; each shape is one encoder batch shape and one number
+of placeholder tokens in the prompt. :func:`read_image_classes` finds those
+classes by processing square dummy images of :data:`CANDIDATE_SIDES` pixels
+(the profile keeps them as plain data); :func:`request_inputs` processes the
+images a planned request carries into what ``NewRequestData`` sends: prompt
+token ids with the placeholders where the processor puts them, and one
+``MultiModalFeatureSpec`` per image (its ``MultiModalKwargsItem``, a
+``PlaceholderRange``, an identifier that keys the runner's encoder cache).
+
+This is the only module that calls a model's multimodal processor; it reads
+vLLM's processor API, guarded, and returns nothing when it is missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from stepwarm.plan import PlannedRequest
+from stepwarm.profile import ImageClass, runner_of
+
+#: Sides (pixels) of the square dummy images whose processed shapes make the
+#: image classes: from a thumbnail to a large photo.
+CANDIDATE_SIDES = (16, 28, 56, 112, 224, 448, 896, 1344)
+
+
+@dataclass(frozen=True)
+class RequestInputs:
+    """What ``NewRequestData`` carries for a request with images."""
+
+    #: Prompt token ids: the processor's (placeholders included), then
+    #: filler ids up to the planned ``prompt_len``.
+    prompt_token_ids: list[int]
+    #: One ``MultiModalFeatureSpec`` per image, in prompt order.
+    mm_features: list[Any]
+
+
+def processor_of(runner: Any) -> Any:
+    """The runner's multimodal processor (``runner.mm_budget.processor`` on the
+    V1 runner), else one made by ``MULTIMODAL_REGISTRY.create_processor``;
+    None for a model without one."""
+    budget = getattr(runner, "mm_budget", None)
+    if budget is not None and getattr(budget, "processor", None) is not None:
+        return budget.processor
+    model_config = runner.vllm_config.model_config
+    if not getattr(model_config, "is_multimodal_model", False):
+        return None
+    try:
+        from vllm.multimodal import MULTIMODAL_REGISTRY
+
+        return MULTIMODAL_REGISTRY.create_processor(model_config)
+    except Exception:  # noqa: BLE001 - no processor: no image classes
+        return None
+
+
+def _process(processor: Any, sides: list[int]) -> Any:
+    """Run the processor on its dummy text for ``len(sides)`` images, with
+    white square images of those sides (``MultiModalInput``)."""
+    from PIL import Image
+
+    images = [Image.new("RGB", (s, s), color=255) for s in sides]
+    text = processor.dummy_inputs.get_dummy_text({"image": len(sides)})
+    items = processor.info.parse_mm_data({"image": images})
+    return processor(text, items, hf_processor_mm_kwargs={})
+
+
+def _num_embeds(placeholder: Any) -> int:
+    is_embed = getattr(placeholder, "is_embed", None)
+    return int(placeholder.length if is_embed is None else int(is_embed.sum()))
+
+
+def read_image_classes(worker: Any) -> tuple[tuple[ImageClass, ...], int, int]:
+    """The image classes of the worker's model, its encoder budget and the most
+    images one prompt may carry.
+
+    Returns:
+        ``(classes, encoder_budget, max_images_per_prompt)``: one
+        :class:`ImageClass` per distinct processed shape among
+        :data:`CANDIDATE_SIDES` (smallest side first), the encoder tokens one
+        step may run (``MultiModalBudget.get_encoder_budget()``: the compute
+        budget and the encoder cache size, the smaller) and
+        ``mm_max_items_per_prompt["image"]``; ``((), 0, 0)`` for a model
+        without an image processor.
+    """
+    runner = runner_of(worker)
+    processor = processor_of(runner)
+    if processor is None or "image" not in getattr(processor.info, "supported_mm_limits", {}):
+        return (), 0, 0
+    classes: dict[tuple[int, int], ImageClass] = {}
+    for side in CANDIDATE_SIDES:
+        out = _process(processor, [side])
+        placeholder = out["mm_placeholders"]["image"][0]
+        key = (_num_embeds(placeholder), len(out["prompt_token_ids"]))
+        classes.setdefault(key, ImageClass(side=side, tokens=key[0], prompt_tokens=key[1]))
+    budget = getattr(runner, "mm_budget", None)
+    if budget is not None:  # V1 runner: vLLM's own MultiModalBudget
+        encoder_budget = int(budget.get_encoder_budget())
+        max_images = int(budget.mm_max_items_per_prompt.get("image", 0))
+    else:  # V2 runner: compute_mm_encoder_budget's rule from the scheduler config
+        sc = runner.vllm_config.scheduler_config
+        largest = max(c.tokens for c in classes.values())
+        encoder_budget = max(min(int(sc.max_num_encoder_input_tokens),
+                                 int(sc.encoder_cache_size)), largest)
+        limit = int(processor.info.allowed_mm_limits.get("image", 1))
+        max_images = max(1, min(limit, runner.vllm_config.model_config.max_model_len // largest))
+    return tuple(classes.values()), encoder_budget, max_images
+
+
+def request_inputs(worker: Any, req: PlannedRequest, classes: tuple[ImageClass, ...],
+                   filler: list[int]) -> RequestInputs:
+    """Process ``req``'s images (one square image per class index in
+    ``req.images``) through the model's processor.
+
+    Args:
+        worker: the vLLM worker (its runner's processor is used).
+        req: a request with ``images``.
+        classes: the profile's image classes.
+        filler: token ids to pad the prompt with, up to ``req.prompt_len``.
+
+    Raises:
+        ValueError: the processor made a prompt longer than ``req.prompt_len``
+            (the plan under-counted the tokens its images add).
+    """
+    from vllm.multimodal.inputs import MultiModalFeatureSpec
+
+    processor = processor_of(runner_of(worker))
+    out = _process(processor, [classes[c].side for c in req.images])
+    ids = list(out["prompt_token_ids"])
+    if len(ids) > req.prompt_len:
+        raise ValueError(f"request {req.req_id}: its {len(req.images)} image(s) make a "
+                         f"{len(ids)}-token prompt, more than its prompt_len {req.prompt_len}")
+    ids += filler[len(ids):req.prompt_len]
+    features = [
+        MultiModalFeatureSpec(data=item, modality="image", identifier=image_identifier(req, i),
+                              mm_position=placeholder)
+        for i, (item, placeholder) in enumerate(zip(out["mm_kwargs"]["image"],
+                                                    out["mm_placeholders"]["image"]))
+    ]
+    return RequestInputs(prompt_token_ids=ids, mm_features=features)
+
+
+def image_identifier(req: PlannedRequest, index: int) -> str:
+    """The encoder-cache key of ``req``'s image ``index``
+    (``MultiModalFeatureSpec.identifier``, freed through
+    ``SchedulerOutput.free_encoder_mm_hashes``)."""
+    return f"{req.req_id}image{index}"
