@@ -236,6 +236,8 @@ def run(
                f"in {sum(r.wall_ms for r in ran):.0f} ms"
                + (f", {len(reports) - len(ran)} skipped" if len(ran) < len(reports) else ""))
     if failures:
+        console.print(Text.assemble(("FAILED", "bold red"), f": {summary}; "
+                                    f"{len(failures)} failed"))
         _fail(f"{len(failures)} of {len(ran)} scenario(s) failed on the worker "
               f"({', '.join(f.report.plan for f in failures)}: see 'failed:' above)", 1)
     bad = [n for n, v in checked if isinstance(v, str) or not v.ok]
@@ -304,6 +306,11 @@ def coverage(
         _fail("give --baseline or --compare, not both", 2)
     for path, option in ((json_out, "--json"), (timeline, "--timeline")):
         _check_output_path(path, option)
+    if cache_dir is not None and cache_dir.exists() and not cache_dir.is_dir():
+        _fail(f"--cache-dir {cache_dir}: is a file; allowed: an empty or new directory", 2)
+    for value, option in ((threshold, "--threshold"), (min_excess_ms, "--min-excess-ms")):
+        if value is not None and not value >= 0:
+            _fail(f"{option} {value}: allowed: a number >= 0", 2)
     if cache_dir is not None and cache_dir.exists() and any(cache_dir.iterdir()):
         _fail(f"--cache-dir {cache_dir}: not empty; compiles are found as new files there", 2)
     names = [] if baseline else resolve_names(scenario or ["all"])
@@ -500,6 +507,12 @@ def show(
     _setup(verbose, quiet)
     from stepwarm.scenario import ScenarioError, plans_for
 
+    from stepwarm.scenario.load import resolve_names
+
+    if len(members := resolve_names([file])) != 1:
+        _fail(f"show takes one scenario; {file!r} is a set of {len(members)} "
+              f"({', '.join(members)}): show them one by one, or check them all "
+              f"with 'stepwarm check {file}'", 2)
     prof = _profile_for(model, profile, engine_arg)
     try:
         plan = plans_for([file], prof)[0]

@@ -9,6 +9,7 @@ line and column; :func:`vllm_rejection` trims what vLLM raises for the rest.
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from pathlib import Path
@@ -37,9 +38,17 @@ def check_model_dir(model: Path) -> dict[str, Any]:
             or none of its ``architectures`` is one vLLM supports (named,
             with how to list the supported ones).
     """
-    if not model.is_dir():
-        raise ModelDirError(f"--model {model}: no such directory, nor a zoo model "
+    if model.is_file():
+        raise ModelDirError(f"--model {model}: is a file; allowed: a model directory "
+                            "(config.json; weights optional) or a zoo model name "
                             "(stepwarm list --models)")
+    if not model.is_dir():
+        from stepwarm.zoo import ZOO
+
+        close = difflib.get_close_matches(str(model), list(ZOO), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ModelDirError(f"--model {model}: no such directory, nor a zoo model{hint}; "
+                            f"zoo models: {', '.join(ZOO)} (stepwarm list --models)")
     config = model / "config.json"
     if not config.is_file():
         raise ModelDirError(f"--model {model}: not a model directory (no config.json)")

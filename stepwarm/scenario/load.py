@@ -109,7 +109,7 @@ def load(name_or_path: str) -> LoadedScenario:
                             file=name_or_path)
     if looks_like_path or path.is_file():
         try:
-            text = path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is dropped
         except OSError as e:
             raise ScenarioError(f"{name_or_path}: cannot read scenario file: "
                                 f"{e.strerror or e}", file=name_or_path) from None

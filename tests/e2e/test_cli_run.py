@@ -160,6 +160,8 @@ def test_a_failing_scenario_is_reported_and_the_next_one_runs(tmp_path):
     # The failure prints once, and the failed step has its row.
     assert proc.stderr.count("scenario default: step 1 (spec_decode: decode all) failed on the v1 runner") == 1
     assert re.search(r"\[2/\d+\] spec_decode +decode all .* FAILED", proc.stdout)
+    # stdout ends with the outcome too, as a clean run's ends with "ok: ...".
+    assert re.search(r"^FAILED: 2 scenario\(s\), \d+ steps in \d+ ms; 1 failed$", proc.stdout, re.M)
     assert "cleanup ran, the runner holds no stepwarm request" in proc.stderr
     assert default["cleanup_ran"] and default["left_in_runner"] == []
     # 4 requests: prefill, spec decode (2 drafts each), [0] spec + [1] non-spec,

@@ -78,3 +78,41 @@ def test_profile_line_is_one_line_when_not_a_terminal():
     assert r.exit_code == 0, r.output
     (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("profile:")]
     assert line.endswith("groups: full_attention(block_size=128)") and "max_model_len 512" in line
+
+
+def test_show_refuses_a_set_exit_2():
+    r = runner.invoke(app, ["show", "all"], env={"COLUMNS": "300"})
+    assert r.exit_code == 2
+    assert f"show takes one scenario; 'all' is a set of {len(builtin_names())}" in r.stderr
+    assert "stepwarm check all" in r.stderr and r.stdout == ""
+
+
+def test_check_reads_a_file_with_a_bom(tmp_path):
+    f = tmp_path / "bom.toml"
+    f.write_bytes("\ufeff".encode() + b'[requests.a]\nprompt = 4\n[[steps]]\nkind = "prefill"\nrequests = ["a"]\n')
+    r = runner.invoke(app, ["check", str(f)], env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    assert f"ok {f}: 2 steps, 1 requests" in r.stdout
+
+
+def test_model_errors_name_a_file_and_the_close_zoo_name(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    r = runner.invoke(app, ["show", "default", "--model", str(f)], env={"COLUMNS": "300"})
+    assert r.exit_code == 2 and f"--model {f}: is a file; allowed: a model directory" in r.stderr
+    r = runner.invoke(app, ["show", "default", "--model", "tiny-lama"], env={"COLUMNS": "300"})
+    assert r.exit_code == 2
+    assert "--model tiny-lama: no such directory, nor a zoo model (did you mean 'tiny-llama'?)" \
+        in r.stderr
+
+
+def test_coverage_options_are_checked_before_anything_starts(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    r = runner.invoke(app, ["coverage", "--cache-dir", str(f)])
+    assert r.exit_code == 2 and f"--cache-dir {f}: is a file" in r.stderr
+    r = runner.invoke(app, ["coverage", "--threshold", "-1"])
+    assert r.exit_code == 2 and "--threshold -1.0: allowed: a number >= 0" in r.stderr
+    r = runner.invoke(app, ["coverage", "--min-excess-ms", "-5"])
+    assert r.exit_code == 2 and "--min-excess-ms -5.0: allowed: a number >= 0" in r.stderr
+    assert "starting vLLM engine" not in r.stdout
