@@ -246,7 +246,9 @@ def compare(plan: Plan, origin: tuple[int, ...], report: RunReport,
     A sampling row of step ``s`` with ``m`` outputs before it covers output
     positions ``m .. m + drafts``; the tokens it sampled must equal
     ``reference[m : m + 1 + drafts]`` (fewer tokens: a draft was rejected,
-    i.e. the worker computed another token there).
+    i.e. the worker computed another token there). Positions past the end of
+    a reference that vLLM's scheduler cut short (a length cap; the reference
+    ignores EOS) are not compared; ``checked`` counts the compared tokens.
 
     Args:
         plan: the plan that was driven (with fill steps).
@@ -265,6 +267,11 @@ def compare(plan: Plan, origin: tuple[int, ...], report: RunReport,
             m = row.num_output_tokens
             want = reference[row.req_id][m:m + 1 + len(row.spec_token_ids)]
             got = sampled.get(row.req_id, [])
+            if len(want) < 1 + len(row.spec_token_ids):
+                # vLLM's scheduler stopped the reference early (with
+                # ignore_eos, only a length cap does: an encoder-decoder's
+                # decoder limit): what lies past it is not compared.
+                got = got[:len(want)]
             if got != want:
                 pos = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
                            min(len(got), len(want)))

@@ -86,6 +86,20 @@ def test_compare_names_the_first_step_and_position_that_differ():
     assert (d.stepwarm, d.reference) == ((2, 7), (2, 3, 4))
 
 
+def test_compare_stops_where_vllms_scheduler_cut_the_reference_short():
+    _, plan = _plan()
+    origin = tuple(range(len(plan.steps)))
+    # vLLM stopped A after 3 tokens (its length cap): A's resume (output 4) is
+    # past the reference and not compared; outputs 1..3 still are.
+    reference = {A: [1, 2, 3], B: [9]}
+    rep = compare(plan, origin, _report(plan, [{A: [1]}, {A: [2, 3, 4], B: [9]}, None,
+                                               {A: [5]}, None]), reference)
+    assert rep.ok and rep.checked == {"a": 3, "b": 1}
+    bad = _report(plan, [{A: [1]}, {A: [2, 8, 4], B: [9]}, None, {A: [5]}, None])
+    (d,) = compare(plan, origin, bad, reference).differences
+    assert (d.request, d.step, d.position, d.stepwarm, d.reference) == ("a", 1, 2, (2, 8), (2, 3))
+
+
 def test_a_prefix_fill_longer_than_the_token_budget_is_chunked():
     p = _profile(max_num_batched_tokens=4, num_speculative_steps=0, decode_query_len=1,
                  num_lookahead_tokens=0)
