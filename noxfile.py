@@ -38,7 +38,15 @@ def run(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Unit, property (CI profile) and end-to-end tests."""
     install(session, "test")
-    session.run("pytest", "-q", *session.posargs, env={"HYPOTHESIS_PROFILE": "ci"})
+    env = {"HYPOTHESIS_PROFILE": "ci"}
+    if session.posargs:
+        session.run("pytest", "-q", *session.posargs, env=env)
+        return
+    # Two processes: the engine tests leave vLLM's process-wide state behind
+    # (in-process engines), and the pure tests (unit, property against vLLM's
+    # KVCacheManager) must not depend on it.
+    session.run("pytest", "-q", "tests/property", "tests/unit", env=env)
+    session.run("pytest", "-q", "tests/e2e", "tests/gpu", env=env)
 
 
 @nox.session
