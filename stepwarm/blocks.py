@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
+import math
 from dataclasses import dataclass, field, replace
 
 from stepwarm.profile import CacheSpec, RunnerProfile
@@ -312,6 +313,59 @@ def reserved_blocks_per_group(
     return tuple(reserved_blocks(num_tokens, s, ctx) for s in specs)
 
 
+def prefix_cache_alignment(specs: tuple[CacheSpec, ...], enable_caching: bool) -> int:
+    """Tokens prefix-cache hits are aligned to (``cache_hit_alignment_tokens``
+    of the scheduler's managers), 1 without prefix caching.
+
+    Mirrors ``resolve_kv_cache_block_sizes`` and
+    ``HybridKVCacheCoordinator._cache_hit_alignment_tokens``: with one
+    scheduler group, its block size (``UnitaryKVCacheCoordinator``); with
+    several, the scheduler block size (the LCM of their block sizes), or the
+    hash block size (the GCD of the cacheable groups' block sizes) when
+    partial hash hits are on: a Mamba align group whose block is larger than
+    the hash block, every other cacheable group taking hits finer than its
+    block or having the hash block size (``partial_hash_hits_enabled``;
+    vLLM 0.26 does not ask the others).
+
+    A request's computed prefix is rounded down to it before its full blocks
+    become cache entries (``HybridKVCacheCoordinator.cache_blocks``): a group
+    of block size 2 beside one of 3 caches nothing of a 5-token prompt. A
+    sliding-window group caches only the blocks a hit at each aligned
+    boundary reads (``SlidingWindowManager.reachable_block_mask``).
+
+    Args:
+        specs: the worker's groups; encoder-only groups are runner-only and
+            not counted.
+    """
+    groups = [s for s in specs if s.kind != "encoder_only_attention"]
+    if not enable_caching or not groups:
+        return 1
+    scheduler_block_size = math.lcm(*(s.block_size for s in groups))
+    if len(groups) == 1:
+        return scheduler_block_size
+    if any(s.kind == "mamba" and s.mamba_cache_mode != "align" for s in groups):
+        return scheduler_block_size  # hash block = scheduler block: no partial hits
+    cacheable = [s for s in groups if s.kind != "circular_buffer"] or groups
+    hash_block_size = math.gcd(*(s.block_size for s in cacheable))
+    partial = any(s.kind == "mamba" and s.block_size > hash_block_size for s in groups) and all(
+        s.fine_grained_hits is not False or s.block_size == hash_block_size for s in cacheable)
+    return hash_block_size if partial else scheduler_block_size
+
+
+def _window_block_mask(spec: CacheSpec, alignment: int, start: int, end: int) -> list[bool] | None:
+    """``SlidingWindowManager.reachable_block_mask`` (dense retention, no
+    EAGLE): which of blocks ``start..end-1`` a sliding-window group caches
+    (None: all). A hit at an aligned boundary reads the last
+    ``cdiv(sliding_window - 1, block_size)`` blocks before it."""
+    if spec.kind != "sliding_window" or alignment % spec.block_size:
+        return None
+    need = cdiv(spec.sliding_window - 1, spec.block_size)
+    per_segment = alignment // spec.block_size
+    if need >= per_segment:
+        return None
+    return [i % per_segment >= per_segment - need for i in range(start, end)]
+
+
 class OutOfBlocksError(RuntimeError):
     """The ledger's pool cannot hold what a step asks for."""
 
@@ -360,6 +414,8 @@ class BlockLedger:
     num_blocks: int
     ctx: ReservationContext = field(default_factory=ReservationContext)
     enable_caching: bool = False
+    #: Tokens (:func:`prefix_cache_alignment`); None: from the groups.
+    cache_alignment: int | None = None
     _tables: dict[str, list[GroupTable]] = field(default_factory=dict, repr=False)
     #: Free queue: _front (deque head first), then ids _next.. never handed
     #: out, then _tail (insertion order). The never-used range is not
@@ -369,9 +425,12 @@ class BlockLedger:
     _tail: dict[int, None] = field(default_factory=dict, repr=False)
     #: Reference counts of held ids (a prefix hit shares blocks).
     _ref: dict[int, int] = field(default_factory=dict, repr=False)
-    #: Prefix cache: (group, block index of the shared prompt) -> id, and back.
-    _cache: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)
-    _cached: dict[int, tuple[int, int]] = field(default_factory=dict, repr=False)
+    #: Prefix cache (``BlockHashToBlockMap``): (group, block index of the
+    #: shared prompt) -> the ids cached for it, oldest first (a hit takes the
+    #: first); a block holding sampled tokens has a key of its own that no
+    #: hit looks up. And back: id -> key.
+    _cache: dict[tuple, dict[int, None]] = field(default_factory=dict, repr=False)
+    _cached: dict[int, tuple] = field(default_factory=dict, repr=False)
     #: req_id -> the request's context (its own encoder length).
     _ctx: dict[str, ReservationContext] = field(default_factory=dict, repr=False)
     #: req_id -> per group, prompt blocks already recorded by cache_prompt.
@@ -382,6 +441,10 @@ class BlockLedger:
     #: req_id -> the Mamba hit positions its first allocation must not find
     #: in _cached_this_step.
     _pending_hit: dict[str, list[tuple[int, int]]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.cache_alignment is None:
+            self.cache_alignment = prefix_cache_alignment(self.specs, self.enable_caching)
 
     def new_step(self) -> None:
         """``KVCacheManager.new_step_starts``: a new step begins (Mamba
@@ -408,8 +471,10 @@ class BlockLedger:
                 i = next(iter(self._tail))
                 del self._tail[i]
             key = self._cached.pop(i, None)
-            if key is not None:
-                del self._cache[key]
+            if key is not None:  # BlockPool._maybe_evict_cached_block
+                del self._cache[key][i]
+                if not self._cache[key]:
+                    del self._cache[key]
             self._ref[i] = 1
             out.append(i)
         return tuple(out)
@@ -546,27 +611,41 @@ class BlockLedger:
         self._pending_hit.pop(req_id, None)
         return Growth(tuple(appended), tuple(taken))
 
-    def cache_prompt(self, req_id: str, num_tokens: int) -> None:
+    def cache_prompt(self, req_id: str, num_tokens: int, prompt_len: int | None = None) -> None:
         """Record ``req_id``'s full blocks within its first ``num_tokens``
-        prompt tokens as prefix-cache entries (no-op without caching). Every
-        stepwarm prompt is the same token sequence, so block ``i`` of one
-        request's prompt is block ``i`` of any other's."""
+        tokens (computed + scheduled, capped at the request's tokens as
+        ``allocate_slots`` caps them) as prefix-cache entries, as
+        ``KVCacheCoordinator.cache_blocks`` does (no-op without caching):
+        rounded down to :attr:`cache_alignment`, null blocks and the blocks
+        a sliding window never reads left out. Every stepwarm prompt is the
+        same token sequence, so block ``i`` of one request's prompt is block
+        ``i`` of any other's (several ids may be cached for it); a block past
+        ``prompt_len`` holds sampled tokens no prompt has, so its entry is
+        the request's own (it is evicted like any other, never hit)."""
         if not self.enable_caching or req_id not in self._tables:
             return
+        num_tokens = num_tokens // self.cache_alignment * self.cache_alignment
+        prompt_len = num_tokens if prompt_len is None else prompt_len
         done = self._num_cached.setdefault(req_id, [0] * len(self.specs))
         for g, (spec, table) in enumerate(zip(self.specs, self._tables[req_id])):
             if spec.kind in _NOT_CACHED:
                 continue
             full = min(num_tokens // spec.block_size, len(table.ids))
+            if full <= done[g]:
+                continue
             if spec.kind == "mamba":  # every cache mode (MambaManager.cache_blocks)
                 self._cached_this_step.update(
-                    (g, i) for i in range(done[g], full) if table.ids[i])
-            done[g] = max(done[g], full)
-            for i in range(full):
+                    (g, i) for i in range(done[g], min(full, prompt_len // spec.block_size))
+                    if table.ids[i])
+            mask = _window_block_mask(spec, self.cache_alignment, done[g], full)
+            for i in range(done[g], full):
                 block = table.ids[i]
-                if block and (g, i) not in self._cache and block not in self._cached:
-                    self._cache[(g, i)] = block
-                    self._cached[block] = (g, i)
+                if not block or block in self._cached or (mask and not mask[i - done[g]]):
+                    continue
+                key = (g, i) if (i + 1) * spec.block_size <= prompt_len else (g, i, req_id)
+                self._cache.setdefault(key, {})[block] = None
+                self._cached[block] = key
+            done[g] = full
 
     def hit(self, req_id: str, num_tokens: int, encoder_len: int | None = None) -> Growth:
         """Start a new request with a prefix-cache hit of ``num_tokens``
@@ -595,7 +674,8 @@ class BlockLedger:
             rule = RULES[spec.kind]
             n = 0 if spec.kind in _NOT_CACHED else num_tokens // spec.block_size
             skip = min(n, max(0, rule.skipped_tokens(num_tokens, spec)) // spec.block_size)
-            plan.append([0] * skip + [self._cache.get((g, i)) for i in range(skip, n)])
+            plan.append([0] * skip + [next(iter(self._cache.get((g, i), ())), None)
+                                      for i in range(skip, n)])
         missing = sum(i is None for ids in plan for i in ids)
         if missing > self.num_free:
             raise self._refuse(req_id, missing, num_tokens)

@@ -561,7 +561,10 @@ class PlanBuilder:
                                           num_computed=live.num_computed_tokens)
                 got = self.ledger.held(row.req_id) if row.new or row.resumed else growth.appended
                 final_rows.append(replace(row, block_ids=got, allocated=growth.taken))
-                self.ledger.cache_prompt(row.req_id, min(target, live.decl.prompt_len))
+                # allocate_slots caches min(computed + scheduled, num_tokens):
+                # never a decode's unverified draft tokens.
+                self.ledger.cache_prompt(row.req_id, min(target, live.num_tokens),
+                                         live.decl.prompt_len)
                 held.append((row.req_id, self.ledger.held_counts(row.req_id)))
         except OutOfBlocksError as e:
             self.ledger = saved

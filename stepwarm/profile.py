@@ -62,6 +62,12 @@ class CacheSpec(BaseModel):
     #: attention only). None: stepwarm's default (full, MLA, sliding window,
     #: chunked local and cross-attention groups).
     zeroed: bool | None = None
+    #: Whether the scheduler's manager for this group takes prefix-cache hits
+    #: finer than its own block (``SingleTypeKVCacheManager.
+    #: supports_fine_grained_hash_lookup``, vLLM 0.32: full, MLA and Mamba).
+    #: None: the installed vLLM does not ask (0.26), or stepwarm's default
+    #: (as 0.32).
+    fine_grained_hits: bool | None = None
 
 
 class ImageClass(BaseModel):
@@ -338,7 +344,23 @@ def cache_spec_from_vllm(spec: Any) -> CacheSpec:
         uniform_type=uniform,
         vllm_class=type(spec).__name__,
         zeroed=_records_new_block_ids(spec),
+        fine_grained_hits=_fine_grained_hits(spec),
     )
+
+
+def _fine_grained_hits(spec: Any) -> bool | None:
+    """``supports_fine_grained_hash_lookup`` of the installed vLLM's manager
+    class for ``spec`` (vLLM 0.32), or None when that vLLM has no such
+    attribute (0.26: partial hash hits do not ask the other managers) or no
+    manager for the spec."""
+    try:
+        from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
+
+        manager = KVCacheSpecRegistry.get_manager_class(spec, None)
+    except Exception:  # vLLM 0.26 has no registry (and no such check)
+        return None
+    flag = getattr(manager, "supports_fine_grained_hash_lookup", None)
+    return None if flag is None else bool(flag)
 
 
 def _records_new_block_ids(spec: Any) -> bool | None:

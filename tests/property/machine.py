@@ -81,9 +81,12 @@ class Lifecycle(RuleBasedStateMachine):
         specs = tuple(vllm_spec(s) for s in cfg.specs)
         self.oracle = Oracle(specs, cfg.num_blocks, cfg.max_model_len,
                              cfg.num_lookahead_tokens, cfg.enable_caching)
+        # Hits align where vLLM's managers align them.
+        if cfg.enable_caching:
+            assert {self.builder.ledger.cache_alignment} == self.oracle.hit_alignments()
         # stepwarm reads the same vLLM specs through its adapter.
         assert self.oracle.stepwarm_specs == self.profile.kv_cache_groups
-        assert tuple(s.model_copy(update={"vllm_class": "", "zeroed": None})
+        assert tuple(s.model_copy(update={"vllm_class": "", "zeroed": None, "fine_grained_hits": None})
                      for s in self.profile.kv_cache_groups) == tuple(
             s.model_copy(update={"vllm_class": ""}) for s in cfg.specs)
 
@@ -133,13 +136,6 @@ class Lifecycle(RuleBasedStateMachine):
             # vLLM's ChunkedLocalAttentionManager nulls the blocks before the
             # chunk of the *lookup's* max length, not of the hit: not modelled.
             event("prefix hit: chunked local attention, not taken")
-            self.oracle.drop_hit(rid)
-            return
-        if len({s.block_size for s in self.cfg.specs}) > 1:
-            # Hits across groups of different block sizes: the ledger and
-            # vLLM's manager disagree on which cached blocks such a hit takes
-            # (found by test_tables; not modelled yet, see README).
-            event("prefix hit: groups of different block sizes, not taken")
             self.oracle.drop_hit(rid)
             return
         if any(n % s.block_size for s in self.cfg.specs):

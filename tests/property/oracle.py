@@ -326,6 +326,12 @@ class Oracle:
             self.manager.block_pool.free_blocks(retained)
         return len(copies)
 
+    def hit_alignments(self) -> set[int]:
+        """Tokens each scheduler group's manager aligns prefix-cache hits to
+        (``cache_hit_alignment_tokens``; vLLM 0.26: ``scheduler_block_size``)."""
+        return {getattr(m, "cache_hit_alignment_tokens", None) or m.scheduler_block_size
+                for m in self.manager.coordinator.single_type_managers}
+
     def take_new_block_ids(self) -> list[int]:
         """``KVCacheManager.take_new_block_ids()``: what the scheduler puts
         in ``new_block_ids_to_zero`` for the step (drained)."""

@@ -184,8 +184,18 @@ def cache_specs(draw, kind: str, block_size: int, mamba_mode: str, spec_blocks: 
 
 
 @st.composite
-def kv_configs(draw, kinds: tuple[str, ...] = ALL_KINDS, max_model_len: int = 1024) -> KVConfig:
-    """A KV cache config vLLM accepts (see the module docstring)."""
+def kv_configs(draw, kinds: tuple[str, ...] = ALL_KINDS, max_model_len: int = 1024,
+               block_sizes: st.SearchStrategy[int] = _block_sizes,
+               caching: bool | None = None, mixed_block_sizes: bool = False,
+               min_model_len: int = 2) -> KVConfig:
+    """A KV cache config vLLM accepts (see the module docstring).
+
+    Args:
+        caching: prefix caching forced on/off (None: drawn).
+        mixed_block_sizes: every group draws its own block size (else one
+            shared size half the time).
+        min_model_len, max_model_len: the range ``max_model_len`` is drawn from.
+    """
     kinds = tuple(k for k in kinds if k not in _MISSING)
     n = draw(st.integers(1, 4))
     group_kinds = draw(st.lists(st.sampled_from(kinds), min_size=n, max_size=n))
@@ -194,18 +204,19 @@ def kv_configs(draw, kinds: tuple[str, ...] = ALL_KINDS, max_model_len: int = 10
         group_kinds.append("encoder_only_attention")
     mamba_mode = draw(st.sampled_from(["none", "all", "align"]))
     spec_blocks = draw(st.integers(0, 3))
-    enable_caching = mamba_mode != "none" or draw(st.booleans())
+    enable_caching = mamba_mode != "none" or (
+        draw(st.booleans()) if caching is None else caching)
     if "cross_attention" in group_kinds:
         enable_caching = False
         mamba_mode = "none"
     # Mamba groups share the cache config's block size (align mode chunking).
-    mamba_bs = draw(_block_sizes)
+    mamba_bs = draw(block_sizes)
     # One block size for every group (hybrid models unify page sizes; prefix
     # caching with Mamba outside align mode needs it), or one per group.
-    shared_bs = draw(st.booleans())
+    shared_bs = not mixed_block_sizes and draw(st.booleans())
     specs = []
     for kind in group_kinds:
-        bs = mamba_bs if kind == "mamba" or shared_bs else draw(_block_sizes)
+        bs = mamba_bs if kind == "mamba" or shared_bs else draw(block_sizes)
         specs.append(draw(cache_specs(kind, bs, mamba_mode, spec_blocks)))
     specs_t = tuple(specs)
     max_encoder_len = draw(st.integers(1, 600)) if "cross_attention" in group_kinds else 0
@@ -216,7 +227,7 @@ def kv_configs(draw, kinds: tuple[str, ...] = ALL_KINDS, max_model_len: int = 10
     cfg = KVConfig(
         specs=specs_t,
         num_blocks=0,
-        max_model_len=draw(st.integers(2, max_model_len)),
+        max_model_len=draw(st.integers(min_model_len, max_model_len)),
         num_lookahead_tokens=draw(st.integers(0, 8)),
         num_speculative_steps=draw(st.integers(0, 4)),
         max_encoder_len=max_encoder_len,
@@ -233,3 +244,23 @@ def kv_configs(draw, kinds: tuple[str, ...] = ALL_KINDS, max_model_len: int = 10
               + (f"/{s.vllm_class}" if s.vllm_class else "")
               + ("/uniform" if s.uniform_type else ""))
     return KVConfig(**{**cfg.__dict__, "num_blocks": num_blocks})
+
+
+@st.composite
+def mixed_block_size_configs(draw) -> KVConfig:
+    """A config with prefix caching and groups of different block sizes
+    (1-8 tokens, so that prompts of a few dozen tokens span several LCMs):
+    where a prefix hit must agree with vLLM's ``HybridKVCacheCoordinator``
+    on which prompt prefix is cached (a multiple of the groups' LCM) and
+    which blocks a hit takes. Hybrid Mamba models are such configs."""
+    cfg = draw(kv_configs(
+        kinds=tuple(k for k in ("full_attention", "mla_attention", "sliding_window", "mamba",
+                                "circular_buffer", "encoder_only_attention") if k in ALL_KINDS),
+        max_model_len=64, block_sizes=st.sampled_from([1, 2, 4, 8, 3, 6]),
+        caching=True, mixed_block_sizes=True, min_model_len=24))
+    mixed = cfg.enable_caching and len(
+        {s.block_size for s in cfg.specs if s.kind != "encoder_only_attention"}) > 1
+    if not mixed:
+        event("rejected config: caching off or one block size")
+    assume(mixed)
+    return cfg

@@ -130,6 +130,12 @@ def _hit_with_lookahead(self, req_id, num_tokens, encoder_len=None):
     return blocks.Growth(g.appended, tuple(() for _ in g.taken))
 
 
+def _unaligned_cache_entries(specs, enable_caching):
+    """Every full prompt block cached, whatever the groups' LCM (stepwarm
+    before): hits take entries vLLM never made."""
+    return 1
+
+
 def _zero_row_major(self, group):
     return self.zeroes_new_blocks  # every group zeroed, whatever vLLM records
 
@@ -145,24 +151,28 @@ TABLE_MUTANTS = {
                                               ("full_attention",)),
     "every group zeroed": ({}, ("zeroes_group", _zero_row_major),
                            ("full_attention", "sliding_window", "mamba", "cross_attention")),
+    "cache entries not aligned to the groups' LCM": (
+        {}, ("prefix_cache_alignment", _unaligned_cache_entries), "mixed block sizes"),
 }
 
 
 @pytest.mark.parametrize("name", list(TABLE_MUTANTS))
 def test_property_e_kills_mutant(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from stepwarm.profile import RunnerProfile
-    from tests.property.strategies import kv_configs
+    from tests.property.strategies import kv_configs, mixed_block_size_configs
     from tests.property.test_tables import Tables
 
     rules, method, kinds = TABLE_MUTANTS[name]
     for kind, rule in rules.items():
         monkeypatch.setitem(blocks.RULES, kind, rule)
     if method is not None:
-        owner = blocks.BlockLedger if method[0] == "hit" else RunnerProfile
+        owner = {"hit": blocks.BlockLedger, "prefix_cache_alignment": blocks}.get(
+            method[0], RunnerProfile)
         monkeypatch.setattr(owner, method[0], method[1])
 
     class Narrow(Tables):
-        configs = kv_configs(kinds=kinds)
+        configs = (mixed_block_size_configs() if kinds == "mixed block sizes"
+                   else kv_configs(kinds=kinds))
 
     run = settings(
         max_examples=1500, phases=[Phase.generate], derandomize=True, database=None,

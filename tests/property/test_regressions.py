@@ -231,3 +231,38 @@ def test_regression_mamba_hit_on_a_state_cached_in_the_same_step() -> None:
         assert e.field == "blocks" and "Mamba state cached in this same step" in str(e)
     else:
         raise AssertionError("stepwarm allocated a hit vLLM's MambaManager refuses")
+
+
+def test_regression_hits_across_block_sizes_take_only_aligned_cache_entries() -> None:
+    """Found by property (e): with groups of block sizes 2 and 4 the
+    scheduler caches a prompt only up to a multiple of their LCM, 4 tokens
+    (``HybridKVCacheCoordinator.cache_blocks``). stepwarm cached r0's
+    2-token prompt block, handed it to r2's hit instead of r1's block, and
+    after r1 finished had one free block more than vLLM's pool."""
+    from stepwarm.plan import PlanBuilder, PlannedRequest
+    from tests.property.oracle import Oracle, vllm_spec
+
+    specs = (FULL16.model_copy(update={"block_size": 2}), FULL16.model_copy(update={"block_size": 4}))
+    cfg = _hit_cfg(*specs)
+    o = Oracle(tuple(vllm_spec(s) for s in specs), cfg.num_blocks, cfg.max_model_len, 0, True)
+    b = PlanBuilder(cfg.profile(), name="aligned")
+    assert b.ledger.cache_alignment == 4
+    for rid, prompt in (("r0", 2), ("r1", 5), ("r2", 5)):
+        o.add(rid, prompt)
+        b.add_request(PlannedRequest(rid, prompt))
+    for rid, prompt in (("r0", 2), ("r1", 5)):
+        o.new_step()
+        assert o.schedule(rid, prompt) is not None
+        o.advance(rid, prompt, 1)
+        b.step("custom", rid, prefill={rid: prompt})
+    assert o.lookup("r2") == 4
+    b.set_computed("r2", 4)
+    o.new_step()
+    o.finish("r1")
+    assert o.schedule("r2", 1) is not None
+    b.step("custom", "hit", prefill={"r2": 1}, finish=("r1",))
+    # r0 holds [1], [2]; r1 held [3, 4, 5], [6, 7]: r2 hits r1's 3, 4 and
+    # 6 and takes r1's freed tail blocks 7 and 5.
+    assert o.block_ids("r2") == ([3, 4, 7], [6, 5])
+    assert b.ledger.held("r2") == ((3, 4, 7), (6, 5))
+    assert b.ledger.num_free == o.num_free() == 49 - 7

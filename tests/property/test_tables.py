@@ -30,6 +30,7 @@ from hypothesis.stateful import invariant
 
 from stepwarm.compile import to_scheduler_output
 from tests.property.machine import Lifecycle
+from tests.property.strategies import mixed_block_size_configs
 
 
 def shape(tables) -> tuple:
@@ -104,3 +105,14 @@ class Tables(Lifecycle):
 
 
 TestTables = Tables.TestCase
+
+
+class TablesAcrossBlockSizes(Tables):
+    """Property (e) on configs whose groups differ in block size, with
+    prefix caching (hybrid Mamba models among them): the cached prefix is a
+    multiple of the groups' LCM, and a hit takes those entries only."""
+
+    configs = mixed_block_size_configs()
+
+
+TestTablesAcrossBlockSizes = TablesAcrossBlockSizes.TestCase
