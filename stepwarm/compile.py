@@ -19,10 +19,21 @@ from stepwarm.plan import Plan, PlannedRequest, PlannedStep
 from stepwarm.profile import RunnerProfile
 
 
-def prompt_token_ids(req: PlannedRequest, vocab_size: int) -> list[int]:
+def prompt_token_ids(req: PlannedRequest, profile: RunnerProfile) -> list[int]:
     """The dummy prompt of ``req``: ``[0, 1, ..., prompt_len - 1]`` modulo the
-    vocabulary (``prompt_len`` ids, each < ``vocab_size``)."""
-    return [i % vocab_size for i in range(req.prompt_len)]
+    vocabulary (``prompt_len`` ids, each < ``vocab_size``).
+
+    An encoder-decoder model's decoder prompt starts with
+    ``profile.decoder_start_token_id`` instead of 0, as every decoder prompt
+    vLLM's front end hands its scheduler does
+    (``_prepare_decoder_input_ids_for_generation`` in ``vllm/inputs/engine.py``
+    prepends it to one that lacks it): the front end then keeps these ids and
+    their length as they are.
+    """
+    ids = [i % profile.vocab_size for i in range(req.prompt_len)]
+    if ids and profile.decoder_start_token_id is not None:
+        ids[0] = profile.decoder_start_token_id
+    return ids
 
 
 @dataclass
@@ -165,7 +176,7 @@ def _new_request_data(
     if images is not None:
         tokens, features = list(images.prompt_token_ids), list(images.mm_features)
     else:
-        tokens, features = prompt_token_ids(req, profile.vocab_size), _mm_features(req)
+        tokens, features = prompt_token_ids(req, profile), _mm_features(req)
     request = Request(req.req_id, tokens, params[0], params[1], mm_features=features)
     request.num_computed_tokens = num_computed
     return NewRequestData.from_request(
@@ -251,7 +262,7 @@ def to_scheduler_output(
                 cached.resumed_req_ids.add(row.req_id)
             if row.resumed or row.req_id not in previous:
                 cached.all_token_ids[row.req_id] = prompt_token_ids(
-                    req, profile.vocab_size) + tokens.outputs(row.req_id, row.num_output_tokens)
+                    req, profile) + tokens.outputs(row.req_id, row.num_output_tokens)
         out.num_scheduled_tokens[row.req_id] = row.num_scheduled_tokens
         if row.encoder_inputs:
             out.scheduled_encoder_inputs[row.req_id] = list(row.encoder_inputs)

@@ -298,7 +298,7 @@ def drive(
         )
     # Requests with images: processed by the model's processor before any step.
     images = {r.req_id: request_inputs(worker, r, profile.image_classes,
-                                       prompt_token_ids(r, profile.vocab_size))
+                                       prompt_token_ids(r, profile))
               for r in plan.requests if r.images}
     params: dict[str, tuple[Any, Any]] = {}
     tokens = tokens if tokens is not None else OutputHistory()

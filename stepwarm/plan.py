@@ -217,6 +217,23 @@ class PlanError(ValueError):
         self.field = field
 
 
+def max_prompt_len(profile: RunnerProfile, kind: str = "sample") -> int:
+    """The longest prompt, in tokens, a request of ``kind`` may have.
+
+    Mirrors ``InputProcessor._validate_prompt_len`` (``vllm/v1/engine/
+    input_processor.py``, vLLM 0.26 and 0.32), the rule vLLM's front end
+    applies to every decoder prompt before the scheduler sees it: longer than
+    ``max_model_len`` is refused, and a prompt of exactly ``max_model_len``
+    too when the runner generates (``runner_type == "generate"``), since the
+    token sampled after the prompt must fit. So ``max_model_len - 1`` for a
+    sampling request, ``max_model_len`` for a pooling one. An encoder-decoder
+    model's decoder prompt is counted with its decoder start token, which
+    stepwarm's prompts already begin with
+    (:func:`stepwarm.compile.prompt_token_ids`).
+    """
+    return profile.max_model_len - (1 if kind == "sample" else 0)
+
+
 @dataclass
 class _Live:
     """A request's state across steps (scheduler's side)."""
@@ -274,8 +291,7 @@ class PlanBuilder:
                 f"request {req.req_id!r}: prompt_len must be > 0, got {req.prompt_len}",
                 field="prompt_len",
             )
-        # A sampling request gets a token after its prompt: prompt + 1 must fit.
-        limit = self.profile.max_model_len - (1 if req.kind == "sample" else 0)
+        limit = max_prompt_len(self.profile, req.kind)
         if req.prompt_len > limit:
             raise PlanError(
                 f"request {req.req_id!r}: prompt_len {req.prompt_len} exceeds "

@@ -120,6 +120,11 @@ class RunnerProfile(BaseModel):
     is_pooling_model: bool = False
     pooling_task: str | None = None
     is_encoder_decoder: bool = False
+    #: Encoder-decoder models: the token every decoder prompt starts with
+    #: (``BaseRenderer.get_dec_start_token_id``: ``decoder_start_token_id``,
+    #: else ``bos_token_id``); vLLM's front end prepends it to a decoder prompt
+    #: that does not start with it. None for other models.
+    decoder_start_token_id: int | None = Field(default=None, ge=0)
     #: ``VllmConfig.is_mm_encoder_only``: vLLM's warmup runs no step.
     is_encoder_only: bool = False
     is_last_pp_rank: bool = True
@@ -416,6 +421,22 @@ def _max_logprobs(model_config: Any) -> int:
     return int(model_config.get_vocab_size()) if n == -1 else n
 
 
+def _decoder_start_token_id(model_config: Any) -> int | None:
+    """An encoder-decoder model's decoder start token, as
+    ``BaseRenderer.get_dec_start_token_id`` (vLLM 0.32 ``renderers/base.py``;
+    0.26 the same rule) picks it: ``hf_config.decoder_start_token_id``, else
+    the BOS token id (the tokenizer's there, the config's here); None for a
+    decoder-only model or when neither is set."""
+    if not model_config.is_encoder_decoder:
+        return None
+    hf = model_config.hf_config
+    for name in ("decoder_start_token_id", "bos_token_id"):
+        value = getattr(hf, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
 def read_profile(worker: Any) -> RunnerProfile:
     """Read a :class:`RunnerProfile` off a live vLLM worker (or model runner).
 
@@ -479,6 +500,7 @@ def read_profile(worker: Any) -> RunnerProfile:
         is_pooling_model=is_pooling,
         pooling_task=pooling_task,
         is_encoder_decoder=bool(model_config.is_encoder_decoder),
+        decoder_start_token_id=_decoder_start_token_id(model_config),
         is_encoder_only=bool(getattr(cfg, "is_mm_encoder_only", False)),
         is_last_pp_rank=_is_last_pp_rank(runner),
         vocab_size=int(model_config.get_vocab_size()),

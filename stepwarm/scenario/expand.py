@@ -22,7 +22,14 @@ from stepwarm.expressions import (
     facts_of,
     functions_of,
 )
-from stepwarm.plan import REQ_ID_PREFIX, Plan, PlanBuilder, PlanError, PlannedRequest
+from stepwarm.plan import (
+    REQ_ID_PREFIX,
+    Plan,
+    PlanBuilder,
+    PlanError,
+    PlannedRequest,
+    max_prompt_len,
+)
 from stepwarm.profile import RunnerProfile
 from stepwarm.scenario.errors import ScenarioError
 from stepwarm.scenario.format import (
@@ -71,7 +78,8 @@ _ALLOWED_BY_FIELD = {
     "preempt": "preempt running requests",
     "blocks": "at most num_blocks - 1 = {blocks} blocks held by all live requests",
     "prefix_hit": "a waiting request, a hit below its prompt length",
-    "prompt_len": "1..max_model_len = {p.max_model_len} tokens",
+    "prompt_len": "1..max_model_len - 1 = {p.max_model_len - 1} tokens (a pooling "
+                  "request: 1..max_model_len)",
 }
 
 
@@ -190,10 +198,14 @@ class _Expander:
                 raise self.err(f"{len(prompts)} prompt(s) x {len(samplings)} sampling "
                                f"combination(s) make {len(prompts) * len(samplings)} requests",
                                "prompt", request=name, allowed=f"at most {MAX_SWEEP}")
+            longest = max_prompt_len(p, spec.kind)
             for v in prompts:
-                if v > p.max_model_len:
-                    raise self.err(f"prompt of {v} tokens exceeds max_model_len {p.max_model_len}",
-                                   "prompt", request=name, allowed=f"1..{p.max_model_len}")
+                if v > longest:
+                    raise self.err(
+                        f"prompt of {v} tokens exceeds {longest}, the longest prompt vLLM "
+                        f"takes (max_model_len {p.max_model_len}"
+                        + (" less the token sampled after it)" if spec.kind == "sample" else ")"),
+                        "prompt", request=name, allowed=f"1..{longest}")
             if spec.kind == "pool" and not p.is_pooling_model:
                 raise self.err('kind = "pool" but the runner is not a pooling model', "kind",
                                request=name, allowed='"sample" here, or add needs = ["pooling"] '
@@ -221,7 +233,7 @@ class _Expander:
                         sampling=sampling, images=imgs))
                 except PlanError as e:
                     raise self.err(str(e), "prompt", request=name,
-                                   allowed=f"1..max_model_len = {p.max_model_len}") from None
+                                   allowed=f"1..{longest}") from None
                 ids.append(rid)
                 self.prompt_len[rid] = v
                 self.sampling[rid] = sampling

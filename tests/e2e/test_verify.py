@@ -4,6 +4,8 @@ on the same prompt ids), step kind by step kind, on the tiny Llama (with an
 ngram speculator) and the tiny granite hybrid (Mamba2 + attention, align
 mode). Both models have seeded random weights (vLLM's dummy weights leave
 logits too flat to compare). One engine per model, in a fresh process each.
+On Whisper, the prompts vLLM's front end hands the scheduler are the ones
+stepwarm sends (decoder start token first, 447 tokens at most).
 """
 
 from __future__ import annotations
@@ -192,3 +194,60 @@ def test_the_oracle_sees_rejected_placeholder_drafts(llama):
     assert rep["differences"]
     assert all(len(d["stepwarm"]) < len(d["reference"]) or d["stepwarm"] != d["reference"]
                for d in rep["differences"])
+
+
+#: Whisper's longest decoder prompts through vLLM's real front end (dummy
+#: weights: the tokens are not the point, the prompts the scheduler runs are).
+WHISPER_SCRIPT = textwrap.dedent(
+    """
+    import json
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+    from stepwarm.compile import prompt_token_ids
+    from stepwarm.engine import start_engine
+    from stepwarm.profile import read_profile
+    from stepwarm.scenario import plans_for
+    from stepwarm import verify as V
+
+    if __name__ == "__main__":
+        engine = start_engine("tiny-whisper")
+        profile = read_profile(engine.worker)
+        out = {"prompts": {}, "reference": {}, "planned": {}}
+        for plan in plans_for(["mixed-prefill-decode", "triton-buckets"], profile):
+            counts = V.planned_outputs(plan)
+            # raises PromptChanged if the scheduler ran other ids than sent
+            ref = V.reference_tokens(engine.llm, engine.worker, plan, profile, counts)
+            name = plan.display_name
+            out["prompts"][plan.name] = {name(r): len(prompt_token_ids(plan.request(r), profile))
+                                         for r in counts}
+            out["reference"][plan.name] = {name(r): len(t) for r, t in ref.items()}
+            out["planned"][plan.name] = {name(r): n for r, n in counts.items()}
+            longest = max(plan.requests, key=lambda r: r.prompt_len)
+            first = prompt_token_ids(longest, profile)[:3]
+        # the same 447 tokens without the decoder start token: vLLM prepends it
+        try:
+            engine.llm.generate([TokensPrompt(prompt_token_ids=list(range(447)))],
+                                SamplingParams(max_tokens=1), use_tqdm=False)
+            out["refused"] = ""
+        except Exception as e:
+            out["refused"] = str(e)
+        out["first"] = first
+        print("RESULT " + json.dumps(out))
+    """
+)
+
+
+def test_whispers_longest_decoder_prompts_reach_the_scheduler_as_sent(tmp_path):
+    """vLLM's front end prepends decoder_start_token_id (3 in the zoo config)
+    to a decoder prompt lacking it and refuses a generate prompt of
+    max_model_len (448) tokens: stepwarm's prompts start with that token, so
+    its 447-token prompts reach the scheduler unchanged and whole."""
+    (tmp_path / "run.py").write_text(WHISPER_SCRIPT)
+    proc, result = run_script(tmp_path / "run.py")
+    assert result is not None, proc.stdout[-3000:] + proc.stderr[-4000:]
+    assert result["first"] == [3, 1, 2]
+    assert result["prompts"]["mixed-prefill-decode"]["long"] == 447
+    assert result["prompts"]["triton-buckets"]["pmax"] == 447
+    assert max(max(p.values()) for p in result["prompts"].values()) == 447
+    assert result["reference"] == result["planned"]  # none cut short by max_model_len
+    assert "decoder prompt (length 448)" in result["refused"]

@@ -128,6 +128,9 @@ def test_profiles_show_each_model_kind(zoo_run):
                      "tiny-whisper": ["full_attention", "cross_attention"]}
     whisper = zoo_run("tiny-whisper")[1]["profile"]
     assert whisper["is_encoder_decoder"] and whisper["max_encoder_len"] == 1500
+    # the token vLLM's front end starts every decoder prompt with (zoo config: 3)
+    assert whisper["decoder_start_token_id"] == 3
+    assert zoo_run("tiny-gemma3")[1]["profile"]["decoder_start_token_id"] is None
     modes = {name: zoo_run(name)[1]["profile"]["mamba_cache_mode"]
              for name in ("tiny-granite-hybrid", "tiny-granite-hybrid-align")}
     assert modes == {"tiny-granite-hybrid": "none", "tiny-granite-hybrid-align": "align"}

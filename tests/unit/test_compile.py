@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stepwarm.compile import to_grammar_output, to_scheduler_output
+from stepwarm.compile import prompt_token_ids, to_grammar_output, to_scheduler_output
 from stepwarm.plan import PlanBuilder, PlannedRequest
 from stepwarm.profile import CacheSpec, RunnerProfile
 
@@ -203,3 +203,24 @@ def test_drafts_come_from_the_expected_outputs_where_known():
     history = OutputHistory(expected={"_stepwarm_a_": [5, 6, 7, 8], "_stepwarm_b_": [3, 4]})
     so = to_scheduler_output(plan.steps[1], plan, p, tokens=history)
     assert so.scheduled_spec_decode_tokens == {"_stepwarm_a_": [6, 7], "_stepwarm_b_": [4, 0]}
+
+
+def test_prompt_ids_count_from_zero_modulo_the_vocabulary():
+    p = _profile(vocab_size=4)
+    assert prompt_token_ids(PlannedRequest("_stepwarm_a_", 6), p) == [0, 1, 2, 3, 0, 1]
+
+
+def test_an_encoder_decoder_prompt_starts_with_the_decoder_start_token():
+    # vLLM's front end prepends decoder_start_token_id to a decoder prompt that
+    # lacks it (_prepare_decoder_input_ids_for_generation): stepwarm's prompt
+    # starts with it, so the scheduler's prompt is these ids, of this length.
+    p = _profile(kv_cache_groups=(CacheSpec(kind="full_attention", block_size=4),
+                                  CacheSpec(kind="cross_attention", block_size=4)),
+                 is_encoder_decoder=True, max_encoder_len=8, decoder_start_token_id=3)
+    b = PlanBuilder(p)
+    b.add_request(PlannedRequest("_stepwarm_a_", 5, encoder_len=8))
+    b.add_request(PlannedRequest("_stepwarm_b_", 1, encoder_len=8))
+    b.step("prefill", "p", prefill={"_stepwarm_a_": 5, "_stepwarm_b_": 1})
+    plan = b.build()
+    so = to_scheduler_output(plan.steps[0], plan, p)
+    assert [r.prompt_token_ids for r in so.scheduled_new_reqs] == [[3, 1, 2, 3, 4], [3]]

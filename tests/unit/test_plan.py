@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from stepwarm.plan import PlanBuilder, PlanError, PlannedRequest
+from stepwarm.plan import PlanBuilder, PlanError, PlannedRequest, max_prompt_len
 from stepwarm.profile import CacheSpec, RunnerProfile
 
 A = "_stepwarm_a_"
@@ -24,6 +24,17 @@ def test_sampling_prompt_must_leave_room_for_the_sampled_token():
         b.add_request(PlannedRequest(A, 32))
     assert info.value.field == "prompt_len"
     b.add_request(PlannedRequest("_stepwarm_pool_", 32, kind="pool"))  # pooling samples nothing
+
+
+def test_max_prompt_len_is_vllms_front_end_limit():
+    # InputProcessor._validate_prompt_len: > max_model_len refused; == refused
+    # when the runner generates (a sampling request), allowed when it pools.
+    p = _builder().profile
+    assert (max_prompt_len(p), max_prompt_len(p, "sample"), max_prompt_len(p, "pool")) == (
+        31, 31, 32)
+    whisper = _builder(max_model_len=448, is_encoder_decoder=True, max_encoder_len=1500,
+                       decoder_start_token_id=3).profile
+    assert max_prompt_len(whisper) == 447
 
 
 def test_decodes_stop_at_max_model_len_counting_sampled_tokens():

@@ -433,6 +433,23 @@ def test_triton_buckets_sweeps_the_bucket_classes_one_request_at_a_time(pname):
     assert decodes == sorted(set(buckets(prof.max_num_seqs)))
 
 
+#: tiny-whisper's limits (max_model_len 448, Whisper's decoder limit).
+WHISPER = profile(kv_cache_groups=(FULL, CacheSpec(kind="cross_attention", block_size=16)),
+                  max_model_len=448, max_num_seqs=8, max_num_batched_tokens=1500,
+                  vocab_size=512, is_encoder_decoder=True, max_encoder_len=1500,
+                  decoder_start_token_id=3)
+
+
+@pytest.mark.parametrize("name, request_name", [("mixed-prefill-decode", "long"),
+                                                ("triton-buckets", "pmax")])
+def test_the_longest_prompts_leave_room_for_the_sampled_token(name, request_name):
+    # vLLM's front end refuses a generate prompt of max_model_len tokens
+    # (InputProcessor._validate_prompt_len): the longest is 447 on Whisper.
+    plan = expand(load(name), WHISPER)
+    lens = {plan.display_name(r.req_id): r.prompt_len for r in plan.requests}
+    assert lens[request_name] == 447 and max(lens.values()) == 447
+
+
 @pytest.mark.parametrize("pname", ["tiny", "plain"])
 def test_structured_output_bitmask_for_all_some_and_one_within_two_running(pname):
     plan = expand(load("structured-output"), PROFILES[pname])

@@ -113,7 +113,15 @@ def test_prompt_plus_decode_beyond_max_model_len(tmp_path):
 
 def test_prompt_beyond_max_model_len(tmp_path):
     e = bad(tmp_path, PREFILL_A.replace("prompt = 10", 'prompt = "max_model_len + 1"'))
-    assert_parts(e, 2, None, "prompt", "exceeds max_model_len 256", "1..256")
+    assert_parts(e, 2, None, "prompt", "prompt of 257 tokens exceeds 255", "1..255")
+
+
+def test_prompt_of_max_model_len_leaves_no_room_for_the_sampled_token(tmp_path):
+    # vLLM's InputProcessor._validate_prompt_len refuses a generate prompt of
+    # exactly max_model_len: stepwarm refuses it before the first step too.
+    e = bad(tmp_path, PREFILL_A.replace("prompt = 10", 'prompt = "max_model_len"'))
+    assert_parts(e, 2, None, "prompt", "prompt of 256 tokens exceeds 255",
+                 "max_model_len 256 less the token sampled after it", "1..255")
 
 
 def test_more_requests_than_max_num_seqs(tmp_path):
