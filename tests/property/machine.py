@@ -83,7 +83,9 @@ class Lifecycle(RuleBasedStateMachine):
                              cfg.num_lookahead_tokens, cfg.enable_caching)
         # Hits align where vLLM's managers align them.
         if cfg.enable_caching:
-            assert {self.builder.ledger.cache_alignment} == self.oracle.hit_alignments()
+            assert self.builder.ledger.cache_alignment == self.oracle.hit_alignment(), (
+                f"stepwarm aligns hits to {self.builder.ledger.cache_alignment} tokens, "
+                f"vLLM's coordinator to {self.oracle.hit_alignment()}")
         # stepwarm reads the same vLLM specs through its adapter.
         assert self.oracle.stepwarm_specs == self.profile.kv_cache_groups
         assert tuple(s.model_copy(update={"vllm_class": "", "zeroed": None, "fine_grained_hits": None})
@@ -131,6 +133,12 @@ class Lifecycle(RuleBasedStateMachine):
             self.oracle.drop_hit(rid)
             return
         if not n:
+            return
+        if self.oracle.untrimmed_hit(rid):
+            # A vLLM 0.26 bug (fixed in 0.32): not a hit the scheduler
+            # should make, and not one stepwarm models.
+            event("prefix hit: vLLM left a group's hit blocks untrimmed, not taken")
+            self.oracle.drop_hit(rid)
             return
         if any(s.kind == "chunked_local_attention" for s in self.cfg.specs):
             # vLLM's ChunkedLocalAttentionManager nulls the blocks before the

@@ -104,9 +104,13 @@ def scheduler_block_sizes(groups: list[Any], enable_caching: bool) -> tuple[int,
     from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
 
     cfg = SimpleNamespace(kv_cache_groups=groups)
+    # cache_config.block_size: a hybrid engine's Mamba block size in align
+    # mode is the cache config's block size (vLLM 0.26 compares the two).
+    mamba = [g.kv_cache_spec.block_size for g in groups
+             if type(g.kv_cache_spec).__name__ == "MambaSpec"]
     vcfg = SimpleNamespace(
         cache_config=SimpleNamespace(
-            block_size=groups[0].kv_cache_spec.block_size if groups else 16,
+            block_size=(mamba or [g.kv_cache_spec.block_size for g in groups] or [16])[0],
             enable_prefix_caching=enable_caching,
             prefix_match_unit=None,
         ),
@@ -237,6 +241,22 @@ class Oracle:
         r.hit = (blocks, n) if n else None
         return n
 
+    def untrimmed_hit(self, req_id: str) -> bool:
+        """Whether the hit :meth:`lookup` found holds more blocks in some
+        group than its length covers. vLLM 0.26's
+        ``HybridKVCacheCoordinator.find_longest_cache_hit`` trims only the
+        first full-attention group to the reconciled hit length, so a second
+        full-attention-type group (MLA beside full attention, say) keeps the
+        blocks of its own longer hit; 0.32 trims every one."""
+        r = self._reqs[req_id]
+        if not r.hit:
+            return False
+        blocks, n = r.hit
+        managers = self.manager.coordinator.single_type_managers
+        return any(len(group) > -(-n // m.block_size)
+                   for group, m in zip(blocks.blocks, managers)
+                   if type(m).__name__ != "MambaManager")
+
     def drop_hit(self, req_id: str) -> None:
         """Forget a looked-up hit (the scheduler would not use it)."""
         self._log.append(('drop_hit', (req_id,)))
@@ -326,11 +346,16 @@ class Oracle:
             self.manager.block_pool.free_blocks(retained)
         return len(copies)
 
-    def hit_alignments(self) -> set[int]:
-        """Tokens each scheduler group's manager aligns prefix-cache hits to
-        (``cache_hit_alignment_tokens``; vLLM 0.26: ``scheduler_block_size``)."""
-        return {getattr(m, "cache_hit_alignment_tokens", None) or m.scheduler_block_size
-                for m in self.manager.coordinator.single_type_managers}
+    def hit_alignment(self) -> int:
+        """Tokens prefix-cache hits are aligned to: the coordinator's
+        ``_cache_hit_alignment_tokens`` (hybrid), else the one manager's
+        ``scheduler_block_size`` (its block size)."""
+        coordinator = self.manager.coordinator
+        aligned = getattr(coordinator, "_cache_hit_alignment_tokens", None)
+        if aligned is not None:
+            return aligned
+        (size,) = {m.scheduler_block_size for m in coordinator.single_type_managers}
+        return size
 
     def take_new_block_ids(self) -> list[int]:
         """``KVCacheManager.take_new_block_ids()``: what the scheduler puts
