@@ -31,9 +31,10 @@ from typing import Any
 from stepwarm.blocks import ReservationContext, reserved_blocks_per_group
 from stepwarm.compile import OutputHistory, cleanup_output, prompt_token_ids
 from stepwarm.driver import RunReport, drive
+from stepwarm.encoder_inputs import audio_inputs, audio_sampling_rate, dummy_audio, processor_of
 from stepwarm.engine import abort_all, finished_not_sent
 from stepwarm.plan import REQ_ID_PREFIX, Plan, PlannedRequest, PlannedStep, ScheduledRequest
-from stepwarm.profile import RunnerProfile
+from stepwarm.profile import RunnerProfile, runner_of
 from stepwarm.runner import discard_pending_step, live_request_ids
 
 #: Request id prefix of the requests :func:`with_prefix_fills` adds.
@@ -218,8 +219,9 @@ def reference_tokens(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,
                      counts: dict[str, int]) -> dict[str, list[int]]:
     """The tokens vLLM's own scheduler samples greedily after each request's prompt.
 
-    One ``llm.generate`` call over ``TokensPrompt(prompt_token_ids=...)`` (the
-    prompt stepwarm sends, :func:`~stepwarm.compile.prompt_token_ids`) with
+    One ``llm.generate`` call over :func:`reference_prompt` (the prompt
+    stepwarm sends, :func:`~stepwarm.compile.prompt_token_ids`, and an
+    encoder-decoder request's audio) with
     ``SamplingParams(temperature=0, max_tokens=counts[req], ignore_eos=True,
     detokenize=False)``.
 
@@ -237,22 +239,38 @@ def reference_tokens(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,
             ``RequestOutput.prompt_token_ids``) is not the one sent.
     """
     from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
 
     ids = sorted(counts)
-    prompts = [TokensPrompt(prompt_token_ids=prompt_token_ids(plan.request(r), profile))
-               for r in ids]
+    sent = [prompt_token_ids(plan.request(r), profile) for r in ids]
+    prompts = [reference_prompt(worker, plan.request(r), ids_) for r, ids_ in zip(ids, sent)]
     params = [SamplingParams(temperature=0.0, max_tokens=counts[r], ignore_eos=True,
                              detokenize=False) for r in ids]
     outputs = _through_scheduler(llm, worker, lambda: llm.generate(prompts, params, use_tqdm=False))
-    for r, sent, out in zip(ids, prompts, outputs):
+    for r, want, out in zip(ids, sent, outputs):
         seen = list(out.prompt_token_ids or [])
-        if seen != sent["prompt_token_ids"]:
+        if seen != want:
             raise PromptChanged(
                 f"vLLM's front end scheduled {plan.display_name(r)} with a {len(seen)}-token "
-                f"prompt {_head(seen)}, not the {len(sent['prompt_token_ids'])} tokens "
-                f"{_head(sent['prompt_token_ids'])} stepwarm sends the worker")
+                f"prompt {_head(seen)}, not the {len(want)} tokens "
+                f"{_head(want)} stepwarm sends the worker")
     return {r: list(out.outputs[0].token_ids) for r, out in zip(ids, outputs)}
+
+
+def reference_prompt(worker: Any, req: PlannedRequest, ids: list[int]) -> Any:
+    """The prompt ``LLM.generate`` is given for ``req`` (decoder prompt ``ids``):
+    ``TokensPrompt(prompt_token_ids=ids)``, or, for an encoder-decoder request
+    the driver sends audio (:func:`stepwarm.encoder_inputs.audio_inputs`), an
+    explicit encoder-decoder prompt with that very audio, as vLLM's Whisper
+    builds one (``WhisperForConditionalGeneration.get_generation_prompt``):
+    ``{"encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": (wave,
+    rate)}}, "decoder_prompt": {"prompt_token_ids": ids}}``."""
+    from vllm.inputs import TokensPrompt
+
+    if req.encoder_len and not req.images and audio_inputs(worker, req, ids) is not None:
+        rate = audio_sampling_rate(processor_of(runner_of(worker)))
+        return {"encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": dummy_audio(rate)}},
+                "decoder_prompt": TokensPrompt(prompt_token_ids=list(ids))}
+    return TokensPrompt(prompt_token_ids=list(ids))
 
 
 def _head(ids: list[int], n: int = 4) -> str:
