@@ -19,12 +19,17 @@ the hit, one step that prefills the cached prefix into those very blocks.
 
 Pooling requests are compared with ``LLM.embed`` (:func:`verify_pooling`).
 
+An encoder-decoder (Whisper) request is given the driver's dummy audio on
+both paths (:func:`reference_prompt`); one without audio is driven but not
+compared (``VerifyReport.not_compared``).
+
 Data flows one way: the plan and the reference go into the driver; nothing
 here changes planning.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -77,6 +82,11 @@ class VerifyReport:
     embedding_error: dict[str, float] = field(default_factory=dict)
     #: Pooling plans: requests whose embedding is off by more than the tolerance.
     embedding_differs: tuple[str, ...] = ()
+    #: Requests driven but not compared (display name -> why): an
+    #: encoder-decoder request without audio (no encoder input, or one whose
+    #: length the processor does not make) attends to nothing both paths
+    #: define alike.
+    not_compared: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -343,8 +353,11 @@ def verify(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile) -> VerifyR
     if any(r.kind == "pool" for r in plan.requests):
         return verify_pooling(llm, worker, plan, profile)
     counts = planned_outputs(plan)
+    silent = _without_audio(worker, plan, profile, counts)
+    counts = {r: n for r, n in counts.items() if r not in silent}
     if not counts:
-        return VerifyReport(plan=plan.name, skipped="no request samples a token")
+        return VerifyReport(plan=plan.name, skipped="no request samples a token" + (
+            f" with an encoder input ({len(silent)} without)" if silent else ""))
     try:
         reference = reference_tokens(llm, worker, plan, profile, counts)
     except ReferenceFailed as e:
@@ -352,7 +365,28 @@ def verify(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile) -> VerifyR
     driven, origin = with_prefix_fills(as_greedy(plan), profile)
     history = OutputHistory(expected=reference)
     report = drive(worker, driven, profile, tokens=history)
-    return compare(driven, origin, report, reference, source=plan)
+    return replace(compare(driven, origin, report, reference, source=plan),
+                   not_compared={plan.display_name(r): why for r, why in sorted(silent.items())})
+
+
+def _without_audio(worker: Any, plan: Plan, profile: RunnerProfile,
+                   req_ids: Iterable[str]) -> dict[str, str]:
+    """The encoder-decoder requests among ``req_ids`` the driver sends no
+    audio (:func:`stepwarm.encoder_inputs.audio_inputs` gives none), with
+    why: their cross-attention reads blocks no encoder wrote on stepwarm's
+    path and an empty encoder input on the scheduler's, so their tokens are
+    not comparable."""
+    if not profile.is_encoder_decoder:
+        return {}
+    out = {}
+    for r in req_ids:
+        req = plan.request(r)
+        if not req.encoder_len:
+            out[r] = "no encoder input"
+        elif audio_inputs(worker, req, prompt_token_ids(req, profile)) is None:
+            out[r] = (f"a {req.encoder_len}-token encoder input, not the processor's "
+                      "audio length")
+    return out
 
 
 def verify_pooling(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,

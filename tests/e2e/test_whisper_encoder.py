@@ -65,15 +65,15 @@ SCRIPT = textwrap.dedent(
         silent = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
         V._release_finished(llm, worker)
         verified = {p.name: V.verify(llm, worker, p, profile)
-                    for p in plans_for(["mixed-prefill-decode"], profile)}
+                    for p in plans_for(["mixed-prefill-decode", "cross-attention"], profile)}
         print("RESULT " + json.dumps({
             "budget": profile.encoder_budget, "steps": steps,
             "after": after, "left": report.left_in_runner,
             "reference": list(ref.outputs[0].token_ids),
             "reference_prompt": list(ref.prompt_token_ids),
             "no_audio": list(silent.outputs[0].token_ids), "sent": ids,
-            "verify": {n: [r.ok, r.checked, [d.request for d in r.differences]]
-                       for n, r in verified.items()},
+            "verify": {n: [r.ok, r.checked, [d.request for d in r.differences],
+                           r.not_compared] for n, r in verified.items()},
         }))
     """
 )
@@ -111,6 +111,15 @@ def test_stepwarm_tokens_equal_the_scheduler_path_on_the_same_audio(whisper):
 
 
 def test_mixed_prefill_decode_verifies_equal_with_audio(whisper):
-    ok, checked, differ = whisper["verify"]["mixed-prefill-decode"]
+    ok, checked, differ, skipped = whisper["verify"]["mixed-prefill-decode"]
+    assert differ == [] and ok and skipped == {}
+    assert sum(checked.values()) == 9 and len(checked) == 5
+
+
+def test_cross_attention_compares_the_requests_with_audio(whisper):
+    # 'short' declares a 750-token encoder input; Whisper's processor pads
+    # every audio to 1500 tokens, so it carries none and is not compared
+    ok, checked, differ, skipped = whisper["verify"]["cross-attention"]
     assert differ == [] and ok
-    assert sum(checked.values()) >= 9
+    assert sorted(checked) == ["full[0]", "full[1]", "full[2]", "full[3]"]
+    assert skipped == {"short": "a 750-token encoder input, not the processor's audio length"}

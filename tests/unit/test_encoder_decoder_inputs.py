@@ -105,3 +105,17 @@ def test_unknown_budget_or_no_encoder_input_splits_nothing():
     plan = b.build()
     assert len(plan.steps) == 1
     assert [r.encoder_inputs for r in plan.steps[0].scheduled] == [(0,), (0,), (0,), ()]
+
+
+def test_verify_leaves_out_encoder_decoder_requests_without_an_encoder_input():
+    from stepwarm.verify import _without_audio
+
+    b = PlanBuilder(_profile())
+    b.add_request(_req("none", enc=0))
+    b.step("prefill", "p", prefill={"_stepwarm_none_": 2})
+    plan = b.build()
+    # no worker needed: a request without encoder input carries no audio
+    assert _without_audio(None, plan, _profile(), ["_stepwarm_none_"]) == {
+        "_stepwarm_none_": "no encoder input"}
+    assert _without_audio(None, plan, _profile(is_encoder_decoder=False, encoder_budget=0),
+                          ["_stepwarm_none_"]) == {}
