@@ -89,8 +89,9 @@ def read_image_classes(worker: Any) -> tuple[tuple[ImageClass, ...], int, int]:
         :data:`CANDIDATE_SIDES` (smallest side first), the encoder tokens one
         step may run (``MultiModalBudget.get_encoder_budget()``: the compute
         budget and the encoder cache size, the smaller) and
-        ``mm_max_items_per_prompt["image"]``; ``((), 0, 0)`` for a model
-        without an image processor.
+        ``mm_max_items_per_prompt["image"]``; for a model without an image
+        processor ``((), budget, 0)``, the budget an encoder-decoder's
+        encoder inputs get (0 for any other model).
     """
     runner = runner_of(worker)
     processor = processor_of(runner)
