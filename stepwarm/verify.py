@@ -149,7 +149,10 @@ def with_prefix_fills(plan: Plan, profile: RunnerProfile) -> tuple[Plan, tuple[i
             counts = reserved_blocks_per_group(n, profile.kv_cache_groups, ctx)
             blocks = tuple(ids[:c] for ids, c in zip(row.block_ids, counts))
             fid = f"{FILL_PREFIX}{len(steps)}_"
-            requests.append(PlannedRequest(fid, n, sampling="greedy"))
+            # an encoder-decoder fill carries the hit request's encoder input
+            # (its decoder key/values past the first layer depend on it)
+            enc = plan.request(row.req_id).encoder_len
+            requests.append(PlannedRequest(fid, n, sampling="greedy", encoder_len=enc))
             fill_ids.append(fid)
             name = plan.display_name(row.req_id)
             for start in range(0, n, chunk):
@@ -161,7 +164,8 @@ def with_prefix_fills(plan: Plan, profile: RunnerProfile) -> tuple[Plan, tuple[i
                           f"(tokens {start}..{start + size - 1})",
                     scheduled=(ScheduledRequest(
                         fid, start, size, new=first, block_ids=blocks if first else (),
-                        allocated=blocks if first else (), samples=start + size == n),),
+                        allocated=blocks if first else (), samples=start + size == n,
+                        encoder_inputs=(0,) if first and enc else ()),),
                     num_spec_tokens_to_schedule=profile.num_speculative_steps,
                     held_blocks=((fid, tuple(len(b) for b in blocks)),)))
                 origin.append(st.index)

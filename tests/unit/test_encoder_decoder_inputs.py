@@ -119,3 +119,22 @@ def test_verify_leaves_out_encoder_decoder_requests_without_an_encoder_input():
         "_stepwarm_none_": "no encoder input"}
     assert _without_audio(None, plan, _profile(is_encoder_decoder=False, encoder_budget=0),
                           ["_stepwarm_none_"]) == {}
+
+
+def test_a_new_request_after_a_prefix_hit_runs_its_encoder_and_so_does_its_fill():
+    from stepwarm.verify import with_prefix_fills
+
+    p = _profile()
+    b = PlanBuilder(p)
+    b.add_request(_req("hit", prompt=20))
+    b.set_computed("_stepwarm_hit_", 16)
+    b.step("prefix_hit", "h", prefill={"_stepwarm_hit_": 4})
+    plan = b.build()
+    assert _rows(plan.steps[0]) == [("hit", 4, (0,))]
+    filled, origin = with_prefix_fills(plan, p)
+    fill = filled.steps[0].scheduled[0]
+    assert (fill.num_scheduled_tokens, fill.encoder_inputs, origin) == (16, (0,), (0, 0))
+    assert filled.request(fill.req_id).encoder_len == 1500
+    # the hit step drops the fill's encoder output; its own runs
+    assert freed_encoder_keys(filled.steps[1], filled) == [f"{fill.req_id}encoder"]
+    assert filled.steps[1].scheduled[0].encoder_inputs == (0,)
