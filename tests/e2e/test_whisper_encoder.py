@@ -65,7 +65,8 @@ SCRIPT = textwrap.dedent(
         silent = llm.generate([TokensPrompt(prompt_token_ids=ids)], sp, use_tqdm=False)[0]
         V._release_finished(llm, worker)
         verified = {p.name: V.verify(llm, worker, p, profile)
-                    for p in plans_for(["mixed-prefill-decode", "cross-attention"], profile)}
+                    for p in plans_for(["mixed-prefill-decode", "cross-attention", "prefix-hit"],
+                                       profile)}
         print("RESULT " + json.dumps({
             "budget": profile.encoder_budget, "steps": steps,
             "after": after, "left": report.left_in_runner,
@@ -123,3 +124,11 @@ def test_cross_attention_compares_the_requests_with_audio(whisper):
     assert differ == [] and ok
     assert sorted(checked) == ["full[0]", "full[1]", "full[2]", "full[3]"]
     assert skipped == {"short": "a 750-token encoder input, not the processor's audio length"}
+
+
+def test_a_prefix_hit_reads_the_cross_attention_its_fill_wrote(whisper):
+    # the hit request's encoder does not run (vLLM skips it once tokens are
+    # computed); the fill step, with the same audio, wrote its cross blocks
+    ok, checked, differ, skipped = whisper["verify"]["prefix-hit"]
+    assert differ == [] and ok and skipped == {}
+    assert sorted(checked) == ["hit1[0]", "hit1[1]", "hit2", "hit3"]
