@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stepwarm.encoder_inputs import RequestInputs, image_identifier
+from stepwarm.encoder_inputs import RequestInputs, encoder_identifier, image_identifier
 from stepwarm.plan import Plan, PlannedRequest, PlannedStep
 from stepwarm.profile import RunnerProfile
 
@@ -138,11 +138,6 @@ def _pooling_params(profile: RunnerProfile) -> Any:
     return params
 
 
-def _encoder_identifier(req: PlannedRequest) -> str:
-    """The encoder-cache key of an encoder-decoder request's dummy encoder input."""
-    return f"{req.req_id}encoder"
-
-
 def _mm_features(req: PlannedRequest) -> list[Any]:
     """A dummy encoder input of ``encoder_len`` tokens, as vLLM's warmup
     registers one for encoder-decoder models (only its length is read)."""
@@ -154,7 +149,7 @@ def _mm_features(req: PlannedRequest) -> list[Any]:
         MultiModalFeatureSpec(
             data=None,
             modality="",
-            identifier=_encoder_identifier(req),
+            identifier=encoder_identifier(req),
             mm_position=PlaceholderRange(offset=0, length=req.encoder_len),
         )
     ]
@@ -169,7 +164,9 @@ def _new_request_data(
     resumed one: the V2 scheduler sends resumed requests as new, with
     ``prefill_token_ids`` = prompt + ``outputs`` (the tokens sampled before
     preemption). A request with images carries the processor's prompt and
-    features."""
+    features; an encoder-decoder request its processed audio
+    (:func:`stepwarm.encoder_inputs.audio_inputs`) when given, else a dummy
+    encoder input without data."""
     from vllm.v1.core.sched.output import NewRequestData
     from vllm.v1.request import Request
 
@@ -212,9 +209,10 @@ def to_scheduler_output(
             in the previous step (``Scheduler._make_cached_request_data``,
             V1); drafts are the expected tokens where known. None: outputs
             unknown, sent as 0.
-        images: req_id -> processed images
+        images: req_id -> processed encoder inputs: images
             (:func:`stepwarm.encoder_inputs.request_inputs`) for the requests
-            that carry images.
+            that carry images, audio (:func:`~stepwarm.encoder_inputs.audio_inputs`)
+            for encoder-decoder requests.
 
     Returns:
         A ``SchedulerOutput`` with ``scheduled_new_reqs`` for new requests
@@ -223,9 +221,9 @@ def to_scheduler_output(
         ``num_scheduled_tokens``, ``total_num_scheduled_tokens``,
         ``scheduled_spec_decode_tokens``, ``finished_req_ids``,
         ``preempted_req_ids``, ``num_spec_tokens_to_schedule``, and for
-        requests with images ``scheduled_encoder_inputs`` (the images whose
-        encoder runs now) and ``free_encoder_mm_hashes`` (the images of
-        requests finished in this step, dropped from the encoder cache).
+        requests with images or an encoder-decoder input
+        ``scheduled_encoder_inputs`` (the inputs whose encoder runs now) and
+        ``free_encoder_mm_hashes`` (:func:`freed_encoder_keys`).
     """
     from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
 
@@ -272,7 +270,7 @@ def to_scheduler_output(
     out.scheduled_cached_reqs = cached
     out.total_num_scheduled_tokens = step.total_num_scheduled_tokens
     out.finished_req_ids = set(step.finished_req_ids)
-    out.free_encoder_mm_hashes = encoder_cache_keys(plan, step.finished_req_ids)
+    out.free_encoder_mm_hashes = freed_encoder_keys(step, plan)
     if step.preempted_req_ids:
         _set(out, "preempted_req_ids", set(step.preempted_req_ids))
     _set(out, "num_spec_tokens_to_schedule", step.num_spec_tokens_to_schedule)
@@ -317,6 +315,23 @@ def to_grammar_output(step: PlannedStep, profile: RunnerProfile) -> Any:
     )
 
 
+def freed_encoder_keys(step: PlannedStep, plan: Plan) -> list[str]:
+    """``SchedulerOutput.free_encoder_mm_hashes`` of ``step``: the images of
+    the requests it finishes, and the encoder-decoder inputs the previous
+    step ran. vLLM's ``EncoderDecoderCacheManager`` keeps an encoder-decoder
+    input's output for one step (its cross-attention key/values are in the KV
+    cache by then; finishing the request adds nothing): its
+    ``get_freed_mm_hashes`` returns the inputs allocated in the step before,
+    and the runner drops them before it executes this one."""
+    keys = [image_identifier(r, i) for r in plan.requests if r.req_id in step.finished_req_ids
+            for i in range(len(r.images))]
+    if 0 < step.index <= len(plan.steps):
+        keys += [encoder_identifier(plan.request(r.req_id))
+                 for r in plan.steps[step.index - 1].scheduled
+                 if r.encoder_inputs and plan.request(r.req_id).encoder_len]
+    return keys
+
+
 def encoder_cache_keys(plan: Plan, req_ids: Iterable[str]) -> list[str]:
     """The encoder-cache keys (``MultiModalFeatureSpec.identifier``) of the
     encoder inputs of ``req_ids`` in ``plan`` (their images, and the dummy
@@ -327,7 +342,7 @@ def encoder_cache_keys(plan: Plan, req_ids: Iterable[str]) -> list[str]:
     for r in plan.requests:
         if r.req_id in wanted:
             keys += [image_identifier(r, i) for i in range(len(r.images))]
-            keys += [_encoder_identifier(r)] if r.encoder_len else []
+            keys += [encoder_identifier(r)] if r.encoder_len else []
     return keys
 
 

@@ -241,4 +241,8 @@ def verify_table(results: list[tuple[str, Any]]) -> Table:
             table.add_row("", "", d.request, f"{d.step} ({d.step_kind}: {d.step_label})",
                           str(d.position), str(list(d.stepwarm)), str(list(d.reference)),
                           style="red")
+        if getattr(rep, "not_compared", None):
+            whys = sorted(set(rep.not_compared.values()))
+            table.add_row("", "not compared", ", ".join(sorted(rep.not_compared)),
+                          "; ".join(whys), "", "", "")
     return table

@@ -21,7 +21,7 @@ from stepwarm.compile import (
     to_grammar_output,
     to_scheduler_output,
 )
-from stepwarm.encoder_inputs import RequestInputs, request_inputs
+from stepwarm.encoder_inputs import RequestInputs, audio_inputs, request_inputs
 from stepwarm.plan import REQ_ID_PREFIX, Plan, PlannedStep
 from stepwarm.profile import RunnerProfile, read_profile
 from stepwarm.ranks import RankGroup
@@ -300,6 +300,11 @@ def drive(
     images = {r.req_id: request_inputs(worker, r, profile.image_classes,
                                        prompt_token_ids(r, profile))
               for r in plan.requests if r.images}
+    # Encoder-decoder requests: the dummy audio, processed (their encoder
+    # runs with the step that schedules their first tokens).
+    audio = {r.req_id: audio_inputs(worker, r, prompt_token_ids(r, profile))
+             for r in plan.requests if r.encoder_len and not r.images}
+    images.update((rid, inputs) for rid, inputs in audio.items() if inputs is not None)
     params: dict[str, tuple[Any, Any]] = {}
     tokens = tokens if tokens is not None else OutputHistory()
     sent: set[str] = set()

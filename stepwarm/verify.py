@@ -19,21 +19,27 @@ the hit, one step that prefills the cached prefix into those very blocks.
 
 Pooling requests are compared with ``LLM.embed`` (:func:`verify_pooling`).
 
+An encoder-decoder (Whisper) request is given the driver's dummy audio on
+both paths (:func:`reference_prompt`); one without audio is driven but not
+compared (``VerifyReport.not_compared``).
+
 Data flows one way: the plan and the reference go into the driver; nothing
 here changes planning.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stepwarm.blocks import ReservationContext, reserved_blocks_per_group
 from stepwarm.compile import OutputHistory, cleanup_output, prompt_token_ids
 from stepwarm.driver import RunReport, drive
+from stepwarm.encoder_inputs import audio_inputs, audio_sampling_rate, dummy_audio, processor_of
 from stepwarm.engine import abort_all, finished_not_sent
 from stepwarm.plan import REQ_ID_PREFIX, Plan, PlannedRequest, PlannedStep, ScheduledRequest
-from stepwarm.profile import RunnerProfile
+from stepwarm.profile import RunnerProfile, runner_of
 from stepwarm.runner import discard_pending_step, live_request_ids
 
 #: Request id prefix of the requests :func:`with_prefix_fills` adds.
@@ -76,6 +82,11 @@ class VerifyReport:
     embedding_error: dict[str, float] = field(default_factory=dict)
     #: Pooling plans: requests whose embedding is off by more than the tolerance.
     embedding_differs: tuple[str, ...] = ()
+    #: Requests driven but not compared (display name -> why): an
+    #: encoder-decoder request without audio (no encoder input, or one whose
+    #: length the processor does not make) attends to nothing both paths
+    #: define alike.
+    not_compared: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -138,7 +149,12 @@ def with_prefix_fills(plan: Plan, profile: RunnerProfile) -> tuple[Plan, tuple[i
             counts = reserved_blocks_per_group(n, profile.kv_cache_groups, ctx)
             blocks = tuple(ids[:c] for ids, c in zip(row.block_ids, counts))
             fid = f"{FILL_PREFIX}{len(steps)}_"
-            requests.append(PlannedRequest(fid, n, sampling="greedy"))
+            # an encoder-decoder fill carries the hit request's encoder input:
+            # its decoder key/values depend on it, and it writes the
+            # cross-attention blocks the hit request (whose encoder does not
+            # run after a hit) reads; they are among the blocks shared
+            enc = plan.request(row.req_id).encoder_len
+            requests.append(PlannedRequest(fid, n, sampling="greedy", encoder_len=enc))
             fill_ids.append(fid)
             name = plan.display_name(row.req_id)
             for start in range(0, n, chunk):
@@ -150,7 +166,8 @@ def with_prefix_fills(plan: Plan, profile: RunnerProfile) -> tuple[Plan, tuple[i
                           f"(tokens {start}..{start + size - 1})",
                     scheduled=(ScheduledRequest(
                         fid, start, size, new=first, block_ids=blocks if first else (),
-                        allocated=blocks if first else (), samples=start + size == n),),
+                        allocated=blocks if first else (), samples=start + size == n,
+                        encoder_inputs=(0,) if first and enc else ()),),
                     num_spec_tokens_to_schedule=profile.num_speculative_steps,
                     held_blocks=((fid, tuple(len(b) for b in blocks)),)))
                 origin.append(st.index)
@@ -218,8 +235,9 @@ def reference_tokens(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,
                      counts: dict[str, int]) -> dict[str, list[int]]:
     """The tokens vLLM's own scheduler samples greedily after each request's prompt.
 
-    One ``llm.generate`` call over ``TokensPrompt(prompt_token_ids=...)`` (the
-    prompt stepwarm sends, :func:`~stepwarm.compile.prompt_token_ids`) with
+    One ``llm.generate`` call over :func:`reference_prompt` (the prompt
+    stepwarm sends, :func:`~stepwarm.compile.prompt_token_ids`, and an
+    encoder-decoder request's audio) with
     ``SamplingParams(temperature=0, max_tokens=counts[req], ignore_eos=True,
     detokenize=False)``.
 
@@ -237,22 +255,38 @@ def reference_tokens(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,
             ``RequestOutput.prompt_token_ids``) is not the one sent.
     """
     from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
 
     ids = sorted(counts)
-    prompts = [TokensPrompt(prompt_token_ids=prompt_token_ids(plan.request(r), profile))
-               for r in ids]
+    sent = [prompt_token_ids(plan.request(r), profile) for r in ids]
+    prompts = [reference_prompt(worker, plan.request(r), ids_) for r, ids_ in zip(ids, sent)]
     params = [SamplingParams(temperature=0.0, max_tokens=counts[r], ignore_eos=True,
                              detokenize=False) for r in ids]
     outputs = _through_scheduler(llm, worker, lambda: llm.generate(prompts, params, use_tqdm=False))
-    for r, sent, out in zip(ids, prompts, outputs):
+    for r, want, out in zip(ids, sent, outputs):
         seen = list(out.prompt_token_ids or [])
-        if seen != sent["prompt_token_ids"]:
+        if seen != want:
             raise PromptChanged(
                 f"vLLM's front end scheduled {plan.display_name(r)} with a {len(seen)}-token "
-                f"prompt {_head(seen)}, not the {len(sent['prompt_token_ids'])} tokens "
-                f"{_head(sent['prompt_token_ids'])} stepwarm sends the worker")
+                f"prompt {_head(seen)}, not the {len(want)} tokens "
+                f"{_head(want)} stepwarm sends the worker")
     return {r: list(out.outputs[0].token_ids) for r, out in zip(ids, outputs)}
+
+
+def reference_prompt(worker: Any, req: PlannedRequest, ids: list[int]) -> Any:
+    """The prompt ``LLM.generate`` is given for ``req`` (decoder prompt ``ids``):
+    ``TokensPrompt(prompt_token_ids=ids)``, or, for an encoder-decoder request
+    the driver sends audio (:func:`stepwarm.encoder_inputs.audio_inputs`), an
+    explicit encoder-decoder prompt with that very audio, as vLLM's Whisper
+    builds one (``WhisperForConditionalGeneration.get_generation_prompt``):
+    ``{"encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": (wave,
+    rate)}}, "decoder_prompt": {"prompt_token_ids": ids}}``."""
+    from vllm.inputs import TokensPrompt
+
+    if req.encoder_len and not req.images and audio_inputs(worker, req, ids) is not None:
+        rate = audio_sampling_rate(processor_of(runner_of(worker)))
+        return {"encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": dummy_audio(rate)}},
+                "decoder_prompt": TokensPrompt(prompt_token_ids=list(ids))}
+    return TokensPrompt(prompt_token_ids=list(ids))
 
 
 def _head(ids: list[int], n: int = 4) -> str:
@@ -325,8 +359,11 @@ def verify(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile) -> VerifyR
     if any(r.kind == "pool" for r in plan.requests):
         return verify_pooling(llm, worker, plan, profile)
     counts = planned_outputs(plan)
+    silent = _without_audio(worker, plan, profile, counts)
+    counts = {r: n for r, n in counts.items() if r not in silent}
     if not counts:
-        return VerifyReport(plan=plan.name, skipped="no request samples a token")
+        return VerifyReport(plan=plan.name, skipped="no request samples a token" + (
+            f" with an encoder input ({len(silent)} without)" if silent else ""))
     try:
         reference = reference_tokens(llm, worker, plan, profile, counts)
     except ReferenceFailed as e:
@@ -334,7 +371,28 @@ def verify(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile) -> VerifyR
     driven, origin = with_prefix_fills(as_greedy(plan), profile)
     history = OutputHistory(expected=reference)
     report = drive(worker, driven, profile, tokens=history)
-    return compare(driven, origin, report, reference, source=plan)
+    return replace(compare(driven, origin, report, reference, source=plan),
+                   not_compared={plan.display_name(r): why for r, why in sorted(silent.items())})
+
+
+def _without_audio(worker: Any, plan: Plan, profile: RunnerProfile,
+                   req_ids: Iterable[str]) -> dict[str, str]:
+    """The encoder-decoder requests among ``req_ids`` the driver sends no
+    audio (:func:`stepwarm.encoder_inputs.audio_inputs` gives none), with
+    why: their cross-attention reads blocks no encoder wrote on stepwarm's
+    path and an empty encoder input on the scheduler's, so their tokens are
+    not comparable."""
+    if not profile.is_encoder_decoder:
+        return {}
+    out = {}
+    for r in req_ids:
+        req = plan.request(r)
+        if not req.encoder_len:
+            out[r] = "no encoder input"
+        elif audio_inputs(worker, req, prompt_token_ids(req, profile)) is None:
+            out[r] = (f"a {req.encoder_len}-token encoder input, not the processor's "
+                      "audio length")
+    return out
 
 
 def verify_pooling(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,

@@ -50,3 +50,14 @@ def run_script(script: Path, *args: str, env: dict[str, str] | None = None,
                           text=True, env=env, timeout=timeout)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     return proc, json.loads(lines[-1][len("RESULT "):]) if lines else None
+
+
+def script_result(folder: Path, source: str) -> dict:
+    """Write ``source`` to ``folder/run.py``, run it (:func:`run_script`) and
+    return its ``RESULT`` JSON; fails the test with the output's tail if it
+    printed none."""
+    script = folder / "run.py"
+    script.write_text(source)
+    proc, result = run_script(script)
+    assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return result

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from tests.e2e.helpers import run_script
+from tests.e2e.helpers import script_result
 
 pytestmark = pytest.mark.e2e
 
@@ -49,11 +49,7 @@ SCRIPT = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory) -> dict:
-    script = tmp_path_factory.mktemp("pool") / "run.py"
-    script.write_text(SCRIPT)
-    proc, result = run_script(script)
-    assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return result
+    return script_result(tmp_path_factory.mktemp("pool"), SCRIPT)
 
 
 def test_profile_reads_a_pooling_runner(result):
