@@ -357,6 +357,20 @@ class Oracle:
         (size,) = {m.scheduler_block_size for m in coordinator.single_type_managers}
         return size
 
+    def partial_tail_entries(self) -> bool:
+        """Whether vLLM may also key a block by a prompt tail inside it
+        (``_cache_partial_tail_block`` of ``FullAttentionManager`` and its
+        subclasses, and of ``MambaManager``): prefix caching on and some such
+        group's block size is not the hash block size. stepwarm does not
+        record those entries (a block holding one goes to the back of vLLM's
+        free queue on free, to the front of stepwarm's)."""
+        if not self.enable_caching:
+            return False
+        return any(
+            m.block_size != self.hash_block_size
+            and (hasattr(m, "_cache_partial_tail_block") or type(m).__name__ == "MambaManager")
+            for m in self.manager.coordinator.single_type_managers)
+
     def take_new_block_ids(self) -> list[int]:
         """``KVCacheManager.take_new_block_ids()``: what the scheduler puts
         in ``new_block_ids_to_zero`` for the step (drained)."""
