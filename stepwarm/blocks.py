@@ -343,13 +343,32 @@ def prefix_cache_alignment(specs: tuple[CacheSpec, ...], enable_caching: bool) -
     scheduler_block_size = math.lcm(*(s.block_size for s in groups))
     if len(groups) == 1:
         return scheduler_block_size
-    if any(s.kind == "mamba" and s.mamba_cache_mode != "align" for s in groups):
-        return scheduler_block_size  # hash block = scheduler block: no partial hits
+    hash_block_size = prefix_hash_block_size(specs, enable_caching)
+    if hash_block_size == scheduler_block_size:
+        return scheduler_block_size
     cacheable = [s for s in groups if s.kind != "circular_buffer"] or groups
-    hash_block_size = math.gcd(*(s.block_size for s in cacheable))
     partial = any(s.kind == "mamba" and s.block_size > hash_block_size for s in groups) and all(
         s.fine_grained_hits is not False or s.block_size == hash_block_size for s in cacheable)
     return hash_block_size if partial else scheduler_block_size
+
+
+def prefix_hash_block_size(specs: tuple[CacheSpec, ...], enable_caching: bool) -> int:
+    """Tokens per prompt hash (``Request.block_hashes``), as
+    ``resolve_kv_cache_block_sizes`` resolves ``hash_block_size``: one
+    scheduler group, its block size; several, the GCD of the prefix-cacheable
+    groups' block sizes, or their LCM (the scheduler block size) when prefix
+    caching is off or a Mamba group is not in ``align`` mode. 1 without
+    groups. (No ``prefix_match_unit`` override, no decode context parallelism.)"""
+    groups = [s for s in specs if s.kind != "encoder_only_attention"]
+    if not groups:
+        return 1
+    scheduler_block_size = math.lcm(*(s.block_size for s in groups))
+    if len(groups) == 1 or not enable_caching:
+        return scheduler_block_size
+    if any(s.kind == "mamba" and s.mamba_cache_mode != "align" for s in groups):
+        return scheduler_block_size
+    cacheable = [s for s in groups if s.kind != "circular_buffer"] or groups
+    return math.gcd(*(s.block_size for s in cacheable))
 
 
 def _window_block_mask(spec: CacheSpec, alignment: int, start: int, end: int) -> list[bool] | None:
@@ -631,6 +650,16 @@ class BlockLedger:
             if spec.kind in _NOT_CACHED:
                 continue
             full = min(num_tokens // spec.block_size, len(table.ids))
+            if spec.kind == "mamba" and spec.mamba_cache_mode == "align" and spec.checkpoint_recached:
+                # MambaManager._cache_partial_tail_block (vLLM 0.32): the state
+                # at the prompt's checkpoint is re-registered, and so marked
+                # cached in this step, whenever the cacheable prefix ends there.
+                hbs = prefix_hash_block_size(self.specs, True)
+                checkpoint = (prompt_len - 1) // hbs * hbs
+                i = checkpoint // spec.block_size - 1
+                if (checkpoint and num_tokens == checkpoint and checkpoint % spec.block_size == 0
+                        and i < len(table.ids) and table.ids[i]):
+                    self._cached_this_step.add((g, i))
             if full <= done[g]:
                 continue
             if spec.kind == "mamba":  # every cache mode (MambaManager.cache_blocks)

@@ -68,6 +68,13 @@ class CacheSpec(BaseModel):
     #: None: the installed vLLM does not ask (0.26), or stepwarm's default
     #: (as 0.32).
     fine_grained_hits: bool | None = None
+    #: Mamba ``align`` groups: whether the scheduler's ``MambaManager`` marks
+    #: the state block at the prompt's checkpoint (``prompt_len - 1`` rounded
+    #: down to the hash block, ``get_mamba_prefill_checkpoint_position``) as
+    #: cached in *every* step whose cacheable prefix ends there, not only in
+    #: the step that first caches it (vLLM 0.32). A hit ending on that state
+    #: then waits for the next step. None: only newly cached states (0.26).
+    checkpoint_recached: bool | None = None
 
 
 class ImageClass(BaseModel):
@@ -352,7 +359,21 @@ def cache_spec_from_vllm(spec: Any) -> CacheSpec:
         vllm_class=type(spec).__name__,
         zeroed=_records_new_block_ids(spec),
         fine_grained_hits=_fine_grained_hits(spec),
+        checkpoint_recached=_checkpoint_recached() if kind == "mamba" else None,
     )
+
+
+def _checkpoint_recached() -> bool | None:
+    """Whether the installed vLLM's ``MambaManager`` re-marks the prompt
+    checkpoint's state as cached in every step that ends there: vLLM 0.32
+    keys Mamba checkpoints by ``get_mamba_prefill_checkpoint_position``
+    (``_cache_partial_tail_block`` then re-registers the block each such
+    step); 0.26 has no such function and marks new states only."""
+    try:
+        from vllm.v1 import kv_cache_interface
+    except Exception:
+        return None
+    return True if hasattr(kv_cache_interface, "get_mamba_prefill_checkpoint_position") else None
 
 
 def _fine_grained_hits(spec: Any) -> bool | None:

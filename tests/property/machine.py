@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from hypothesis import event, note
+from hypothesis import assume, event, note
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
@@ -88,7 +88,8 @@ class Lifecycle(RuleBasedStateMachine):
                 f"vLLM's coordinator to {self.oracle.hit_alignment()}")
         # stepwarm reads the same vLLM specs through its adapter.
         assert self.oracle.stepwarm_specs == self.profile.kv_cache_groups
-        assert tuple(s.model_copy(update={"vllm_class": "", "zeroed": None, "fine_grained_hits": None})
+        assert tuple(s.model_copy(update={"vllm_class": "", "zeroed": None, "fine_grained_hits": None,
+                                           "checkpoint_recached": None})
                      for s in self.profile.kv_cache_groups) == tuple(
             s.model_copy(update={"vllm_class": ""}) for s in cfg.specs)
 
@@ -291,7 +292,13 @@ class Lifecycle(RuleBasedStateMachine):
         self.oracle_new = {}
         for row in step.scheduled:
             rid, n = row.req_id, row.num_scheduled_tokens
+            self._assume_hit_in_order(o, rid)
+            cow = o.copy_pending(rid)
             got = o.schedule(rid, n)
+            if got is None and cow:
+                # vLLM reserved a copy-on-write target stepwarm does not model.
+                event("vLLM refused for a copy-on-write block: example discarded")
+                assume(False)
             assert got is not None, (
                 f"vLLM's KVCacheManager refused {rid} ({n} tokens) that stepwarm's "
                 f"ledger found room for ({o.num_free()} free)"
@@ -313,6 +320,17 @@ class Lifecycle(RuleBasedStateMachine):
             self.cow_seen = True
         event(f"step: {len(step.scheduled)} scheduled")
 
+    def _assume_hit_in_order(self, o: Oracle, rid: str) -> None:
+        """The scheduler looks a waiting request up right before allocating
+        it, after the rows before it in the step; the machine looked it up
+        when it drew the step. If an allocation in between evicted a cached
+        block the hit read, the scheduler would have found another hit: not
+        a lifecycle it makes (stepwarm claims a hit's blocks when the hit is
+        set), so the example is discarded."""
+        if rid in self.hits and not o.hit_still_found(rid):
+            event("prefix hit evicted by an earlier row of the step: example discarded")
+            assume(False)
+
     def _oracle_refuses(self, prefill, decode, resume, finish, preempt) -> bool:
         """Whether vLLM's manager refuses the step stepwarm refused: the same
         step replayed on a copy of the oracle (stepwarm's rows in order)."""
@@ -323,6 +341,7 @@ class Lifecycle(RuleBasedStateMachine):
         for rid in preempt:
             o.preempt(rid)
         for rid, n in prefill.items():
+            self._assume_hit_in_order(o, rid)
             if o.schedule(rid, n) is None:
                 return True
         for rid, k in decode.items():

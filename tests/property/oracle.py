@@ -241,6 +241,30 @@ class Oracle:
         r.hit = (blocks, n) if n else None
         return n
 
+    def hit_still_found(self, req_id: str) -> bool:
+        """Whether ``get_computed_blocks`` called now finds the same hit (length
+        and blocks per group) that :meth:`lookup` kept. The scheduler looks a
+        waiting request up right before its own ``allocate_slots``, after the
+        requests scheduled before it in the step; an allocation between the
+        two may have evicted a cached block the hit read."""
+        r = self._reqs[req_id]
+        if not r.hit:
+            return True
+        found = self.manager.get_computed_blocks(r.request)
+        blocks, n = r.hit
+        ids = lambda bs: [[b.block_id for b in g] for g in bs.blocks]  # noqa: E731
+        return found[1] == n and ids(found[0]) == ids(blocks)
+
+    def copy_pending(self, req_id: str) -> bool:
+        """Whether a manager holds a partial prefix-cache block of
+        ``req_id`` that it copies on write at the request's next allocation
+        (``_partial_hit_reqs``: a sub-block hit, or a Mamba ``align``
+        request that keyed its own partial prompt tail). That allocation
+        reserves one block more per such group; stepwarm does not model
+        copy-on-write copies."""
+        return any(req_id in getattr(m, "_partial_hit_reqs", ())
+                   for m in self.manager.coordinator.single_type_managers)
+
     def untrimmed_hit(self, req_id: str) -> bool:
         """Whether the hit :meth:`lookup` found holds more blocks in some
         group than its length covers. vLLM 0.26's

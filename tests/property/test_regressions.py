@@ -154,7 +154,13 @@ def _hit_lifecycle(cfg: KVConfig, prompts: tuple[int, int], decodes: int = 0,
         if b.num_tokens("r1") + (0 if i == 0 else 1) >= cfg.max_model_len:
             break
         o.new_step()
+        cow = o.copy_pending("r1")
         got = o.schedule("r1", num)
+        if got is None and cow:
+            # vLLM reserved a copy-on-write target (a partial prompt tail it
+            # keyed, vLLM 0.26's Mamba align): copies are not modelled.
+            event("vLLM refused for a copy-on-write block: not modelled")
+            return last
         try:
             step = (b.step("custom", "hit", prefill={"r1": num}) if i == 0
                     else b.step("custom", "decode", decode={"r1": 0}))
@@ -268,3 +274,42 @@ def test_regression_hits_across_block_sizes_take_only_aligned_cache_entries() ->
     assert o.block_ids("r2") == ([3, 4, 7], [6, 5])
     assert b.ledger.held("r2") == ((3, 4, 7), (6, 5))
     assert b.ledger.num_free == o.num_free() == 49 - 7
+
+
+def test_regression_mamba_align_checkpoint_is_recached_each_step() -> None:
+    """Found by the long profile on vLLM 0.32: a request's prompt checkpoint
+    state (``prompt_len - 1`` rounded down to the hash block) is re-registered
+    by ``MambaManager._cache_partial_tail_block`` in every step whose
+    cacheable prefix ends there, so it counts as cached *in that step* again.
+    r1 (5-token prompt) prefills 4 tokens, then its last one: its cacheable
+    prefix is 4 again (LCM of block sizes 1 and 2 is 2), so r4's 4-token hit
+    on r1's state waits a step in vLLM. stepwarm allocated it (its ledger
+    marked only newly cached states). vLLM 0.26 marks new states only."""
+    from stepwarm.plan import PlanBuilder, PlanError, PlannedRequest
+    from tests.property.oracle import Oracle, vllm_spec
+
+    specs = (CacheSpec(kind="mamba", block_size=1, mamba_cache_mode="align"),
+             CacheSpec(kind="mla_attention", block_size=2))
+    cfg = _hit_cfg(*specs)
+    o = Oracle(tuple(vllm_spec(s) for s in specs), cfg.num_blocks, cfg.max_model_len, 0, True)
+    b = PlanBuilder(cfg.profile(), name="checkpoint")
+    recached = b.profile.kv_cache_groups[0].checkpoint_recached
+    for rid in ("r1", "r4"):
+        o.add(rid, 5)
+        b.add_request(PlannedRequest(rid, 5))
+    o.new_step()
+    assert o.schedule("r1", 4) is not None
+    o.advance("r1", 4, 0)
+    b.step("custom", "r1", prefill={"r1": 4})
+    assert o.lookup("r4") == 4
+    b.set_computed("r4", 4)
+    o.new_step()
+    assert o.schedule("r1", 1) is not None
+    vllm_allocates = o.schedule("r4", 1) is not None
+    assert vllm_allocates is not bool(recached)
+    try:
+        b.step("custom", "hit", prefill={"r1": 1, "r4": 1})
+    except PlanError as e:
+        assert recached and e.field == "blocks" and "cached in this same step" in str(e), e
+    else:
+        assert not recached, "stepwarm allocated a hit vLLM's MambaManager refuses"
