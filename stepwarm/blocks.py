@@ -389,6 +389,17 @@ class OutOfBlocksError(RuntimeError):
     """The ledger's pool cannot hold what a step asks for."""
 
 
+class MambaStateBusyError(OutOfBlocksError):
+    """A request's prefix hit ends on a Mamba state another request cached in
+    the same step: ``MambaManager.get_num_blocks_to_allocate`` answers "more
+    than the pool holds", so vLLM's scheduler leaves the request waiting for
+    the next step. ``req_id`` is that request."""
+
+    def __init__(self, message: str, req_id: str):
+        super().__init__(message)
+        self.req_id = req_id
+
+
 #: Kinds whose managers keep no prefix-cache entries (and get no hit).
 _NOT_CACHED = ("circular_buffer", "cross_attention", "encoder_only_attention")
 
@@ -609,9 +620,10 @@ class BlockLedger:
         if stale:
             # MambaManager.get_num_blocks_to_allocate: a hit whose last state
             # another request cached in this same step cannot be allocated.
-            raise OutOfBlocksError(
+            raise MambaStateBusyError(
                 f"request {req_id!r}: its prefix hit ends on a Mamba state cached in "
-                f"this same step (group {stale[0][0]}); vLLM's MambaManager refuses it")
+                f"this same step (group {stale[0][0]}); vLLM's MambaManager refuses it",
+                req_id)
         for spec, table in zip(self.specs, tables):
             self._release(RULES[spec.kind].remove_skipped(table, num_computed, spec))
         need = sum(RULES[spec.kind].to_allocate(t, num_tokens, spec, ctx)

@@ -21,7 +21,7 @@ import copy
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from stepwarm.blocks import BlockLedger, OutOfBlocksError
+from stepwarm.blocks import BlockLedger, MambaStateBusyError, OutOfBlocksError
 from stepwarm.profile import RunnerProfile
 
 #: What a step exercises; reports and tables show it.
@@ -211,10 +211,14 @@ class PlanError(ValueError):
     """A step the scheduler would never produce; the message names the step,
     the request and what is allowed. ``step`` is the step index (or None)."""
 
-    def __init__(self, message: str, *, step: int | None = None, field: str | None = None):
+    def __init__(self, message: str, *, step: int | None = None, field: str | None = None,
+                 waits: str | None = None):
         super().__init__(message)
         self.step = step
         self.field = field
+        #: A request vLLM's scheduler would leave waiting for the next step
+        #: (:class:`~stepwarm.blocks.MambaStateBusyError`), else None.
+        self.waits = waits
 
 
 def max_prompt_len(profile: RunnerProfile, kind: str = "sample") -> int:
@@ -600,7 +604,9 @@ class PlanBuilder:
                 held.append((row.req_id, self.ledger.held_counts(row.req_id)))
         except OutOfBlocksError as e:
             self.ledger = saved
-            raise self._err(f"{e} (runner has num_blocks {p.num_blocks})", "blocks") from None
+            err = self._err(f"{e} (runner has num_blocks {p.num_blocks})", "blocks")
+            err.waits = e.req_id if isinstance(e, MambaStateBusyError) else None
+            raise err from None
 
         for live, dn, dout in plan_updates:
             live.num_computed_tokens += dn

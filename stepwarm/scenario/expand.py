@@ -372,10 +372,37 @@ class _Expander:
                         step_kind = "prefill"
                     sched = {r: tokens if tokens is not None else self._prompt_left(r)
                              for r in group}
-                    label = st.label or (
-                        f"{kind.replace('_', ' ')} {self._short(group)} x "
-                        + ("rest" if tokens is None else str(tokens)))
-                    self.run_step(step_kind, label, "requests", prefill=sched)
+                    def make_label(ids: list[str], kind=kind, tokens=tokens) -> str:
+                        return st.label or (
+                            f"{kind.replace('_', ' ')} {self._short(ids)} x "
+                            + ("rest" if tokens is None else str(tokens)))
+                    if step_kind == "prefix_hit" and len(group) > 1:
+                        self._run_hits(make_label, sched)
+                    else:
+                        self.run_step(step_kind, make_label(group), "requests", prefill=sched)
+
+    def _run_hits(self, make_label: Any, sched: dict[str, int]) -> None:
+        """A prefix_hit step of several requests, as vLLM's scheduler takes it:
+        a request whose hit ends on a Mamba state another request of the step
+        caches (``MambaManager`` refuses it in that step) waits for the next
+        step, and the others run now. The parts are labelled."""
+        part = 0
+        while sched:
+            now, waiting = dict(sched), {}
+            while True:
+                label = make_label(list(now)) + (
+                    f" (waited {part} step(s): a Mamba state cached in the step before)"
+                    if part else "")
+                if self.b.next_index >= self._limit:
+                    self.run_step("prefix_hit", label, "requests", prefill=now)  # says why
+                try:
+                    self.b.step("prefix_hit", label, prefill=now)
+                    break
+                except PlanError as e:
+                    if e.waits not in now or len(now) == 1:
+                        raise self.plan_err(e, "requests") from None
+                    waiting[e.waits] = now.pop(e.waits)
+            sched, part = waiting, part + 1
 
     def _hit(self, ids: list[str], cached_expr: Any) -> None:
         """Requests ``ids`` arrive with ``cached`` prompt tokens in the prefix cache."""

@@ -505,3 +505,29 @@ def test_vllm_sequence_ids_show_without_the_prefix():
     assert plan.display_name("_stepwarm_mixed_decode_") == "mixed_decode"
     assert plan.with_display_names("finish _stepwarm_mixed_prefill_ and _stepwarm_3_") == (
         "finish mixed_prefill and req[3]")
+
+
+@pytest.mark.parametrize("recached", [True, None])
+def test_prefix_hits_on_one_mamba_state_wait_a_step_as_the_scheduler_makes_them(recached):
+    """Two requests of one prefix_hit step whose hits end on the same Mamba
+    align state: with vLLM 0.32's rule (``checkpoint_recached``) the first
+    re-caches that state in the step, so ``MambaManager`` leaves the second
+    waiting for the next step; stepwarm plans the same two steps, labelled.
+    Without the rule (vLLM 0.26) both run in one step."""
+    mamba = CacheSpec(kind="mamba", block_size=16, mamba_cache_mode="align",
+                      checkpoint_recached=recached)
+    p = profile(kv_cache_groups=(FULL, mamba), enable_prefix_caching=True, mamba_cache_mode="align")
+    (plan,) = plans_for(["prefix-hit"], p)
+    hits = [s for s in plan.steps if s.kind == "prefix_hit"]
+    rows = [[(r.req_id.removeprefix(REQ_ID_PREFIX), r.num_computed_tokens, r.num_scheduled_tokens)
+             for r in s.scheduled] for s in hits]
+    first = ("prefix-hit_hit1_0_", 16, 5)
+    second = ("prefix-hit_hit1_1_", 16, 5)
+    if recached:
+        assert rows[:2] == [[first], [second]]
+        assert hits[1].label == ("prefix hit hit1[1] x rest (waited 1 step(s): "
+                                 "a Mamba state cached in the step before)")
+    else:
+        assert rows[0] == [first, second]
+    # hit2 (two blocks) and hit3 (one block, chunked) follow either way.
+    assert [r[0][0] for r in rows[-2:]] == ["prefix-hit_hit2_", "prefix-hit_hit3_"]
