@@ -273,3 +273,15 @@ def mixed_block_size_configs(draw) -> KVConfig:
         event("rejected config: caching off or one block size")
     assume(mixed)
     return cfg
+
+
+@st.composite
+def prefix_hit_configs(draw) -> KVConfig:
+    """A config with prefix caching on, small block sizes (1, 2 or 4 tokens,
+    shared or per group) and ``max_model_len`` 16-48, so that earlier
+    requests' prompts fill cached blocks and later requests hit them in many
+    lifecycles (with block sizes up to 256, few lifecycles have a hit)."""
+    return draw(kv_configs(
+        kinds=tuple(k for k in ALL_KINDS if k != "cross_attention"),
+        max_model_len=48, block_sizes=st.sampled_from([1, 2, 4]), caching=True,
+        min_model_len=16))

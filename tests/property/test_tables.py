@@ -34,7 +34,7 @@ from hypothesis.stateful import invariant
 
 from stepwarm.compile import to_scheduler_output
 from tests.property.machine import Lifecycle
-from tests.property.strategies import mixed_block_size_configs
+from tests.property.strategies import mixed_block_size_configs, prefix_hit_configs
 
 
 def shape(tables) -> tuple:
@@ -129,3 +129,13 @@ class TablesAcrossBlockSizes(Tables):
 
 
 TestTablesAcrossBlockSizes = TablesAcrossBlockSizes.TestCase
+
+
+class TablesWithPrefixHits(Tables):
+    """Property (e) where prefix hits are frequent: prefix caching on, block
+    sizes 1-4, short ``max_model_len`` (every kind but cross-attention)."""
+
+    configs = prefix_hit_configs()
+
+
+TestTablesWithPrefixHits = TablesWithPrefixHits.TestCase
