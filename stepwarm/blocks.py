@@ -346,9 +346,9 @@ def prefix_cache_alignment(specs: tuple[CacheSpec, ...], enable_caching: bool) -
     hash_block_size = prefix_hash_block_size(specs, enable_caching)
     if hash_block_size == scheduler_block_size:
         return scheduler_block_size
-    cacheable = [s for s in groups if s.kind != "circular_buffer"] or groups
     partial = any(s.kind == "mamba" and s.block_size > hash_block_size for s in groups) and all(
-        s.fine_grained_hits is not False or s.block_size == hash_block_size for s in cacheable)
+        s.fine_grained_hits is not False or s.block_size == hash_block_size
+        for s in _hashed_groups(groups))
     return hash_block_size if partial else scheduler_block_size
 
 
@@ -367,8 +367,14 @@ def prefix_hash_block_size(specs: tuple[CacheSpec, ...], enable_caching: bool) -
         return scheduler_block_size
     if any(s.kind == "mamba" and s.mamba_cache_mode != "align" for s in groups):
         return scheduler_block_size
-    cacheable = [s for s in groups if s.kind != "circular_buffer"] or groups
-    return math.gcd(*(s.block_size for s in cacheable))
+    return math.gcd(*(s.block_size for s in _hashed_groups(groups)))
+
+
+def _hashed_groups(groups: list[CacheSpec]) -> list[CacheSpec]:
+    """The groups whose block sizes set the hash block (vLLM's
+    ``prefix_cacheable`` groups: all but circular buffers), or all of them
+    when none is."""
+    return [s for s in groups if s.kind != "circular_buffer"] or groups
 
 
 def _window_block_mask(spec: CacheSpec, alignment: int, start: int, end: int) -> list[bool] | None:
@@ -471,10 +477,13 @@ class BlockLedger:
     #: req_id -> the Mamba hit positions its first allocation must not find
     #: in _cached_this_step.
     _pending_hit: dict[str, list[tuple[int, int]]] = field(default_factory=dict, repr=False)
+    #: Tokens per prompt hash (:func:`prefix_hash_block_size`), from the groups.
+    _hash_block_size: int = field(default=1, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.cache_alignment is None:
             self.cache_alignment = prefix_cache_alignment(self.specs, self.enable_caching)
+        self._hash_block_size = prefix_hash_block_size(self.specs, self.enable_caching)
 
     def new_step(self) -> None:
         """``KVCacheManager.new_step_starts``: a new step begins (Mamba
@@ -666,7 +675,7 @@ class BlockLedger:
                 # MambaManager._cache_partial_tail_block (vLLM 0.32): the state
                 # at the prompt's checkpoint is re-registered, and so marked
                 # cached in this step, whenever the cacheable prefix ends there.
-                hbs = prefix_hash_block_size(self.specs, True)
+                hbs = self._hash_block_size
                 checkpoint = (prompt_len - 1) // hbs * hbs
                 i = checkpoint // spec.block_size - 1
                 if (checkpoint and num_tokens == checkpoint and checkpoint % spec.block_size == 0

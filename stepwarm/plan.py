@@ -358,8 +358,9 @@ class PlanBuilder:
         """Index the next step will get."""
         return len(self._steps)
 
-    def _err(self, msg: str, field: str | None = None) -> PlanError:
-        return PlanError(f"step {self.next_index}: {msg}", step=self.next_index, field=field)
+    def _err(self, msg: str, field: str | None = None, waits: str | None = None) -> PlanError:
+        return PlanError(f"step {self.next_index}: {msg}", step=self.next_index, field=field,
+                         waits=waits)
 
     def _live(self, req_id: str) -> _Live:
         try:
@@ -604,9 +605,8 @@ class PlanBuilder:
                 held.append((row.req_id, self.ledger.held_counts(row.req_id)))
         except OutOfBlocksError as e:
             self.ledger = saved
-            err = self._err(f"{e} (runner has num_blocks {p.num_blocks})", "blocks")
-            err.waits = e.req_id if isinstance(e, MambaStateBusyError) else None
-            raise err from None
+            raise self._err(f"{e} (runner has num_blocks {p.num_blocks})", "blocks",
+                            waits=e.req_id if isinstance(e, MambaStateBusyError) else None) from None
 
         for live, dn, dout in plan_updates:
             live.num_computed_tokens += dn

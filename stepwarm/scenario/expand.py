@@ -297,10 +297,14 @@ class _Expander:
         return out
 
     # -- steps -----------------------------------------------------------------
-    def run_step(self, kind: str, label: str, field: str, **kw: Any) -> None:
+    def check_step_limit(self, field: str) -> None:
+        """Raises ScenarioError when the entry already expanded to its limit."""
         if self.b.next_index >= self._limit:
             raise self.err(f"the scenario expands to more than {self._limit} steps",
                            field, allowed=f"at most {MAX_EXPANDED} steps per [[steps]] entry")
+
+    def run_step(self, kind: str, label: str, field: str, **kw: Any) -> None:
+        self.check_step_limit(field)
         try:
             self.b.step(kind, label, **kw)  # type: ignore[arg-type]
         except PlanError as e:
@@ -393,8 +397,7 @@ class _Expander:
                 label = make_label(list(now)) + (
                     f" (waited {part} step(s): a Mamba state cached in the step before)"
                     if part else "")
-                if self.b.next_index >= self._limit:
-                    self.run_step("prefix_hit", label, "requests", prefill=now)  # says why
+                self.check_step_limit("requests")
                 try:
                     self.b.step("prefix_hit", label, prefill=now)
                     break

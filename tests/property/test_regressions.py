@@ -84,6 +84,35 @@ def _hit_cfg(*specs: CacheSpec, lookahead: int = 0) -> KVConfig:
                     max_encoder_len=0, enable_caching=True)
 
 
+def _hit_pair(name: str, *specs: CacheSpec):
+    """vLLM's ``KVCacheManager`` (an :class:`Oracle`) and a stepwarm
+    ``PlanBuilder`` over the same :func:`_hit_cfg` of ``specs``."""
+    from stepwarm.plan import PlanBuilder
+    from tests.property.oracle import Oracle, vllm_spec
+
+    cfg = _hit_cfg(*specs)
+    o = Oracle(tuple(vllm_spec(s) for s in specs), cfg.num_blocks, cfg.max_model_len, 0, True)
+    return o, PlanBuilder(cfg.profile(), name=name)
+
+
+def _add(o, b, prompts: dict[str, int]) -> None:
+    """Admit the same requests (req_id -> prompt tokens) on both sides."""
+    from stepwarm.plan import PlannedRequest
+
+    for rid, n in prompts.items():
+        o.add(rid, n)
+        b.add_request(PlannedRequest(rid, n))
+
+
+def _prefill(o, b, rid: str, n: int, outputs: int) -> None:
+    """One step that prefills ``n`` tokens of ``rid`` on both sides (vLLM
+    must allocate it); ``outputs``: tokens sampled by it."""
+    o.new_step()
+    assert o.schedule(rid, n) is not None
+    o.advance(rid, n, outputs)
+    b.step("custom", rid, prefill={rid: n})
+
+
 # With lookahead tokens, stepwarm's prefix_hit counted the block allocated
 # for the lookahead as part of the cached hit, so it was missing from
 # new_block_ids_to_zero: vLLM zeroes [4], stepwarm sent None.
@@ -209,21 +238,12 @@ def test_regression_mamba_hit_on_a_state_cached_in_the_same_step() -> None:
     state that another request caches in the same step (same prompt blocks)
     cannot be allocated (``MambaManager.get_num_blocks_to_allocate`` returns
     more than the pool holds, in every cache mode); stepwarm allocated it."""
-    from stepwarm.plan import PlanBuilder, PlanError, PlannedRequest
-    from tests.property.oracle import Oracle, vllm_spec
+    from stepwarm.plan import PlanError
 
-    specs = (FULL16.model_copy(update={"block_size": 2}),
-             CacheSpec(kind="mamba", block_size=2, mamba_cache_mode="none"))
-    cfg = _hit_cfg(*specs)
-    o = Oracle(tuple(vllm_spec(s) for s in specs), cfg.num_blocks, cfg.max_model_len, 0, True)
-    b = PlanBuilder(cfg.profile(), name="same-step")
-    for rid in ("r0", "r3", "r4"):
-        o.add(rid, 8)
-        b.add_request(PlannedRequest(rid, 8))
-    o.new_step()
-    assert o.schedule("r0", 8) is not None
-    o.advance("r0", 8, 1)
-    b.step("custom", "r0", prefill={"r0": 8})
+    o, b = _hit_pair("same-step", FULL16.model_copy(update={"block_size": 2}),
+                     CacheSpec(kind="mamba", block_size=2, mamba_cache_mode="none"))
+    _add(o, b, {"r0": 8, "r3": 8, "r4": 8})
+    _prefill(o, b, "r0", 8, 1)
     o.new_step()
     o.finish("r0")
     b.step("custom", "finish", finish=("r0",))
@@ -247,22 +267,12 @@ def test_regression_hits_across_block_sizes_take_only_aligned_cache_entries() ->
     (``HybridKVCacheCoordinator.cache_blocks``). stepwarm cached r0's
     2-token prompt block, handed it to r2's hit instead of r1's block, and
     after r1 finished had one free block more than vLLM's pool."""
-    from stepwarm.plan import PlanBuilder, PlannedRequest
-    from tests.property.oracle import Oracle, vllm_spec
-
-    specs = (FULL16.model_copy(update={"block_size": 2}), FULL16.model_copy(update={"block_size": 4}))
-    cfg = _hit_cfg(*specs)
-    o = Oracle(tuple(vllm_spec(s) for s in specs), cfg.num_blocks, cfg.max_model_len, 0, True)
-    b = PlanBuilder(cfg.profile(), name="aligned")
+    o, b = _hit_pair("aligned", FULL16.model_copy(update={"block_size": 2}),
+                     FULL16.model_copy(update={"block_size": 4}))
     assert b.ledger.cache_alignment == 4
-    for rid, prompt in (("r0", 2), ("r1", 5), ("r2", 5)):
-        o.add(rid, prompt)
-        b.add_request(PlannedRequest(rid, prompt))
-    for rid, prompt in (("r0", 2), ("r1", 5)):
-        o.new_step()
-        assert o.schedule(rid, prompt) is not None
-        o.advance(rid, prompt, 1)
-        b.step("custom", rid, prefill={rid: prompt})
+    _add(o, b, {"r0": 2, "r1": 5, "r2": 5})
+    _prefill(o, b, "r0", 2, 1)
+    _prefill(o, b, "r1", 5, 1)
     assert o.lookup("r2") == 4
     b.set_computed("r2", 4)
     o.new_step()
@@ -285,22 +295,13 @@ def test_regression_mamba_align_checkpoint_is_recached_each_step() -> None:
     prefix is 4 again (LCM of block sizes 1 and 2 is 2), so r4's 4-token hit
     on r1's state waits a step in vLLM. stepwarm allocated it (its ledger
     marked only newly cached states). vLLM 0.26 marks new states only."""
-    from stepwarm.plan import PlanBuilder, PlanError, PlannedRequest
-    from tests.property.oracle import Oracle, vllm_spec
+    from stepwarm.plan import PlanError
 
-    specs = (CacheSpec(kind="mamba", block_size=1, mamba_cache_mode="align"),
-             CacheSpec(kind="mla_attention", block_size=2))
-    cfg = _hit_cfg(*specs)
-    o = Oracle(tuple(vllm_spec(s) for s in specs), cfg.num_blocks, cfg.max_model_len, 0, True)
-    b = PlanBuilder(cfg.profile(), name="checkpoint")
+    o, b = _hit_pair("checkpoint", CacheSpec(kind="mamba", block_size=1, mamba_cache_mode="align"),
+                     CacheSpec(kind="mla_attention", block_size=2))
     recached = b.profile.kv_cache_groups[0].checkpoint_recached
-    for rid in ("r1", "r4"):
-        o.add(rid, 5)
-        b.add_request(PlannedRequest(rid, 5))
-    o.new_step()
-    assert o.schedule("r1", 4) is not None
-    o.advance("r1", 4, 0)
-    b.step("custom", "r1", prefill={"r1": 4})
+    _add(o, b, {"r1": 5, "r4": 5})
+    _prefill(o, b, "r1", 4, 0)
     assert o.lookup("r4") == 4
     b.set_computed("r4", 4)
     o.new_step()

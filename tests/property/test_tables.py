@@ -108,7 +108,7 @@ class Tables(Lifecycle):
             assert len(ours) == len(theirs), (ours, theirs)
             return
         assert ours == theirs, (
-                f"new_block_ids_to_zero: stepwarm {ours}, vLLM's scheduler {theirs}")
+            f"new_block_ids_to_zero: stepwarm {ours}, vLLM's scheduler {theirs}")
 
     @invariant()
     def refusal_parity(self) -> None:
