@@ -61,7 +61,7 @@ def test_compare_baseline_fails_on_the_logprobs_compile_and_stepwarm_passes(tmp_
     assert [r["tokens"] for r in sw["requests"]] == [[4, 4], [4, 4], [20, 20], [4, 4]]
     for r in sw["requests"] + base["requests"]:  # the worker's share of each run
         assert 0 < r["first_worker_ms"] <= r["first_ms"] and 0 < r["second_worker_ms"] <= r["second_ms"]
-    # On the CPU build the ratio is reported, compiles gate (README: Thresholds).
+    # On the CPU build the ratio is reported, compiles gate (docs/cli.md: Thresholds).
     assert (sw["threshold"], base["threshold"]) == (None, None)
     # Printed side by side.
     assert "baseline (vLLM's warmup) vs stepwarm (default)" in proc.stdout

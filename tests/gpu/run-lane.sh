@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU lane, device side: run from this repo's root on a lent H200 machine
-# (README.md, "The GPU lane"). Needs vLLM's CUDA build, brought the way
+# (docs/gpu-lane.md). Needs vLLM's CUDA build, brought the way
 # ../shared/gpu/README.md says, and stepwarm's wheel in .gpu/sw:
 #   here:    ../shared/gpu/prepare.sh && python3 -m pip wheel -q --no-deps -w .gpu/sw .
 #   call 1:  carry .gpu/c1           command: bash .gpu/c1/stash.sh
