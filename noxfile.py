@@ -1,5 +1,5 @@
 """Sessions: `nox -s run` (set up + warm the embedded tiny model), `nox -s tests`,
-`nox -s property` (the long property-test profile)."""
+`nox -s lint` (ruff + mypy, no vLLM), `nox -s property` (the long property-test profile)."""
 
 import os
 
@@ -55,3 +55,15 @@ def property(session: nox.Session) -> None:
     install(session, "test")
     session.run("pytest", "-q", "tests/property", *session.posargs,
                 env={"HYPOTHESIS_PROFILE": "long"})
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff (errors, not style) on the tree and a light mypy pass on the pure-data core.
+
+    Both are configured in pyproject.toml; the venv has stepwarm's own dependencies
+    and the two pinned tools, no vLLM, so it is quick to build.
+    """
+    session.install("-e", ".[lint]")
+    session.run("ruff", "check", "--no-cache", ".")
+    session.run("mypy")

@@ -57,7 +57,7 @@ def test_reserved_block_count_matches_oracle(data, cfg: KVConfig) -> None:
     ops = data.draw(single_request_ops(cfg))
     add, steps = ops[0], ops[1:]
     o.add(add.rid, add.prompt_len, add.encoder_len)
-    computed, outputs = 0, 0
+    computed = 0
     for op in steps:
         if op.finish:
             break
