@@ -23,6 +23,7 @@ from stepwarm.blocks import (
 )
 from stepwarm.profile import CacheSpec, RunnerProfile
 from stepwarm.sequences import max_warmup_requests
+from tests.helpers import make_profile
 
 
 def spec(kind: str, bs: int, **kw) -> CacheSpec:
@@ -314,10 +315,9 @@ def test_prefix_hit_shares_cached_blocks_with_nulls_per_kind() -> None:
 
 # -- request-count cap ------------------------------------------------------------
 def _profile(groups, **kw) -> RunnerProfile:
-    base = dict(runner="v2", kv_cache_groups=groups, num_blocks=11, max_model_len=4096,
-                max_num_seqs=256, max_num_batched_tokens=8192, vocab_size=32000)
-    base.update(kw)
-    return RunnerProfile(**base)
+    return make_profile(**{**dict(runner="v2", kv_cache_groups=groups, num_blocks=11,
+                                  max_model_len=4096, max_num_seqs=256,
+                                  max_num_batched_tokens=8192, vocab_size=32000), **kw})
 
 
 def test_max_warmup_requests_block_cap() -> None:

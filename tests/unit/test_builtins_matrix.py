@@ -12,6 +12,7 @@ from stepwarm.blocks import BlockLedger
 from stepwarm.expressions import facts_of
 from stepwarm.profile import CacheSpec, ImageClass, RunnerProfile
 from stepwarm.scenario import ScenarioError, builtin_names, expand, load
+from tests.helpers import make_profile
 
 FULL16 = (CacheSpec(kind="full_attention", block_size=16),)
 FULL128 = (CacheSpec(kind="full_attention", block_size=128),)
@@ -43,7 +44,7 @@ def _grid() -> dict[str, RunnerProfile]:
             SPEC.items(), NUM_BLOCKS.items()):
         if mnbt < seqs:  # vLLM: max_num_batched_tokens >= max_num_seqs
             continue
-        p = RunnerProfile(
+        p = make_profile(
             runner="v1", kv_cache_groups=groups, num_blocks=nb, max_model_len=mml,
             max_num_seqs=seqs, max_num_batched_tokens=mnbt, vocab_size=1000,
             mamba_cache_mode="align" if gname == "hybrid" else "none",
@@ -53,14 +54,14 @@ def _grid() -> dict[str, RunnerProfile]:
     for (seqs, mnbt, mml), (bname, nb) in itertools.product(
             ((1, 16, 64), (2, 16, 512), (3, 128, 512), (8, 512, 4096), (256, 8192, 4096)),
             NUM_BLOCKS.items()):
-        cands = {f"pooling-s{seqs}-t{mnbt}-l{mml}-{bname}": RunnerProfile(
+        cands = {f"pooling-s{seqs}-t{mnbt}-l{mml}-{bname}": make_profile(
             runner="v1", kv_cache_groups=FULL16, num_blocks=nb, max_model_len=mml,
             max_num_seqs=seqs, max_num_batched_tokens=mnbt, vocab_size=1000,
             is_pooling_model=True, pooling_task="embed")}
         for enc in (16, 1500):
             if enc > mnbt:  # vLLM: the encoder input fits one step's budget
                 continue
-            cands[f"encdec{enc}-s{seqs}-t{mnbt}-l{mml}-{bname}"] = RunnerProfile(
+            cands[f"encdec{enc}-s{seqs}-t{mnbt}-l{mml}-{bname}"] = make_profile(
                 runner="v1", num_blocks=nb, max_model_len=mml, max_num_seqs=seqs,
                 max_num_batched_tokens=mnbt, vocab_size=1000, is_encoder_decoder=True,
                 max_encoder_len=enc, kv_cache_groups=(
@@ -68,7 +69,7 @@ def _grid() -> dict[str, RunnerProfile]:
         for cname, classes in IMAGE_CLASSES.items():
             if max(c.tokens for c in classes) > max(mnbt, 64):
                 continue
-            cands[f"mm-{cname}-s{seqs}-t{mnbt}-l{mml}-{bname}"] = RunnerProfile(
+            cands[f"mm-{cname}-s{seqs}-t{mnbt}-l{mml}-{bname}"] = make_profile(
                 runner="v1", kv_cache_groups=FULL16, num_blocks=nb, max_model_len=mml,
                 max_num_seqs=seqs, max_num_batched_tokens=mnbt, vocab_size=1000,
                 image_classes=classes, max_images_per_prompt=2,

@@ -8,16 +8,15 @@ import pytest
 from stepwarm.compile import prompt_token_ids, to_grammar_output, to_scheduler_output
 from stepwarm.plan import PlanBuilder, PlannedRequest
 from stepwarm.profile import CacheSpec, RunnerProfile
+from tests.helpers import make_profile
 
 
 def _profile(runner: str = "v1", **kw) -> RunnerProfile:
-    base = dict(runner=runner, kv_cache_groups=(CacheSpec(kind="full_attention", block_size=4),
-                                                CacheSpec(kind="sliding_window", block_size=4,
-                                                          sliding_window=8)),
-                num_blocks=100, max_model_len=64, max_num_seqs=4, max_num_batched_tokens=32,
-                vocab_size=70)
-    base.update(kw)
-    return RunnerProfile(**base)
+    return make_profile(**{**dict(
+        runner=runner, kv_cache_groups=(CacheSpec(kind="full_attention", block_size=4),
+                                        CacheSpec(kind="sliding_window", block_size=4,
+                                                  sliding_window=8)),
+        num_blocks=100, max_model_len=64, max_num_batched_tokens=32, vocab_size=70), **kw})
 
 
 def _preempt_resume(runner: str):

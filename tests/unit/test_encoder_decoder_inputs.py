@@ -10,16 +10,15 @@ import pytest
 from stepwarm.compile import freed_encoder_keys, to_scheduler_output
 from stepwarm.plan import PlanBuilder, PlanError, PlannedRequest
 from stepwarm.profile import CacheSpec, RunnerProfile
+from tests.helpers import FULL16, make_profile
 
 
 def _profile(**kw) -> RunnerProfile:
-    base = dict(runner="v1", kv_cache_groups=(CacheSpec(kind="full_attention", block_size=16),
-                                              CacheSpec(kind="cross_attention", block_size=16)),
-                num_blocks=1000, max_model_len=448, max_num_seqs=8,
-                max_num_batched_tokens=1500, vocab_size=512, is_encoder_decoder=True,
-                max_encoder_len=1500, encoder_budget=1500, decoder_start_token_id=3)
-    base.update(kw)
-    return RunnerProfile(**base)
+    return make_profile(**{**dict(
+        kv_cache_groups=(FULL16, CacheSpec(kind="cross_attention", block_size=16)),
+        max_model_len=448, max_num_seqs=8, max_num_batched_tokens=1500, vocab_size=512,
+        is_encoder_decoder=True, max_encoder_len=1500, encoder_budget=1500,
+        decoder_start_token_id=3), **kw})
 
 
 def _req(name: str, prompt: int = 2, enc: int = 1500) -> PlannedRequest:

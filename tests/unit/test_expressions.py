@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stepwarm.expressions import ExpressionError, buckets, evaluate
+from tests.helpers import make_profile
 
 FACTS = {"decode_query_len": 3, "max_num_batched_tokens": 512, "max_model_len": 1024,
          "num_spec_steps": 2, "max_num_seqs": 8}
@@ -131,10 +132,8 @@ def test_comparison_is_not_a_size():
 
 
 def _prof(**kw) -> RunnerProfile:
-    base = dict(runner="v1", kv_cache_groups=(CacheSpec(kind="full_attention", block_size=16),),
-                num_blocks=41, max_model_len=512, max_num_seqs=8,
-                max_num_batched_tokens=20, vocab_size=100)
-    return RunnerProfile(**{**base, **kw})
+    return make_profile(**{**dict(num_blocks=41, max_model_len=512, max_num_seqs=8,
+                                  max_num_batched_tokens=20), **kw})
 
 
 def test_kv_functions_count_blocks_like_the_ledger():

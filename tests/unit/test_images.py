@@ -9,8 +9,9 @@ import pytest
 from stepwarm.compile import cleanup_output, encoder_cache_keys, to_scheduler_output
 from stepwarm.encoder_inputs import RequestInputs
 from stepwarm.plan import Plan, PlanBuilder, PlanError, PlannedRequest
-from stepwarm.profile import CacheSpec, ImageClass, RunnerProfile
+from stepwarm.profile import ImageClass, RunnerProfile
 from stepwarm.scenario import expand, load
+from tests.helpers import make_profile
 
 #: Qwen2-VL-like classes (56, 140, 224 px: 4, 25, 64 image tokens + 2 markers).
 CLASSES = (ImageClass(side=16, tokens=4, prompt_tokens=6),
@@ -19,12 +20,10 @@ CLASSES = (ImageClass(side=16, tokens=4, prompt_tokens=6),
 
 
 def _profile(**kw) -> RunnerProfile:
-    base = dict(runner="v1", kv_cache_groups=(CacheSpec(kind="full_attention", block_size=16),),
-                num_blocks=200, max_model_len=512, max_num_seqs=8, max_num_batched_tokens=512,
-                vocab_size=512, image_classes=CLASSES, encoder_budget=512,
-                max_images_per_prompt=2)
-    base.update(kw)
-    return RunnerProfile(**base)
+    return make_profile(**{**dict(
+        num_blocks=200, max_model_len=512, max_num_seqs=8, max_num_batched_tokens=512,
+        vocab_size=512, image_classes=CLASSES, encoder_budget=512, max_images_per_prompt=2),
+        **kw})
 
 
 def test_vision_encoder_builtin_runs_each_class_then_the_most_images():

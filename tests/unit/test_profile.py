@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from stepwarm.profile import CacheSpec, ProfileError, RunnerProfile
+from tests.helpers import make_profile
 
-PROFILE = RunnerProfile(
+PROFILE = make_profile(
     runner="v2", kv_cache_groups=(
         CacheSpec(kind="full_attention", block_size=16),
         CacheSpec(kind="mamba", block_size=64, mamba_cache_mode="align", num_speculative_blocks=2),

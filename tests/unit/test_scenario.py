@@ -22,14 +22,13 @@ from stepwarm.scenario import (
     plans_for,
     tiny_profile,
 )
+from tests.helpers import make_profile
 
 FULL = CacheSpec(kind="full_attention", block_size=16)
 
 
 def profile(**kw) -> RunnerProfile:
-    base = dict(runner="v1", kv_cache_groups=(FULL,), num_blocks=1000, max_model_len=256,
-                max_num_seqs=4, max_num_batched_tokens=128, vocab_size=100)
-    return RunnerProfile(**{**base, **kw})
+    return make_profile(**kw)
 
 
 PROFILES = {

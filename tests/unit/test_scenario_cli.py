@@ -7,8 +7,8 @@ import json
 from typer.testing import CliRunner
 
 from stepwarm.cli import app
-from stepwarm.profile import CacheSpec, RunnerProfile
 from stepwarm.scenario import builtin_names
+from tests.helpers import make_profile
 
 runner = CliRunner()
 
@@ -38,10 +38,9 @@ def test_check_bad_file_exit_2(tmp_path):
 
 
 def test_check_against_saved_profile(tmp_path):
-    prof = RunnerProfile(runner="v1", kv_cache_groups=(CacheSpec(kind="full_attention", block_size=16),),
-                         num_blocks=100, max_model_len=64, max_num_seqs=2,
-                         max_num_batched_tokens=64, vocab_size=10, num_speculative_steps=1,
-                         decode_query_len=2)
+    prof = make_profile(num_blocks=100, max_model_len=64, max_num_seqs=2,
+                        max_num_batched_tokens=64, vocab_size=10, num_speculative_steps=1,
+                        decode_query_len=2)
     p = tmp_path / "p.json"
     prof.save(p)
     r = runner.invoke(app, ["check", "spec-decode", "--profile", str(p)], env={"COLUMNS": "300"})

@@ -8,15 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from stepwarm.profile import CacheSpec, RunnerProfile
+from stepwarm.profile import RunnerProfile
 from stepwarm.scenario import ScenarioError, plans_for
+from tests.helpers import make_profile
 
 
 def profile(**kw) -> RunnerProfile:
-    base = dict(runner="v1", kv_cache_groups=(CacheSpec(kind="full_attention", block_size=16),),
-                num_blocks=1000, max_model_len=256, max_num_seqs=4,
-                max_num_batched_tokens=128, vocab_size=100)
-    return RunnerProfile(**{**base, **kw})
+    return make_profile(**kw)
 
 
 def bad(tmp_path: Path, text: str, prof: RunnerProfile | None = None) -> ScenarioError:

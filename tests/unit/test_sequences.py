@@ -19,6 +19,7 @@ import torch
 from stepwarm.compile import to_grammar_output, to_scheduler_output
 from stepwarm.profile import CacheSpec, RunnerProfile
 from stepwarm.sequences import mixed_prefill_decode_plan, warmup_kernels_plan
+from tests.helpers import make_profile
 
 warmup = pytest.importorskip("vllm.v1.worker.gpu.warmup")
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput  # noqa: E402
@@ -73,11 +74,7 @@ def _runner(p: RunnerProfile) -> SimpleNamespace:
 
 
 def _profile(**kw: Any) -> RunnerProfile:
-    base = dict(runner="v2", kv_cache_groups=(CacheSpec(kind="full_attention", block_size=16),),
-                num_blocks=1000, max_model_len=256, max_num_seqs=4,
-                max_num_batched_tokens=64, vocab_size=100)
-    base.update(kw)
-    return RunnerProfile(**base)
+    return make_profile(**{**dict(runner="v2", max_num_batched_tokens=64), **kw})
 
 
 PROFILES = {

@@ -7,17 +7,16 @@ from stepwarm.driver import RunReport, StepResult
 from stepwarm.plan import PlanBuilder, PlannedRequest
 from stepwarm.profile import CacheSpec, RunnerProfile
 from stepwarm.verify import FILL_PREFIX, as_greedy, compare, planned_outputs, with_prefix_fills
+from tests.helpers import make_profile
 
 A, B = "_stepwarm_t_a_", "_stepwarm_t_b_"
 
 
 def _profile(**kw) -> RunnerProfile:
-    base = dict(runner="v1", kv_cache_groups=(CacheSpec(kind="full_attention", block_size=4),),
-                num_blocks=100, max_model_len=64, max_num_seqs=4, max_num_batched_tokens=32,
-                vocab_size=70, num_speculative_steps=2, decode_query_len=3,
-                num_lookahead_tokens=2)
-    base.update(kw)
-    return RunnerProfile(**base)
+    return make_profile(**{**dict(
+        kv_cache_groups=(CacheSpec(kind="full_attention", block_size=4),), num_blocks=100,
+        max_model_len=64, max_num_batched_tokens=32, vocab_size=70, num_speculative_steps=2,
+        decode_query_len=3, num_lookahead_tokens=2), **kw})
 
 
 def _plan():
