@@ -14,11 +14,13 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from stepwarm.driver import StepResult
 from stepwarm.plan import Plan, PlannedStep
@@ -121,7 +123,27 @@ class EnginePhases(logging.Handler):
                 listener(phase)
 
 
-COLUMNS = ("#", "kind", "step", "reqs", "tokens", "spec", "new blk", "sampled", "ms")
+@dataclass(frozen=True)
+class Column:
+    """One column of a step table."""
+
+    #: Header text (words may wrap onto a second header line).
+    header: str
+    #: A number column: never wrapped, abbreviated or cut; the table gives
+    #: it the width of its widest cell. Label columns take what is left and wrap.
+    numeric: bool = True
+
+
+#: The columns of :func:`step_row` / :func:`failed_row`, in order. Another
+#: table (a block-table view) passes its own columns to :class:`StepTable`.
+COLUMNS = (Column("#"), Column("kind", numeric=False), Column("step", numeric=False),
+           Column("reqs"), Column("tokens"), Column("spec"), Column("new blk"),
+           Column("sampled"), Column("ms"))
+#: Width the line form (output that is not a terminal) wraps at.
+LINE_WIDTH = 80
+#: The fewest columns the ``step`` label is narrowed to beside a full
+#: ``kind`` column before the two share one column (``kind: label``).
+MIN_LABEL = 24
 
 
 def step_row(s: StepResult, num_groups: int) -> list[str]:
@@ -139,13 +161,107 @@ def failed_row(step: PlannedStep) -> list[str]:
             str(sum(len(r.spec_token_ids) for r in step.scheduled)), "-", "-", "FAILED"]
 
 
-def _table(title: str) -> Table:
-    table = Table(title=title, title_justify="left")
-    for col in COLUMNS:
-        table.add_column(col, justify="left" if col in ("kind", "step") else "right",
-                         no_wrap=col in ("kind", "step"),
-                         max_width=44 if col == "step" else None, overflow="ellipsis")
-    return table
+class StepTable:
+    """A table of step rows that fits the width it is drawn at (a rich
+    renderable, laid out anew at each draw, so a live table follows a
+    terminal that is resized).
+
+    Number columns get exactly their widest cell (header words wrap, cells
+    never); label columns share the rest and wrap (a word longer than its
+    column folds, nothing is cut). When the labels would get fewer than
+    :data:`MIN_LABEL` columns beside a full ``kind``, ``kind`` and ``step`` become one column,
+    ``kind: label``. Narrower than the numbers alone need, the rows are drawn
+    as :func:`step_lines`.
+    """
+
+    #: Columns a table adds per column (a border and one space each side), plus its left edge.
+    PER_COLUMN, EDGE = 3, 1
+
+    def __init__(self, title: str = "", columns: tuple[Column, ...] = COLUMNS):
+        self.title, self.columns = title, columns
+        self.rows: list[list[str]] = []
+
+    def add_row(self, *cells: str) -> None:
+        """Append one row (one cell per column)."""
+        self.rows.append(list(cells))
+
+    def _widths(self, whole_headers: bool) -> list[int]:
+        return [max(([len(c.header)] if whole_headers else [len(w) for w in c.header.split()])
+                    + [len(r[i]) for r in self.rows]) for i, c in enumerate(self.columns)]
+
+    def table(self, width: int) -> Table | None:
+        """The rich table for ``width`` columns (None: not even the numbers fit)."""
+        labels = [i for i, c in enumerate(self.columns) if not c.numeric]
+        widths = self._widths(whole_headers=True)  # one header line while the labels fit unwrapped
+        if (sum(widths) + self.EDGE + self.PER_COLUMN * len(self.columns)) > width:
+            widths = self._widths(whole_headers=False)
+        numbers = sum(w for i, w in enumerate(widths) if i not in labels)
+        room = width - self.EDGE - self.PER_COLUMN * len(self.columns) - numbers
+        merged = len(labels) == 2 and room - widths[labels[0]] < MIN_LABEL
+        if merged:
+            room += self.PER_COLUMN
+        if room < (MIN_LABEL // 2 if merged or not labels else MIN_LABEL):
+            return None
+        table = Table(title=self.title or None, title_justify="left")
+        shown = [i for i in range(len(self.columns)) if not (merged and i == labels[0])]
+        for i in shown:
+            col = self.columns[i]
+            header = "kind: step" if merged and i == labels[1] else col.header
+            if col.numeric:
+                table.add_column(header, justify="right", width=widths[i], overflow="fold")
+            else:
+                table.add_column(header, justify="left", overflow="fold")
+        for row in self.rows:
+            cells = [row[i] for i in shown]
+            if merged:
+                cells[shown.index(labels[1])] = f"{row[labels[0]]}: {row[labels[1]]}"
+            table.add_row(*cells)
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Any:
+        table = self.table(options.max_width)
+        if table is not None:
+            yield table
+            return
+        if self.title:
+            yield Text(self.title)
+        for row in self.rows:
+            yield Text("\n".join(step_lines(row, width=options.max_width)))
+
+
+def _wrap(parts: list[str], indent: int, width: int, sep: str) -> list[str]:
+    """Greedy wrap of ``parts`` (joined by ``sep``) at ``width``; continuation
+    lines start with ``indent`` spaces; a part is never split."""
+    lines = [""]
+    for part in parts:
+        if lines[-1].strip() and len(lines[-1]) + len(sep) + len(part) > width:
+            lines.append(" " * indent + part)
+        else:
+            lines[-1] = (lines[-1] + sep + part) if lines[-1].strip() else lines[-1] + part
+    return lines
+
+
+def step_lines(row: list[str], of: int | None = None, at_s: float | None = None,
+               width: int = LINE_WIDTH) -> list[str]:
+    """A step row as lines of at most ``width`` columns (where no word or
+    number is longer): ``[i/n] kind  label`` (the label wraps), then the
+    numbers, each as ``name value`` and never split.
+
+    Args:
+        row: the cells of :data:`COLUMNS`.
+        of: the plan's number of steps (the ``/n`` of ``[i/n]``).
+        at_s: seconds since the scenario started.
+        width: the widest line (columns).
+    """
+    (idx, kind, label, reqs, tokens, spec, blocks, sampled, ms) = row
+    head = f"  [{int(idx) + 1}/{of if of is not None else '?'}] "
+    lines = _wrap([head + kind + " ", *label.split()], len(head), width, " ")
+    numbers = [f"reqs {reqs}", f"tokens {tokens}", f"spec {spec}", f"new blk {blocks}",
+               f"sampled {sampled}", ms if ms == "FAILED" else f"{ms} ms"]
+    if at_s is not None:
+        numbers.append(f"(at {at_s:.1f} s)")
+    numbers[0] = " " * len(head) + numbers[0]
+    return lines + _wrap(numbers, len(head), width, "  ")
 
 
 class ScenarioProgress:
@@ -163,7 +279,7 @@ class ScenarioProgress:
         self.done = 0
         self.live: Live | None = None
         self.t0 = time.perf_counter()
-        self.table = _table(self._title())
+        self.table = StepTable(self._title())
 
     def _title(self) -> str:
         return (f"scenario {self.plan.name} ({self.runner} runner): {self.done}/"
@@ -185,13 +301,8 @@ class ScenarioProgress:
             self.table.title = self._title()
             self.live.refresh()
             return
-        n = len(self.plan.steps)
-        (idx, kind, label, reqs, tokens, spec, blocks, sampled, ms) = row
-        self.out.print(
-            f"  [{int(idx) + 1}/{n}] {kind:<20} {label[:40]:<40} reqs {reqs:>3}  tokens "
-            f"{tokens:>5}  spec {spec:>3}  new blk {blocks:>5}  sampled {sampled:>3}  "
-            + (ms if ms == "FAILED" else f"{ms} ms")
-            + f"  (at {time.perf_counter() - self.t0:.1f} s)", soft_wrap=True)
+        for line in step_lines(row, len(self.plan.steps), time.perf_counter() - self.t0):
+            self.out.print(line, soft_wrap=True)
 
     def step(self, result: StepResult) -> None:
         """A step ran (``drive``'s ``on_step``)."""

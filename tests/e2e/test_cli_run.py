@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -56,6 +57,55 @@ def test_run_prints_step_tables_and_writes_json(tmp_path):
     assert [s["num_scheduled_tokens"] for s in mixed["steps"]] == [
         st.total_num_scheduled_tokens for st in plan.steps
     ]
+
+
+def _in_a_terminal(args: list[str], columns: int, timeout: int = 600) -> tuple[int, str]:
+    """``python -m stepwarm ARGS`` with stdout and stderr on a pseudo-terminal
+    ``columns`` wide: (exit status, what the terminal showed, escapes removed)."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import termios
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the terminal's size is set before it starts
+        os.execv(sys.executable, [sys.executable, "-m", "stepwarm", *args])
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    out, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([fd], [], [], 1)[0]:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+    _, status = os.waitpid(pid, 0)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", out.decode(errors="replace"))
+    return os.waitstatus_to_exitcode(status), text
+
+
+def test_the_live_table_fits_an_80_column_terminal():
+    """In a real 80-column terminal the last frame of the live table shows
+    every step's numbers, and no line is wider than the terminal."""
+    code, text = _in_a_terminal(["run", "-s", "mixed-prefill-decode"], 80)
+    assert code == 0, text[-3000:]
+    final = text.rsplit("scenario mixed-prefill-decode (v1 runner): 5/5 steps", 1)[1]
+    final = final.split("└", 1)[0]
+    lines = [ln for ln in final.replace("\r", "\n").splitlines() if ln.startswith("│")]
+    rows = [[c.strip() for c in ln.split("│")[1:-1]] for ln in lines]
+    firsts = [r for r in rows if r[0]]
+    # #, reqs, tokens, spec, new blk, sampled (the ms vary).
+    assert [[r[0], *r[2:7]] for r in firsts] == [
+        ["0", "3", "6", "0", "3", "3"], ["1", "2", "16", "0", "1", "2"],
+        ["2", "0", "0", "0", "0", "-"], ["3", "4", "512", "0", "4", "4"],
+        ["4", "0", "0", "0", "0", "-"]]
+    assert all(re.fullmatch(r"\d+\.\d", r[7]) for r in firsts)
+    assert max(len(ln) for ln in lines) <= 80
+    assert "ok: 1 scenario(s)" in text
 
 
 def test_run_rejects_a_model_dir_without_config(tmp_path):
@@ -159,7 +209,7 @@ def test_a_failing_scenario_is_reported_and_the_next_one_runs(tmp_path):
     assert "1 of 2 scenario(s) failed on the worker (default: see 'failed:' above)" in proc.stderr
     # The failure prints once, and the failed step has its row.
     assert proc.stderr.count("scenario default: step 1 (spec_decode: decode all) failed on the v1 runner") == 1
-    assert re.search(r"\[2/\d+\] spec_decode +decode all .* FAILED", proc.stdout)
+    assert re.search(r"\[2/\d+\] spec_decode  decode all\n {8}reqs .* FAILED", proc.stdout)
     # stdout ends with the outcome too, as a clean run's ends with "ok: ...".
     assert re.search(r"^FAILED: 2 scenario\(s\), \d+ steps in \d+ ms; 1 failed$", proc.stdout, re.M)
     assert "cleanup ran, the runner holds no stepwarm request" in proc.stderr

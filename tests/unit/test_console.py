@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import re
 
+import pytest
 from rich.console import Console
 
 from stepwarm.console import ScenarioProgress, route_vllm_log
@@ -28,7 +29,7 @@ def _console(terminal: bool) -> tuple[Console, io.StringIO]:
                    highlight=False, color_system=None), buf
 
 
-def test_one_line_per_step_when_not_a_terminal():
+def test_two_lines_per_step_when_not_a_terminal():
     plan = expand(load("default"), tiny_profile())
     out, buf = _console(False)
     with ScenarioProgress(plan, "v1", 1, out) as progress:
@@ -40,12 +41,13 @@ def test_one_line_per_step_when_not_a_terminal():
         progress.failed(plan.steps[3])
     lines = buf.getvalue().splitlines()
     assert first.splitlines()[0] == "scenario default (v1 runner): 8 steps"
-    assert re.fullmatch(
-        r"  \[1/8\] prefill              prefill 8 x 2                            reqs   8  tokens"
-        r"    16  spec   0  new blk     8  sampled   8  1\.2 ms  \(at \d+\.\d s\)",
-        first.splitlines()[1])
-    assert len(lines) == 5 and lines[3].startswith("  [3/8] decode ")
-    assert lines[4].startswith("  [4/8] decode ") and "FAILED  (at " in lines[4]
+    assert first.splitlines()[1] == "  [1/8] prefill  prefill 8 x 2"
+    assert re.fullmatch(r"        reqs 8  tokens 16  spec 0  new blk 8  sampled 8  1\.2 ms"
+                        r"  \(at \d+\.\d s\)", first.splitlines()[2])
+    assert len(lines) == 9 and lines[5].startswith("  [3/8] decode ")
+    assert lines[7].startswith("  [4/8] decode ")
+    assert re.fullmatch(r"        reqs 1  tokens 1  spec 0  new blk -  sampled -  FAILED"
+                        r"  \(at \d+\.\d s\)", lines[8])
 
 
 def test_live_table_on_a_terminal_holds_every_row_and_the_count():
@@ -57,6 +59,88 @@ def test_live_table_on_a_terminal_holds_every_row_and_the_count():
     text = buf.getvalue()
     assert "scenario default (v1 runner): 8/8 steps" in text
     assert text.count("1.2") >= 8 and "mixed_prefill_decode" in text
+
+
+def _recorded() -> list[StepResult]:
+    """Steps as the driver reports them: mixed-prefill-decode on the tiny
+    Llama, then rows with the widest numbers a big engine gives (two KV cache
+    groups, 8192-token prefills, slow steps)."""
+    plan = expand(load("mixed-prefill-decode"), tiny_profile())
+    rows = list(_results(plan))
+    rows.append(StepResult(index=5, kind="spec_decode", label="decode all with 3 drafts each "
+                           "and a long tail of request names r[0..255]", num_reqs=256,
+                           num_scheduled_tokens=8192, num_spec_tokens=768,
+                           new_blocks=[1024, 37], held_blocks={}, wall_ms=38123.44,
+                           sampled={f"r{i}": 1 for i in range(256)}))
+    return rows
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.split("│")[1:-1]]
+
+
+@pytest.mark.parametrize("width", [80, 100, 120, 200])
+def test_the_live_table_fits_the_terminal_and_keeps_every_number(width):
+    """At 80-200 columns every line fits and every cell is shown whole: the
+    numbers on the row's first line, the label wrapped over its lines."""
+    from rich.cells import cell_len
+
+    from stepwarm.console import StepTable, step_row
+
+    table = StepTable("scenario mixed-prefill-decode (v1 runner): 6/6 steps, 38.2 s")
+    recorded = _recorded()
+    for r in recorded:
+        table.add_row(*step_row(r, 1))
+    buf = io.StringIO()
+    Console(file=buf, width=width, force_terminal=True, color_system=None,
+            markup=False).print(table)
+    lines = buf.getvalue().splitlines()
+    assert all(cell_len(line) <= width for line in lines), [cell_len(x) for x in lines]
+    body = [line for line in lines if line.startswith("│")]
+    starts = [i for i, line in enumerate(body) if _cells(line)[0]]
+    assert len(starts) == len(recorded)
+    merged = width < 120  # kind and step share a column below ~120 columns
+    for r, i, j in zip(recorded, starts, starts[1:] + [len(body)]):
+        cells = _cells(body[i])
+        row = step_row(r, 1)
+        assert cells[0] == row[0] and cells[-6:] == row[3:]
+        # Labels wrap at spaces, and a word wider than its column folds:
+        # every character is there, in order.
+        labels = [_cells(line)[1:2 if merged else 3] for line in body[i:j]]
+        text = ["".join(col).replace(" ", "") for col in zip(*labels)]
+        expected = [f"{r.kind}: {r.label}"] if merged else [r.kind, r.label]
+        assert text == [e.replace(" ", "") for e in expected]
+    header = " ".join(lines)
+    assert ("kind: step" in header) == merged and "1024/37" in header and "38123.4" in header
+
+
+def test_too_narrow_for_a_table_the_rows_come_as_lines_that_fit():
+    from stepwarm.console import StepTable, step_row
+
+    table = StepTable("scenario x")
+    for r in _recorded():
+        table.add_row(*step_row(r, 1))
+    buf = io.StringIO()
+    Console(file=buf, width=50, force_terminal=True, color_system=None, markup=False).print(table)
+    lines = buf.getvalue().splitlines()
+    assert max(map(len, lines)) <= 50 and "┃" not in buf.getvalue()
+    assert "  [6/?] spec_decode  decode all with 3 drafts each" in lines
+    assert "        reqs 256  tokens 8192  spec 768" in lines
+    assert "        new blk 1024/37  sampled 256  38123.4 ms" in lines
+
+
+def test_the_line_form_fits_80_columns_and_keeps_the_whole_label():
+    from stepwarm.console import step_lines, step_row
+
+    r = _recorded()[-1]
+    lines = step_lines(step_row(r, 2), of=6, at_s=120.25)
+    assert lines == [
+        "  [6/6] spec_decode  decode all with 3 drafts each and a long tail of request",
+        "        names r[0..255]",
+        "        reqs 256  tokens 8192  spec 768  new blk 1024/37  sampled 256",
+        "        38123.4 ms  (at 120.2 s)",
+    ]
+    assert max(map(len, lines)) <= 80
 
 
 def test_vllm_log_goes_to_stderr_at_the_chosen_level(monkeypatch, tmp_path):
