@@ -146,6 +146,7 @@ def run(
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the report as JSON to this file.")] = None,
     engine_arg: EngineArgs = None,
     verify: Annotated[bool, typer.Option("--verify", help="After warmup, run each scenario's sampling requests through vLLM's own scheduler (LLM.generate, greedy) and its steps again greedily; report every request whose tokens differ (exit 1).")] = False,
+    allow_skip: Annotated[bool, typer.Option("--allow-skip", help="A scenario named with -s that the runner cannot run is skipped with exit status 0, not 3.")] = False,
     verbose: Verbose = False,
     quiet: Quiet = False,
 ) -> None:
@@ -157,6 +158,16 @@ def run(
     exit status is then 1. With --verify, every scenario that ran is then
     compared with vLLM's own scheduler (stepwarm.verify); any difference
     also exits 1.
+
+    A scenario named with -s (not through a set such as all) that the runner
+    cannot run (its needs/requires) is skipped with the reason, and the exit
+    status is 3 unless --allow-skip; where that is known from the engine
+    arguments (a speculator without speculative_config) it is said before the
+    engine starts, and no engine starts when nothing else would run.
+
+    Exit status: 0 every scenario ran (or was skipped as part of a set);
+    1 a step failed on the worker, or --verify found a difference; 2 bad
+    input, nothing ran; 3 a scenario named with -s was skipped.
 
     Engine arguments passed beyond vLLM's defaults (each overridable with -e):
     load_format=dummy and distributed_executor_backend=uni always; on vLLM's
@@ -170,16 +181,35 @@ def run(
     from stepwarm.profile import read_profile
     from stepwarm.scenario import ScenarioError, expand, load, resolve_names
 
+    from stepwarm.scenario import SETS
+    from stepwarm.scenario.needs import unmet_before_engine
+
     names = resolve_names(scenario or ["all"])
+    #: Scenarios named with -s themselves, not through a set.
+    named = set(resolve_names(n for n in scenario or [] if n not in SETS))
     _check_output_path(json_out, "--json")
     loaded, errors = [], []
     for name in names:  # files and format first: a typo costs no engine start
         try:
-            loaded.append(load(name))
+            loaded.append((name, load(name)))
         except ScenarioError as e:
             errors.append(str(e))
     if errors:
         _fail("\nerror: ".join(errors), 2)
+    reports: list[RunReport] = []
+    known = _engine_args_known(model, engine_arg)
+    early = {name: why for name, sc in loaded if (why := unmet_before_engine(sc.model.needs, known))}
+    for name, sc in loaded:
+        if name in early:
+            console.print(f"scenario {sc.name}: skipped: {early[name]}", soft_wrap=True)
+            reports.append(RunReport(plan=sc.name, runner="", model="", skipped=early[name]))
+    if early and len(early) == len(loaded):  # nothing would run: no engine
+        if json_out is not None:
+            _write_json(json_out, {"profile": None, "startup_s": None,
+                                   "scenarios": [r.to_dict() for r in reports]})
+        _summary_and_exit(reports, [], [], [n for n in names if n in early and n in named],
+                          allow_skip, engine_started=False)
+    loaded = [(name, sc) for name, sc in loaded if name not in early]
     t0 = time.perf_counter()
     engine = _start_engine(model, engine_arg)
     startup_s = time.perf_counter() - t0
@@ -188,22 +218,24 @@ def run(
     console.print(f"engine up in {startup_s:.1f} s: {profile.runner} runner, "
                   f"vllm {profile.vllm_version}, {profile.num_blocks} blocks, groups: {groups}")
     plans = []
-    for sc in loaded:  # all checked before any step
+    for name, sc in loaded:  # all checked before any step
         try:
-            plans.append(expand(sc, profile))
+            plans.append((name, expand(sc, profile)))
         except ScenarioError as e:
             errors.append(str(e))
     if errors:
         _fail("\nerror: ".join(errors), 2)
 
-    reports: list[RunReport] = []
     failures: list[StepFailed] = []
     ng = len(profile.kv_cache_groups)
-    for plan in plans:
+    skipped_named = [n for n in names if n in early and n in named]
+    for name, plan in plans:
         if plan.skipped:
-            console.print(f"scenario {plan.name}: skipped: {plan.skipped}")
+            console.print(f"scenario {plan.name}: skipped: {plan.skipped}", soft_wrap=True)
             reports.append(RunReport(plan=plan.name, runner=profile.runner,
                                      model=profile.model, skipped=plan.skipped))
+            if name in named:
+                skipped_named.append(name)
             continue
         with ScenarioProgress(plan, profile.runner, ng) as progress:
             try:
@@ -219,33 +251,71 @@ def run(
         else:
             console.print(f"scenario {plan.name}: {len(report.steps)} steps in "
                           f"{report.wall_ms:.0f} ms, runner left with no warmup request")
-    checked = _verify(engine, [p for p, r in zip(plans, reports) if r.ok and not r.skipped],
+    ran_plans = {r.plan for r in reports if r.ok and not r.skipped}
+    checked = _verify(engine, [p for _, p in plans if p.name in ran_plans],
                       profile) if verify else []
     if json_out is not None:
-        try:
-            json_out.write_text(json.dumps(
-                {"profile": profile.model_dump(), "startup_s": startup_s,
-                 "scenarios": [r.to_dict() for r in reports],
-                 **({"verify": [{"scenario": n, **(asdict(v) if not isinstance(v, str)
-                                                   else {"error": v})} for n, v in checked]}
-                    if verify else {})}, indent=2) + "\n")
-        except OSError as e:
-            _fail(f"--json {json_out}: cannot write the report: {e.strerror or e}", 2)
+        _write_json(json_out, {
+            "profile": profile.model_dump(), "startup_s": startup_s,
+            "scenarios": [r.to_dict() for r in reports],
+            **({"verify": [{"scenario": n, **(asdict(v) if not isinstance(v, str)
+                                              else {"error": v})} for n, v in checked]}
+               if verify else {})})
+    _summary_and_exit(reports, failures, checked, skipped_named, allow_skip)
+
+
+def _write_json(path: Path, report: dict[str, Any]) -> None:
+    try:
+        path.write_text(json.dumps(report, indent=2) + "\n")
+    except OSError as e:
+        _fail(f"--json {path}: cannot write the report: {e.strerror or e}", 2)
+
+
+def _engine_args_known(model: Optional[str], engine_arg: Optional[list[str]]) -> dict[str, Any]:
+    """The engine arguments known before the engine starts: a zoo model's
+    own, then ``-e`` (the CLI's defaults hold no speculative_config)."""
+    from stepwarm.zoo import ZOO
+
+    zoo = ZOO[model].engine_args if model in ZOO and not Path(model).exists() else {}
+    return {**zoo, **_parse_engine_args(engine_arg or [])}
+
+
+def _skip_counts(reports: list[RunReport]) -> str:
+    """``2 skipped (needs speculator: ...: 2)``: skipped scenarios counted by reason."""
+    import collections
+
+    reasons = collections.Counter(r.skipped for r in reports if r.skipped)
+    if not reasons:
+        return ""
+    return f", {sum(reasons.values())} skipped (" + "; ".join(
+        f"{why}: {n}" for why, n in reasons.most_common()) + ")"
+
+
+def _summary_and_exit(reports: list[RunReport], failures: list[StepFailed],
+                      checked: list[tuple[str, Any]], skipped_named: list[str],
+                      allow_skip: bool, engine_started: bool = True) -> None:
+    """The last line of ``run`` and its exit status (see ``run --help``)."""
     ran = [r for r in reports if not r.skipped]
     summary = (f"{len(ran)} scenario(s), {sum(len(r.steps) for r in ran)} steps "
-               f"in {sum(r.wall_ms for r in ran):.0f} ms"
-               + (f", {len(reports) - len(ran)} skipped" if len(ran) < len(reports) else ""))
+               f"in {sum(r.wall_ms for r in ran):.0f} ms" + _skip_counts(reports))
     if failures:
         console.print(Text.assemble(("FAILED", "bold red"), f": {summary}; "
-                                    f"{len(failures)} failed"))
+                                    f"{len(failures)} failed"), soft_wrap=True)
         _fail(f"{len(failures)} of {len(ran)} scenario(s) failed on the worker "
               f"({', '.join(f.report.plan for f in failures)}: see 'failed:' above)", 1)
     bad = [n for n, v in checked if isinstance(v, str) or not v.ok]
     if bad:
         _fail(f"--verify: {len(bad)} scenario(s) differ from vLLM's scheduler or could not be "
               f"compared ({', '.join(bad)}: see the table above)", 1)
-    console.print(Text.assemble(("ok", "bold green"),
-                                f": {summary}; runner left with no warmup request"))
+    tail = "; runner left with no warmup request" if engine_started else "; no engine started"
+    if skipped_named and not allow_skip:
+        console.print(Text.assemble(("SKIPPED", "bold yellow"), f": {summary}{tail}"),
+                      soft_wrap=True)
+        _fail(f"{len(skipped_named)} scenario(s) named with -s did not run "
+              f"({', '.join(skipped_named)}: skipped, see above); pass --allow-skip "
+              f"to accept that (exit 0)", 3)
+    console.print(Text.assemble(("ok", "bold green"), f": {summary}{tail}"), soft_wrap=True)
+    raise typer.Exit(0)
 
 
 def _verify(engine: Any, plans: list[Any], profile: Any) -> list[tuple[str, Any]]:

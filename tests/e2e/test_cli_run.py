@@ -246,3 +246,21 @@ def test_run_verify_compares_with_vllms_scheduler_and_reports_a_table(tmp_path):
     assert [(v["scenario"], v["differences"], v["skipped"]) for v in verify] == [
         ("prefix-hit", [], ""), ("preempt-resume", [], "")]
     assert verify[1]["checked"] == {"a": 6, "b": 7}
+
+
+def test_named_scenarios_the_runner_cannot_run_exit_3_with_reasons_counted():
+    """spec-decode is skipped before the engine starts (no speculative_config),
+    mamba-align once the runner is read (no Mamba group); default still runs;
+    the summary counts both reasons; exit 3 (0 with --allow-skip)."""
+    proc = _stepwarm("run", "-s", "spec-decode", "-s", "default", "-s", "mamba-align")
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    out = proc.stdout
+    early = out.index("scenario spec-decode: skipped: needs speculator: no speculative_config")
+    assert early < out.index("starting vLLM engine")
+    assert "scenario mamba-align: skipped: needs mamba_align: runner has no Mamba KV cache " \
+           "group in align mode (mamba_cache_mode none)" in out
+    assert re.search(r"^SKIPPED: 1 scenario\(s\), 8 steps in \d+ ms, 2 skipped \(needs speculator: "
+                     r"no speculative_config .*: 1; needs mamba_align: .*: 1\); runner left with "
+                     r"no warmup request$", out, re.M)
+    assert "error: 2 scenario(s) named with -s did not run (spec-decode, mamba-align: skipped, " \
+           "see above); pass --allow-skip to accept that (exit 0)" in proc.stderr

@@ -116,3 +116,32 @@ def test_coverage_options_are_checked_before_anything_starts(tmp_path):
     r = runner.invoke(app, ["coverage", "--min-excess-ms", "-5"])
     assert r.exit_code == 2 and "--min-excess-ms -5.0: allowed: a number >= 0" in r.stderr
     assert "starting vLLM engine" not in r.stdout
+
+
+def test_run_a_named_scenario_the_engine_args_cannot_run_exits_3_before_the_engine():
+    """spec-decode needs a speculator, and no speculative_config was given:
+    said before any engine starts; exit 3, or 0 with --allow-skip."""
+    r = runner.invoke(app, ["run", "-s", "spec-decode"], env={"COLUMNS": "300"})
+    assert r.exit_code == 3, r.output
+    why = ("needs speculator: no speculative_config in the engine arguments "
+           "(give one with -e speculative_config=JSON)")
+    assert r.stdout.splitlines() == [
+        f"scenario spec-decode: skipped: {why}",
+        f"SKIPPED: 0 scenario(s), 0 steps in 0 ms, 1 skipped ({why}: 1); no engine started"]
+    assert r.stderr.strip() == (
+        "error: 1 scenario(s) named with -s did not run (spec-decode: skipped, see above); "
+        "pass --allow-skip to accept that (exit 0)")
+    r = runner.invoke(app, ["run", "-s", "spec-decode", "-s", "sampler-spec-decode",
+                            "--allow-skip"], env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[-1] == (
+        f"ok: 0 scenario(s), 0 steps in 0 ms, 2 skipped ({why}: 2); no engine started")
+    assert r.stderr == ""
+
+
+def test_run_help_documents_the_exit_statuses():
+    r = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "200", "TERM": "dumb"})
+    assert r.exit_code == 0
+    text = " ".join(r.stdout.replace("│", " ").split())
+    assert "3 a scenario named with -s was skipped." in text
+    assert "--allow-skip" in text and "2 bad input, nothing ran;" in text
