@@ -35,12 +35,23 @@ err_console = Console(stderr=True, markup=False, highlight=False,
 #: -q, default, -v -> the level of vLLM's log on stderr.
 VLLM_LOG_LEVELS = {-1: "ERROR", 0: "WARNING", 1: "INFO"}
 #: vLLM log messages that start an engine start-up phase (substring, phase);
-#: vLLM 0.26-0.32, V1 and V2 runners, CPU and GPU.
+#: vLLM 0.26-0.32, V1 and V2 runners, CPU and GPU. "vLLM's own warmup" is
+#: named only from a line vLLM logs as its warmup starts, so a start-up
+#: without one has no such phase: the CPU worker warms up (in
+#: ``CPUWorker.determine_available_memory``) only when it compiles or sizes
+#: the KV cache itself (not with ``enforce_eager`` and
+#: ``VLLM_CPU_KVCACHE_SPACE``); the GPU worker's ``compile_or_warm_up_model``
+#: logs its compile sizes, and ``kernel_warmup`` its JIT warmup (off with
+#: ``kernel_config.enable_jit_warmup=false``, which ``enforce_eager`` sets
+#: for the V2 runner).
 ENGINE_PHASES = (
     ("Starting to load model", "loading the model"),
     ("Initializing model took", "profiling memory"),
     ("Model loading took", "profiling memory"),
-    ("KV cache size", "vLLM's own warmup"),
+    ("Warming up model for the compilation", "vLLM's own warmup"),  # CPU worker
+    ("KV cache size", "initializing the KV cache"),
+    ("Compile and warming up model for size", "vLLM's own warmup"),  # GPU worker
+    ("JIT kernel warmup starting", "vLLM's own warmup"),  # kernel_warmup
     ("Capturing CUDA graphs", "capturing CUDA graphs"),
     ("init engine (profile, create kv cache, warmup model) took", "engine ready"),
 )

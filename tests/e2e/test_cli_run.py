@@ -30,7 +30,8 @@ def test_run_prints_step_tables_and_writes_json(tmp_path):
     # The engine's start-up phases, followed from vLLM's log.
     assert re.search(r"starting vLLM engine: loading the model \(\d+\.\d s\)\n"
                      r"starting vLLM engine: profiling memory .*\n"
-                     r"starting vLLM engine: vLLM's own warmup .*\n", proc.stdout)
+                     r"(starting vLLM engine: vLLM's own warmup .*\n)?"
+                     r"starting vLLM engine: initializing the KV cache .*\n", proc.stdout)
     assert " INFO " not in proc.stderr  # vLLM's INFO lines only with -v
     assert "ok: 2 scenario(s)" in proc.stdout
     # stdout holds stepwarm's lines only: vLLM logs to stderr, and the default
@@ -59,7 +60,8 @@ def test_run_prints_step_tables_and_writes_json(tmp_path):
     ]
 
 
-def _in_a_terminal(args: list[str], columns: int, timeout: int = 600) -> tuple[int, str]:
+def _in_a_terminal(args: list[str], columns: int, timeout: int = 600,
+                   env: dict[str, str] | None = None) -> tuple[int, str]:
     """``python -m stepwarm ARGS`` with stdout and stderr on a pseudo-terminal
     ``columns`` wide: (exit status, what the terminal showed, escapes removed)."""
     import fcntl
@@ -71,7 +73,8 @@ def _in_a_terminal(args: list[str], columns: int, timeout: int = 600) -> tuple[i
 
     pid, fd = pty.fork()
     if pid == 0:  # the child: the terminal's size is set before it starts
-        os.execv(sys.executable, [sys.executable, "-m", "stepwarm", *args])
+        os.execve(sys.executable, [sys.executable, "-m", "stepwarm", *args],
+                  {**os.environ, **(env or {})})
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     out, deadline = b"", time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -90,9 +93,14 @@ def _in_a_terminal(args: list[str], columns: int, timeout: int = 600) -> tuple[i
 
 def test_the_live_table_fits_an_80_column_terminal():
     """In a real 80-column terminal the last frame of the live table shows
-    every step's numbers, and no line is wider than the terminal."""
-    code, text = _in_a_terminal(["run", "-s", "mixed-prefill-decode"], 80)
+    every step's numbers, and no line is wider than the terminal. With
+    enforce_eager and VLLM_CPU_KVCACHE_SPACE the CPU worker does not warm up,
+    and the start-up phases do not say it did."""
+    code, text = _in_a_terminal(["run", "-s", "mixed-prefill-decode"], 80,
+                                env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     assert code == 0, text[-3000:]
+    assert "starting vLLM engine: initializing the KV cache" in text
+    assert "vLLM's own warmup" not in text
     final = text.rsplit("scenario mixed-prefill-decode (v1 runner): 5/5 steps", 1)[1]
     final = final.split("└", 1)[0]
     lines = [ln for ln in final.replace("\r", "\n").splitlines() if ln.startswith("│")]

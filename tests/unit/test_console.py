@@ -172,25 +172,51 @@ def test_vllm_log_goes_to_stderr_at_the_chosen_level(monkeypatch, tmp_path):
     assert os.environ["VLLM_LOGGING_CONFIG_PATH"] == "/etc/my-logging.json"
 
 
-def test_engine_phases_follow_vllms_start_up_log():
+def _phases(messages: list[str]) -> list[str]:
     import logging
 
     from stepwarm.console import EnginePhases
 
-    seen = []
+    seen: list[str] = []
     log = logging.getLogger("vllm.test_phases")
     handler = EnginePhases(seen.append)
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     try:
-        for msg in ("Starting to load model %s...", "Initializing model took 0.36 seconds",
-                    "CPU KV cache size: 3,666,816 tokens", "unrelated",
-                    "Starting to load model %s...",
-                    "init engine (profile, create kv cache, warmup model) took 10.73 s"):
+        for msg in messages:
             log.info(msg, "/tmp/m") if "%s" in msg else log.info(msg)
     finally:
         log.removeHandler(handler)
-    assert seen == ["loading the model", "profiling memory", "vLLM's own warmup", "engine ready"]
+    return seen
+
+
+def test_engine_phases_follow_vllms_start_up_log():
+    # A CPU worker with enforce_eager and VLLM_CPU_KVCACHE_SPACE: no warmup.
+    assert _phases(["Starting to load model %s...", "Initializing model took 0.36 seconds",
+                    "CPU KV cache size: 3,666,816 tokens", "unrelated",
+                    "Starting to load model %s...",
+                    "init engine (profile, create kv cache, warmup model) took 10.73 s"]) == [
+        "loading the model", "profiling memory", "initializing the KV cache", "engine ready"]
+
+
+@pytest.mark.parametrize("worker, lines, warmup_after", [
+    ("CPU, compiling", ["Warming up model for the compilation...", "Warming up done.",
+                        "CPU KV cache size: 1 tokens"], "profiling memory"),
+    ("GPU V1 eager", ["GPU KV cache size: 1 tokens", "JIT kernel warmup starting."],
+     "initializing the KV cache"),
+    ("GPU compiled", ["GPU KV cache size: 1 tokens", "Compile and warming up model for size 512",
+                      "JIT kernel warmup starting.", "Capturing CUDA graphs (mixed prefill-decode"],
+     "initializing the KV cache"),
+    ("GPU V2 eager", ["GPU KV cache size: 1 tokens"], None),
+])
+def test_vllms_own_warmup_is_a_phase_only_when_vllm_logged_one(worker, lines, warmup_after):
+    seen = _phases(["Starting to load model %s...", "Model loading took 1 GiB", *lines,
+                    "init engine (profile, create kv cache, warmup model) took 1 s"])
+    assert ("vLLM's own warmup" in seen) == (warmup_after is not None)
+    assert seen.count("vLLM's own warmup") <= 1 and seen[-1] == "engine ready"
+    if warmup_after:
+        assert seen[seen.index("vLLM's own warmup") - 1] == warmup_after
+    assert "initializing the KV cache" in seen
 
 
 def test_verify_table_shows_each_scenario_and_the_first_differing_step():
