@@ -226,6 +226,10 @@ def run(
     if errors:
         _fail("\nerror: ".join(errors), 2)
 
+    from stepwarm.console import SlowSteps
+    from stepwarm.coverage.detectors import Detectors
+
+    slow = SlowSteps(Detectors.watch())  # why a slow step was slow
     failures: list[StepFailed] = []
     ng = len(profile.kv_cache_groups)
     skipped_named = [n for n in names if n in early and n in named]
@@ -237,7 +241,7 @@ def run(
             if name in named:
                 skipped_named.append(name)
             continue
-        with ScenarioProgress(plan, profile.runner, ng) as progress:
+        with ScenarioProgress(plan, profile.runner, ng, slow=slow) as progress:
             try:
                 report = drive(engine.worker, plan, profile, on_step=progress.step)
             except StepFailed as e:
@@ -251,6 +255,7 @@ def run(
         else:
             console.print(f"scenario {plan.name}: {len(report.steps)} steps in "
                           f"{report.wall_ms:.0f} ms, runner left with no warmup request")
+    slow.detectors.stop()
     ran_plans = {r.plan for r in reports if r.ok and not r.skipped}
     checked = _verify(engine, [p for _, p in plans if p.name in ran_plans],
                       profile) if verify else []

@@ -281,12 +281,15 @@ class ScenarioProgress:
     Use as a context manager around :func:`stepwarm.driver.drive` and pass
     :meth:`step` as its ``on_step``. On a terminal: a table that grows row by
     row, titled with steps done / planned and elapsed seconds. Otherwise: a
-    header line, then one line per step, ending with the seconds since the
-    scenario started.
+    header line, then two lines per step (:func:`step_lines`), ending with the
+    seconds since the scenario started. With ``slow``, a slow step gets a line
+    saying what compiled in it (:class:`SlowSteps`).
     """
 
-    def __init__(self, plan: Plan, runner: str, num_groups: int, out: Console = console):
+    def __init__(self, plan: Plan, runner: str, num_groups: int, out: Console = console,
+                 slow: SlowSteps | None = None):
         self.plan, self.runner, self.num_groups, self.out = plan, runner, num_groups, out
+        self.slow = slow
         self.done = 0
         self.live: Live | None = None
         self.t0 = time.perf_counter()
@@ -319,6 +322,9 @@ class ScenarioProgress:
         """A step ran (``drive``'s ``on_step``)."""
         self.done += 1
         self._add(step_row(result, self.num_groups))
+        note = self.slow.note(result) if self.slow is not None else None
+        if note:  # above a live table, or after the step's lines
+            self.out.print("  " + note, soft_wrap=self.live is None)
 
     def failed(self, step: PlannedStep) -> None:
         """The step raised: its row, marked FAILED."""
@@ -328,6 +334,48 @@ class ScenarioProgress:
         if self.live is not None:
             self.table.title = self._title()
             self.live.__exit__(*exc)
+
+
+#: A step slower than this (ms) gets a line saying what compiled in it.
+SLOW_STEP_MS = 1000.0
+#: The most kernel names a slow step's line lists.
+MAX_NAMES = 4
+
+
+class SlowSteps:
+    """Says why a step was slow: the kernels a compile detector
+    (:class:`~stepwarm.coverage.detectors.Detectors`) saw compiled while it ran.
+
+    Args:
+        detectors: started before the first step (``Detectors.watch()``).
+        threshold_ms: steps at least this slow get a line.
+    """
+
+    def __init__(self, detectors: Any, threshold_ms: float = SLOW_STEP_MS):
+        self.detectors, self.threshold_ms = detectors, threshold_ms
+        self.kinds_seen: set[str] = set()
+
+    def note(self, s: StepResult) -> str | None:
+        """``step 0 (prefill) took 31.2 s: compiled ...`` for a slow step; None for others."""
+        from stepwarm.coverage.startup import SLACK_S
+
+        first = s.kind not in self.kinds_seen
+        self.kinds_seen.add(s.kind)
+        if s.wall_ms < self.threshold_ms:
+            return None
+        events = [e for e in self.detectors.poll()
+                  if s.started_at - SLACK_S <= e.at <= s.ended_at + SLACK_S]
+        head = f"step {s.index} ({s.kind}) took {s.wall_ms / 1000:.1f} s: "
+        if not events:
+            return head + ("first call: " if first else "") + (
+                f"no compile seen ({', '.join(self.detectors.available)})")
+        names = sorted({e.name for e in events})
+        kinds = ", ".join(sorted({e.kind for e in events}))
+        seen_by = ", ".join(sorted({e.detector for e in events}))
+        shown = ", ".join(names[:MAX_NAMES]) + (
+            f" and {len(names) - MAX_NAMES} more" if len(names) > MAX_NAMES else "")
+        return (head + f"compiled {len(names)} {kinds} kernel{'s' if len(names) != 1 else ''} "
+                f"({shown}; seen by {seen_by})")
 
 
 def verify_table(results: list[tuple[str, Any]]) -> Table:

@@ -15,9 +15,12 @@ from tests.e2e.helpers import GREEDY_SPEC_SCENARIO, NGRAM_2
 pytestmark = pytest.mark.e2e
 
 
-def _stepwarm(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+def _stepwarm(*args: str, timeout: int = 600,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    import os
+
     return subprocess.run([sys.executable, "-m", "stepwarm", *args], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def test_run_prints_step_tables_and_writes_json(tmp_path):
@@ -256,11 +259,13 @@ def test_run_verify_compares_with_vllms_scheduler_and_reports_a_table(tmp_path):
     assert verify[1]["checked"] == {"a": 6, "b": 7}
 
 
-def test_named_scenarios_the_runner_cannot_run_exit_3_with_reasons_counted():
+def test_named_scenarios_the_runner_cannot_run_exit_3_with_reasons_counted(tmp_path):
     """spec-decode is skipped before the engine starts (no speculative_config),
     mamba-align once the runner is read (no Mamba group); default still runs;
-    the summary counts both reasons; exit 3 (0 with --allow-skip)."""
-    proc = _stepwarm("run", "-s", "spec-decode", "-s", "default", "-s", "mamba-align")
+    the summary counts both reasons; exit 3. With a cold Inductor cache the
+    first step compiles, and its line says so."""
+    proc = _stepwarm("run", "-s", "spec-decode", "-s", "default", "-s", "mamba-align",
+                     env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
     assert proc.returncode == 3, proc.stderr[-3000:]
     out = proc.stdout
     early = out.index("scenario spec-decode: skipped: needs speculator: no speculative_config")
@@ -272,3 +277,7 @@ def test_named_scenarios_the_runner_cannot_run_exit_3_with_reasons_counted():
                      r"no warmup request$", out, re.M)
     assert "error: 2 scenario(s) named with -s did not run (spec-decode, mamba-align: skipped, " \
            "see above); pass --allow-skip to accept that (exit 0)" in proc.stderr
+    compiled = re.search(r"^  step (\d+) \((\w+)\) took \d+\.\d s: compiled (\d+) inductor "
+                         r"kernels? \((cpp_\w+)", out, re.M)
+    assert compiled, out
+    assert any(p.suffix == ".py" for p in (tmp_path / "inductor").rglob("*"))

@@ -243,3 +243,54 @@ def test_verify_table_shows_each_scenario_and_the_first_differing_step():
     assert row("mamba-align", "skipped", "vLLM's own scheduler failed")
     assert row("pooling", "equal", "1 embedded", "max |diff| 0.00e+00")
     assert row("x", "error", "StepFailed: step 2 failed")
+
+
+def _step(index: int, kind: str, wall_ms: float, started_at: float) -> StepResult:
+    return StepResult(index=index, kind=kind, label=f"{kind} a", num_reqs=1,
+                      num_scheduled_tokens=8, num_spec_tokens=0, new_blocks=[1],
+                      held_blocks={}, wall_ms=wall_ms, started_at=started_at,
+                      ended_at=started_at + wall_ms / 1000)
+
+
+def test_a_slow_step_says_what_compiled_in_it(tmp_path, monkeypatch):
+    """A real cache scan over the Inductor cache in use: an output module
+    written while step 0 ran names its kernels on the line after the step;
+    a slow step with no compile says so; a fast one gets no line."""
+    import os
+    import time
+
+    from stepwarm.console import SlowSteps
+    from stepwarm.coverage.detectors import Detectors
+
+    for var, d in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton"),
+                   ("VLLM_CACHE_ROOT", "vllm")):
+        monkeypatch.setenv(var, str(tmp_path / d))
+    (tmp_path / "inductor" / "ab").mkdir(parents=True)
+    old = tmp_path / "inductor" / "ab" / "old.py"  # there before: not this run's compile
+    old.write_text("cpp_fused_old_0 = async_compile.cpp_pybinding(['float*'], '''...''')\n")
+    detectors = Detectors.watch()
+    t0 = time.time() - 100
+    out_py = tmp_path / "inductor" / "ab" / "cab.py"
+    out_py.write_text("cpp_fused_add_0 = async_compile.cpp_pybinding(['float*'], '''...''')\n"
+                      "cpp_fused_mul_1 = async_compile.cpp_pybinding(['float*'], '''...''')\n")
+    os.utime(out_py, (t0 + 5, t0 + 5))  # written while step 0 ran
+    os.utime(old, (t0 + 5, t0 + 5))
+    slow = SlowSteps(detectors, threshold_ms=1000)
+    plan = expand(load("default"), tiny_profile())
+    out, buf = _console(False)
+    with ScenarioProgress(plan, "v1", 1, out, slow=slow) as progress:
+        progress.step(_step(0, "prefill", 31234.5, t0))
+        progress.step(_step(1, "decode", 12.0, t0 + 40))
+        progress.step(_step(2, "decode", 2500.0, t0 + 41))
+        progress.step(_step(3, "mixed_prefill_decode", 1800.0, t0 + 50))
+    lines = buf.getvalue().splitlines()
+    where = ", ".join(detectors.available)
+    assert lines[3] == ("  step 0 (prefill) took 31.2 s: compiled 2 inductor kernels "
+                        "(cpp_fused_add_0, cpp_fused_mul_1; seen by cache)")
+    assert lines[4].startswith("  [2/8] decode ") and lines[6].startswith("  [3/8] decode ")
+    assert lines[8] == f"  step 2 (decode) took 2.5 s: no compile seen ({where})"
+    assert lines[11] == (f"  step 3 (mixed_prefill_decode) took 1.8 s: first call: no compile "
+                         f"seen ({where})")
+    assert len(lines) == 12
+    detectors.stop()
+    assert out_py.exists()  # the user's cache is kept
