@@ -20,7 +20,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from stepwarm.console import ScenarioProgress, console, err_console, route_vllm_log
+from stepwarm.console import ScenarioProgress, console, err_console, plural, route_vllm_log
 from stepwarm.driver import RunReport, StepFailed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -562,9 +562,9 @@ def check(
         elif result.skipped:
             console.print(f"skipped {name}: {result.skipped}", highlight=False)
         else:
-            n_req = len(result.requests)
-            console.print(Text.assemble(("ok", "green"),
-                                        f" {name}: {len(result.steps)} steps, {n_req} requests"))
+            console.print(Text.assemble(("ok", "green"), f" {name}: "
+                                        f"{plural(len(result.steps), 'step')}, "
+                                        f"{plural(len(result.requests), 'request')}"))
     if bad:
         raise typer.Exit(2)
 
@@ -598,8 +598,8 @@ def show(
         console.print(f"scenario {plan.name}: skipped: {plan.skipped}", highlight=False)
         return
     ng = len(prof.kv_cache_groups)
-    table = Table(title=f"scenario {plan.name}: {len(plan.steps)} steps, "
-                  f"{len(plan.requests)} requests; blocks per KV cache group as g0/g1/...",
+    table = Table(title=f"scenario {plan.name}: {plural(len(plan.steps), 'step')}, "
+                  f"{plural(len(plan.requests), 'request')}; blocks per KV cache group as g0/g1/...",
                   title_justify="left")
     for col, just in (("#", "right"), ("kind", "left"), ("requests", "left"),
                       ("tokens", "right"), ("spec", "right"), ("new blk", "right"),

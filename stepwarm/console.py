@@ -32,6 +32,11 @@ console = Console(width=None if sys.stdout.isatty() else 160, markup=False, high
 err_console = Console(stderr=True, markup=False, highlight=False,
                       width=None if sys.stderr.isatty() else 160)
 
+def plural(n: int, noun: str) -> str:
+    """``1 request``, ``2 requests`` (nouns that take an s)."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 #: -q, default, -v -> the level of vLLM's log on stderr.
 VLLM_LOG_LEVELS = {-1: "ERROR", 0: "WARNING", 1: "INFO"}
 #: vLLM log messages that start an engine start-up phase (substring, phase);
@@ -405,7 +410,8 @@ def verify_table(results: list[tuple[str, Any]]) -> Table:
             continue
         tokens = sum(rep.checked.values())
         table.add_row(name, "equal" if rep.ok else "DIFFER",
-                      f"{len(rep.checked)} requests, {tokens} tokens", "", "", "", "",
+                      f"{plural(len(rep.checked), 'request')}, {plural(tokens, 'token')}",
+                      "", "", "", "",
                       style=None if rep.ok else "red")
         for d in rep.differences:
             table.add_row("", "", d.request, f"{d.step} ({d.step_kind}: {d.step_label})",

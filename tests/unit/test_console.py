@@ -238,7 +238,7 @@ def test_verify_table_shows_each_scenario_and_the_first_differing_step():
     lines = buf.getvalue().splitlines()
     row = lambda *words: any(all(w in line for w in words) for line in lines)  # noqa: E731
     assert row("default", "equal", "2 requests, 5 tokens")
-    assert row("preempt-resume", "DIFFER", "1 requests, 5 tokens")
+    assert row("preempt-resume", "DIFFER", "1 request, 5 tokens")
     assert row("b", "3 (resume: resume b)", "4", "[7]", "[9]")
     assert row("mamba-align", "skipped", "vLLM's own scheduler failed")
     assert row("pooling", "equal", "1 embedded", "max |diff| 0.00e+00")

@@ -92,7 +92,7 @@ def test_check_reads_a_file_with_a_bom(tmp_path):
     f.write_bytes("\ufeff".encode() + b'[requests.a]\nprompt = 4\n[[steps]]\nkind = "prefill"\nrequests = ["a"]\n')
     r = runner.invoke(app, ["check", str(f)], env={"COLUMNS": "300"})
     assert r.exit_code == 0, r.output
-    assert f"ok {f}: 2 steps, 1 requests" in r.stdout
+    assert f"ok {f}: 2 steps, 1 request\n" in r.stdout
 
 
 def test_model_errors_name_a_file_and_the_close_zoo_name(tmp_path):
