@@ -18,6 +18,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.table import Table
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 from rich.text import Text
 
 from stepwarm.console import ScenarioProgress, console, err_console, plural, route_vllm_log
@@ -26,13 +27,13 @@ from stepwarm.driver import RunReport, StepFailed
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Scheduler-realistic warmup steps for vLLM workers.")
 
-Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show vLLM's INFO log (stderr) and tracebacks.")]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Show vLLM's errors only.")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", metavar="", help="Show vLLM's INFO log (stderr) and tracebacks.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="Show vLLM's errors only.")]
 EngineArgs = Annotated[Optional[list[str]], typer.Option(
-    "--engine-arg", "-e", help="vllm.LLM keyword as KEY=VALUE (VALUE as JSON), e.g. -e max_num_seqs=4; "
+    "--engine-arg", "-e", metavar="KEY=VALUE", help="vllm.LLM keyword as KEY=VALUE (VALUE as JSON), e.g. -e max_num_seqs=4; "
     "with check/show it starts an engine.")]
 ModelOption = Annotated[Optional[str], typer.Option(
-    "--model", "-m", help="Local model directory (config.json; weights optional) or a zoo model name "
+    "--model", "-m", metavar="DIR|NAME", help="Local model directory (config.json; weights optional) or a zoo model name "
     "(stepwarm list --models). Default: the zoo's tiny Llama.")]
 #: Set by the commands' -v (tracebacks on errors).
 _verbose = False
@@ -142,11 +143,11 @@ def _failure_line(failed: StepFailed) -> str:
 @app.command()
 def run(
     model: ModelOption = None,
-    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario name, set (all: every built-in) or TOML file; repeat for several. Default: all.")] = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the report as JSON to this file.")] = None,
+    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", metavar="NAME|FILE", help="Scenario name, set (all: every built-in) or TOML file; repeat for several. Default: all.")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", help="Also write the report as JSON to this file.")] = None,
     engine_arg: EngineArgs = None,
-    verify: Annotated[bool, typer.Option("--verify", help="After warmup, run each scenario's sampling requests through vLLM's own scheduler (LLM.generate, greedy) and its steps again greedily; report every request whose tokens differ (exit 1).")] = False,
-    allow_skip: Annotated[bool, typer.Option("--allow-skip", help="A scenario named with -s that the runner cannot run is skipped with exit status 0, not 3.")] = False,
+    verify: Annotated[bool, typer.Option("--verify", metavar="", help="After warmup, run each scenario's sampling requests through vLLM's own scheduler (LLM.generate, greedy) and its steps again greedily; report every request whose tokens differ (exit 1).")] = False,
+    allow_skip: Annotated[bool, typer.Option("--allow-skip", metavar="", help="A scenario named with -s that the runner cannot run is skipped with exit status 0, not 3.")] = False,
     verbose: Verbose = False,
     quiet: Quiet = False,
 ) -> None:
@@ -347,17 +348,17 @@ def _verify(engine: Any, plans: list[Any], profile: Any) -> list[tuple[str, Any]
 
 @app.command()
 def coverage(
-    traffic: Annotated[Optional[str], typer.Argument(help="Traffic file (JSON Lines, one request a line). Default: the built-in one.")] = None,
-    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario (or set) the start-up hook runs; repeat for several. Default: all (every built-in; those the runner cannot run are skipped).")] = None,
+    traffic: Annotated[Optional[str], typer.Argument(metavar="TRAFFIC", help="Traffic file (JSON Lines, one request a line). Default: the built-in one.")] = None,
+    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", metavar="NAME|FILE", help="Scenario (or set) the start-up hook runs; repeat for several. Default: all (every built-in; those the runner cannot run are skipped).")] = None,
     model: ModelOption = None,
     engine_arg: EngineArgs = None,
-    baseline: Annotated[bool, typer.Option("--baseline", help="vLLM's own warmup alone: the start-up hook off.")] = False,
-    compare: Annotated[bool, typer.Option("--compare", help="The baseline, then stepwarm, each in its own process with fresh caches; printed side by side (exit status: stepwarm's).")] = False,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON to this file.")] = None,
-    timeline: Annotated[Optional[Path], typer.Option("--timeline", help="Write an SVG timeline of compiles per start-up phase, scenario step and request.")] = None,
-    threshold: Annotated[Optional[float], typer.Option(help="First/second latency ratio above which a request fails. Default: 1.2 on GPUs; on vLLM's CPU build none (the ratio is reported, compiles gate).")] = None,
-    min_excess_ms: Annotated[Optional[float], typer.Option(help="...and by how many ms the first run must be slower to fail. Default: 10 on GPUs, 0 on CPUs.")] = None,
-    cache_dir: Annotated[Optional[Path], typer.Option(help="Where the fresh TRITON_CACHE_DIR / VLLM_CACHE_ROOT / TORCHINDUCTOR_CACHE_DIR go (an empty directory). Default: a new temporary directory.")] = None,
+    baseline: Annotated[bool, typer.Option("--baseline", metavar="", help="vLLM's own warmup alone: the start-up hook off.")] = False,
+    compare: Annotated[bool, typer.Option("--compare", metavar="", help="The baseline, then stepwarm, each in its own process with fresh caches; printed side by side (exit status: stepwarm's).")] = False,
+    json_out: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", help="Write the report as JSON to this file.")] = None,
+    timeline: Annotated[Optional[Path], typer.Option("--timeline", metavar="FILE", help="Write an SVG timeline of compiles per start-up phase, scenario step and request.")] = None,
+    threshold: Annotated[Optional[float], typer.Option(metavar="RATIO", help="First/second latency ratio above which a request fails. Default: 1.2 on GPUs; on vLLM's CPU build none (the ratio is reported, compiles gate).")] = None,
+    min_excess_ms: Annotated[Optional[float], typer.Option(metavar="MS", help="...and by how many ms the first run must be slower to fail. Default: 10 on GPUs, 0 on CPUs.")] = None,
+    cache_dir: Annotated[Optional[Path], typer.Option(metavar="DIR", help="Where the fresh TRITON_CACHE_DIR / VLLM_CACHE_ROOT / TORCHINDUCTOR_CACHE_DIR go (an empty directory). Default: a new temporary directory.")] = None,
     verbose: Verbose = False,
     quiet: Quiet = False,
 ) -> None:
@@ -505,7 +506,7 @@ def _profile_line(p: Any) -> str:
 
 @app.command("list")
 def list_scenarios(
-    models: Annotated[bool, typer.Option("--models", help="List the zoo's tiny models instead.")] = False,
+    models: Annotated[bool, typer.Option("--models", metavar="", help="List the zoo's tiny models instead.")] = False,
 ) -> None:
     """List the built-in scenarios with what they need (--models: the zoo's models)."""
     if models:
@@ -541,9 +542,9 @@ def _list_models() -> None:
 
 @app.command()
 def check(
-    files: Annotated[list[str], typer.Argument(help="Scenario files (.toml) or built-in names.")],
+    files: Annotated[list[str], typer.Argument(metavar="FILE|NAME", help="Scenario files (.toml) or built-in names.")],
     model: ModelOption = None,
-    profile: Annotated[Optional[Path], typer.Option(help="Check against a profile saved by `stepwarm profile`. Default: the embedded tiny Llama's.")] = None,
+    profile: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Check against a profile saved by `stepwarm profile`. Default: the embedded tiny Llama's.")] = None,
     engine_arg: EngineArgs = None,
     verbose: Verbose = False,
     quiet: Quiet = False,
@@ -571,9 +572,9 @@ def check(
 
 @app.command()
 def show(
-    file: Annotated[str, typer.Argument(help="Scenario file (.toml) or built-in name.")],
+    file: Annotated[str, typer.Argument(metavar="FILE|NAME", help="Scenario file (.toml) or built-in name.")],
     model: ModelOption = None,
-    profile: Annotated[Optional[Path], typer.Option(help="Plan for a profile saved by `stepwarm profile`. Default: the embedded tiny Llama's.")] = None,
+    profile: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Plan for a profile saved by `stepwarm profile`. Default: the embedded tiny Llama's.")] = None,
     engine_arg: EngineArgs = None,
     verbose: Verbose = False,
     quiet: Quiet = False,
@@ -652,7 +653,7 @@ def schema() -> None:
 
 @app.command("profile")
 def profile_cmd(
-    output: Annotated[Path, typer.Option("--output", "-o", help="Write the profile here (JSON; TOML if it ends in .toml).")],
+    output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE", help="Write the profile here (JSON; TOML if it ends in .toml).")],
     model: ModelOption = None,
     engine_arg: EngineArgs = None,
     verbose: Verbose = False,
@@ -676,6 +677,39 @@ def profile_cmd(
         _fail(f"{output}: cannot write profile: {e.strerror or e}", 2)
     console.print(_profile_line(prof), soft_wrap=True)
     console.print(f"saved {output}")
+
+
+class _HelpWithoutType:
+    """Help without typer's Python-type placeholders: no ``<bool>`` on the
+    ``--help`` row (typer gives its help option no metavar; a flag needs
+    none), and no ``<str>`` / ``<list[str]>`` beside an argument (its
+    metavar, ``FILE|NAME``, says what it takes)."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    def get_params(self, ctx: Any) -> Any:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if isinstance(param, TyperArgument) and param.metavar is not None:
+                param.display_type_rich = lambda ctx: None
+        return params
+
+
+class _Command(_HelpWithoutType, TyperCommand):
+    """Each ``stepwarm`` command."""
+
+
+class _Group(_HelpWithoutType, TyperGroup):
+    """The ``stepwarm`` group."""
+
+
+app.info.cls = _Group
+for _info in app.registered_commands:
+    _info.cls = _Command if _info.cls in (None, TyperCommand) else _info.cls
 
 
 def main() -> None:

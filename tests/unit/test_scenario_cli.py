@@ -145,3 +145,19 @@ def test_run_help_documents_the_exit_statuses():
     text = " ".join(r.stdout.replace("│", " ").split())
     assert "3 a scenario named with -s was skipped." in text
     assert "--allow-skip" in text and "2 bad input, nothing ran;" in text
+
+
+def test_help_shows_metavars_not_python_types():
+    """No <bool>, <str>, <path> or <list[str]> in any command's help: flags
+    show nothing, values a metavar (NAME|FILE, KEY=VALUE, DIR|NAME, FILE)."""
+    import re
+
+    for cmd in ([], ["run"], ["coverage"], ["check"], ["show"], ["list"], ["profile"]):
+        r = runner.invoke(app, [*cmd, "--help"], env={"COLUMNS": "120", "TERM": "dumb"})
+        assert r.exit_code == 0, (cmd, r.output)
+        assert not re.search(r"<(bool|str|int|float|path|list\[\w+\])>", r.stdout), (cmd, r.stdout)
+    r = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "120", "TERM": "dumb"})
+    rows = {ln.split()[1]: ln for ln in r.stdout.splitlines() if ln.startswith("│ --")}
+    assert "NAME|FILE" in rows["--scenario"] and "KEY=VALUE" in rows["--engine-arg"]
+    assert "DIR|NAME" in rows["--model"] and "FILE" in rows["--json"]
+    assert rows["--verify"].split()[1:4] == ["--verify", "After", "warmup,"]  # no metavar
