@@ -415,21 +415,21 @@ def coverage(
     def start(on_phase: Callable[[str], None]) -> Any:
         return _start_engine(model, engine_arg, on_phase, defaults=jit_monitor_engine_args())
 
-    def on_request(r: Any) -> None:
-        console.print(f"  {r.name}: {r.first_ms:.1f} ms then {r.second_ms:.1f} ms"
-                      + (f", compiled {', '.join(r.compiles_first)}" if r.compiles_first else "")
-                      + (f", error: {r.error}" if r.error else ""), soft_wrap=True)
+    from stepwarm.console import ReplayProgress
 
+    progress = ReplayProgress(len(loaded.lines))  # the numbers: once, in the report
     try:
         rep = measure(loaded, names, start, detectors, threshold=threshold,
                       min_excess_ms=min_excess_ms,
-                      on_started=lambda rep: console.print(
+                      on_started=lambda rep: (console.print(
                           f"engine up in {rep.startup_s:.1f} s ({rep.mode}); replaying "
-                          f"{len(loaded.lines)} request(s) of {rep.traffic}, each twice"),
-                      on_request=on_request)
+                          f"{plural(len(loaded.lines), 'request')} of {rep.traffic}, each "
+                          "twice"), progress.start()),
+                      on_request=progress.request)
     except TrafficError as e:
         _fail(str(e), 2)
     finally:
+        progress.stop()
         detectors.stop()
     print_report(rep, console)
     _write_outputs(rep, json_out, timeline)

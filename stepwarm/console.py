@@ -341,6 +341,42 @@ class ScenarioProgress:
             self.live.__exit__(*exc)
 
 
+class ReplayProgress:
+    """``stepwarm coverage``'s progress while it replays traffic: each
+    request is named as it finishes (on a terminal a status line that goes
+    away; otherwise one line each, so CI logs show progress); its numbers are
+    printed once, in the report's table.
+
+    :meth:`start` once the engine is up, :meth:`request` as ``on_request``,
+    :meth:`stop` when the replay ended (or failed).
+    """
+
+    def __init__(self, total: int, out: Console = console):
+        self.total, self.out, self.done = total, out, 0
+        self.status: Any = None
+
+    def start(self) -> None:
+        """The replay begins."""
+        if self.out.is_terminal:
+            self.status = self.out.status(f"replaying traffic: 0/{self.total} requests")
+            self.status.start()
+
+    def request(self, r: Any) -> None:
+        """A request ran twice (a :class:`~stepwarm.coverage.replay.RequestResult`)."""
+        self.done += 1
+        if self.status is not None:
+            self.status.update(f"replaying traffic: {self.done}/{self.total} requests, "
+                               f"last {r.name}")
+        else:
+            self.out.print(f"  [{self.done}/{self.total}] {r.name}", soft_wrap=True)
+
+    def stop(self) -> None:
+        """The replay ended: the status line goes."""
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+
 #: A step slower than this (ms) gets a line saying what compiled in it.
 SLOW_STEP_MS = 1000.0
 #: The most kernel names a slow step's line lists.

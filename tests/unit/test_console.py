@@ -294,3 +294,26 @@ def test_a_slow_step_says_what_compiled_in_it(tmp_path, monkeypatch):
     assert len(lines) == 12
     detectors.stop()
     assert out_py.exists()  # the user's cache is kept
+
+
+def test_replay_progress_names_each_request_once_and_no_numbers():
+    """`coverage` prints a request's numbers once, in the report's table: the
+    progress is the name alone (a line each when not a terminal, a status
+    line that goes away on one)."""
+    from types import SimpleNamespace
+
+    from stepwarm.console import ReplayProgress
+
+    out, buf = _console(False)
+    progress = ReplayProgress(2, out)
+    progress.start()
+    for name in ("greedy", "top_k"):
+        progress.request(SimpleNamespace(name=name, first_ms=12.5, second_ms=3.25))
+    progress.stop()
+    assert buf.getvalue() == "  [1/2] greedy\n  [2/2] top_k\n"
+    term, tbuf = _console(True)
+    progress = ReplayProgress(2, term)
+    progress.start()
+    progress.request(SimpleNamespace(name="greedy", first_ms=12.5, second_ms=3.25))
+    progress.stop()
+    assert "12.5" not in tbuf.getvalue() and "[1/2]" not in tbuf.getvalue()
