@@ -18,21 +18,22 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.table import Table
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 from rich.text import Text
 
-from stepwarm.console import ScenarioProgress, console, err_console, route_vllm_log
+from stepwarm.console import ScenarioProgress, console, err_console, plural, route_vllm_log
 from stepwarm.driver import RunReport, StepFailed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Scheduler-realistic warmup steps for vLLM workers.")
 
-Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Show vLLM's INFO log (stderr) and tracebacks.")]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Show vLLM's errors only.")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", metavar="", help="Show vLLM's INFO log (stderr) and tracebacks.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="Show vLLM's errors only.")]
 EngineArgs = Annotated[Optional[list[str]], typer.Option(
-    "--engine-arg", "-e", help="vllm.LLM keyword as KEY=VALUE (VALUE as JSON), e.g. -e max_num_seqs=4; "
+    "--engine-arg", "-e", metavar="KEY=VALUE", help="vllm.LLM keyword as KEY=VALUE (VALUE as JSON), e.g. -e max_num_seqs=4; "
     "with check/show it starts an engine.")]
 ModelOption = Annotated[Optional[str], typer.Option(
-    "--model", "-m", help="Local model directory (config.json; weights optional) or a zoo model name "
+    "--model", "-m", metavar="DIR|NAME", help="Local model directory (config.json; weights optional) or a zoo model name "
     "(stepwarm list --models). Default: the zoo's tiny Llama.")]
 #: Set by the commands' -v (tracebacks on errors).
 _verbose = False
@@ -142,10 +143,11 @@ def _failure_line(failed: StepFailed) -> str:
 @app.command()
 def run(
     model: ModelOption = None,
-    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario name, set (all: every built-in) or TOML file; repeat for several. Default: all.")] = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the report as JSON to this file.")] = None,
+    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", metavar="NAME|FILE", help="Scenario name, set (all: every built-in) or TOML file; repeat for several. Default: all.")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", help="Also write the report as JSON to this file.")] = None,
     engine_arg: EngineArgs = None,
-    verify: Annotated[bool, typer.Option("--verify", help="After warmup, run each scenario's sampling requests through vLLM's own scheduler (LLM.generate, greedy) and its steps again greedily; report every request whose tokens differ (exit 1).")] = False,
+    verify: Annotated[bool, typer.Option("--verify", metavar="", help="After warmup, run each scenario's sampling requests through vLLM's own scheduler (LLM.generate, greedy) and its steps again greedily; report every request whose tokens differ (exit 1).")] = False,
+    allow_skip: Annotated[bool, typer.Option("--allow-skip", metavar="", help="A scenario named with -s that the runner cannot run is skipped with exit status 0, not 3.")] = False,
     verbose: Verbose = False,
     quiet: Quiet = False,
 ) -> None:
@@ -157,6 +159,16 @@ def run(
     exit status is then 1. With --verify, every scenario that ran is then
     compared with vLLM's own scheduler (stepwarm.verify); any difference
     also exits 1.
+
+    A scenario named with -s (not through a set such as all) that the runner
+    cannot run (its needs/requires) is skipped with the reason, and the exit
+    status is 3 unless --allow-skip; where that is known from the engine
+    arguments (a speculator without speculative_config) it is said before the
+    engine starts, and no engine starts when nothing else would run.
+
+    Exit status: 0 every scenario ran (or was skipped as part of a set);
+    1 a step failed on the worker, or --verify found a difference; 2 bad
+    input, nothing ran; 3 a scenario named with -s was skipped.
 
     Engine arguments passed beyond vLLM's defaults (each overridable with -e):
     load_format=dummy and distributed_executor_backend=uni always; on vLLM's
@@ -170,16 +182,35 @@ def run(
     from stepwarm.profile import read_profile
     from stepwarm.scenario import ScenarioError, expand, load, resolve_names
 
+    from stepwarm.scenario import SETS
+    from stepwarm.scenario.needs import unmet_before_engine
+
     names = resolve_names(scenario or ["all"])
+    #: Scenarios named with -s themselves, not through a set.
+    named = set(resolve_names(n for n in scenario or [] if n not in SETS))
     _check_output_path(json_out, "--json")
     loaded, errors = [], []
     for name in names:  # files and format first: a typo costs no engine start
         try:
-            loaded.append(load(name))
+            loaded.append((name, load(name)))
         except ScenarioError as e:
             errors.append(str(e))
     if errors:
         _fail("\nerror: ".join(errors), 2)
+    reports: list[RunReport] = []
+    known = _engine_args_known(model, engine_arg)
+    early = {name: why for name, sc in loaded if (why := unmet_before_engine(sc.model.needs, known))}
+    for name, sc in loaded:
+        if name in early:
+            console.print(f"scenario {sc.name}: skipped: {early[name]}", soft_wrap=True)
+            reports.append(RunReport(plan=sc.name, runner="", model="", skipped=early[name]))
+    if early and len(early) == len(loaded):  # nothing would run: no engine
+        if json_out is not None:
+            _write_json(json_out, {"profile": None, "startup_s": None,
+                                   "scenarios": [r.to_dict() for r in reports]})
+        _summary_and_exit(reports, [], [], [n for n in names if n in early and n in named],
+                          allow_skip, engine_started=False)
+    loaded = [(name, sc) for name, sc in loaded if name not in early]
     t0 = time.perf_counter()
     engine = _start_engine(model, engine_arg)
     startup_s = time.perf_counter() - t0
@@ -188,24 +219,30 @@ def run(
     console.print(f"engine up in {startup_s:.1f} s: {profile.runner} runner, "
                   f"vllm {profile.vllm_version}, {profile.num_blocks} blocks, groups: {groups}")
     plans = []
-    for sc in loaded:  # all checked before any step
+    for name, sc in loaded:  # all checked before any step
         try:
-            plans.append(expand(sc, profile))
+            plans.append((name, expand(sc, profile)))
         except ScenarioError as e:
             errors.append(str(e))
     if errors:
         _fail("\nerror: ".join(errors), 2)
 
-    reports: list[RunReport] = []
+    from stepwarm.console import SlowSteps
+    from stepwarm.coverage.detectors import Detectors
+
+    slow = SlowSteps(Detectors.watch())  # why a slow step was slow
     failures: list[StepFailed] = []
     ng = len(profile.kv_cache_groups)
-    for plan in plans:
+    skipped_named = [n for n in names if n in early and n in named]
+    for name, plan in plans:
         if plan.skipped:
-            console.print(f"scenario {plan.name}: skipped: {plan.skipped}")
+            console.print(f"scenario {plan.name}: skipped: {plan.skipped}", soft_wrap=True)
             reports.append(RunReport(plan=plan.name, runner=profile.runner,
                                      model=profile.model, skipped=plan.skipped))
+            if name in named:
+                skipped_named.append(name)
             continue
-        with ScenarioProgress(plan, profile.runner, ng) as progress:
+        with ScenarioProgress(plan, profile.runner, ng, slow=slow) as progress:
             try:
                 report = drive(engine.worker, plan, profile, on_step=progress.step)
             except StepFailed as e:
@@ -219,33 +256,72 @@ def run(
         else:
             console.print(f"scenario {plan.name}: {len(report.steps)} steps in "
                           f"{report.wall_ms:.0f} ms, runner left with no warmup request")
-    checked = _verify(engine, [p for p, r in zip(plans, reports) if r.ok and not r.skipped],
+    slow.detectors.stop()
+    ran_plans = {r.plan for r in reports if r.ok and not r.skipped}
+    checked = _verify(engine, [p for _, p in plans if p.name in ran_plans],
                       profile) if verify else []
     if json_out is not None:
-        try:
-            json_out.write_text(json.dumps(
-                {"profile": profile.model_dump(), "startup_s": startup_s,
-                 "scenarios": [r.to_dict() for r in reports],
-                 **({"verify": [{"scenario": n, **(asdict(v) if not isinstance(v, str)
-                                                   else {"error": v})} for n, v in checked]}
-                    if verify else {})}, indent=2) + "\n")
-        except OSError as e:
-            _fail(f"--json {json_out}: cannot write the report: {e.strerror or e}", 2)
+        _write_json(json_out, {
+            "profile": profile.model_dump(), "startup_s": startup_s,
+            "scenarios": [r.to_dict() for r in reports],
+            **({"verify": [{"scenario": n, **(asdict(v) if not isinstance(v, str)
+                                              else {"error": v})} for n, v in checked]}
+               if verify else {})})
+    _summary_and_exit(reports, failures, checked, skipped_named, allow_skip)
+
+
+def _write_json(path: Path, report: dict[str, Any]) -> None:
+    try:
+        path.write_text(json.dumps(report, indent=2) + "\n")
+    except OSError as e:
+        _fail(f"--json {path}: cannot write the report: {e.strerror or e}", 2)
+
+
+def _engine_args_known(model: Optional[str], engine_arg: Optional[list[str]]) -> dict[str, Any]:
+    """The engine arguments known before the engine starts: a zoo model's
+    own, then ``-e`` (the CLI's defaults hold no speculative_config)."""
+    from stepwarm.zoo import ZOO
+
+    zoo = ZOO[model].engine_args if model in ZOO and not Path(model).exists() else {}
+    return {**zoo, **_parse_engine_args(engine_arg or [])}
+
+
+def _skip_counts(reports: list[RunReport]) -> str:
+    """``2 skipped (needs speculator: ...: 2)``: skipped scenarios counted by reason."""
+    import collections
+
+    reasons = collections.Counter(r.skipped for r in reports if r.skipped)
+    if not reasons:
+        return ""
+    return f", {sum(reasons.values())} skipped (" + "; ".join(
+        f"{why}: {n}" for why, n in reasons.most_common()) + ")"
+
+
+def _summary_and_exit(reports: list[RunReport], failures: list[StepFailed],
+                      checked: list[tuple[str, Any]], skipped_named: list[str],
+                      allow_skip: bool, engine_started: bool = True) -> None:
+    """The last line of ``run`` and its exit status (see ``run --help``)."""
     ran = [r for r in reports if not r.skipped]
     summary = (f"{len(ran)} scenario(s), {sum(len(r.steps) for r in ran)} steps "
-               f"in {sum(r.wall_ms for r in ran):.0f} ms"
-               + (f", {len(reports) - len(ran)} skipped" if len(ran) < len(reports) else ""))
+               f"in {sum(r.wall_ms for r in ran):.0f} ms" + _skip_counts(reports))
     if failures:
         console.print(Text.assemble(("FAILED", "bold red"), f": {summary}; "
-                                    f"{len(failures)} failed"))
+                                    f"{len(failures)} failed"), soft_wrap=True)
         _fail(f"{len(failures)} of {len(ran)} scenario(s) failed on the worker "
               f"({', '.join(f.report.plan for f in failures)}: see 'failed:' above)", 1)
     bad = [n for n, v in checked if isinstance(v, str) or not v.ok]
     if bad:
         _fail(f"--verify: {len(bad)} scenario(s) differ from vLLM's scheduler or could not be "
               f"compared ({', '.join(bad)}: see the table above)", 1)
-    console.print(Text.assemble(("ok", "bold green"),
-                                f": {summary}; runner left with no warmup request"))
+    tail = "; runner left with no warmup request" if engine_started else "; no engine started"
+    if skipped_named and not allow_skip:
+        console.print(Text.assemble(("SKIPPED", "bold yellow"), f": {summary}{tail}"),
+                      soft_wrap=True)
+        _fail(f"{len(skipped_named)} scenario(s) named with -s did not run "
+              f"({', '.join(skipped_named)}: skipped, see above); pass --allow-skip "
+              f"to accept that (exit 0)", 3)
+    console.print(Text.assemble(("ok", "bold green"), f": {summary}{tail}"), soft_wrap=True)
+    raise typer.Exit(0)
 
 
 def _verify(engine: Any, plans: list[Any], profile: Any) -> list[tuple[str, Any]]:
@@ -272,17 +348,17 @@ def _verify(engine: Any, plans: list[Any], profile: Any) -> list[tuple[str, Any]
 
 @app.command()
 def coverage(
-    traffic: Annotated[Optional[str], typer.Argument(help="Traffic file (JSON Lines, one request a line). Default: the built-in one.")] = None,
-    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario (or set) the start-up hook runs; repeat for several. Default: all (every built-in; those the runner cannot run are skipped).")] = None,
+    traffic: Annotated[Optional[str], typer.Argument(metavar="TRAFFIC", help="Traffic file (JSON Lines, one request a line). Default: the built-in one.")] = None,
+    scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", metavar="NAME|FILE", help="Scenario (or set) the start-up hook runs; repeat for several. Default: all (every built-in; those the runner cannot run are skipped).")] = None,
     model: ModelOption = None,
     engine_arg: EngineArgs = None,
-    baseline: Annotated[bool, typer.Option("--baseline", help="vLLM's own warmup alone: the start-up hook off.")] = False,
-    compare: Annotated[bool, typer.Option("--compare", help="The baseline, then stepwarm, each in its own process with fresh caches; printed side by side (exit status: stepwarm's).")] = False,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Write the report as JSON to this file.")] = None,
-    timeline: Annotated[Optional[Path], typer.Option("--timeline", help="Write an SVG timeline of compiles per start-up phase, scenario step and request.")] = None,
-    threshold: Annotated[Optional[float], typer.Option(help="First/second latency ratio above which a request fails. Default: 1.2 on GPUs; on vLLM's CPU build none (the ratio is reported, compiles gate).")] = None,
-    min_excess_ms: Annotated[Optional[float], typer.Option(help="...and by how many ms the first run must be slower to fail. Default: 10 on GPUs, 0 on CPUs.")] = None,
-    cache_dir: Annotated[Optional[Path], typer.Option(help="Where the fresh TRITON_CACHE_DIR / VLLM_CACHE_ROOT / TORCHINDUCTOR_CACHE_DIR go (an empty directory). Default: a new temporary directory.")] = None,
+    baseline: Annotated[bool, typer.Option("--baseline", metavar="", help="vLLM's own warmup alone: the start-up hook off.")] = False,
+    compare: Annotated[bool, typer.Option("--compare", metavar="", help="The baseline, then stepwarm, each in its own process with fresh caches; printed side by side (exit status: stepwarm's).")] = False,
+    json_out: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", help="Write the report as JSON to this file.")] = None,
+    timeline: Annotated[Optional[Path], typer.Option("--timeline", metavar="FILE", help="Write an SVG timeline of compiles per start-up phase, scenario step and request.")] = None,
+    threshold: Annotated[Optional[float], typer.Option(metavar="RATIO", help="First/second latency ratio above which a request fails. Default: 1.2 on GPUs; on vLLM's CPU build none (the ratio is reported, compiles gate).")] = None,
+    min_excess_ms: Annotated[Optional[float], typer.Option(metavar="MS", help="...and by how many ms the first run must be slower to fail. Default: 10 on GPUs, 0 on CPUs.")] = None,
+    cache_dir: Annotated[Optional[Path], typer.Option(metavar="DIR", help="Where the fresh TRITON_CACHE_DIR / VLLM_CACHE_ROOT / TORCHINDUCTOR_CACHE_DIR go (an empty directory). Default: a new temporary directory.")] = None,
     verbose: Verbose = False,
     quiet: Quiet = False,
 ) -> None:
@@ -339,21 +415,21 @@ def coverage(
     def start(on_phase: Callable[[str], None]) -> Any:
         return _start_engine(model, engine_arg, on_phase, defaults=jit_monitor_engine_args())
 
-    def on_request(r: Any) -> None:
-        console.print(f"  {r.name}: {r.first_ms:.1f} ms then {r.second_ms:.1f} ms"
-                      + (f", compiled {', '.join(r.compiles_first)}" if r.compiles_first else "")
-                      + (f", error: {r.error}" if r.error else ""), soft_wrap=True)
+    from stepwarm.console import ReplayProgress
 
+    progress = ReplayProgress(len(loaded.lines))  # the numbers: once, in the report
     try:
         rep = measure(loaded, names, start, detectors, threshold=threshold,
                       min_excess_ms=min_excess_ms,
-                      on_started=lambda rep: console.print(
+                      on_started=lambda rep: (console.print(
                           f"engine up in {rep.startup_s:.1f} s ({rep.mode}); replaying "
-                          f"{len(loaded.lines)} request(s) of {rep.traffic}, each twice"),
-                      on_request=on_request)
+                          f"{plural(len(loaded.lines), 'request')} of {rep.traffic}, each "
+                          "twice"), progress.start()),
+                      on_request=progress.request)
     except TrafficError as e:
         _fail(str(e), 2)
     finally:
+        progress.stop()
         detectors.stop()
     print_report(rep, console)
     _write_outputs(rep, json_out, timeline)
@@ -430,7 +506,7 @@ def _profile_line(p: Any) -> str:
 
 @app.command("list")
 def list_scenarios(
-    models: Annotated[bool, typer.Option("--models", help="List the zoo's tiny models instead.")] = False,
+    models: Annotated[bool, typer.Option("--models", metavar="", help="List the zoo's tiny models instead.")] = False,
 ) -> None:
     """List the built-in scenarios with what they need (--models: the zoo's models)."""
     if models:
@@ -466,9 +542,9 @@ def _list_models() -> None:
 
 @app.command()
 def check(
-    files: Annotated[list[str], typer.Argument(help="Scenario files (.toml) or built-in names.")],
+    files: Annotated[list[str], typer.Argument(metavar="FILE|NAME", help="Scenario files (.toml) or built-in names.")],
     model: ModelOption = None,
-    profile: Annotated[Optional[Path], typer.Option(help="Check against a profile saved by `stepwarm profile`. Default: the embedded tiny Llama's.")] = None,
+    profile: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Check against a profile saved by `stepwarm profile`. Default: the embedded tiny Llama's.")] = None,
     engine_arg: EngineArgs = None,
     verbose: Verbose = False,
     quiet: Quiet = False,
@@ -487,18 +563,18 @@ def check(
         elif result.skipped:
             console.print(f"skipped {name}: {result.skipped}", highlight=False)
         else:
-            n_req = len(result.requests)
-            console.print(Text.assemble(("ok", "green"),
-                                        f" {name}: {len(result.steps)} steps, {n_req} requests"))
+            console.print(Text.assemble(("ok", "green"), f" {name}: "
+                                        f"{plural(len(result.steps), 'step')}, "
+                                        f"{plural(len(result.requests), 'request')}"))
     if bad:
         raise typer.Exit(2)
 
 
 @app.command()
 def show(
-    file: Annotated[str, typer.Argument(help="Scenario file (.toml) or built-in name.")],
+    file: Annotated[str, typer.Argument(metavar="FILE|NAME", help="Scenario file (.toml) or built-in name.")],
     model: ModelOption = None,
-    profile: Annotated[Optional[Path], typer.Option(help="Plan for a profile saved by `stepwarm profile`. Default: the embedded tiny Llama's.")] = None,
+    profile: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Plan for a profile saved by `stepwarm profile`. Default: the embedded tiny Llama's.")] = None,
     engine_arg: EngineArgs = None,
     verbose: Verbose = False,
     quiet: Quiet = False,
@@ -523,8 +599,8 @@ def show(
         console.print(f"scenario {plan.name}: skipped: {plan.skipped}", highlight=False)
         return
     ng = len(prof.kv_cache_groups)
-    table = Table(title=f"scenario {plan.name}: {len(plan.steps)} steps, "
-                  f"{len(plan.requests)} requests; blocks per KV cache group as g0/g1/...",
+    table = Table(title=f"scenario {plan.name}: {plural(len(plan.steps), 'step')}, "
+                  f"{plural(len(plan.requests), 'request')}; blocks per KV cache group as g0/g1/...",
                   title_justify="left")
     for col, just in (("#", "right"), ("kind", "left"), ("requests", "left"),
                       ("tokens", "right"), ("spec", "right"), ("new blk", "right"),
@@ -577,7 +653,7 @@ def schema() -> None:
 
 @app.command("profile")
 def profile_cmd(
-    output: Annotated[Path, typer.Option("--output", "-o", help="Write the profile here (JSON; TOML if it ends in .toml).")],
+    output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE", help="Write the profile here (JSON; TOML if it ends in .toml).")],
     model: ModelOption = None,
     engine_arg: EngineArgs = None,
     verbose: Verbose = False,
@@ -601,6 +677,39 @@ def profile_cmd(
         _fail(f"{output}: cannot write profile: {e.strerror or e}", 2)
     console.print(_profile_line(prof), soft_wrap=True)
     console.print(f"saved {output}")
+
+
+class _HelpWithoutType:
+    """Help without typer's Python-type placeholders: no ``<bool>`` on the
+    ``--help`` row (typer gives its help option no metavar; a flag needs
+    none), and no ``<str>`` / ``<list[str]>`` beside an argument (its
+    metavar, ``FILE|NAME``, says what it takes)."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    def get_params(self, ctx: Any) -> Any:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if isinstance(param, TyperArgument) and param.metavar is not None:
+                param.display_type_rich = lambda ctx: None
+        return params
+
+
+class _Command(_HelpWithoutType, TyperCommand):
+    """Each ``stepwarm`` command."""
+
+
+class _Group(_HelpWithoutType, TyperGroup):
+    """The ``stepwarm`` group."""
+
+
+app.info.cls = _Group
+for _info in app.registered_commands:
+    _info.cls = _Command if _info.cls in (None, TyperCommand) else _info.cls
 
 
 def main() -> None:

@@ -14,11 +14,13 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, ConsoleOptions
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from stepwarm.driver import StepResult
 from stepwarm.plan import Plan, PlannedStep
@@ -30,15 +32,31 @@ console = Console(width=None if sys.stdout.isatty() else 160, markup=False, high
 err_console = Console(stderr=True, markup=False, highlight=False,
                       width=None if sys.stderr.isatty() else 160)
 
+def plural(n: int, noun: str) -> str:
+    """``1 request``, ``2 requests`` (nouns that take an s)."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 #: -q, default, -v -> the level of vLLM's log on stderr.
 VLLM_LOG_LEVELS = {-1: "ERROR", 0: "WARNING", 1: "INFO"}
 #: vLLM log messages that start an engine start-up phase (substring, phase);
-#: vLLM 0.26-0.32, V1 and V2 runners, CPU and GPU.
+#: vLLM 0.26-0.32, V1 and V2 runners, CPU and GPU. "vLLM's own warmup" is
+#: named only from a line vLLM logs as its warmup starts, so a start-up
+#: without one has no such phase: the CPU worker warms up (in
+#: ``CPUWorker.determine_available_memory``) only when it compiles or sizes
+#: the KV cache itself (not with ``enforce_eager`` and
+#: ``VLLM_CPU_KVCACHE_SPACE``); the GPU worker's ``compile_or_warm_up_model``
+#: logs its compile sizes, and ``kernel_warmup`` its JIT warmup (off with
+#: ``kernel_config.enable_jit_warmup=false``, which ``enforce_eager`` sets
+#: for the V2 runner).
 ENGINE_PHASES = (
     ("Starting to load model", "loading the model"),
     ("Initializing model took", "profiling memory"),
     ("Model loading took", "profiling memory"),
-    ("KV cache size", "vLLM's own warmup"),
+    ("Warming up model for the compilation", "vLLM's own warmup"),  # CPU worker
+    ("KV cache size", "initializing the KV cache"),
+    ("Compile and warming up model for size", "vLLM's own warmup"),  # GPU worker
+    ("JIT kernel warmup starting", "vLLM's own warmup"),  # kernel_warmup
     ("Capturing CUDA graphs", "capturing CUDA graphs"),
     ("init engine (profile, create kv cache, warmup model) took", "engine ready"),
 )
@@ -121,7 +139,27 @@ class EnginePhases(logging.Handler):
                 listener(phase)
 
 
-COLUMNS = ("#", "kind", "step", "reqs", "tokens", "spec", "new blk", "sampled", "ms")
+@dataclass(frozen=True)
+class Column:
+    """One column of a step table."""
+
+    #: Header text (words may wrap onto a second header line).
+    header: str
+    #: A number column: never wrapped, abbreviated or cut; the table gives
+    #: it the width of its widest cell. Label columns take what is left and wrap.
+    numeric: bool = True
+
+
+#: The columns of :func:`step_row` / :func:`failed_row`, in order. Another
+#: table (a block-table view) passes its own columns to :class:`StepTable`.
+COLUMNS = (Column("#"), Column("kind", numeric=False), Column("step", numeric=False),
+           Column("reqs"), Column("tokens"), Column("spec"), Column("new blk"),
+           Column("sampled"), Column("ms"))
+#: Width the line form (output that is not a terminal) wraps at.
+LINE_WIDTH = 80
+#: The fewest columns the ``step`` label is narrowed to beside a full
+#: ``kind`` column before the two share one column (``kind: label``).
+MIN_LABEL = 24
 
 
 def step_row(s: StepResult, num_groups: int) -> list[str]:
@@ -139,13 +177,107 @@ def failed_row(step: PlannedStep) -> list[str]:
             str(sum(len(r.spec_token_ids) for r in step.scheduled)), "-", "-", "FAILED"]
 
 
-def _table(title: str) -> Table:
-    table = Table(title=title, title_justify="left")
-    for col in COLUMNS:
-        table.add_column(col, justify="left" if col in ("kind", "step") else "right",
-                         no_wrap=col in ("kind", "step"),
-                         max_width=44 if col == "step" else None, overflow="ellipsis")
-    return table
+class StepTable:
+    """A table of step rows that fits the width it is drawn at (a rich
+    renderable, laid out anew at each draw, so a live table follows a
+    terminal that is resized).
+
+    Number columns get exactly their widest cell (header words wrap, cells
+    never); label columns share the rest and wrap (a word longer than its
+    column folds, nothing is cut). When the labels would get fewer than
+    :data:`MIN_LABEL` columns beside a full ``kind``, ``kind`` and ``step`` become one column,
+    ``kind: label``. Narrower than the numbers alone need, the rows are drawn
+    as :func:`step_lines`.
+    """
+
+    #: Columns a table adds per column (a border and one space each side), plus its left edge.
+    PER_COLUMN, EDGE = 3, 1
+
+    def __init__(self, title: str = "", columns: tuple[Column, ...] = COLUMNS):
+        self.title, self.columns = title, columns
+        self.rows: list[list[str]] = []
+
+    def add_row(self, *cells: str) -> None:
+        """Append one row (one cell per column)."""
+        self.rows.append(list(cells))
+
+    def _widths(self, whole_headers: bool) -> list[int]:
+        return [max(([len(c.header)] if whole_headers else [len(w) for w in c.header.split()])
+                    + [len(r[i]) for r in self.rows]) for i, c in enumerate(self.columns)]
+
+    def table(self, width: int) -> Table | None:
+        """The rich table for ``width`` columns (None: not even the numbers fit)."""
+        labels = [i for i, c in enumerate(self.columns) if not c.numeric]
+        widths = self._widths(whole_headers=True)  # one header line while the labels fit unwrapped
+        if (sum(widths) + self.EDGE + self.PER_COLUMN * len(self.columns)) > width:
+            widths = self._widths(whole_headers=False)
+        numbers = sum(w for i, w in enumerate(widths) if i not in labels)
+        room = width - self.EDGE - self.PER_COLUMN * len(self.columns) - numbers
+        merged = len(labels) == 2 and room - widths[labels[0]] < MIN_LABEL
+        if merged:
+            room += self.PER_COLUMN
+        if room < (MIN_LABEL // 2 if merged or not labels else MIN_LABEL):
+            return None
+        table = Table(title=self.title or None, title_justify="left")
+        shown = [i for i in range(len(self.columns)) if not (merged and i == labels[0])]
+        for i in shown:
+            col = self.columns[i]
+            header = "kind: step" if merged and i == labels[1] else col.header
+            if col.numeric:
+                table.add_column(header, justify="right", width=widths[i], overflow="fold")
+            else:
+                table.add_column(header, justify="left", overflow="fold")
+        for row in self.rows:
+            cells = [row[i] for i in shown]
+            if merged:
+                cells[shown.index(labels[1])] = f"{row[labels[0]]}: {row[labels[1]]}"
+            table.add_row(*cells)
+        return table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Any:
+        table = self.table(options.max_width)
+        if table is not None:
+            yield table
+            return
+        if self.title:
+            yield Text(self.title)
+        for row in self.rows:
+            yield Text("\n".join(step_lines(row, width=options.max_width)))
+
+
+def _wrap(parts: list[str], indent: int, width: int, sep: str) -> list[str]:
+    """Greedy wrap of ``parts`` (joined by ``sep``) at ``width``; continuation
+    lines start with ``indent`` spaces; a part is never split."""
+    lines = [""]
+    for part in parts:
+        if lines[-1].strip() and len(lines[-1]) + len(sep) + len(part) > width:
+            lines.append(" " * indent + part)
+        else:
+            lines[-1] = (lines[-1] + sep + part) if lines[-1].strip() else lines[-1] + part
+    return lines
+
+
+def step_lines(row: list[str], of: int | None = None, at_s: float | None = None,
+               width: int = LINE_WIDTH) -> list[str]:
+    """A step row as lines of at most ``width`` columns (where no word or
+    number is longer): ``[i/n] kind  label`` (the label wraps), then the
+    numbers, each as ``name value`` and never split.
+
+    Args:
+        row: the cells of :data:`COLUMNS`.
+        of: the plan's number of steps (the ``/n`` of ``[i/n]``).
+        at_s: seconds since the scenario started.
+        width: the widest line (columns).
+    """
+    (idx, kind, label, reqs, tokens, spec, blocks, sampled, ms) = row
+    head = f"  [{int(idx) + 1}/{of if of is not None else '?'}] "
+    lines = _wrap([head + kind + " ", *label.split()], len(head), width, " ")
+    numbers = [f"reqs {reqs}", f"tokens {tokens}", f"spec {spec}", f"new blk {blocks}",
+               f"sampled {sampled}", ms if ms == "FAILED" else f"{ms} ms"]
+    if at_s is not None:
+        numbers.append(f"(at {at_s:.1f} s)")
+    numbers[0] = " " * len(head) + numbers[0]
+    return lines + _wrap(numbers, len(head), width, "  ")
 
 
 class ScenarioProgress:
@@ -154,16 +286,19 @@ class ScenarioProgress:
     Use as a context manager around :func:`stepwarm.driver.drive` and pass
     :meth:`step` as its ``on_step``. On a terminal: a table that grows row by
     row, titled with steps done / planned and elapsed seconds. Otherwise: a
-    header line, then one line per step, ending with the seconds since the
-    scenario started.
+    header line, then two lines per step (:func:`step_lines`), ending with the
+    seconds since the scenario started. With ``slow``, a slow step gets a line
+    saying what compiled in it (:class:`SlowSteps`).
     """
 
-    def __init__(self, plan: Plan, runner: str, num_groups: int, out: Console = console):
+    def __init__(self, plan: Plan, runner: str, num_groups: int, out: Console = console,
+                 slow: SlowSteps | None = None):
         self.plan, self.runner, self.num_groups, self.out = plan, runner, num_groups, out
+        self.slow = slow
         self.done = 0
         self.live: Live | None = None
         self.t0 = time.perf_counter()
-        self.table = _table(self._title())
+        self.table = StepTable(self._title())
 
     def _title(self) -> str:
         return (f"scenario {self.plan.name} ({self.runner} runner): {self.done}/"
@@ -185,18 +320,16 @@ class ScenarioProgress:
             self.table.title = self._title()
             self.live.refresh()
             return
-        n = len(self.plan.steps)
-        (idx, kind, label, reqs, tokens, spec, blocks, sampled, ms) = row
-        self.out.print(
-            f"  [{int(idx) + 1}/{n}] {kind:<20} {label[:40]:<40} reqs {reqs:>3}  tokens "
-            f"{tokens:>5}  spec {spec:>3}  new blk {blocks:>5}  sampled {sampled:>3}  "
-            + (ms if ms == "FAILED" else f"{ms} ms")
-            + f"  (at {time.perf_counter() - self.t0:.1f} s)", soft_wrap=True)
+        for line in step_lines(row, len(self.plan.steps), time.perf_counter() - self.t0):
+            self.out.print(line, soft_wrap=True)
 
     def step(self, result: StepResult) -> None:
         """A step ran (``drive``'s ``on_step``)."""
         self.done += 1
         self._add(step_row(result, self.num_groups))
+        note = self.slow.note(result) if self.slow is not None else None
+        if note:  # above a live table, or after the step's lines
+            self.out.print("  " + note, soft_wrap=self.live is None)
 
     def failed(self, step: PlannedStep) -> None:
         """The step raised: its row, marked FAILED."""
@@ -206,6 +339,84 @@ class ScenarioProgress:
         if self.live is not None:
             self.table.title = self._title()
             self.live.__exit__(*exc)
+
+
+class ReplayProgress:
+    """``stepwarm coverage``'s progress while it replays traffic: each
+    request is named as it finishes (on a terminal a status line that goes
+    away; otherwise one line each, so CI logs show progress); its numbers are
+    printed once, in the report's table.
+
+    :meth:`start` once the engine is up, :meth:`request` as ``on_request``,
+    :meth:`stop` when the replay ended (or failed).
+    """
+
+    def __init__(self, total: int, out: Console = console):
+        self.total, self.out, self.done = total, out, 0
+        self.status: Any = None
+
+    def start(self) -> None:
+        """The replay begins."""
+        if self.out.is_terminal:
+            self.status = self.out.status(f"replaying traffic: 0/{self.total} requests")
+            self.status.start()
+
+    def request(self, r: Any) -> None:
+        """A request ran twice (a :class:`~stepwarm.coverage.replay.RequestResult`)."""
+        self.done += 1
+        if self.status is not None:
+            self.status.update(f"replaying traffic: {self.done}/{self.total} requests, "
+                               f"last {r.name}")
+        else:
+            self.out.print(f"  [{self.done}/{self.total}] {r.name}", soft_wrap=True)
+
+    def stop(self) -> None:
+        """The replay ended: the status line goes."""
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+
+#: A step slower than this (ms) gets a line saying what compiled in it.
+SLOW_STEP_MS = 1000.0
+#: The most kernel names a slow step's line lists.
+MAX_NAMES = 4
+
+
+class SlowSteps:
+    """Says why a step was slow: the kernels a compile detector
+    (:class:`~stepwarm.coverage.detectors.Detectors`) saw compiled while it ran.
+
+    Args:
+        detectors: started before the first step (``Detectors.watch()``).
+        threshold_ms: steps at least this slow get a line.
+    """
+
+    def __init__(self, detectors: Any, threshold_ms: float = SLOW_STEP_MS):
+        self.detectors, self.threshold_ms = detectors, threshold_ms
+        self.kinds_seen: set[str] = set()
+
+    def note(self, s: StepResult) -> str | None:
+        """``step 0 (prefill) took 31.2 s: compiled ...`` for a slow step; None for others."""
+        from stepwarm.coverage.startup import SLACK_S
+
+        first = s.kind not in self.kinds_seen
+        self.kinds_seen.add(s.kind)
+        if s.wall_ms < self.threshold_ms:
+            return None
+        events = [e for e in self.detectors.poll()
+                  if s.started_at - SLACK_S <= e.at <= s.ended_at + SLACK_S]
+        head = f"step {s.index} ({s.kind}) took {s.wall_ms / 1000:.1f} s: "
+        if not events:
+            return head + ("first call: " if first else "") + (
+                f"no compile seen ({', '.join(self.detectors.available)})")
+        names = sorted({e.name for e in events})
+        kinds = ", ".join(sorted({e.kind for e in events}))
+        seen_by = ", ".join(sorted({e.detector for e in events}))
+        shown = ", ".join(names[:MAX_NAMES]) + (
+            f" and {len(names) - MAX_NAMES} more" if len(names) > MAX_NAMES else "")
+        return (head + f"compiled {len(names)} {kinds} kernel{'s' if len(names) != 1 else ''} "
+                f"({shown}; seen by {seen_by})")
 
 
 def verify_table(results: list[tuple[str, Any]]) -> Table:
@@ -235,7 +446,8 @@ def verify_table(results: list[tuple[str, Any]]) -> Table:
             continue
         tokens = sum(rep.checked.values())
         table.add_row(name, "equal" if rep.ok else "DIFFER",
-                      f"{len(rep.checked)} requests, {tokens} tokens", "", "", "", "",
+                      f"{plural(len(rep.checked), 'request')}, {plural(tokens, 'token')}",
+                      "", "", "", "",
                       style=None if rep.ok else "red")
         for d in rep.differences:
             table.add_row("", "", d.request, f"{d.step} ({d.step_kind}: {d.step_label})",

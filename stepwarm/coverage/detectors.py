@@ -109,6 +109,23 @@ class CacheScan:
             os.environ[var] = str(d)
         return scan
 
+    @classmethod
+    def watch_current_dirs(cls) -> CacheScan:
+        """The cache directories in use now (each variable of
+        :data:`CACHE_VARIABLES`, else its default: Triton's ``~/.triton/cache``,
+        vLLM's ``~/.cache/vllm``, Inductor's ``default_cache_dir()``), the
+        files already there taken as seen: :meth:`poll` finds what is compiled
+        from now on, without the cold start of :meth:`use_fresh_dirs`."""
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        defaults = {"TRITON_CACHE_DIR": Path.home() / ".triton" / "cache",
+                    "VLLM_CACHE_ROOT": Path.home() / ".cache" / "vllm",
+                    "TORCHINDUCTOR_CACHE_DIR": Path(default_cache_dir())}
+        scan = cls(Path("/"), owned=False)
+        scan.dirs = {var: Path(os.environ.get(var) or defaults[var]) for var in CACHE_VARIABLES}
+        scan._seen = scan._files()
+        return scan
+
     def remove(self) -> None:
         """Delete the cache directories if this scan made them (a temporary directory)."""
         if self.owned:
@@ -236,6 +253,16 @@ class Detectors:
         """Fresh cache directories, the Triton hook (if Triton is here) and the
         monitor log handler. Call before vLLM, torch or Triton start compiling."""
         detectors = cls(CacheScan.use_fresh_dirs(cache_root))
+        detectors.hook.install()
+        detectors.monitor.install()
+        return detectors
+
+    @classmethod
+    def watch(cls) -> Detectors:
+        """The cache directories in use (:meth:`CacheScan.watch_current_dirs`),
+        the Triton hook and the monitor log handler: compiles from now on,
+        caches kept warm (``stepwarm run``'s slow steps)."""
+        detectors = cls(CacheScan.watch_current_dirs())
         detectors.hook.install()
         detectors.monitor.install()
         return detectors

@@ -135,19 +135,19 @@ class _Expander:
         return v
 
     def sizes(self, size: Any, field: str, *, request: str | None = None,
-              high: int | None = None) -> list[int]:
+              low: int = 1, high: int | None = None) -> list[int]:
         """A size as the list of values it stands for (one, or a sweep's),
-        each in ``1..high``."""
+        each in ``low..high``."""
         if not isinstance(size, Sweep.__args__):  # type: ignore[attr-defined]
-            return [self.value(size, field, request=request, high=high)]
+            return [self.value(size, field, request=request, low=low, high=high)]
         try:
             values = sweep_values(size, lambda e, what: self.value(
                 e, field, request=request, low=None, what=what))
         except ExpressionError as e:
             raise self.err(str(e), field, request=request) from None
         for v in values:
-            if v < 1 or high is not None and v > high:
-                rng = f"1..{high}" if high is not None else ">= 1"
+            if v < low or high is not None and v > high:
+                rng = f"{low}..{high}" if high is not None else f">= {low}"
                 raise self.err(f"{describe(size)}: value {v} is out of range", field,
                                request=request, allowed=rng)
         return values
@@ -453,14 +453,14 @@ class _Expander:
                 self.run_step("resume", label, "requests", resume=sched)
 
     def _decode_like(self, st: Any, default_kind: str) -> None:
-        k = self.value(st.spec_tokens, "spec_tokens", low=0)
         reps = self.value(st.repeat, "repeat", high=MAX_EXPANDED)
-        for ids in self._batches(st):
-            kind = "spec_decode" if k else "decode"
-            label = st.label or f"{kind.replace('_', ' ')} {self._short(ids)}" + (
-                f" +{k} drafts" if k else "")
-            for _ in range(reps):
-                self.run_step(kind, label, "requests", decode={r: k for r in ids})
+        for k in self.sizes(st.spec_tokens, "spec_tokens", low=0):  # a sweep: a step each
+            for ids in self._batches(st):
+                kind = "spec_decode" if k else "decode"
+                label = st.label or f"{kind.replace('_', ' ')} {self._short(ids)}" + (
+                    _drafts(k) if k else "")
+                for _ in range(reps):
+                    self.run_step(kind, label, "requests", decode={r: k for r in ids})
 
     def _decode(self, st: DecodeStep) -> None:
         self._decode_like(st, "decode")
@@ -479,7 +479,6 @@ class _Expander:
 
     def _mixed_decode(self, st: MixedDecodeStep) -> None:
         self._no_speculator()
-        k = self.value(st.spec_tokens, "spec_tokens", low=0)
         reps = self.value(st.repeat, "repeat", high=MAX_EXPANDED)
         spec = self.select(st.spec, "spec")
         non = self.select(st.non_spec, "non_spec")
@@ -487,21 +486,22 @@ class _Expander:
         if both:
             raise self.err(f"request(s) {self._short(sorted(both))} are both spec and non_spec",
                            "non_spec", allowed="disjoint spec and non_spec selections")
-        label = st.label or f"mixed decode {self._short(spec)} +{k} / {self._short(non)}"
-        for _ in range(reps):
-            self.run_step("mixed_decode", label, "spec",
-                          decode={**{r: k for r in spec}, **{r: 0 for r in non}})
+        for k in self.sizes(st.spec_tokens, "spec_tokens", low=0):  # a sweep: a step each
+            label = st.label or f"mixed decode {self._short(spec)}{_drafts(k)} / {self._short(non)}"
+            for _ in range(reps):
+                self.run_step("mixed_decode", label, "spec",
+                              decode={**{r: k for r in spec}, **{r: 0 for r in non}})
 
     def _mixed_prefill_decode(self, st: MixedPrefillDecodeStep) -> None:
-        k = self.value(st.spec_tokens, "spec_tokens", low=0)
         pre = self.select(st.prefill, "prefill")
         dec = self.select(st.decode, "decode")
         token_values = [None] if st.tokens is None else self.sizes(st.tokens, "tokens")
-        for tokens in token_values:
+        spec_values = self.sizes(st.spec_tokens, "spec_tokens", low=0)
+        for tokens, k in ((t, k) for t in token_values for k in spec_values):
             if st.cached is not None and self.rep == 0:
                 self._hit(pre, st.cached)
             sched = {r: tokens if tokens is not None else self._prompt_left(r) for r in pre}
-            label = st.label or (f"decode {self._short(dec)} + "
+            label = st.label or (f"decode {self._short(dec)}{_drafts(k) if k else ''} + "
                                  + ("prefix hit " if st.cached is not None else "prefill ")
                                  + f"{self._short(pre)} x "
                                  + ("rest" if tokens is None else str(tokens)))
@@ -521,6 +521,11 @@ class _Expander:
                            allowed="finish requests that were scheduled and are not finished")
         self.run_step("finish", st.label or f"finish {self._short(ids)}", "requests",
                       finish=tuple(ids))
+
+
+def _drafts(k: int) -> str:
+    """`` +1 draft`` / `` +2 drafts``: a decode label's draft tokens per request."""
+    return f" +{k} draft{'' if k == 1 else 's'}"
 
 
 def expand(sc: LoadedScenario, profile: RunnerProfile) -> Plan:

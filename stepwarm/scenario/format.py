@@ -118,11 +118,15 @@ class PrefixHitStep(_Scheduling):
     repeat: Expr = Field(default=1, description=_REPEAT_HELP)
 
 
+_SPEC_SWEEP = (" An expression, or a sweep ({ values = [...] }, { range = [...] }, "
+               "{ buckets = ... }; values may be 0) making one step per value.")
+
+
 class DecodeStep(_Scheduling):
     """Decode running requests: ``1 + spec_tokens`` tokens each."""
 
     kind: Literal["decode"]
-    spec_tokens: Expr = Field(default=0, description="Draft tokens per request (needs speculator if > 0).")
+    spec_tokens: Size = Field(default=0, description="Draft tokens per request (needs speculator if > 0)." + _SPEC_SWEEP)
     repeat: Expr = Field(default=1, description=_REPEAT_HELP)
 
 
@@ -130,7 +134,7 @@ class SpecDecodeStep(_Scheduling):
     """Decode with ``spec_tokens`` draft tokens per request."""
 
     kind: Literal["spec_decode"]
-    spec_tokens: Expr = Field(default="num_spec_steps", description="Draft tokens per request.")
+    spec_tokens: Size = Field(default="num_spec_steps", description="Draft tokens per request." + _SPEC_SWEEP)
     repeat: Expr = Field(default=1, description=_REPEAT_HELP)
 
 
@@ -140,7 +144,7 @@ class MixedDecodeStep(_Step):
     kind: Literal["mixed_decode"]
     spec: Selectors = Field(description="Requests decoded with drafts. " + _SEL_HELP)
     non_spec: Selectors = Field(description="Requests decoded without drafts. " + _SEL_HELP)
-    spec_tokens: Expr = Field(default="num_spec_steps", description="Draft tokens per spec request.")
+    spec_tokens: Size = Field(default="num_spec_steps", description="Draft tokens per spec request." + _SPEC_SWEEP)
     repeat: Expr = Field(default=1, description=_REPEAT_HELP)
 
     _check = field_validator("spec", "non_spec")(_check_selectors)
@@ -154,7 +158,7 @@ class MixedPrefillDecodeStep(_Step):
     tokens: Size | None = Field(default=None, description="Prefill tokens per request "
                                 "(default: the rest of the prompt). " + SIZE_HELP)
     decode: Selectors = Field(description="Running requests decoded. " + _SEL_HELP)
-    spec_tokens: Expr = Field(default=0, description="Draft tokens per decoded request.")
+    spec_tokens: Size = Field(default=0, description="Draft tokens per decoded request." + _SPEC_SWEEP)
     cached: Expr | None = Field(default=None, description=(
         "New prefilled requests whose first `cached` tokens hit the prefix cache: a multiple "
         "of lcm_block_size, below the prompt length (a prefix hit beside decodes)."))

@@ -59,3 +59,16 @@ def unmet_requirement(sc: LoadedScenario, profile: RunnerProfile) -> str:
         if not ok:
             return f"requires {cond.strip()}: false on this runner ({shown})"
     return ""
+
+
+def unmet_before_engine(needs: list[str], engine_args: dict) -> str:
+    """Why an engine started with ``engine_args`` (``vllm.LLM`` keywords) will
+    not run a scenario needing ``needs``, where that is known before it
+    starts ("" when it may): only ``speculator``, which no engine without a
+    ``speculative_config`` has (vLLM's ``SpeculativeConfig``; the other needs
+    depend on the model, read off the runner once it is up).
+    """
+    if "speculator" in needs and not engine_args.get("speculative_config"):
+        return ("needs speculator: no speculative_config in the engine arguments "
+                "(give one with -e speculative_config=JSON)")
+    return ""

@@ -29,7 +29,7 @@ MAX_SWEEP = 4096
 
 EXPR_HELP = ('an integer, or an expression string over runner facts such as '
              '"max_num_batched_tokens // 2" or "block_size(0) * 2"')
-SIZE_HELP = (EXPR_HELP + ', or a sweep: { buckets = "<limit>" } (Triton classes 1, 16k, '
+SIZE_HELP = (EXPR_HELP + ', or a sweep: { buckets = "<limit>" } (Triton classes 1, a multiple of 16, '
              'neither), { range = [<start>, <stop>], step = <n> } or { values = [...] }')
 
 

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -14,9 +15,12 @@ from tests.e2e.helpers import GREEDY_SPEC_SCENARIO, NGRAM_2
 pytestmark = pytest.mark.e2e
 
 
-def _stepwarm(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+def _stepwarm(*args: str, timeout: int = 600,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    import os
+
     return subprocess.run([sys.executable, "-m", "stepwarm", *args], capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def test_run_prints_step_tables_and_writes_json(tmp_path):
@@ -29,7 +33,8 @@ def test_run_prints_step_tables_and_writes_json(tmp_path):
     # The engine's start-up phases, followed from vLLM's log.
     assert re.search(r"starting vLLM engine: loading the model \(\d+\.\d s\)\n"
                      r"starting vLLM engine: profiling memory .*\n"
-                     r"starting vLLM engine: vLLM's own warmup .*\n", proc.stdout)
+                     r"(starting vLLM engine: vLLM's own warmup .*\n)?"
+                     r"starting vLLM engine: initializing the KV cache .*\n", proc.stdout)
     assert " INFO " not in proc.stderr  # vLLM's INFO lines only with -v
     assert "ok: 2 scenario(s)" in proc.stdout
     # stdout holds stepwarm's lines only: vLLM logs to stderr, and the default
@@ -56,6 +61,62 @@ def test_run_prints_step_tables_and_writes_json(tmp_path):
     assert [s["num_scheduled_tokens"] for s in mixed["steps"]] == [
         st.total_num_scheduled_tokens for st in plan.steps
     ]
+
+
+def _in_a_terminal(args: list[str], columns: int, timeout: int = 600,
+                   env: dict[str, str] | None = None) -> tuple[int, str]:
+    """``python -m stepwarm ARGS`` with stdout and stderr on a pseudo-terminal
+    ``columns`` wide: (exit status, what the terminal showed, escapes removed)."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import termios
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the terminal's size is set before it starts
+        os.execve(sys.executable, [sys.executable, "-m", "stepwarm", *args],
+                  {**os.environ, **(env or {})})
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    out, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([fd], [], [], 1)[0]:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+    _, status = os.waitpid(pid, 0)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", out.decode(errors="replace"))
+    return os.waitstatus_to_exitcode(status), text
+
+
+def test_the_live_table_fits_an_80_column_terminal():
+    """In a real 80-column terminal the last frame of the live table shows
+    every step's numbers, and no line is wider than the terminal. With
+    enforce_eager and VLLM_CPU_KVCACHE_SPACE the CPU worker does not warm up,
+    and the start-up phases do not say it did."""
+    code, text = _in_a_terminal(["run", "-s", "mixed-prefill-decode"], 80,
+                                env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    assert code == 0, text[-3000:]
+    assert "starting vLLM engine: initializing the KV cache" in text
+    assert "vLLM's own warmup" not in text
+    final = text.rsplit("scenario mixed-prefill-decode (v1 runner): 5/5 steps", 1)[1]
+    final = final.split("└", 1)[0]
+    lines = [ln for ln in final.replace("\r", "\n").splitlines() if ln.startswith("│")]
+    rows = [[c.strip() for c in ln.split("│")[1:-1]] for ln in lines]
+    firsts = [r for r in rows if r[0]]
+    # #, reqs, tokens, spec, new blk, sampled (the ms vary).
+    assert [[r[0], *r[2:7]] for r in firsts] == [
+        ["0", "3", "6", "0", "3", "3"], ["1", "2", "16", "0", "1", "2"],
+        ["2", "0", "0", "0", "0", "-"], ["3", "4", "512", "0", "4", "4"],
+        ["4", "0", "0", "0", "0", "-"]]
+    assert all(re.fullmatch(r"\d+\.\d", r[7]) for r in firsts)
+    assert max(len(ln) for ln in lines) <= 80
+    assert "ok: 1 scenario(s)" in text
 
 
 def test_run_rejects_a_model_dir_without_config(tmp_path):
@@ -159,7 +220,7 @@ def test_a_failing_scenario_is_reported_and_the_next_one_runs(tmp_path):
     assert "1 of 2 scenario(s) failed on the worker (default: see 'failed:' above)" in proc.stderr
     # The failure prints once, and the failed step has its row.
     assert proc.stderr.count("scenario default: step 1 (spec_decode: decode all) failed on the v1 runner") == 1
-    assert re.search(r"\[2/\d+\] spec_decode +decode all .* FAILED", proc.stdout)
+    assert re.search(r"\[2/\d+\] spec_decode  decode all\n {8}reqs .* FAILED", proc.stdout)
     # stdout ends with the outcome too, as a clean run's ends with "ok: ...".
     assert re.search(r"^FAILED: 2 scenario\(s\), \d+ steps in \d+ ms; 1 failed$", proc.stdout, re.M)
     assert "cleanup ran, the runner holds no stepwarm request" in proc.stderr
@@ -196,3 +257,27 @@ def test_run_verify_compares_with_vllms_scheduler_and_reports_a_table(tmp_path):
     assert [(v["scenario"], v["differences"], v["skipped"]) for v in verify] == [
         ("prefix-hit", [], ""), ("preempt-resume", [], "")]
     assert verify[1]["checked"] == {"a": 6, "b": 7}
+
+
+def test_named_scenarios_the_runner_cannot_run_exit_3_with_reasons_counted(tmp_path):
+    """spec-decode is skipped before the engine starts (no speculative_config),
+    mamba-align once the runner is read (no Mamba group); default still runs;
+    the summary counts both reasons; exit 3. With a cold Inductor cache the
+    first step compiles, and its line says so."""
+    proc = _stepwarm("run", "-s", "spec-decode", "-s", "default", "-s", "mamba-align",
+                     env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    out = proc.stdout
+    early = out.index("scenario spec-decode: skipped: needs speculator: no speculative_config")
+    assert early < out.index("starting vLLM engine")
+    assert "scenario mamba-align: skipped: needs mamba_align: runner has no Mamba KV cache " \
+           "group in align mode (mamba_cache_mode none)" in out
+    assert re.search(r"^SKIPPED: 1 scenario\(s\), 8 steps in \d+ ms, 2 skipped \(needs speculator: "
+                     r"no speculative_config .*: 1; needs mamba_align: .*: 1\); runner left with "
+                     r"no warmup request$", out, re.M)
+    assert "error: 2 scenario(s) named with -s did not run (spec-decode, mamba-align: skipped, " \
+           "see above); pass --allow-skip to accept that (exit 0)" in proc.stderr
+    compiled = re.search(r"^  step (\d+) \((\w+)\) took \d+\.\d s: compiled (\d+) inductor "
+                         r"kernels? \((cpp_\w+)", out, re.M)
+    assert compiled, out
+    assert any(p.suffix == ".py" for p in (tmp_path / "inductor").rglob("*"))

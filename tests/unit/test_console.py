@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import re
 
+import pytest
 from rich.console import Console
 
 from stepwarm.console import ScenarioProgress, route_vllm_log
@@ -28,7 +29,7 @@ def _console(terminal: bool) -> tuple[Console, io.StringIO]:
                    highlight=False, color_system=None), buf
 
 
-def test_one_line_per_step_when_not_a_terminal():
+def test_two_lines_per_step_when_not_a_terminal():
     plan = expand(load("default"), tiny_profile())
     out, buf = _console(False)
     with ScenarioProgress(plan, "v1", 1, out) as progress:
@@ -40,12 +41,13 @@ def test_one_line_per_step_when_not_a_terminal():
         progress.failed(plan.steps[3])
     lines = buf.getvalue().splitlines()
     assert first.splitlines()[0] == "scenario default (v1 runner): 8 steps"
-    assert re.fullmatch(
-        r"  \[1/8\] prefill              prefill 8 x 2                            reqs   8  tokens"
-        r"    16  spec   0  new blk     8  sampled   8  1\.2 ms  \(at \d+\.\d s\)",
-        first.splitlines()[1])
-    assert len(lines) == 5 and lines[3].startswith("  [3/8] decode ")
-    assert lines[4].startswith("  [4/8] decode ") and "FAILED  (at " in lines[4]
+    assert first.splitlines()[1] == "  [1/8] prefill  prefill 8 x 2"
+    assert re.fullmatch(r"        reqs 8  tokens 16  spec 0  new blk 8  sampled 8  1\.2 ms"
+                        r"  \(at \d+\.\d s\)", first.splitlines()[2])
+    assert len(lines) == 9 and lines[5].startswith("  [3/8] decode ")
+    assert lines[7].startswith("  [4/8] decode ")
+    assert re.fullmatch(r"        reqs 1  tokens 1  spec 0  new blk -  sampled -  FAILED"
+                        r"  \(at \d+\.\d s\)", lines[8])
 
 
 def test_live_table_on_a_terminal_holds_every_row_and_the_count():
@@ -57,6 +59,88 @@ def test_live_table_on_a_terminal_holds_every_row_and_the_count():
     text = buf.getvalue()
     assert "scenario default (v1 runner): 8/8 steps" in text
     assert text.count("1.2") >= 8 and "mixed_prefill_decode" in text
+
+
+def _recorded() -> list[StepResult]:
+    """Steps as the driver reports them: mixed-prefill-decode on the tiny
+    Llama, then rows with the widest numbers a big engine gives (two KV cache
+    groups, 8192-token prefills, slow steps)."""
+    plan = expand(load("mixed-prefill-decode"), tiny_profile())
+    rows = list(_results(plan))
+    rows.append(StepResult(index=5, kind="spec_decode", label="decode all with 3 drafts each "
+                           "and a long tail of request names r[0..255]", num_reqs=256,
+                           num_scheduled_tokens=8192, num_spec_tokens=768,
+                           new_blocks=[1024, 37], held_blocks={}, wall_ms=38123.44,
+                           sampled={f"r{i}": 1 for i in range(256)}))
+    return rows
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.split("│")[1:-1]]
+
+
+@pytest.mark.parametrize("width", [80, 100, 120, 200])
+def test_the_live_table_fits_the_terminal_and_keeps_every_number(width):
+    """At 80-200 columns every line fits and every cell is shown whole: the
+    numbers on the row's first line, the label wrapped over its lines."""
+    from rich.cells import cell_len
+
+    from stepwarm.console import StepTable, step_row
+
+    table = StepTable("scenario mixed-prefill-decode (v1 runner): 6/6 steps, 38.2 s")
+    recorded = _recorded()
+    for r in recorded:
+        table.add_row(*step_row(r, 1))
+    buf = io.StringIO()
+    Console(file=buf, width=width, force_terminal=True, color_system=None,
+            markup=False).print(table)
+    lines = buf.getvalue().splitlines()
+    assert all(cell_len(line) <= width for line in lines), [cell_len(x) for x in lines]
+    body = [line for line in lines if line.startswith("│")]
+    starts = [i for i, line in enumerate(body) if _cells(line)[0]]
+    assert len(starts) == len(recorded)
+    merged = width < 120  # kind and step share a column below ~120 columns
+    for r, i, j in zip(recorded, starts, starts[1:] + [len(body)]):
+        cells = _cells(body[i])
+        row = step_row(r, 1)
+        assert cells[0] == row[0] and cells[-6:] == row[3:]
+        # Labels wrap at spaces, and a word wider than its column folds:
+        # every character is there, in order.
+        labels = [_cells(line)[1:2 if merged else 3] for line in body[i:j]]
+        text = ["".join(col).replace(" ", "") for col in zip(*labels)]
+        expected = [f"{r.kind}: {r.label}"] if merged else [r.kind, r.label]
+        assert text == [e.replace(" ", "") for e in expected]
+    header = " ".join(lines)
+    assert ("kind: step" in header) == merged and "1024/37" in header and "38123.4" in header
+
+
+def test_too_narrow_for_a_table_the_rows_come_as_lines_that_fit():
+    from stepwarm.console import StepTable, step_row
+
+    table = StepTable("scenario x")
+    for r in _recorded():
+        table.add_row(*step_row(r, 1))
+    buf = io.StringIO()
+    Console(file=buf, width=50, force_terminal=True, color_system=None, markup=False).print(table)
+    lines = buf.getvalue().splitlines()
+    assert max(map(len, lines)) <= 50 and "┃" not in buf.getvalue()
+    assert "  [6/?] spec_decode  decode all with 3 drafts each" in lines
+    assert "        reqs 256  tokens 8192  spec 768" in lines
+    assert "        new blk 1024/37  sampled 256  38123.4 ms" in lines
+
+
+def test_the_line_form_fits_80_columns_and_keeps_the_whole_label():
+    from stepwarm.console import step_lines, step_row
+
+    r = _recorded()[-1]
+    lines = step_lines(step_row(r, 2), of=6, at_s=120.25)
+    assert lines == [
+        "  [6/6] spec_decode  decode all with 3 drafts each and a long tail of request",
+        "        names r[0..255]",
+        "        reqs 256  tokens 8192  spec 768  new blk 1024/37  sampled 256",
+        "        38123.4 ms  (at 120.2 s)",
+    ]
+    assert max(map(len, lines)) <= 80
 
 
 def test_vllm_log_goes_to_stderr_at_the_chosen_level(monkeypatch, tmp_path):
@@ -88,25 +172,51 @@ def test_vllm_log_goes_to_stderr_at_the_chosen_level(monkeypatch, tmp_path):
     assert os.environ["VLLM_LOGGING_CONFIG_PATH"] == "/etc/my-logging.json"
 
 
-def test_engine_phases_follow_vllms_start_up_log():
+def _phases(messages: list[str]) -> list[str]:
     import logging
 
     from stepwarm.console import EnginePhases
 
-    seen = []
+    seen: list[str] = []
     log = logging.getLogger("vllm.test_phases")
     handler = EnginePhases(seen.append)
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     try:
-        for msg in ("Starting to load model %s...", "Initializing model took 0.36 seconds",
-                    "CPU KV cache size: 3,666,816 tokens", "unrelated",
-                    "Starting to load model %s...",
-                    "init engine (profile, create kv cache, warmup model) took 10.73 s"):
+        for msg in messages:
             log.info(msg, "/tmp/m") if "%s" in msg else log.info(msg)
     finally:
         log.removeHandler(handler)
-    assert seen == ["loading the model", "profiling memory", "vLLM's own warmup", "engine ready"]
+    return seen
+
+
+def test_engine_phases_follow_vllms_start_up_log():
+    # A CPU worker with enforce_eager and VLLM_CPU_KVCACHE_SPACE: no warmup.
+    assert _phases(["Starting to load model %s...", "Initializing model took 0.36 seconds",
+                    "CPU KV cache size: 3,666,816 tokens", "unrelated",
+                    "Starting to load model %s...",
+                    "init engine (profile, create kv cache, warmup model) took 10.73 s"]) == [
+        "loading the model", "profiling memory", "initializing the KV cache", "engine ready"]
+
+
+@pytest.mark.parametrize("worker, lines, warmup_after", [
+    ("CPU, compiling", ["Warming up model for the compilation...", "Warming up done.",
+                        "CPU KV cache size: 1 tokens"], "profiling memory"),
+    ("GPU V1 eager", ["GPU KV cache size: 1 tokens", "JIT kernel warmup starting."],
+     "initializing the KV cache"),
+    ("GPU compiled", ["GPU KV cache size: 1 tokens", "Compile and warming up model for size 512",
+                      "JIT kernel warmup starting.", "Capturing CUDA graphs (mixed prefill-decode"],
+     "initializing the KV cache"),
+    ("GPU V2 eager", ["GPU KV cache size: 1 tokens"], None),
+])
+def test_vllms_own_warmup_is_a_phase_only_when_vllm_logged_one(worker, lines, warmup_after):
+    seen = _phases(["Starting to load model %s...", "Model loading took 1 GiB", *lines,
+                    "init engine (profile, create kv cache, warmup model) took 1 s"])
+    assert ("vLLM's own warmup" in seen) == (warmup_after is not None)
+    assert seen.count("vLLM's own warmup") <= 1 and seen[-1] == "engine ready"
+    if warmup_after:
+        assert seen[seen.index("vLLM's own warmup") - 1] == warmup_after
+    assert "initializing the KV cache" in seen
 
 
 def test_verify_table_shows_each_scenario_and_the_first_differing_step():
@@ -128,8 +238,82 @@ def test_verify_table_shows_each_scenario_and_the_first_differing_step():
     lines = buf.getvalue().splitlines()
     row = lambda *words: any(all(w in line for w in words) for line in lines)  # noqa: E731
     assert row("default", "equal", "2 requests, 5 tokens")
-    assert row("preempt-resume", "DIFFER", "1 requests, 5 tokens")
+    assert row("preempt-resume", "DIFFER", "1 request, 5 tokens")
     assert row("b", "3 (resume: resume b)", "4", "[7]", "[9]")
     assert row("mamba-align", "skipped", "vLLM's own scheduler failed")
     assert row("pooling", "equal", "1 embedded", "max |diff| 0.00e+00")
     assert row("x", "error", "StepFailed: step 2 failed")
+
+
+def _step(index: int, kind: str, wall_ms: float, started_at: float) -> StepResult:
+    return StepResult(index=index, kind=kind, label=f"{kind} a", num_reqs=1,
+                      num_scheduled_tokens=8, num_spec_tokens=0, new_blocks=[1],
+                      held_blocks={}, wall_ms=wall_ms, started_at=started_at,
+                      ended_at=started_at + wall_ms / 1000)
+
+
+def test_a_slow_step_says_what_compiled_in_it(tmp_path, monkeypatch):
+    """A real cache scan over the Inductor cache in use: an output module
+    written while step 0 ran names its kernels on the line after the step;
+    a slow step with no compile says so; a fast one gets no line."""
+    import os
+    import time
+
+    from stepwarm.console import SlowSteps
+    from stepwarm.coverage.detectors import Detectors
+
+    for var, d in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton"),
+                   ("VLLM_CACHE_ROOT", "vllm")):
+        monkeypatch.setenv(var, str(tmp_path / d))
+    (tmp_path / "inductor" / "ab").mkdir(parents=True)
+    old = tmp_path / "inductor" / "ab" / "old.py"  # there before: not this run's compile
+    old.write_text("cpp_fused_old_0 = async_compile.cpp_pybinding(['float*'], '''...''')\n")
+    detectors = Detectors.watch()
+    t0 = time.time() - 100
+    out_py = tmp_path / "inductor" / "ab" / "cab.py"
+    out_py.write_text("cpp_fused_add_0 = async_compile.cpp_pybinding(['float*'], '''...''')\n"
+                      "cpp_fused_mul_1 = async_compile.cpp_pybinding(['float*'], '''...''')\n")
+    os.utime(out_py, (t0 + 5, t0 + 5))  # written while step 0 ran
+    os.utime(old, (t0 + 5, t0 + 5))
+    slow = SlowSteps(detectors, threshold_ms=1000)
+    plan = expand(load("default"), tiny_profile())
+    out, buf = _console(False)
+    with ScenarioProgress(plan, "v1", 1, out, slow=slow) as progress:
+        progress.step(_step(0, "prefill", 31234.5, t0))
+        progress.step(_step(1, "decode", 12.0, t0 + 40))
+        progress.step(_step(2, "decode", 2500.0, t0 + 41))
+        progress.step(_step(3, "mixed_prefill_decode", 1800.0, t0 + 50))
+    lines = buf.getvalue().splitlines()
+    where = ", ".join(detectors.available)
+    assert lines[3] == ("  step 0 (prefill) took 31.2 s: compiled 2 inductor kernels "
+                        "(cpp_fused_add_0, cpp_fused_mul_1; seen by cache)")
+    assert lines[4].startswith("  [2/8] decode ") and lines[6].startswith("  [3/8] decode ")
+    assert lines[8] == f"  step 2 (decode) took 2.5 s: no compile seen ({where})"
+    assert lines[11] == (f"  step 3 (mixed_prefill_decode) took 1.8 s: first call: no compile "
+                         f"seen ({where})")
+    assert len(lines) == 12
+    detectors.stop()
+    assert out_py.exists()  # the user's cache is kept
+
+
+def test_replay_progress_names_each_request_once_and_no_numbers():
+    """`coverage` prints a request's numbers once, in the report's table: the
+    progress is the name alone (a line each when not a terminal, a status
+    line that goes away on one)."""
+    from types import SimpleNamespace
+
+    from stepwarm.console import ReplayProgress
+
+    out, buf = _console(False)
+    progress = ReplayProgress(2, out)
+    progress.start()
+    for name in ("greedy", "top_k"):
+        progress.request(SimpleNamespace(name=name, first_ms=12.5, second_ms=3.25))
+    progress.stop()
+    assert buf.getvalue() == "  [1/2] greedy\n  [2/2] top_k\n"
+    term, tbuf = _console(True)
+    progress = ReplayProgress(2, term)
+    progress.start()
+    progress.request(SimpleNamespace(name="greedy", first_ms=12.5, second_ms=3.25))
+    progress.stop()
+    assert "12.5" not in tbuf.getvalue() and "[1/2]" not in tbuf.getvalue()

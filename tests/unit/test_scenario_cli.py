@@ -91,7 +91,7 @@ def test_check_reads_a_file_with_a_bom(tmp_path):
     f.write_bytes("\ufeff".encode() + b'[requests.a]\nprompt = 4\n[[steps]]\nkind = "prefill"\nrequests = ["a"]\n')
     r = runner.invoke(app, ["check", str(f)], env={"COLUMNS": "300"})
     assert r.exit_code == 0, r.output
-    assert f"ok {f}: 2 steps, 1 requests" in r.stdout
+    assert f"ok {f}: 2 steps, 1 request\n" in r.stdout
 
 
 def test_model_errors_name_a_file_and_the_close_zoo_name(tmp_path):
@@ -115,3 +115,48 @@ def test_coverage_options_are_checked_before_anything_starts(tmp_path):
     r = runner.invoke(app, ["coverage", "--min-excess-ms", "-5"])
     assert r.exit_code == 2 and "--min-excess-ms -5.0: allowed: a number >= 0" in r.stderr
     assert "starting vLLM engine" not in r.stdout
+
+
+def test_run_a_named_scenario_the_engine_args_cannot_run_exits_3_before_the_engine():
+    """spec-decode needs a speculator, and no speculative_config was given:
+    said before any engine starts; exit 3, or 0 with --allow-skip."""
+    r = runner.invoke(app, ["run", "-s", "spec-decode"], env={"COLUMNS": "300"})
+    assert r.exit_code == 3, r.output
+    why = ("needs speculator: no speculative_config in the engine arguments "
+           "(give one with -e speculative_config=JSON)")
+    assert r.stdout.splitlines() == [
+        f"scenario spec-decode: skipped: {why}",
+        f"SKIPPED: 0 scenario(s), 0 steps in 0 ms, 1 skipped ({why}: 1); no engine started"]
+    assert r.stderr.strip() == (
+        "error: 1 scenario(s) named with -s did not run (spec-decode: skipped, see above); "
+        "pass --allow-skip to accept that (exit 0)")
+    r = runner.invoke(app, ["run", "-s", "spec-decode", "-s", "sampler-spec-decode",
+                            "--allow-skip"], env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[-1] == (
+        f"ok: 0 scenario(s), 0 steps in 0 ms, 2 skipped ({why}: 2); no engine started")
+    assert r.stderr == ""
+
+
+def test_run_help_documents_the_exit_statuses():
+    r = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "200", "TERM": "dumb"})
+    assert r.exit_code == 0
+    text = " ".join(r.stdout.replace("│", " ").split())
+    assert "3 a scenario named with -s was skipped." in text
+    assert "--allow-skip" in text and "2 bad input, nothing ran;" in text
+
+
+def test_help_shows_metavars_not_python_types():
+    """No <bool>, <str>, <path> or <list[str]> in any command's help: flags
+    show nothing, values a metavar (NAME|FILE, KEY=VALUE, DIR|NAME, FILE)."""
+    import re
+
+    for cmd in ([], ["run"], ["coverage"], ["check"], ["show"], ["list"], ["profile"]):
+        r = runner.invoke(app, [*cmd, "--help"], env={"COLUMNS": "120", "TERM": "dumb"})
+        assert r.exit_code == 0, (cmd, r.output)
+        assert not re.search(r"<(bool|str|int|float|path|list\[\w+\])>", r.stdout), (cmd, r.stdout)
+    r = runner.invoke(app, ["run", "--help"], env={"COLUMNS": "120", "TERM": "dumb"})
+    rows = {ln.split()[1]: ln for ln in r.stdout.splitlines() if ln.startswith("│ --")}
+    assert "NAME|FILE" in rows["--scenario"] and "KEY=VALUE" in rows["--engine-arg"]
+    assert "DIR|NAME" in rows["--model"] and "FILE" in rows["--json"]
+    assert rows["--verify"].split()[1:4] == ["--verify", "After", "warmup,"]  # no metavar

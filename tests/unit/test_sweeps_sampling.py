@@ -99,3 +99,56 @@ def test_schema_shows_sampling_and_sweeps():
         "stop_token_ids", "bad_words", "allowed_token_ids", "logit_bias"}
     assert "cached" in defs["MixedPrefillDecodeStep"]["properties"]
     assert "repeat" in defs["PrefillStep"]["properties"]
+
+
+def test_spec_tokens_sweeps_make_a_step_per_draft_count():
+    """spec_tokens = { values = [0, 1, 2] }: a plain decode (0 drafts), then
+    1 and 2 drafts per request, each its own step, labelled with the count."""
+    plan = _plan("""
+        [requests.a]
+        prompt = 8
+        count = 2
+
+        [[steps]]
+        kind = "prefill"
+        requests = ["a"]
+
+        [[steps]]
+        kind = "decode"
+        requests = ["a"]
+        spec_tokens = { values = [0, 1, 2] }
+
+        [[steps]]
+        kind = "mixed_decode"
+        spec = ["a[0]"]
+        non_spec = ["a[1]"]
+        spec_tokens = { range = [1, "num_spec_steps"] }
+    """, num_speculative_steps=2)
+    steps = [(s.kind, s.label, s.total_num_scheduled_tokens,
+              sum(len(r.spec_token_ids) for r in s.scheduled)) for s in plan.steps[1:-1]]
+    assert steps == [
+        ("decode", "decode a[0],a[1]", 2, 0),
+        ("spec_decode", "spec decode a[0],a[1] +1 draft", 4, 2),
+        ("spec_decode", "spec decode a[0],a[1] +2 drafts", 6, 4),
+        ("mixed_decode", "mixed decode a[0] +1 draft / a[1]", 3, 1),
+        ("mixed_decode", "mixed decode a[0] +2 drafts / a[1]", 4, 2),
+    ]
+
+
+def test_a_spec_tokens_sweep_past_the_speculator_names_the_field(tmp_path):
+    from tests.unit.test_scenario_errors import assert_parts, bad
+
+    e = bad(tmp_path, """
+        [requests.a]
+        prompt = 8
+
+        [[steps]]
+        kind = "prefill"
+        requests = ["a"]
+
+        [[steps]]
+        kind = "spec_decode"
+        requests = ["a"]
+        spec_tokens = { values = [1, 3] }
+    """, profile(num_speculative_steps=2))
+    assert_parts(e, 11, 1, "spec_tokens", "0..num_spec_steps = 2")
