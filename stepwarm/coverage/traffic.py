@@ -428,6 +428,29 @@ def config_limits(config: Mapping[str, Any], engine_args: Mapping[str, Any]) -> 
                          max_logprobs=None, source="the model's")
 
 
+def limits_before_start(model: str | None, engine_args: Mapping[str, Any]) -> TrafficLimits:
+    """:func:`config_limits` of what ``--model`` names (a directory, a zoo
+    model, or None: the embedded tiny Llama with its small limits), with
+    the ``-e`` engine arguments; all unknown where there is no readable
+    ``config.json`` (the engine start then says why)."""
+    from stepwarm.engine import TINY_MODEL_ENGINE_ARGS
+    from stepwarm.zoo import ZOO, resolve, write_model
+
+    if model is None:
+        path, args = write_model("tiny-llama"), {**ZOO["tiny-llama"].engine_args,
+                                                 **TINY_MODEL_ENGINE_ARGS}
+    else:
+        found, args = resolve(model)
+        path = found or Path(model)
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return TrafficLimits(max_model_len=None, vocab_size=None, max_logprobs=None)
+    if not isinstance(config, dict):
+        return TrafficLimits(max_model_len=None, vocab_size=None, max_logprobs=None)
+    return config_limits(config, {**args, **engine_args})
+
+
 def prompts_for(tl: TrafficLine, round_: int, vocab_size: int) -> tuple[list[list[int]], list[int] | None]:
     """The prompt token ids of one replay of a line, and its priming prompt.
 

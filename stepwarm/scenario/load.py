@@ -358,7 +358,8 @@ def _validation_errors(e: ValidationError, file: str, index: _TomlIndex, *,
                 explained.add((loc[:-1], suggestion))
         else:
             rest.append(one)
-    return typos + sorted(rest, key=lambda x: x.line or 1 << 30)
+    by_line = lambda x: x.line or 1 << 30  # noqa: E731
+    return sorted(typos, key=by_line) + sorted(rest, key=by_line)
 
 
 def _validation_error(err: Any, file: str, index: _TomlIndex) -> tuple[ScenarioError, str | None]:
