@@ -120,6 +120,13 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
     from stepwarm import console as console_module
 
     console_module.phase_listener = phase
+    from stepwarm.engine import unknown_engine_args
+
+    unknown = unknown_engine_args(list(_parse_engine_args(engine_arg or [])))
+    if unknown:
+        if status is not None:
+            status.stop()
+        _fail("\nerror: ".join(unknown), 2)
     try:
         return start_engine(model, **overrides)
     except Exception as e:  # noqa: BLE001 - vLLM rejects configs with many types
@@ -375,7 +382,12 @@ def coverage(
     """
     _setup(verbose, quiet)
     from stepwarm.coverage.report import print_report
-    from stepwarm.coverage.traffic import TrafficError, load_traffic
+    from stepwarm.coverage.traffic import (
+        TrafficError,
+        check_limits,
+        limits_before_start,
+        load_traffic,
+    )
     from stepwarm.scenario import ScenarioError, load, resolve_names
 
     if baseline and compare:
@@ -406,6 +418,8 @@ def coverage(
     detectors = Detectors.start(cache_dir)  # before anything compiles
     try:
         loaded = load_traffic(traffic)
+        # the model's vocabulary and length, where its config tells them: no engine start
+        check_limits(loaded, limits_before_start(model, _parse_engine_args(engine_arg or [])))
     except TrafficError as e:
         detectors.stop()
         _fail(str(e), 2)

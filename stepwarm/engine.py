@@ -63,6 +63,35 @@ def default_engine_args(model: Path | None, cpu: bool) -> dict[str, Any]:
     return args
 
 
+def unknown_engine_args(keys: list[str]) -> list[str]:
+    """One message per key that neither ``vllm.LLM`` nor vLLM's ``EngineArgs``
+    (the dataclass ``LLM`` hands its other keywords to) takes, with the
+    closest field as a did-you-mean; ``LLM`` would raise ``TypeError`` for
+    the first only, after vLLM is imported.
+
+    Returns:
+        ``"-e KEY: not a vllm.LLM or EngineArgs keyword (did you mean 'X'?)"``
+        for each unknown key, in order (empty when all are known).
+    """
+    import dataclasses
+    import difflib
+    import inspect
+
+    from vllm import LLM
+    from vllm.engine.arg_utils import EngineArgs
+
+    known = {f.name for f in dataclasses.fields(EngineArgs)} | {
+        name for name, p in inspect.signature(LLM.__init__).parameters.items()
+        if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"}
+    out = []
+    for key in keys:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            out.append(f"-e {key}: not a vllm.LLM or EngineArgs keyword{hint}")
+    return out
+
+
 @dataclass
 class Engine:
     """An in-process ``vllm.LLM`` and the worker that runs its steps."""

@@ -453,7 +453,15 @@ def _write_weights(model_dir: Path, seed: int) -> None:
     # _from_config is what the Auto classes' from_config calls (it initializes
     # in the config's torch_dtype): the causal LMs keep the weights they had.
     model = getattr(transformers, config.architectures[0])._from_config(config)
-    tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    # Tied weights (tie_word_embeddings: lm_head.weight is embed_tokens.weight)
+    # share memory, which safetensors refuses; the first name is kept, as
+    # transformers' save_pretrained does, and vLLM ties them again on load.
+    tensors, seen = {}, set()
+    for k, v in model.state_dict().items():
+        if v.data_ptr() in seen:
+            continue
+        seen.add(v.data_ptr())
+        tensors[k] = v.detach().to(torch.bfloat16).contiguous()
     save_file(tensors, str(model_dir / "model.safetensors"))
 
 

@@ -18,22 +18,31 @@ Each line is a JSON object::
   each replay, so the measured request is a prefix hit.
 * ``name``: how the report calls the request (default ``line N``).
 
-Every line is checked before the engine starts (:func:`load_traffic`), and
-against the engine's limits once it is up (:func:`check_limits`); an error
-names the file, the line and the field.
+Every line is checked before the engine starts (:func:`load_traffic`): its
+format, and the model's vocabulary and length where ``config.json`` and the
+engine arguments tell them (:func:`config_limits`); then against the engine's
+own limits once it is up (:func:`check_limits`). Each error names the file,
+the line and the field; a file's errors are reported together (at most
+:data:`~stepwarm.scenario.errors.MAX_ERRORS` listed). The caps
+(:data:`MAX_FILE_BYTES`, :data:`MAX_LINES`, :data:`MAX_COUNT`,
+:data:`MAX_REQUESTS`, :data:`MAX_NESTING`) are in ``docs/traffic.md``.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Union
+from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, StrictInt, StrictStr, ValidationError
+
+from stepwarm.scenario.errors import joined
 
 #: Name of the traffic file shipped with stepwarm (``stepwarm coverage`` with no TRAFFIC).
 BUILTIN = "builtin"
@@ -45,11 +54,36 @@ SAMPLING_DEFAULTS: dict[str, Any] = {"max_tokens": 4, "ignore_eos": True, "detok
 MAX_FIELDS = ("logprobs", "prompt_logprobs")
 #: The first token id made-up prompts use (0-2 are often pad/bos/eos).
 FIRST_TOKEN_ID = 3
+#: Largest traffic file read, in bytes.
+MAX_FILE_BYTES = 64 << 20
+#: Most request lines in a traffic file (each is replayed twice, one by one).
+MAX_LINES = 4096
+#: Most requests one line may stand for (``count``: one ``LLM.generate`` batch).
+MAX_COUNT = 4096
+#: Most requests in a whole file (``count`` summed over the lines).
+MAX_REQUESTS = 65536
+#: Deepest nesting of JSON arrays and objects in a line (Python's JSON
+#: decoder recurses per level; a JSON schema in ``structured_outputs`` may nest).
+MAX_NESTING = 64
 
 
 class TrafficError(ValueError):
     """A traffic file stepwarm will not replay; the message names the file,
-    the line and the field (``FILE:LINE: FIELD: what is wrong``)."""
+    the line and the field (``FILE:LINE: FIELD: what is wrong``), one error a line.
+
+    Attributes:
+        errors: each error's message (this one's alone for a single error).
+    """
+
+    def __init__(self, message: str, errors: Sequence[str] = ()):
+        super().__init__(message)
+        self.errors: tuple[str, ...] = tuple(errors) or (message,)
+
+    @classmethod
+    def of(cls, errors: Sequence[TrafficError], file: str) -> TrafficError:
+        """One error for all of ``errors`` (not empty), one a line."""
+        messages = [m for e in errors for m in e.errors]
+        return errors[0] if len(messages) == 1 else cls(joined(messages, file), messages)
 
 
 class Prefix(BaseModel):
@@ -64,9 +98,11 @@ class TrafficRequest(BaseModel):
     """One line of a traffic file (see the module docstring)."""
 
     model_config = ConfigDict(extra="forbid")
-    name: str | None = None
-    prompt: Union[PositiveInt, list[NonNegativeInt]]
-    count: PositiveInt = 1
+    name: StrictStr | None = None
+    # Strict: JSON true is not a 1-token prompt.
+    prompt: Union[Annotated[StrictInt, Field(gt=0)],
+                  Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]]
+    count: Annotated[StrictInt, Field(gt=0, le=MAX_COUNT)] = 1
     sampling: dict[str, Any] = Field(default_factory=dict)
     prefix: Prefix | None = None
 
@@ -109,15 +145,44 @@ class Traffic:
 
 @dataclass(frozen=True)
 class TrafficLimits:
-    """What the engine accepts: read off it once it is up."""
+    """What the engine accepts: read off it once it is up, or before it
+    starts what the model's config tells (None: not known, not checked)."""
 
-    max_model_len: int
-    vocab_size: int
-    max_logprobs: int
+    max_model_len: int | None
+    vocab_size: int | None
+    max_logprobs: int | None
+    #: Where the limits come from, for messages ("the engine's", "config.json's").
+    source: str = "the engine's"
 
 
 def _error(file: str, line: int, field: str | None, message: str) -> TrafficError:
     return TrafficError(f"{file}:{line}: " + (f"{field}: " if field else "") + message)
+
+
+def _did_you_mean(key: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+#: What the nesting scan reads: JSON strings (skipped whole) and brackets.
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _nesting_error(text: str, file: str, line: int) -> TrafficError | None:
+    """The error for a line nested deeper than :data:`MAX_NESTING`, or None
+    (counted before ``json.loads``, which recurses per level)."""
+    depth = 0
+    for m in _JSON_TOKEN.finditer(text):
+        tok = m.group()
+        if tok in "[{":
+            depth += 1
+            if depth > MAX_NESTING:
+                return _error(file, line, None, f"nested deeper than {MAX_NESTING} levels of "
+                              f"arrays and objects; allowed: at most {MAX_NESTING} (MAX_NESTING, "
+                              "see docs/traffic.md)")
+        elif tok in "]}":
+            depth -= 1
+    return None
 
 
 def _loc(loc: tuple) -> str:
@@ -159,7 +224,11 @@ def _check_sampling(table: dict[str, Any], file: str, line: int) -> None:
     try:
         make_sampling_params(kwargs)
     except KeyError as e:
-        raise _error(file, line, f"sampling.{e.args[0]}", "not a SamplingParams field") from None
+        from vllm import SamplingParams
+
+        known = getattr(SamplingParams, "__struct_fields__", ())
+        raise _error(file, line, f"sampling.{e.args[0]}", "not a SamplingParams field"
+                     + _did_you_mean(str(e.args[0]), known)) from None
     except Exception as e:  # noqa: BLE001 - msgspec and vLLM raise several types
         text = re.sub(r" \(parameter=.*\)$", "", str(e))
         path = _MSGSPEC_PATH.search(text)
@@ -176,8 +245,11 @@ def parse_line(text: str, file: str, line: int) -> TrafficRequest:
 
     Raises:
         TrafficError: ``FILE:LINE: FIELD: message`` (``FILE:LINE:COLUMN`` for
-            invalid JSON).
+            invalid JSON), every field pydantic refuses, one a line.
     """
+    too_deep = _nesting_error(text, file, line)
+    if too_deep is not None:
+        raise too_deep
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -188,19 +260,7 @@ def parse_line(text: str, file: str, line: int) -> TrafficRequest:
     try:
         request = TrafficRequest.model_validate(data)
     except ValidationError as e:
-        err = sorted(e.errors(), key=lambda x: x["type"] != "extra_forbidden")[0]
-        loc = _loc(err["loc"]) or "line"
-        msg = err["msg"]
-        if err["loc"][0] == "prompt" and err["type"] != "missing":
-            index = next((p for p in err["loc"][1:] if isinstance(p, int)), None)
-            loc = "prompt" if index is None else f"prompt[{index}]"
-            msg = (f"{data.get('prompt')!r}: allowed: a length (an integer > 0) or a list of "
-                   "token ids (integers >= 0)")
-        elif err["type"] == "extra_forbidden":
-            allowed = ", ".join(TrafficRequest.model_fields if len(err["loc"]) == 1
-                                else Prefix.model_fields)
-            msg = f"unknown field; allowed: {allowed}"
-        raise _error(file, line, loc, msg) from None
+        raise TrafficError.of(_field_errors(e, data, file, line), file) from None
     if request.prefix is not None and request.prefix.tokens >= request.prompt_len:
         raise _error(file, line, "prefix.tokens",
                      f"{request.prefix.tokens} must be less than the prompt's "
@@ -213,17 +273,68 @@ def parse_line(text: str, file: str, line: int) -> TrafficRequest:
     return request
 
 
+def _field_errors(e: ValidationError, data: dict[str, Any], file: str,
+                  line: int) -> list[TrafficError]:
+    """Each field pydantic refuses in a line, once (a prompt's union reports
+    one error per member), unknown fields first with a did-you-mean."""
+    out: dict[str, TrafficError] = {}
+    suggested: set[str] = set()  # fields a misspelt field's did-you-mean names
+    for err in sorted(e.errors(), key=lambda x: x["type"] != "extra_forbidden"):
+        loc = _loc(err["loc"]) or "line"
+        msg = err["msg"]
+        if err["loc"][0] == "prompt" and err["type"] != "missing":
+            loc = "prompt"
+            msg = (f"{json.dumps(data.get('prompt'))}: allowed: a length (an integer > 0) or a list of "
+                   "token ids (integers >= 0, at least one)")
+        elif err["type"] == "extra_forbidden":
+            known = list(TrafficRequest.model_fields if len(err["loc"]) == 1
+                         else Prefix.model_fields)
+            close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
+            suggested.update(_loc((*err["loc"][:-1], c)) for c in close)
+            msg = (f"unknown field{_did_you_mean(str(err['loc'][-1]), known)}; allowed: "
+                   + ", ".join(known))
+        elif err["type"] == "missing" and loc in suggested:
+            continue  # the misspelt field's error names it already
+        if loc == "count" and err["type"] == "less_than_equal":
+            msg += " (MAX_COUNT, see docs/traffic.md)"
+        out.setdefault(loc, _error(file, line, loc, msg))
+    return list(out.values())
+
+
 def loads_traffic(text: str, file: str) -> Traffic:
-    """Parse a whole traffic file (blank lines are skipped).
+    """Parse a whole traffic file (blank lines are skipped; a leading
+    byte-order mark is dropped).
 
     Raises:
-        TrafficError: at the first bad line, or when no line holds a request.
+        TrafficError: every bad line's errors (one a line), a file of more
+            than :data:`MAX_LINES` lines or :data:`MAX_REQUESTS` requests, or
+            one that holds no request.
     """
-    lines = tuple(TrafficLine(i, parse_line(raw, file, i))
-                  for i, raw in enumerate(text.splitlines(), 1) if raw.strip())
-    if not lines:
+    raw_lines = [(i, raw) for i, raw in enumerate(text.removeprefix("\ufeff").splitlines(), 1)
+                 if raw.strip()]
+    if not raw_lines:
         raise TrafficError(f"{file}: no request (one JSON object a line)")
-    return Traffic(source=file, lines=lines)
+    if len(raw_lines) > MAX_LINES:
+        raise _error(file, raw_lines[MAX_LINES][0], None, f"more than {MAX_LINES} request "
+                     f"lines ({len(raw_lines)}); allowed: at most {MAX_LINES} (MAX_LINES, see "
+                     "docs/traffic.md)")
+    lines, errors, requests = [], [], 0
+    for i, raw in raw_lines:
+        try:
+            tl = TrafficLine(i, parse_line(raw, file, i))
+        except TrafficError as e:
+            errors.append(e)
+            continue
+        lines.append(tl)
+        requests += tl.request.count
+        if requests > MAX_REQUESTS:
+            errors.append(_error(file, i, "count", f"the file's requests add up to {requests} "
+                                 f"here; allowed: at most {MAX_REQUESTS} in all lines "
+                                 "(MAX_REQUESTS, see docs/traffic.md)"))
+            break
+    if errors:
+        raise TrafficError.of(errors, file)
+    return Traffic(source=file, lines=tuple(lines))
 
 
 def builtin_path() -> Path:
@@ -239,7 +350,10 @@ def load_traffic(path: str | Path | None) -> Traffic:
     """
     p = builtin_path() if path is None or str(path) == BUILTIN else Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        if p.stat().st_size > MAX_FILE_BYTES:
+            raise TrafficError(f"{p}: traffic file of {p.stat().st_size} bytes; allowed: at "
+                               f"most {MAX_FILE_BYTES} bytes (MAX_FILE_BYTES, see docs/traffic.md)")
+        text = p.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is dropped
     except UnicodeDecodeError as e:
         raise TrafficError(f"{p}: not UTF-8 (byte {e.start})") from None
     except OSError as e:
@@ -250,27 +364,91 @@ def load_traffic(path: str | Path | None) -> Traffic:
 def check_limits(traffic: Traffic, limits: TrafficLimits) -> None:
     """Check every line against the engine: prompt + ``max_tokens`` within
     ``max_model_len``, token ids below ``vocab_size``, logprob counts within
-    ``max_logprobs``.
+    ``max_logprobs`` (each where ``limits`` knows it).
 
     Raises:
-        TrafficError: the first line that the engine would refuse (file, line, field).
+        TrafficError: every line the engine would refuse (file, line, field), one a line.
     """
+    errors = []
+    src = limits.source
     for tl in traffic.lines:
         req, where = tl.request, (traffic.source, tl.line)
-        kwargs = req.sampling_kwargs(limits.max_logprobs)
+        kwargs = req.sampling_kwargs(limits.max_logprobs or 0)
         total = req.prompt_len + int(kwargs.get("max_tokens") or 0)
-        if total > limits.max_model_len:
-            raise _error(*where, "prompt", f"{req.prompt_len} tokens + max_tokens "
-                         f"{kwargs.get('max_tokens')} = {total} > the engine's max_model_len "
-                         f"{limits.max_model_len}")
-        if isinstance(req.prompt, list) and max(req.prompt) >= limits.vocab_size:
-            raise _error(*where, "prompt", f"token id {max(req.prompt)} >= the model's "
-                         f"vocab_size {limits.vocab_size}")
-        for key in MAX_FIELDS:
+        if limits.max_model_len is not None and total > limits.max_model_len:
+            errors.append(_error(*where, "prompt", f"{req.prompt_len} tokens + max_tokens "
+                                 f"{kwargs.get('max_tokens')} = {total} > {src} max_model_len "
+                                 f"{limits.max_model_len}"))
+        if (limits.vocab_size is not None and isinstance(req.prompt, list)
+                and max(req.prompt) >= limits.vocab_size):
+            errors.append(_error(*where, "prompt", f"token id {max(req.prompt)} >= the model's "
+                                 f"vocab_size {limits.vocab_size}"))
+        for key in MAX_FIELDS if limits.max_logprobs is not None else ():
             value = kwargs.get(key)
-            if isinstance(value, int) and value > limits.max_logprobs:
-                raise _error(*where, f"sampling.{key}", f"{value} > the engine's max_logprobs "
-                             f"{limits.max_logprobs} (use \"max\", or -e max_logprobs=N)")
+            if isinstance(value, int) and value > limits.max_logprobs:  # type: ignore[operator]
+                errors.append(_error(*where, f"sampling.{key}", f"{value} > {src} max_logprobs "
+                                     f"{limits.max_logprobs} (use \"max\", or -e max_logprobs=N)"))
+    if errors:
+        raise TrafficError.of(errors, traffic.source)
+
+
+#: ``config.json`` keys vLLM derives the longest sequence from
+#: (``ModelArchConfigConvertor.derive_max_model_len_and_key``: the smallest wins).
+MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                "model_max_length", "max_target_positions", "max_sequence_length",
+                "max_seq_length", "seq_len")
+
+
+def config_limits(config: Mapping[str, Any], engine_args: Mapping[str, Any]) -> TrafficLimits:
+    """What a model accepts, told before its engine starts: ``vocab_size``
+    from ``config.json`` (its ``text_config`` for a multimodal model), and
+    ``max_model_len`` from the engine arguments, else as vLLM derives it
+    (``_get_and_verify_max_len``: the smallest of :data:`MAX_LEN_KEYS`),
+    left unknown where RoPE scaling may raise it or vLLM fits it to memory
+    (``max_model_len = -1``). ``max_logprobs`` is left to the engine.
+
+    Args:
+        config: the model's ``config.json``.
+        engine_args: the ``vllm.LLM`` keyword arguments it will start with.
+
+    Returns:
+        Limits whose unknown fields are None, never stricter than the engine's.
+    """
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    vocab = text.get("vocab_size", config.get("vocab_size"))
+    max_len = engine_args.get("max_model_len")
+    if max_len is None:
+        found = [text[k] for k in MAX_LEN_KEYS if isinstance(text.get(k), int)]
+        scaled = any(text.get(k) or config.get(k) for k in ("rope_scaling", "rope_parameters"))
+        max_len = min(found) if found and not scaled else None
+    if isinstance(max_len, str) or not isinstance(max_len, int) or max_len <= 0:
+        max_len = None  # "32k"-style strings and -1 are vLLM's to read
+    return TrafficLimits(max_model_len=max_len,
+                         vocab_size=vocab if isinstance(vocab, int) else None,
+                         max_logprobs=None, source="the model's")
+
+
+def limits_before_start(model: str | None, engine_args: Mapping[str, Any]) -> TrafficLimits:
+    """:func:`config_limits` of what ``--model`` names (a directory, a zoo
+    model, or None: the embedded tiny Llama with its small limits), with
+    the ``-e`` engine arguments; all unknown where there is no readable
+    ``config.json`` (the engine start then says why)."""
+    from stepwarm.engine import TINY_MODEL_ENGINE_ARGS
+    from stepwarm.zoo import ZOO, resolve, write_model
+
+    if model is None:
+        path, args = write_model("tiny-llama"), {**ZOO["tiny-llama"].engine_args,
+                                                 **TINY_MODEL_ENGINE_ARGS}
+    else:
+        found, args = resolve(model)
+        path = found or Path(model)
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return TrafficLimits(max_model_len=None, vocab_size=None, max_logprobs=None)
+    if not isinstance(config, dict):
+        return TrafficLimits(max_model_len=None, vocab_size=None, max_logprobs=None)
+    return config_limits(config, {**args, **engine_args})
 
 
 def prompts_for(tl: TrafficLine, round_: int, vocab_size: int) -> tuple[list[list[int]], list[int] | None]:

@@ -18,9 +18,18 @@ split the way data flows through it:
 """
 
 from stepwarm.profile import tiny_profile
-from stepwarm.scenario.errors import ScenarioError
+from stepwarm.scenario.errors import MAX_ERRORS, ScenarioError
 from stepwarm.scenario.expand import check, expand, plans_for
-from stepwarm.scenario.format import MAX_COUNT, MAX_EXPANDED, ScenarioFile, json_schema
+from stepwarm.scenario.format import (
+    MAX_COUNT,
+    MAX_EXPANDED,
+    MAX_FILE_BYTES,
+    MAX_NESTING,
+    MAX_REQUESTS,
+    MAX_STEPS,
+    ScenarioFile,
+    json_schema,
+)
 from stepwarm.scenario.load import (
     SETS,
     LoadedScenario,
@@ -33,7 +42,8 @@ from stepwarm.scenario.load import (
 from stepwarm.scenario.needs import unmet_need, unmet_requirement
 
 __all__ = [
-    "MAX_COUNT", "MAX_EXPANDED", "SETS", "LoadedScenario", "ScenarioError", "ScenarioFile",
+    "MAX_COUNT", "MAX_ERRORS", "MAX_EXPANDED", "MAX_FILE_BYTES", "MAX_NESTING", "MAX_REQUESTS",
+    "MAX_STEPS", "SETS", "LoadedScenario", "ScenarioError", "ScenarioFile",
     "builtin_dir", "builtin_names", "check", "expand", "json_schema", "load", "loads",
     "plans_for", "resolve_names", "tiny_profile", "unmet_need", "unmet_requirement",
 ]

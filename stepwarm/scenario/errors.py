@@ -1,6 +1,26 @@
-"""The one error a scenario raises: :class:`ScenarioError`, naming file, line, step and field."""
+"""The one error a scenario raises: :class:`ScenarioError`, naming file, line, step and field.
+
+A file with several faults raises one :class:`ScenarioError` holding each
+(:attr:`ScenarioError.errors`, at most :data:`MAX_ERRORS` shown), so that one
+``stepwarm check`` shows them all; :func:`joined` is the text both scenario
+and traffic files use for such a list.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+
+#: Most errors one file's message lists; the rest are counted.
+MAX_ERRORS = 20
+
+
+def joined(messages: Sequence[str], file: str) -> str:
+    """``messages`` one a line, the first :data:`MAX_ERRORS`, then how many more."""
+    shown = list(messages[:MAX_ERRORS])
+    if len(messages) > MAX_ERRORS:
+        shown.append(f"{file}: {len(messages) - MAX_ERRORS} more error(s) not shown "
+                     f"(at most {MAX_ERRORS} are listed)")
+    return "\n".join(shown)
 
 
 class ScenarioError(ValueError):
@@ -11,9 +31,22 @@ class ScenarioError(ValueError):
         line: 1-based line in the file, or None where it cannot be told.
         step: index of the ``[[steps]]`` entry (from 0), or None.
         field: the TOML key, or None.
+        errors: every error found in the file, this one's first (itself
+            alone for a single error); the message lists them one a line.
     """
 
     def __init__(self, message: str, *, file: str = "", line: int | None = None,
-                 step: int | None = None, field: str | None = None):
+                 step: int | None = None, field: str | None = None,
+                 errors: Sequence[ScenarioError] = ()):
         super().__init__(message)
         self.file, self.line, self.step, self.field = file, line, step, field
+        self.errors: tuple[ScenarioError, ...] = tuple(errors) or (self,)
+
+    @classmethod
+    def of(cls, errors: Sequence[ScenarioError]) -> ScenarioError:
+        """One error for all of ``errors`` (not empty): the first's location, every message."""
+        if len(errors) == 1:
+            return errors[0]
+        first = errors[0]
+        return cls(joined([str(e) for e in errors], first.file), file=first.file,
+                   line=first.line, step=first.step, field=first.field, errors=errors)

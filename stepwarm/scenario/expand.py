@@ -38,6 +38,8 @@ from stepwarm.scenario.format import (
     FinishStep,
     MAX_COUNT,
     MAX_EXPANDED,
+    MAX_REQUESTS,
+    MAX_STEPS,
     MixedDecodeStep,
     MixedPrefillDecodeStep,
     PreemptStep,
@@ -220,6 +222,13 @@ class _Expander:
                 enc = self.value(spec.encoder, "encoder", request=name, low=0,
                                  high=p.max_encoder_len if p.is_encoder_decoder else 0)
             images, prompts = self.images(spec, name, prompts)
+            total = len(self.prompt_len) + len(prompts) * len(samplings)
+            if total > MAX_REQUESTS:
+                raise self.err(f"the scenario declares more than {MAX_REQUESTS} requests "
+                               f"({total} with this entry)", "count" if "count" in
+                               spec.model_fields_set else "prompt", request=name,
+                               allowed=f"at most {MAX_REQUESTS} requests in all [requests] "
+                               "entries (MAX_REQUESTS)")
             single = len(prompts) == 1 and len(samplings) == 1 and not swept \
                 and spec.image_class != "each"
             ids = []
@@ -302,6 +311,10 @@ class _Expander:
         if self.b.next_index >= self._limit:
             raise self.err(f"the scenario expands to more than {self._limit} steps",
                            field, allowed=f"at most {MAX_EXPANDED} steps per [[steps]] entry")
+        if self.b.next_index >= MAX_STEPS:
+            raise self.err(f"the scenario expands to more than {MAX_STEPS} steps", field,
+                           allowed=f"at most {MAX_STEPS} steps in all [[steps]] entries "
+                           "(MAX_STEPS)")
 
     def run_step(self, kind: str, label: str, field: str, **kw: Any) -> None:
         self.check_step_limit(field)

@@ -17,10 +17,22 @@ from stepwarm.scenario.sampling import PRESET_HELP, Sampling
 from stepwarm.scenario.sweeps import MAX_SWEEP, SIZE_HELP, Expr, Size
 
 
-#: Most requests one ``[requests.NAME]`` entry may declare with ``count``.
-MAX_COUNT = 1024
+#: Most requests one ``[requests.NAME]`` entry may declare with ``count``
+#: (as many as a sweep's values: ``count = "max_num_seqs"`` on a 4096-seq runner).
+MAX_COUNT = MAX_SWEEP
 #: Most plan steps one ``[[steps]]`` entry may expand to (as many as a sweep's values).
 MAX_EXPANDED = MAX_SWEEP
+#: Most requests one scenario may declare, all ``[requests.NAME]`` entries together
+#: (4 x the largest ``max_num_seqs`` a built-in fills; accepting them takes ~0.5 s).
+MAX_REQUESTS = 4 * MAX_SWEEP
+#: Most plan steps one scenario may expand to, all ``[[steps]]`` entries together
+#: (the built-ins expand to at most ~70; planning takes ~1 ms a step).
+MAX_STEPS = MAX_SWEEP
+#: Largest scenario file read, in bytes (the built-ins are under 8 KiB).
+MAX_FILE_BYTES = 1 << 20
+#: Deepest nesting of arrays, inline tables and dotted keys in a scenario file
+#: (the format itself needs at most 7; Python's TOML parser recurses per level).
+MAX_NESTING = 32
 
 
 Need = Literal["speculator", "mamba_align", "encoder_decoder", "pooling", "structured_output",

@@ -18,6 +18,8 @@ from pydantic import BaseModel, ValidationError
 from stepwarm.scenario.errors import ScenarioError
 from stepwarm.scenario.sampling import SamplingTable
 from stepwarm.scenario.format import (
+    MAX_FILE_BYTES,
+    MAX_NESTING,
     RequestSpec,
     STEP_MODELS,
     ScenarioFile,
@@ -109,6 +111,11 @@ def load(name_or_path: str) -> LoadedScenario:
                             file=name_or_path)
     if looks_like_path or path.is_file():
         try:
+            if path.stat().st_size > MAX_FILE_BYTES:
+                raise ScenarioError(
+                    f"{name_or_path}: scenario file of {path.stat().st_size} bytes; allowed: at "
+                    f"most {MAX_FILE_BYTES} bytes (MAX_FILE_BYTES, see scenarios/README.md)",
+                    file=name_or_path)
             text = path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is dropped
         except OSError as e:
             raise ScenarioError(f"{name_or_path}: cannot read scenario file: "
@@ -130,8 +137,65 @@ def load(name_or_path: str) -> LoadedScenario:
     return loads(text, f"scenarios/{name_or_path}.toml", name_or_path)
 
 
+#: What the nesting scan reads: strings and comments (skipped whole), brackets,
+#: and the characters that start, dot and end a key.
+_TOML_TOKEN = re.compile(r'"""[\s\S]*?"""|\'\'\'[\s\S]*?\'\'\'|"(?:[^"\\\n]|\\.)*"'
+                         r"|'[^'\n]*'|#[^\n]*|[\[\]{}=,.\n]")
+
+
+def _nesting_error(text: str, file: str) -> ScenarioError | None:
+    """The error for TOML nested deeper than :data:`MAX_NESTING`, or None.
+
+    Counted before ``tomllib`` reads the text: its parser recurses once per
+    array or inline table (``RecursionError`` past ~300) and a key of many
+    dotted parts costs it quadratic time and memory. The depth at a point is
+    the open arrays and inline tables plus the dotted parts of the key being
+    read, an upper bound of the parsed tables' depth.
+    """
+    stack: list[str] = []
+    key, dots, line = True, 0, 1
+    for m in _TOML_TOKEN.finditer(text):
+        tok = m.group()
+        if tok == "\n":
+            line += 1
+            if not stack:
+                key, dots = True, 0
+            continue
+        if len(tok) > 1:  # a string or a comment
+            line += tok.count("\n")
+            continue
+        if tok in "[{":
+            stack.append(tok)
+            if tok == "{":
+                key, dots = True, 0
+        elif tok in "]}":
+            if stack:
+                stack.pop()
+        elif tok == "=":
+            key = False
+        elif tok == "," and stack and stack[-1] == "{":
+            key, dots = True, 0
+        elif tok == "." and key:
+            dots += 1
+        if len(stack) + dots > MAX_NESTING:
+            return ScenarioError(
+                f"{file}:{line}: nested deeper than {MAX_NESTING} levels (arrays, inline "
+                f"tables and dotted keys); allowed: at most {MAX_NESTING} (MAX_NESTING, see "
+                "scenarios/README.md)", file=file, line=line)
+    return None
+
+
 def loads(text: str, file: str, name: str) -> LoadedScenario:
-    """Parse and validate scenario TOML ``text`` (``file`` for messages)."""
+    """Parse and validate scenario TOML ``text`` (``file`` for messages).
+
+    Raises:
+        ScenarioError: every error the format finds (one a line, at most
+            :data:`~stepwarm.scenario.errors.MAX_ERRORS`), or the one that
+            stops reading (malformed TOML, nesting past :data:`MAX_NESTING`).
+    """
+    too_deep = _nesting_error(text, file)
+    if too_deep is not None:
+        raise too_deep
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
@@ -144,18 +208,21 @@ def loads(text: str, file: str, name: str) -> LoadedScenario:
             "(key = value, [requests.NAME] and [[steps]] tables, see scenarios/README.md)",
             file=file, line=line) from None
     index = _TomlIndex(text)
+    errors: list[ScenarioError] = []
     reqs = data.get("requests")
     if isinstance(reqs, dict):
         for rname in reqs:
             if not _REQUEST_NAME.fullmatch(rname):
                 line = index.line(("requests", rname))
-                raise ScenarioError(
+                errors.append(ScenarioError(
                     f"{file}:{line or '?'}: bad request name {rname!r}; allowed: {_NAME_HELP}",
-                    file=file, line=line, field="requests")
+                    file=file, line=line, field="requests"))
     try:
         model = ScenarioFile.model_validate(data)
     except ValidationError as e:
-        raise _validation_error(e, file, index) from None
+        errors += _validation_errors(e, file, index, names_reported=bool(errors))
+    if errors:
+        raise ScenarioError.of(errors)
     if model.sequence is not None and (model.requests or model.steps):
         raise ScenarioError(
             f"{file}:{index.line(('top',), 'sequence')}: field 'sequence': a scenario "
@@ -268,11 +335,37 @@ _SECTION_ALLOWED = {
 }
 
 
-def _validation_error(e: ValidationError, file: str, index: _TomlIndex) -> ScenarioError:
-    errors = e.errors()
-    # An unknown key (a typo) explains the "missing" error that comes with it:
-    # report it first.
-    err = min(errors, key=lambda x: x["type"] != "extra_forbidden")
+def _validation_errors(e: ValidationError, file: str, index: _TomlIndex, *,
+                       names_reported: bool = False) -> list[ScenarioError]:
+    """Every error in ``e``, located, unknown keys first (a typo explains the
+    "missing" error that comes with it, which is then left out), then by line.
+    ``names_reported``: the bad request names were reported already (the
+    format's own name check is left out)."""
+    errors = sorted(e.errors(), key=lambda x: x["type"] != "extra_forbidden")
+    if names_reported:
+        errors = [x for x in errors if tuple(x["loc"]) != ("requests",)]
+    typos: list[ScenarioError] = []
+    rest: list[ScenarioError] = []
+    explained: set[tuple] = set()  # (section loc, key) that a typo's did-you-mean names
+    for err in errors:
+        loc = tuple(err["loc"])
+        if err["type"] == "missing" and (loc[:-1], str(loc[-1])) in explained:
+            continue
+        one, suggestion = _validation_error(err, file, index)
+        if err["type"] == "extra_forbidden":
+            typos.append(one)
+            if suggestion:
+                explained.add((loc[:-1], suggestion))
+        else:
+            rest.append(one)
+    by_line = lambda x: x.line or 1 << 30  # noqa: E731
+    return sorted(typos, key=by_line) + sorted(rest, key=by_line)
+
+
+def _validation_error(err: Any, file: str, index: _TomlIndex) -> tuple[ScenarioError, str | None]:
+    """One pydantic error as a located :class:`ScenarioError`, and for an
+    unknown key the known key it was probably meant to be (else None)."""
+    suggestion = None
     loc = tuple(err["loc"])
     model, sec, fld = _model_at(loc)
     key = (fld or "").rpartition(".")[2]  # the model's field ("sampling.top_k": "top_k")
@@ -282,6 +375,7 @@ def _validation_error(e: ValidationError, file: str, index: _TomlIndex) -> Scena
         allowed = sorted(model.model_fields) if model else []
         close = difflib.get_close_matches(key, allowed, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
+        suggestion = close[0] if close else None
         what = f"unknown key {fld!r}{hint}; allowed keys: {', '.join(allowed)}"
     elif typ == "missing":
         desc = model.model_fields[key].description if model and key in model.model_fields else ""
@@ -316,7 +410,5 @@ def _validation_error(e: ValidationError, file: str, index: _TomlIndex) -> Scena
         if "allowed" not in what:
             what += "; allowed: see scenarios/README.md"
     line = index.line(sec, fld)
-    more = f" ({len(errors) - 1} more error(s) in this file)" if len(errors) > 1 else ""
-    return ScenarioError(f"{_where(file, line, sec, fld, kind)}: {what}{more}",
-                         file=file, line=line,
-                         step=sec[1] if sec[0] == "steps" else None, field=fld)
+    return ScenarioError(f"{_where(file, line, sec, fld, kind)}: {what}", file=file, line=line,
+                         step=sec[1] if sec[0] == "steps" else None, field=fld), suggestion

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Union
 
@@ -33,7 +34,7 @@ from pydantic import (
 
 from stepwarm.expressions import ExpressionError
 from stepwarm.profile import RunnerProfile
-from stepwarm.scenario.sweeps import SIZE_HELP, Size, Sweep, sweep_values
+from stepwarm.scenario.sweeps import MAX_SWEEP, SIZE_HELP, Size, Sweep, sweep_values
 
 Preset = Literal["warmup", "greedy", "random", "seeded"]
 PRESET_HELP = ('"warmup" (SamplingParams.for_sampler_warmup(): every sampler feature), '
@@ -187,6 +188,10 @@ def variants(sampling: Preset | SamplingTable,
             axes.append([(name, tuple(v))])
         else:
             axes.append([(name, v)])
+        if math.prod(len(a) for a in axes) > MAX_SWEEP:  # before the product is built
+            raise SweepFieldError(
+                f"the sampling sweeps make {math.prod(len(a) for a in axes)} combinations "
+                f"(up to {name}); allowed: at most {MAX_SWEEP}", name)
     return [tuple(sorted(combo)) for combo in itertools.product(*axes)]
 
 

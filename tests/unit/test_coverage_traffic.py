@@ -31,8 +31,21 @@ def _error(*lines: str) -> str:
 
 @pytest.mark.parametrize("line, message", [
     ('{"prompt": 0}', "t.jsonl:2: prompt: 0: allowed: a length (an integer > 0) or a list of "
-                      "token ids (integers >= 0)"),
-    ('{"prompt": "abc"}', "t.jsonl:2: prompt: 'abc': allowed: a length"),
+                      "token ids (integers >= 0, at least one)"),
+    ('{"prompt": "abc"}', 't.jsonl:2: prompt: "abc": allowed: a length'),
+    ('{"prompt": true}', "t.jsonl:2: prompt: true: allowed: a length"),
+    ('{"prompt": []}', "t.jsonl:2: prompt: []: allowed: a length (an integer > 0) or a list "
+                       "of token ids (integers >= 0, at least one)"),
+    ('{"prompt": [3, false]}', "t.jsonl:2: prompt: [3, false]: allowed: a length"),
+    ('{"promt": 3}', "t.jsonl:2: promt: unknown field (did you mean 'prompt'?); allowed: name, "
+                     "prompt, count, sampling, prefix"),
+    ('{"prompt": 5, "count": 4097}', "t.jsonl:2: count: Input should be less than or equal to "
+                                     "4096 (MAX_COUNT, see docs/traffic.md)"),
+    ('{"prompt": 5, "sampling": {"temprature": 1}}',
+     "t.jsonl:2: sampling.temprature: not a SamplingParams field (did you mean 'temperature'?)"),
+    ('{"prompt": ' + "[" * 65 + "]" * 65 + "}",
+     "t.jsonl:2: nested deeper than 64 levels of arrays and objects; allowed: at most 64 "
+     "(MAX_NESTING, see docs/traffic.md)"),
     ('{"prompt": [1, -2]}', "t.jsonl:2: prompt: [1, -2]: allowed:"),
     ('{"count": 2}', "t.jsonl:2: prompt: Field required"),
     ('{"prompt": 5, "count": 0}', "t.jsonl:2: count: Input should be greater than 0"),
@@ -40,7 +53,7 @@ def _error(*lines: str) -> str:
     ('{"prompt": 5, "extra": 1}',
      "t.jsonl:2: extra: unknown field; allowed: name, prompt, count, sampling, prefix"),
     ('{"prompt": 5, "prefix": {"group": "g", "tokenz": 5}}',
-     "t.jsonl:2: prefix.tokenz: unknown field; allowed: group, tokens"),
+     "t.jsonl:2: prefix.tokenz: unknown field (did you mean 'tokens'?); allowed: group, tokens"),
     ('{"prompt": 5, "prefix": {"group": "", "tokens": 2}}',
      "t.jsonl:2: prefix.group: String should have at least 1 character"),
     ('{"prompt": 5, "prefix": {"group": "g", "tokens": 5}}',

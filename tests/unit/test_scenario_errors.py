@@ -403,6 +403,8 @@ def test_a_request_that_is_not_a_table(tmp_path):
 
 def test_a_step_that_is_not_a_table(tmp_path):
     e = bad(tmp_path, "steps = [1, 2]\n")
-    assert_parts(e, None, 0, None, "step 0: wrong type or value 1",
+    first, second = e.errors  # both steps are reported
+    assert_parts(first, None, 0, None, "step 0: wrong type or value 1",
                  'allowed: a [[steps]] table with a kind, e.g. kind = "prefill"')
-    assert "Input should be" not in str(e)
+    assert_parts(second, None, 1, None, "step 1: wrong type or value 2")
+    assert str(e) == f"{first}\n{second}" and "Input should be" not in str(e)

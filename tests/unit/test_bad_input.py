@@ -1,0 +1,250 @@
+"""Bad input is refused before anything starts, in bounded time and memory,
+with every error at once: deep nesting, oversized files, the caps on
+requests, steps, lines and counts, misspelt ``-e`` keys; through the CLI
+(message, exit status 2, stream, no step and no engine) and the plugin."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from stepwarm import hook
+from stepwarm.cli import app
+from stepwarm.coverage.traffic import (
+    MAX_LINES,
+    TrafficError,
+    config_limits,
+    limits_before_start,
+    loads_traffic,
+)
+from stepwarm.scenario import (
+    MAX_ERRORS,
+    MAX_FILE_BYTES,
+    MAX_NESTING,
+    MAX_REQUESTS,
+    MAX_STEPS,
+    ScenarioError,
+    load,
+    plans_for,
+    tiny_profile,
+)
+
+runner = CliRunner()
+ENV = {"COLUMNS": "400"}
+STEP = '[[steps]]\nkind = "prefill"\nrequests = ["a"]\n'
+
+
+def _check(path: Path) -> tuple[int, str, str]:
+    r = runner.invoke(app, ["check", str(path)], env=ENV)
+    return r.exit_code, r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("value", [
+    "[" * 100_000 + "]" * 100_000,            # RecursionError in tomllib before
+    "{ a = " * 900 + "1" + " }" * 900,
+    "[" * (MAX_NESTING + 1) + "]" * (MAX_NESTING + 1),
+])
+def test_deeply_nested_scenario_is_one_paragraph_exit_2(tmp_path, value):
+    f = tmp_path / "deep.toml"
+    f.write_text(f"description = {value}\n[requests.a]\nprompt = 4\n" + STEP)
+    code, out, err = _check(f)
+    assert code == 2 and "Traceback" not in out + err and "ok " not in out
+    assert err == (f"error: {f}:1: nested deeper than {MAX_NESTING} levels (arrays, inline "
+                   f"tables and dotted keys); allowed: at most {MAX_NESTING} (MAX_NESTING, see "
+                   "scenarios/README.md)\n")
+
+
+def test_a_key_of_many_dotted_parts_is_refused_before_tomllib(tmp_path):
+    # tomllib takes quadratic time and memory on such a key (a 200 kB line was OOM-killed)
+    f = tmp_path / "dots.toml"
+    f.write_text('[requests.a]\nprompt = 4\n' + STEP + "x." + ".".join(["b"] * 100_000) + " = 1\n")
+    with pytest.raises(ScenarioError) as e:
+        load(str(f))
+    assert (e.value.line, str(e.value).split(": ", 1)[1]) == (
+        6, f"nested deeper than {MAX_NESTING} levels (arrays, inline tables and dotted keys); "
+        f"allowed: at most {MAX_NESTING} (MAX_NESTING, see scenarios/README.md)")
+
+
+def test_nesting_at_the_cap_and_brackets_in_strings_and_comments_pass(tmp_path):
+    f = tmp_path / "ok.toml"
+    deep = "[" * MAX_NESTING + "]" * MAX_NESTING
+    f.write_text(f'description = "{"[" * 99}" # {"{" * 99}\n[requests.a]\nprompt = 4\n'
+                 f"sampling = {{ stop_token_ids = [1] }}\n" + STEP)
+    assert load(str(f)).model.description == "[" * 99
+    g = tmp_path / "cap.toml"
+    g.write_text(f"x = {deep}\n")
+    with pytest.raises(ScenarioError, match="unknown key 'x'"):  # read, then refused as a key
+        load(str(g))
+
+
+def test_the_plugin_names_the_deep_file_under_raise_and_skips_under_warn(
+        tmp_path, monkeypatch, caplog):
+    f = tmp_path / "deep.toml"
+    f.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # the finder goes with the test
+    monkeypatch.setenv("STEPWARM_SCENARIOS", str(f))
+    with pytest.raises(ScenarioError, match=rf"^{f}:1: nested deeper than {MAX_NESTING} levels"):
+        hook.register()
+    monkeypatch.setenv("STEPWARM_ON_ERROR", "warn")
+    with caplog.at_level("WARNING", logger="vllm.stepwarm"):
+        hook.register()  # logged, start-up goes on
+    assert [r.getMessage() for r in caplog.records if "deep.toml" in r.getMessage()] == [
+        f"stepwarm: scenarios will not run (STEPWARM_ON_ERROR=warn): {f}:1: nested deeper "
+        f"than {MAX_NESTING} levels (arrays, inline tables and dotted keys); allowed: at most "
+        f"{MAX_NESTING} (MAX_NESTING, see scenarios/README.md)"]
+
+
+def test_an_oversized_scenario_file_is_not_read(tmp_path):
+    f = tmp_path / "big.toml"
+    f.write_text("# " + "x" * MAX_FILE_BYTES + "\n")
+    code, out, err = _check(f)
+    assert code == 2 and "ok " not in out
+    assert err == (f"error: {f}: scenario file of {MAX_FILE_BYTES + 3} bytes; allowed: at most "
+                   f"{MAX_FILE_BYTES} bytes (MAX_FILE_BYTES, see scenarios/README.md)\n")
+
+
+def test_a_million_requests_are_refused_at_the_cap(tmp_path):
+    # 977 entries of count 1024: 10^6 requests took 35-91 s and 0.6-1.7 GB to accept
+    f = tmp_path / "million.toml"
+    f.write_text("".join(f"[requests.r{i}]\nprompt = 8\ncount = 1024\n" for i in range(977))
+                 + STEP.replace('"a"', '"r0"'))
+    code, out, err = _check(f)
+    n = MAX_REQUESTS // 1024  # the entry that passes the cap
+    assert code == 2 and "ok " not in out
+    assert err == (f"error: {f}:{3 * n + 3}: request 'r{n}', field 'count': the scenario "
+                   f"declares more than {MAX_REQUESTS} requests ({(n + 1) * 1024} with this "
+                   f"entry); allowed: at most {MAX_REQUESTS} requests in all [requests] entries "
+                   "(MAX_REQUESTS)\n")
+
+
+def test_steps_beyond_the_scenario_cap(tmp_path):
+    f = tmp_path / "steps.toml"
+    f.write_text('[requests.a]\nprompt = 1\n' + STEP
+                 + '[[steps]]\nkind = "decode"\nrequests = ["a"]\nrepeat = 3000\n' * 2)
+    with pytest.raises(ScenarioError) as e:
+        plans_for([str(f)], tiny_profile().model_copy(update={"max_model_len": 100_000}))
+    assert str(e.value) == (f"{f}:12: step 2 (decode), field 'requests': the scenario expands "
+                            f"to more than {MAX_STEPS} steps; allowed: at most {MAX_STEPS} steps "
+                            "in all [[steps]] entries (MAX_STEPS)")
+
+
+def test_every_format_error_in_a_scenario_at_once(tmp_path):
+    f = tmp_path / "bad.toml"
+    f.write_text('need = ["pooling"]\n[requests.a]\npromt = 4\n[requests.b]\nprompt = true\n'
+                 '[[steps]]\nkind = "prefil"\nrequests = ["a"]\n'
+                 '[[steps]]\nkind = "decode"\nrequests = ["a"]\nrepeat = 2.5\n')
+    code, out, err = _check(f)
+    assert code == 2 and "ok " not in out
+    lines = err.splitlines()
+    assert lines[0] == (f"error: {f}:1: field 'need': unknown key 'need' (did you mean "
+                        "'needs'?); allowed keys: description, needs, requests, requires, "
+                        "roles, sequence, steps")
+    # the misspelt 'promt' explains the missing 'prompt': reported once
+    assert [line.split(": ", 2)[:2] for line in lines[1:]] == [
+        [f"{f}:3", "request 'a', field 'promt'"],
+        [f"{f}:5", "request 'b', field 'prompt'"],
+        [f"{f}:7", "step 0, field 'kind'"],
+        [f"{f}:12", "step 1 (decode), field 'repeat'"]]
+
+
+def test_at_most_max_errors_are_listed(tmp_path):
+    f = tmp_path / "many.toml"
+    f.write_text("".join(f"[requests.r{i}]\nprompt = true\n" for i in range(25)) + STEP)
+    with pytest.raises(ScenarioError) as e:
+        load(str(f))
+    assert len(e.value.errors) == 25 and (e.value.line, e.value.field) == (2, "prompt")
+    lines = str(e.value).splitlines()
+    assert len(lines) == MAX_ERRORS + 1 and lines[-1] == (
+        f"{f}: 5 more error(s) not shown (at most {MAX_ERRORS} are listed)")
+    assert lines[19].startswith(f"{f}:40: request 'r19', field 'prompt'")
+
+
+def test_every_traffic_error_at_once_with_its_line_and_field():
+    with pytest.raises(TrafficError) as e:
+        loads_traffic('{"promt": 3}\n{"prompt": 4}\n{"prompt": [], "count": 0}\n'
+                      '{"prompt": 3, "sampling": {"top_kk": 2}}\n', "t.jsonl")
+    assert str(e.value).splitlines() == [
+        "t.jsonl:1: promt: unknown field (did you mean 'prompt'?); allowed: name, prompt, "
+        "count, sampling, prefix",
+        "t.jsonl:3: prompt: []: allowed: a length (an integer > 0) or a list of token ids "
+        "(integers >= 0, at least one)",
+        "t.jsonl:3: count: Input should be greater than 0",
+        "t.jsonl:4: sampling.top_kk: not a SamplingParams field (did you mean 'top_k'?)"]
+
+
+def test_traffic_caps_on_lines_and_requests_and_a_bom():
+    with pytest.raises(TrafficError) as e:
+        loads_traffic('{"prompt": 3}\n' * (MAX_LINES + 1), "t.jsonl")
+    assert str(e.value) == (f"t.jsonl:{MAX_LINES + 1}: more than {MAX_LINES} request lines "
+                            f"({MAX_LINES + 1}); allowed: at most {MAX_LINES} (MAX_LINES, see "
+                            "docs/traffic.md)")
+    with pytest.raises(TrafficError) as e:
+        loads_traffic('{"prompt": 3, "count": 4096}\n' * 17, "t.jsonl")
+    assert str(e.value) == ("t.jsonl:17: count: the file's requests add up to 69632 here; "
+                            "allowed: at most 65536 in all lines (MAX_REQUESTS, see "
+                            "docs/traffic.md)")
+    assert loads_traffic('\ufeff{"prompt": 3}\n', "t.jsonl").lines[0].request.prompt == 3
+
+
+def test_config_limits_are_never_stricter_than_vllm():
+    llama = {"vocab_size": 512, "max_position_embeddings": 1024}
+    assert config_limits(llama, {}).max_model_len == 1024
+    assert config_limits(llama, {"max_model_len": 300}).max_model_len == 300
+    assert config_limits(llama, {"max_model_len": -1}).max_model_len is None  # fit to memory
+    assert config_limits({**llama, "rope_scaling": {"factor": 4}}, {}).max_model_len is None
+    assert config_limits({"text_config": {"vocab_size": 9, "n_positions": 64,
+                                          "seq_length": 32}}, {}) .vocab_size == 9
+    assert config_limits({"text_config": {"n_positions": 64, "seq_length": 32}},
+                         {}).max_model_len == 32
+    assert config_limits({}, {}).vocab_size is None
+    tiny = limits_before_start(None, {})
+    assert (tiny.vocab_size, tiny.max_model_len) == (512, 512)
+
+
+def test_coverage_refuses_traffic_beyond_the_model_before_the_engine_starts(tmp_path):
+    t = tmp_path / "t.jsonl"
+    t.write_text('{"prompt": 7}\n{"prompt": [3, 600]}\n{"prompt": 510}\n')
+    r = runner.invoke(app, ["coverage", str(t), "-s", "default", "-e", "max_model_len=512"],
+                      env=ENV)
+    assert r.exit_code == 2 and "starting vLLM engine" not in r.stdout
+    assert r.stderr == (f"error: {t}:2: prompt: token id 600 >= the model's vocab_size 512\n"
+                        f"{t}:3: prompt: 510 tokens + max_tokens 4 = 514 > the model's "
+                        "max_model_len 512\n")
+
+
+def test_coverage_refuses_deep_traffic_before_the_engine_starts(tmp_path):
+    t = tmp_path / "t.jsonl"
+    t.write_text('{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}\n")
+    r = runner.invoke(app, ["coverage", str(t), "-s", "default"], env=ENV)
+    assert r.exit_code == 2 and "starting vLLM engine" not in r.stdout
+    assert "Traceback" not in r.output
+    assert r.stderr == (f"error: {t}:1: nested deeper than 64 levels of arrays and objects; "
+                        "allowed: at most 64 (MAX_NESTING, see docs/traffic.md)\n")
+
+
+def test_misspelt_engine_args_are_named_before_the_engine_starts():
+    r = runner.invoke(app, ["check", "default", "-e", "max_num_seq=4", "-e", "enforce_eagr=true",
+                            "-e", "max_model_len=256"], env=ENV)
+    assert r.exit_code == 2
+    assert r.stderr == (
+        "error: -e max_num_seq: not a vllm.LLM or EngineArgs keyword (did you mean "
+        "'max_num_seqs'?)\nerror: -e enforce_eagr: not a vllm.LLM or EngineArgs keyword (did "
+        "you mean 'enforce_eager'?)\n")
+    # only the import ran: no vLLM start-up phase, no profile
+    assert [line for line in r.stdout.splitlines() if line.startswith("starting vLLM engine")] \
+        == ["starting vLLM engine: importing vLLM"] and "profile:" not in r.stdout
+
+
+def test_sampling_sweeps_are_capped_before_their_product_is_built(tmp_path):
+    # 10 x 100^3 = 10^7 combinations took 19 s and 0.9 GB before the count was checked
+    f = tmp_path / "samp.toml"
+    f.write_text('[requests.a]\nprompt = 4\nsampling = { temperature = { values = [0.1, 0.2, '
+                 '0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0] }, top_k = { range = [1, 100] }, '
+                 'seed = { range = [1, 100] }, min_tokens = { range = [1, 100] } }\n' + STEP)
+    code, out, err = _check(f)
+    assert code == 2 and "ok " not in out
+    assert err == (f"error: {f}:3: request 'a', field 'sampling.seed': the sampling sweeps make "
+                   "100000 combinations (up to seed); allowed: at most 4096\n")
