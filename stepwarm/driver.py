@@ -383,7 +383,7 @@ def drive(
                 failed_at = step.index
                 started_at = time.time()
                 what = plan.with_display_names(
-                    f"{plan.name} step {step.index + 1}/{len(plan.steps)} "
+                    f"{plan.name} step {step.index}/{len(plan.steps)} "
                     f"({step.kind}, {step.label})")
                 if on_step_start is not None:
                     on_step_start(step, what)

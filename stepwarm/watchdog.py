@@ -84,8 +84,6 @@ class StepWatch:
         thread.start()
         try:
             yield
-        except StepTimedOut:
-            raise
         except BaseException:
             if state["timed_out"]:
                 raise StepTimedOut(self._timeout_text(what)) from None
