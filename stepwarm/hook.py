@@ -37,7 +37,13 @@ from stepwarm.profile import RunnerProfile, read_profile
 from stepwarm.ranks import RankGroup
 from stepwarm.random_state import random_state_kept
 from stepwarm.runner import jit_monitor_deferred
-from stepwarm.settings import ENV_SCENARIOS, HookSettings, SettingsError, unknown_names
+from stepwarm.settings import (
+    ENV_SCENARIOS,
+    HookSettings,
+    SettingsError,
+    SettingsExit,
+    unknown_names,
+)
 from stepwarm.watchdog import StepTimedOut, StepWatch
 
 __all__ = ["ENV_SCENARIOS", "WORKER_CLASSES", "SettingsError", "WarmupError", "register",
@@ -306,13 +312,18 @@ def register() -> None:
     Safe to call more than once.
 
     Raises:
-        SettingsError: a ``STEPWARM_*`` variable has a bad value (one line
-            naming it and the allowed values); start-up fails.
+        SettingsExit: a ``STEPWARM_*`` variable has a bad value (one line
+            naming it and the allowed values; a :class:`SettingsError` and a
+            ``SystemExit``, so an unguarded ``vllm serve`` / ``LLM(...)`` ends
+            with that line and no traceback); start-up fails.
         stepwarm.scenario.ScenarioError: under ``STEPWARM_ON_ERROR=raise``, a
             scenario name or file that cannot be loaded; start-up fails
             before vLLM loads the model.
     """
-    settings = HookSettings.from_env()
+    try:
+        settings = HookSettings.from_env()
+    except SettingsError as e:
+        raise SettingsExit(e) from None
     if not settings.enabled:
         return
     for warning in unknown_names():

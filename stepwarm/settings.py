@@ -74,6 +74,22 @@ class SettingsError(ValueError):
     message is one line naming the variable, the value and what is allowed."""
 
 
+class SettingsExit(SettingsError, SystemExit):
+    """A :class:`SettingsError` raised out of the plugin's ``register()``.
+
+    vLLM's ``load_general_plugins`` calls ``register()`` without a ``try``, so
+    an exception from it ends ``vllm serve`` / ``vllm.LLM(...)`` with its
+    traceback. Being a ``SystemExit`` too, this one ends an unguarded program
+    with its one line on stderr (``stepwarm: STEPWARM_ON_ERROR='x': allowed:
+    raise | warn``) and exit status 1, no traceback; code that catches
+    ``ValueError`` or ``SettingsError`` still catches it.
+    """
+
+    def __init__(self, error: SettingsError):
+        super().__init__(str(error))
+        self.code = f"stepwarm: {error}"
+
+
 #: The longest time a variable may give (one day, seconds): timedelta and
 #: gloo timeouts overflow on much larger values.
 MAX_SECONDS = 86400.0

@@ -135,3 +135,42 @@ def test_an_out_of_memory_step_is_one_paragraph_and_serving_goes_on():
     mem = report["memory"]
     assert mem["device"] == "cpu" and mem["used_before"] > 0 and mem["peak"] >= mem["used_after"]
     assert report["left_in_runner"] == []
+
+
+def test_a_bad_setting_in_a_plain_llm_is_one_line_on_stderr():
+    from stepwarm.zoo import write_model
+
+    script = (f"from vllm import LLM\nLLM(model={str(write_model('tiny-llama'))!r}, "
+              "load_format='dummy', max_model_len=512)\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env=_env(STEPWARM_SCENARIOS="default", STEPWARM_ON_ERROR="bogus"),
+                          timeout=300)
+    assert proc.returncode == 1
+    stepwarm_lines = [ln for ln in proc.stderr.splitlines() if "STEPWARM" in ln]
+    assert stepwarm_lines == ["stepwarm: STEPWARM_ON_ERROR='bogus': allowed: raise | warn"]
+    assert "Traceback" not in proc.stderr
+
+
+def test_run_json_carries_memory_and_run_v_prints_the_failed_steps_traceback(tmp_path):
+    out = tmp_path / "report.json"
+    env = _env(PYTHONPATH=os.pathsep.join([str(FAULT_PLUGIN), os.environ.get("PYTHONPATH", "")]),
+               STEPWARM_TEST_FAULT="0:1:vllm")
+    proc = subprocess.run([sys.executable, "-m", "stepwarm", "run", "-v", "-s", "default",
+                           "-s", "mixed-prefill-decode", "--json", str(out)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert "raised by vllm's code:\nTraceback (most recent call last):" in proc.stderr
+    assert "vllm/v1/sample/sampler.py" in proc.stderr
+    import json
+
+    failed, passed = json.loads(out.read_text())["scenarios"]
+    assert (failed["plan"], failed["ok"], failed["raised_by"]) == ("default", False, "vllm")
+    assert (passed["plan"], passed["ok"], passed["raised_by"], passed["traceback"]) == (
+        "mixed-prefill-decode", True, None, None)
+    for mem in (failed["memory"], passed["memory"]):
+        assert set(mem) == {"device", "free_before", "free_after", "used_before", "used_after",
+                            "peak", "peak_reset", "lower_after"}
+        assert mem["device"] == "cpu" and mem["free_before"] is None
+        assert 0 < mem["used_before"] <= mem["peak"] and mem["used_after"] <= mem["peak"]
+        assert mem["lower_after"] == (mem["used_after"] - mem["used_before"] > 64 << 20)
+    print("MEMORY", failed["memory"], passed["memory"])

@@ -131,3 +131,15 @@ def test_raised_by_is_the_innermost_frames_package():
     with pytest.raises(Exception) as info:
         SamplingParams(temperature=-1.0)
     assert raised_by(info.value) == "vllm"
+
+
+def test_register_ends_an_unguarded_program_with_one_line(monkeypatch):
+    from stepwarm import hook
+    from stepwarm.settings import SettingsExit
+
+    monkeypatch.setenv("STEPWARM_SCENARIOS", "default")
+    monkeypatch.setenv("STEPWARM_ON_ERROR", "later")
+    with pytest.raises(SettingsExit) as info:
+        hook.register()
+    assert isinstance(info.value, SystemExit) and isinstance(info.value, SettingsError)
+    assert info.value.code == "stepwarm: STEPWARM_ON_ERROR='later': allowed: raise | warn"

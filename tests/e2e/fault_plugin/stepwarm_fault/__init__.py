@@ -41,8 +41,8 @@ def register() -> None:
             forward = Sampler.forward
 
             def broken_forward(self, logits, sampling_metadata, *args, **kwargs):
-                if current["index"] == int(step) and this_rank():
-                    current["index"] = None
+                if current["index"] == int(step) and not current.get("fired") and this_rank():
+                    current["fired"] = True
                     return forward(self, logits, None, *args, **kwargs)
                 return forward(self, logits, sampling_metadata, *args, **kwargs)
 
@@ -98,8 +98,8 @@ def _track_step(install) -> dict:
 
 def _hang(where: str, step: str, seconds: str) -> None:
     def maybe_hang() -> None:
-        if current["index"] == int(step):
-            current["index"] = None  # once
+        if current["index"] == int(step) and not current.get("fired"):
+            current["fired"] = True  # once
             end = time.monotonic() + float(seconds)
             while time.monotonic() < end:
                 time.sleep(0.05)
