@@ -9,7 +9,9 @@ Two ways in:
   set (see :mod:`stepwarm.settings` for every variable); then the worker
   class the process runs gets its ``compile_or_warm_up_model`` wrapped: vLLM's
   own warmup, then the scenarios on every rank in lockstep
-  (:mod:`stepwarm.ranks`), then vLLM's JIT monitor is switched on, so the
+  (:mod:`stepwarm.ranks`), each step under a watchdog
+  (:mod:`stepwarm.watchdog`), the random state put back as vLLM's warmup
+  left it (:mod:`stepwarm.random_state`), then vLLM's JIT monitor is switched on, so the
   compiles stepwarm causes are not reported as first-traffic compiles. The
   reports stay on the worker as ``worker.stepwarm_reports``.
 
@@ -135,8 +137,15 @@ def warmup(
         WarmupError: under ``on_error="raise"``: a scenario is invalid or the
             ranks disagree (nothing ran), or a step failed on any rank (the
             runner was cleaned up first; ``__cause__`` is the
-            :class:`~stepwarm.driver.StepFailed`).
+            :class:`~stepwarm.driver.StepFailed`); under either policy, a step
+            ran past ``settings.step_timeout_s`` (its cause's cause is the
+            :class:`~stepwarm.watchdog.StepTimedOut`).
         SettingsError: ``settings`` is None and a ``STEPWARM_*`` variable is bad.
+
+    The random state (Python, NumPy, torch CPU and CUDA generators) is put
+    back as it was on entry after the scenarios, also after a failure
+    (:mod:`stepwarm.random_state`); each step runs under the watchdog of
+    ``settings.step_warn_s`` / ``step_timeout_s`` (:mod:`stepwarm.watchdog`).
     """
     settings = settings if settings is not None else HookSettings.from_env()
     ranks = ranks if ranks is not None else RankGroup.of_worker(worker, settings.rank_timeout_s)
