@@ -186,6 +186,7 @@ def run(
     """
     _setup(verbose, quiet)
     from stepwarm.driver import drive
+    from stepwarm.watchdog import StepWatch
     from stepwarm.profile import read_profile
     from stepwarm.scenario import ScenarioError, expand, load, resolve_names
 
@@ -251,7 +252,8 @@ def run(
             continue
         with ScenarioProgress(plan, profile.runner, ng, slow=slow) as progress:
             try:
-                report = drive(engine.worker, plan, profile, on_step=progress.step)
+                report = drive(engine.worker, plan, profile, on_step=progress.step,
+                               watch=StepWatch(), on_running=_show_running)
             except StepFailed as e:
                 progress.failed(plan.steps[e.step])
                 failures.append(e)
@@ -260,6 +262,9 @@ def run(
         if failures and failures[-1].report is report:
             err_console.print(Text.assemble(("failed:", "bold red"), " ", _failure_line(failures[-1])),
                               soft_wrap=True)
+            if _verbose and report.traceback:
+                err_console.print(f"raised by {report.raised_by}'s code:\n{report.traceback}",
+                                  soft_wrap=True, markup=False, highlight=False)
         else:
             console.print(f"scenario {plan.name}: {len(report.steps)} steps in "
                           f"{report.wall_ms:.0f} ms, runner left with no warmup request")
@@ -329,6 +334,11 @@ def _summary_and_exit(reports: list[RunReport], failures: list[StepFailed],
               f"to accept that (exit 0)", 3)
     console.print(Text.assemble(("ok", "bold green"), f": {summary}{tail}"), soft_wrap=True)
     raise typer.Exit(0)
+
+
+def _show_running(what: str, seconds: float) -> None:
+    """The watchdog's line for a step still running (``run``)."""
+    err_console.print(f"running: {what} for {seconds:.0f} s", markup=False, highlight=False)
 
 
 def _verify(engine: Any, plans: list[Any], profile: Any) -> list[tuple[str, Any]]:

@@ -8,7 +8,9 @@ also when a step raises, so the runner holds no stepwarm request afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import time
+import traceback as tb
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -22,6 +24,7 @@ from stepwarm.compile import (
     to_scheduler_output,
 )
 from stepwarm.encoder_inputs import RequestInputs, audio_inputs, request_inputs
+from stepwarm.memory import MemoryReport, free_text, measured
 from stepwarm.plan import REQ_ID_PREFIX, Plan, PlannedStep
 from stepwarm.profile import RunnerProfile, read_profile
 from stepwarm.ranks import RankGroup
@@ -33,6 +36,7 @@ from stepwarm.runner import (
     request_tables,
     synchronize,
 )
+from stepwarm.watchdog import StepWatch
 
 
 @dataclass
@@ -105,6 +109,13 @@ class RunReport:
     #: epoch, ``time.time()``; 0 when nothing ran).
     started_at: float = 0.0
     ended_at: float = 0.0
+    #: Memory before, after and at the peak of the run (None when nothing ran).
+    memory: MemoryReport | None = None
+    #: The failed step's traceback (``traceback.format_exception``), or None.
+    traceback: str | None = None
+    #: Whose code raised it: ``vllm``, ``stepwarm``, ``torch`` or ``other``
+    #: (the module of the traceback's innermost frame; :func:`raised_by`).
+    raised_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of the report."""
@@ -123,6 +134,33 @@ class StepFailed(RuntimeError):
         super().__init__(report.error)
         self.report = report
         self.step = step
+
+
+#: Path parts naming whose code a frame is in, innermost frame first.
+_OWNERS = (("stepwarm", "stepwarm"), ("vllm", "vllm"), ("torch", "torch"))
+
+
+def raised_by(error: BaseException) -> str:
+    """Whose code raised ``error``: ``vllm``, ``stepwarm``, ``torch`` or
+    ``other``, from the file of the traceback's innermost frame (a package
+    directory named ``vllm``, ``stepwarm`` or ``torch`` in its path)."""
+    frames = tb.extract_tb(error.__traceback__)
+    if not frames:
+        return "other"
+    parts = frames[-1].filename.replace("\\", "/").split("/")
+    for part, owner in _OWNERS:
+        if part in parts[:-1]:
+            return owner
+    return "other"
+
+
+def _oom_text(e: BaseException) -> str:
+    """One paragraph for an out-of-memory step, after cleanup."""
+    return (f"it ran out of device memory ({type(e).__name__}); the runner was cleaned up and "
+            f"{free_text()} now. vLLM sized the KV cache before stepwarm ran, so the step "
+            "needed memory vLLM's profiling did not see (sampler workspaces, autotune or "
+            "kernel scratch): lower gpu_memory_utilization (or kv_cache_memory_bytes), or "
+            "the scenario's batch." + (f" vLLM said: {str(e).splitlines()[0]}" if str(e) else ""))
 
 
 def _resolved(output: Any) -> Any:
@@ -192,6 +230,24 @@ def _result(step: PlannedStep, wall_ms: float, output: Any, pooled: dict[str, An
     )
 
 
+@contextlib.contextmanager
+def _nothing() -> Any:
+    yield
+
+
+def _is_oom(e: BaseException | None) -> bool:
+    import torch
+
+    return isinstance(e, torch.OutOfMemoryError)
+
+
+def _empty_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 class PeerStepFailed(RuntimeError):
     """Another tensor / pipeline parallel rank failed the step this rank ran;
     this rank stops at the same step (see :mod:`stepwarm.ranks`)."""
@@ -249,6 +305,9 @@ def drive(
     on_step: Callable[[StepResult], None] | None = None,
     ranks: RankGroup | None = None,
     tokens: OutputHistory | None = None,
+    watch: StepWatch | None = None,
+    on_step_start: Callable[[PlannedStep, str], None] | None = None,
+    on_running: Callable[[str, float], None] | None = None,
 ) -> RunReport:
     """Run every step of ``plan`` on ``worker``; always clean up.
 
@@ -272,9 +331,15 @@ def drive(
             request carries its real outputs. Give one with ``expected``
             outputs to draw drafts from them (:mod:`stepwarm.verify`); None:
             a fresh one.
+        watch: the watchdog around each step (:mod:`stepwarm.watchdog`);
+            None: none.
+        on_step_start: called before each step with the step and its name
+            as the watchdog logs it (``<plan> step i/N (<kind>, <label>)``).
+        on_running: called by the watchdog while a step runs past
+            ``watch.warn_s`` (from its thread), with that name and the seconds.
 
     Returns:
-        The :class:`RunReport` (``ok`` True).
+        The :class:`RunReport` (``ok`` True), with ``memory`` filled in.
 
     Raises:
         RunnerBusyError: the runner already holds requests (stepwarm warms an
@@ -312,13 +377,19 @@ def drive(
     cause: BaseException | None = None
     t_run = time.perf_counter()
     report.started_at = time.time()
-    with kv_connector_disabled(worker):
+    with kv_connector_disabled(worker), measured() as report.memory:
         try:
             for step in plan.steps:
                 failed_at = step.index
                 started_at = time.time()
-                output, wall_ms = _run_step(worker, step, plan, profile, params, sent, ranks,
-                                            tokens, images)
+                what = plan.with_display_names(
+                    f"{plan.name} step {step.index}/{len(plan.steps)} "
+                    f"({step.kind}, {step.label})")
+                if on_step_start is not None:
+                    on_step_start(step, what)
+                with watch.watching(what, on_running) if watch else _nothing():
+                    output, wall_ms = _run_step(worker, step, plan, profile, params, sent,
+                                                ranks, tokens, images)
                 sent.difference_update(step.finished_req_ids)
                 pooled = (_pooler_outputs(output) if step.scheduled and not step.sample
                           else None)
@@ -339,6 +410,8 @@ def drive(
                 f"{profile.runner} runner: {type(e).__name__}: {e}"
                 if step is not None else f"{type(e).__name__}: {e}"
             )
+            report.traceback = "".join(tb.format_exception(e))
+            report.raised_by = raised_by(e)
             cause = e
         finally:
             discard_pending_step(worker)
@@ -355,6 +428,12 @@ def drive(
                 drop_finished_state(worker, out)
             report.cleanup_ran = True
             synchronize()
+            if _is_oom(cause):
+                _empty_cache()
+                report.error = plan.with_display_names(
+                    f"step {failed_at} ({plan.steps[failed_at].kind}: "
+                    f"{plan.steps[failed_at].label}) failed on the {profile.runner} runner: "
+                ) + _oom_text(cause)
     report.wall_ms = (time.perf_counter() - t_run) * 1e3
     report.ended_at = time.time()
     # Every per-request table of the runner (runner.V1_TABLES / V2_TABLES),

@@ -9,7 +9,9 @@ Two ways in:
   set (see :mod:`stepwarm.settings` for every variable); then the worker
   class the process runs gets its ``compile_or_warm_up_model`` wrapped: vLLM's
   own warmup, then the scenarios on every rank in lockstep
-  (:mod:`stepwarm.ranks`), then vLLM's JIT monitor is switched on, so the
+  (:mod:`stepwarm.ranks`), each step under a watchdog
+  (:mod:`stepwarm.watchdog`), the random state put back as vLLM's warmup
+  left it (:mod:`stepwarm.random_state`), then vLLM's JIT monitor is switched on, so the
   compiles stepwarm causes are not reported as first-traffic compiles. The
   reports stay on the worker as ``worker.stepwarm_reports``.
 
@@ -35,8 +37,16 @@ from typing import Any
 from stepwarm.driver import RunnerBusyError, RunReport, StepFailed, drive
 from stepwarm.profile import RunnerProfile, read_profile
 from stepwarm.ranks import RankGroup
+from stepwarm.random_state import random_state_kept
 from stepwarm.runner import jit_monitor_deferred
-from stepwarm.settings import ENV_SCENARIOS, HookSettings, SettingsError
+from stepwarm.settings import (
+    ENV_SCENARIOS,
+    HookSettings,
+    SettingsError,
+    SettingsExit,
+    unknown_names,
+)
+from stepwarm.watchdog import StepTimedOut, StepWatch
 
 __all__ = ["ENV_SCENARIOS", "WORKER_CLASSES", "SettingsError", "WarmupError", "register",
            "warmup"]
@@ -127,8 +137,15 @@ def warmup(
         WarmupError: under ``on_error="raise"``: a scenario is invalid or the
             ranks disagree (nothing ran), or a step failed on any rank (the
             runner was cleaned up first; ``__cause__`` is the
-            :class:`~stepwarm.driver.StepFailed`).
+            :class:`~stepwarm.driver.StepFailed`); under either policy, a step
+            ran past ``settings.step_timeout_s`` (its cause's cause is the
+            :class:`~stepwarm.watchdog.StepTimedOut`).
         SettingsError: ``settings`` is None and a ``STEPWARM_*`` variable is bad.
+
+    The random state (Python, NumPy, torch CPU and CUDA generators) is put
+    back as it was on entry after the scenarios, also after a failure
+    (:mod:`stepwarm.random_state`); each step runs under the watchdog of
+    ``settings.step_warn_s`` / ``step_timeout_s`` (:mod:`stepwarm.watchdog`).
     """
     settings = settings if settings is not None else HookSettings.from_env()
     ranks = ranks if ranks is not None else RankGroup.of_worker(worker, settings.rank_timeout_s)
@@ -144,37 +161,60 @@ def warmup(
             raise
         logger.warning("%s: scenarios not run (STEPWARM_ON_ERROR=warn): %s", who, e)
         return []
+    watch = StepWatch(warn_s=settings.step_warn_s, timeout_s=settings.step_timeout_s, who=who)
     reports: list[RunReport] = []
-    for plan in plans:
-        elapsed = time.monotonic() - t_start
-        over = settings.time_limit_s is not None and elapsed > settings.time_limit_s
-        if ranks.failed_ranks(over, f"the start of {plan.name}"):
-            report = RunReport(plan=plan.name, runner=profile.runner, model=profile.model,
-                               skipped=f"time limit: STEPWARM_TIME_LIMIT_S={settings.time_limit_s:g} "
-                                       f"reached after {elapsed:.1f} s")
-        else:
-            try:
-                report = drive(worker, plan, profile, ranks=ranks)
-            except (StepFailed, RunnerBusyError) as e:
-                report = getattr(e, "report", None) or RunReport(
-                    plan=plan.name, runner=profile.runner, model=profile.model, ok=False,
-                    error=str(e))
-                _stamp(report, ranks)
-                if settings.on_error == "raise":
-                    logger.error("%s: %s: %s", who, plan.name, report.error)
-                    raise WarmupError(f"{who}: scenario {plan.name}: {report.error}") from e
-                logger.warning("%s: %s failed, runner cleaned up, serving anyway "
-                               "(STEPWARM_ON_ERROR=warn): %s", who, plan.name, report.error)
-                reports.append(report)
-                continue
-        _stamp(report, ranks)
-        logger.info(
-            "%s: %s: %s", who, plan.name,
-            f"skipped ({report.skipped})" if report.skipped
-            else f"{len(report.steps)} steps in {report.wall_ms:.0f} ms",
-        )
-        reports.append(report)
+    # The random state vLLM's warmup left (set_random_seed) is put back after
+    # the scenarios, so that unseeded sampling serves what it serves without.
+    with random_state_kept():
+        for plan in plans:
+            reports.append(_run_one(worker, plan, profile, settings, ranks, watch,
+                                    time.monotonic() - t_start))
     return reports
+
+
+def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSettings,
+             ranks: RankGroup, watch: StepWatch, elapsed: float) -> RunReport:
+    """One scenario of :func:`warmup`: skipped past the time limit, else
+    driven and logged.
+
+    Raises:
+        WarmupError: its step failed under ``raise``, or timed out.
+    """
+    who = watch.who
+    over = settings.time_limit_s is not None and elapsed > settings.time_limit_s
+    if ranks.failed_ranks(over, f"the start of {plan.name}"):
+        report = RunReport(plan=plan.name, runner=profile.runner, model=profile.model,
+                           skipped=f"time limit: STEPWARM_TIME_LIMIT_S={settings.time_limit_s:g} "
+                                   f"reached after {elapsed:.1f} s")
+        _stamp(report, ranks)
+        logger.info("%s: %s: skipped (%s)", who, plan.name, report.skipped)
+        return report
+    if plan.steps:
+        logger.info("%s: %s: starting (%d steps)", who, plan.name, len(plan.steps))
+    try:
+        report = drive(worker, plan, profile, ranks=ranks, watch=watch)
+    except (StepFailed, RunnerBusyError) as e:
+        report = getattr(e, "report", None) or RunReport(
+            plan=plan.name, runner=profile.runner, model=profile.model, ok=False,
+            error=str(e))
+        _stamp(report, ranks)
+        timed_out = isinstance(e.__cause__, StepTimedOut)
+        if settings.on_error == "raise" or timed_out:
+            logger.error("%s: %s: %s", who, plan.name, report.error)
+            raise WarmupError(f"{who}: scenario {plan.name}: {report.error}") from e
+        logger.warning("%s: %s failed, runner cleaned up, serving anyway "
+                       "(STEPWARM_ON_ERROR=warn): %s", who, plan.name, report.error)
+        return report
+    _stamp(report, ranks)
+    logger.info("%s: %s: %s", who, plan.name,
+                f"skipped ({report.skipped})" if report.skipped
+                else f"{len(report.steps)} steps in {report.wall_ms:.0f} ms")
+    mem = report.memory
+    if mem is not None and mem.lower_after:
+        logger.warning("%s: %s left %.0f MiB less free memory on %s than it found "
+                       "(peak %.0f MiB; see docs/plugin.md)", who, plan.name,
+                       mem.lost / 2**20, mem.device, mem.peak / 2**20)
+    return report
 
 
 def _stamp(report: RunReport, ranks: RankGroup) -> None:
@@ -281,15 +321,22 @@ def register() -> None:
     Safe to call more than once.
 
     Raises:
-        SettingsError: a ``STEPWARM_*`` variable has a bad value (one line
-            naming it and the allowed values); start-up fails.
+        SettingsExit: a ``STEPWARM_*`` variable has a bad value (one line
+            naming it and the allowed values; a :class:`SettingsError` and a
+            ``SystemExit``, so an unguarded ``vllm serve`` / ``LLM(...)`` ends
+            with that line and no traceback); start-up fails.
         stepwarm.scenario.ScenarioError: under ``STEPWARM_ON_ERROR=raise``, a
             scenario name or file that cannot be loaded; start-up fails
             before vLLM loads the model.
     """
-    settings = HookSettings.from_env()
+    try:
+        settings = HookSettings.from_env()
+    except SettingsError as e:
+        raise SettingsExit(e) from None
     if not settings.enabled:
         return
+    for warning in unknown_names():
+        logger.warning("stepwarm: %s", warning)
     _check_scenario_files(settings)
     pending: dict[str, str] = {}
     for path in WORKER_CLASSES:

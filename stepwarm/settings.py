@@ -13,7 +13,12 @@ variable                  values                                 default
 ``STEPWARM_ROLE``         ``auto`` | ``prefill`` | ``decode`` |  ``auto``
                           ``both``
 ``STEPWARM_RANK_TIMEOUT_S`` seconds > 0                          ``300``
+``STEPWARM_STEP_WARN_S``  seconds > 0, or ``off``                ``10``
+``STEPWARM_STEP_TIMEOUT_S`` seconds > 0                          no limit
 ========================  =====================================  ==============
+
+Any other ``STEPWARM_*`` name in the environment that stepwarm does not read
+gets a did-you-mean warning (:func:`unknown_names`); see docs/plugin.md.
 
 Parsing is pure (no vLLM, no torch) so that a bad value fails start-up in
 ``register()`` with one line naming the variable and the allowed values.
@@ -21,6 +26,7 @@ Parsing is pure (no vLLM, no torch) so that a bad value fails start-up in
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 from collections.abc import Mapping
@@ -32,6 +38,17 @@ ENV_ON_ERROR = "STEPWARM_ON_ERROR"
 ENV_TIME_LIMIT_S = "STEPWARM_TIME_LIMIT_S"
 ENV_ROLE = "STEPWARM_ROLE"
 ENV_RANK_TIMEOUT_S = "STEPWARM_RANK_TIMEOUT_S"
+ENV_STEP_WARN_S = "STEPWARM_STEP_WARN_S"
+ENV_STEP_TIMEOUT_S = "STEPWARM_STEP_TIMEOUT_S"
+#: Every ``STEPWARM_*`` variable stepwarm reads: the hook's, and those of the
+#: zoo (``STEPWARM_CACHE``), the test suites and nox.
+KNOWN_NAMES: tuple[str, ...] = (
+    ENV_SCENARIOS, ENV_ON_ERROR, ENV_TIME_LIMIT_S, ENV_ROLE,
+    ENV_RANK_TIMEOUT_S, ENV_STEP_WARN_S, ENV_STEP_TIMEOUT_S,
+    "STEPWARM_CACHE", "STEPWARM_TORCH_INDEX", "STEPWARM_SHARDS", "STEPWARM_SHARD_EXAMPLES",
+    "STEPWARM_LANE_DRY_RUN", "STEPWARM_LANE_RECORD", "STEPWARM_TEST_FAULT",
+    "STEPWARM_TEST_HANG",
+)
 
 OnError = Literal["raise", "warn"]
 #: A worker's role in disaggregated serving. ``both``: prefill and decode
@@ -46,11 +63,31 @@ KV_ROLE_TO_ROLE: dict[str, Role] = {
     "kv_both": "both",
 }
 DEFAULT_RANK_TIMEOUT_S = 300.0
+#: Seconds a step runs before the watchdog logs it (and again every as many
+#: seconds): long enough that no step of a healthy CPU or GPU start-up hits
+#: it, short enough that a hang is named while someone still watches.
+DEFAULT_STEP_WARN_S = 10.0
 
 
 class SettingsError(ValueError):
     """An environment variable with a value the hook does not accept; the
     message is one line naming the variable, the value and what is allowed."""
+
+
+class SettingsExit(SettingsError, SystemExit):
+    """A :class:`SettingsError` raised out of the plugin's ``register()``.
+
+    vLLM's ``load_general_plugins`` calls ``register()`` without a ``try``, so
+    an exception from it ends ``vllm serve`` / ``vllm.LLM(...)`` with its
+    traceback. Being a ``SystemExit`` too, this one ends an unguarded program
+    with its one line on stderr (``stepwarm: STEPWARM_ON_ERROR='x': allowed:
+    raise | warn``) and exit status 1, no traceback; code that catches
+    ``ValueError`` or ``SettingsError`` still catches it.
+    """
+
+    def __init__(self, error: SettingsError):
+        super().__init__(str(error))
+        self.code = f"stepwarm: {error}"
 
 
 #: The longest time a variable may give (one day, seconds): timedelta and
@@ -97,6 +134,11 @@ class HookSettings:
             otherwise the role the scenarios are filtered by.
         rank_timeout_s: seconds a rank waits for the other ranks to report a
             step before it gives up (see :mod:`stepwarm.ranks`).
+        step_warn_s: seconds a step runs before the watchdog logs it, and the
+            interval of the repeats (:mod:`stepwarm.watchdog`); None: off.
+        step_timeout_s: seconds after which a step that is still running
+            fails start-up, under either ``on_error`` (a running step cannot
+            be cancelled safely); None: no limit.
     """
 
     scenarios: tuple[str, ...] = ()
@@ -104,6 +146,8 @@ class HookSettings:
     time_limit_s: float | None = None
     role: Literal["auto", "prefill", "decode", "both"] = "auto"
     rank_timeout_s: float = DEFAULT_RANK_TIMEOUT_S
+    step_warn_s: float | None = DEFAULT_STEP_WARN_S
+    step_timeout_s: float | None = None
 
     @property
     def enabled(self) -> bool:
@@ -131,7 +175,34 @@ class HookSettings:
             time_limit_s=_seconds(env, ENV_TIME_LIMIT_S),
             role=_choice(env, ENV_ROLE, ROLE_VALUES, "auto"),  # type: ignore[arg-type]
             rank_timeout_s=_seconds(env, ENV_RANK_TIMEOUT_S) or DEFAULT_RANK_TIMEOUT_S,
+            step_warn_s=(None if env.get(ENV_STEP_WARN_S, "").strip().lower() == "off"
+                         else _seconds(env, ENV_STEP_WARN_S) or DEFAULT_STEP_WARN_S),
+            step_timeout_s=_seconds(env, ENV_STEP_TIMEOUT_S),
         )
+
+
+def unknown_names(env: Mapping[str, str] | None = None) -> list[str]:
+    """One warning per ``STEPWARM_*`` name in ``env`` that stepwarm does not
+    read, with the closest known name (``difflib.get_close_matches``) when
+    there is one: ``STEPWARM_ONERROR is not a stepwarm variable (ignored);
+    did you mean STEPWARM_ON_ERROR?``.
+
+    Args:
+        env: the environment (default ``os.environ``).
+
+    Returns:
+        The warnings, sorted by name (empty when every name is known).
+    """
+    env = os.environ if env is None else env
+    out = []
+    for name in sorted(n for n in env if n.upper().startswith("STEPWARM_")):
+        if name in KNOWN_NAMES:
+            continue
+        close = difflib.get_close_matches(name.upper(), KNOWN_NAMES, n=1, cutoff=0.8)
+        out.append(f"{name} is not a stepwarm variable (ignored)"
+                   + (f"; did you mean {close[0]}?" if close else
+                      f"; known: {', '.join(KNOWN_NAMES[:7])}"))
+    return out
 
 
 def role_of_kv_role(kv_role: str | None) -> Role:

@@ -3,13 +3,26 @@
 ``STEPWARM_TEST_FAULT=RANK:STEP:WHERE`` (unset: does nothing). WHERE is
 ``before`` (the step raises before ``execute_model``, so the other ranks run
 the step alone and block in its collectives) or ``after`` (it raises after
-``sample_tokens``, when every rank has run the step).
+``sample_tokens``, when every rank has run the step), ``oom`` (the step
+raises ``torch.OutOfMemoryError`` before ``execute_model``) or ``vllm``
+(vLLM's own ``Sampler.forward`` raises, given no sampling metadata, in the
+step's ``sample_tokens``).
+
+``STEPWARM_TEST_HANG=WHERE:STEP:SECONDS`` (unset: does nothing): stepwarm's
+step STEP (0-based) hangs for SECONDS on every rank, in vLLM's
+``Sampler.forward`` (WHERE ``sampler``) or in the model runner's
+``execute_model`` (WHERE ``execute_model``); the hang sleeps in short slices,
+like a Python-level busy wait.
 """
 
 import os
+import time
 
 
 def register() -> None:
+    hang = os.environ.get("STEPWARM_TEST_HANG")
+    if hang:
+        _hang(*hang.split(":"))
     spec = os.environ.get("STEPWARM_TEST_FAULT")
     if not spec:
         return
@@ -21,11 +34,31 @@ def register() -> None:
 
         return dist.is_initialized() and dist.get_rank() == int(rank)
 
-    if where == "before":
+    if where == "vllm":
+        def install():
+            from vllm.v1.sample.sampler import Sampler
+
+            forward = Sampler.forward
+
+            def broken_forward(self, logits, sampling_metadata, *args, **kwargs):
+                if current["index"] == int(step) and not current.get("fired") and this_rank():
+                    current["fired"] = True
+                    return forward(self, logits, None, *args, **kwargs)
+                return forward(self, logits, sampling_metadata, *args, **kwargs)
+
+            Sampler.forward = broken_forward
+
+        current = _track_step(install)
+    elif where in ("before", "oom"):
         original = driver.to_scheduler_output
 
         def to_scheduler_output(st, *args, **kwargs):
             if st.index == int(step) and this_rank():
+                if where == "oom":
+                    import torch
+
+                    raise torch.OutOfMemoryError(
+                        f"injected: CUDA out of memory at step {step} on rank {rank}")
                 raise RuntimeError(f"injected fault before step {step} on rank {rank}")
             return original(st, *args, **kwargs)
 
@@ -41,3 +74,51 @@ def register() -> None:
             return original_resolved(output)
 
         driver._resolved = _resolved
+
+
+def _track_step(install) -> dict:
+    """{"index": the stepwarm step being compiled now} (None outside
+    stepwarm); ``install()`` runs before stepwarm's first step, in the
+    worker's process (where vLLM's worker modules are imported already)."""
+    import stepwarm.driver as driver
+
+    current = {"index": None, "installed": False}
+    original = driver.to_scheduler_output
+
+    def to_scheduler_output(st, *args, **kwargs):
+        if not current["installed"]:
+            current["installed"] = True
+            install()
+        current["index"] = st.index
+        return original(st, *args, **kwargs)
+
+    driver.to_scheduler_output = to_scheduler_output
+    return current
+
+
+def _hang(where: str, step: str, seconds: str) -> None:
+    def maybe_hang() -> None:
+        if current["index"] == int(step) and not current.get("fired"):
+            current["fired"] = True  # once
+            end = time.monotonic() + float(seconds)
+            while time.monotonic() < end:
+                time.sleep(0.05)
+
+    def install():
+        if where == "sampler":
+            from vllm.v1.sample.sampler import Sampler
+
+            cls, name = Sampler, "forward"
+        else:
+            from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+            cls, name = GPUModelRunner, "execute_model"
+        original = getattr(cls, name)
+
+        def hanging(self, *args, **kwargs):
+            maybe_hang()
+            return original(self, *args, **kwargs)
+
+        setattr(cls, name, hanging)
+
+    current = _track_step(install)

@@ -1,0 +1,145 @@
+"""The hook's watchdog, memory report, random state and failure attribution,
+without an engine (the plugin's runs are in tests/e2e/test_observable.py)."""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from stepwarm.driver import raised_by
+from stepwarm.memory import TOLERANCE_BYTES, MemoryReport, flag, measured
+from stepwarm.random_state import random_state_kept
+from stepwarm.settings import HookSettings, SettingsError, unknown_names
+from stepwarm.watchdog import StepTimedOut, StepWatch
+
+WHAT = "sampler-matrix step 3/57 (decode, top-k)"
+
+
+def _busy(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.02)
+
+
+def test_a_running_step_is_logged_after_the_threshold_and_at_each_interval(caplog):
+    seen = []
+    with caplog.at_level(logging.WARNING, logger="vllm.stepwarm"):
+        with StepWatch(warn_s=0.3).watching(WHAT, lambda w, s: seen.append((w, s))):
+            _busy(1.05)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3, lines
+    secs = [float(re.fullmatch(rf"stepwarm: {re.escape(WHAT)} running for (\d+\.\d) s", m)[1])
+            for m in lines]
+    assert [round(s, 1) for s in secs] == [0.3, 0.6, 0.9]
+    assert [w for w, _ in seen] == [WHAT] * 3
+
+
+def test_a_quick_step_logs_nothing(caplog):
+    with caplog.at_level(logging.WARNING, logger="vllm.stepwarm"):
+        with StepWatch(warn_s=0.5, timeout_s=5).watching(WHAT):
+            _busy(0.05)
+    assert caplog.records == []
+
+
+def test_a_step_past_the_timeout_is_failed_in_its_thread(caplog):
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="vllm.stepwarm"):
+        with pytest.raises(StepTimedOut, match=re.escape(
+                f"{WHAT} still running after STEPWARM_STEP_TIMEOUT_S=0.4 s; a running step "
+                "cannot be cancelled safely, so start-up fails")):
+            with StepWatch(warn_s=None, timeout_s=0.4).watching(WHAT):
+                _busy(30)
+    assert 0.4 <= time.monotonic() - t0 < 1.0
+    assert [r.levelname for r in caplog.records] == ["ERROR"]
+    _busy(0.1)  # nothing pending is delivered afterwards
+
+
+def test_unknown_names_get_a_did_you_mean():
+    env = {"STEPWARM_ONERROR": "warn", "STEPWARM_STEP_TIMEOUT": "5", "STEPWARM_CACHE": "/x",
+           "STEPWARM_ZZZ": "1", "VLLM_X": "1"}
+    assert unknown_names(env) == [
+        "STEPWARM_ONERROR is not a stepwarm variable (ignored); did you mean STEPWARM_ON_ERROR?",
+        "STEPWARM_STEP_TIMEOUT is not a stepwarm variable (ignored); did you mean "
+        "STEPWARM_STEP_TIMEOUT_S?",
+        "STEPWARM_ZZZ is not a stepwarm variable (ignored); known: STEPWARM_SCENARIOS, "
+        "STEPWARM_ON_ERROR, STEPWARM_TIME_LIMIT_S, STEPWARM_ROLE, STEPWARM_RANK_TIMEOUT_S, "
+        "STEPWARM_STEP_WARN_S, STEPWARM_STEP_TIMEOUT_S",
+    ]
+
+
+def test_step_watch_settings():
+    base = {"STEPWARM_SCENARIOS": "default"}
+    s = HookSettings.from_env(base)
+    assert (s.step_warn_s, s.step_timeout_s) == (10.0, None)
+    s = HookSettings.from_env({**base, "STEPWARM_STEP_WARN_S": "OFF",
+                               "STEPWARM_STEP_TIMEOUT_S": "120"})
+    assert (s.step_warn_s, s.step_timeout_s) == (None, 120.0)
+    with pytest.raises(SettingsError, match=r"^STEPWARM_STEP_TIMEOUT_S='0': not a number"):
+        HookSettings.from_env({**base, "STEPWARM_STEP_TIMEOUT_S": "0"})
+
+
+@pytest.mark.parametrize(("before", "after", "lower"), [
+    (8 << 30, (8 << 30) - TOLERANCE_BYTES, False),
+    (8 << 30, (8 << 30) - TOLERANCE_BYTES - 1, True),
+    (8 << 30, (9 << 30), False),
+])
+def test_free_memory_lower_after_beyond_the_tolerance_is_flagged(before, after, lower):
+    report = flag(MemoryReport(device="cuda:0", free_before=before, free_after=after))
+    assert report.lower_after is lower and report.lost == before - after
+
+
+def test_cpu_rss_growth_is_measured_and_flagged():
+    with measured() as m:
+        kept = bytearray(3 * TOLERANCE_BYTES)
+        kept[::4096] = b"x" * len(kept[::4096])
+    assert m.device == "cpu" and m.free_before is None
+    assert m.used_after - m.used_before >= 3 * TOLERANCE_BYTES - (8 << 20)
+    assert m.peak >= m.used_after and m.lower_after
+    del kept
+
+
+def test_random_state_is_put_back():
+    torch.manual_seed(7), np.random.seed(7), random.seed(7)
+    expected = (torch.rand(3).tolist(), np.random.rand(2).tolist(), random.random())
+    torch.manual_seed(7), np.random.seed(7), random.seed(7)
+    with random_state_kept():
+        torch.rand(100), np.random.rand(50), random.random()
+    assert (torch.rand(3).tolist(), np.random.rand(2).tolist(), random.random()) == expected
+
+
+def test_raised_by_is_the_innermost_frames_package():
+    def raise_in_torch():
+        torch.zeros(2).view(3)
+
+    with pytest.raises(RuntimeError) as info:
+        raise_in_torch()
+    # torch raises from C: the innermost Python frame is this test file.
+    assert raised_by(info.value) == "other"
+    from stepwarm.scenario import load
+
+    with pytest.raises(Exception) as info:
+        load("no-such-scenario")
+    assert raised_by(info.value) == "stepwarm"
+    from vllm.sampling_params import SamplingParams
+
+    with pytest.raises(Exception) as info:
+        SamplingParams(temperature=-1.0)
+    assert raised_by(info.value) == "vllm"
+
+
+def test_register_ends_an_unguarded_program_with_one_line(monkeypatch):
+    from stepwarm import hook
+    from stepwarm.settings import SettingsExit
+
+    monkeypatch.setenv("STEPWARM_SCENARIOS", "default")
+    monkeypatch.setenv("STEPWARM_ON_ERROR", "later")
+    with pytest.raises(SettingsExit) as info:
+        hook.register()
+    assert isinstance(info.value, SystemExit) and isinstance(info.value, SettingsError)
+    assert info.value.code == "stepwarm: STEPWARM_ON_ERROR='later': allowed: raise | warn"
