@@ -541,16 +541,24 @@ def write_model(name: str = "tiny-llama", root: Path | None = None,
         drafter_dir.mkdir(exist_ok=True)
         (drafter_dir / "config.json").write_text(json.dumps(model.drafter.config, indent=1) + "\n")
         if weights_seed is not None:
-            _write_weights(drafter_dir, weights_seed + 1)
+            _write_weights(drafter_dir, weights_seed + 1,
+                           eagle=model.drafter.method == "eagle")
     return model_dir
 
 
-def _write_weights(model_dir: Path, seed: int) -> None:
+def _write_weights(model_dir: Path, seed: int, *, eagle: bool = False) -> None:
     """``model.safetensors``: the model built from ``config.json`` by
     ``transformers`` with seed ``seed`` (deterministic for a seed), as the
     class its ``architectures`` names (``WhisperForConditionalGeneration``
     with its encoder, where ``AutoModelForCausalLM`` would build Whisper's
-    decoder alone)."""
+    decoder alone).
+
+    ``eagle``: an EAGLE head's checkpoint as vLLM's ``EagleLlamaForCausalLM``
+    loads it: the decoder's ``embed_tokens`` and ``layers.*`` without the
+    ``model.`` prefix, layer 0 without ``input_layernorm`` (vLLM replaces it
+    by the identity), no final norm or LM head (shared with the target), and
+    ``fc.weight`` (hidden x 2 hidden, normal with the config's
+    ``initializer_range``) joining token embedding and target hidden state."""
     import torch
     import transformers
     from safetensors.torch import save_file
@@ -561,6 +569,13 @@ def _write_weights(model_dir: Path, seed: int) -> None:
     # in the config's torch_dtype): the causal LMs keep the weights they had.
     model = getattr(transformers, config.architectures[0])._from_config(config)
     tensors = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in model.state_dict().items()}
+    if eagle:
+        tensors = {k.removeprefix("model."): v for k, v in tensors.items()
+                   if k.startswith("model.") and k not in ("model.norm.weight",
+                                                           "model.layers.0.input_layernorm.weight")}
+        hidden = config.hidden_size
+        tensors["fc.weight"] = (torch.randn(hidden, 2 * hidden) * config.initializer_range).to(
+            torch.bfloat16)
     save_file(tensors, str(model_dir / "model.safetensors"))
 
 
