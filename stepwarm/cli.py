@@ -556,10 +556,11 @@ def _list_models() -> None:
 
     table = Table(title="zoo models (--model NAME; written at run time, dummy weights)",
                   title_justify="left")
-    for col in ("name", "architecture", "kind", "vLLM runner / mode", "engine args"):
+    for col in ("name", "architecture", "kind", "vLLM runner / mode", "speculator", "engine args"):
         table.add_column(col, no_wrap=col == "name")
     for m in ZOO.values():
         table.add_row(m.name, m.architecture, m.kind, m.runner,
+                      m.drafter.describe() if m.drafter else "-",
                       " ".join(f"{k}={json.dumps(v)}" for k, v in m.engine_args.items()))
     console.print(table)
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from stepwarm.drafter import Drafter, read_drafter
 from stepwarm.settings import role_of_kv_role
 
 #: The KV cache spec kinds stepwarm knows, named after vLLM's spec classes.
@@ -164,6 +165,10 @@ class RunnerProfile(BaseModel):
     encoder_budget: int = Field(default=0, ge=0)
     #: ``mm_max_items_per_prompt["image"]``: images one prompt may carry.
     max_images_per_prompt: int = Field(default=0, ge=0)
+    #: The speculator's drafter: method, drafts, its KV cache layers and
+    #: groups, lookahead (None: no speculator, or a profile saved before
+    #: stepwarm recorded it).
+    drafter: Drafter | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -218,12 +223,15 @@ class RunnerProfile(BaseModel):
 
         data = self.model_dump()
         tables = {k: data.pop(k) for k in ("kv_cache_groups", "image_classes")}
+        drafter = data.pop("drafter")
         lines = [f"# {ln}" for ln in header.splitlines()]
         lines += [f"{k} = {scalar(v)}" for k, v in data.items() if v is not None]
         for name, rows in tables.items():
             for g in rows:
                 lines += ["", f"[[{name}]]"]
                 lines += [f"{k} = {scalar(v)}" for k, v in g.items() if v is not None]
+        if drafter is not None:
+            lines += ["", "[drafter]"] + [f"{k} = {scalar(v)}" for k, v in drafter.items()]
         return "\n".join(lines) + "\n"
 
     def save(self, path: str | Path) -> None:
@@ -536,4 +544,5 @@ def read_profile(worker: Any) -> RunnerProfile:
         image_classes=image_classes,
         encoder_budget=encoder_budget,
         max_images_per_prompt=max_images,
+        drafter=read_drafter(runner, kv_cache_config),
     )

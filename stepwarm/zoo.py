@@ -322,6 +322,79 @@ SMALL_LIMITS: dict[str, Any] = {
 }
 
 
+#: EAGLE head for the tiny Llama: one Llama decoder layer of the target's
+#: width; vLLM wraps the config in its ``EAGLEConfig`` and builds
+#: ``EagleLlamaForCausalLM`` (its ``fc`` joins the token embedding and the
+#: target's hidden state; the head shares the target's embedding and LM head).
+TINY_LLAMA_EAGLE_HEAD: dict[str, Any] = {**TINY_LLAMA, "num_hidden_layers": 1}
+
+#: EAGLE-3 head for the tiny Llama: vLLM's ``Eagle3LlamaForCausalLM``
+#: (``LlamaForCausalLMEagle3``; it reads three of the target's hidden states
+#: and drafts over ``draft_vocab_size`` tokens, here the whole vocabulary).
+TINY_LLAMA_EAGLE3_HEAD: dict[str, Any] = {
+    **TINY_LLAMA, "num_hidden_layers": 1,
+    "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 512,
+}
+
+#: Draft model for the tiny Llama: a smaller Llama (1 layer, hidden 128,
+#: 2 heads of 64) over the same vocabulary; its KV cache spec differs from
+#: the target's, so vLLM puts both in one ``UniformTypeKVCacheSpecs`` group.
+TINY_LLAMA_DRAFT: dict[str, Any] = {
+    **TINY_LLAMA, "num_hidden_layers": 1, "hidden_size": 128, "intermediate_size": 256,
+    "num_attention_heads": 2, "num_key_value_heads": 1,
+}
+
+#: Tiny DeepSeek-V3 with one MTP layer (``num_nextn_predict_layers`` 1; vLLM's
+#: ``DeepSeekMTP`` drafts with it, ``method="mtp"``): the tiny DeepSeek-V2's
+#: MLA, V3's sigmoid router with its score-correction bias (``noaux_tc``).
+#: The MTP layer (layer 2, past ``first_k_dense_replace``) is a MoE layer.
+TINY_DEEPSEEK_V3_MTP: dict[str, Any] = {
+    **TINY_DEEPSEEK_V2,
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "num_nextn_predict_layers": 1,
+    "scoring_func": "sigmoid",
+    "topk_method": "noaux_tc",
+    "norm_topk_prob": True,
+}
+
+#: Tiny Qwen3-Next with one MTP layer (vLLM's ``Qwen3NextMTP``).
+TINY_QWEN3_NEXT_MTP: dict[str, Any] = {**TINY_QWEN3_NEXT, "num_nextn_predict_layers": 1}
+
+
+@dataclass(frozen=True)
+class ZooDrafter:
+    """The speculator a zoo model starts with: vLLM's ``speculative_config``
+    and, for a drafter with a checkpoint of its own (EAGLE heads, draft
+    models), that checkpoint's ``config.json``. MTP layers are part of the
+    target's checkpoint (``config=None``; vLLM takes the target's directory)."""
+
+    #: ``SpeculativeConfig.method``: "eagle", "eagle3", "draft_model", "mtp".
+    method: str
+    #: ``SpeculativeConfig.num_speculative_tokens``.
+    num_speculative_tokens: int
+    #: The drafter's ``config.json``, written to ``<model dir>/drafter``.
+    config: Mapping[str, Any] | None = None
+
+    def speculative_config(self, model_dir: Path) -> dict[str, Any]:
+        """vLLM's ``speculative_config`` for the target written at ``model_dir``
+        (its drafter at ``model_dir/drafter``)."""
+        spec: dict[str, Any] = {"method": self.method,
+                                "num_speculative_tokens": self.num_speculative_tokens}
+        if self.config is not None:
+            spec["model"] = str(model_dir / DRAFTER_DIR)
+        return spec
+
+    def describe(self) -> str:
+        """One line for ``stepwarm list --models``."""
+        n = self.num_speculative_tokens
+        return f"{self.method}, {n} draft token{'' if n == 1 else 's'}"
+
+
+#: The subdirectory of a zoo model's directory holding its drafter.
+DRAFTER_DIR = "drafter"
+
+
 @dataclass(frozen=True)
 class ZooModel:
     """A tiny model stepwarm writes by name, with the engine arguments it
@@ -343,6 +416,16 @@ class ZooModel:
     tokenizer_config: Mapping[str, Any] = field(default_factory=dict)
     #: Further JSON files (processor / feature extractor configs) by name.
     files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: The speculator it starts with (None: none).
+    drafter: ZooDrafter | None = None
+
+    def engine_args_for(self, model_dir: Path) -> dict[str, Any]:
+        """:attr:`engine_args`, plus the drafter's ``speculative_config`` for
+        the model written at ``model_dir``."""
+        if self.drafter is None:
+            return dict(self.engine_args)
+        return {**self.engine_args,
+                "speculative_config": self.drafter.speculative_config(model_dir)}
 
     @property
     def architecture(self) -> str:
@@ -376,6 +459,21 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              runner="generate, multimodal (images)",
              special_tokens=QWEN2_VL_TOKENS,
              files={"preprocessor_config.json": QWEN2_VL_IMAGE_PROCESSOR}),
+    ZooModel("tiny-llama-eagle", "dense + EAGLE head (1 layer)", TINY_LLAMA, SMALL_LIMITS,
+             runner="generate, speculator: EAGLE",
+             drafter=ZooDrafter("eagle", 2, TINY_LLAMA_EAGLE_HEAD)),
+    ZooModel("tiny-llama-eagle3", "dense + EAGLE-3 head (1 layer)", TINY_LLAMA, SMALL_LIMITS,
+             runner="generate, speculator: EAGLE-3",
+             drafter=ZooDrafter("eagle3", 2, TINY_LLAMA_EAGLE3_HEAD)),
+    ZooModel("tiny-llama-draft", "dense + draft model (1-layer Llama, hidden 128)",
+             TINY_LLAMA, SMALL_LIMITS, runner="generate, speculator: draft model",
+             drafter=ZooDrafter("draft_model", 2, TINY_LLAMA_DRAFT)),
+    ZooModel("tiny-deepseek-v3-mtp", "MLA + MTP layer (DeepSeek-V3 style)",
+             TINY_DEEPSEEK_V3_MTP, SMALL_LIMITS, runner="generate, speculator: MTP",
+             drafter=ZooDrafter("mtp", 2)),
+    ZooModel("tiny-qwen3-next-mtp", "GDN + attention + MTP layer", TINY_QWEN3_NEXT_MTP,
+             SMALL_LIMITS, runner="generate, speculator: MTP",
+             drafter=ZooDrafter("mtp", 2)),
 )}
 
 #: Config dicts by zoo name (kept for callers of the first zoo).
@@ -416,7 +514,10 @@ def write_model(name: str = "tiny-llama", root: Path | None = None,
     Returns:
         ``root/name`` holding ``config.json``, the tokenizer and the model's
         processor configs (rewritten each call, so an edited or truncated
-        file never survives).
+        file never survives); a model whose drafter has a checkpoint of its
+        own also gets ``drafter/config.json`` (with ``weights_seed``: its
+        weights too, seeded ``weights_seed + 1``;
+        :meth:`ZooModel.engine_args_for` points ``speculative_config`` there).
 
     Raises:
         KeyError: ``name`` is not a zoo model.
@@ -435,15 +536,29 @@ def write_model(name: str = "tiny-llama", root: Path | None = None,
             (model_dir / file).write_text(json.dumps(content, indent=1) + "\n")
     if weights_seed is not None:
         _write_weights(model_dir, weights_seed)
+    if model.drafter is not None and model.drafter.config is not None:
+        drafter_dir = model_dir / DRAFTER_DIR
+        drafter_dir.mkdir(exist_ok=True)
+        (drafter_dir / "config.json").write_text(json.dumps(model.drafter.config, indent=1) + "\n")
+        if weights_seed is not None:
+            _write_weights(drafter_dir, weights_seed + 1,
+                           eagle=model.drafter.method == "eagle")
     return model_dir
 
 
-def _write_weights(model_dir: Path, seed: int) -> None:
+def _write_weights(model_dir: Path, seed: int, *, eagle: bool = False) -> None:
     """``model.safetensors``: the model built from ``config.json`` by
     ``transformers`` with seed ``seed`` (deterministic for a seed), as the
     class its ``architectures`` names (``WhisperForConditionalGeneration``
     with its encoder, where ``AutoModelForCausalLM`` would build Whisper's
-    decoder alone)."""
+    decoder alone).
+
+    ``eagle``: an EAGLE head's checkpoint as vLLM's ``EagleLlamaForCausalLM``
+    loads it: the decoder's ``embed_tokens`` and ``layers.*`` without the
+    ``model.`` prefix, layer 0 without ``input_layernorm`` (vLLM replaces it
+    by the identity), no final norm or LM head (shared with the target), and
+    ``fc.weight`` (hidden x 2 hidden, normal with the config's
+    ``initializer_range``) joining token embedding and target hidden state."""
     import torch
     import transformers
     from safetensors.torch import save_file
@@ -462,12 +577,19 @@ def _write_weights(model_dir: Path, seed: int) -> None:
             continue
         seen.add(v.data_ptr())
         tensors[k] = v.detach().to(torch.bfloat16).contiguous()
+    if eagle:
+        tensors = {k.removeprefix("model."): v for k, v in tensors.items()
+                   if k.startswith("model.") and k not in ("model.norm.weight",
+                                                           "model.layers.0.input_layernorm.weight")}
+        hidden = config.hidden_size
+        tensors["fc.weight"] = (torch.randn(hidden, 2 * hidden) * config.initializer_range).to(
+            torch.bfloat16)
     save_file(tensors, str(model_dir / "model.safetensors"))
 
 
 def resolve(model: str | Path | None) -> tuple[Path | None, Mapping[str, Any]]:
     """What ``--model`` names: an existing directory (no engine arguments
-    added), a zoo model (written now; its :attr:`ZooModel.engine_args`), or
+    added), a zoo model (written now; its :meth:`ZooModel.engine_args_for`), or
     None (kept: the caller's default).
 
     A directory wins over a zoo model of the same name. Anything else is
@@ -477,7 +599,8 @@ def resolve(model: str | Path | None) -> tuple[Path | None, Mapping[str, Any]]:
         return None, {}
     path = Path(model)
     if not path.exists() and str(model) in ZOO:
-        return write_model(str(model)), ZOO[str(model)].engine_args
+        model_dir = write_model(str(model))
+        return model_dir, ZOO[str(model)].engine_args_for(model_dir)
     return path, {}
 
 

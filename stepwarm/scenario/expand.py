@@ -493,17 +493,26 @@ class _Expander:
     def _mixed_decode(self, st: MixedDecodeStep) -> None:
         self._no_speculator()
         reps = self.value(st.repeat, "repeat", high=MAX_EXPANDED)
+        if not st.non_spec and not st.partial:
+            raise self.err("a mixed_decode step needs non_spec or partial requests beside "
+                           "its spec ones", "non_spec", allowed="non_spec or partial selectors")
         spec = self.select(st.spec, "spec")
-        non = self.select(st.non_spec, "non_spec")
-        both = set(spec) & set(non)
-        if both:
-            raise self.err(f"request(s) {self._short(sorted(both))} are both spec and non_spec",
-                           "non_spec", allowed="disjoint spec and non_spec selections")
+        non = self.select(st.non_spec, "non_spec") if st.non_spec else []
+        part = self.select(st.partial, "partial") if st.partial else []
+        kp = self.value(st.partial_tokens, "partial_tokens", low=0) if part else 0
+        for field, a, b in (("non_spec", spec, non), ("partial", spec, part), ("partial", non, part)):
+            both = set(a) & set(b)
+            if both:
+                raise self.err(f"request(s) {self._short(sorted(both))} are selected twice "
+                               "(spec, non_spec, partial)", field,
+                               allowed="disjoint spec, non_spec and partial selections")
         for k in self.sizes(st.spec_tokens, "spec_tokens", low=0):  # a sweep: a step each
-            label = st.label or f"mixed decode {self._short(spec)}{_drafts(k)} / {self._short(non)}"
+            label = st.label or (f"mixed decode {self._short(spec)}{_drafts(k)} / {self._short(non)}"
+                                 + (f" / {self._short(part)}{_drafts(kp)}" if part else ""))
             for _ in range(reps):
                 self.run_step("mixed_decode", label, "spec",
-                              decode={**{r: k for r in spec}, **{r: 0 for r in non}})
+                              decode={**{r: k for r in spec}, **{r: kp for r in part},
+                                      **{r: 0 for r in non}})
 
     def _mixed_prefill_decode(self, st: MixedPrefillDecodeStep) -> None:
         pre = self.select(st.prefill, "prefill")

@@ -155,11 +155,17 @@ class MixedDecodeStep(_Step):
 
     kind: Literal["mixed_decode"]
     spec: Selectors = Field(description="Requests decoded with drafts. " + _SEL_HELP)
-    non_spec: Selectors = Field(description="Requests decoded without drafts. " + _SEL_HELP)
+    non_spec: Selectors = Field(default_factory=list, description=(
+        "Requests decoded without drafts (may be left out when `partial` is given). " + _SEL_HELP))
     spec_tokens: Size = Field(default="num_spec_steps", description="Draft tokens per spec request." + _SPEC_SWEEP)
+    partial: Selectors = Field(default_factory=list, description=(
+        "Requests decoded with fewer drafts in the same step (the scheduler "
+        "sends a request fewer drafts when its proposer found fewer). " + _SEL_HELP))
+    partial_tokens: Expr = Field(default="max(1, num_spec_steps - 1)",
+                                 description="Draft tokens per partial request.")
     repeat: Expr = Field(default=1, description=_REPEAT_HELP)
 
-    _check = field_validator("spec", "non_spec")(_check_selectors)
+    _check = field_validator("spec", "non_spec", "partial")(_check_selectors)
 
 
 class MixedPrefillDecodeStep(_Step):

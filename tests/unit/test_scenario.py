@@ -63,6 +63,7 @@ def test_builtins_are_the_issue_list():
         "default", "mixed-prefill-decode", "spec-decode", "triton-buckets", "chunked-prefill",
         "prefix-hit", "mamba-align", "cross-attention", "pooling", "structured-output",
         "preempt-resume", "sampler-matrix", "sampler-spec-decode", "vision-encoder",
+        "spec-uneven",
     }
 
 
@@ -71,7 +72,7 @@ def test_every_builtin_checks_against_the_tiny_profile():
     assert not [n for n, r in results.items() if isinstance(r, ScenarioError)], results
     skipped = {n for n, r in results.items() if r.skipped}
     assert skipped == {"spec-decode", "mamba-align", "cross-attention", "pooling",
-                       "sampler-spec-decode", "vision-encoder"}
+                       "sampler-spec-decode", "vision-encoder", "spec-uneven"}
 
 
 @pytest.mark.parametrize("pname", list(PROFILES))

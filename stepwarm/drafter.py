@@ -1,0 +1,106 @@
+"""The speculator's drafter, as a runner profile records it.
+
+:class:`Drafter` is plain data (part of :class:`stepwarm.profile.RunnerProfile`);
+:func:`read_drafter` reads it off a live V1 or V2 runner. A model-based
+drafter (EAGLE, EAGLE-3, MTP, a draft model) has attention layers of its own:
+vLLM's ``LLMBaseProposer.load_model`` (V1; ``Speculator.load_model`` on V2)
+names them as every attention layer the target does not have, and the KV
+cache config puts them in KV cache groups beside the target's (vLLM 0.32: an
+EAGLE head's or an MTP layer's layer joins the target's group of the same
+spec; a draft model whose spec differs joins it in one
+``UniformTypeKVCacheSpecs`` group). Block accounting needs nothing more than
+those groups' specs, which the profile already has; the drafter record says
+which groups hold drafter layers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Drafter(BaseModel):
+    """The runner's speculator: vLLM's ``SpeculativeConfig`` and where the
+    drafter's KV cache layers went.
+
+    Token counts are in tokens; ``kv_cache_groups`` are indices into the
+    profile's ``kv_cache_groups``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: ``SpeculativeConfig.method`` ("ngram", "eagle", "eagle3", "mtp",
+    #: "draft_model", ...).
+    method: str
+    #: ``SpeculativeConfig.num_speculative_tokens``: drafts per request and step.
+    num_speculative_tokens: int = Field(ge=0)
+    #: The drafter's checkpoint (``draft_model_config.model``; the target's
+    #: own directory for MTP; "" for ngram and other model-free methods).
+    model: str = ""
+    #: The drafter's attention layers (``LLMBaseProposer._draft_attn_layer_names``,
+    #: V2 ``Speculator.draft_attn_layer_names``), sorted; empty for ngram.
+    layers: tuple[str, ...] = ()
+    #: The KV cache groups holding those layers (``LLMBaseProposer.kv_cache_gid``
+    #: is the first).
+    kv_cache_groups: tuple[int, ...] = ()
+    #: Whether some such group holds drafter layers only (vLLM 0.32 merges
+    #: them into the target's groups; a release that tags draft specs
+    #: ``is_draft`` may not).
+    own_group: bool = False
+    #: ``VllmConfig.num_lookahead_tokens``: slots the scheduler reserves past
+    #: the scheduled tokens for the drafts (``allocate_slots``).
+    num_lookahead_tokens: int = Field(default=0, ge=0)
+    #: Tokens past the computed ones that the scheduler hashes for prefix
+    #: caching with a drafter (``num_hash_lookahead_tokens``, vLLM 0.33; 0
+    #: where the installed vLLM has no such setting).
+    num_hash_lookahead_tokens: int = Field(default=0, ge=0)
+
+
+def _draft_layer_names(runner: Any) -> set[str]:
+    """The drafter's attention layer names on a V1 runner (``runner.drafter``)
+    or a V2 runner (``runner.speculator``); empty for model-free drafters."""
+    for holder, attr in (("drafter", "_draft_attn_layer_names"),
+                         ("speculator", "draft_attn_layer_names")):
+        names = getattr(getattr(runner, holder, None), attr, None)
+        if names:
+            return set(names)
+    return set()
+
+
+def _hash_lookahead(cfg: Any) -> int:
+    """``num_hash_lookahead_tokens`` wherever the installed vLLM keeps it
+    (the vLLM config, its scheduler or cache config); 0 when it has none."""
+    for holder in (cfg, getattr(cfg, "scheduler_config", None), getattr(cfg, "cache_config", None)):
+        value = getattr(holder, "num_hash_lookahead_tokens", None)
+        if isinstance(value, int):
+            return value
+    return 0
+
+
+def read_drafter(runner: Any, kv_cache_config: Any) -> Drafter | None:
+    """Read the runner's :class:`Drafter` (None: no speculator).
+
+    Args:
+        runner: a V1 or V2 model runner after ``initialize_kv_cache``.
+        kv_cache_config: its ``KVCacheConfig``.
+    """
+    cfg = runner.vllm_config
+    spec = getattr(cfg, "speculative_config", None)
+    if spec is None:
+        return None
+    layers = _draft_layer_names(runner)
+    groups = tuple(i for i, g in enumerate(kv_cache_config.kv_cache_groups)
+                   if layers & set(g.layer_names))
+    draft_model = getattr(getattr(spec, "draft_model_config", None), "model", "") or ""
+    return Drafter(
+        method=str(spec.method),
+        num_speculative_tokens=int(spec.num_speculative_tokens or 0),
+        model=str(draft_model) if layers else "",
+        layers=tuple(sorted(layers)),
+        kv_cache_groups=groups,
+        own_group=any(set(kv_cache_config.kv_cache_groups[i].layer_names) <= layers
+                      for i in groups),
+        num_lookahead_tokens=int(getattr(cfg, "num_lookahead_tokens", 0) or 0),
+        num_hash_lookahead_tokens=_hash_lookahead(cfg),
+    )

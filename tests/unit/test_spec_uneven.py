@@ -1,0 +1,96 @@
+"""Uneven drafts within one step (``mixed_decode`` with ``partial``, the
+``spec-uneven`` built-in) and the profile's drafter record."""
+
+from __future__ import annotations
+
+import textwrap
+import tomllib
+
+import pytest
+
+from stepwarm.drafter import Drafter
+from stepwarm.profile import CacheSpec, RunnerProfile
+from stepwarm.scenario import ScenarioError, expand, load, loads
+
+FULL = CacheSpec(kind="full_attention", block_size=16)
+
+
+def _profile(spec: int = 2, **kw) -> RunnerProfile:
+    base = dict(runner="v1", kv_cache_groups=(FULL,), num_blocks=1000, max_model_len=256,
+                max_num_seqs=4, max_num_batched_tokens=128, vocab_size=100,
+                num_speculative_steps=spec, num_lookahead_tokens=spec)
+    return RunnerProfile(**{**base, **kw})
+
+
+def _drafts(step) -> list[int]:
+    return [len(r.spec_token_ids) for r in step.scheduled]
+
+
+def test_spec_uneven_sends_full_partial_and_no_drafts_in_one_step():
+    plan = expand(load("spec-uneven"), _profile(spec=2))
+    assert not plan.skipped
+    by_label = [(s.kind, _drafts(s)) for s in plan.steps if s.kind in ("spec_decode", "mixed_decode")]
+    # 4 requests (max_num_seqs); schedule order: spec, partial, non_spec.
+    assert by_label == [
+        ("spec_decode", [2, 2, 2, 2]),
+        ("mixed_decode", [2, 1, 0]),
+        ("mixed_decode", [2, 1, 0]),
+        ("mixed_decode", [2, 2, 1, 1]),
+        ("mixed_decode", [2, 1, 1, 1]),
+        ("spec_decode", [1, 1, 1, 1]),
+        ("spec_decode", [2, 2, 2, 2]),
+    ]
+    uneven = next(s for s in plan.steps if s.kind == "mixed_decode")
+    assert [r.num_scheduled_tokens for r in uneven.scheduled] == [3, 2, 1]
+    assert uneven.num_spec_tokens_to_schedule == 2
+
+
+def test_spec_uneven_skips_without_a_speculator_and_needs_three_requests():
+    assert expand(load("spec-uneven"), _profile(spec=0, decode_query_len=1)).skipped
+    few = expand(load("spec-uneven"), _profile(spec=2, max_num_seqs=2))
+    assert few.skipped and "requires" in few.skipped
+
+
+SC = """
+needs = ["speculator"]
+[requests.r]
+prompt = 4
+count = 3
+[[steps]]
+kind = "prefill"
+requests = ["r"]
+[[steps]]
+kind = "mixed_decode"
+spec = ["r[0]"]
+{rest}
+"""
+
+
+def test_mixed_decode_needs_non_spec_or_partial():
+    with pytest.raises(ScenarioError, match=r"t.toml:9: step 1 \(mixed_decode\), field 'non_spec': "
+                       r"a mixed_decode step needs non_spec or partial requests"):
+        expand(loads(SC.format(rest=""), "t.toml", "t"), _profile())
+
+
+def test_a_request_both_spec_and_partial_is_an_error():
+    with pytest.raises(ScenarioError, match=r"field 'partial': request\(s\) r\[0\] are "
+                       r"selected twice"):
+        expand(loads(SC.format(rest='partial = ["r[0:2]"]'), "t.toml", "t"), _profile())
+
+
+def test_partial_tokens_above_num_spec_steps_is_an_error():
+    with pytest.raises(ScenarioError, match=r"3 draft tokens exceed num_speculative_steps 2"):
+        expand(loads(SC.format(rest='partial = ["r[1]"]\npartial_tokens = 3'), "t.toml", "t"),
+               _profile())
+
+
+def test_the_drafter_round_trips_through_toml_and_json():
+    d = Drafter(method="eagle", num_speculative_tokens=2, model="/m/drafter",
+                layers=("model.layers.2.self_attn.attn",), kv_cache_groups=(0,),
+                num_lookahead_tokens=2)
+    p = _profile(drafter=d)
+    assert RunnerProfile.model_validate(tomllib.loads(p.to_toml())) == p
+    assert RunnerProfile.model_validate_json(p.to_json()) == p
+    assert "[drafter]" in p.to_toml()
+    # A profile saved before drafters were recorded still loads.
+    assert RunnerProfile.model_validate(tomllib.loads(_profile().to_toml())).drafter is None
