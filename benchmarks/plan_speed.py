@@ -1,0 +1,145 @@
+"""Benchmark: planning time, and the ratio to vLLM's own ``Scheduler.schedule()``.
+
+Two figures on a 1,024-sequence profile (``max_num_seqs`` 1024,
+``max_num_batched_tokens`` 16384, one full-attention group of 16-token blocks,
+20,000 blocks):
+
+* ``PlanBuilder`` planning 1,024 requests x 8 steps (one prefill of 16 prompt
+  tokens each, then 7 decodes; the cleanup step is not counted);
+* ``plans_for(["all"], profile)``: every built-in scenario expanded.
+
+Where vLLM is installed, its real ``Scheduler`` (built on CPU from a
+``VllmConfig`` over the embedded tiny Llama's ``config.json`` and a
+``KVCacheConfig`` of the same group and blocks) schedules the same 8 steps:
+1,024 requests added, then ``schedule()`` + ``update_from_output`` with one
+sampled token per request, 8 times. Only ``schedule()`` is timed for the
+ratio; ``update_from_output`` is reported beside it.
+
+    python benchmarks/plan_speed.py [--rounds 7] [--no-vllm]
+
+Medians of ``--rounds`` rounds, in ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any
+
+NUM_REQS = 1024
+PROMPT_LEN = 16
+NUM_STEPS = 8  # 1 prefill + 7 decodes
+BLOCK_SIZE = 16
+NUM_BLOCKS = 20000
+
+
+def bench_profile() -> Any:
+    from stepwarm.profile import CacheSpec, tiny_profile
+
+    return tiny_profile().model_copy(update=dict(
+        max_num_seqs=NUM_REQS, max_num_batched_tokens=NUM_REQS * PROMPT_LEN,
+        num_blocks=NUM_BLOCKS, max_model_len=512,
+        kv_cache_groups=(CacheSpec(kind="full_attention", block_size=BLOCK_SIZE),),
+    ))
+
+
+def plan_steps(profile: Any) -> Any:
+    """1,024 requests x 8 steps through ``PlanBuilder``."""
+    from stepwarm.plan import PlanBuilder, PlannedRequest
+
+    b = PlanBuilder(profile, name="bench")
+    ids = [f"r{i}" for i in range(NUM_REQS)]
+    for rid in ids:
+        b.add_request(PlannedRequest(rid, PROMPT_LEN))
+    b.step("prefill", "prefill", prefill={rid: PROMPT_LEN for rid in ids})
+    for _ in range(NUM_STEPS - 1):
+        b.step("decode", "decode", decode={rid: 0 for rid in ids})
+    return b
+
+
+def plan_all(profile: Any) -> Any:
+    from stepwarm.scenario import plans_for
+
+    return plans_for(["all"], profile)
+
+
+def vllm_scheduler() -> tuple[list[float], list[float]] | None:
+    """One round of vLLM's own scheduler on the same steps: per-step
+    ``schedule()`` and ``update_from_output`` seconds."""
+    import torch
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from stepwarm.zoo import write_model
+
+    mc = ModelConfig(model=str(write_model("tiny-llama")), skip_tokenizer_init=True, max_model_len=512)
+    sc = SchedulerConfig(max_num_seqs=NUM_REQS, max_num_batched_tokens=NUM_REQS * PROMPT_LEN,
+                         max_model_len=512, is_encoder_decoder=False)
+    cc = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False)
+    cc.num_gpu_blocks = NUM_BLOCKS
+    vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
+                    device_config=DeviceConfig("cpu"))
+    spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=8,
+                             dtype=torch.float16)
+    kvc = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
+    s = Scheduler(vc, kvc, StructuredOutputManager(vc), block_size=BLOCK_SIZE)
+    sp = SamplingParams(max_tokens=NUM_STEPS + 1, ignore_eos=True)
+    for i in range(NUM_REQS):
+        s.add_request(Request(f"r{i}", list(range(PROMPT_LEN)), sp, None))
+    sched, upd = [], []
+    for _ in range(NUM_STEPS):
+        t0 = time.perf_counter()
+        out = s.schedule()
+        t1 = time.perf_counter()
+        ids = list(out.num_scheduled_tokens)
+        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                sampled_token_ids=[[7] for _ in ids])
+        s.update_from_output(out, mro)
+        t2 = time.perf_counter()
+        assert len(ids) == NUM_REQS, len(ids)
+        sched.append(t1 - t0)
+        upd.append(t2 - t1)
+    return sched, upd
+
+
+def _median_ms(fn: Any, rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--no-vllm", action="store_true", help="skip vLLM's scheduler")
+    args = ap.parse_args()
+    profile = bench_profile()
+    plan_all(profile)  # warm imports and scenario loading
+    steps_ms = _median_ms(lambda: plan_steps(profile), args.rounds)
+    all_ms = _median_ms(lambda: plan_all(profile), args.rounds)
+    n_all = sum(len(p.steps) for p in plan_all(profile))
+    print(f"stepwarm PlanBuilder, {NUM_REQS} requests x {NUM_STEPS} steps: {steps_ms:.1f} ms "
+          f"(target <= 20 ms)")
+    print(f"stepwarm plans_for(['all']), {n_all} steps: {all_ms:.1f} ms (target <= 100 ms)")
+    if args.no_vllm:
+        return
+    rounds = [vllm_scheduler() for _ in range(args.rounds)]
+    sched_ms = statistics.median(sum(r[0]) for r in rounds) * 1e3
+    upd_ms = statistics.median(sum(r[1]) for r in rounds) * 1e3
+    print(f"vLLM Scheduler.schedule(), same {NUM_STEPS} steps: {sched_ms:.1f} ms "
+          f"(update_from_output beside it: {upd_ms:.1f} ms)")
+    print(f"ratio stepwarm / vLLM schedule(): {steps_ms / sched_ms:.2f}")
+
+
+if __name__ == "__main__":
+    main()
