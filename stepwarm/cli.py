@@ -143,7 +143,7 @@ def _failure_line(failed: StepFailed) -> str:
 def run(
     model: ModelOption = None,
     scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario name, set (all: every built-in) or TOML file; repeat for several. Default: all.")] = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the report as JSON to this file.")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the report as JSON to this file (per scenario: the steps that ran, and block_tables: every planned step's block ids per request and KV cache group, as show --tables prints them).")] = None,
     engine_arg: EngineArgs = None,
     verify: Annotated[bool, typer.Option("--verify", help="After warmup, run each scenario's sampling requests through vLLM's own scheduler (LLM.generate, greedy) and its steps again greedily; report every request whose tokens differ (exit 1).")] = False,
     verbose: Verbose = False,
@@ -219,13 +219,17 @@ def run(
         else:
             console.print(f"scenario {plan.name}: {len(report.steps)} steps in "
                           f"{report.wall_ms:.0f} ms, runner left with no warmup request")
+    from stepwarm.tables import step_blocks
+
     checked = _verify(engine, [p for p, r in zip(plans, reports) if r.ok and not r.skipped],
                       profile) if verify else []
     if json_out is not None:
         try:
             json_out.write_text(json.dumps(
                 {"profile": profile.model_dump(), "startup_s": startup_s,
-                 "scenarios": [r.to_dict() for r in reports],
+                 "scenarios": [{**r.to_dict(), "block_tables": [
+                     b.to_dict() for b in step_blocks(p, profile)]}
+                     for p, r in zip(plans, reports)],
                  **({"verify": [{"scenario": n, **(asdict(v) if not isinstance(v, str)
                                                    else {"error": v})} for n, v in checked]}
                     if verify else {})}, indent=2) + "\n")
@@ -500,6 +504,7 @@ def show(
     model: ModelOption = None,
     profile: Annotated[Optional[Path], typer.Option(help="Plan for a profile saved by `stepwarm profile`. Default: the embedded tiny Llama's.")] = None,
     engine_arg: EngineArgs = None,
+    tables: Annotated[bool, typer.Option("--tables", help="Also print every step's block ids per request and KV cache group: the runner's block table, prefix-cache hits, blocks allocated from the pool, null placeholders, new_block_ids_to_zero.")] = False,
     verbose: Verbose = False,
     quiet: Quiet = False,
 ) -> None:
@@ -522,12 +527,18 @@ def show(
     if plan.skipped:
         console.print(f"scenario {plan.name}: skipped: {plan.skipped}", highlight=False)
         return
+    from stepwarm.console import block_tables_view
+    from stepwarm.tables import step_blocks
+
     ng = len(prof.kv_cache_groups)
+    blocks = step_blocks(plan, prof)
     table = Table(title=f"scenario {plan.name}: {len(plan.steps)} steps, "
-                  f"{len(plan.requests)} requests; blocks per KV cache group as g0/g1/...",
-                  title_justify="left")
+                  f"{len(plan.requests)} requests; blocks per KV cache group as g0/g1/...: "
+                  "allocated from the pool, prefix-cache hits, null placeholders sent, "
+                  "held after the step", title_justify="left")
     for col, just in (("#", "right"), ("kind", "left"), ("requests", "left"),
-                      ("tokens", "right"), ("spec", "right"), ("new blk", "right"),
+                      ("tokens", "right"), ("spec", "right"), ("alloc blk", "right"),
+                      ("hit blk", "right"), ("null blk", "right"),
                       ("held blk", "right"), ("sampled", "left")):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     short = plan.display_name
@@ -549,7 +560,11 @@ def show(
         return " ".join(b if i is None else f"{b}[{i}]" if i == j else f"{b}[{i}..{j}]"
                         for b, i, j in runs)
 
-    for st in plan.steps:
+    def per_group(st: Any, field: str) -> str:
+        return "/".join(str(sum(len(getattr(r.groups[g], field)) for r in st.requests))
+                        for g in range(ng))
+
+    for st, bl in zip(plan.steps, blocks):
         names = [names_of(r.req_id for r in st.scheduled)] if st.scheduled else []
         if st.finished_req_ids:
             names.append("finish: " + names_of(sorted(st.finished_req_ids, key=order.get)))
@@ -562,9 +577,13 @@ def show(
         table.add_row(str(st.index), st.kind, " ".join(names),
                       str(st.total_num_scheduled_tokens),
                       str(sum(len(r.spec_token_ids) for r in st.scheduled)),
-                      "/".join(map(str, st.new_block_counts or [0] * ng)),
+                      per_group(bl, "allocated"), per_group(bl, "hit"), per_group(bl, "null"),
                       "/".join(map(str, held or [0] * ng)), sample)
     console.print(table)
+    if tables:
+        console.print(block_tables_view(
+            f"scenario {plan.name}: block ids per step, request and KV cache group (g); "
+            "0 = the null block; zeroed: in new_block_ids_to_zero", blocks))
 
 
 @app.command()
