@@ -32,8 +32,9 @@ EngineArgs = Annotated[Optional[list[str]], typer.Option(
     "--engine-arg", "-e", help="vllm.LLM keyword as KEY=VALUE (VALUE as JSON), e.g. -e max_num_seqs=4; "
     "with check/show it starts an engine.")]
 ModelOption = Annotated[Optional[str], typer.Option(
-    "--model", "-m", help="Local model directory (config.json; weights optional) or a zoo model name "
-    "(stepwarm list --models). Default: the zoo's tiny Llama.")]
+    "--model", "-m", help="Local model directory (config.json; weights optional), a zoo model name "
+    "(stepwarm list --models), or a Hugging Face id ORG/NAME[@REVISION] (the local Hugging Face "
+    "cache first; else config and tokenizer files fetched, no weights). Default: the zoo's tiny Llama.")]
 #: Set by the commands' -v (tracebacks on errors).
 _verbose = False
 
@@ -88,14 +89,18 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
     with one paragraph on a bad model directory or a config vLLM rejects (see
     :mod:`stepwarm.model_dir`). ``on_phase`` also hears each start-up phase;
     ``defaults`` are engine arguments that ``-e`` overrides."""
-    from stepwarm.model_dir import ModelDirError, check_model_dir, vllm_rejection
+    from stepwarm.model_dir import (ModelDirError, check_model_dir, parse_hub_id,
+                                    resolve_hub_model, vllm_rejection)
     from stepwarm.zoo import resolve
 
     overrides = {**(defaults or {}), **_parse_engine_args(engine_arg or [])}
     path, _ = resolve(model)
     if path is not None:
         try:
-            check_model_dir(path)
+            if not path.exists() and parse_hub_id(str(model)):  # a Hugging Face id
+                check_model_dir(resolve_hub_model(str(model)).snapshot)
+            else:
+                check_model_dir(path)
         except ModelDirError as e:
             _fail(str(e), 2)
     from stepwarm.engine import start_engine
