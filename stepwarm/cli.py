@@ -84,17 +84,27 @@ def _check_output_path(path: Optional[Path], option: str) -> None:
 
 def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
                   on_phase: Optional[Callable[[str], None]] = None,
-                  defaults: Optional[dict[str, Any]] = None) -> Any:
+                  defaults: Optional[dict[str, Any]] = None, weights: str = "dummy") -> Any:
     """Start the in-process engine on a model directory or zoo name; exit 2
     with one paragraph on a bad model directory or a config vLLM rejects (see
     :mod:`stepwarm.model_dir`). ``on_phase`` also hears each start-up phase;
-    ``defaults`` are engine arguments that ``-e`` overrides."""
+    ``defaults`` are engine arguments that ``-e`` overrides; ``weights`` is
+    ``--weights`` (:func:`stepwarm.zoo.parse_weights`)."""
     from stepwarm.model_dir import (ModelDirError, check_model_dir, parse_hub_id,
                                     resolve_hub_model, vllm_rejection)
-    from stepwarm.zoo import resolve
+    from stepwarm.zoo import ZOO, parse_weights, resolve
 
     overrides = {**(defaults or {}), **_parse_engine_args(engine_arg or [])}
-    path, _ = resolve(model)
+    try:
+        weights_seed = parse_weights(weights)
+    except ValueError as e:
+        _fail(str(e), 2)
+    if weights_seed is not None and model is not None and (Path(model).exists()
+                                                           or model not in ZOO):
+        _fail(f"--weights {weights}: only for zoo models (stepwarm list --models), not "
+              f"--model {model}; a model directory's own weights load with "
+              "-e load_format=auto", 2)
+    path, _ = resolve(model) if weights_seed is None else (None, {})
     if path is not None:
         try:
             if not path.exists() and parse_hub_id(str(model)):  # a Hugging Face id
@@ -125,7 +135,7 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
 
     console_module.phase_listener = phase
     try:
-        return start_engine(model, **overrides)
+        return start_engine(model, weights_seed=weights_seed, **overrides)
     except Exception as e:  # noqa: BLE001 - vLLM rejects configs with many types
         if status is not None:
             status.stop()
@@ -150,6 +160,7 @@ def run(
     scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", help="Scenario name, set (all: every built-in) or TOML file; repeat for several. Default: all.")] = None,
     json_out: Annotated[Optional[Path], typer.Option("--json", help="Also write the report as JSON to this file (per scenario: the steps that ran, and block_tables: every planned step's block ids per request and KV cache group, as show --tables prints them).")] = None,
     engine_arg: EngineArgs = None,
+    weights: Annotated[str, typer.Option("--weights", metavar="dummy|seeded[:N]", help="Zoo models' weights: dummy (vLLM's load_format=dummy) or seeded random weights (written under torch.manual_seed(N), default 0; loaded with load_format=auto): what a meaningful --verify needs.")] = "dummy",
     verify: Annotated[bool, typer.Option("--verify", help="After warmup, run each scenario's sampling requests through vLLM's own scheduler (LLM.generate, greedy) and its steps again greedily; report every request whose tokens differ (exit 1).")] = False,
     verbose: Verbose = False,
     quiet: Quiet = False,
@@ -168,7 +179,8 @@ def run(
     CPU build enforce_eager=true and gpu_memory_utilization=0.3; for the
     embedded tiny Llama max_model_len=512, max_num_seqs=8,
     max_num_batched_tokens=512 (it comes with a word-level tokenizer); for a
-    --model directory without tokenizer files skip_tokenizer_init=true.
+    --model directory without tokenizer files skip_tokenizer_init=true;
+    with --weights seeded[:N] load_format=auto (zoo models only).
     """
     _setup(verbose, quiet)
     from stepwarm.driver import drive
@@ -186,7 +198,7 @@ def run(
     if errors:
         _fail("\nerror: ".join(errors), 2)
     t0 = time.perf_counter()
-    engine = _start_engine(model, engine_arg)
+    engine = _start_engine(model, engine_arg, weights=weights)
     startup_s = time.perf_counter() - t0
     profile = read_profile(engine.worker)
     groups = ", ".join(f"{g.kind}(block_size={g.block_size})" for g in profile.kv_cache_groups)

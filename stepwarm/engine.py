@@ -79,7 +79,8 @@ class Engine:
             shutdown()
 
 
-def start_engine(model: str | Path | None = None, **engine_args: Any) -> Engine:
+def start_engine(model: str | Path | None = None, *, weights_seed: int | None = None,
+                 **engine_args: Any) -> Engine:
     """Start ``vllm.LLM`` in this process and return it with its worker.
 
     Args:
@@ -90,6 +91,9 @@ def start_engine(model: str | Path | None = None, **engine_args: Any) -> Engine:
             the local cache first; vLLM gets ``model=ORG/NAME``,
             ``revision=REVISION``); ``None`` is the zoo's tiny Llama (with a
             word-level tokenizer).
+        weights_seed: for a zoo model (or the default tiny Llama), write
+            seeded random weights (:func:`stepwarm.zoo.write_model`) and
+            load them (``load_format="auto"``); None: vLLM's dummy weights.
         **engine_args: ``vllm.LLM`` keyword arguments overriding
             :func:`default_engine_args` and the zoo model's.
 
@@ -107,9 +111,11 @@ def start_engine(model: str | Path | None = None, **engine_args: Any) -> Engine:
     if model is None:
         # The tiny Llama comes with the zoo's word-level tokenizer, so vLLM's
         # renderer warmup finds one (without, it logs a traceback at start-up).
-        given, path, zoo_args = None, write_model("tiny-llama"), ZOO["tiny-llama"].engine_args
+        given, path, zoo_args = None, write_model("tiny-llama", weights_seed=weights_seed), {
+            **ZOO["tiny-llama"].engine_args,
+            **({"load_format": "auto"} if weights_seed is not None else {})}
     else:
-        path, zoo_args = resolve(model)
+        path, zoo_args = resolve(model, weights_seed)
         given = path
         if not path.exists() and parse_hub_id(str(model)):
             hub = resolve_hub_model(str(model))
