@@ -50,8 +50,8 @@ def test_api_server_runs_the_scenarios_then_answers_a_completion(tmp_path):
                                                "max_tokens": 4, "ignore_eos": True})
         log = server.log
     assert out["object"] == "text_completion" and len(out["choices"]) == 1
-    assert out["usage"] == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
-                            "prompt_tokens_details": None}
+    assert {k: out["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")
+            } == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
     (line,) = [ln for ln in stepwarm_lines(log) if "stepwarm: default: " in ln]
     assert "stepwarm: default: 8 steps in " in line, log[-4000:]
     # The scenarios ran during start-up, before the server took requests.
