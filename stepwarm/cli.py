@@ -33,8 +33,9 @@ EngineArgs = Annotated[Optional[list[str]], typer.Option(
     "--engine-arg", "-e", metavar="KEY=VALUE", help="vllm.LLM keyword as KEY=VALUE (VALUE as JSON), e.g. -e max_num_seqs=4; "
     "with check/show it starts an engine.")]
 ModelOption = Annotated[Optional[str], typer.Option(
-    "--model", "-m", metavar="DIR|NAME", help="Local model directory (config.json; weights optional) or a zoo model name "
-    "(stepwarm list --models). Default: the zoo's tiny Llama.")]
+    "--model", "-m", metavar="DIR|NAME|ORG/NAME", help="Local model directory (config.json; weights optional), a zoo model name "
+    "(stepwarm list --models), or a Hugging Face id ORG/NAME[@REVISION] (the local Hugging Face "
+    "cache first; else config and tokenizer files fetched, no weights). Default: the zoo's tiny Llama.")]
 #: Set by the commands' -v (tracebacks on errors).
 _verbose = False
 
@@ -84,19 +85,33 @@ def _check_output_path(path: Optional[Path], option: str) -> None:
 
 def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
                   on_phase: Optional[Callable[[str], None]] = None,
-                  defaults: Optional[dict[str, Any]] = None) -> Any:
+                  defaults: Optional[dict[str, Any]] = None, weights: str = "dummy") -> Any:
     """Start the in-process engine on a model directory or zoo name; exit 2
     with one paragraph on a bad model directory or a config vLLM rejects (see
     :mod:`stepwarm.model_dir`). ``on_phase`` also hears each start-up phase;
-    ``defaults`` are engine arguments that ``-e`` overrides."""
-    from stepwarm.model_dir import ModelDirError, check_model_dir, vllm_rejection
-    from stepwarm.zoo import resolve
+    ``defaults`` are engine arguments that ``-e`` overrides; ``weights`` is
+    ``--weights`` (:func:`stepwarm.zoo.parse_weights`)."""
+    from stepwarm.model_dir import (ModelDirError, check_model_dir, parse_hub_id,
+                                    resolve_hub_model, vllm_rejection)
+    from stepwarm.zoo import ZOO, parse_weights, resolve
 
     overrides = {**(defaults or {}), **_parse_engine_args(engine_arg or [])}
-    path, _ = resolve(model)
+    try:
+        weights_seed = parse_weights(weights)
+    except ValueError as e:
+        _fail(str(e), 2)
+    if weights_seed is not None and model is not None and (Path(model).exists()
+                                                           or model not in ZOO):
+        _fail(f"--weights {weights}: only for zoo models (stepwarm list --models), not "
+              f"--model {model}; a model directory's own weights load with "
+              "-e load_format=auto", 2)
+    path, _ = resolve(model) if weights_seed is None else (None, {})
     if path is not None:
         try:
-            check_model_dir(path)
+            if not path.exists() and parse_hub_id(str(model)):  # a Hugging Face id
+                check_model_dir(resolve_hub_model(str(model)).snapshot)
+            else:
+                check_model_dir(path)
         except ModelDirError as e:
             _fail(str(e), 2)
     from stepwarm.engine import start_engine
@@ -128,7 +143,7 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
             status.stop()
         _fail("\nerror: ".join(unknown), 2)
     try:
-        return start_engine(model, **overrides)
+        return start_engine(model, weights_seed=weights_seed, **overrides)
     except Exception as e:  # noqa: BLE001 - vLLM rejects configs with many types
         if status is not None:
             status.stop()
@@ -151,8 +166,9 @@ def _failure_line(failed: StepFailed) -> str:
 def run(
     model: ModelOption = None,
     scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", metavar="NAME|FILE", help="Scenario name, set (all: every built-in) or TOML file; repeat for several. Default: all.")] = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", help="Also write the report as JSON to this file.")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", help="Also write the report as JSON to this file (per scenario: the steps that ran, and block_tables: every planned step's block ids per request and KV cache group, as show --tables prints them).")] = None,
     engine_arg: EngineArgs = None,
+    weights: Annotated[str, typer.Option("--weights", metavar="dummy|seeded[:N]", help="Zoo models' weights: dummy (vLLM's load_format=dummy) or seeded random weights (written under torch.manual_seed(N), default 0; loaded with load_format=auto): what a meaningful --verify needs.")] = "dummy",
     verify: Annotated[bool, typer.Option("--verify", metavar="", help="After warmup, run each scenario's sampling requests through vLLM's own scheduler (LLM.generate, greedy) and its steps again greedily; report every request whose tokens differ (exit 1).")] = False,
     allow_skip: Annotated[bool, typer.Option("--allow-skip", metavar="", help="A scenario named with -s that the runner cannot run is skipped with exit status 0, not 3.")] = False,
     verbose: Verbose = False,
@@ -182,7 +198,8 @@ def run(
     CPU build enforce_eager=true and gpu_memory_utilization=0.3; for the
     embedded tiny Llama max_model_len=512, max_num_seqs=8,
     max_num_batched_tokens=512 (it comes with a word-level tokenizer); for a
-    --model directory without tokenizer files skip_tokenizer_init=true.
+    --model directory without tokenizer files skip_tokenizer_init=true;
+    with --weights seeded[:N] load_format=auto (zoo models only).
     """
     _setup(verbose, quiet)
     from stepwarm.driver import drive
@@ -220,7 +237,7 @@ def run(
                           allow_skip, engine_started=False)
     loaded = [(name, sc) for name, sc in loaded if name not in early]
     t0 = time.perf_counter()
-    engine = _start_engine(model, engine_arg)
+    engine = _start_engine(model, engine_arg, weights=weights)
     startup_s = time.perf_counter() - t0
     profile = read_profile(engine.worker)
     groups = ", ".join(f"{g.kind}(block_size={g.block_size})" for g in profile.kv_cache_groups)
@@ -273,9 +290,14 @@ def run(
     checked = _verify(engine, [p for _, p in plans if p.name in ran_plans],
                       profile) if verify else []
     if json_out is not None:
+        from stepwarm.tables import step_blocks
+
+        by_name = {p.name: p for _, p in plans}
         _write_json(json_out, {
             "profile": profile.model_dump(), "startup_s": startup_s,
-            "scenarios": [r.to_dict() for r in reports],
+            "scenarios": [{**r.to_dict(), **({"block_tables": [
+                b.to_dict() for b in step_blocks(by_name[r.plan], profile)]}
+                if r.plan in by_name else {})} for r in reports],
             **({"verify": [{"scenario": n, **(asdict(v) if not isinstance(v, str)
                                               else {"error": v})} for n, v in checked]}
                if verify else {})})
@@ -601,6 +623,7 @@ def show(
     model: ModelOption = None,
     profile: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Plan for a profile saved by `stepwarm profile`. Default: the embedded tiny Llama's.")] = None,
     engine_arg: EngineArgs = None,
+    tables: Annotated[bool, typer.Option("--tables", help="Also print every step's block ids per request and KV cache group: the runner's block table, prefix-cache hits, blocks allocated from the pool, null placeholders, new_block_ids_to_zero.")] = False,
     verbose: Verbose = False,
     quiet: Quiet = False,
 ) -> None:
@@ -623,12 +646,18 @@ def show(
     if plan.skipped:
         console.print(f"scenario {plan.name}: skipped: {plan.skipped}", highlight=False)
         return
+    from stepwarm.console import block_tables_view
+    from stepwarm.tables import step_blocks
+
     ng = len(prof.kv_cache_groups)
+    blocks = step_blocks(plan, prof)
     table = Table(title=f"scenario {plan.name}: {plural(len(plan.steps), 'step')}, "
-                  f"{plural(len(plan.requests), 'request')}; blocks per KV cache group as g0/g1/...",
-                  title_justify="left")
+                  f"{plural(len(plan.requests), 'request')}; blocks per KV cache group as g0/g1/...: "
+                  "allocated from the pool, prefix-cache hits, null placeholders sent, "
+                  "held after the step", title_justify="left")
     for col, just in (("#", "right"), ("kind", "left"), ("requests", "left"),
-                      ("tokens", "right"), ("spec", "right"), ("new blk", "right"),
+                      ("tokens", "right"), ("spec", "right"), ("alloc blk", "right"),
+                      ("hit blk", "right"), ("null blk", "right"),
                       ("held blk", "right"), ("sampled", "left")):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     short = plan.display_name
@@ -650,7 +679,11 @@ def show(
         return " ".join(b if i is None else f"{b}[{i}]" if i == j else f"{b}[{i}..{j}]"
                         for b, i, j in runs)
 
-    for st in plan.steps:
+    def per_group(st: Any, field: str) -> str:
+        return "/".join(str(sum(len(getattr(r.groups[g], field)) for r in st.requests))
+                        for g in range(ng))
+
+    for st, bl in zip(plan.steps, blocks):
         names = [names_of(r.req_id for r in st.scheduled)] if st.scheduled else []
         if st.finished_req_ids:
             names.append("finish: " + names_of(sorted(st.finished_req_ids, key=order.get)))
@@ -663,9 +696,13 @@ def show(
         table.add_row(str(st.index), st.kind, " ".join(names),
                       str(st.total_num_scheduled_tokens),
                       str(sum(len(r.spec_token_ids) for r in st.scheduled)),
-                      "/".join(map(str, st.new_block_counts or [0] * ng)),
+                      per_group(bl, "allocated"), per_group(bl, "hit"), per_group(bl, "null"),
                       "/".join(map(str, held or [0] * ng)), sample)
     console.print(table)
+    if tables:
+        console.print(block_tables_view(
+            f"scenario {plan.name}: block ids per step, request and KV cache group (g); "
+            "0 = the null block; zeroed: in new_block_ids_to_zero", blocks))
 
 
 @app.command()

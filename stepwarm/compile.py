@@ -275,18 +275,7 @@ def to_scheduler_output(
         _set(out, "preempted_req_ids", set(step.preempted_req_ids))
     _set(out, "num_spec_tokens_to_schedule", step.num_spec_tokens_to_schedule)
     if profile.zeroes_new_blocks:
-        # The scheduler's KVCacheManager.take_new_block_ids(): blocks handed
-        # out in this step in the groups whose manager records them, group
-        # by group (one manager after the other), requests in schedule order.
-        to_zero = [
-            block_id
-            for group in range(len(profile.kv_cache_groups))
-            if profile.zeroes_group(group)
-            for row in step.scheduled
-            if row.allocated
-            for block_id in row.allocated[group]
-        ]
-        _set(out, "new_block_ids_to_zero", to_zero or None)
+        _set(out, "new_block_ids_to_zero", new_block_ids_to_zero(step, profile))
     if step.scheduled:
         # No common prefix across the warmup requests (older V2 runners read
         # one entry per KV cache group).
@@ -294,6 +283,29 @@ def to_scheduler_output(
     if step.grammar_req_ids:
         _set(out, "has_structured_output_requests", True)
     return out
+
+
+def new_block_ids_to_zero(step: PlannedStep, profile: RunnerProfile) -> list[int] | None:
+    """``SchedulerOutput.new_block_ids_to_zero`` for ``step``, as the
+    scheduler's ``KVCacheManager.take_new_block_ids()`` lists them: blocks
+    handed out in this step in the groups whose manager records them, group
+    by group (one manager after the other), requests in schedule order.
+
+    Returns:
+        The block ids, or None when the config needs no zeroing
+        (``profile.zeroes_new_blocks`` false) or none was handed out.
+    """
+    if not profile.zeroes_new_blocks:
+        return None
+    to_zero = [
+        block_id
+        for group in range(len(profile.kv_cache_groups))
+        if profile.zeroes_group(group)
+        for row in step.scheduled
+        if row.allocated
+        for block_id in row.allocated[group]
+    ]
+    return to_zero or None
 
 
 def to_grammar_output(step: PlannedStep, profile: RunnerProfile) -> Any:

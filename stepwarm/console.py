@@ -458,3 +458,27 @@ def verify_table(results: list[tuple[str, Any]]) -> Table:
             table.add_row("", "not compared", ", ".join(sorted(rep.not_compared)),
                           "; ".join(whys), "", "", "")
     return table
+
+
+def block_tables_view(title: str, steps: list[Any]) -> Table:
+    """``show --tables``: one row per step, scheduled request and KV cache
+    group (:func:`stepwarm.tables.step_blocks`), block ids with runs
+    shortened (``5-7``); a step that schedules nothing is one row."""
+    from stepwarm.tables import id_ranges
+
+    table = Table(title=title, title_justify="left")
+    for col in ("#", "kind", "request", "row", "g", "block table (runner)", "hit (prefix cache)",
+                "allocated (pool)", "null", "zeroed"):
+        table.add_column(col, justify="right" if col in ("#", "g", "null") else "left",
+                         overflow="fold")
+    for st in steps:
+        if not st.requests:
+            table.add_row(str(st.index), st.kind, "-", "", "", "", "", "", "", "")
+        for i, req in enumerate(st.requests):
+            for g in req.groups:
+                first = i == 0 and g.group == 0
+                table.add_row(str(st.index) if first else "", st.kind if first else "",
+                              req.request if g.group == 0 else "", req.row if g.group == 0 else "",
+                              str(g.group), id_ranges(g.table), id_ranges(g.hit),
+                              id_ranges(g.allocated), str(len(g.null)), id_ranges(g.zeroed))
+    return table

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stepwarm.model_dir import parse_hub_id, resolve_hub_model
 from stepwarm.zoo import SMALL_LIMITS, ZOO, resolve, write_model
 
 #: Engine arguments ``run`` always passes (unless overridden): no weights are
@@ -107,14 +108,21 @@ class Engine:
             shutdown()
 
 
-def start_engine(model: str | Path | None = None, **engine_args: Any) -> Engine:
+def start_engine(model: str | Path | None = None, *, weights_seed: int | None = None,
+                 **engine_args: Any) -> Engine:
     """Start ``vllm.LLM`` in this process and return it with its worker.
 
     Args:
         model: a local model directory (``config.json``, weights optional),
-            or the name of a zoo model (:data:`stepwarm.zoo.ZOO`, written
-            now, started with its own engine arguments); ``None`` is the
-            zoo's tiny Llama (with a word-level tokenizer).
+            the name of a zoo model (:data:`stepwarm.zoo.ZOO`, written
+            now, started with its own engine arguments), or a Hugging Face
+            id ``ORG/NAME[@REVISION]`` (:func:`stepwarm.model_dir.resolve_hub_model`:
+            the local cache first; vLLM gets ``model=ORG/NAME``,
+            ``revision=REVISION``); ``None`` is the zoo's tiny Llama (with a
+            word-level tokenizer).
+        weights_seed: for a zoo model (or the default tiny Llama), write
+            seeded random weights (:func:`stepwarm.zoo.write_model`) and
+            load them (``load_format="auto"``); None: vLLM's dummy weights.
         **engine_args: ``vllm.LLM`` keyword arguments overriding
             :func:`default_engine_args` and the zoo model's.
 
@@ -124,19 +132,28 @@ def start_engine(model: str | Path | None = None, **engine_args: Any) -> Engine:
 
     Raises:
         FileNotFoundError: ``model`` is neither a zoo name nor a directory
-            with a ``config.json``.
+            with a ``config.json`` nor a Hugging Face id.
+        ModelDirError: a Hugging Face id that is not cached (offline) or not
+            on the Hub.
         Whatever ``vllm.LLM`` raises for a config it rejects.
     """
     if model is None:
         # The tiny Llama comes with the zoo's word-level tokenizer, so vLLM's
         # renderer warmup finds one (without, it logs a traceback at start-up).
-        given, path, zoo_args = None, write_model("tiny-llama"), ZOO["tiny-llama"].engine_args
+        given, path, zoo_args = None, write_model("tiny-llama", weights_seed=weights_seed), {
+            **ZOO["tiny-llama"].engine_args,
+            **({"load_format": "auto"} if weights_seed is not None else {})}
     else:
-        path, zoo_args = resolve(model)
+        path, zoo_args = resolve(model, weights_seed)
         given = path
-        if not (path / "config.json").is_file():
+        if not path.exists() and parse_hub_id(str(model)):
+            hub = resolve_hub_model(str(model))
+            # vLLM gets the id (and revision) as vllm serve does; stepwarm's
+            # defaults look at the cached snapshot (tokenizer files or not).
+            given, path, zoo_args = hub.snapshot, hub.repo_id, hub.engine_args
+        elif not (path / "config.json").is_file():
             raise FileNotFoundError(f"{path}: not a model directory (no config.json) "
-                                    f"nor a zoo model ({', '.join(ZOO)})")
+                                    f"nor a zoo model ({', '.join(ZOO)}) nor a Hugging Face id")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 

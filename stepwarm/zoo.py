@@ -587,21 +587,46 @@ def _write_weights(model_dir: Path, seed: int, *, eagle: bool = False) -> None:
     save_file(tensors, str(model_dir / "model.safetensors"))
 
 
-def resolve(model: str | Path | None) -> tuple[Path | None, Mapping[str, Any]]:
+def resolve(model: str | Path | None, weights_seed: int | None = None,
+            ) -> tuple[Path | None, Mapping[str, Any]]:
     """What ``--model`` names: an existing directory (no engine arguments
     added), a zoo model (written now; its :meth:`ZooModel.engine_args_for`), or
     None (kept: the caller's default).
 
     A directory wins over a zoo model of the same name. Anything else is
     returned as a path, for the caller's "no such directory" error.
+
+    Args:
+        weights_seed: for a zoo model, also write seeded random weights
+            (:func:`write_model`) and start with ``load_format="auto"``.
     """
     if model is None:
         return None, {}
     path = Path(model)
     if not path.exists() and str(model) in ZOO:
-        model_dir = write_model(str(model))
-        return model_dir, ZOO[str(model)].engine_args_for(model_dir)
+        model_dir = write_model(str(model), weights_seed=weights_seed)
+        args = dict(ZOO[str(model)].engine_args_for(model_dir))
+        if weights_seed is not None:
+            args["load_format"] = "auto"
+        return model_dir, args
     return path, {}
+
+
+def parse_weights(value: str) -> int | None:
+    """``--weights``: ``dummy`` -> None (vLLM's dummy weights), ``seeded``
+    -> 0, ``seeded:N`` -> N (seeded random weights, :func:`write_model`).
+
+    Raises:
+        ValueError: anything else (the message names what is allowed).
+    """
+    kind, sep, seed = value.partition(":")
+    if kind == "dummy" and not sep:
+        return None
+    if kind == "seeded" and (not sep or seed.isdigit()):
+        return int(seed) if sep else 0
+    raise ValueError(f"--weights {value}: allowed: dummy (vLLM's load_format=dummy), seeded, "
+                     "or seeded:N (zoo models get random weights under torch.manual_seed(N), "
+                     "N an integer >= 0; default 0)")
 
 
 def _write_tokenizer(model_dir: Path, model: ZooModel) -> None:

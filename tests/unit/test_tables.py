@@ -1,0 +1,100 @@
+"""Block tables per step (stepwarm.tables, ``show --tables``): exact ids, no engine."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from stepwarm.cli import app
+from stepwarm.profile import CacheSpec, RunnerProfile
+from stepwarm.scenario import plans_for, tiny_profile
+from stepwarm.tables import id_ranges, step_blocks
+
+runner = CliRunner()
+
+#: Full attention + a one-block sliding window, prefix caching and zeroing
+#: on: a prefix hit gets a null placeholder in the window group.
+WINDOW = RunnerProfile(
+    runner="v1", kv_cache_groups=(CacheSpec(kind="full_attention", block_size=16),
+                                  CacheSpec(kind="sliding_window", block_size=16,
+                                            sliding_window=16)),
+    num_blocks=100, max_model_len=256, max_num_seqs=4, max_num_batched_tokens=64,
+    vocab_size=100, zeroes_new_blocks=True, enable_prefix_caching=True)
+
+
+def _ids(step, request, group):
+    (req,) = [r for r in step.requests if r.request == request]
+    g = req.groups[group]
+    return req.row, g.sent, g.table, g.null, g.hit, g.allocated, g.zeroed
+
+
+def test_prefix_hit_on_the_tiny_profile():
+    prof = tiny_profile()
+    steps = step_blocks(plans_for(["prefix-hit"], prof)[0], prof)
+    assert [s.kind for s in steps] == ["prefix_hit", "decode", "finish", "prefix_hit", "decode",
+                                       "finish", "prefix_hit", "prefill", "decode", "cleanup"]
+    # row, sent, table, null positions, hit, allocated, zeroed (no zeroing here)
+    assert _ids(steps[0], "hit1[0]", 0) == ("new", (1, 3), (1, 3), (), (1,), (3,), ())
+    assert _ids(steps[0], "hit1[1]", 0) == ("new", (2, 4), (2, 4), (), (2,), (4,), ())
+    assert _ids(steps[1], "hit1[0]", 0) == ("running", (), (1, 3), (), (), (), ())
+    assert steps[2].requests == ()
+    assert _ids(steps[3], "hit2", 0) == ("new", (4, 2, 3), (4, 2, 3), (), (4, 2), (3,), ())
+    assert _ids(steps[6], "hit3", 0) == ("new", (3, 2), (3, 2), (), (3,), (2,), ())
+    assert _ids(steps[7], "hit3", 0) == ("running", (), (3, 2), (), (), (), ())
+    assert all(s.new_block_ids_to_zero is None for s in steps)
+
+
+def test_window_group_nulls_hits_and_zeroing():
+    steps = step_blocks(plans_for(["prefix-hit"], WINDOW)[0], WINDOW)
+    assert _ids(steps[0], "hit1[0]", 0) == ("new", (1, 5), (1, 5), (), (1,), (5,), (5,))
+    assert _ids(steps[0], "hit1[0]", 1) == ("new", (2, 6), (2, 6), (), (2,), (6,), (6,))
+    # group-major, requests in schedule order (KVCacheManager.take_new_block_ids)
+    assert steps[0].new_block_ids_to_zero == (5, 7, 6, 8)
+    # the window skips the hit's first block: a null placeholder at position 0
+    assert _ids(steps[3], "hit2", 0) == ("new", (8, 4, 3), (8, 4, 3), (), (8, 4), (3,), (3,))
+    assert _ids(steps[3], "hit2", 1) == ("new", (0, 7, 6), (0, 7, 6), (0,), (7,), (6,), (6,))
+    assert steps[3].new_block_ids_to_zero == (3, 6)
+    # the window's first block (7) is freed and handed to group 0; the
+    # runner's copy of group 1 still lists it
+    assert _ids(steps[7], "hit3", 0) == ("running", (7,), (6, 3, 7), (), (), (7,), (7,))
+    assert _ids(steps[7], "hit3", 1) == ("running", (8,), (7, 4, 8), (), (), (8,), (8,))
+    assert steps[7].new_block_ids_to_zero == (7, 8)
+    assert steps[8].new_block_ids_to_zero is None
+
+
+def test_id_ranges():
+    assert id_ranges((0, 0, 5, 6, 7, 9, 10)) == "0 0 5-7 9 10"
+    assert id_ranges(()) == "-"
+
+
+def test_show_tables_prints_ids_and_split_counts():
+    r = runner.invoke(app, ["show", "--tables", "prefix-hit"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    lines = [" ".join(line.split()) for line in r.stdout.splitlines()]
+    # the plan table: allocated / hit / null counts in their own columns
+    assert "┃ # ┃ kind ┃ requests ┃ tokens ┃ spec ┃ alloc blk ┃ hit blk ┃ null blk ┃ held blk ┃ " \
+           "sampled ┃" in lines
+    assert "│ 3 │ prefix_hit │ hit2 │ 1 │ 0 │ 1 │ 2 │ 0 │ 3 │ 1 │" in lines
+    # the block table view
+    assert ("┃ # ┃ kind ┃ request ┃ row ┃ g ┃ block table (runner) ┃ hit (prefix cache) ┃ "
+            "allocated (pool) ┃ null ┃ zeroed ┃") in lines
+    assert "│ 0 │ prefix_hit │ hit1[0] │ new │ 0 │ 1 3 │ 1 │ 3 │ 0 │ - │" in lines
+    assert "│ │ │ hit1[1] │ new │ 0 │ 2 4 │ 2 │ 4 │ 0 │ - │" in lines
+    assert "│ 3 │ prefix_hit │ hit2 │ new │ 0 │ 4 2 3 │ 4 2 │ 3 │ 0 │ - │" in lines
+    assert "│ 4 │ decode │ hit2 │ running │ 0 │ 4 2 3 │ - │ - │ 0 │ - │" in lines
+
+
+def test_show_tables_two_groups_from_a_profile(tmp_path):
+    p = tmp_path / "window.json"
+    WINDOW.save(p)
+    r = runner.invoke(app, ["show", "--tables", "prefix-hit", "--profile", str(p)],
+                      env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    lines = [" ".join(line.split()) for line in r.stdout.splitlines()]
+    assert "│ 3 │ prefix_hit │ hit2 │ 1 │ 0 │ 1/1 │ 2/1 │ 0/1 │ 3/3 │ 1 │" in lines
+    assert "│ 3 │ prefix_hit │ hit2 │ new │ 0 │ 8 4 3 │ 8 4 │ 3 │ 0 │ 3 │" in lines
+    assert "│ │ │ │ │ 1 │ 0 7 6 │ 7 │ 6 │ 1 │ 6 │" in lines
+
+
+def test_show_without_tables_prints_no_ids():
+    r = runner.invoke(app, ["show", "prefix-hit"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "block table (runner)" not in r.stdout
