@@ -75,7 +75,7 @@ def _plugin_start(scenario: str, **extra: str) -> tuple[subprocess.CompletedProc
     return proc, time.monotonic() - t0
 
 
-RUNNING = re.compile(r"stepwarm: default step 2/8 \(decode, (?P<label>[^)]*)\) "
+RUNNING = re.compile(r"stepwarm: default step 1/8 \(decode, (?P<label>[^)]*)\) "
                      r"running for (?P<s>\d+\.\d) s")
 
 
@@ -98,7 +98,7 @@ def test_a_step_past_the_timeout_fails_start_up_under_warn_too():
                                STEPWARM_TEST_HANG="execute_model:1:120")
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "RESULT" not in proc.stdout
-    assert re.search(r"stepwarm: default step 2/8 \(decode, [^)]*\) still running after "
+    assert re.search(r"stepwarm: default step 1/8 \(decode, [^)]*\) still running after "
                      r"STEPWARM_STEP_TIMEOUT_S=2 s; a running step cannot be cancelled safely, "
                      r"so start-up fails", log), log[-4000:]
     assert wall < 120
