@@ -136,22 +136,19 @@ class StepFailed(RuntimeError):
         self.step = step
 
 
-#: Path parts naming whose code a frame is in, innermost frame first.
-_OWNERS = (("stepwarm", "stepwarm"), ("vllm", "vllm"), ("torch", "torch"))
+#: Package directories naming whose code a frame is in.
+_OWNERS = {"stepwarm": "stepwarm", "vllm": "vllm", "torch": "torch"}
 
 
 def raised_by(error: BaseException) -> str:
     """Whose code raised ``error``: ``vllm``, ``stepwarm``, ``torch`` or
-    ``other``, from the file of the traceback's innermost frame (a package
-    directory named ``vllm``, ``stepwarm`` or ``torch`` in its path)."""
+    ``other``, from the file of the traceback's innermost frame (the
+    directory nearest the file named ``vllm``, ``stepwarm`` or ``torch``)."""
     frames = tb.extract_tb(error.__traceback__)
     if not frames:
         return "other"
-    parts = frames[-1].filename.replace("\\", "/").split("/")
-    for part, owner in _OWNERS:
-        if part in parts[:-1]:
-            return owner
-    return "other"
+    parts = frames[-1].filename.replace("\\", "/").split("/")[:-1]
+    return next((_OWNERS[p] for p in reversed(parts) if p in _OWNERS), "other")
 
 
 def _oom_text(e: BaseException) -> str:

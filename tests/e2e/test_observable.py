@@ -75,7 +75,7 @@ def _plugin_start(scenario: str, **extra: str) -> tuple[subprocess.CompletedProc
     return proc, time.monotonic() - t0
 
 
-RUNNING = re.compile(r"stepwarm: default step 2/8 \(decode, (?P<label>[^)]*)\) "
+RUNNING = re.compile(r"stepwarm: default step 1/8 \(decode, (?P<label>[^)]*)\) "
                      r"running for (?P<s>\d+\.\d) s")
 
 
@@ -87,6 +87,7 @@ def test_a_hung_step_is_named_within_twice_the_threshold(where):
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     seconds = [float(m["s"]) for m in RUNNING.finditer(log)]
+    print("WATCHDOG", where, seconds)
     assert len(seconds) == 3 and 1.0 <= seconds[0] < 2.0, log[-4000:]
     assert [round(b - a) for a, b in zip(seconds, seconds[1:])] == [1, 1]
     assert "stepwarm: default: starting (8 steps)" in log
@@ -98,9 +99,10 @@ def test_a_step_past_the_timeout_fails_start_up_under_warn_too():
                                STEPWARM_TEST_HANG="execute_model:1:120")
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0 and "RESULT" not in proc.stdout
-    assert re.search(r"stepwarm: default step 2/8 \(decode, [^)]*\) still running after "
+    assert re.search(r"stepwarm: default step 1/8 \(decode, [^)]*\) still running after "
                      r"STEPWARM_STEP_TIMEOUT_S=2 s; a running step cannot be cancelled safely, "
                      r"so start-up fails", log), log[-4000:]
+    print("TIMEOUT wall s", round(wall, 1))
     assert wall < 120
 
 
@@ -119,7 +121,8 @@ def test_a_step_vllm_raised_in_is_attributed_to_vllm_and_serving_goes_on():
     assert not report["ok"] and report["raised_by"] == "vllm"
     assert report["error"].startswith("step 1 (decode: ")
     assert "AttributeError: 'NoneType' object has no attribute" in report["error"]
-    assert "vllm/v1/sample/sampler.py" in report["traceback"].splitlines()[-3]
+    files = [ln for ln in report["traceback"].splitlines() if ln.lstrip().startswith("File ")]
+    assert "/vllm/v1/sample/sampler.py" in files[-1]
     assert report["left_in_runner"] == [] and report["cleanup_ran"]
 
 
@@ -128,7 +131,7 @@ def test_an_out_of_memory_step_is_one_paragraph_and_serving_goes_on():
     report = _one_report(proc)
     assert not report["ok"] and report["raised_by"] == "other"  # the fault plugin's frame
     assert re.fullmatch(
-        r"step 1 \(decode: [^)]*\) failed on the generate runner: it ran out of device memory "
+        r"step 1 \(decode: [^)]*\) failed on the v1 runner: it ran out of device memory "
         r"\(OutOfMemoryError\); the runner was cleaned up and process RSS \d+\.\d\d GiB now\. "
         r"vLLM sized the KV cache .* vLLM said: injected: CUDA out of memory at step 1 on rank 0",
         report["error"]), report["error"]
