@@ -500,11 +500,14 @@ class BlockLedger:
     _pending_hit: dict[str, list[tuple[int, int]]] = field(default_factory=dict, repr=False)
     #: Tokens per prompt hash (:func:`prefix_hash_block_size`), from the groups.
     _hash_block_size: int = field(default=1, init=False, repr=False)
+    _rules: list = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.cache_alignment is None:
             self.cache_alignment = prefix_cache_alignment(self.specs, self.enable_caching)
         self._hash_block_size = prefix_hash_block_size(self.specs, self.enable_caching)
+        #: The rule of each group (``RULES`` looked up once).
+        self._rules = [RULES[spec.kind] for spec in self.specs]
 
     def new_step(self) -> None:
         """``KVCacheManager.new_step_starts``: a new step begins (Mamba
@@ -582,8 +585,8 @@ class BlockLedger:
         for r in rows:
             tables = self._tables.get(r.req_id) or [GroupTable() for _ in self.specs]
             ctx = self._ctx_for(r.req_id, r.encoder_len)
-            need += sum(RULES[spec.kind].to_allocate(t, r.num_tokens, spec, ctx)
-                        for spec, t in zip(self.specs, tables))
+            need += sum(rule.to_allocate(t, r.num_tokens, spec, ctx)
+                        for rule, spec, t in zip(self._rules, self.specs, tables))
             if need > free:
                 return False
         return True
@@ -756,17 +759,20 @@ class BlockLedger:
                 f"request {req_id!r}: its prefix hit ends on a Mamba state cached in "
                 f"this same step (group {stale[0][0]}); vLLM's MambaManager refuses it",
                 req_id)
-        for spec, table in zip(self.specs, tables):
-            self._release(RULES[spec.kind].remove_skipped(table, num_computed, spec))
-        need = sum(RULES[spec.kind].to_allocate(t, num_tokens, spec, ctx)
-                   for spec, t in zip(self.specs, tables))
+        rules = self._rules
+        for rule, spec, table in zip(rules, self.specs, tables):
+            freed = rule.remove_skipped(table, num_computed, spec)
+            if freed:
+                self._release(freed)
+        need = sum(rule.to_allocate(t, num_tokens, spec, ctx)
+                   for rule, spec, t in zip(rules, self.specs, tables))
         if need > self.num_free:
             if req_id in self._tables:
                 self._tables[req_id] = tables
             raise self._refuse(req_id, need, num_tokens)
         appended, taken = [], []
-        for spec, table in zip(self.specs, tables):
-            a, t = RULES[spec.kind].allocate(table, num_tokens, spec, ctx, self._take)
+        for rule, spec, table in zip(rules, self.specs, tables):
+            a, t = rule.allocate(table, num_tokens, spec, ctx, self._take)
             appended.append(tuple(a))
             taken.append(tuple(t))
         self._tables[req_id] = tables
