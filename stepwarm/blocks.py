@@ -65,6 +65,10 @@ class GroupTable:
     last_state_idx: int | None = None
     retired: int = 0
 
+    def copy(self) -> GroupTable:
+        """An independent copy (its own ``ids`` list)."""
+        return GroupTable(list(self.ids), self.allocated, self.last_state_idx, self.retired)
+
 
 class ReservationRule(ABC):
     """How one KV cache group's scheduler manager grows, trims and frees a
@@ -421,6 +425,23 @@ class Growth:
     taken: tuple[tuple[int, ...], ...]
 
 
+@dataclass(frozen=True)
+class StepAllocation:
+    """One scheduled request's allocation in :meth:`BlockLedger.allocate_step`
+    (the arguments of one ``KVCacheManager.allocate_slots`` call)."""
+
+    req_id: str
+    #: Computed + scheduled tokens after the step.
+    num_tokens: int
+    #: Tokens computed before the step.
+    num_computed: int
+    #: Tokens whose full blocks become prefix-cache entries
+    #: (``min(computed + scheduled, num_tokens)``: never unverified drafts).
+    num_cached_tokens: int
+    prompt_len: int
+    encoder_len: int | None = None
+
+
 @dataclass
 class BlockLedger:
     """Block tables per request per group from one shared pool, as the
@@ -479,11 +500,14 @@ class BlockLedger:
     _pending_hit: dict[str, list[tuple[int, int]]] = field(default_factory=dict, repr=False)
     #: Tokens per prompt hash (:func:`prefix_hash_block_size`), from the groups.
     _hash_block_size: int = field(default=1, init=False, repr=False)
+    _rules: list = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.cache_alignment is None:
             self.cache_alignment = prefix_cache_alignment(self.specs, self.enable_caching)
         self._hash_block_size = prefix_hash_block_size(self.specs, self.enable_caching)
+        #: The rule of each group (``RULES`` looked up once).
+        self._rules = [RULES[spec.kind] for spec in self.specs]
 
     def new_step(self) -> None:
         """``KVCacheManager.new_step_starts``: a new step begins (Mamba
@@ -495,6 +519,94 @@ class BlockLedger:
         """A ledger over a runner profile's groups and ``num_blocks``."""
         return cls(profile.kv_cache_groups, profile.num_blocks, ReservationContext.of(profile),
                    enable_caching=profile.enable_prefix_caching)
+
+    # -- a step's transaction ---------------------------------------------------
+    def allocate_step(self, free: tuple[str, ...], rows: list[StepAllocation], *,
+                      wait_for_mamba: bool = False) -> list[Growth | None]:
+        """One step's block work, all or nothing: :meth:`new_step`, then the
+        finished and preempted requests ``free`` (same step), then per row
+        :meth:`grow` and :meth:`cache_prompt`, as the scheduler calls
+        ``allocate_slots`` request by request.
+
+        vLLM's scheduler never undoes an allocation (a request that does not
+        fit waits, and the ones before it keep their blocks); stepwarm refuses
+        a step whole, so a refused step leaves the ledger as it was. When the
+        pool holds every row's blocks before anything is freed and no row
+        waits on a Mamba hit (:meth:`_fits`), nothing can be refused and no
+        state is saved; otherwise :meth:`_save` copies the containers once
+        (no deep copy of the ledger).
+
+        Args:
+            wait_for_mamba: a row whose prefix hit ends on a Mamba state
+                another row cached in this step is left out (its entry is
+                None; it holds what it held) instead of refused, as vLLM's
+                scheduler leaves it waiting.
+
+        Returns:
+            The :class:`Growth` of each row, in order (None: left waiting).
+
+        Raises:
+            OutOfBlocksError: a row needs more blocks than free (or
+                :class:`MambaStateBusyError`); the ledger is unchanged.
+        """
+        saved = None if self._fits(rows) else self._save()
+        self.new_step()
+        try:
+            for rid in free:
+                self.free(rid)
+            out: list[Growth | None] = []
+            for r in rows:
+                if wait_for_mamba and self.mamba_state_busy(r.req_id):
+                    out.append(None)
+                    continue
+                out.append(self.grow(r.req_id, r.num_tokens, encoder_len=r.encoder_len,
+                                     num_computed=r.num_computed))
+                self.cache_prompt(r.req_id, r.num_cached_tokens, r.prompt_len)
+        except OutOfBlocksError:
+            if saved is None:  # pragma: no cover - _fits is conservative
+                raise AssertionError("BlockLedger._fits admitted a step that does not fit")
+            self._restore(saved)
+            raise
+        return out
+
+    def _fits(self, rows: list[StepAllocation]) -> bool:
+        """Whether every row's :meth:`grow` surely succeeds: the blocks they
+        need together are free before this step frees any, no row has a
+        pending Mamba hit, and no group is in Mamba ``align`` mode (whose
+        allocation depends on the table's state, so it is left to the saved
+        path). Rows are distinct requests, so one row's need does not depend
+        on another's growth."""
+        if self._pending_hit and any(r.req_id in self._pending_hit for r in rows):
+            return False
+        if any(s.kind == "mamba" and s.mamba_cache_mode == "align" for s in self.specs):
+            return False
+        need = 0
+        free = self.num_free
+        for r in rows:
+            tables = self._tables.get(r.req_id) or [GroupTable() for _ in self.specs]
+            ctx = self._ctx_for(r.req_id, r.encoder_len)
+            need += sum(rule.to_allocate(t, r.num_tokens, spec, ctx)
+                        for rule, spec, t in zip(self._rules, self.specs, tables))
+            if need > free:
+                return False
+        return True
+
+    def _save(self) -> tuple:
+        """The ledger's mutable state, copied one level down (tables, the
+        cache's id sets and cached counts copied; ids and keys are
+        immutable): what :meth:`_restore` puts back."""
+        return (
+            self._next, self._front.copy(), self._tail.copy(), self._ref.copy(),
+            {k: v.copy() for k, v in self._cache.items()}, self._cached.copy(),
+            {rid: [t.copy() for t in ts] for rid, ts in self._tables.items()},
+            self._ctx.copy(), {rid: list(n) for rid, n in self._num_cached.items()},
+            self._cached_this_step.copy(), self._pending_hit.copy(),
+        )
+
+    def _restore(self, saved: tuple) -> None:
+        (self._next, self._front, self._tail, self._ref, self._cache, self._cached,
+         self._tables, self._ctx, self._num_cached, self._cached_this_step,
+         self._pending_hit) = saved
 
     # -- pool ------------------------------------------------------------------
     def _take(self, n: int) -> tuple[int, ...]:
@@ -579,6 +691,22 @@ class BlockLedger:
             return self.ctx
         return replace(self.ctx, max_encoder_len=encoder_len)
 
+    def _stale_hit(self, req_id: str) -> list[tuple[int, int]]:
+        """Mamba positions of ``req_id``'s pending hit cached in this step."""
+        return [key for key in self._pending_hit.get(req_id, ()) if key in self._cached_this_step]
+
+    def mamba_state_busy(self, req_id: str) -> bool:
+        """Whether ``MambaManager.get_num_blocks_to_allocate`` refuses
+        ``req_id`` now: its prefix hit ends on a Mamba state another request
+        cached in this same step (vLLM's scheduler leaves it waiting)."""
+        return bool(self._stale_hit(req_id))
+
+    def _ctx_for(self, req_id: str, encoder_len: int | None) -> ReservationContext:
+        """The context :meth:`grow` uses for ``req_id``: the remembered one
+        when ``encoder_len`` is None, else one for that encoder length."""
+        ctx = self._ctx.get(req_id) if encoder_len is None else None
+        return self._request_ctx(encoder_len) if ctx is None else ctx
+
     def _refuse(self, req_id: str, need: int, num_tokens: int) -> OutOfBlocksError:
         if self.num_blocks <= 1:
             return OutOfBlocksError(
@@ -622,10 +750,8 @@ class BlockLedger:
                 blocks freed by the first stage stay freed, as in vLLM.
         """
         tables = self._tables.get(req_id) or [GroupTable() for _ in self.specs]
-        ctx = self._ctx.get(req_id) if encoder_len is None else None
-        if ctx is None:
-            ctx = self._request_ctx(encoder_len)
-        stale = [key for key in self._pending_hit.get(req_id, ()) if key in self._cached_this_step]
+        ctx = self._ctx_for(req_id, encoder_len)
+        stale = self._stale_hit(req_id)
         if stale:
             # MambaManager.get_num_blocks_to_allocate: a hit whose last state
             # another request cached in this same step cannot be allocated.
@@ -633,17 +759,20 @@ class BlockLedger:
                 f"request {req_id!r}: its prefix hit ends on a Mamba state cached in "
                 f"this same step (group {stale[0][0]}); vLLM's MambaManager refuses it",
                 req_id)
-        for spec, table in zip(self.specs, tables):
-            self._release(RULES[spec.kind].remove_skipped(table, num_computed, spec))
-        need = sum(RULES[spec.kind].to_allocate(t, num_tokens, spec, ctx)
-                   for spec, t in zip(self.specs, tables))
+        rules = self._rules
+        for rule, spec, table in zip(rules, self.specs, tables):
+            freed = rule.remove_skipped(table, num_computed, spec)
+            if freed:
+                self._release(freed)
+        need = sum(rule.to_allocate(t, num_tokens, spec, ctx)
+                   for rule, spec, t in zip(rules, self.specs, tables))
         if need > self.num_free:
             if req_id in self._tables:
                 self._tables[req_id] = tables
             raise self._refuse(req_id, need, num_tokens)
         appended, taken = [], []
-        for spec, table in zip(self.specs, tables):
-            a, t = RULES[spec.kind].allocate(table, num_tokens, spec, ctx, self._take)
+        for rule, spec, table in zip(rules, self.specs, tables):
+            a, t = rule.allocate(table, num_tokens, spec, ctx, self._take)
             appended.append(tuple(a))
             taken.append(tuple(t))
         self._tables[req_id] = tables

@@ -15,13 +15,11 @@ step and the request.
 
 from __future__ import annotations
 
-import re
-
-import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from stepwarm.blocks import BlockLedger, MambaStateBusyError, OutOfBlocksError
+from stepwarm.blocks import BlockLedger, OutOfBlocksError, StepAllocation
 from stepwarm.profile import RunnerProfile
 
 #: What a step exercises; reports and tables show it.
@@ -57,6 +55,23 @@ class PlannedRequest:
     #: One image per entry, as an index into the profile's ``image_classes``
     #: (multimodal models; the prompt holds their placeholder tokens).
     images: tuple[int, ...] = ()
+    #: ``Request.skip_reading_prefix_cache``: the request reads no prefix
+    #: cache (it asks for prompt logprobs, or pools per token), so the
+    #: scheduler gives it no prefix hit (:meth:`PlanBuilder.set_computed`
+    #: refuses one).
+    skip_reading_prefix_cache: bool = False
+    #: The request as its scenario names it: ``name`` (its ``[requests.NAME]``
+    #: table) and ``index`` (its place among that table's requests, None for
+    #: a table of one); "" for a request declared without a name.
+    name: str = ""
+    index: int | None = None
+
+    @property
+    def display_name(self) -> str:
+        """``NAME`` or ``NAME[i]``; the request id when it has no name."""
+        if not self.name:
+            return self.req_id
+        return self.name if self.index is None else f"{self.name}[{self.index}]"
 
 
 @dataclass(frozen=True)
@@ -169,31 +184,28 @@ class Plan:
         return "\n".join(lines)
 
     def display_name(self, req_id: str) -> str:
-        """A request as its scenario file names it: ``NAME`` or ``NAME[i]``
-        for ids of this plan (``_stepwarm_<plan>_NAME_`` /
-        ``_stepwarm_<plan>_NAME_<i>_``), ``req[i]`` for the numbered requests
-        of vLLM's own sequences (``_stepwarm_<i>_``), other stepwarm ids
-        without the prefix (``_stepwarm_mixed_decode_`` -> ``mixed_decode``);
-        ids that are not stepwarm's unchanged."""
-        prefix = f"{REQ_ID_PREFIX}{self.name}_"
-        plain = re.fullmatch(re.escape(REQ_ID_PREFIX) + r"(\d+)_", req_id)
-        if plain:  # vLLM's own warmup sequences (stepwarm.sequences) number requests
-            return f"req[{plain.group(1)}]"
-        if not req_id.startswith(prefix):
-            if req_id.startswith(REQ_ID_PREFIX):  # e.g. vLLM's mixed warmup's pair
-                return req_id[len(REQ_ID_PREFIX):].rstrip("_")
-            return req_id
-        name = req_id[len(prefix):]
-        m = re.fullmatch(r"(.*)_(\d+)_", name)
-        return f"{m.group(1)}[{m.group(2)}]" if m else name.rstrip("_")
+        """A request of this plan as its scenario names it
+        (:attr:`PlannedRequest.display_name`: ``NAME`` or ``NAME[i]``;
+        ``req[i]`` and ``mixed_decode`` / ``mixed_prefill`` for vLLM's own
+        sequences); other ids unchanged."""
+        req = self._by_id().get(req_id)
+        return req.display_name if req is not None else req_id
 
     def with_display_names(self, text: str) -> str:
         """``text`` with every request id of this plan replaced by its
-        :meth:`display_name` (for messages: vLLM's errors name request ids)."""
-        prefix = re.escape(f"{REQ_ID_PREFIX}{self.name}_")
-        own = prefix + r"[A-Za-z0-9_-]*?_(?:\d+_)?(?![A-Za-z0-9_-])"
-        other = re.escape(REQ_ID_PREFIX) + r"[A-Za-z0-9-]+(?:_[A-Za-z0-9-]+)*_(?![A-Za-z0-9_-])"
-        return re.sub(f"{own}|{other}", lambda m: self.display_name(m.group(0)), text)
+        :meth:`display_name` (for messages: vLLM's errors name request ids).
+        Longer ids first, so no id is cut inside another."""
+        for req in sorted(self.requests, key=lambda r: -len(r.req_id)):
+            if req.req_id in text:
+                text = text.replace(req.req_id, req.display_name)
+        return text
+
+    def _by_id(self) -> dict[str, PlannedRequest]:
+        by_id = self.__dict__.get("_by_id_cache")
+        if by_id is None:
+            by_id = {r.req_id: r for r in self.requests}
+            object.__setattr__(self, "_by_id_cache", by_id)
+        return by_id
 
     def request(self, req_id: str) -> PlannedRequest:
         """The declared request ``req_id``.
@@ -208,17 +220,20 @@ class Plan:
 
 
 class PlanError(ValueError):
-    """A step the scheduler would never produce; the message names the step,
-    the request and what is allowed. ``step`` is the step index (or None)."""
+    """A step the scheduler would never produce, as data: ``step`` (the step
+    index, or None for a declaration), ``request`` (the request id it is
+    about, or None), ``field`` (what was wrong: "tokens", "blocks", ...) and
+    ``reason`` (what the scheduler says, and what is allowed). ``str()``
+    is ``"step N: reason"``; callers that show it their own way (the
+    scenario expander) read the fields."""
 
-    def __init__(self, message: str, *, step: int | None = None, field: str | None = None,
-                 waits: str | None = None):
-        super().__init__(message)
+    def __init__(self, reason: str, *, step: int | None = None, field: str | None = None,
+                 request: str | None = None):
+        super().__init__(reason if step is None else f"step {step}: {reason}")
+        self.reason = reason
         self.step = step
         self.field = field
-        #: A request vLLM's scheduler would leave waiting for the next step
-        #: (:class:`~stepwarm.blocks.MambaStateBusyError`), else None.
-        self.waits = waits
+        self.request = request
 
 
 def max_prompt_len(profile: RunnerProfile, kind: str = "sample") -> int:
@@ -255,6 +270,37 @@ class _Live:
 
 
 @dataclass
+class _Ask:
+    """What a caller asks of one step (:meth:`PlanBuilder.step`'s arguments)."""
+
+    prefill: dict[str, int] = field(default_factory=dict)
+    decode: dict[str, int] = field(default_factory=dict)
+    resume: dict[str, int] = field(default_factory=dict)
+    finish: tuple[str, ...] = ()
+    preempt: tuple[str, ...] = ()
+
+
+@dataclass
+class _Draft:
+    """A step being scheduled: its rows in order, each with the update
+    ``_update_after_schedule`` applies (live, computed +=, outputs +=)."""
+
+    rows: list[ScheduledRequest] = field(default_factory=list)
+    updates: list[tuple[_Live, int, int]] = field(default_factory=list)
+    #: Resumed requests and whether they are still recomputing after it.
+    resuming: list[tuple[_Live, bool]] = field(default_factory=list)
+    #: Blocks each scheduled request holds after the step, per group.
+    held: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
+    total: int = 0
+    encoder_tokens: int = 0
+
+    def add(self, row: ScheduledRequest, live: _Live, dn: int, dout: int) -> None:
+        self.rows.append(row)
+        self.updates.append((live, dn, dout))
+        self.total += row.num_scheduled_tokens
+
+
+@dataclass
 class PlanBuilder:
     """Build a :class:`Plan` step by step, checking every step against the
     runner profile and the request lifecycle.
@@ -275,6 +321,8 @@ class PlanBuilder:
     #: Pooling requests whose prompt is done: the scheduler finishes them, so
     #: the next step carries them in finished_req_ids.
     _pooled: list[str] = field(default_factory=list, init=False)
+    #: The scheduler's running queue (request ids).
+    _running: set[str] = field(default_factory=set, init=False)
 
     def __post_init__(self) -> None:
         self.ledger = BlockLedger.for_profile(self.profile)
@@ -332,6 +380,14 @@ class PlanBuilder:
             raise PlanError(f"request {req.req_id!r}: its images need {tokens} encoder tokens "
                             f"but the encoder budget is {p.encoder_budget}", field="images")
 
+    def request(self, req_id: str) -> PlannedRequest:
+        """The declared request ``req_id``.
+
+        Raises:
+            PlanError: no such request.
+        """
+        return self._live(req_id).decl
+
     def live_req_ids(self) -> tuple[str, ...]:
         """Requests the runner holds now (sent and not finished)."""
         return tuple(
@@ -358,19 +414,16 @@ class PlanBuilder:
         """Index the next step will get."""
         return len(self._steps)
 
-    def _err(self, msg: str, field: str | None = None, waits: str | None = None) -> PlanError:
-        return PlanError(f"step {self.next_index}: {msg}", step=self.next_index, field=field,
-                         waits=waits)
+    def _err(self, msg: str, field: str | None = None, request: str | None = None) -> PlanError:
+        return PlanError(msg, step=self.next_index, field=field, request=request)
 
     def _live(self, req_id: str) -> _Live:
         try:
             return self._requests[req_id]
         except KeyError:
             known = ", ".join(self._requests) or "none"
-            raise PlanError(
-                f"step {self.next_index}: unknown request {req_id!r} (declared: {known})",
-                step=self.next_index, field="requests",
-            ) from None
+            raise PlanError(f"unknown request {req_id!r} (declared: {known})",
+                            step=self.next_index, field="requests", request=req_id) from None
 
     def step(
         self,
@@ -383,8 +436,22 @@ class PlanBuilder:
         finish: tuple[str, ...] = (),
         preempt: tuple[str, ...] = (),
         grammar: bool | None = None,
+        relabel: Callable[[list[str]], str] | None = None,
     ) -> PlannedStep:
-        """Append one step.
+        """Append one step, or more where vLLM's scheduler would leave some
+        requests waiting for later steps (builder policy, as the scheduler's
+        ``schedule()`` leaves a request in its waiting queue):
+
+        * **encoder budget** (encoder-decoder models): the prefilled and
+          resumed requests whose encoder inputs start now are split into
+          groups that fit ``encoder_budget`` (:meth:`_encoder_budget_parts`);
+          the earlier groups go first, each a step of its own labelled
+          ``(encoder budget, part i/n)``, and the last carries the rest;
+        * **a Mamba state cached in the step** (``prefix_hit`` steps): a
+          request whose hit ends on a Mamba state another request of the step
+          caches is refused by ``MambaManager``; it waits for the next step,
+          labelled ``(waited i step(s): ...)``. In other kinds the step is
+          refused (a custom step is sent exactly as written).
 
         Args:
             kind, label: for reports.
@@ -403,82 +470,142 @@ class PlanBuilder:
                 progress reset to 0 computed tokens).
             grammar: sample with an all-ones bitmask for the sampled
                 requests; None: for those declared ``structured_output``.
+            relabel: the label of a step whose requests were cut by a Mamba
+                wait, from its prefilled request ids (None: ``label``).
 
         Returns:
-            The appended step.
+            The last step appended.
 
         Raises:
             PlanError: see the class docstring.
         """
         prefill = dict(prefill or {})
-        decode = dict(decode or {})
         resume = dict(resume or {})
         parts = self._encoder_budget_parts(list(prefill) + list(resume))
         for i, part in enumerate(parts[:-1]):
-            # vLLM's scheduler starts no more encoder inputs in one step than
-            # its encoder budget holds: the others wait for the next steps.
-            self.step("prefill" if all(r in prefill for r in part) else "resume",
-                      f"{label} (encoder budget, part {i + 1}/{len(parts)})",
-                      prefill={r: prefill.pop(r) for r in part if r in prefill},
-                      resume={r: resume.pop(r) for r in part if r in resume}, grammar=grammar)
+            self._schedule_waiting(
+                "prefill" if all(r in prefill for r in part) else "resume",
+                f"{label} (encoder budget, part {i + 1}/{len(parts)})",
+                _Ask(prefill={r: prefill.pop(r) for r in part if r in prefill},
+                     resume={r: resume.pop(r) for r in part if r in resume}), grammar, None)
         if len(parts) > 1:
             label = f"{label} (encoder budget, part {len(parts)}/{len(parts)})"
-        finish = tuple(finish) + tuple(r for r in self._pooled if r not in finish)
+        ask = _Ask(prefill, dict(decode or {}), resume, tuple(finish), tuple(preempt))
+        return self._schedule_waiting(kind, label, ask, grammar, relabel)
+
+    def _schedule_waiting(self, kind: StepKind, label: str, ask: _Ask, grammar: bool | None,
+                          relabel: Callable[[list[str]], str] | None) -> PlannedStep:
+        """:meth:`_schedule` ``ask``, then, in ``prefix_hit`` steps, the
+        requests ``MambaManager`` left waiting, one step after another."""
+        wait = kind == "prefix_hit"
+        step, waiting = self._schedule(kind, label, ask, grammar, wait, relabel)
+        part = 0
+        while waiting:
+            part += 1
+            step, waiting = self._schedule(
+                kind, relabel(list(waiting)) if relabel else label, _Ask(prefill=waiting),
+                grammar, wait, relabel,
+                f" (waited {part} step(s): a Mamba state cached in the step before)")
+        return step
+
+    def _schedule(self, kind: StepKind, label: str, ask: _Ask, grammar: bool | None,
+                  wait_for_mamba: bool, relabel: Callable[[list[str]], str] | None = None,
+                  suffix: str = "") -> tuple[PlannedStep, dict[str, int]]:
+        """One step, in the phases of vLLM's ``Scheduler.schedule()``; its
+        label is ``label + suffix`` (``relabel`` of the prefilled requests
+        kept when some wait).
+
+        Returns:
+            The step and the prefilled requests left waiting (request ->
+            tokens), a Mamba state being cached in the step
+            (``wait_for_mamba``; else the step is refused).
+        """
+        finish = ask.finish + tuple(r for r in self._pooled if r not in ask.finish)
+        names = self._check_membership(ask, finish)
+        draft = _Draft()
+        # Requests in the caller's order: prefill chunks (waiting requests'
+        # first chunks, running ones' later chunks), decodes of RUNNING
+        # requests, then preempted requests resumed (vLLM's WAITING queue).
+        self._schedule_prefills(ask.prefill, draft)
+        self._schedule_decodes(ask.decode, draft)
+        self._schedule_resumptions(ask.resume, draft)
+        self._check_budgets(names, finish, ask.preempt, draft)
+        waiting = self._allocate(finish + ask.preempt, draft, wait_for_mamba)
+        if waiting and relabel:
+            label = relabel([rid for rid in ask.prefill if rid not in waiting])
+        self._update_after_schedule(draft, finish, ask.preempt)
+        step = self._scheduler_output(kind, label + suffix, draft, finish, ask.preempt, grammar)
+        return step, waiting
+
+    def _check_membership(self, ask: _Ask, finish: tuple[str, ...]) -> list[str]:
+        """Every request once, a known one, at most ``max_num_seqs``; the
+        finished and preempted ones running and not scheduled.
+
+        Returns:
+            The scheduled request ids, in order.
+        """
         p = self.profile
-        names = list(prefill) + list(decode) + list(resume)
-        dup = {n for n in names if names.count(n) > 1}
-        if dup:
+        names = list(ask.prefill) + list(ask.decode) + list(ask.resume)
+        scheduled = set(names)
+        if len(scheduled) < len(names):
+            dup = {n for i, n in enumerate(names) if n in names[:i]}
             raise self._err(f"request(s) {sorted(dup)} scheduled twice", "requests")
         if len(names) > p.max_num_seqs:
             raise self._err(
                 f"{len(names)} requests scheduled but max_num_seqs is {p.max_num_seqs}",
                 "requests",
             )
+        pooled = set(self._pooled)
         for rid in names:
-            if rid in self._pooled:
+            if rid in pooled:
                 raise self._err(
                     f"request {rid!r} is a pooling request: it samples no token and "
-                    "finished with its prefill; allowed: prefill", "requests",
+                    "finished with its prefill; allowed: prefill", "requests", rid,
                 )
-        for rid in finish + preempt:
+        for rid in finish + ask.preempt:
             live = self._live(rid)
+            what = "finished" if rid in finish else "preempted"
             if not live.seen or live.state == "finished":
                 raise self._err(
-                    f"request {rid!r} cannot be {'finished' if rid in finish else 'preempted'}: "
+                    f"request {rid!r} cannot be {what}: "
                     f"it is {'finished already' if live.state == 'finished' else 'not running'}",
-                    "finish" if rid in finish else "preempt",
+                    "finish" if rid in finish else "preempt", rid,
                 )
-            if rid in names:
+            if rid in scheduled:
                 raise self._err(f"request {rid!r} is scheduled and finished/preempted "
-                                "in the same step", "requests")
-            if rid in preempt and live.decl.images:
+                                "in the same step", "requests", rid)
+            if rid in ask.preempt and live.decl.images:
                 raise self._err(f"request {rid!r} carries images; stepwarm does not preempt "
-                                "such requests", "preempt")
+                                "such requests", "preempt", rid)
+        return names
 
-        rows: list[ScheduledRequest] = []
-        plan_updates: list[tuple[_Live, int, int]] = []  # live, computed+=, outputs+=
-        resuming: list[tuple[_Live, bool]] = []
-        total = encoder_tokens = 0
+    def _schedule_prefills(self, prefill: dict[str, int], draft: _Draft) -> None:
+        """Prefill chunks: a waiting request's first (after any prefix hit) or
+        a running one's next, with the encoder inputs that start with it
+        (``_try_schedule_encoder_inputs``), within the encoder budget."""
+        p = self.profile
         for rid, n in prefill.items():
             live = self._live(rid)
             if live.state == "finished":
-                raise self._err(f"request {rid!r} is finished; it cannot be prefilled", "prefill")
+                raise self._err(f"request {rid!r} is finished; it cannot be prefilled",
+                                "prefill", rid)
             if live.state == "preempted":
-                raise self._err(f"request {rid!r} is preempted; resume it instead", "prefill")
+                raise self._err(f"request {rid!r} is preempted; resume it instead", "prefill", rid)
             if live.state == "running" and live.num_computed_tokens >= live.decl.prompt_len:
                 raise self._err(
                     f"request {rid!r} already finished its prefill "
                     f"({live.num_computed_tokens} tokens computed); decode it instead",
-                    "prefill",
+                    "prefill", rid,
                 )
             left = live.decl.prompt_len - live.num_computed_tokens
             if n <= 0:
-                raise self._err(f"request {rid!r}: prefill tokens must be > 0, got {n}", "tokens")
+                raise self._err(f"request {rid!r}: prefill tokens must be > 0, got {n}",
+                                "tokens", rid)
             if n > left:
                 raise self._err(
                     f"request {rid!r}: {n} prefill tokens scheduled but only {left} "
                     f"prompt tokens are left (prompt_len {live.decl.prompt_len}, "
-                    f"{live.num_computed_tokens} computed)", "tokens",
+                    f"{live.num_computed_tokens} computed)", "tokens", rid,
                 )
             done = n == left
             self._check_mamba_align_chunk(live, n)
@@ -488,18 +615,21 @@ class PlanBuilder:
                 if not done or live.num_computed_tokens:
                     raise self._err(
                         f"request {rid!r} carries images: it is prefilled in one step "
-                        f"({live.decl.prompt_len} tokens), not in chunks", "tokens")
+                        f"({live.decl.prompt_len} tokens), not in chunks", "tokens", rid)
                 row = replace(row, encoder_inputs=tuple(range(len(live.decl.images))))
-                encoder_tokens += sum(p.image_classes[c].tokens for c in live.decl.images)
+                draft.encoder_tokens += sum(p.image_classes[c].tokens for c in live.decl.images)
             elif self._starts_encoder(live):
                 row = replace(row, encoder_inputs=(0,))
-                encoder_tokens += live.decl.encoder_len if p.encoder_budget else 0
-            rows.append(row)
-            plan_updates.append((live, n, 1 if done else 0))
-            total += n
-        if encoder_tokens > p.encoder_budget:
-            raise self._err(f"{encoder_tokens} encoder tokens scheduled but the encoder "
+                draft.encoder_tokens += live.decl.encoder_len if p.encoder_budget else 0
+            draft.add(row, live, n, 1 if done else 0)
+        if draft.encoder_tokens > p.encoder_budget:
+            raise self._err(f"{draft.encoder_tokens} encoder tokens scheduled but the encoder "
                             f"budget is {p.encoder_budget}", "images")
+
+    def _schedule_decodes(self, decode: dict[str, int], draft: _Draft) -> None:
+        """RUNNING requests whose prompt is done: ``1 + drafts`` tokens each
+        (``scheduled_spec_decode_tokens``: at most ``num_speculative_steps``)."""
+        p = self.profile
         for rid, k in decode.items():
             live = self._live(rid)
             if live.state != "running" or live.num_computed_tokens < live.decl.prompt_len:
@@ -508,69 +638,77 @@ class PlanBuilder:
                     "preempted": "preempted (resume it first)",
                 }.get(live.state, f"still prefilling ({live.num_computed_tokens}/"
                                   f"{live.decl.prompt_len} prompt tokens computed)")
-                raise self._err(f"request {rid!r} cannot be decoded: it is {what}", "decode")
+                raise self._err(f"request {rid!r} cannot be decoded: it is {what}", "decode", rid)
             if live.decl.kind == "pool":
                 raise self._err(
                     f"request {rid!r} is a pooling request: it samples no token and "
-                    "finishes with its prefill; allowed: prefill", "decode",
+                    "finishes with its prefill; allowed: prefill", "decode", rid,
                 )
             if k < 0:
-                raise self._err(f"request {rid!r}: draft tokens must be >= 0, got {k}", "spec_tokens")
+                raise self._err(f"request {rid!r}: draft tokens must be >= 0, got {k}",
+                                "spec_tokens", rid)
             if k and not p.has_speculator:
                 raise self._err(
                     f"request {rid!r}: {k} draft token(s) but the runner has no "
-                    "speculator (num_speculative_steps is 0)", "spec_tokens",
+                    "speculator (num_speculative_steps is 0)", "spec_tokens", rid,
                 )
             if k > p.num_speculative_steps:
                 raise self._err(
                     f"request {rid!r}: {k} draft tokens exceed num_speculative_steps "
-                    f"{p.num_speculative_steps}", "spec_tokens",
+                    f"{p.num_speculative_steps}", "spec_tokens", rid,
                 )
-            rows.append(self._row(live, 1 + k, tuple([0] * k), True))
-            plan_updates.append((live, 1 + k, 1 + k))
-            total += 1 + k
+            draft.add(self._row(live, 1 + k, tuple([0] * k), True), live, 1 + k, 1 + k)
+
+    def _schedule_resumptions(self, resume: dict[str, int], draft: _Draft) -> None:
+        """Preempted requests resumed (a fresh block table, prompt and outputs
+        recomputed), and running ones whose chunked resumption continues."""
         for rid, n in resume.items():
             live = self._live(rid)
-            # A preempted request resumes (fresh block table); a running one
-            # whose resumption was chunked continues recomputing.
             continuing = live.state == "running" and live.resuming
             if live.state != "preempted" and not continuing:
                 what = "running (never preempted)" if live.state == "running" else live.state
                 raise self._err(
                     f"request {rid!r} cannot be resumed: it is {what}; allowed: a "
                     "preempted request, or one whose resumption is still recomputing",
-                    "resume",
+                    "resume", rid,
                 )
             left = live.num_tokens - live.num_computed_tokens
             if n <= 0 or n > left:
                 raise self._err(
-                    f"request {rid!r}: resume schedules {n} tokens; allowed 1..{left}", "tokens"
+                    f"request {rid!r}: resume schedules {n} tokens; allowed 1..{left}",
+                    "tokens", rid,
                 )
             done = n == left
             self._check_mamba_align_chunk(live, n)
             row = self._row(live, n, (), done, resumed=not continuing)
             if self._starts_encoder(live):  # preempted: its encoder runs again
                 row = replace(row, encoder_inputs=(0,))
-            rows.append(row)
-            plan_updates.append((live, n, 1 if done else 0))
-            resuming.append((live, not done))
-            total += n
-        if total > p.max_num_batched_tokens:
+            draft.add(row, live, n, 1 if done else 0)
+            draft.resuming.append((live, not done))
+
+    def _check_budgets(self, names: list[str], finish: tuple[str, ...],
+                       preempt: tuple[str, ...], draft: _Draft) -> None:
+        """The token budget (``max_num_batched_tokens``), the running queue
+        (``max_num_seqs`` after this step's finishes and preemptions) and
+        ``max_model_len`` after sampling."""
+        p = self.profile
+        if draft.total > p.max_num_batched_tokens:
             raise self._err(
-                f"{total} tokens scheduled but max_num_batched_tokens is "
+                f"{draft.total} tokens scheduled but max_num_batched_tokens is "
                 f"{p.max_num_batched_tokens}", "tokens",
             )
         # The scheduler's running queue holds at most max_num_seqs requests:
         # count those running after this step (finished and preempted leave).
-        running = {rid for rid, r in self._requests.items() if r.state == "running"}
-        running = (running | set(names)) - set(finish) - set(preempt)
-        if len(running) > p.max_num_seqs:
+        leaving = set(finish) | set(preempt)
+        running = len(self._running - leaving) + sum(
+            1 for rid in names if rid not in self._running and rid not in leaving)
+        if running > p.max_num_seqs:
             raise self._err(
-                f"{len(running)} requests would be running after this step but "
+                f"{running} requests would be running after this step but "
                 f"max_num_seqs is {p.max_num_seqs}; allowed: finish or preempt "
                 "some first", "requests",
             )
-        for live, dn, dout in plan_updates:
+        for live, dn, dout in draft.updates:
             # The runner asserts prompt + sampled tokens <= max_model_len after
             # sampling (vLLM's scheduler finishes a request at max_model_len).
             sampled = dout if live.decl.kind == "sample" else 0
@@ -580,71 +718,98 @@ class PlanBuilder:
                     f"request {live.decl.req_id!r} would reach {after} tokens "
                     f"(prompt {live.decl.prompt_len} + {live.num_output_tokens + sampled} "
                     f"sampled), beyond max_model_len {p.max_model_len}", "tokens",
+                    live.decl.req_id,
                 )
 
-        # Blocks: finished/preempted requests free first (same step), then the
-        # scheduled ones grow. All-or-nothing: a refused step leaves the
-        # ledger as it was (no request freed, no block handed out).
-        saved = copy.deepcopy(self.ledger)
-        self.ledger.new_step()
-        for rid in finish + preempt:
-            self.ledger.free(rid)
-        final_rows: list[ScheduledRequest] = []
-        held: list[tuple[str, tuple[int, ...]]] = []
-        try:
-            for row, (live, dn, _) in zip(rows, plan_updates):
-                target = live.num_computed_tokens + dn
-                growth = self.ledger.grow(row.req_id, target, encoder_len=live.decl.encoder_len,
-                                          num_computed=live.num_computed_tokens)
-                got = self.ledger.held(row.req_id) if row.new or row.resumed else growth.appended
-                final_rows.append(replace(row, block_ids=got, allocated=growth.taken))
-                # allocate_slots caches min(computed + scheduled, num_tokens):
-                # never a decode's unverified draft tokens.
-                self.ledger.cache_prompt(row.req_id, min(target, live.num_tokens),
-                                         live.decl.prompt_len)
-                held.append((row.req_id, self.ledger.held_counts(row.req_id)))
-        except OutOfBlocksError as e:
-            self.ledger = saved
-            raise self._err(f"{e} (runner has num_blocks {p.num_blocks})", "blocks",
-                            waits=e.req_id if isinstance(e, MambaStateBusyError) else None) from None
+    def _allocate(self, free: tuple[str, ...], draft: _Draft,
+                  wait_for_mamba: bool) -> dict[str, int]:
+        """Blocks (``KVCacheManager.allocate_slots`` per request, after the
+        finished and preempted requests free theirs): all or nothing, through
+        :meth:`BlockLedger.allocate_step`. Fills each row's ``block_ids``
+        (the whole table for new and resumed rows, the appended ids for
+        running ones), ``allocated`` and the step's ``held`` counts.
 
-        for live, dn, dout in plan_updates:
+        Returns:
+            Prefilled requests left waiting for a Mamba state cached in this
+            step (removed from ``draft``), when ``wait_for_mamba``.
+        """
+        rows = [StepAllocation(row.req_id, live.num_computed_tokens + dn, live.num_computed_tokens,
+                               min(live.num_computed_tokens + dn, live.num_tokens),
+                               live.decl.prompt_len, live.decl.encoder_len)
+                for row, (live, dn, _) in zip(draft.rows, draft.updates)]
+        try:
+            growths = self.ledger.allocate_step(free, rows, wait_for_mamba=wait_for_mamba)
+        except OutOfBlocksError as e:
+            raise self._err(f"{e} (runner has num_blocks {self.profile.num_blocks})", "blocks",
+                            getattr(e, "req_id", None)) from None
+        waiting: dict[str, int] = {}
+        rows, updates = [], []
+        for row, update, growth in zip(draft.rows, draft.updates, growths):
+            if growth is None:
+                waiting[row.req_id] = row.num_scheduled_tokens
+                continue
+            got = self.ledger.held(row.req_id) if row.new or row.resumed else growth.appended
+            rows.append(ScheduledRequest(  # dataclasses.replace costs 3x this per row
+                row.req_id, row.num_computed_tokens, row.num_scheduled_tokens,
+                row.spec_token_ids, row.new, row.resumed, got, growth.taken,
+                row.num_output_tokens, row.samples, row.encoder_inputs))
+            updates.append(update)
+            draft.held.append((row.req_id, self.ledger.held_counts(row.req_id)))
+        draft.rows, draft.updates = rows, updates
+        return waiting
+
+    def _update_after_schedule(self, draft: _Draft, finish: tuple[str, ...],
+                               preempt: tuple[str, ...]) -> None:
+        """``Scheduler._update_after_schedule``: scheduled requests advance
+        ``num_computed_tokens`` (and, all drafts assumed accepted, their
+        outputs); pooling requests done with their prompt finish next step;
+        finished and preempted requests leave the running queue."""
+        for live, dn, dout in draft.updates:
             live.num_computed_tokens += dn
             live.num_output_tokens += dout
             live.state = "running"
             live.seen = True
-        for live, still in resuming:
+            self._running.add(live.decl.req_id)
+        for live, still in draft.resuming:
             live.resuming = still
         self._pooled = [
-            live.decl.req_id for live, _, _ in plan_updates
+            live.decl.req_id for live, _, _ in draft.updates
             if live.decl.kind == "pool" and live.num_computed_tokens >= live.decl.prompt_len
         ]
         for rid in finish:
             self._requests[rid].state = "finished"
+            self._running.discard(rid)
         for rid in preempt:
             live = self._requests[rid]
             live.state = "preempted"
             live.num_computed_tokens = 0
+            self._running.discard(rid)
 
-        sampled = [r.req_id for r in final_rows if r.samples]
+    def _scheduler_output(self, kind: StepKind, label: str, draft: _Draft,
+                          finish: tuple[str, ...], preempt: tuple[str, ...],
+                          grammar: bool | None) -> PlannedStep:
+        """Construct the scheduler output: the appended :class:`PlannedStep`."""
+        p = self.profile
+        rows = draft.rows
+        sampled = [r.req_id for r in rows if r.samples]
         if grammar is None:
             grammar_ids = tuple(
                 rid for rid in sampled if self._requests[rid].decl.structured_output
             )
         else:
             grammar_ids = tuple(sampled) if grammar else ()
-        pooling = any(self._requests[r.req_id].decl.kind == "pool" for r in final_rows)
+        pooling = any(self._requests[r.req_id].decl.kind == "pool" for r in rows)
         step = PlannedStep(
             index=self.next_index,
             kind=kind,
             label=label,
-            scheduled=tuple(final_rows),
+            scheduled=tuple(rows),
             finished_req_ids=frozenset(finish),
             preempted_req_ids=frozenset(preempt),
-            sample=bool(final_rows) and not pooling,
+            sample=bool(rows) and not pooling,
             grammar_req_ids=grammar_ids if p.is_last_pp_rank else (),
-            num_spec_tokens_to_schedule=p.num_speculative_steps if final_rows else 0,
-            held_blocks=tuple(held),
+            num_spec_tokens_to_schedule=p.num_speculative_steps if rows else 0,
+            held_blocks=tuple(draft.held),
         )
         self._steps.append(step)
         return step
@@ -742,12 +907,20 @@ class PlanBuilder:
         ``num_tokens`` tokens (a whole number of blocks of every group).
 
         Raises:
-            PlanError: the request is not waiting, or the hit is not shorter
+            PlanError: the request is not waiting, reads no prefix cache
+                (``skip_reading_prefix_cache``), or the hit is not shorter
                 than its prompt.
         """
         live = self._live(req_id)
         if live.state != "waiting" or live.seen:
-            raise self._err(f"request {req_id!r}: a prefix hit needs a waiting request", "prefix_hit")
+            raise self._err(f"request {req_id!r}: a prefix hit needs a waiting request",
+                            "prefix_hit", req_id)
+        if live.decl.skip_reading_prefix_cache and num_tokens:
+            # KVCacheManager.get_computed_blocks: no lookup for such a request.
+            raise self._err(
+                f"request {req_id!r} reads no prefix cache (skip_reading_prefix_cache: it "
+                "asks for prompt logprobs or pools per token), so vLLM's scheduler gives it "
+                "no prefix hit; allowed: a plain prefill", "prefix_hit", req_id)
         if not 0 <= num_tokens < live.decl.prompt_len:
             raise self._err(
                 f"request {req_id!r}: prefix hit of {num_tokens} tokens must be in "

@@ -59,13 +59,14 @@ def warmup_kernels_plan(profile: RunnerProfile, builder: PlanBuilder | None = No
     decode_len = prompt_len + num_decode_steps * dql
     num_reqs = max_warmup_requests(profile, prompt_len, decode_len)
     ids = [f"{REQ_ID_PREFIX}{i}_" for i in range(num_reqs)]
-    for rid in ids:
+    for i, rid in enumerate(ids):
         b.add_request(
             PlannedRequest(
                 req_id=rid,
                 prompt_len=prompt_len,
                 kind="pool" if profile.is_pooling_model else "sample",
                 encoder_len=profile.max_encoder_len if profile.is_encoder_decoder else 0,
+                name="req", index=i,
             )
         )
     # vLLM samples the prefill with an all-ones bitmask (the structured-output
@@ -127,8 +128,8 @@ def mixed_prefill_decode_plan(
     if why:
         return Plan(name=b.name, requests=(), steps=(), skipped=why)
     dec, pre = f"{REQ_ID_PREFIX}mixed_decode_", f"{REQ_ID_PREFIX}mixed_prefill_"
-    b.add_request(PlannedRequest(dec, 2, sampling="greedy"))
-    b.add_request(PlannedRequest(pre, num_tokens - 1, sampling="greedy"))
+    b.add_request(PlannedRequest(dec, 2, sampling="greedy", name="mixed_decode"))
+    b.add_request(PlannedRequest(pre, num_tokens - 1, sampling="greedy", name="mixed_prefill"))
     b.step("prefill", "prefill decode request (2)", prefill={dec: 2})
     b.step("mixed_prefill_decode", f"decode 1 + prefill {num_tokens - 1}",
            decode={dec: 0}, prefill={pre: num_tokens - 1})

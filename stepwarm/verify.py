@@ -154,7 +154,8 @@ def with_prefix_fills(plan: Plan, profile: RunnerProfile) -> tuple[Plan, tuple[i
             # cross-attention blocks the hit request (whose encoder does not
             # run after a hit) reads; they are among the blocks shared
             enc = plan.request(row.req_id).encoder_len
-            requests.append(PlannedRequest(fid, n, sampling="greedy", encoder_len=enc))
+            requests.append(PlannedRequest(fid, n, sampling="greedy", encoder_len=enc,
+                                          name="verify_fill", index=len(steps)))
             fill_ids.append(fid)
             name = plan.display_name(row.req_id)
             for start in range(0, n, chunk):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
 from typing import Any
 
 from stepwarm.expressions import (
@@ -55,6 +54,8 @@ from stepwarm.scenario.needs import unmet_need, unmet_requirement
 from stepwarm.scenario.sampling import (
     SweepFieldError,
     has_prompt_logprobs,
+    pooling_skips_prefix_cache,
+    skips_prefix_cache,
     refusal,
     shown,
     variants,
@@ -239,7 +240,11 @@ class _Expander:
                     self.b.add_request(PlannedRequest(
                         req_id=rid, prompt_len=v, kind=spec.kind,
                         structured_output=spec.structured_output, encoder_len=enc,
-                        sampling=sampling, images=imgs))
+                        sampling=sampling, images=imgs, name=name,
+                        index=None if single else i,
+                        skip_reading_prefix_cache=(
+                            skips_prefix_cache(sampling) if spec.kind == "sample"
+                            else pooling_skips_prefix_cache(p.pooling_task))))
                 except PlanError as e:
                     raise self.err(str(e), "prompt", request=name,
                                    allowed=f"1..{longest}") from None
@@ -322,6 +327,8 @@ class _Expander:
             self.b.step(kind, label, **kw)  # type: ignore[arg-type]
         except PlanError as e:
             raise self.plan_err(e, field) from None
+        if self.b.next_index > self._limit:  # parts the builder deferred
+            self.check_step_limit(field)
 
     def plan_err(self, e: PlanError, field: str) -> ScenarioError:
         key = {"spec_tokens": "spec_tokens", "prefix_hit": "cached"}.get(e.field or "", field)
@@ -337,9 +344,10 @@ class _Expander:
             key = field
         allowed = _ALLOWED_BY_FIELD.get(e.field or "", "see scenarios/README.md").format(
             p=self.p, blocks=self.p.num_blocks - 1)
-        msg = re.sub(r"^step \d+: ", "", str(e))
-        msg = re.sub(r"'(" + re.escape(REQ_ID_PREFIX) + r"[^']*)'",
-                     lambda m: repr(self.display.get(m.group(1), m.group(1))), msg)
+        msg = e.reason
+        for rid, name in self.display.items():  # ids named in the reason, as written
+            if rid in msg:
+                msg = msg.replace(repr(rid), repr(name))
         if e.step is not None and e.step != self.step_i:
             msg += f" (expanded plan step {e.step})"
         return self.err(msg, key, allowed=allowed)
@@ -384,7 +392,8 @@ class _Expander:
                 for group in ([[r] for r in ids] if st.each else [ids]):
                     step_kind = kind
                     if kind == "prefix_hit" and self.rep == 0:
-                        self._hit(group, st.cached)
+                        if not self._hit(group, st.cached):
+                            step_kind = "prefill"  # as the scheduler makes it: no hit
                     elif kind == "prefix_hit":  # a repeat continues the prefill
                         step_kind = "prefill"
                     sched = {r: tokens if tokens is not None else self._prompt_left(r)
@@ -393,35 +402,24 @@ class _Expander:
                         return st.label or (
                             f"{kind.replace('_', ' ')} {self._short(ids)} x "
                             + ("rest" if tokens is None else str(tokens)))
-                    if step_kind == "prefix_hit" and len(group) > 1:
-                        self._run_hits(make_label, sched)
-                    else:
-                        self.run_step(step_kind, make_label(group), "requests", prefill=sched)
+                    # A prefix_hit step's requests that MambaManager leaves
+                    # waiting run in the next steps (PlanBuilder.step), each
+                    # part labelled by the requests it runs.
+                    self.run_step(step_kind, make_label(group), "requests", prefill=sched,
+                                  relabel=make_label)
 
-    def _run_hits(self, make_label: Any, sched: dict[str, int]) -> None:
-        """A prefix_hit step of several requests, as vLLM's scheduler takes it:
-        a request whose hit ends on a Mamba state another request of the step
-        caches (``MambaManager`` refuses it in that step) waits for the next
-        step, and the others run now. The parts are labelled."""
-        part = 0
-        while sched:
-            now, waiting = dict(sched), {}
-            while True:
-                label = make_label(list(now)) + (
-                    f" (waited {part} step(s): a Mamba state cached in the step before)"
-                    if part else "")
-                self.check_step_limit("requests")
-                try:
-                    self.b.step("prefix_hit", label, prefill=now)
-                    break
-                except PlanError as e:
-                    if e.waits not in now or len(now) == 1:
-                        raise self.plan_err(e, "requests") from None
-                    waiting[e.waits] = now.pop(e.waits)
-            sched, part = waiting, part + 1
+    def _hit(self, ids: list[str], cached_expr: Any) -> bool:
+        """Requests ``ids`` arrive with ``cached`` prompt tokens in the prefix
+        cache, those that read it: a request that reads no prefix cache
+        (``skip_reading_prefix_cache``: a sampling preset with prompt
+        logprobs, a per-token pooling task) gets no hit and is a plain
+        prefill, as vLLM's scheduler makes it. A sampling table that asks for
+        both ``prompt_logprobs`` and a hit is refused.
 
-    def _hit(self, ids: list[str], cached_expr: Any) -> None:
-        """Requests ``ids`` arrive with ``cached`` prompt tokens in the prefix cache."""
+        Returns:
+            Whether any of ``ids`` got a hit.
+        """
+        hit = False
         cached = self.value(cached_expr, "cached", low=1)
         g = self.facts["lcm_block_size"]
         if cached % g:
@@ -434,10 +432,14 @@ class _Expander:
                     "serves such a request from the prefix cache "
                     "(SamplingParams.skip_reading_prefix_cache)", "cached",
                     allowed="prefix hits of requests without prompt_logprobs")
+            if self.b.request(r).skip_reading_prefix_cache:
+                continue
             try:
                 self.b.set_computed(r, cached)
             except PlanError as e:
                 raise self.plan_err(e, "cached") from None
+            hit = True
+        return hit
 
     def _prompt_left(self, rid: str) -> int:
         left = self._prompt_len(rid) - self.b.num_computed_tokens(rid)

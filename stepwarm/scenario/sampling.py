@@ -37,7 +37,8 @@ from stepwarm.profile import RunnerProfile
 from stepwarm.scenario.sweeps import MAX_SWEEP, SIZE_HELP, Size, Sweep, sweep_values
 
 Preset = Literal["warmup", "greedy", "random", "seeded"]
-PRESET_HELP = ('"warmup" (SamplingParams.for_sampler_warmup(): every sampler feature), '
+PRESET_HELP = ('"warmup" (SamplingParams.for_sampler_warmup(): every sampler feature, '
+               'prompt_logprobs 1 included, so vLLM reads no prefix cache for it), '
                '"greedy" (temperature 0), "random" (temperature 1, nothing else: the '
                'plain random path) or "seeded" (temperature 1, seed 0: per-request generators)')
 
@@ -262,11 +263,40 @@ def _set(name: str, value: Any) -> bool:
     return bool(value) if name in ("min_p", "logit_bias") else True
 
 
+#: Presets whose ``SamplingParams`` ask for prompt logprobs: ``warmup`` is
+#: ``SamplingParams.for_sampler_warmup()``, which sets ``prompt_logprobs=1``.
+PRESETS_WITH_PROMPT_LOGPROBS = frozenset({"warmup"})
+
+#: Pooling tasks whose ``PoolingParams`` skip the prefix cache
+#: (``PoolingParams.verify``: "plugin"; ``_merge_default_parameters``: the
+#: per-token tasks, whose output covers every prompt token).
+POOLING_TASKS_SKIPPING_PREFIX_CACHE = frozenset({"token_embed", "token_classify", "plugin"})
+
+
 def has_prompt_logprobs(args: SamplingArgs) -> bool:
-    """Whether the request asks for prompt logprobs (vLLM then never serves
-    it from the prefix cache: ``SamplingParams.skip_reading_prefix_cache``).
-    Only tables are asked: the ``warmup`` preset (``prompt_logprobs = 1``)
-    keeps warming prefix hits as it always did."""
+    """Whether a sampling table asks for prompt logprobs (presets: see
+    :func:`skips_prefix_cache`)."""
     if isinstance(args, str):
         return False
     return dict(args).get("prompt_logprobs") is not None
+
+
+def skips_prefix_cache(args: SamplingArgs) -> bool:
+    """``SamplingParams.skip_reading_prefix_cache`` as vLLM sets it in
+    ``__post_init__``: a request that asks for prompt logprobs reads no
+    prefix cache (the logprobs of cached prompt tokens would be missing), so
+    ``KVCacheManager.get_computed_blocks`` gives it no hit
+    (``prefix_cache_lookup_enabled``). True for a table with
+    ``prompt_logprobs`` and for the presets in
+    :data:`PRESETS_WITH_PROMPT_LOGPROBS`."""
+    if isinstance(args, str):
+        return args in PRESETS_WITH_PROMPT_LOGPROBS
+    return has_prompt_logprobs(args)
+
+
+def pooling_skips_prefix_cache(task: str | None) -> bool:
+    """``PoolingParams.skip_reading_prefix_cache`` for a request of pooling
+    ``task`` (as stepwarm sends it: ``PoolingParams(task=...)``, verified by
+    the front end): True for the tasks in
+    :data:`POOLING_TASKS_SKIPPING_PREFIX_CACHE`; no task: False."""
+    return task in POOLING_TASKS_SKIPPING_PREFIX_CACHE

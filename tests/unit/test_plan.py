@@ -146,3 +146,60 @@ def test_mamba_align_resume_chunk_may_end_one_token_before_the_last():
     b.add_request(PlannedRequest("_stepwarm_b_", 5))
     with pytest.raises(PlanError, match="prefill chunk ends at token 3, not on a Mamba block"):
         b.step("chunked_prefill", "c", prefill={"_stepwarm_b_": 3})
+
+
+def test_no_prefix_hit_for_a_request_that_reads_no_prefix_cache():
+    """``KVCacheManager.get_computed_blocks`` looks up nothing for a request
+    with ``skip_reading_prefix_cache`` (prompt logprobs, per-token pooling):
+    the builder refuses a hit for it, as data, and plans its plain prefill."""
+    b = _builder(enable_prefix_caching=True)
+    b.add_request(PlannedRequest(A, 20, skip_reading_prefix_cache=True, name="a"))
+    with pytest.raises(PlanError) as e:
+        b.set_computed(A, 16)
+    err = e.value
+    assert (err.step, err.request, err.field) == (0, A, "prefix_hit")
+    assert err.reason.startswith(f"request {A!r} reads no prefix cache (skip_reading_prefix_cache")
+    assert str(err) == f"step 0: {err.reason}"
+    step = b.step("prefill", "p", prefill={A: 20})
+    (row,) = step.scheduled
+    assert (row.num_computed_tokens, row.num_scheduled_tokens, row.block_ids) == (0, 20, ((1, 2),))
+
+
+def test_plan_errors_carry_step_request_field_and_reason():
+    b = _builder()
+    b.add_request(PlannedRequest(A, 20))
+    b.step("prefill", "p", prefill={A: 20})
+    with pytest.raises(PlanError) as e:
+        b.step("decode", "d", decode={A: 1})
+    err = e.value
+    assert (err.step, err.request, err.field) == (1, A, "spec_tokens")
+    assert err.reason == (f"request {A!r}: 1 draft token(s) but the runner has no speculator "
+                          "(num_speculative_steps is 0)")
+    assert str(err) == "step 1: " + err.reason
+
+
+def test_display_names_come_from_the_declared_requests():
+    b = _builder()
+    b.add_request(PlannedRequest("_stepwarm_t_x_0_", 4, name="x", index=0))
+    b.add_request(PlannedRequest("_stepwarm_t_x_", 4, name="y"))
+    b.add_request(PlannedRequest("_stepwarm_t_z_", 4))
+    plan = b.build()
+    assert [plan.display_name(r.req_id) for r in plan.requests] == ["x[0]", "y", "_stepwarm_t_z_"]
+    assert plan.display_name("other") == "other"
+    assert plan.with_display_names("'_stepwarm_t_x_0_' and _stepwarm_t_x_.") == "'x[0]' and y."
+
+
+def test_a_refused_step_leaves_the_ledger_as_it_was():
+    """A step that surely fits saves no ledger state; one that may not (Mamba
+    align) saves it and a refused step leaves the ledger exactly as it was."""
+    mamba = CacheSpec(kind="mamba", block_size=16, mamba_cache_mode="align")
+    b = _builder(kv_cache_groups=(CacheSpec(kind="full_attention", block_size=16), mamba),
+                 num_blocks=6, mamba_cache_mode="align")
+    b.add_request(PlannedRequest(A, 20))
+    b.add_request(PlannedRequest("_stepwarm_b_", 20))
+    b.step("prefill", "p", prefill={A: 20})
+    before = (b.ledger.held(A), b.ledger.num_free, b.ledger.live_requests())
+    with pytest.raises(PlanError) as e:
+        b.step("prefill", "q", prefill={"_stepwarm_b_": 20})
+    assert e.value.field == "blocks"
+    assert (b.ledger.held(A), b.ledger.num_free, b.ledger.live_requests()) == before

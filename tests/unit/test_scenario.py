@@ -231,6 +231,7 @@ def test_prefix_hit_step_starts_after_the_hit():
     plan = _plan("""
         [requests.h]
         prompt = "block_size(0) * 2 + 3"
+        sampling = "greedy"
         [[steps]]
         kind = "prefix_hit"
         requests = ["h"]
@@ -239,6 +240,38 @@ def test_prefix_hit_step_starts_after_the_hit():
     row = plan.steps[0].scheduled[0]
     assert row.new and row.num_computed_tokens == 32 and row.num_scheduled_tokens == 3
     assert [len(g) for g in row.block_ids] == [3] and row.samples
+
+
+def test_prefix_hit_of_a_request_with_prompt_logprobs_is_a_plain_prefill():
+    """The default "warmup" preset carries prompt_logprobs=1, so vLLM's
+    KVCacheManager looks up no prefix cache for it
+    (skip_reading_prefix_cache): its prefix_hit step is a whole-prompt
+    prefill from 0, as the scheduler makes it (kind "prefill"); a greedy
+    request in the same step keeps its hit."""
+    text = """
+        [requests.h]
+        prompt = "block_size(0) * 2 + 3"
+        [requests.g]
+        prompt = "block_size(0) * 2 + 3"
+        sampling = "greedy"
+        [[steps]]
+        kind = "prefix_hit"
+        requests = [%s]
+        cached = "block_size(0) * 2"
+    """
+    alone = _plan(text % '"h"')
+    assert alone.request("_stepwarm_t_h_").skip_reading_prefix_cache
+    assert not alone.request("_stepwarm_t_g_").skip_reading_prefix_cache
+    step = alone.steps[0]
+    assert step.kind == "prefill"
+    assert [(r.req_id, r.num_computed_tokens, r.num_scheduled_tokens, r.new_block_counts)
+            for r in step.scheduled] == [("_stepwarm_t_h_", 0, 35, (3,))]
+    both = _plan(text % '"h", "g"').steps[0]
+    assert both.kind == "prefix_hit"
+    assert [(r.req_id, r.num_computed_tokens, r.num_scheduled_tokens) for r in both.scheduled] == [
+        ("_stepwarm_t_h_", 0, 35), ("_stepwarm_t_g_", 32, 3)]
+    # g took blocks 1, 2 for its hit (nothing cached); h takes fresh ones, all zeroed
+    assert both.scheduled[0].allocated == ((3, 4, 5),)
 
 
 def test_preempt_and_chunked_resume():

@@ -22,8 +22,8 @@ def _profile(**kw) -> RunnerProfile:
 def _plan():
     p = _profile()
     b = PlanBuilder(p, name="t")
-    b.add_request(PlannedRequest(A, 6))
-    b.add_request(PlannedRequest(B, 10))
+    b.add_request(PlannedRequest(A, 6, name="a"))
+    b.add_request(PlannedRequest(B, 10, name="b"))
     b.set_computed(B, 8)
     b.step("prefill", "p", prefill={A: 6})                     # A samples output 0
     b.step("mixed_prefill_decode", "m", decode={A: 2}, prefill={B: 2})  # A 1..3, B 0
@@ -104,7 +104,7 @@ def test_a_prefix_fill_longer_than_the_token_budget_is_chunked():
     p = _profile(max_num_batched_tokens=4, num_speculative_steps=0, decode_query_len=1,
                  num_lookahead_tokens=0)
     b = PlanBuilder(p, name="t")
-    b.add_request(PlannedRequest(B, 10))
+    b.add_request(PlannedRequest(B, 10, name="b"))
     b.set_computed(B, 8)
     b.step("prefix_hit", "h", prefill={B: 2})
     plan = b.build()
@@ -123,7 +123,7 @@ def test_a_prefix_fill_in_mamba_align_mode_goes_one_mamba_block_per_step():
                  kv_cache_groups=(CacheSpec(kind="mamba", block_size=4, mamba_cache_mode="align"),
                                   CacheSpec(kind="full_attention", block_size=4)))
     b = PlanBuilder(p, name="t")
-    b.add_request(PlannedRequest(B, 10))
+    b.add_request(PlannedRequest(B, 10, name="b"))
     b.set_computed(B, 8)
     b.step("prefix_hit", "h", prefill={B: 2})
     filled, _ = with_prefix_fills(b.build(), p)
