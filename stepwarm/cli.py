@@ -623,7 +623,7 @@ def show(
     model: ModelOption = None,
     profile: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Plan for a profile saved by `stepwarm profile`. Default: the embedded tiny Llama's.")] = None,
     engine_arg: EngineArgs = None,
-    tables: Annotated[bool, typer.Option("--tables", help="Also print every step's block ids per request and KV cache group: the runner's block table, prefix-cache hits, blocks allocated from the pool, null placeholders, new_block_ids_to_zero.")] = False,
+    tables: Annotated[bool, typer.Option("--tables", metavar="", help="Also print every step's block ids per request and KV cache group: the runner's block table, prefix-cache hits, blocks allocated from the pool, null placeholders, new_block_ids_to_zero.")] = False,
     verbose: Verbose = False,
     quiet: Quiet = False,
 ) -> None:
