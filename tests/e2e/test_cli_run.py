@@ -272,9 +272,10 @@ def test_named_scenarios_the_runner_cannot_run_exit_3_with_reasons_counted(tmp_p
     assert early < out.index("starting vLLM engine")
     assert "scenario mamba-align: skipped: needs mamba_align: runner has no Mamba KV cache " \
            "group in align mode (mamba_cache_mode none)" in out
-    assert re.search(r"^SKIPPED: 1 scenario\(s\), 8 steps in \d+ ms, 2 skipped \(needs speculator: "
-                     r"no speculative_config .*: 1; needs mamba_align: .*: 1\); runner left with "
-                     r"no warmup request$", out, re.M)
+    assert re.search(r"^SKIPPED: 1 scenario\(s\), 8 steps in \d+ ms, 2 skipped \(by reason "
+                     r"below\); runner left with no warmup request\n"
+                     r"  1 skipped: needs speculator: no speculative_config .*\n"
+                     r"  1 skipped: needs mamba_align: runner has no Mamba .*\n", out)
     assert "error: 2 scenario(s) named with -s did not run (spec-decode, mamba-align: skipped, " \
            "see above); pass --allow-skip to accept that (exit 0)" in proc.stderr
     compiled = re.search(r"^  step (\d+) \((\w+)\) took \d+\.\d s: compiled (\d+) inductor "
