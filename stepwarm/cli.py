@@ -18,8 +18,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.table import Table
-from typer.core import TyperArgument, TyperCommand, TyperGroup
 from rich.text import Text
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from stepwarm.console import ScenarioProgress, console, err_console, plural, route_vllm_log
 from stepwarm.driver import RunReport, StepFailed
@@ -180,9 +180,7 @@ def run(
     _setup(verbose, quiet)
     from stepwarm.driver import drive
     from stepwarm.profile import read_profile
-    from stepwarm.scenario import ScenarioError, expand, load, resolve_names
-
-    from stepwarm.scenario import SETS
+    from stepwarm.scenario import SETS, ScenarioError, expand, load, resolve_names
     from stepwarm.scenario.needs import unmet_before_engine
 
     names = resolve_names(scenario or ["all"])
