@@ -18,8 +18,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.table import Table
-from typer.core import TyperArgument, TyperCommand, TyperGroup
 from rich.text import Text
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from stepwarm.console import ScenarioProgress, console, err_console, plural, route_vllm_log
 from stepwarm.driver import RunReport, StepFailed
@@ -205,9 +205,7 @@ def run(
     from stepwarm.driver import drive
     from stepwarm.watchdog import StepWatch
     from stepwarm.profile import read_profile
-    from stepwarm.scenario import ScenarioError, expand, load, resolve_names
-
-    from stepwarm.scenario import SETS
+    from stepwarm.scenario import SETS, ScenarioError, expand, load, resolve_names
     from stepwarm.scenario.needs import unmet_before_engine
 
     names = resolve_names(scenario or ["all"])
@@ -320,15 +318,12 @@ def _engine_args_known(model: Optional[str], engine_arg: Optional[list[str]]) ->
     return {**zoo, **_parse_engine_args(engine_arg or [])}
 
 
-def _skip_counts(reports: list[RunReport]) -> str:
-    """``2 skipped (needs speculator: ...: 2)``: skipped scenarios counted by reason."""
+def _skip_counts(reports: list[RunReport]) -> list[str]:
+    """``  2 skipped: needs speculator: ...``: skipped scenarios counted by reason."""
     import collections
 
     reasons = collections.Counter(r.skipped for r in reports if r.skipped)
-    if not reasons:
-        return ""
-    return f", {sum(reasons.values())} skipped (" + "; ".join(
-        f"{why}: {n}" for why, n in reasons.most_common()) + ")"
+    return [f"  {n} skipped: {why}" for why, n in reasons.most_common()]
 
 
 def _summary_and_exit(reports: list[RunReport], failures: list[StepFailed],
@@ -336,11 +331,15 @@ def _summary_and_exit(reports: list[RunReport], failures: list[StepFailed],
                       allow_skip: bool, engine_started: bool = True) -> None:
     """The last line of ``run`` and its exit status (see ``run --help``)."""
     ran = [r for r in reports if not r.skipped]
+    skipped = len(reports) - len(ran)
     summary = (f"{len(ran)} scenario(s), {sum(len(r.steps) for r in ran)} steps "
-               f"in {sum(r.wall_ms for r in ran):.0f} ms" + _skip_counts(reports))
+               f"in {sum(r.wall_ms for r in ran):.0f} ms"
+               + (f", {skipped} skipped (by reason below)" if skipped else ""))
     if failures:
         console.print(Text.assemble(("FAILED", "bold red"), f": {summary}; "
                                     f"{len(failures)} failed"), soft_wrap=True)
+        if skipped:
+            console.print("\n".join(_skip_counts(reports)), soft_wrap=True)
         _fail(f"{len(failures)} of {len(ran)} scenario(s) failed on the worker "
               f"({', '.join(f.report.plan for f in failures)}: see 'failed:' above)", 1)
     bad = [n for n, v in checked if isinstance(v, str) or not v.ok]
@@ -351,10 +350,13 @@ def _summary_and_exit(reports: list[RunReport], failures: list[StepFailed],
     if skipped_named and not allow_skip:
         console.print(Text.assemble(("SKIPPED", "bold yellow"), f": {summary}{tail}"),
                       soft_wrap=True)
+        console.print("\n".join(_skip_counts(reports)), soft_wrap=True)
         _fail(f"{len(skipped_named)} scenario(s) named with -s did not run "
               f"({', '.join(skipped_named)}: skipped, see above); pass --allow-skip "
               f"to accept that (exit 0)", 3)
     console.print(Text.assemble(("ok", "bold green"), f": {summary}{tail}"), soft_wrap=True)
+    if skipped:
+        console.print("\n".join(_skip_counts(reports)), soft_wrap=True)
     raise typer.Exit(0)
 
 

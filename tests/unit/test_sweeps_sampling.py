@@ -136,19 +136,13 @@ def test_spec_tokens_sweeps_make_a_step_per_draft_count():
 
 
 def test_a_spec_tokens_sweep_past_the_speculator_names_the_field(tmp_path):
-    from tests.unit.test_scenario_errors import assert_parts, bad
+    from tests.unit.test_scenario_errors import PREFILL_A, assert_parts, bad
 
-    e = bad(tmp_path, """
-        [requests.a]
-        prompt = 8
-
-        [[steps]]
-        kind = "prefill"
-        requests = ["a"]
-
+    e = bad(tmp_path, PREFILL_A + """
         [[steps]]
         kind = "spec_decode"
         requests = ["a"]
         spec_tokens = { values = [1, 3] }
     """, profile(num_speculative_steps=2))
-    assert_parts(e, 11, 1, "spec_tokens", "0..num_spec_steps = 2")
+    assert_parts(e, 11, 1, "spec_tokens", "3 draft tokens exceed num_speculative_steps 2",
+                 "0..num_spec_steps = 2")
