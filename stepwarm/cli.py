@@ -137,7 +137,7 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
     console_module.phase_listener = phase
     from stepwarm.engine import unknown_engine_args
 
-    unknown = unknown_engine_args(list(_parse_engine_args(engine_arg or [])))
+    unknown = unknown_engine_args(list(_parse_engine_args(engine_arg))) if engine_arg else []
     if unknown:
         if status is not None:
             status.stop()
