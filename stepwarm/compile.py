@@ -299,8 +299,9 @@ def to_scheduler_output(
 def to_grammar_output(step: PlannedStep, profile: RunnerProfile) -> Any:
     """The ``GrammarOutput`` to sample ``step`` with, or None.
 
-    Shape: ``grammar_bitmask`` is int32 ``[len(grammar_req_ids),
-    ceil(vocab_size / 32)]``, all ones (every token allowed), as vLLM's
+    Shape: ``grammar_bitmask`` is int32 ``[len(grammar_req_ids) *
+    profile.grammar_rows_per_request, ceil(vocab_size / 32)]`` (vLLM 0.33:
+    ``decode_query_len`` rows per request), all ones (every token allowed), as vLLM's
     warmup builds it to exercise the bitmask kernel. None on a pipeline rank
     that is not the last (it does not sample), as in ``warmup_kernels``.
     """
@@ -309,7 +310,8 @@ def to_grammar_output(step: PlannedStep, profile: RunnerProfile) -> Any:
     import numpy as np
     from vllm.v1.core.sched.output import GrammarOutput
 
-    bitmask = np.full((len(step.grammar_req_ids), profile.bitmask_width), -1, dtype=np.int32)
+    rows = len(step.grammar_req_ids) * profile.grammar_rows_per_request
+    bitmask = np.full((rows, profile.bitmask_width), -1, dtype=np.int32)
     return GrammarOutput(
         structured_output_request_ids=list(step.grammar_req_ids), grammar_bitmask=bitmask
     )

@@ -33,7 +33,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from stepwarm.driver import RunnerBusyError, RunReport, StepFailed, drive
-from stepwarm.profile import RunnerProfile, read_profile
+from stepwarm.probe import read_profile
+from stepwarm.profile import RunnerProfile
 from stepwarm.ranks import RankGroup
 from stepwarm.runner import jit_monitor_deferred
 from stepwarm.settings import ENV_SCENARIOS, HookSettings, SettingsError

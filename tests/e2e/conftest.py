@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 from stepwarm.engine import Engine, start_engine
-from stepwarm.profile import RunnerProfile, read_profile
+from stepwarm.probe import read_profile
+from stepwarm.profile import RunnerProfile
 
 
 @pytest.fixture(scope="session")
