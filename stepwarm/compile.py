@@ -293,6 +293,14 @@ def to_scheduler_output(
         _set(out, "num_common_prefix_blocks", [0] * len(profile.kv_cache_groups))
     if step.grammar_req_ids:
         _set(out, "has_structured_output_requests", True)
+    # vLLM 0.33's scheduler: drafts go unused when every scheduled request is
+    # a non-final prefill chunk (``Scheduler._drafts_unused``); only a V2
+    # runner with a drafter reserving lookahead slots may skip them
+    # (``can_skip_drafts``). Requests reaching max_tokens are not assumed.
+    # ``encoder_input_updates`` stays empty: the scheduler fills it only on
+    # KV-load rollback, which no planned step does.
+    if step.scheduled and profile.runner == "v2" and profile.num_lookahead_tokens > 0:
+        _set(out, "skip_drafts", not any(row.samples for row in step.scheduled))
     return out
 
 

@@ -98,11 +98,36 @@ def test_builtin_compiles_to_this_release(profile_name: str, scenario: str) -> N
             grammar = to_grammar_output(step, profile)
             if step.grammar_req_ids and profile.is_last_pp_rank:
                 assert type(grammar) is GrammarOutput
-                assert grammar.grammar_bitmask.shape == (
-                    _bitmask_rows_expected(step, profile), profile.bitmask_width)
+                rows = (_bitmask_rows_expected(step, profile) if profile.runner == "v2"
+                        else len(step.grammar_req_ids))  # V1: one row per request, unchanged
+                assert grammar.grammar_bitmask.shape == (rows, profile.bitmask_width)
                 if profile.runner == "v2" and profile.has_speculator and profile.grammar_rows_per_position:
                     # vLLM 0.33's own warmup: num_requests x decode_query_len rows.
                     assert grammar.grammar_bitmask.shape[0] == (
                         len(step.grammar_req_ids) * profile.decode_query_len)
             else:
                 assert grammar is None
+
+
+def test_skip_drafts_is_set_as_the_scheduler_sets_it():
+    """vLLM 0.33 ``Scheduler._drafts_unused``: a step of non-final prefill
+    chunks only skips drafts on a V2 runner with lookahead slots; a step that
+    samples does not. Releases without the field: it is not set."""
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    from stepwarm.plan import PlanBuilder, PlannedRequest
+
+    profile = PROFILES["tiny-llama-v2-eagle2"]
+    b = PlanBuilder(profile, name="chunks")
+    b.add_request(PlannedRequest("_stepwarm_a_", 20))
+    b.step("prefill", "chunk", prefill={"_stepwarm_a_": 10})
+    b.step("prefill", "last chunk", prefill={"_stepwarm_a_": 10})
+    b.step("cleanup", "cleanup", finish=("_stepwarm_a_",))
+    plan = b.build()
+    outs = [to_scheduler_output(s, plan, profile, {}) for s in plan.steps[:2]]
+    if "skip_drafts" not in {f.name for f in dataclasses.fields(SchedulerOutput)}:
+        assert all(not hasattr(o, "skip_drafts") for o in outs)
+        return
+    assert [o.skip_drafts for o in outs] == [True, False]
+    v1 = PROFILES["tiny-llama-v1-ngram3"]
+    assert to_scheduler_output(plan.steps[0], plan, v1, {}).skip_drafts is False
