@@ -71,7 +71,8 @@ class CacheSpec(BaseModel):
     #: down to the hash block, ``get_mamba_prefill_checkpoint_position``) as
     #: cached in *every* step whose cacheable prefix ends there, not only in
     #: the step that first caches it (vLLM 0.32). A hit ending on that state
-    #: then waits for the next step. None: only newly cached states (0.26).
+    #: then waits for the next step. False / None: only newly cached states
+    #: (0.26, 0.30, 0.33; probed by behaviour, ``vllm_facts.checkpoint_recached``).
     checkpoint_recached: bool | None = None
 
 

@@ -97,19 +97,82 @@ def fine_grained_hits(spec: Any) -> bool | None:
     return None if flag is None else bool(flag)
 
 
+@functools.cache
 def checkpoint_recached() -> bool | None:
     """Whether the installed vLLM's ``MambaManager`` re-marks the prompt
-    checkpoint's state as cached in every step that ends there (vLLM 0.32's
-    ``_cache_partial_tail_block`` re-registers the block each such step).
+    checkpoint's state as cached in every step that ends there, so a prefix
+    hit on it waits a step (vLLM 0.32's ``_cache_partial_tail_block``
+    re-registers the block each such step; 0.33 returns early when the block
+    is already keyed; 0.26 marks new states only).
 
-    NOT yet probed by behaviour: this still answers True where
-    ``get_mamba_prefill_checkpoint_position`` exists (0.30, 0.32, 0.33),
-    which is right for 0.32 only (docs/version-matrix.md, open item)."""
+    Probed by behaviour on vLLM's own ``KVCacheManager`` (a Mamba ``align``
+    group of block size 1 beside a full-attention group of block size 2):
+    r1 (5-token prompt) prefills 4 tokens; r4 (same prompt) hits those 4;
+    next step r1 computes its last token and r4 asks for 1 token on its hit.
+    Returns True where vLLM refuses r4 (the state counts as cached in this
+    step again), False where it allocates, None where the probe cannot run.
+    """
     try:
-        from vllm.v1 import kv_cache_interface
-    except Exception:
+        return _probe_checkpoint_recached()
+    except Exception as e:  # noqa: BLE001 - a release with other signatures
+        logger.debug("stepwarm: Mamba checkpoint re-caching not probed: %s", e)
         return None
-    return True if hasattr(kv_cache_interface, "get_mamba_prefill_checkpoint_position") else None
+
+
+def _probe_checkpoint_recached() -> bool | None:
+    from types import SimpleNamespace
+
+    import torch
+    from vllm import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core import kv_cache_utils as ku
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        MambaSpec,
+    )
+    from vllm.v1.request import Request, RequestStatus
+
+    specs = (MambaSpec(block_size=1, shapes=((4,),), dtypes=(torch.float32,),
+                       mamba_cache_mode="align"),
+             FullAttentionSpec(block_size=2, num_kv_heads=1, head_size=8, dtype=torch.float32))
+    groups = [KVCacheGroupSpec([f"g{i}"], s) for i, s in enumerate(specs)]
+    config = ku.generate_scheduler_kv_cache_config(
+        [KVCacheConfig(num_blocks=50, kv_cache_tensors=[], kv_cache_groups=groups)])
+    sbs, hbs = ku.resolve_kv_cache_block_sizes(
+        SimpleNamespace(kv_cache_groups=config.kv_cache_groups),
+        SimpleNamespace(cache_config=SimpleNamespace(block_size=1, enable_prefix_caching=True,
+                                                     prefix_match_unit=None),
+                        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+                        kv_transfer_config=None))
+    manager = KVCacheManager(kv_cache_config=config, max_model_len=64, scheduler_block_size=sbs,
+                             hash_block_size=hbs, enable_caching=True)
+    if getattr(ku, "NONE_HASH", None) is None:
+        ku.init_none_hash(sha256)
+    hasher = ku.get_request_block_hasher(hbs, sha256)
+    r1, r4 = (Request(rid, list(range(5)), SamplingParams(max_tokens=8), None,
+                      block_hasher=hasher) for rid in ("r1", "r4"))
+
+    def schedule(req: Any, n: int, hit: Any = None, hit_len: int = 0) -> bool:
+        got = manager.allocate_slots(req, n, num_new_computed_tokens=hit_len,
+                                     new_computed_blocks=hit, num_lookahead_tokens=0)
+        if got is not None:
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens += hit_len + n
+        return got is not None
+
+    manager.new_step_starts()
+    if not schedule(r1, 4):
+        return None
+    hit, hit_len = manager.get_computed_blocks(r4)[:2]
+    if hit_len != 4:
+        return None
+    manager.new_step_starts()
+    if not schedule(r1, 1):
+        return None
+    return not schedule(r4, 1, hit, hit_len)
 
 
 @functools.cache

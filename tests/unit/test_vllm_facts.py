@@ -156,3 +156,20 @@ def test_installed_facts_follow_the_runner_kind():
     assert v2["grammar_rows_per_position"] == (facts.bitmask_rows_per_request > 1)
     assert v1["grammar_rows_per_position"] is False
     assert v1["warmup_greedy_pass"] == v2["warmup_greedy_pass"] == facts.greedy_pass
+
+
+def test_checkpoint_rule_is_the_managers():
+    """The probe answers by what vLLM's KVCacheManager does (True on 0.32,
+    False on 0.26 / 0.30 / 0.33), and cache_spec_from_vllm carries it on
+    Mamba groups only."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    from stepwarm.probe import cache_spec_from_vllm
+
+    recached = vllm_facts.checkpoint_recached()
+    assert recached in (True, False)
+    mamba = MambaSpec(block_size=4, shapes=((4,),), dtypes=(torch.float32,),
+                      mamba_cache_mode="align")
+    full = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    assert cache_spec_from_vllm(mamba).checkpoint_recached is recached
+    assert cache_spec_from_vllm(full).checkpoint_recached is None
