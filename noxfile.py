@@ -46,7 +46,7 @@ def tests(session: nox.Session) -> None:
     # Two processes: the engine tests leave vLLM's process-wide state behind
     # (in-process engines), and the pure tests (unit, property against vLLM's
     # KVCacheManager) must not depend on it.
-    session.run("pytest", "-q", "tests/property", "tests/unit", env=env)
+    session.run("pytest", "-q", "tests/property", "tests/unit", "tests/compat", env=env)
     session.run("pytest", "-q", "tests/e2e", "tests/gpu", env=env)
     compat_releases(session, [COMPAT_CI_RELEASE])
 
