@@ -1,5 +1,6 @@
 """Sessions: `nox -s run` (set up + warm the embedded tiny model), `nox -s tests`,
-`nox -s lint` (ruff + mypy, no vLLM), `nox -s property` (the long property-test profile)."""
+`nox -s lint` (ruff + mypy, no vLLM), `nox -s property` (the long property-test profile),
+`nox -s compat [-- RELEASE ...]` (the version matrix, docs/version-matrix.md)."""
 
 import os
 
@@ -45,8 +46,9 @@ def tests(session: nox.Session) -> None:
     # Two processes: the engine tests leave vLLM's process-wide state behind
     # (in-process engines), and the pure tests (unit, property against vLLM's
     # KVCacheManager) must not depend on it.
-    session.run("pytest", "-q", "tests/property", "tests/unit", env=env)
+    session.run("pytest", "-q", "tests/property", "tests/unit", "tests/compat", env=env)
     session.run("pytest", "-q", "tests/e2e", "tests/gpu", env=env)
+    compat_releases(session, [COMPAT_CI_RELEASE])
 
 
 @nox.session
@@ -67,3 +69,34 @@ def lint(session: nox.Session) -> None:
     session.install("-e", ".[lint]")
     session.run("ruff", "check", "--no-cache", ".")
     session.run("mypy")
+
+
+#: The release CI runs in the matrix besides the installed build (the newest
+#: of ``tests/compat/release.py``'s ``RELEASES``).
+COMPAT_CI_RELEASE = "0.33.0"
+
+
+def compat_releases(session: nox.Session, releases: list[str]) -> None:
+    """Run the version-independent suites (property on the CI profile, unit,
+    the compat checks) with each release's Python sources first on
+    ``PYTHONPATH`` (``tests/compat/release.py`` fetches and unpacks them)."""
+    for release in releases:
+        src = session.run("python", "-m", "tests.compat.release", release,
+                          silent=True).strip().splitlines()[-1]
+        session.log(f"vLLM {release}: {src}")
+        session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/property",
+                    "tests/unit", "tests/compat",
+                    env={"HYPOTHESIS_PROFILE": "ci", "PYTHONPATH": src})
+
+
+@nox.session
+def compat(session: nox.Session) -> None:
+    """The version matrix: `nox -s compat -- 0.33.0` (no release: every
+    release of ``tests/compat/release.py``'s ``RELEASES``)."""
+    install(session, "test")
+    if session.posargs:
+        releases = list(session.posargs)
+    else:
+        releases = session.run("python", "-c", "from tests.compat.release import RELEASES;"
+                               "print(' '.join(RELEASES))", silent=True).split()
+    compat_releases(session, releases)

@@ -33,7 +33,7 @@ def main() -> None:
     from stepwarm.driver import drive
     from stepwarm.encoder_inputs import processor_of
     from stepwarm.engine import start_engine
-    from stepwarm.profile import read_profile
+    from stepwarm.probe import read_profile
     from stepwarm.scenario import plans_for
 
     t0 = time.perf_counter()

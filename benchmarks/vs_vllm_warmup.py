@@ -57,7 +57,7 @@ def main() -> None:
 
     from stepwarm.driver import drive
     from stepwarm.engine import start_engine
-    from stepwarm.profile import read_profile
+    from stepwarm.probe import read_profile
     from stepwarm.sequences import warmup_kernels_plan
     from vllm.v1.worker.gpu.warmup import warmup_kernels
 

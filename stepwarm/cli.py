@@ -204,7 +204,7 @@ def run(
     _setup(verbose, quiet)
     from stepwarm.driver import drive
     from stepwarm.watchdog import StepWatch
-    from stepwarm.profile import read_profile
+    from stepwarm.probe import read_profile
     from stepwarm.scenario import SETS, ScenarioError, expand, load, resolve_names
     from stepwarm.scenario.needs import unmet_before_engine
 
@@ -523,7 +523,8 @@ def _profile_for(model: Optional[str], profile: Optional[Path],
     """The runner profile ``check``/``show`` plan against: ``--profile`` file,
     or a profile read off an engine started with ``--model``, or the packaged
     tiny-Llama profile. Exits 2 on bad input."""
-    from stepwarm.profile import ProfileError, RunnerProfile, read_profile
+    from stepwarm.probe import read_profile
+    from stepwarm.profile import ProfileError, RunnerProfile
     from stepwarm.scenario import tiny_profile
 
     if model is not None and profile is not None:
@@ -725,7 +726,8 @@ def profile_cmd(
 ) -> None:
     """Start vLLM and save the worker's runner profile (JSON; TOML for *.toml) for check/show --profile."""
     _setup(verbose, quiet)
-    from stepwarm.profile import ProfileError, read_profile
+    from stepwarm.probe import read_profile
+    from stepwarm.profile import ProfileError
 
     _check_output_path(output, "--output")
     engine = _start_engine(model, engine_arg)

@@ -282,6 +282,14 @@ def to_scheduler_output(
         _set(out, "num_common_prefix_blocks", [0] * len(profile.kv_cache_groups))
     if step.grammar_req_ids:
         _set(out, "has_structured_output_requests", True)
+    # vLLM 0.33's scheduler: drafts go unused when every scheduled request is
+    # a non-final prefill chunk (``Scheduler._drafts_unused``); only a V2
+    # runner with a drafter reserving lookahead slots may skip them
+    # (``can_skip_drafts``). Requests reaching max_tokens are not assumed.
+    # ``encoder_input_updates`` stays empty: the scheduler fills it only on
+    # KV-load rollback, which no planned step does.
+    if step.scheduled and profile.runner == "v2" and profile.num_lookahead_tokens > 0:
+        _set(out, "skip_drafts", not any(row.samples for row in step.scheduled))
     return out
 
 
@@ -311,8 +319,9 @@ def new_block_ids_to_zero(step: PlannedStep, profile: RunnerProfile) -> list[int
 def to_grammar_output(step: PlannedStep, profile: RunnerProfile) -> Any:
     """The ``GrammarOutput`` to sample ``step`` with, or None.
 
-    Shape: ``grammar_bitmask`` is int32 ``[len(grammar_req_ids),
-    ceil(vocab_size / 32)]``, all ones (every token allowed), as vLLM's
+    Shape: ``grammar_bitmask`` is int32 ``[len(grammar_req_ids) *
+    profile.grammar_rows_per_request, ceil(vocab_size / 32)]`` (vLLM 0.33:
+    ``decode_query_len`` rows per request), all ones (every token allowed), as vLLM's
     warmup builds it to exercise the bitmask kernel. None on a pipeline rank
     that is not the last (it does not sample), as in ``warmup_kernels``.
     """
@@ -321,7 +330,8 @@ def to_grammar_output(step: PlannedStep, profile: RunnerProfile) -> Any:
     import numpy as np
     from vllm.v1.core.sched.output import GrammarOutput
 
-    bitmask = np.full((len(step.grammar_req_ids), profile.bitmask_width), -1, dtype=np.int32)
+    rows = len(step.grammar_req_ids) * profile.grammar_rows_per_request
+    bitmask = np.full((rows, profile.bitmask_width), -1, dtype=np.int32)
     return GrammarOutput(
         structured_output_request_ids=list(step.grammar_req_ids), grammar_bitmask=bitmask
     )

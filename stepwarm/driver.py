@@ -26,10 +26,12 @@ from stepwarm.compile import (
 from stepwarm.encoder_inputs import RequestInputs, audio_inputs, request_inputs
 from stepwarm.memory import MemoryReport, free_text, measured
 from stepwarm.plan import REQ_ID_PREFIX, Plan, PlannedStep
-from stepwarm.profile import RunnerProfile, read_profile
+from stepwarm.probe import read_profile
+from stepwarm.profile import RunnerProfile
 from stepwarm.ranks import RankGroup
 from stepwarm.runner import (
     discard_pending_step,
+    eplb_recording_suppressed,
     kv_connector_disabled,
     drop_finished_state,
     live_request_ids,
@@ -374,7 +376,8 @@ def drive(
     cause: BaseException | None = None
     t_run = time.perf_counter()
     report.started_at = time.time()
-    with kv_connector_disabled(worker), measured() as report.memory:
+    with kv_connector_disabled(worker), eplb_recording_suppressed(worker), \
+            measured() as report.memory:
         try:
             for step in plan.steps:
                 failed_at = step.index

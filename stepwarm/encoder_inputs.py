@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepwarm.plan import PlannedRequest
-from stepwarm.profile import ImageClass, runner_of
+from stepwarm.profile import ImageClass
+from stepwarm.runner import runner_of
 
 #: Sides (pixels) of the square dummy images whose processed shapes make the
 #: image classes: from a thumbnail to a large photo.

@@ -35,7 +35,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from stepwarm.driver import RunnerBusyError, RunReport, StepFailed, drive
-from stepwarm.profile import RunnerProfile, read_profile
+from stepwarm.probe import read_profile
+from stepwarm.profile import RunnerProfile
 from stepwarm.ranks import RankGroup
 from stepwarm.random_state import random_state_kept
 from stepwarm.runner import jit_monitor_deferred

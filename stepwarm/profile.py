@@ -1,10 +1,9 @@
-"""RunnerProfile: the facts stepwarm plans with, read off a V1 or V2 runner.
+"""RunnerProfile: the facts stepwarm plans with, as plain data.
 
-A profile is plain data (JSON in/out) so that planning, block accounting and
-``stepwarm check`` never need a running engine. :func:`read_profile` is the one
-adapter that knows the attribute names of vLLM's V1 runner
-(``vllm/v1/worker/gpu_model_runner.py``, also the CPU runner) and V2 runner
-(``vllm/v1/worker/gpu/model_runner.py``); everything else reads the profile.
+A profile is plain data (JSON / TOML in and out; no vLLM import) so that
+planning, block accounting and ``stepwarm check`` never need a running
+engine. :func:`stepwarm.probe.read_profile` reads one off a live V1 or V2
+runner; everything else reads the profile.
 """
 
 from __future__ import annotations
@@ -15,8 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from stepwarm.drafter import Drafter, read_drafter
-from stepwarm.settings import role_of_kv_role
+from stepwarm.drafter import Drafter
 
 #: The KV cache spec kinds stepwarm knows, named after vLLM's spec classes.
 SpecKind = Literal[
@@ -74,7 +72,8 @@ class CacheSpec(BaseModel):
     #: down to the hash block, ``get_mamba_prefill_checkpoint_position``) as
     #: cached in *every* step whose cacheable prefix ends there, not only in
     #: the step that first caches it (vLLM 0.32). A hit ending on that state
-    #: then waits for the next step. None: only newly cached states (0.26).
+    #: then waits for the next step. False / None: only newly cached states
+    #: (0.26, 0.30, 0.33; probed by behaviour, ``vllm_facts.checkpoint_recached``).
     checkpoint_recached: bool | None = None
 
 
@@ -169,6 +168,19 @@ class RunnerProfile(BaseModel):
     #: groups, lookahead (None: no speculator, or a profile saved before
     #: stepwarm recorded it).
     drafter: Drafter | None = None
+    #: Whether a ``GrammarOutput`` carries ``decode_query_len`` bitmask rows
+    #: per structured-output request (vLLM 0.33: ``warmup_kernels`` and the V2
+    #: ``StructuredOutputsWorker``'s ``mask_stride``) instead of one (<= 0.32).
+    #: Read off the installed vLLM's warmup (:mod:`stepwarm.vllm_facts`).
+    grammar_rows_per_position: bool = False
+    #: Whether vLLM's ``warmup_kernels`` runs its sequence a second time with
+    #: ``SamplingParams(temperature=0)`` under a speculator (vLLM 0.33), so
+    #: ``default`` does too.
+    warmup_greedy_pass: bool = False
+    #: Why stepwarm cannot run on this runner at all, checked before any step
+    #: (a step-data field it cannot fill, a cache mode vLLM refuses); "" when
+    #: it can.
+    unsupported: str = ""
 
     @model_validator(mode="before")
     @classmethod
@@ -203,6 +215,13 @@ class RunnerProfile(BaseModel):
         if spec.zeroed is not None:
             return spec.zeroed
         return spec.kind not in ("mamba", "circular_buffer", "encoder_only_attention")
+
+    @property
+    def grammar_rows_per_request(self) -> int:
+        """``GrammarOutput.grammar_bitmask`` rows per structured-output
+        request: ``decode_query_len`` where :attr:`grammar_rows_per_position`,
+        else 1."""
+        return self.decode_query_len if self.grammar_rows_per_position else 1
 
     @property
     def bitmask_width(self) -> int:
@@ -305,244 +324,3 @@ def tiny_profile() -> RunnerProfile:
 
 class ProfileError(ValueError):
     """A profile file that cannot be used; the message names file and field."""
-
-
-# --------------------------------------------------------------------------
-# Adapter: vLLM objects -> profile. The only code here that touches vLLM.
-
-#: vLLM spec class name -> kind, most specific first (subclasses before bases).
-_SPEC_CLASS_KIND: tuple[tuple[str, SpecKind], ...] = (
-    ("CircularBufferSpec", "circular_buffer"),
-    ("CrossAttentionSpec", "cross_attention"),
-    ("EncoderOnlyAttentionSpec", "encoder_only_attention"),
-    ("SlidingWindowSpec", "sliding_window"),
-    ("ChunkedLocalAttentionSpec", "chunked_local_attention"),
-    ("MLAAttentionSpec", "mla_attention"),
-    ("FullAttentionSpec", "full_attention"),
-    ("MambaSpec", "mamba"),
-)
-
-
-def cache_spec_from_vllm(spec: Any) -> CacheSpec:
-    """Convert a ``vllm.v1.kv_cache_interface.KVCacheSpec`` to a :class:`CacheSpec`.
-
-    ``UniformTypeKVCacheSpecs`` is read through its first layer's spec
-    (``first_spec``, as ``_reserved_block_count`` does; vLLM 0.26 has no
-    ``first_spec``, so the first of ``kv_cache_specs``) and marked
-    ``uniform_type``.
-
-    Raises:
-        ProfileError: the spec class (or none of its bases) is not one stepwarm
-            knows how to reserve blocks for.
-    """
-    uniform = type(spec).__name__ == "UniformTypeKVCacheSpecs"
-    if uniform:
-        # ``first_spec`` (vLLM 0.32) is this; vLLM 0.26 has only ``kv_cache_specs``.
-        spec = next(iter(spec.kv_cache_specs.values()))
-    mro = [c.__name__ for c in type(spec).__mro__]
-    for cls_name, kind in _SPEC_CLASS_KIND:
-        if cls_name in mro:
-            break
-    else:
-        raise ProfileError(
-            f"KV cache spec {type(spec).__name__} is not supported by stepwarm "
-            f"(known: {', '.join(n for n, _ in _SPEC_CLASS_KIND)})"
-        )
-    return CacheSpec(
-        kind=kind,
-        block_size=spec.block_size,
-        sliding_window=getattr(spec, "sliding_window", None)
-        if kind == "sliding_window"
-        else None,
-        attention_chunk_size=getattr(spec, "attention_chunk_size", None)
-        if kind == "chunked_local_attention"
-        else None,
-        mamba_cache_mode=getattr(spec, "mamba_cache_mode", "none")
-        if kind == "mamba"
-        else "none",
-        num_speculative_blocks=getattr(spec, "num_speculative_blocks", 0)
-        if kind == "mamba"
-        else 0,
-        uniform_type=uniform,
-        vllm_class=type(spec).__name__,
-        zeroed=_records_new_block_ids(spec),
-        fine_grained_hits=_fine_grained_hits(spec),
-        checkpoint_recached=_checkpoint_recached() if kind == "mamba" else None,
-    )
-
-
-def _checkpoint_recached() -> bool | None:
-    """Whether the installed vLLM's ``MambaManager`` re-marks the prompt
-    checkpoint's state as cached in every step that ends there: vLLM 0.32
-    keys Mamba checkpoints by ``get_mamba_prefill_checkpoint_position``
-    (``_cache_partial_tail_block`` then re-registers the block each such
-    step); 0.26 has no such function and marks new states only."""
-    try:
-        from vllm.v1 import kv_cache_interface
-    except Exception:
-        return None
-    return True if hasattr(kv_cache_interface, "get_mamba_prefill_checkpoint_position") else None
-
-
-def _fine_grained_hits(spec: Any) -> bool | None:
-    """``supports_fine_grained_hash_lookup`` of the installed vLLM's manager
-    class for ``spec`` (vLLM 0.32), or None when that vLLM has no such
-    attribute (0.26: partial hash hits do not ask the other managers) or no
-    manager for the spec."""
-    try:
-        from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
-
-        manager = KVCacheSpecRegistry.get_manager_class(spec, None)
-    except Exception:  # vLLM 0.26 has no registry (and no such check)
-        return None
-    flag = getattr(manager, "supports_fine_grained_hash_lookup", None)
-    return None if flag is None else bool(flag)
-
-
-def _records_new_block_ids(spec: Any) -> bool | None:
-    """Whether the installed vLLM's scheduler manager for ``spec`` (a
-    scheduler-side spec: a uniform-type group's first layer spec) records new
-    block ids for zeroing when the config needs zeroing: builds the manager
-    (``get_manager_for_kv_cache_spec`` over a 2-block ``BlockPool``) and reads
-    its ``_record_new_block_ids``. None when the installed vLLM cannot build
-    it that way (no manager for the spec, another signature)."""
-    try:
-        from vllm.v1.core.block_pool import BlockPool
-        from vllm.v1.core.single_type_kv_cache_manager import get_manager_for_kv_cache_spec
-
-        manager = get_manager_for_kv_cache_spec(
-            spec, max_in_flight_tokens=1, max_model_len=spec.block_size,
-            block_pool=BlockPool(2, False, spec.block_size), enable_caching=False,
-            kv_cache_group_id=0, scheduler_block_size=spec.block_size,
-            needs_kv_cache_zeroing=True,
-        )
-    except Exception:
-        return None
-    flag = getattr(manager, "_record_new_block_ids", None)
-    return None if flag is None else bool(flag)
-
-
-def runner_of(worker: Any) -> Any:
-    """The model runner behind a vLLM worker (``worker.model_runner``)."""
-    return getattr(worker, "model_runner", worker)
-
-
-def runner_kind(runner: Any) -> Literal["v1", "v2"]:
-    """"v2" for ``vllm.v1.worker.gpu.model_runner.GPUModelRunner``, else "v1"."""
-    v2 = any(c.__module__ == "vllm.v1.worker.gpu.model_runner" for c in type(runner).__mro__)
-    return "v2" if v2 else "v1"
-
-
-def _is_last_pp_rank(runner: Any) -> bool:
-    if hasattr(runner, "is_last_pp_rank"):
-        return bool(runner.is_last_pp_rank)
-    try:
-        from vllm.distributed.parallel_state import get_pp_group
-
-        return bool(get_pp_group().is_last_rank)
-    except Exception:  # pragma: no cover - no distributed state at all
-        return True
-
-
-def _max_logprobs(model_config: Any) -> int:
-    """``ModelConfig.max_logprobs`` (vLLM 0.26 and 0.32: default 20; -1 means
-    the vocabulary), as a count of tokens."""
-    n = getattr(model_config, "max_logprobs", 20)
-    n = 20 if n is None else int(n)
-    return int(model_config.get_vocab_size()) if n == -1 else n
-
-
-def _decoder_start_token_id(model_config: Any) -> int | None:
-    """An encoder-decoder model's decoder start token, as
-    ``BaseRenderer.get_dec_start_token_id`` (vLLM 0.32 ``renderers/base.py``;
-    0.26 the same rule) picks it: ``hf_config.decoder_start_token_id``, else
-    the BOS token id (the tokenizer's there, the config's here); None for a
-    decoder-only model or when neither is set."""
-    if not model_config.is_encoder_decoder:
-        return None
-    hf = model_config.hf_config
-    for name in ("decoder_start_token_id", "bos_token_id"):
-        value = getattr(hf, name, None)
-        if isinstance(value, int):
-            return value
-    return None
-
-
-def read_profile(worker: Any) -> RunnerProfile:
-    """Read a :class:`RunnerProfile` off a live vLLM worker (or model runner).
-
-    Works for the V1 runner (``num_spec_tokens``, ``uniform_decode_query_len``,
-    ``max_encoder_len``) and the V2 runner (``num_speculative_steps``,
-    ``decode_query_len``, ``model_state.max_encoder_len``).
-
-    Raises:
-        ProfileError: the runner has no KV cache config yet (call after
-            ``initialize_from_config``) or uses a spec stepwarm does not know.
-    """
-    import vllm
-
-    runner = runner_of(worker)
-    kind = runner_kind(runner)
-    cfg = runner.vllm_config
-    kv_cache_config = getattr(runner, "kv_cache_config", None)
-    if kv_cache_config is None:
-        raise ProfileError("the runner has no kv_cache_config yet: profile it "
-                           "after the KV cache is initialized")
-    if kind == "v2":
-        num_spec = int(runner.num_speculative_steps)
-        decode_query_len = int(runner.decode_query_len)
-        max_encoder_len = int(getattr(runner.model_state, "max_encoder_len", 0) or 0)
-        block_tables = getattr(runner, "block_tables", None)
-        null_block_writes = bool(
-            block_tables is not None
-            and getattr(block_tables, "redirect_writes_to_null_block", False)
-        )
-    else:
-        num_spec = int(getattr(runner, "num_spec_tokens", 0))
-        decode_query_len = int(getattr(runner, "uniform_decode_query_len", 1 + num_spec))
-        max_encoder_len = int(getattr(runner, "max_encoder_len", 0) or 0)
-        null_block_writes = False
-    model_config = cfg.model_config
-    from stepwarm.encoder_inputs import read_image_classes
-
-    image_classes, encoder_budget, max_images = read_image_classes(runner)
-    is_pooling = bool(runner.is_pooling_model)
-    pooling_task = None
-    if is_pooling:
-        try:
-            pooling_task = model_config.get_pooling_task(runner.get_supported_tasks())
-        except Exception:
-            pooling_task = None
-    return RunnerProfile(
-        runner=kind,
-        vllm_version=vllm.__version__,
-        model=str(model_config.model),
-        kv_cache_groups=tuple(
-            cache_spec_from_vllm(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups
-        ),
-        num_blocks=int(kv_cache_config.num_blocks),
-        max_model_len=int(runner.max_model_len),
-        max_num_seqs=int(cfg.scheduler_config.max_num_seqs),
-        max_num_batched_tokens=int(cfg.scheduler_config.max_num_batched_tokens),
-        num_lookahead_tokens=int(getattr(cfg, "num_lookahead_tokens", 0) or 0),
-        num_speculative_steps=num_spec,
-        decode_query_len=decode_query_len,
-        max_encoder_len=max_encoder_len,
-        is_pooling_model=is_pooling,
-        pooling_task=pooling_task,
-        is_encoder_decoder=bool(model_config.is_encoder_decoder),
-        decoder_start_token_id=_decoder_start_token_id(model_config),
-        is_encoder_only=bool(getattr(cfg, "is_mm_encoder_only", False)),
-        is_last_pp_rank=_is_last_pp_rank(runner),
-        vocab_size=int(model_config.get_vocab_size()),
-        max_logprobs=_max_logprobs(model_config),
-        null_block_writes=null_block_writes,
-        mamba_cache_mode=str(getattr(cfg.cache_config, "mamba_cache_mode", "none")),
-        enable_prefix_caching=bool(cfg.cache_config.enable_prefix_caching),
-        zeroes_new_blocks=bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False)),
-        role=role_of_kv_role(getattr(getattr(cfg, "kv_transfer_config", None), "kv_role", None)),
-        image_classes=image_classes,
-        encoder_budget=encoder_budget,
-        max_images_per_prompt=max_images,
-        drafter=read_drafter(runner, kv_cache_config),
-    )

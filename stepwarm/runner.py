@@ -10,9 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Literal
 
-from stepwarm.profile import runner_kind, runner_of
+
+def runner_of(worker: Any) -> Any:
+    """The model runner behind a vLLM worker (``worker.model_runner``)."""
+    return getattr(worker, "model_runner", worker)
+
+
+def runner_kind(runner: Any) -> Literal["v1", "v2"]:
+    """"v2" for ``vllm.v1.worker.gpu.model_runner.GPUModelRunner``, else "v1"."""
+    v2 = any(c.__module__ == "vllm.v1.worker.gpu.model_runner" for c in type(runner).__mro__)
+    return "v2" if v2 else "v1"
 
 
 #: Every per-request table of the V1 runner (``gpu_model_runner.py``, also
@@ -205,6 +214,21 @@ def kv_connector_disabled(worker: Any) -> Iterator[None]:
         yield
     finally:
         kv_transfer_state._KV_CONNECTOR_AGENT = agent
+
+
+@contextmanager
+def eplb_recording_suppressed(worker: Any) -> Iterator[None]:
+    """Run the block with EPLB's expert-load recording and rebalancing steps
+    off, where the installed vLLM suppresses them around its own warmup: the
+    V2 runner's ``EPLBController.suppress()`` (vLLM 0.33's
+    ``Worker.compile_or_warm_up_model`` wraps its warmup in it). A no-op on
+    runners without it (V1, vLLM <= 0.32)."""
+    suppress = getattr(getattr(runner_of(worker), "eplb", None), "suppress", None)
+    if suppress is None:
+        yield
+        return
+    with suppress():
+        yield
 
 
 def kv_connector_active(worker: Any) -> bool:

@@ -42,7 +42,10 @@ def warmup_kernels_plan(profile: RunnerProfile, builder: PlanBuilder | None = No
     with an all-ones bitmask on the last PP rank); decode all; then, with two
     or more requests, decode [0, 1] with spec and non-spec mixed (and both
     non-spec under a speculator); decode [0] alone (and [0] without drafts
-    under a speculator); cleanup. Pooling models: the prefill and cleanup only.
+    under a speculator); cleanup. Where the installed vLLM's warmup does
+    (``profile.warmup_greedy_pass``, vLLM 0.33) the pass runs again under a
+    speculator with ``SamplingParams(temperature=0)``. Pooling models: the
+    prefill and cleanup only.
     Encoder-only models: an empty plan.
 
     Args:
@@ -52,13 +55,26 @@ def warmup_kernels_plan(profile: RunnerProfile, builder: PlanBuilder | None = No
     b = builder or PlanBuilder(profile, name="warmup_kernels")
     if profile.is_encoder_only:
         return Plan(name=b.name, requests=(), steps=(), skipped="encoder-only model: vLLM warms no step")
+    _warmup_pass(b, profile, "warmup", REQ_ID_PREFIX)
+    if profile.warmup_greedy_pass and profile.has_speculator and not profile.is_pooling_model:
+        # vLLM 0.33: "Greedy batches skip logits processing, so rejection
+        # kernels also see model-dtype logits instead of FP32."
+        _warmup_pass(b, profile, (("temperature", 0.0),), f"{REQ_ID_PREFIX}greedy_",
+                     " (greedy)")
+    return b.build()
+
+
+def _warmup_pass(b: PlanBuilder, profile: RunnerProfile, sampling: str | tuple[tuple[str, float], ...],
+                 prefix: str, suffix: str = "") -> None:
+    """One pass of ``_warmup_kernels``: prefill, the decodes, cleanup, with
+    every request sampled with ``sampling``."""
     num_spec = profile.num_speculative_steps
     dql = profile.decode_query_len
     prompt_len = dql + 1
     num_decode_steps = 1 if profile.is_pooling_model else (5 if num_spec > 0 else 3)
     decode_len = prompt_len + num_decode_steps * dql
     num_reqs = max_warmup_requests(profile, prompt_len, decode_len)
-    ids = [f"{REQ_ID_PREFIX}{i}_" for i in range(num_reqs)]
+    ids = [f"{prefix}{i}_" for i in range(num_reqs)]
     for i, rid in enumerate(ids):
         b.add_request(
             PlannedRequest(
@@ -66,12 +82,13 @@ def warmup_kernels_plan(profile: RunnerProfile, builder: PlanBuilder | None = No
                 prompt_len=prompt_len,
                 kind="pool" if profile.is_pooling_model else "sample",
                 encoder_len=profile.max_encoder_len if profile.is_encoder_decoder else 0,
-                name="req", index=i,
+                name="greedy" if suffix else "req", index=i,
+                sampling=sampling,
             )
         )
     # vLLM samples the prefill with an all-ones bitmask (the structured-output
     # kernel) and the decodes without one.
-    b.step("prefill", f"prefill {num_reqs} x {prompt_len}", prefill={r: prompt_len for r in ids},
+    b.step("prefill", f"prefill {num_reqs} x {prompt_len}{suffix}", prefill={r: prompt_len for r in ids},
            grammar=not profile.is_pooling_model)
     if not profile.is_pooling_model:
         spec = num_spec > 0
@@ -89,9 +106,8 @@ def warmup_kernels_plan(profile: RunnerProfile, builder: PlanBuilder | None = No
             kind = "spec_decode" if any(decode.values()) else "decode"
             if any(decode.values()) and not all(decode.values()):
                 kind = "mixed_decode"
-            b.step(kind, f"decode {label}", decode=decode)
-    b.step("cleanup", "cleanup", finish=tuple(ids))
-    return b.build()
+            b.step(kind, f"decode {label}{suffix}", decode=decode)
+    b.step("cleanup", "cleanup" + suffix, finish=tuple(ids))
 
 
 def mixed_prefill_decode_plan(

@@ -39,7 +39,8 @@ from stepwarm.driver import RunReport, drive
 from stepwarm.encoder_inputs import audio_inputs, audio_sampling_rate, dummy_audio, processor_of
 from stepwarm.engine import abort_all, finished_not_sent
 from stepwarm.plan import REQ_ID_PREFIX, Plan, PlannedRequest, PlannedStep, ScheduledRequest
-from stepwarm.profile import RunnerProfile, runner_of
+from stepwarm.profile import RunnerProfile
+from stepwarm.runner import runner_of
 from stepwarm.runner import discard_pending_step, live_request_ids
 
 #: Request id prefix of the requests :func:`with_prefix_fills` adds.

@@ -90,7 +90,7 @@ def measure(
         stepwarm.coverage.traffic.TrafficError: a line the engine would refuse
             (nothing was replayed).
     """
-    from stepwarm.profile import read_profile
+    from stepwarm.probe import read_profile
 
     enable_hook(scenarios)
     t0 = time.time()

@@ -610,8 +610,13 @@ def plans_for(names: list[str], profile: RunnerProfile) -> list[Plan]:
     (:func:`~stepwarm.scenario.load.resolve_names`).
 
     Raises:
-        ScenarioError: the first scenario that cannot be loaded or expanded.
+        ScenarioError: the first scenario that cannot be loaded or expanded,
+            or a runner stepwarm cannot run on at all (``profile.unsupported``:
+            the installed vLLM's reason, before any scenario is loaded).
     """
+    if profile.unsupported:
+        raise ScenarioError(f"stepwarm cannot run on this runner: {profile.unsupported}",
+                            field="profile")
     return [expand(load(name), profile) for name in resolve_names(names)]
 
 

@@ -18,7 +18,8 @@ import os
 import pytest
 
 from stepwarm.engine import Engine, start_engine
-from stepwarm.profile import RunnerProfile, read_profile
+from stepwarm.probe import read_profile
+from stepwarm.profile import RunnerProfile
 
 #: GiB of KV cache per CPU engine (the tiny Llama's: 1 048 576 tokens, 8192 blocks of 128).
 KV_CACHE_GIB = "1"

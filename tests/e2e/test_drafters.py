@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent(
     from dataclasses import asdict
     from stepwarm.driver import StepFailed, drive
     from stepwarm.engine import start_engine
-    from stepwarm.profile import read_profile
+    from stepwarm.probe import read_profile
     from stepwarm.runner import live_request_ids
     from stepwarm.scenario import plans_for
     from stepwarm import verify as V

@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent(
     import json
     from stepwarm.driver import drive
     from stepwarm.engine import start_engine
-    from stepwarm.profile import read_profile
+    from stepwarm.probe import read_profile
     from stepwarm.runner import live_request_ids
     from stepwarm.scenario import plans_for
 

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from stepwarm.engine import start_engine
-from stepwarm.profile import read_profile
+from stepwarm.probe import read_profile
 from stepwarm.scenario import expand, load
 
 

@@ -10,7 +10,7 @@ from stepwarm.blocks import ReservationContext, reserved_blocks_per_group
 from stepwarm.compile import cleanup_output
 from stepwarm.driver import RunnerBusyError, StepFailed, drive
 from stepwarm.plan import REQ_ID_PREFIX
-from stepwarm.profile import runner_of
+from stepwarm.runner import runner_of
 from stepwarm.runner import kv_connector_active, kv_connector_disabled, live_request_ids
 from stepwarm.sequences import default_plan, max_warmup_requests
 

@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent(
     from stepwarm.driver import StepFailed, drive
     from stepwarm.engine import start_engine
     from stepwarm.plan import PlanBuilder, PlannedRequest
-    from stepwarm.profile import read_profile
+    from stepwarm.probe import read_profile
     from stepwarm.runner import request_tables
     from stepwarm.scenario import plans_for
     from stepwarm.zoo import write_model

@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent(
     import json, sys
     from stepwarm.driver import StepFailed, drive
     from stepwarm.engine import start_engine
-    from stepwarm.profile import read_profile
+    from stepwarm.probe import read_profile
     from stepwarm.runner import live_request_ids
     from stepwarm.scenario import plans_for
 

@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent(
     from stepwarm.compile import OutputHistory
     from stepwarm.driver import drive
     from stepwarm.engine import start_engine
-    from stepwarm.profile import read_profile
+    from stepwarm.probe import read_profile
     from stepwarm.runner import live_request_ids
     from stepwarm.scenario import plans_for
     from stepwarm import verify as V
@@ -205,7 +205,7 @@ WHISPER_SCRIPT = textwrap.dedent(
     from vllm.inputs import TokensPrompt
     from stepwarm.compile import prompt_token_ids
     from stepwarm.engine import start_engine
-    from stepwarm.profile import read_profile
+    from stepwarm.probe import read_profile
     from stepwarm.scenario import plans_for
     from stepwarm import verify as V
 

@@ -26,7 +26,8 @@ SCRIPT = textwrap.dedent(
     from stepwarm.driver import drive
     from stepwarm.engine import start_engine
     from stepwarm.plan import PlanBuilder, PlannedRequest
-    from stepwarm.profile import read_profile, runner_of
+    from stepwarm.probe import read_profile
+    from stepwarm.runner import runner_of
     from stepwarm.scenario import plans_for
     from stepwarm.zoo import ZOO, write_model
     from stepwarm import verify as V

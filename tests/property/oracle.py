@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from stepwarm.profile import CacheSpec, cache_spec_from_vllm
+from stepwarm.probe import cache_spec_from_vllm
+from stepwarm.profile import CacheSpec
 
 _DTYPE = torch.float16
 #: The token every sampled output is (outside every prompt's 0..len-1).

@@ -21,7 +21,8 @@ from hypothesis import assume, event
 from hypothesis import strategies as st
 
 from stepwarm.blocks import cdiv
-from stepwarm.profile import CacheSpec, RunnerProfile, cache_spec_from_vllm
+from stepwarm.probe import cache_spec_from_vllm
+from stepwarm.profile import CacheSpec, RunnerProfile
 
 #: Kind -> the vLLM spec class the oracle builds for it.
 SPEC_CLASS = {

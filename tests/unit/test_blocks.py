@@ -141,7 +141,7 @@ def test_uniform_type_reads_its_first_spec() -> None:
 
     import torch
 
-    from stepwarm.profile import cache_spec_from_vllm
+    from stepwarm.probe import cache_spec_from_vllm
 
     layers = {
         f"l{i}": SlidingWindowSpec(block_size=16, num_kv_heads=1, head_size=8 * (i + 1),
@@ -159,7 +159,7 @@ def test_uniform_type_without_first_spec_as_in_vllm_0_26() -> None:
 
     import torch
 
-    from stepwarm.profile import cache_spec_from_vllm
+    from stepwarm.probe import cache_spec_from_vllm
 
     class UniformTypeKVCacheSpecs:  # the 0.26 shape: a dict of layer specs only
         def __init__(self, kv_cache_specs):

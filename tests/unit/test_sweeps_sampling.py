@@ -7,7 +7,7 @@ import textwrap
 from types import SimpleNamespace
 
 from stepwarm.compile import sampling_params
-from stepwarm.profile import _max_logprobs
+from stepwarm.probe import _max_logprobs
 from stepwarm.scenario import builtin_names, json_schema, loads, resolve_names
 from stepwarm.scenario.expand import expand
 from stepwarm.scenario.sweeps import Buckets, Range, Values, sweep_values

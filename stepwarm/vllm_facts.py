@@ -1,0 +1,343 @@
+"""Facts that differ between vLLM releases, probed once off the installed vLLM.
+
+Every fact is read by behaviour (vLLM's own function run on a small input),
+not by the release's version string; :mod:`stepwarm.probe` copies them into
+the :class:`~stepwarm.profile.RunnerProfile`, and planning reads the profile.
+docs/version-matrix.md lists each fact per release and the test pinning it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Any
+
+logger = logging.getLogger("stepwarm")
+
+#: The releases stepwarm is checked against (``tests/compat/release.py``'s
+#: ``RELEASES`` runs them); a newer one is logged with its probed facts.
+CHECKED_RELEASES = ("0.26.0", "0.30.0", "0.32.0", "0.33.0")
+
+#: ``SchedulerOutput`` / ``NewRequestData`` fields stepwarm knows (the union
+#: over :data:`CHECKED_RELEASES`). A field outside these with no default
+#: cannot be filled: :func:`unknown_required_fields` names it.
+KNOWN_FIELDS: dict[str, frozenset[str]] = {
+    "SchedulerOutput": frozenset({
+        "scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens",
+        "total_num_scheduled_tokens", "scheduled_spec_decode_tokens",
+        "scheduled_encoder_inputs", "num_common_prefix_blocks", "finished_req_ids",
+        "free_encoder_mm_hashes", "preempted_req_ids", "has_structured_output_requests",
+        "pending_structured_output_tokens", "num_invalid_spec_tokens",
+        "kv_connector_metadata", "ec_connector_metadata", "new_block_ids_to_zero",
+        "num_spec_tokens_to_schedule", "block_table_updates", "aux_output_connector_metadata",
+        "encoder_input_updates", "skip_drafts",
+    }),
+    "NewRequestData": frozenset({
+        "req_id", "prompt_token_ids", "mm_features", "sampling_params", "pooling_params",
+        "block_ids", "num_computed_tokens", "lora_request", "prompt_embeds",
+        "prefill_token_ids", "replay_start",
+    }),
+}
+
+
+class VllmFactsError(ValueError):
+    """The installed vLLM needs something stepwarm cannot give (a required
+    step-data field it does not know, a configuration vLLM refuses); raised
+    before any step. The hook treats it as a bad scenario (``WarmupError``;
+    ``STEPWARM_ON_ERROR=warn`` serves on)."""
+
+
+def version() -> str:
+    import vllm
+
+    return str(vllm.__version__)
+
+
+# --- Scheduler-side managers ------------------------------------------------
+
+def _manager(spec: Any, enable_caching: bool, **extra: Any) -> Any:
+    """``get_manager_for_kv_cache_spec`` over a 2-block ``BlockPool``."""
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.single_type_kv_cache_manager import get_manager_for_kv_cache_spec
+
+    return get_manager_for_kv_cache_spec(
+        spec, max_in_flight_tokens=1, max_model_len=spec.block_size,
+        block_pool=BlockPool(2, enable_caching, spec.block_size), enable_caching=enable_caching,
+        kv_cache_group_id=0, scheduler_block_size=spec.block_size, **extra,
+    )
+
+
+def records_new_block_ids(spec: Any) -> bool | None:
+    """Whether the installed vLLM's scheduler manager for ``spec`` (a
+    scheduler-side spec: a uniform-type group's first layer spec) records new
+    block ids for zeroing when the config needs zeroing: builds the manager
+    and reads its ``_record_new_block_ids``. None when the installed vLLM
+    cannot build it that way (no manager for the spec, another signature)."""
+    try:
+        manager = _manager(spec, False, needs_kv_cache_zeroing=True)
+    except Exception:
+        return None
+    flag = getattr(manager, "_record_new_block_ids", None)
+    return None if flag is None else bool(flag)
+
+
+def fine_grained_hits(spec: Any) -> bool | None:
+    """``supports_fine_grained_hash_lookup`` of the installed vLLM's manager
+    class for ``spec`` (vLLM >= 0.30), or None when that vLLM has no such
+    attribute (0.26: partial hash hits do not ask the other managers) or no
+    manager for the spec."""
+    try:
+        from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
+
+        manager = KVCacheSpecRegistry.get_manager_class(spec, None)
+    except Exception:  # vLLM 0.26 has no registry (and no such check)
+        return None
+    flag = getattr(manager, "supports_fine_grained_hash_lookup", None)
+    return None if flag is None else bool(flag)
+
+
+@functools.cache
+def checkpoint_recached() -> bool | None:
+    """Whether the installed vLLM's ``MambaManager`` re-marks the prompt
+    checkpoint's state as cached in every step that ends there, so a prefix
+    hit on it waits a step (vLLM 0.32's ``_cache_partial_tail_block``
+    re-registers the block each such step; 0.33 returns early when the block
+    is already keyed; 0.26 marks new states only).
+
+    Probed by behaviour on vLLM's own ``KVCacheManager`` (a Mamba ``align``
+    group of block size 1 beside a full-attention group of block size 2):
+    r1 (5-token prompt) prefills 4 tokens; r4 (same prompt) hits those 4;
+    next step r1 computes its last token and r4 asks for 1 token on its hit.
+    Returns True where vLLM refuses r4 (the state counts as cached in this
+    step again), False where it allocates, None where the probe cannot run.
+    """
+    try:
+        return _probe_checkpoint_recached()
+    except Exception as e:  # noqa: BLE001 - a release with other signatures
+        logger.debug("stepwarm: Mamba checkpoint re-caching not probed: %s", e)
+        return None
+
+
+def _probe_checkpoint_recached() -> bool | None:
+    from types import SimpleNamespace
+
+    import torch
+    from vllm import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core import kv_cache_utils as ku
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        MambaSpec,
+    )
+    from vllm.v1.request import Request, RequestStatus
+
+    specs = (MambaSpec(block_size=1, shapes=((4,),), dtypes=(torch.float32,),
+                       mamba_cache_mode="align"),
+             FullAttentionSpec(block_size=2, num_kv_heads=1, head_size=8, dtype=torch.float32))
+    groups = [KVCacheGroupSpec([f"g{i}"], s) for i, s in enumerate(specs)]
+    config = ku.generate_scheduler_kv_cache_config(
+        [KVCacheConfig(num_blocks=50, kv_cache_tensors=[], kv_cache_groups=groups)])
+    sbs, hbs = ku.resolve_kv_cache_block_sizes(
+        SimpleNamespace(kv_cache_groups=config.kv_cache_groups),
+        SimpleNamespace(cache_config=SimpleNamespace(block_size=1, enable_prefix_caching=True,
+                                                     prefix_match_unit=None),
+                        parallel_config=SimpleNamespace(decode_context_parallel_size=1),
+                        kv_transfer_config=None))
+    manager = KVCacheManager(kv_cache_config=config, max_model_len=64, scheduler_block_size=sbs,
+                             hash_block_size=hbs, enable_caching=True)
+    if getattr(ku, "NONE_HASH", None) is None:
+        ku.init_none_hash(sha256)
+    hasher = ku.get_request_block_hasher(hbs, sha256)
+    r1, r4 = (Request(rid, list(range(5)), SamplingParams(max_tokens=8), None,
+                      block_hasher=hasher) for rid in ("r1", "r4"))
+
+    def schedule(req: Any, n: int, hit: Any = None, hit_len: int = 0) -> bool:
+        got = manager.allocate_slots(req, n, num_new_computed_tokens=hit_len,
+                                     new_computed_blocks=hit, num_lookahead_tokens=0)
+        if got is not None:
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens += hit_len + n
+        return got is not None
+
+    manager.new_step_starts()
+    if not schedule(r1, 4):
+        return None
+    hit, hit_len = manager.get_computed_blocks(r4)[:2]
+    if hit_len != 4:
+        return None
+    manager.new_step_starts()
+    if not schedule(r1, 1):
+        return None
+    return not schedule(r4, 1, hit, hit_len)
+
+
+@functools.cache
+def mamba_modes_refused_with_caching() -> dict[str, str]:
+    """Mamba cache modes the installed vLLM's ``MambaManager.__init__``
+    refuses with prefix caching on -> vLLM's reason (0.33: "none" and "all",
+    "Mamba prefix caching requires mamba_cache_mode='align'"; earlier: none)."""
+    import torch
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    refused: dict[str, str] = {}
+    for mode in ("none", "all", "align"):
+        spec = MambaSpec(block_size=4, shapes=((4,),), dtypes=(torch.float32,),
+                         mamba_cache_mode=mode)
+        try:
+            _manager(spec, True)
+        except (AssertionError, ValueError) as e:
+            refused[mode] = str(e) or type(e).__name__
+        except Exception:  # another signature: the probe cannot tell
+            continue
+    return refused
+
+
+# --- vLLM's own warmup ------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class WarmupFacts:
+    """What vLLM's V2 ``warmup_kernels`` sends under a speculator (one
+    speculative step, two requests), read off a recording runner."""
+
+    #: Prefill passes (0.33: a second one with ``SamplingParams(temperature=0)``).
+    passes: int
+    #: Whether a later pass samples greedily (``temperature == 0``).
+    greedy_pass: bool
+    #: ``GrammarOutput.grammar_bitmask`` rows per request: 1, or
+    #: ``decode_query_len`` (0.33).
+    bitmask_rows_per_request: int
+    #: Whether the warmup's spec decode steps set
+    #: ``SchedulerOutput.num_spec_tokens_to_schedule`` (0.30 leaves it at 0;
+    #: the scheduler sets it, and stepwarm follows the scheduler).
+    sets_num_spec_tokens_to_schedule: bool
+
+
+def _recording_runner(num_spec: int = 1, num_reqs: int = 2) -> Any:
+    """The attributes ``warmup_kernels`` reads off a V2 ``GPUModelRunner``."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype=torch.float32)
+    spec_config = SimpleNamespace(num_speculative_tokens=num_spec) if num_spec else None
+    return SimpleNamespace(
+        vllm_config=SimpleNamespace(is_mm_encoder_only=False, num_lookahead_tokens=num_spec,
+                                    speculative_config=spec_config),
+        speculative_config=spec_config,
+        num_speculative_steps=num_spec, decode_query_len=1 + num_spec,
+        is_pooling_model=False, is_encoder_decoder=False,
+        kv_cache_config=KVCacheConfig(num_blocks=64, kv_cache_tensors=[],
+                                      kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)]),
+        model_state=SimpleNamespace(max_encoder_len=0),
+        scheduler_config=SimpleNamespace(max_num_seqs=num_reqs, max_num_batched_tokens=64),
+        max_model_len=128, max_num_reqs=num_reqs, block_tables=None, kv_block_zeroer=None,
+        model_config=SimpleNamespace(get_vocab_size=lambda: 64), is_last_pp_rank=True,
+        kv_connector=SimpleNamespace(set_disabled=lambda disabled: None),
+        adaptive_verification=None, rejection_sampler=None,
+    )
+
+
+def record_warmup(runner: Any) -> list[Any]:
+    """Every ``SchedulerOutput`` / ``GrammarOutput`` vLLM's V2
+    ``warmup_kernels`` sends for ``runner`` (a recording runner), in order.
+    Its closing ``torch.accelerator.synchronize()`` is skipped."""
+    import torch
+    from vllm.v1.worker.gpu import warmup
+
+    calls: list[Any] = []
+    sync = torch.accelerator.synchronize
+    torch.accelerator.synchronize = lambda *a, **k: None
+    try:
+        warmup.warmup_kernels(runner, calls.append, calls.append)
+    finally:
+        torch.accelerator.synchronize = sync
+    return calls
+
+
+@functools.cache
+def warmup_facts() -> WarmupFacts | None:
+    """:class:`WarmupFacts` of the installed vLLM, or None where its V2
+    warmup cannot be run on a recording runner (then stepwarm keeps 0.32's
+    sequence: one pass, one bitmask row per request)."""
+    try:
+        from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+
+        calls = record_warmup(_recording_runner())
+    except Exception as e:  # noqa: BLE001 - a release whose warmup reads more
+        logger.debug("stepwarm: vLLM's warmup_kernels not probed: %s", e)
+        return None
+    steps = [c for c in calls if isinstance(c, SchedulerOutput)]
+    prefills = [s for s in steps if s.scheduled_new_reqs]
+    greedy = any(getattr(r.sampling_params, "temperature", None) == 0
+                 for s in prefills[1:] for r in s.scheduled_new_reqs)
+    grammar = next(c for c in calls if isinstance(c, GrammarOutput))
+    rows = grammar.grammar_bitmask.shape[0] // len(grammar.structured_output_request_ids)
+    spec_steps = [s for s in steps if s.scheduled_spec_decode_tokens]
+    sets = any(s.num_spec_tokens_to_schedule for s in spec_steps)
+    return WarmupFacts(passes=len(prefills), greedy_pass=greedy,
+                       bitmask_rows_per_request=rows, sets_num_spec_tokens_to_schedule=sets)
+
+
+# --- Step data ---------------------------------------------------------------
+
+def required_fields(cls: Any) -> list[str]:
+    """Fields of the dataclass ``cls`` that have no default."""
+    return [f.name for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+
+
+def unknown_required_fields(classes: dict[str, Any] | None = None) -> list[str]:
+    """``Class.field`` for every field of the installed ``SchedulerOutput`` /
+    ``NewRequestData`` (or of ``classes``, name -> dataclass) that has no
+    default and that stepwarm does not know (:data:`KNOWN_FIELDS`)."""
+    if classes is None:
+        from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+
+        classes = {"SchedulerOutput": SchedulerOutput, "NewRequestData": NewRequestData}
+    return [f"{name}.{f}" for name, cls in classes.items() for f in required_fields(cls)
+            if f not in KNOWN_FIELDS.get(name, frozenset())]
+
+
+def check_step_fields(classes: dict[str, Any] | None = None) -> None:
+    """Refuse, before step 1, a vLLM whose step data has a required field
+    stepwarm cannot fill.
+
+    Raises:
+        VllmFactsError: one line naming the release and the fields.
+    """
+    unknown = unknown_required_fields(classes)
+    if unknown:
+        raise VllmFactsError(
+            f"vLLM {version()}: step data field(s) {', '.join(unknown)} have no default and "
+            "stepwarm does not know them; nothing was run (stepwarm is checked against vLLM "
+            f"{', '.join(CHECKED_RELEASES)})")
+
+
+def summary() -> str:
+    """The probed facts, one line."""
+    w = warmup_facts()
+    warm = ("warmup not probed" if w is None else
+            f"warmup passes={w.passes} greedy_pass={w.greedy_pass} "
+            f"bitmask_rows_per_request={w.bitmask_rows_per_request} "
+            f"warmup_sets_num_spec_tokens_to_schedule={w.sets_num_spec_tokens_to_schedule}")
+    refused = ",".join(mamba_modes_refused_with_caching()) or "-"
+    return (f"{warm}; mamba modes refused with prefix caching: {refused}; "
+            f"checkpoint_recached={checkpoint_recached()}")
+
+
+@functools.cache
+def log_if_unchecked() -> bool:
+    """On a vLLM release outside :data:`CHECKED_RELEASES`, log one line naming
+    it and the probed facts (once per process). Returns whether it logged."""
+    release = version().split("+")[0]
+    if release in CHECKED_RELEASES:
+        return False
+    logger.warning("stepwarm: vLLM %s is not in stepwarm's matrix (%s); probed: %s",
+                   version(), ", ".join(CHECKED_RELEASES), summary())
+    return True
+

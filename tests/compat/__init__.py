@@ -1,0 +1,2 @@
+"""The version matrix: stepwarm's version-independent suites against the
+Python sources of other vLLM releases (``nox -s compat``; docs/version-matrix.md)."""

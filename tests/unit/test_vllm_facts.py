@@ -1,0 +1,182 @@
+"""One test per version fact of :mod:`stepwarm.vllm_facts`, run on every
+release of the matrix (``nox -s compat``): each probed fact agrees with what
+the installed vLLM does on an input other than the probe's own."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import pytest
+import torch
+
+from stepwarm import vllm_facts
+from stepwarm.probe import installed_facts, unsupported
+from stepwarm.profile import CacheSpec, tiny_profile
+from stepwarm.scenario import ScenarioError, plans_for
+
+
+@pytest.fixture(autouse=True)
+def _no_accelerator_sync(monkeypatch):
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda *a, **k: None)
+
+
+def test_warmup_facts_hold_for_another_speculator_and_batch():
+    """Passes, greedy pass, bitmask rows and num_spec_tokens_to_schedule as
+    vLLM's warmup_kernels sends them with 3 drafts and 3 requests."""
+    from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+
+    facts = vllm_facts.warmup_facts()
+    assert facts is not None
+    calls = vllm_facts.record_warmup(vllm_facts._recording_runner(num_spec=3, num_reqs=3))
+    prefills = [c for c in calls if isinstance(c, SchedulerOutput) and c.scheduled_new_reqs]
+    assert len(prefills) == facts.passes
+    assert facts.greedy_pass == any(r.sampling_params.temperature == 0
+                                    for p in prefills[1:] for r in p.scheduled_new_reqs)
+    grammar = [c for c in calls if isinstance(c, GrammarOutput)]
+    assert [g.grammar_bitmask.shape[0] for g in grammar] == (
+        [3 * (4 if facts.bitmask_rows_per_request > 1 else 1)] * facts.passes)
+    spec = [c for c in calls if isinstance(c, SchedulerOutput) and c.scheduled_spec_decode_tokens]
+    assert {c.num_spec_tokens_to_schedule for c in spec} == (
+        {3} if facts.sets_num_spec_tokens_to_schedule else {0})
+
+
+def test_warmup_without_speculator_is_one_pass_one_row():
+    from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+
+    calls = vllm_facts.record_warmup(vllm_facts._recording_runner(num_spec=0, num_reqs=2))
+    assert sum(isinstance(c, SchedulerOutput) and bool(c.scheduled_new_reqs) for c in calls) == 1
+    (grammar,) = [c for c in calls if isinstance(c, GrammarOutput)]
+    assert grammar.grammar_bitmask.shape[0] == 2
+
+
+@pytest.mark.parametrize("mode", ["none", "all", "align"])
+def test_mamba_mode_refusal_is_the_managers(mode):
+    """A mode is refused with prefix caching exactly where vLLM's
+    KVCacheManager refuses it (0.33: none and all), with vLLM's reason;
+    stepwarm then refuses the profile before any step with that reason."""
+    from tests.property.oracle import Oracle, vllm_spec
+
+    specs = (CacheSpec(kind="full_attention", block_size=4),
+             CacheSpec(kind="mamba", block_size=4, mamba_cache_mode=mode))
+    refused = vllm_facts.mamba_modes_refused_with_caching()
+    assert "align" not in refused
+    try:
+        Oracle(tuple(vllm_spec(s) for s in specs), 64, 32, 0, True)
+    except (AssertionError, ValueError) as e:
+        assert refused.get(mode) == str(e)
+    else:
+        assert mode not in refused
+    why = unsupported(specs, enable_caching=True)
+    assert (why != "") == (mode in refused)
+    if why:
+        assert refused[mode] in why and "\n" not in why
+        profile = tiny_profile().model_copy(update={"kv_cache_groups": specs, "unsupported": why})
+        with pytest.raises(ScenarioError, match="cannot run on this runner"):
+            plans_for(["default"], profile)
+    assert unsupported(specs, enable_caching=False) == ""
+
+
+def test_zeroed_groups_are_the_managers():
+    """records_new_block_ids reads the manager vLLM builds (None where this
+    release's get_manager_for_kv_cache_spec takes no needs_kv_cache_zeroing)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    full = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    mamba = MambaSpec(block_size=4, shapes=((4,),), dtypes=(torch.float32,))
+    got = (vllm_facts.records_new_block_ids(full), vllm_facts.records_new_block_ids(mamba))
+    assert got in ((True, False), (None, None))
+
+
+def test_fine_grained_hits_are_the_registrys():
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    full = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    try:
+        from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
+    except ImportError:
+        assert vllm_facts.fine_grained_hits(full) is None
+        return
+    try:
+        manager = KVCacheSpecRegistry.get_manager_class(full, None)
+    except TypeError:
+        # vLLM 0.26: get_manager_class(spec) takes no role; the fact stays
+        # None there (stepwarm's 0.26 rule: partial hits do not ask the
+        # other managers), although 0.26's managers carry the attribute.
+        assert vllm_facts.fine_grained_hits(full) is None
+        return
+    flag = getattr(manager, "supports_fine_grained_hash_lookup", None)
+    assert vllm_facts.fine_grained_hits(full) == (None if flag is None else bool(flag))
+
+
+def test_every_required_step_field_is_known():
+    assert vllm_facts.unknown_required_fields() == []
+
+
+def test_unknown_required_field_is_a_one_line_refusal_before_step_1():
+    """A release whose SchedulerOutput gains a required field stepwarm does
+    not know: one line naming it, and no plan (never a TypeError mid-step)."""
+    from vllm.v1.core.sched.output import NewRequestData, SchedulerOutput
+
+    @dataclasses.dataclass
+    class NewerSchedulerOutput(SchedulerOutput):
+        routing_plan: list[int] = dataclasses.field(kw_only=True)
+
+    classes = {"SchedulerOutput": NewerSchedulerOutput, "NewRequestData": NewRequestData}
+    assert vllm_facts.unknown_required_fields(classes) == ["SchedulerOutput.routing_plan"]
+    with pytest.raises(vllm_facts.VllmFactsError) as e:
+        vllm_facts.check_step_fields(classes)
+    msg = str(e.value)
+    assert "\n" not in msg and "SchedulerOutput.routing_plan" in msg
+    assert f"vLLM {vllm_facts.version()}" in msg
+    profile = tiny_profile().model_copy(update={"unsupported": msg})
+    with pytest.raises(ScenarioError) as refused:
+        plans_for(["default"], profile)
+    assert "SchedulerOutput.routing_plan" in str(refused.value)
+
+
+def test_unknown_release_logs_one_line_with_the_facts(monkeypatch, caplog):
+    monkeypatch.setattr(vllm_facts, "version", lambda: "0.99.0")
+    vllm_facts.log_if_unchecked.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="stepwarm"):
+            assert vllm_facts.log_if_unchecked() is True
+    finally:
+        vllm_facts.log_if_unchecked.cache_clear()
+    (rec,) = [r for r in caplog.records if "0.99.0" in r.getMessage()]
+    line = rec.getMessage()
+    assert "\n" not in line and "not in stepwarm's matrix" in line and "bitmask_rows_per_request" in line
+
+
+def test_installed_release_is_in_the_matrix():
+    release = vllm_facts.version().split("+")[0]
+    assert release in vllm_facts.CHECKED_RELEASES
+    from tests.compat.release import RELEASES
+
+    assert tuple(RELEASES) == vllm_facts.CHECKED_RELEASES
+
+
+def test_installed_facts_follow_the_runner_kind():
+    facts = vllm_facts.warmup_facts()
+    groups = (CacheSpec(kind="full_attention", block_size=16),)
+    v2, v1 = installed_facts("v2", groups, True), installed_facts("v1", groups, True)
+    assert v2["grammar_rows_per_position"] == (facts.bitmask_rows_per_request > 1)
+    assert v1["grammar_rows_per_position"] is False
+    assert v1["warmup_greedy_pass"] == v2["warmup_greedy_pass"] == facts.greedy_pass
+
+
+def test_checkpoint_rule_is_the_managers():
+    """The probe answers by what vLLM's KVCacheManager does (True on 0.32,
+    False on 0.26 / 0.30 / 0.33), and cache_spec_from_vllm carries it on
+    Mamba groups only."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+
+    from stepwarm.probe import cache_spec_from_vllm
+
+    recached = vllm_facts.checkpoint_recached()
+    assert recached in (True, False)
+    mamba = MambaSpec(block_size=4, shapes=((4,),), dtypes=(torch.float32,),
+                      mamba_cache_mode="align")
+    full = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    assert cache_spec_from_vllm(mamba).checkpoint_recached is recached
+    assert cache_spec_from_vllm(full).checkpoint_recached is None
