@@ -62,7 +62,10 @@ def _parse_engine_args(pairs: list[str]) -> dict[str, Any]:
             raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint="--engine-arg")
         try:
             args[key.replace("-", "_")] = json.loads(value)
-        except json.JSONDecodeError:
+        except json.JSONDecodeError as e:
+            if value.lstrip()[:1] in ("{", "[", '"'):  # meant as JSON: say where it breaks
+                raise typer.BadParameter(f"{key}: VALUE is not valid JSON: {e.msg} at column "
+                                         f"{e.colno} of {value!r}", param_hint="--engine-arg")
             args[key.replace("-", "_")] = value
     return args
 
@@ -314,7 +317,12 @@ def _engine_args_known(model: Optional[str], engine_arg: Optional[list[str]]) ->
     own, then ``-e`` (the CLI's defaults hold no speculative_config)."""
     from stepwarm.zoo import ZOO
 
-    zoo = ZOO[model].engine_args if model in ZOO and not Path(model).exists() else {}
+    zoo: dict[str, Any] = {}
+    if model in ZOO and not Path(model).exists():
+        zoo = dict(ZOO[model].engine_args)
+        drafter = ZOO[model].drafter
+        if drafter is not None:  # engine_args_for names the drafter once it is written
+            zoo["speculative_config"] = {"method": drafter.method}
     return {**zoo, **_parse_engine_args(engine_arg or [])}
 
 

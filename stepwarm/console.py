@@ -265,12 +265,13 @@ def step_lines(row: list[str], of: int | None = None, at_s: float | None = None,
 
     Args:
         row: the cells of :data:`COLUMNS`.
-        of: the plan's number of steps (the ``/n`` of ``[i/n]``).
+        of: the plan's number of steps (the ``/n`` of ``[i/n]``; ``i`` from 0).
         at_s: seconds since the scenario started.
         width: the widest line (columns).
     """
     (idx, kind, label, reqs, tokens, spec, blocks, sampled, ms) = row
-    head = f"  [{int(idx) + 1}/{of if of is not None else '?'}] "
+    # The step's index, from 0 as in the table, errors and the watchdog's lines.
+    head = f"  [{int(idx)}/{of if of is not None else '?'}] "
     lines = _wrap([head + kind + " ", *label.split()], len(head), width, " ")
     numbers = [f"reqs {reqs}", f"tokens {tokens}", f"spec {spec}", f"new blk {blocks}",
                f"sampled {sampled}", ms if ms == "FAILED" else f"{ms} ms"]

@@ -297,16 +297,17 @@ def _check_scenario_files(settings: HookSettings) -> None:
     start-up before vLLM loads the model (``raise``), or is logged (``warn``).
 
     Raises:
-        stepwarm.scenario.ScenarioError: under ``raise``, the first bad one.
+        stepwarm.scenario.errors.ScenarioExit: under ``raise``, the first bad one.
     """
     from stepwarm.scenario import ScenarioError, load, resolve_names
+    from stepwarm.scenario.errors import ScenarioExit
 
     for name in resolve_names(settings.scenarios):
         try:
             load(name)
         except ScenarioError as e:
             if settings.on_error == "raise":
-                raise
+                raise ScenarioExit(e) from None
             logger.warning("stepwarm: scenarios will not run (STEPWARM_ON_ERROR=warn): %s", e)
             return
 
@@ -326,9 +327,10 @@ def register() -> None:
             naming it and the allowed values; a :class:`SettingsError` and a
             ``SystemExit``, so an unguarded ``vllm serve`` / ``LLM(...)`` ends
             with that line and no traceback); start-up fails.
-        stepwarm.scenario.ScenarioError: under ``STEPWARM_ON_ERROR=raise``, a
-            scenario name or file that cannot be loaded; start-up fails
-            before vLLM loads the model.
+        stepwarm.scenario.errors.ScenarioExit: under ``STEPWARM_ON_ERROR=raise``,
+            a scenario name or file that cannot be loaded (a ``ScenarioError``
+            and a ``SystemExit``: one paragraph on stderr, no traceback);
+            start-up fails before vLLM loads the model.
     """
     try:
         settings = HookSettings.from_env()

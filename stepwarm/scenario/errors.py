@@ -50,3 +50,19 @@ class ScenarioError(ValueError):
         first = errors[0]
         return cls(joined([str(e) for e in errors], first.file), file=first.file,
                    line=first.line, step=first.step, field=first.field, errors=errors)
+
+
+class ScenarioExit(ScenarioError, SystemExit):
+    """A :class:`ScenarioError` raised out of the plugin's ``register()``.
+
+    As ``stepwarm.settings.SettingsExit``: vLLM's ``load_general_plugins``
+    calls ``register()`` without a ``try``, so an unguarded ``vllm serve`` /
+    ``vllm.LLM(...)`` ends with this error's text (``stepwarm: FILE:LINE:
+    ...``) on stderr and exit status 1, no traceback; code that catches
+    ``ValueError`` or ``ScenarioError`` still catches it.
+    """
+
+    def __init__(self, error: ScenarioError):
+        super().__init__(str(error), file=error.file, line=error.line, step=error.step,
+                         field=error.field, errors=error.errors)
+        self.code = f"stepwarm: {error}"

@@ -29,7 +29,7 @@ def test_run_prints_step_tables_and_writes_json(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "scenario default (v1 runner): 8 steps" in proc.stdout
     # One line per step as it runs (stdout is not a terminal here).
-    assert "  [1/8] prefill " in proc.stdout and "  [8/8] cleanup " in proc.stdout
+    assert "  [0/8] prefill " in proc.stdout and "  [7/8] cleanup " in proc.stdout
     # The engine's start-up phases, followed from vLLM's log.
     assert re.search(r"starting vLLM engine: loading the model \(\d+\.\d s\)\n"
                      r"starting vLLM engine: profiling memory .*\n"
@@ -220,7 +220,7 @@ def test_a_failing_scenario_is_reported_and_the_next_one_runs(tmp_path):
     assert "1 of 2 scenario(s) failed on the worker (default: see 'failed:' above)" in proc.stderr
     # The failure prints once, and the failed step has its row.
     assert proc.stderr.count("scenario default: step 1 (spec_decode: decode all) failed on the v1 runner") == 1
-    assert re.search(r"\[2/\d+\] spec_decode  decode all\n +reqs .* FAILED", proc.stdout)
+    assert re.search(r"\[1/\d+\] spec_decode  decode all\n +reqs .* FAILED", proc.stdout)
     # stdout ends with the outcome too, as a clean run's ends with "ok: ...".
     assert re.search(r"^FAILED: 2 scenario\(s\), \d+ steps in \d+ ms; 1 failed$", proc.stdout, re.M)
     assert "cleanup ran, the runner holds no stepwarm request" in proc.stderr

@@ -41,11 +41,11 @@ def test_two_lines_per_step_when_not_a_terminal():
         progress.failed(plan.steps[3])
     lines = buf.getvalue().splitlines()
     assert first.splitlines()[0] == "scenario default (v1 runner): 8 steps"
-    assert first.splitlines()[1] == "  [1/8] prefill  prefill 8 x 2"
+    assert first.splitlines()[1] == "  [0/8] prefill  prefill 8 x 2"
     assert re.fullmatch(r"        reqs 8  tokens 16  spec 0  new blk 8  sampled 8  1\.2 ms"
                         r"  \(at \d+\.\d s\)", first.splitlines()[2])
-    assert len(lines) == 9 and lines[5].startswith("  [3/8] decode ")
-    assert lines[7].startswith("  [4/8] decode ")
+    assert len(lines) == 9 and lines[5].startswith("  [2/8] decode ")
+    assert lines[7].startswith("  [3/8] decode ")
     assert re.fullmatch(r"        reqs 1  tokens 1  spec 0  new blk -  sampled -  FAILED"
                         r"  \(at \d+\.\d s\)", lines[8])
 
@@ -124,7 +124,7 @@ def test_too_narrow_for_a_table_the_rows_come_as_lines_that_fit():
     Console(file=buf, width=50, force_terminal=True, color_system=None, markup=False).print(table)
     lines = buf.getvalue().splitlines()
     assert max(map(len, lines)) <= 50 and "┃" not in buf.getvalue()
-    assert "  [6/?] spec_decode  decode all with 3 drafts each" in lines
+    assert "  [5/?] spec_decode  decode all with 3 drafts each" in lines
     assert "        reqs 256  tokens 8192  spec 768" in lines
     assert "        new blk 1024/37  sampled 256  38123.4 ms" in lines
 
@@ -135,7 +135,7 @@ def test_the_line_form_fits_80_columns_and_keeps_the_whole_label():
     r = _recorded()[-1]
     lines = step_lines(step_row(r, 2), of=6, at_s=120.25)
     assert lines == [
-        "  [6/6] spec_decode  decode all with 3 drafts each and a long tail of request",
+        "  [5/6] spec_decode  decode all with 3 drafts each and a long tail of request",
         "        names r[0..255]",
         "        reqs 256  tokens 8192  spec 768  new blk 1024/37  sampled 256",
         "        38123.4 ms  (at 120.2 s)",
@@ -287,7 +287,7 @@ def test_a_slow_step_says_what_compiled_in_it(tmp_path, monkeypatch):
     where = ", ".join(detectors.available)
     assert lines[3] == ("  step 0 (prefill) took 31.2 s: compiled 2 inductor kernels "
                         "(cpp_fused_add_0, cpp_fused_mul_1; seen by cache)")
-    assert lines[4].startswith("  [2/8] decode ") and lines[6].startswith("  [3/8] decode ")
+    assert lines[4].startswith("  [1/8] decode ") and lines[6].startswith("  [2/8] decode ")
     assert lines[8] == f"  step 2 (decode) took 2.5 s: no compile seen ({where})"
     assert lines[11] == (f"  step 3 (mixed_prefill_decode) took 1.8 s: first call: no compile "
                          f"seen ({where})")

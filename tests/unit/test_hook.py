@@ -191,3 +191,20 @@ def test_register_checks_scenario_names_before_vllm_loads_anything(monkeypatch, 
     with caplog.at_level("WARNING", logger="vllm.stepwarm"):
         hook.register()  # logged, start-up goes on
     assert any("tritonbuckets" in r.message for r in caplog.records)
+
+
+def test_a_misspelt_scenario_name_ends_register_with_one_line_and_no_traceback():
+    """vLLM's plugin loader calls register() unguarded: a bad STEPWARM_SCENARIOS
+    name must end the process with one line (ScenarioExit), exit 1."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "STEPWARM_SCENARIOS": "defualt", "STEPWARM_ON_ERROR": "raise"}
+    proc = subprocess.run([sys.executable, "-c", "from stepwarm.hook import register; register()"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("stepwarm: unknown scenario 'defualt' (did you mean 'default'?); "
+                           "allowed: a path to a .toml file, a built-in name: ")
