@@ -86,19 +86,14 @@ def _check_output_path(path: Optional[Path], option: str) -> None:
         _fail(f"{option} {path}: is a directory; allowed: a file path", 2)
 
 
-def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
-                  on_phase: Optional[Callable[[str], None]] = None,
-                  defaults: Optional[dict[str, Any]] = None, weights: str = "dummy") -> Any:
-    """Start the in-process engine on a model directory or zoo name; exit 2
-    with one paragraph on a bad model directory or a config vLLM rejects (see
-    :mod:`stepwarm.model_dir`). ``on_phase`` also hears each start-up phase;
-    ``defaults`` are engine arguments that ``-e`` overrides; ``weights`` is
-    ``--weights`` (:func:`stepwarm.zoo.parse_weights`)."""
+def _checked_model(model: Optional[str], weights: str) -> tuple[Optional[int], Optional[Path]]:
+    """``--model`` and ``--weights`` checked before any engine starts: the
+    weights seed (None: dummy) and the model directory (None: the default);
+    exit 2 with one paragraph on a bad one (:mod:`stepwarm.model_dir`)."""
     from stepwarm.model_dir import (ModelDirError, check_model_dir, parse_hub_id,
-                                    resolve_hub_model, vllm_rejection)
+                                    resolve_hub_model)
     from stepwarm.zoo import ZOO, parse_weights, resolve
 
-    overrides = {**(defaults or {}), **_parse_engine_args(engine_arg or [])}
     try:
         weights_seed = parse_weights(weights)
     except ValueError as e:
@@ -117,6 +112,21 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
                 check_model_dir(path)
         except ModelDirError as e:
             _fail(str(e), 2)
+    return weights_seed, path
+
+
+def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
+                  on_phase: Optional[Callable[[str], None]] = None,
+                  defaults: Optional[dict[str, Any]] = None, weights: str = "dummy") -> Any:
+    """Start the in-process engine on a model directory or zoo name; exit 2
+    with one paragraph on a bad model directory or a config vLLM rejects (see
+    :mod:`stepwarm.model_dir`). ``on_phase`` also hears each start-up phase;
+    ``defaults`` are engine arguments that ``-e`` overrides; ``weights`` is
+    ``--weights`` (:func:`stepwarm.zoo.parse_weights`)."""
+    from stepwarm.model_dir import vllm_rejection
+
+    overrides = {**(defaults or {}), **_parse_engine_args(engine_arg or [])}
+    weights_seed, path = _checked_model(model, weights)
     from stepwarm.engine import start_engine
 
     t0 = time.perf_counter()
@@ -224,6 +234,7 @@ def run(
     if errors:
         _fail("\nerror: ".join(errors), 2)
     reports: list[RunReport] = []
+    _checked_model(model, weights)  # a bad --model before any skip is reported
     known = _engine_args_known(model, engine_arg)
     early = {name: why for name, sc in loaded if (why := unmet_before_engine(sc.model.needs, known))}
     for name, sc in loaded:
