@@ -564,7 +564,7 @@ class BlockLedger:
                 self.cache_prompt(r.req_id, r.num_cached_tokens, r.prompt_len)
         except OutOfBlocksError:
             if saved is None:  # pragma: no cover - _fits is conservative
-                raise AssertionError("BlockLedger._fits admitted a step that does not fit")
+                raise AssertionError("BlockLedger._fits admitted a step that does not fit") from None
             self._restore(saved)
             raise
         return out

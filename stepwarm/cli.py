@@ -65,7 +65,7 @@ def _parse_engine_args(pairs: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError as e:
             if value.lstrip()[:1] in ("{", "[", '"'):  # meant as JSON: say where it breaks
                 raise typer.BadParameter(f"{key}: VALUE is not valid JSON: {e.msg} at column "
-                                         f"{e.colno} of {value!r}", param_hint="--engine-arg")
+                                         f"{e.colno} of {value!r}", param_hint="--engine-arg") from None
             args[key.replace("-", "_")] = value
     return args
 

@@ -11,7 +11,6 @@ file under the engine lock).
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import textwrap
 import tomllib
 
 import pytest
