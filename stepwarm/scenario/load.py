@@ -388,6 +388,12 @@ def _validation_error(err: Any, file: str, index: _TomlIndex) -> tuple[ScenarioE
         close = difflib.get_close_matches(str(err["input"].get("kind", "")), list(STEP_MODELS), n=1) \
             if isinstance(err["input"], dict) else []
         hint = f" (did you mean {close[0]!r}?)" if close else ""
+        if typ == "union_tag_not_found" and isinstance(err["input"], dict):
+            # A misspelt ``kind`` key: name it, as an unknown key elsewhere is named.
+            typo = next((k for k in err["input"]
+                         if difflib.get_close_matches(str(k), ["kind"], n=1, cutoff=0.6)), None)
+            if typo is not None:
+                got = f"unknown key {typo!r} (did you mean 'kind'?); a step without kind"
         what = f"{got}{hint}; allowed kinds: {tags}"
     elif typ in _TYPE_ALLOWED or typ == "literal_error":
         allowed = _TYPE_ALLOWED.get(typ) or err["msg"].removeprefix("Input should be ")

@@ -408,3 +408,16 @@ def test_a_step_that_is_not_a_table(tmp_path):
                  'allowed: a [[steps]] table with a kind, e.g. kind = "prefill"')
     assert_parts(second, None, 1, None, "step 1: wrong type or value 2")
     assert str(e) == f"{first}\n{second}" and "Input should be" not in str(e)
+
+
+def test_a_misspelt_kind_key_is_named_with_a_did_you_mean(tmp_path):
+    e = bad(tmp_path, """
+        [requests.a]
+        prompt = 8
+
+        [[steps]]
+        knd = "decode"
+        requests = ["a"]
+        """)
+    assert (e.line, e.step, e.field) == (4, 0, "kind")  # the [[steps]] header
+    assert "unknown key 'knd' (did you mean 'kind'?); a step without kind; allowed kinds: prefill," in str(e)
