@@ -52,7 +52,9 @@ def test_api_server_runs_the_scenarios_then_answers_a_completion(tmp_path):
     assert out["object"] == "text_completion" and len(out["choices"]) == 1
     assert {k: out["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")
             } == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}
-    (line,) = [ln for ln in stepwarm_lines(log) if "stepwarm: default: " in ln]
-    assert "stepwarm: default: 8 steps in " in line, log[-4000:]
+    # One line as the scenario starts, one as it ends (docs/plugin.md).
+    starting, ended = [ln.split("stepwarm: default: ", 1)[1] for ln in stepwarm_lines(log)
+                       if "stepwarm: default: " in ln]
+    assert starting.startswith("starting (8 steps)") and ended.startswith("8 steps in "), log[-4000:]
     # The scenarios ran during start-up, before the server took requests.
     assert log.index("stepwarm: default: 8 steps in") < log.index("Application startup complete")
