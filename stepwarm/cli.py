@@ -117,16 +117,18 @@ def _checked_model(model: Optional[str], weights: str) -> tuple[Optional[int], O
 
 def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
                   on_phase: Optional[Callable[[str], None]] = None,
-                  defaults: Optional[dict[str, Any]] = None, weights: str = "dummy") -> Any:
+                  defaults: Optional[dict[str, Any]] = None, weights: str = "dummy",
+                  checked: Optional[tuple[Optional[int], Optional[Path]]] = None) -> Any:
     """Start the in-process engine on a model directory or zoo name; exit 2
     with one paragraph on a bad model directory or a config vLLM rejects (see
     :mod:`stepwarm.model_dir`). ``on_phase`` also hears each start-up phase;
     ``defaults`` are engine arguments that ``-e`` overrides; ``weights`` is
-    ``--weights`` (:func:`stepwarm.zoo.parse_weights`)."""
+    ``--weights`` (:func:`stepwarm.zoo.parse_weights`); ``checked`` is what
+    :func:`_checked_model` already returned for them (not resolved again)."""
     from stepwarm.model_dir import vllm_rejection
 
     overrides = {**(defaults or {}), **_parse_engine_args(engine_arg or [])}
-    weights_seed, path = _checked_model(model, weights)
+    weights_seed, path = checked if checked is not None else _checked_model(model, weights)
     from stepwarm.engine import start_engine
 
     t0 = time.perf_counter()
@@ -234,7 +236,7 @@ def run(
     if errors:
         _fail("\nerror: ".join(errors), 2)
     reports: list[RunReport] = []
-    _checked_model(model, weights)  # a bad --model before any skip is reported
+    checked = _checked_model(model, weights)  # a bad --model before any skip is reported
     known = _engine_args_known(model, engine_arg)
     early = {name: why for name, sc in loaded if (why := unmet_before_engine(sc.model.needs, known))}
     for name, sc in loaded:
@@ -249,7 +251,7 @@ def run(
                           allow_skip, engine_started=False)
     loaded = [(name, sc) for name, sc in loaded if name not in early]
     t0 = time.perf_counter()
-    engine = _start_engine(model, engine_arg, weights=weights)
+    engine = _start_engine(model, engine_arg, weights=weights, checked=checked)
     startup_s = time.perf_counter() - t0
     profile = read_profile(engine.worker)
     groups = ", ".join(f"{g.kind}(block_size={g.block_size})" for g in profile.kv_cache_groups)
