@@ -4,60 +4,55 @@
 way (``num_computed_tokens`` of the first step = vLLM's ``num_cached_tokens``).
 
 A small engine of its own (no KV connector, whose external hits would count
-too); run under the engine lock."""
+too), in a fresh process: one engine per process (a second in-process engine's
+shutdown tears down the session engine's parallel groups)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
+from tests.e2e.helpers import script_result
+
+pytestmark = pytest.mark.e2e
+
+SCRIPT = '''
+import json, os, sys
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+from vllm import SamplingParams
 from stepwarm.engine import start_engine
 from stepwarm.probe import read_profile
 from stepwarm.scenario import expand, load
 
-
-@pytest.fixture(scope="module")
-def plain_engine():
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    eng = start_engine(enable_prefix_caching=True)
-    yield eng
-    eng.shutdown()
-
-
-def _cached(llm, prompt: list[int], params) -> tuple[int, object]:
+def cached(llm, prompt, params):
     (out,) = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
     return out.num_cached_tokens, out
 
-
-def test_prompt_logprobs_requests_get_no_prefix_hit_in_vllm_nor_in_the_plan(plain_engine, tmp_path):
-    from vllm import SamplingParams
-
-    llm = plain_engine.llm
-    profile = read_profile(plain_engine.worker)
-    assert profile.enable_prefix_caching
-    block = profile.kv_cache_groups[0].block_size
-    prompt = [(7 * i) % 97 + 3 for i in range(2 * block + 5)]
-    greedy = SamplingParams(temperature=0.0, max_tokens=1)
-    _cached(llm, prompt, greedy)  # fills the prefix cache with the prompt's 2 full blocks
-    hit, _ = _cached(llm, prompt, greedy)
-    assert hit == 2 * block
-    no_hit, out = _cached(llm, prompt, SamplingParams(temperature=0.0, max_tokens=1,
-                                                        prompt_logprobs=1))
-    assert no_hit == 0
-    assert len(out.prompt_logprobs) == len(prompt)  # every position computed: none from cache
-    warm = SamplingParams.for_sampler_warmup()
-    warm.max_tokens = 2
-    warm_hit, _ = _cached(llm, prompt, warm)
-    assert warm_hit == 0
-    again, _ = _cached(llm, prompt, greedy)  # the cache still holds the blocks
-    assert again == 2 * block
-
-    # stepwarm's plan of the same requests: the greedy one after a 2-block
-    # hit, the "warmup" one (for_sampler_warmup(): prompt_logprobs=1) a plain
-    # prefill, as vLLM's scheduler made them above.
-    f = tmp_path / "skip.toml"
-    f.write_text(f"""
+if __name__ == "__main__":
+    eng = start_engine(enable_prefix_caching=True)
+    try:
+        llm = eng.llm
+        profile = read_profile(eng.worker)
+        block = profile.kv_cache_groups[0].block_size
+        prompt = [(7 * i) % 97 + 3 for i in range(2 * block + 5)]
+        greedy = SamplingParams(temperature=0.0, max_tokens=1)
+        res = {"prefix_caching": profile.enable_prefix_caching, "block": block,
+               "prompt_len": len(prompt)}
+        cached(llm, prompt, greedy)  # fills the prefix cache with the prompt's 2 full blocks
+        res["hit"] = cached(llm, prompt, greedy)[0]
+        no_hit, out = cached(llm, prompt, SamplingParams(temperature=0.0, max_tokens=1,
+                                                         prompt_logprobs=1))
+        res["no_hit"] = no_hit
+        res["prompt_logprobs_rows"] = len(out.prompt_logprobs)
+        warm = SamplingParams.for_sampler_warmup()
+        warm.max_tokens = 2
+        res["warm_hit"] = cached(llm, prompt, warm)[0]
+        res["again"] = cached(llm, prompt, greedy)[0]  # the cache still holds the blocks
+        # stepwarm's plan of the same requests: the greedy one after a 2-block
+        # hit, the "warmup" one (for_sampler_warmup(): prompt_logprobs=1) a
+        # plain prefill, as vLLM's scheduler made them above.
+        f = sys.argv[1]
+        with open(f, "w") as fh:
+            fh.write(f"""
 [requests.g]
 prompt = {len(prompt)}
 sampling = "greedy"
@@ -75,7 +70,22 @@ kind = "prefix_hit"
 requests = ["w"]
 cached = {2 * block}
 """)
-    plan = expand(load(str(f)), profile)
-    firsts = [s for s in plan.steps if s.scheduled]
-    assert [(s.kind, s.scheduled[0].num_computed_tokens) for s in firsts] == [
-        ("prefix_hit", hit), ("prefill", warm_hit)]
+        plan = expand(load(f), profile)
+        res["planned"] = [[s.kind, s.scheduled[0].num_computed_tokens]
+                          for s in plan.steps if s.scheduled]
+    finally:
+        eng.shutdown()
+    print("RESULT " + json.dumps(res))
+'''
+
+
+def test_prompt_logprobs_requests_get_no_prefix_hit_in_vllm_nor_in_the_plan(tmp_path):
+    r = script_result(tmp_path, SCRIPT.replace("sys.argv[1]", repr(str(tmp_path / "skip.toml"))))
+    block = r["block"]
+    assert r["prefix_caching"]
+    assert r["hit"] == 2 * block
+    assert r["no_hit"] == 0
+    assert r["prompt_logprobs_rows"] == r["prompt_len"]  # every position computed: none from cache
+    assert r["warm_hit"] == 0
+    assert r["again"] == 2 * block
+    assert r["planned"] == [["prefix_hit", r["hit"]], ["prefill", r["warm_hit"]]]
