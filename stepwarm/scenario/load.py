@@ -286,6 +286,11 @@ class _TomlIndex:
                 for i in range(first, last + 1):
                     if pat.match(self.lines[i]):
                         return i + 1
+            if section == ("top",) and key is not None:
+                # a top-level key written as a table header: [steps] for [[steps]]
+                header = re.compile(rf"^\s*\[\s*[\"']?{re.escape(key)}[\"']?\s*[\].]")
+                return next((i + 1 for i, raw in enumerate(self.lines) if header.match(raw)),
+                            None)
             return first + 1 if section != ("top",) else (1 if key is None else None)
         if section[0] == "requests" and len(section) == 2:
             # inline: [requests] NAME = { ... }

@@ -421,3 +421,16 @@ def test_a_misspelt_kind_key_is_named_with_a_did_you_mean(tmp_path):
         """)
     assert (e.line, e.step, e.field) == (4, 0, "kind")  # the [[steps]] header
     assert "unknown key 'knd' (did you mean 'kind'?); a step without kind; allowed kinds: prefill," in str(e)
+
+
+def test_a_steps_table_instead_of_an_array_of_tables_gives_its_line(tmp_path):
+    e = bad(tmp_path, """
+        description = "x"
+        requests.a = { prompt = 4 }
+
+        [steps]
+        kind = "prefill"
+        requests = ["a"]
+        """)
+    assert_parts(e, 4, None, "steps", "[[steps]] tables", "not a [steps] table")
+    assert str(e).startswith(f"{e.file}:4: field 'steps': wrong type or value")
