@@ -7,7 +7,7 @@ worker process inherits the environment:
 ========================  =====================================  ==============
 variable                  values                                 default
 ========================  =====================================  ==============
-``STEPWARM_SCENARIOS``    comma-separated built-in names / files (unset: off)
+``STEPWARM_SCENARIOS``    comma-separated built-in names / files (unset/empty: off)
 ``STEPWARM_ON_ERROR``     ``raise`` | ``warn``                   ``raise``
 ``STEPWARM_TIME_LIMIT_S`` seconds > 0                            no limit
 ``STEPWARM_ROLE``         ``auto`` | ``prefill`` | ``decode`` |  ``auto``
@@ -17,7 +17,8 @@ variable                  values                                 default
 ``STEPWARM_STEP_TIMEOUT_S`` seconds > 0                          no limit
 ========================  =====================================  ==============
 
-Any other ``STEPWARM_*`` name in the environment that stepwarm does not read
+A variable set to the empty string counts as unset; one of blanks only
+(``" "``) is refused with one line. Any other ``STEPWARM_*`` name in the environment that stepwarm does not read
 gets a did-you-mean warning (:func:`unknown_names`); see docs/plugin.md.
 
 Parsing is pure (no vLLM, no torch) so that a bad value fails start-up in
@@ -96,9 +97,10 @@ MAX_SECONDS = 86400.0
 
 
 def _seconds(env: Mapping[str, str], name: str) -> float | None:
-    raw = env.get(name, "").strip()
-    if not raw:
+    given = env.get(name, "")
+    if given == "":  # empty counts as unset
         return None
+    raw = given.strip() or given  # blank (spaces only) is refused, quoted as given
     try:
         value = float(raw)
     except ValueError:
@@ -111,9 +113,10 @@ def _seconds(env: Mapping[str, str], name: str) -> float | None:
 
 
 def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...], default: str) -> str:
-    raw = env.get(name, "").strip()
-    if not raw:
+    given = env.get(name, "")
+    if given == "":  # empty counts as unset
         return default
+    raw = given.strip() or given  # blank (spaces only) is refused, quoted as given
     if raw.lower() not in allowed:
         raise SettingsError(f"{name}={raw!r}: allowed: {' | '.join(allowed)}")
     return raw.lower()
@@ -158,14 +161,24 @@ class HookSettings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> HookSettings:
         """Parse the ``STEPWARM_*`` variables of ``env`` (default ``os.environ``).
 
-        Without ``STEPWARM_SCENARIOS`` the hook is off and the other
-        variables are not read (their values cannot break a vLLM start-up).
+        Without ``STEPWARM_SCENARIOS`` (unset or empty) the hook is off and
+        the other variables are not read (their values cannot break a vLLM
+        start-up). A variable set to the empty string counts as unset; one
+        set to blanks only (``" "``, and for ``STEPWARM_SCENARIOS`` commas
+        too) is refused: it is a mistake, and silence would hide it.
 
         Raises:
-            SettingsError: a variable has a value outside the allowed ones.
+            SettingsError: a variable has a value outside the allowed ones,
+                or is blank.
         """
         env = os.environ if env is None else env
-        scenarios = tuple(s.strip() for s in env.get(ENV_SCENARIOS, "").split(",") if s.strip())
+        given = env.get(ENV_SCENARIOS, "")
+        scenarios = tuple(s.strip() for s in given.split(",") if s.strip())
+        if not scenarios and given:
+            # Set, but blank (" ", ","): a mistake, not a way to turn the plugin off.
+            raise SettingsError(
+                f"{ENV_SCENARIOS}={given!r}: names no scenario; allowed: comma-separated "
+                "built-in names, .toml paths or all; unset or empty: the plugin is off")
         if not scenarios:
             # The plugin is off: the other variables are not read.
             return cls()

@@ -208,3 +208,40 @@ def test_a_misspelt_scenario_name_ends_register_with_one_line_and_no_traceback()
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("stepwarm: unknown scenario 'defualt' (did you mean 'default'?); "
                            "allowed: a path to a .toml file, a built-in name: ")
+
+
+@pytest.mark.parametrize("value", [" ", ",", " , "])
+def test_a_blank_scenarios_variable_is_refused_with_one_line(value):
+    with pytest.raises(SettingsError) as e:
+        HookSettings.from_env({"STEPWARM_SCENARIOS": value})
+    assert str(e.value) == (f"STEPWARM_SCENARIOS={value!r}: names no scenario; allowed: "
+                            "comma-separated built-in names, .toml paths or all; unset or "
+                            "empty: the plugin is off")
+
+
+def test_an_empty_scenarios_variable_is_unset():
+    assert HookSettings.from_env({"STEPWARM_SCENARIOS": "", "STEPWARM_ON_ERROR": "x"}) \
+        == HookSettings()
+
+
+@pytest.mark.parametrize("var, allowed", [
+    ("STEPWARM_ON_ERROR", "allowed: raise | warn"),
+    ("STEPWARM_ROLE", "allowed: auto | prefill | decode | both"),
+    ("STEPWARM_TIME_LIMIT_S", "not a number of seconds; allowed: a number > 0"),
+    ("STEPWARM_STEP_WARN_S", "not a number of seconds; allowed: a number > 0"),
+])
+def test_a_blank_setting_is_refused_and_an_empty_one_is_the_default(var, allowed):
+    with pytest.raises(SettingsError) as e:
+        HookSettings.from_env({"STEPWARM_SCENARIOS": "default", var: "  "})
+    assert str(e.value).startswith(f"{var}='  ': {allowed}")
+    assert HookSettings.from_env({"STEPWARM_SCENARIOS": "default", var: ""}) \
+        == HookSettings(scenarios=("default",))
+
+
+def test_register_ends_on_a_blank_scenarios_variable(monkeypatch):
+    monkeypatch.setenv("STEPWARM_SCENARIOS", " ")
+    with pytest.raises(SystemExit) as e:
+        hook.register()
+    assert e.value.code == ("stepwarm: STEPWARM_SCENARIOS=' ': names no scenario; allowed: "
+                            "comma-separated built-in names, .toml paths or all; unset or "
+                            "empty: the plugin is off")
