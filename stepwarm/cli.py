@@ -150,9 +150,10 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
     from stepwarm import console as console_module
 
     console_module.phase_listener = phase
-    from stepwarm.engine import unknown_engine_args
+    from stepwarm.engine import bad_engine_arg_values, unknown_engine_args
 
-    unknown = unknown_engine_args(list(_parse_engine_args(engine_arg))) if engine_arg else []
+    given = _parse_engine_args(engine_arg or [])
+    unknown = (unknown_engine_args(list(given)) + bad_engine_arg_values(given)) if given else []
     if unknown:
         if status is not None:
             status.stop()

@@ -93,6 +93,84 @@ def unknown_engine_args(keys: list[str]) -> list[str]:
     return out
 
 
+def _field_types() -> dict[str, Any]:
+    """``EngineArgs`` field -> its type (annotations evaluated in vLLM's
+    module; a field whose annotation does not evaluate is left out)."""
+    import dataclasses
+    import sys
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    scope = vars(sys.modules[EngineArgs.__module__])
+    out = {}
+    for f in dataclasses.fields(EngineArgs):
+        try:
+            out[f.name] = eval(f.type, scope) if isinstance(f.type, str) else f.type  # noqa: S307
+        except Exception:  # noqa: BLE001 - a name vLLM imports only for type checkers
+            continue
+    return out
+
+
+def _scalar_parts(tp: Any) -> list[Any] | None:
+    """The members of a type made of ``int``, ``float``, ``bool``, ``str``,
+    ``None`` and ``Literal`` (alone or in a union); None for any other type
+    (a config class, a dict, a callable: vLLM's to check)."""
+    import types
+    import typing
+
+    parts = list(typing.get_args(tp)) if typing.get_origin(tp) in (
+        typing.Union, types.UnionType) else [tp]
+    scalar = (int, float, bool, str, type(None))
+    if all(p in scalar or typing.get_origin(p) is typing.Literal for p in parts):
+        return parts
+    return None
+
+
+def _describe(parts: list[Any]) -> str:
+    import typing
+
+    words = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+             type(None): "null"}
+    return " or ".join(
+        "one of " + ", ".join(map(repr, typing.get_args(p)))
+        if typing.get_origin(p) is typing.Literal else words[p] for p in parts)
+
+
+def bad_engine_arg_values(args: dict[str, Any]) -> list[str]:
+    """One message per ``-e`` value that its ``EngineArgs`` field's type
+    refuses, checked as vLLM's pydantic configs check it (lax mode: ``1``
+    is a fine ``bool``, ``"four"`` no ``int``), before vLLM starts an engine
+    that would fail on it later (or, for some fields, not at all).
+
+    Only fields whose type is made of scalars (``int``, ``float``, ``bool``,
+    ``str``, ``None``, ``Literal``) are checked; dicts and config classes are
+    left to vLLM, and keys that are no ``EngineArgs`` field
+    (:func:`unknown_engine_args`) are skipped.
+
+    Returns:
+        ``"-e max_num_seqs='four': EngineArgs.max_num_seqs takes an integer
+        or null (int | None)"`` for each refused value, in order.
+    """
+    import typing
+
+    from pydantic import TypeAdapter, ValidationError
+
+    types_ = _field_types()
+    out = []
+    for key, value in args.items():
+        parts = _scalar_parts(types_[key]) if key in types_ else None
+        if parts is None or value is None:  # null: vLLM's default (fields typed int default to None)
+            continue
+        try:
+            TypeAdapter(typing.Union[tuple(parts)]).validate_python(value)  # type: ignore[arg-type]
+        except ValidationError:
+            literal = any(typing.get_origin(p) is typing.Literal for p in parts)
+            shown = "" if literal else " (" + " | ".join(
+                "None" if p is type(None) else p.__name__ for p in parts) + ")"
+            out.append(f"-e {key}={value!r}: EngineArgs.{key} takes {_describe(parts)}{shown}")
+    return out
+
+
 @dataclass
 class Engine:
     """An in-process ``vllm.LLM`` and the worker that runs its steps."""

@@ -238,6 +238,37 @@ def test_misspelt_engine_args_are_named_before_the_engine_starts():
         == ["starting vLLM engine: importing vLLM"] and "profile:" not in r.stdout
 
 
+def test_engine_arg_values_of_the_wrong_type_are_named_before_the_engine_starts():
+    r = runner.invoke(app, ["check", "default", "-e", "max_num_seqs=four", "-e",
+                            "enforce_eager=1", "-e", "dtype=fp7", "-e", "max_model_len=null",
+                            "-e", "enable_prefix_caching=maybe", "-e", "max_num_sq=4"], env=ENV)
+    assert r.exit_code == 2
+    # enforce_eager=1 passes (vLLM's pydantic configs take 1 for true), null is vLLM's default
+    assert r.stderr == (
+        "error: -e max_num_sq: not a vllm.LLM or EngineArgs keyword (did you mean "
+        "'max_num_seqs'?)\n"
+        "error: -e max_num_seqs='four': EngineArgs.max_num_seqs takes an integer or null "
+        "(int | None)\n"
+        "error: -e dtype='fp7': EngineArgs.dtype takes one of 'auto', 'half', 'float16', "
+        "'bfloat16', 'float', 'float32'\n"
+        "error: -e enable_prefix_caching='maybe': EngineArgs.enable_prefix_caching takes true "
+        "or false or null (bool | None)\n")
+    assert [line for line in r.stdout.splitlines() if line.startswith("starting vLLM engine")] \
+        == ["starting vLLM engine: importing vLLM"] and "profile:" not in r.stdout
+
+
+def test_run_refuses_an_engine_arg_of_the_wrong_type_with_one_line():
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "stepwarm", "run", "-s", "default", "-e",
+                           "max_num_seqs=four"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "error: -e max_num_seqs='four': EngineArgs.max_num_seqs takes an integer or null "
+        "(int | None)")
+    assert "Traceback" not in proc.stderr and "scenario default" not in proc.stdout
+
+
 def test_sampling_sweeps_are_capped_before_their_product_is_built(tmp_path):
     # 10 x 100^3 = 10^7 combinations took 19 s and 0.9 GB before the count was checked
     f = tmp_path / "samp.toml"
