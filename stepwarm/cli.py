@@ -440,7 +440,6 @@ def coverage(
     from stepwarm.coverage.report import print_report
     from stepwarm.coverage.traffic import (
         TrafficError,
-        check_limits,
         limits_before_start,
         load_traffic,
     )
@@ -473,9 +472,10 @@ def coverage(
 
     detectors = Detectors.start(cache_dir)  # before anything compiles
     try:
-        loaded = load_traffic(traffic)
-        # the model's vocabulary and length, where its config tells them: no engine start
-        check_limits(loaded, limits_before_start(model, _parse_engine_args(engine_arg or [])))
+        # format errors and, where the model's config tells them, its vocabulary and
+        # length: every error at once, no engine start
+        loaded = load_traffic(traffic, limits_before_start(
+            model, _parse_engine_args(engine_arg or [])))
     except TrafficError as e:
         detectors.stop()
         _fail(str(e), 2)

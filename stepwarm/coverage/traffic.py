@@ -301,9 +301,16 @@ def _field_errors(e: ValidationError, data: dict[str, Any], file: str,
     return list(out.values())
 
 
-def loads_traffic(text: str, file: str) -> Traffic:
+def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None) -> Traffic:
     """Parse a whole traffic file (blank lines are skipped; a leading
     byte-order mark is dropped).
+
+    Args:
+        text: the file's text.
+        file: its name, for messages.
+        limits: also check every line that parses against these
+            (:func:`check_limits`), so that a file's format and limit errors
+            are reported together, in line order.
 
     Raises:
         TrafficError: every bad line's errors (one a line), a file of more
@@ -326,6 +333,8 @@ def loads_traffic(text: str, file: str) -> Traffic:
             errors.append(e)
             continue
         lines.append(tl)
+        if limits is not None:
+            errors.extend(_limit_errors(tl, file, limits))
         requests += tl.request.count
         if requests > MAX_REQUESTS:
             errors.append(_error(file, i, "count", f"the file's requests add up to {requests} "
@@ -342,8 +351,9 @@ def builtin_path() -> Path:
     return Path(str(resources.files("stepwarm.coverage").joinpath("builtin.jsonl")))
 
 
-def load_traffic(path: str | Path | None) -> Traffic:
-    """Read and check a traffic file; ``None`` or ``"builtin"`` is the built-in one.
+def load_traffic(path: str | Path | None, limits: TrafficLimits | None = None) -> Traffic:
+    """Read and check a traffic file; ``None`` or ``"builtin"`` is the built-in one;
+    with ``limits``, every line is checked against them too (:func:`loads_traffic`).
 
     Raises:
         TrafficError: unreadable file, not UTF-8, or a bad line (file, line, field).
@@ -358,7 +368,7 @@ def load_traffic(path: str | Path | None) -> Traffic:
         raise TrafficError(f"{p}: not UTF-8 (byte {e.start})") from None
     except OSError as e:
         raise TrafficError(f"{p}: cannot read: {e.strerror or e}") from None
-    return loads_traffic(text, str(p))
+    return loads_traffic(text, str(p), limits)
 
 
 def check_limits(traffic: Traffic, limits: TrafficLimits) -> None:
@@ -369,27 +379,32 @@ def check_limits(traffic: Traffic, limits: TrafficLimits) -> None:
     Raises:
         TrafficError: every line the engine would refuse (file, line, field), one a line.
     """
-    errors = []
-    src = limits.source
-    for tl in traffic.lines:
-        req, where = tl.request, (traffic.source, tl.line)
-        kwargs = req.sampling_kwargs(limits.max_logprobs or 0)
-        total = req.prompt_len + int(kwargs.get("max_tokens") or 0)
-        if limits.max_model_len is not None and total > limits.max_model_len:
-            errors.append(_error(*where, "prompt", f"{req.prompt_len} tokens + max_tokens "
-                                 f"{kwargs.get('max_tokens')} = {total} > {src} max_model_len "
-                                 f"{limits.max_model_len}"))
-        if (limits.vocab_size is not None and isinstance(req.prompt, list)
-                and max(req.prompt) >= limits.vocab_size):
-            errors.append(_error(*where, "prompt", f"token id {max(req.prompt)} >= the model's "
-                                 f"vocab_size {limits.vocab_size}"))
-        for key in MAX_FIELDS if limits.max_logprobs is not None else ():
-            value = kwargs.get(key)
-            if isinstance(value, int) and value > limits.max_logprobs:  # type: ignore[operator]
-                errors.append(_error(*where, f"sampling.{key}", f"{value} > {src} max_logprobs "
-                                     f"{limits.max_logprobs} (use \"max\", or -e max_logprobs=N)"))
+    errors = [e for tl in traffic.lines for e in _limit_errors(tl, traffic.source, limits)]
     if errors:
         raise TrafficError.of(errors, traffic.source)
+
+
+def _limit_errors(tl: TrafficLine, file: str, limits: TrafficLimits) -> list[TrafficError]:
+    """What :func:`check_limits` finds wrong with one line (empty: it fits)."""
+    errors = []
+    src = limits.source
+    req, where = tl.request, (file, tl.line)
+    kwargs = req.sampling_kwargs(limits.max_logprobs or 0)
+    total = req.prompt_len + int(kwargs.get("max_tokens") or 0)
+    if limits.max_model_len is not None and total > limits.max_model_len:
+        errors.append(_error(*where, "prompt", f"{req.prompt_len} tokens + max_tokens "
+                             f"{kwargs.get('max_tokens')} = {total} > {src} max_model_len "
+                             f"{limits.max_model_len}"))
+    if (limits.vocab_size is not None and isinstance(req.prompt, list)
+            and max(req.prompt) >= limits.vocab_size):
+        errors.append(_error(*where, "prompt", f"token id {max(req.prompt)} >= the model's "
+                             f"vocab_size {limits.vocab_size}"))
+    for key in MAX_FIELDS if limits.max_logprobs is not None else ():
+        value = kwargs.get(key)
+        if isinstance(value, int) and value > limits.max_logprobs:  # type: ignore[operator]
+            errors.append(_error(*where, f"sampling.{key}", f"{value} > {src} max_logprobs "
+                                 f"{limits.max_logprobs} (use \"max\", or -e max_logprobs=N)"))
+    return errors
 
 
 #: ``config.json`` keys vLLM derives the longest sequence from

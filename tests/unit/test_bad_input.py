@@ -225,6 +225,21 @@ def test_coverage_refuses_deep_traffic_before_the_engine_starts(tmp_path):
                         "allowed: at most 64 (MAX_NESTING, see docs/traffic.md)\n")
 
 
+def test_coverage_reports_format_and_limit_errors_of_a_traffic_file_at_once(tmp_path):
+    t = tmp_path / "t.jsonl"
+    t.write_text('{"promt": 7}\n{"prompt": [3, 600]}\n{"prompt": 4, "count": 0}\n'
+                 '{"prompt": 510}\n')
+    r = runner.invoke(app, ["coverage", str(t), "-s", "default"], env=ENV)
+    assert r.exit_code == 2 and "starting vLLM engine" not in r.stdout
+    # the format's errors (lines 1, 3) and the model's limits (2, 4) together, in line order
+    assert r.stderr == (
+        f"error: {t}:1: promt: unknown field (did you mean 'prompt'?); allowed: name, prompt, "
+        "count, sampling, prefix\n"
+        f"{t}:2: prompt: token id 600 >= the model's vocab_size 512\n"
+        f"{t}:3: count: Input should be greater than 0\n"
+        f"{t}:4: prompt: 510 tokens + max_tokens 4 = 514 > the model's max_model_len 512\n")
+
+
 def test_misspelt_engine_args_are_named_before_the_engine_starts():
     r = runner.invoke(app, ["check", "default", "-e", "max_num_seq=4", "-e", "enforce_eagr=true",
                             "-e", "max_model_len=256"], env=ENV)
