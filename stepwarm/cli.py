@@ -393,7 +393,7 @@ def _verify(engine: Any, plans: list[Any], profile: Any) -> list[tuple[str, Any]
     Returns:
         (scenario, VerifyReport or the error text) per plan.
     """
-    from stepwarm.console import verify_table
+    from stepwarm.console import verify_lines, verify_table
     from stepwarm.verify import verify
 
     results: list[tuple[str, Any]] = []
@@ -405,7 +405,10 @@ def _verify(engine: Any, plans: list[Any], profile: Any) -> list[tuple[str, Any]
             if _verbose:
                 err_console.print_exception()
             results.append((plan.name, plan.with_display_names(f"{type(e).__name__}: {e}")))
-    console.print(verify_table(results))
+    if console.is_terminal:  # a table narrowed to the terminal; else lines of 80 columns
+        console.print(verify_table(results))
+    else:
+        console.print("\n".join(verify_lines(results)), soft_wrap=True)
     return results
 
 
@@ -585,10 +588,11 @@ def list_scenarios(
         return
     from stepwarm.scenario import ScenarioError, builtin_names, load
 
+    # Cells wrap, a word wider than its column folds: nothing is cut at any width.
     table = Table(title="built-in scenarios", title_justify="left")
-    table.add_column("name", no_wrap=True)
-    table.add_column("needs")
-    table.add_column("description")
+    table.add_column("name", overflow="fold")
+    table.add_column("needs", overflow="fold")
+    table.add_column("description", overflow="fold")
     for name in builtin_names():
         try:
             sc = load(name)
@@ -604,12 +608,33 @@ def _list_models() -> None:
     table = Table(title="zoo models (--model NAME; written at run time, dummy weights)",
                   title_justify="left")
     for col in ("name", "architecture", "kind", "vLLM runner / mode", "speculator", "engine args"):
-        table.add_column(col, no_wrap=col == "name")
-    for m in ZOO.values():
-        table.add_row(m.name, m.architecture, m.kind, m.runner,
-                      m.drafter.describe() if m.drafter else "-",
-                      " ".join(f"{k}={json.dumps(v)}" for k, v in m.engine_args.items()))
-    console.print(table)
+        # wrapped, a word wider than its column folded: nothing is cut at any width
+        table.add_column(col, overflow="fold")
+    rows = [(m.name, m.architecture, m.kind, m.runner,
+             m.drafter.describe() if m.drafter else "-",
+             " ".join(f"{k}={json.dumps(v)}" for k, v in m.engine_args.items()))
+            for m in ZOO.values()]
+    for row in rows:
+        table.add_row(*row)
+    from rich.measure import Measurement
+
+    natural = Measurement.get(console, console.options.update_width(1 << 16), table).maximum
+    if natural <= console.width:  # every row on one line
+        console.print(table)
+        return
+    # Narrower than the table's rows: one block per model, wrapped at the width.
+    import textwrap
+
+    width = console.width
+    lines = textwrap.wrap(str(table.title), width)
+    for name, arch, kind, runner, spec, args in rows:
+        lines.append(name)
+        for label, text in (("architecture", arch), ("kind", kind), ("vLLM runner / mode", runner),
+                            ("speculator", spec), ("engine args", args)):
+            lines += textwrap.wrap(f"{label}: {text}", width, initial_indent="    ",
+                                   subsequent_indent="      ", break_long_words=True,
+                                   break_on_hyphens=False)
+    console.print("\n".join(lines), soft_wrap=True)
 
 
 @app.command()
@@ -626,7 +651,7 @@ def check(
     from stepwarm.scenario import ScenarioError, check as check_all
 
     prof = _profile_for(model, profile, engine_arg)
-    console.print(_profile_line(prof), soft_wrap=True)
+    console.print(_profile_line(prof), soft_wrap=not console.is_terminal)  # a terminal: wrapped
     bad = 0
     for name, result in check_all(files, prof):
         if isinstance(result, ScenarioError):
@@ -667,62 +692,15 @@ def show(
         plan = plans_for([file], prof)[0]
     except ScenarioError as e:
         _fail(str(e), 2)
-    console.print(_profile_line(prof), soft_wrap=True)
+    console.print(_profile_line(prof), soft_wrap=not console.is_terminal)  # a terminal: wrapped
     if plan.skipped:
         console.print(f"scenario {plan.name}: skipped: {plan.skipped}", highlight=False)
         return
-    from stepwarm.console import block_tables_view
+    from stepwarm.console import block_tables_view, plan_table
     from stepwarm.tables import step_blocks
 
-    ng = len(prof.kv_cache_groups)
     blocks = step_blocks(plan, prof)
-    table = Table(title=f"scenario {plan.name}: {plural(len(plan.steps), 'step')}, "
-                  f"{plural(len(plan.requests), 'request')}; blocks per KV cache group as g0/g1/...: "
-                  "allocated from the pool, prefix-cache hits, null placeholders sent, "
-                  "held after the step", title_justify="left")
-    for col, just in (("#", "right"), ("kind", "left"), ("requests", "left"),
-                      ("tokens", "right"), ("spec", "right"), ("alloc blk", "right"),
-                      ("hit blk", "right"), ("null blk", "right"),
-                      ("held blk", "right"), ("sampled", "left")):
-        table.add_column(col, justify=just)  # type: ignore[arg-type]
-    short = plan.display_name
-
-    order = {r.req_id: i for i, r in enumerate(plan.requests)}
-
-    def names_of(ids: Any) -> str:
-        """``a[0] a[1] a[2] b`` -> ``a[0..2] b`` (runs of one request group)."""
-        import re
-
-        runs: list[list[Any]] = []
-        for name in map(short, ids):
-            m = re.fullmatch(r"(.*)\[(\d+)\]", name)
-            base, i = (m.group(1), int(m.group(2))) if m else (name, None)
-            if runs and i is not None and runs[-1][0] == base and runs[-1][2] == i - 1:
-                runs[-1][2] = i
-            else:
-                runs.append([base, i, i])
-        return " ".join(b if i is None else f"{b}[{i}]" if i == j else f"{b}[{i}..{j}]"
-                        for b, i, j in runs)
-
-    def per_group(st: Any, field: str) -> str:
-        return "/".join(str(sum(len(getattr(r.groups[g], field)) for r in st.requests))
-                        for g in range(ng))
-
-    for st, bl in zip(plan.steps, blocks):
-        names = [names_of(r.req_id for r in st.scheduled)] if st.scheduled else []
-        if st.finished_req_ids:
-            names.append("finish: " + names_of(sorted(st.finished_req_ids, key=order.get)))
-        if st.preempted_req_ids:
-            names.append("preempt: " + names_of(sorted(st.preempted_req_ids, key=order.get)))
-        held = [sum(c[g] for _, c in st.held_blocks) for g in range(ng)] if st.held_blocks else []
-        sample = (str(st.num_sampling_requests)
-                  + (f" (g:{len(st.grammar_req_ids)})" if st.grammar_req_ids else "")
-                  ) if st.sample else "-"
-        table.add_row(str(st.index), st.kind, " ".join(names),
-                      str(st.total_num_scheduled_tokens),
-                      str(sum(len(r.spec_token_ids) for r in st.scheduled)),
-                      per_group(bl, "allocated"), per_group(bl, "hit"), per_group(bl, "null"),
-                      "/".join(map(str, held or [0] * ng)), sample)
+    table = plan_table(plan, len(prof.kv_cache_groups), blocks)
     console.print(table)
     if tables:
         console.print(block_tables_view(
@@ -763,7 +741,7 @@ def profile_cmd(
         prof.save(output)
     except OSError as e:
         _fail(f"{output}: cannot write profile: {e.strerror or e}", 2)
-    console.print(_profile_line(prof), soft_wrap=True)
+    console.print(_profile_line(prof), soft_wrap=not console.is_terminal)  # a terminal: wrapped
     console.print(f"saved {output}")
 
 

@@ -193,8 +193,11 @@ class StepTable:
     #: Columns a table adds per column (a border and one space each side), plus its left edge.
     PER_COLUMN, EDGE = 3, 1
 
-    def __init__(self, title: str = "", columns: tuple[Column, ...] = COLUMNS):
+    def __init__(self, title: str = "", columns: tuple[Column, ...] = COLUMNS,
+                 of: int | None = None):
         self.title, self.columns = title, columns
+        #: The plan's number of steps, for the line form's ``[i/n]`` (None: ``?``).
+        self.of = of
         self.rows: list[list[str]] = []
 
     def add_row(self, *cells: str) -> None:
@@ -213,10 +216,11 @@ class StepTable:
             widths = self._widths(whole_headers=False)
         numbers = sum(w for i, w in enumerate(widths) if i not in labels)
         room = width - self.EDGE - self.PER_COLUMN * len(self.columns) - numbers
-        merged = len(labels) == 2 and room - widths[labels[0]] < MIN_LABEL
+        # kind and step share a column when the other labels get too little beside kind
+        merged = len(labels) >= 2 and room - widths[labels[0]] < MIN_LABEL * (len(labels) - 1)
         if merged:
             room += self.PER_COLUMN
-        if room < (MIN_LABEL // 2 if merged or not labels else MIN_LABEL):
+        if room < MIN_LABEL // 2 * max(1, len(labels) - merged):
             return None
         table = Table(title=self.title or None, title_justify="left")
         shown = [i for i in range(len(self.columns)) if not (merged and i == labels[0])]
@@ -242,7 +246,8 @@ class StepTable:
         if self.title:
             yield Text(self.title)
         for row in self.rows:
-            yield Text("\n".join(step_lines(row, width=options.max_width)))
+            yield Text("\n".join(step_lines(row, of=self.of, width=options.max_width,
+                                             columns=self.columns)))
 
 
 def _wrap(parts: list[str], indent: int, width: int, sep: str) -> list[str]:
@@ -258,26 +263,38 @@ def _wrap(parts: list[str], indent: int, width: int, sep: str) -> list[str]:
 
 
 def step_lines(row: list[str], of: int | None = None, at_s: float | None = None,
-               width: int = LINE_WIDTH) -> list[str]:
+               width: int = LINE_WIDTH, columns: tuple[Column, ...] = COLUMNS) -> list[str]:
     """A step row as lines of at most ``width`` columns (where no word or
-    number is longer): ``[i/n] kind  label`` (the label wraps), then the
-    numbers, each as ``name value`` and never split.
+    number is longer): ``[i/n] kind  label`` (the label wraps), then each
+    other label column as ``header words`` (wrapped), then the numbers, each
+    as ``header value`` (``value ms`` for ``ms``) and never split.
 
     Args:
-        row: the cells of :data:`COLUMNS`.
+        row: one cell per column of ``columns``, whose first three are the
+            step's index, kind and label.
         of: the plan's number of steps (the ``/n`` of ``[i/n]``; ``i`` from 0).
         at_s: seconds since the scenario started.
         width: the widest line (columns).
+        columns: the table's columns (default: :data:`COLUMNS`, ``run``'s).
     """
-    (idx, kind, label, reqs, tokens, spec, blocks, sampled, ms) = row
+    idx, kind, label = row[:3]
     # The step's index, from 0 as in the table, errors and the watchdog's lines.
     head = f"  [{int(idx)}/{of if of is not None else '?'}] "
+    indent = " " * len(head)
     lines = _wrap([head + kind + " ", *label.split()], len(head), width, " ")
-    numbers = [f"reqs {reqs}", f"tokens {tokens}", f"spec {spec}", f"new blk {blocks}",
-               f"sampled {sampled}", ms if ms == "FAILED" else f"{ms} ms"]
+    numbers = []
+    for col, cell in zip(columns[3:], row[3:]):
+        if not col.numeric:
+            lines += _wrap([indent + col.header, *cell.split()], len(head), width, " ")
+        elif col.header == "ms":
+            numbers.append(cell if cell == "FAILED" else f"{cell} ms")
+        else:
+            numbers.append(f"{col.header} {cell}")
     if at_s is not None:
         numbers.append(f"(at {at_s:.1f} s)")
-    numbers[0] = " " * len(head) + numbers[0]
+    if not numbers:
+        return lines
+    numbers[0] = indent + numbers[0]
     return lines + _wrap(numbers, len(head), width, "  ")
 
 
@@ -299,7 +316,7 @@ class ScenarioProgress:
         self.done = 0
         self.live: Live | None = None
         self.t0 = time.perf_counter()
-        self.table = StepTable(self._title())
+        self.table = StepTable(self._title(), of=len(plan.steps))
 
     def _title(self) -> str:
         return (f"scenario {self.plan.name} ({self.runner} runner): {self.done}/"
@@ -429,7 +446,7 @@ def verify_table(results: list[tuple[str, Any]]) -> Table:
                   title_justify="left")
     for col in ("scenario", "result", "request", "first differing step", "position",
                 "stepwarm sampled", "vLLM sampled"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")  # narrowed to the terminal, nothing cut
     for name, rep in results:
         if isinstance(rep, str):
             table.add_row(name, "error", "", rep, "", "", "", style="red")
@@ -461,6 +478,44 @@ def verify_table(results: list[tuple[str, Any]]) -> Table:
     return table
 
 
+def verify_lines(results: list[tuple[str, Any]], width: int = LINE_WIDTH) -> list[str]:
+    """:func:`verify_table`'s content as lines of at most ``width`` columns
+    (where no word is longer), for output that is not a terminal: a line per
+    scenario (``  NAME: equal (2 requests, 5 tokens)``), then per differing
+    request where it diverges and both token lists, wrapped between tokens."""
+    out = ["--verify: stepwarm's steps vs vLLM's own scheduler (greedy)"]
+
+    def add(text: str, indent: int) -> None:
+        words = text.split()
+        words[0] = " " * indent + words[0]
+        out.extend(_wrap(words, indent + 2, width, " "))
+
+    for name, rep in results:
+        if isinstance(rep, str):
+            add(f"{name}: error: {rep}", 2)
+        elif rep.skipped:
+            add(f"{name}: skipped: {rep.skipped}", 2)
+        elif rep.embedding_error:
+            worst = max(rep.embedding_error.values())
+            add(f"{name}: {'equal' if rep.ok else 'DIFFER'} "
+                f"({len(rep.embedding_error)} embedded, LLM.embed, max |diff| {worst:.2e})"
+                + ("" if rep.ok else f"; differ: {', '.join(rep.embedding_differs)}"), 2)
+        else:
+            tokens = sum(rep.checked.values())
+            add(f"{name}: {'equal' if rep.ok else 'DIFFER'} "
+                f"({plural(len(rep.checked), 'request')}, {plural(tokens, 'token')})", 2)
+            for d in rep.differences:
+                add(f"{d.request}: first differs at step {d.step} ({d.step_kind}: "
+                    f"{d.step_label}), position {d.position}", 4)
+                add(f"stepwarm sampled {list(d.stepwarm)}", 6)
+                add(f"vLLM sampled {list(d.reference)}", 6)
+            if getattr(rep, "not_compared", None):
+                whys = sorted(set(rep.not_compared.values()))
+                add(f"not compared: {', '.join(sorted(rep.not_compared))} "
+                    f"({'; '.join(whys)})", 4)
+    return out
+
+
 def block_tables_view(title: str, steps: list[Any]) -> Table:
     """``show --tables``: one row per step, scheduled request and KV cache
     group (:func:`stepwarm.tables.step_blocks`), block ids with runs
@@ -482,4 +537,73 @@ def block_tables_view(title: str, steps: list[Any]) -> Table:
                               req.request if g.group == 0 else "", req.row if g.group == 0 else "",
                               str(g.group), id_ranges(g.table), id_ranges(g.hit),
                               id_ranges(g.allocated), str(len(g.null)), id_ranges(g.zeroed))
+    return table
+
+
+#: The columns of ``stepwarm show``'s plan table (:func:`plan_table`): the
+#: step's label as ``run`` shows it, its requests (runs of one request
+#: group shortened: ``dec[0..2]``), and its blocks per KV cache group as
+#: ``g0/g1/...``, split by where they came from.
+PLAN_COLUMNS = (Column("#"), Column("kind", numeric=False), Column("step", numeric=False),
+                Column("requests", numeric=False), Column("tokens"), Column("spec"),
+                Column("alloc blk"), Column("hit blk"), Column("null blk"),
+                Column("held blk"), Column("sampled"))
+
+
+def request_runs(plan: Plan, req_ids: Any) -> str:
+    """Requests as their scenario names them, a run of one request table's
+    consecutive members shortened: ``a[0] a[1] a[2] b`` -> ``a[0..2] b``
+    (from each :class:`~stepwarm.plan.PlannedRequest`'s ``name`` and
+    ``index``; an id the plan does not declare is shown as it is)."""
+    by_id = {r.req_id: r for r in plan.requests}
+    runs: list[list[Any]] = []  # [name, first index, last index]
+    for rid in req_ids:
+        req = by_id.get(rid)
+        name, i = (req.display_name, None) if req is None or req.index is None or not req.name \
+            else (req.name, req.index)
+        if runs and i is not None and runs[-1][0] == name and runs[-1][2] == i - 1:
+            runs[-1][2] = i
+        else:
+            runs.append([name, i, i])
+    return " ".join(b if i is None else f"{b}[{i}]" if i == j else f"{b}[{i}..{j}]"
+                    for b, i, j in runs)
+
+
+def plan_table(plan: Plan, num_groups: int, blocks: list[Any]) -> StepTable:
+    """``stepwarm show``'s table: one row per planned step (:data:`PLAN_COLUMNS`).
+
+    Args:
+        plan: the expanded scenario.
+        num_groups: the profile's KV cache groups.
+        blocks: :func:`stepwarm.tables.step_blocks` of ``plan``, one per step.
+    """
+    table = StepTable(
+        f"scenario {plan.name}: {plural(len(plan.steps), 'step')}, "
+        f"{plural(len(plan.requests), 'request')}; blocks per KV cache group as g0/g1/...: "
+        "allocated from the pool, prefix-cache hits, null placeholders sent, held after "
+        "the step", PLAN_COLUMNS, of=len(plan.steps))
+    order = {r.req_id: i for i, r in enumerate(plan.requests)}
+
+    def per_group(st: Any, field: str) -> str:
+        return "/".join(str(sum(len(getattr(r.groups[g], field)) for r in st.requests))
+                        for g in range(num_groups))
+
+    for st, bl in zip(plan.steps, blocks):
+        names = [request_runs(plan, st.req_ids)] if st.scheduled else []
+        if st.finished_req_ids:
+            names.append("finish: " + request_runs(plan, sorted(st.finished_req_ids,
+                                                                key=order.get)))
+        if st.preempted_req_ids:
+            names.append("preempt: " + request_runs(plan, sorted(st.preempted_req_ids,
+                                                                 key=order.get)))
+        held = ([sum(c[g] for _, c in st.held_blocks) for g in range(num_groups)]
+                if st.held_blocks else [0] * num_groups)
+        sample = (str(st.num_sampling_requests)
+                  + (f" (g:{len(st.grammar_req_ids)})" if st.grammar_req_ids else "")
+                  ) if st.sample else "-"
+        table.add_row(str(st.index), st.kind, st.label, " ".join(names) or "-",
+                      str(st.total_num_scheduled_tokens),
+                      str(sum(len(r.spec_token_ids) for r in st.scheduled)),
+                      per_group(bl, "allocated"), per_group(bl, "hit"), per_group(bl, "null"),
+                      "/".join(map(str, held)), sample)
     return table

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -251,8 +252,14 @@ def test_run_verify_compares_with_vllms_scheduler_and_reports_a_table(tmp_path):
                      "-e", "enable_prefix_caching=true", "--verify", "--json", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "--verify: stepwarm's steps vs vLLM's own scheduler (greedy)" in proc.stdout
-    assert re.search(r"prefix-hit\s+.*equal\s+.*4 requests, 8 tokens", proc.stdout)
-    assert re.search(r"preempt-resume\s+.*equal\s+.*2 requests, 13 tokens", proc.stdout)
+    # not a terminal: the comparison as lines of at most 80 columns
+    lines = proc.stdout.splitlines()
+    start = lines.index("--verify: stepwarm's steps vs vLLM's own scheduler (greedy)")
+    verified = [lines[start]] + list(itertools.takewhile(lambda ln: ln.startswith("  "),
+                                                         lines[start + 1:]))
+    assert "  prefix-hit: equal (4 requests, 8 tokens)" in verified
+    assert "  preempt-resume: equal (2 requests, 13 tokens)" in verified
+    assert max(map(len, verified)) <= 80, verified
     verify = json.loads(out.read_text())["verify"]
     assert [(v["scenario"], v["differences"], v["skipped"]) for v in verify] == [
         ("prefix-hit", [], ""), ("preempt-resume", [], "")]

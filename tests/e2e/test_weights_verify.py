@@ -26,6 +26,7 @@ def test_seeded_zoo_weights_verify_equal(tmp_path):
     report = json.loads(out.read_text())
     assert report["profile"]["model"] == str(tmp_path / "models" / "tiny-llama-seed0")
     assert "--verify: stepwarm's steps vs vLLM's own scheduler (greedy)" in proc.stdout
-    assert re.search(r"│ default\s+│ equal\s+│ \d+ requests, \d+ tokens", proc.stdout), proc.stdout
+    assert re.search(r"^  default: equal \(\d+ requests, \d+ tokens\)$", proc.stdout, re.M), \
+        proc.stdout
     (v,) = report["verify"]
     assert v["scenario"] == "default" and v["differences"] == [] and v["checked"]

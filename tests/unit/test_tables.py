@@ -71,9 +71,11 @@ def test_show_tables_prints_ids_and_split_counts():
     assert r.exit_code == 0, r.output
     lines = [" ".join(line.split()) for line in r.stdout.splitlines()]
     # the plan table: allocated / hit / null counts in their own columns
-    assert "┃ # ┃ kind ┃ requests ┃ tokens ┃ spec ┃ alloc blk ┃ hit blk ┃ null blk ┃ held blk ┃ " \
-           "sampled ┃" in lines
-    assert "│ 3 │ prefix_hit │ hit2 │ 1 │ 0 │ 1 │ 2 │ 0 │ 3 │ 1 │" in lines
+    assert "┃ # ┃ kind ┃ step ┃ requests ┃ tokens ┃ spec ┃ alloc blk ┃ hit blk ┃ null blk ┃ " \
+           "held blk ┃ sampled ┃" in lines
+    assert "│ 3 │ prefix_hit │ prefix hit hit2 x rest │ hit2 │ 1 │ 0 │ 1 │ 2 │ 0 │ 3 │ 1 │" in lines
+    assert "│ 0 │ prefix_hit │ prefix hit hit1[0],hit1[1] x rest │ hit1[0..1] │ 10 │ 0 │ 2 │ 2 │ 0 " \
+           "│ 4 │ 2 │" in lines
     # the block table view
     assert ("┃ # ┃ kind ┃ request ┃ row ┃ g ┃ block table (runner) ┃ hit (prefix cache) ┃ "
             "allocated (pool) ┃ null ┃ zeroed ┃") in lines
@@ -90,7 +92,8 @@ def test_show_tables_two_groups_from_a_profile(tmp_path):
                       env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     lines = [" ".join(line.split()) for line in r.stdout.splitlines()]
-    assert "│ 3 │ prefix_hit │ hit2 │ 1 │ 0 │ 1/1 │ 2/1 │ 0/1 │ 3/3 │ 1 │" in lines
+    assert "│ 3 │ prefix_hit │ prefix hit hit2 x rest │ hit2 │ 1 │ 0 │ 1/1 │ 2/1 │ 0/1 │ 3/3 │ 1 │" \
+        in lines
     assert "│ 3 │ prefix_hit │ hit2 │ new │ 0 │ 8 4 3 │ 8 4 │ 3 │ 0 │ 3 │" in lines
     assert "│ │ │ │ │ 1 │ 0 7 6 │ 7 │ 6 │ 1 │ 6 │" in lines
 
