@@ -559,8 +559,10 @@ def request_runs(plan: Plan, req_ids: Any) -> str:
     runs: list[list[Any]] = []  # [name, first index, last index]
     for rid in req_ids:
         req = by_id.get(rid)
-        name, i = (req.display_name, None) if req is None or req.index is None or not req.name \
-            else (req.name, req.index)
+        if req is None or req.index is None or not req.name:
+            name, i = (rid if req is None else req.display_name), None
+        else:
+            name, i = req.name, req.index
         if runs and i is not None and runs[-1][0] == name and runs[-1][2] == i - 1:
             runs[-1][2] = i
         else:

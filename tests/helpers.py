@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+import sys
+import time
 from typing import Any
 
 from stepwarm.profile import CacheSpec, RunnerProfile
@@ -19,3 +22,34 @@ def make_profile(**overrides: Any) -> RunnerProfile:
         runner="v1", kv_cache_groups=(FULL16,), num_blocks=1000, max_model_len=256,
         max_num_seqs=4, max_num_batched_tokens=128, vocab_size=100)
     return RunnerProfile(**{**fields, **overrides})
+
+
+def in_a_terminal(args: list[str], columns: int, timeout: int = 600,
+                   env: dict[str, str] | None = None) -> tuple[int, str]:
+    """``python -m stepwarm ARGS`` with stdout and stderr on a pseudo-terminal
+    ``columns`` wide: (exit status, what the terminal showed, escapes removed)."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import termios
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the terminal's size is set before it starts
+        os.execve(sys.executable, [sys.executable, "-m", "stepwarm", *args],
+                  {**os.environ, **(env or {})})
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    out, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([fd], [], [], 1)[0]:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+    _, status = os.waitpid(pid, 0)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", out.decode(errors="replace"))
+    return os.waitstatus_to_exitcode(status), text

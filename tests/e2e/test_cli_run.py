@@ -7,11 +7,11 @@ import json
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 
 from tests.e2e.helpers import GREEDY_SPEC_SCENARIO, NGRAM_2
+from tests.helpers import in_a_terminal
 
 pytestmark = pytest.mark.e2e
 
@@ -64,43 +64,12 @@ def test_run_prints_step_tables_and_writes_json(tmp_path):
     ]
 
 
-def _in_a_terminal(args: list[str], columns: int, timeout: int = 600,
-                   env: dict[str, str] | None = None) -> tuple[int, str]:
-    """``python -m stepwarm ARGS`` with stdout and stderr on a pseudo-terminal
-    ``columns`` wide: (exit status, what the terminal showed, escapes removed)."""
-    import fcntl
-    import os
-    import pty
-    import select
-    import struct
-    import termios
-
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: the terminal's size is set before it starts
-        os.execve(sys.executable, [sys.executable, "-m", "stepwarm", *args],
-                  {**os.environ, **(env or {})})
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    out, deadline = b"", time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if select.select([fd], [], [], 1)[0]:
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:  # the child closed the terminal
-                break
-            if not chunk:
-                break
-            out += chunk
-    _, status = os.waitpid(pid, 0)
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", out.decode(errors="replace"))
-    return os.waitstatus_to_exitcode(status), text
-
-
 def test_the_live_table_fits_an_80_column_terminal():
     """In a real 80-column terminal the last frame of the live table shows
     every step's numbers, and no line is wider than the terminal. With
     enforce_eager and VLLM_CPU_KVCACHE_SPACE the CPU worker does not warm up,
     and the start-up phases do not say it did."""
-    code, text = _in_a_terminal(["run", "-s", "mixed-prefill-decode"], 80,
+    code, text = in_a_terminal(["run", "-s", "mixed-prefill-decode"], 80,
                                 env={"VLLM_CPU_KVCACHE_SPACE": "1"})
     assert code == 0, text[-3000:]
     assert "starting vLLM engine: initializing the KV cache" in text

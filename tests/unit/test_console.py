@@ -317,3 +317,98 @@ def test_replay_progress_names_each_request_once_and_no_numbers():
     progress.request(SimpleNamespace(name="greedy", first_ms=12.5, second_ms=3.25))
     progress.stop()
     assert "12.5" not in tbuf.getvalue() and "[1/2]" not in tbuf.getvalue()
+
+
+def _plan_table(name: str):
+    from stepwarm.console import plan_table
+    from stepwarm.scenario import plans_for
+    from stepwarm.tables import step_blocks
+
+    prof = tiny_profile()
+    (plan,) = plans_for([name], prof)
+    return plan, plan_table(plan, len(prof.kv_cache_groups), step_blocks(plan, prof))
+
+
+@pytest.mark.parametrize("width", [80, 100, 120, 200])
+@pytest.mark.parametrize("name", ["mixed-prefill-decode", "default", "preempt-resume"])
+def test_show_fits_the_terminal_and_keeps_every_label_and_number(name, width):
+    """``show``'s plan table at 80-200 columns: no line wider; every step's
+    label, requests and numbers there whole (as a table, or as lines when
+    the numbers and labels do not fit beside each other)."""
+    from rich.cells import cell_len
+
+    plan, table = _plan_table(name)
+    buf = io.StringIO()
+    Console(file=buf, width=width, force_terminal=True, color_system=None,
+            markup=False).print(table)
+    text = buf.getvalue()
+    lines = text.splitlines()
+    assert all(cell_len(line) <= width for line in lines), [cell_len(x) for x in lines]
+    squeezed = re.sub(r"[\s│┃]", "", text)  # wrapped cells read back in order, per column
+    for row, st in zip(table.rows, plan.steps):
+        assert row[2] == st.label and row[4] == str(st.total_num_scheduled_tokens)
+        if "┏" not in text:  # the line form: each step's lines in full
+            head = f"  [{st.index}/{len(plan.steps)}] {st.kind}  "
+            assert any(line.startswith(head) for line in lines), head
+            assert st.label.replace(" ", "") in squeezed
+            assert f"tokens {row[4]}  spec {row[5]}" in text
+    assert ("┏" in text) == (width >= 100)  # at 80 the table's numbers leave too little room
+
+
+def test_show_rows_name_the_step_and_its_requests_as_runs():
+    plan, table = _plan_table("mixed-prefill-decode")
+    assert [row[:4] for row in table.rows] == [
+        ["0", "prefill", "prefill dec[0],dec[1],dec[2] x rest", "dec[0..2]"],
+        ["1", "mixed_prefill_decode", "decode dec[0] + prefill pre x rest", "pre dec[0]"],
+        ["2", "finish", "finish pre", "finish: pre"],
+        ["3", "mixed_prefill_decode", "decode dec[0],dec[1],dec[2] + prefill long x rest",
+         "long dec[0..2]"],
+        ["4", "cleanup", "cleanup (auto)", "finish: dec[0..2] long"]]
+    assert [row[4:] for row in table.rows] == [
+        ["6", "0", "3", "0", "0", "3", "3"], ["16", "0", "1", "0", "0", "2", "2"],
+        ["0", "0", "0", "0", "0", "0", "-"], ["512", "0", "4", "0", "0", "7", "4"],
+        ["0", "0", "0", "0", "0", "0", "-"]]
+
+
+def test_request_runs_come_from_the_requests_names_not_their_text():
+    from stepwarm.console import request_runs
+    from stepwarm.plan import Plan, PlannedRequest
+
+    def req(rid, name="", index=None):
+        return PlannedRequest(req_id=rid, prompt_len=1, name=name, index=index)
+
+    plan = Plan(name="p", steps=(), requests=(
+        req("r0", "a", 0), req("r1", "a", 1), req("r2", "a", 2), req("r3", "b"),
+        req("r4", "a[3]"), req("r5", "a", 4), req("x")))
+    # "a[3]" is a request named so (a table of one), no member of a: no run with a[4]
+    assert request_runs(plan, ["r0", "r1", "r2", "r3", "r4", "r5", "x", "gone"]) == \
+        "a[0..2] b a[3] a[4] x gone"
+    assert request_runs(plan, ["r1", "r0"]) == "a[1] a[0]"
+
+
+def test_verify_lines_fit_80_columns_and_keep_every_token():
+    from stepwarm.console import verify_lines
+    from stepwarm.verify import Divergence, VerifyReport
+
+    diff = Divergence(request="b", step=3, step_kind="resume", step_label="resume b",
+                      position=4, stepwarm=tuple(range(1000, 1030)), reference=(9,))
+    lines = verify_lines([
+        ("default", VerifyReport(plan="default", checked={"a": 2, "b": 3})),
+        ("preempt-resume", VerifyReport(plan="preempt-resume", checked={"b": 5},
+                                        differences=(diff,))),
+        ("mamba-align", VerifyReport(plan="mamba-align", skipped="vLLM's own scheduler failed")),
+        ("pooling", VerifyReport(plan="pooling", embedding_error={"p": 0.0})),
+        ("x", "StepFailed: step 2 failed"),
+    ])
+    assert max(map(len, lines)) <= 80
+    assert lines[:4] == [
+        "--verify: stepwarm's steps vs vLLM's own scheduler (greedy)",
+        "  default: equal (2 requests, 5 tokens)",
+        "  preempt-resume: DIFFER (1 request, 5 tokens)",
+        "    b: first differs at step 3 (resume: resume b), position 4"]
+    tokens = " ".join(lines[4:]).split("stepwarm sampled ")[1].split(" vLLM sampled")[0]
+    assert [int(t) for t in re.findall(r"\d+", tokens)] == list(range(1000, 1030))
+    assert "      vLLM sampled [9]" in lines
+    assert lines[-3:] == ["  mamba-align: skipped: vLLM's own scheduler failed",
+                          "  pooling: equal (1 embedded, LLM.embed, max |diff| 0.00e+00)",
+                          "  x: error: StepFailed: step 2 failed"]

@@ -162,3 +162,52 @@ def test_help_shows_metavars_not_python_types():
     assert "NAME|FILE" in rows["--scenario"] and "KEY=VALUE" in rows["--engine-arg"]
     assert "DIR|NAME" in rows["--model"] and "FILE" in rows["--json"]
     assert rows["--verify"].split()[1:4] == ["--verify", "After", "warmup,"]  # no metavar
+
+
+def test_show_in_an_80_column_terminal_fits_and_names_every_step():
+    from stepwarm.scenario import plans_for, tiny_profile
+    from tests.helpers import in_a_terminal
+
+    code, text = in_a_terminal(["show", "mixed-prefill-decode"], 80, timeout=300)
+    assert code == 0, text
+    lines = text.replace("\r", "").splitlines()
+    assert max(map(len, lines)) <= 80, max(lines, key=len)
+    (plan,) = plans_for(["mixed-prefill-decode"], tiny_profile())
+    for st in plan.steps:  # the line form: each step's label on its first line
+        assert f"  [{st.index}/5] {st.kind}  {st.label}" in lines
+    assert "        requests long dec[0..2]" in lines
+    assert "        tokens 512  spec 0  alloc blk 4  hit blk 0  null blk 0  held blk 7" in lines
+    assert "groups: full_attention(block_size=128)" in lines  # the profile line, wrapped
+
+
+def test_list_models_in_an_80_column_terminal_keeps_every_engine_arg():
+    import json
+
+    from stepwarm.zoo import ZOO
+    from tests.helpers import in_a_terminal
+
+    code, text = in_a_terminal(["list", "--models"], 80, timeout=300)
+    assert code == 0, text
+    lines = text.replace("\r", "").splitlines()
+    assert max(map(len, lines)) <= 80, max(lines, key=len)
+    body = " ".join(line.strip() for line in lines)
+    for m in ZOO.values():
+        assert m.name in lines  # one block per model, its name alone on a line
+        assert m.architecture in body
+        for k, v in m.engine_args.items():
+            assert f"{k}={json.dumps(v)}" in body, (m.name, k)
+
+
+def test_list_models_piped_is_one_block_per_model():
+    from stepwarm.zoo import ZOO
+
+    r = runner.invoke(app, ["list", "--models"])
+    assert r.exit_code == 0
+    lines = r.stdout.splitlines()
+    assert "┃" not in r.stdout
+    i = lines.index("tiny-llama")
+    assert lines[i + 1:i + 6] == [
+        "    architecture: LlamaForCausalLM", "    kind: dense",
+        "    vLLM runner / mode: generate", "    speculator: -",
+        "    engine args: max_model_len=512 max_num_seqs=8 max_num_batched_tokens=512"]
+    assert [ln for ln in lines if ln and not ln.startswith(" ")][1:] == list(ZOO)
