@@ -677,7 +677,7 @@ def show(
     verbose: Verbose = False,
     quiet: Quiet = False,
 ) -> None:
-    """Print the expanded plan of a scenario: per step requests, tokens, drafts, blocks per group."""
+    """Print the expanded plan of a scenario: per step its label, requests, tokens, drafts, blocks per group."""
     _setup(verbose, quiet)
     from stepwarm.scenario import ScenarioError, plans_for
 
