@@ -605,36 +605,12 @@ def list_scenarios(
 def _list_models() -> None:
     from stepwarm.zoo import ZOO
 
-    table = Table(title="zoo models (--model NAME; written at run time, dummy weights)",
-                  title_justify="left")
-    for col in ("name", "architecture", "kind", "vLLM runner / mode", "speculator", "engine args"):
-        # wrapped, a word wider than its column folded: nothing is cut at any width
-        table.add_column(col, overflow="fold")
-    rows = [(m.name, m.architecture, m.kind, m.runner,
-             m.drafter.describe() if m.drafter else "-",
-             " ".join(f"{k}={json.dumps(v)}" for k, v in m.engine_args.items()))
-            for m in ZOO.values()]
-    for row in rows:
-        table.add_row(*row)
-    from rich.measure import Measurement
+    from stepwarm.console import print_models
 
-    natural = Measurement.get(console, console.options.update_width(1 << 16), table).maximum
-    if natural <= console.width:  # every row on one line
-        console.print(table)
-        return
-    # Narrower than the table's rows: one block per model, wrapped at the width.
-    import textwrap
-
-    width = console.width
-    lines = textwrap.wrap(str(table.title), width)
-    for name, arch, kind, runner, spec, args in rows:
-        lines.append(name)
-        for label, text in (("architecture", arch), ("kind", kind), ("vLLM runner / mode", runner),
-                            ("speculator", spec), ("engine args", args)):
-            lines += textwrap.wrap(f"{label}: {text}", width, initial_indent="    ",
-                                   subsequent_indent="      ", break_long_words=True,
-                                   break_on_hyphens=False)
-    console.print("\n".join(lines), soft_wrap=True)
+    print_models([(m.name, m.architecture, m.kind, m.runner,
+                   m.drafter.describe() if m.drafter else "-",
+                   " ".join(f"{k}={json.dumps(v)}" for k, v in m.engine_args.items()))
+                  for m in ZOO.values()])
 
 
 @app.command()

@@ -609,3 +609,41 @@ def plan_table(plan: Plan, num_groups: int, blocks: list[Any]) -> StepTable:
                       per_group(bl, "allocated"), per_group(bl, "hit"), per_group(bl, "null"),
                       "/".join(map(str, held)), sample)
     return table
+
+
+#: ``stepwarm list --models``' columns.
+MODEL_COLUMNS = ("name", "architecture", "kind", "vLLM runner / mode", "speculator",
+                 "engine args")
+
+
+def print_models(rows: list[tuple[str, ...]], out: Console = console) -> None:
+    """``stepwarm list --models``: a table when every row fits on one line of
+    ``out``, else (a narrow terminal, or piped) one block per model, its
+    name alone on a line, then ``    field: value`` lines wrapped at the
+    width; nothing is cut.
+
+    Args:
+        rows: one cell per :data:`MODEL_COLUMNS` per zoo model.
+        out: where to print.
+    """
+    import textwrap
+
+    from rich.measure import Measurement
+
+    title = "zoo models (--model NAME; written at run time, dummy weights)"
+    table = Table(title=title, title_justify="left")
+    for col in MODEL_COLUMNS:
+        table.add_column(col, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    natural = Measurement.get(out, out.options.update_width(1 << 16), table).maximum
+    if natural <= out.width:  # every row on one line
+        out.print(table)
+        return
+    lines = textwrap.wrap(title, out.width)
+    for name, *fields in rows:
+        lines.append(name)
+        for label, text in zip(MODEL_COLUMNS[1:], fields):
+            lines += textwrap.wrap(f"{label}: {text}", out.width, initial_indent="    ",
+                                   subsequent_indent="      ", break_on_hyphens=False)
+    out.print("\n".join(lines), soft_wrap=True)
