@@ -211,3 +211,18 @@ def test_list_models_piped_is_one_block_per_model():
         "    vLLM runner / mode: generate", "    speculator: -",
         "    engine args: max_model_len=512 max_num_seqs=8 max_num_batched_tokens=512"]
     assert [ln for ln in lines if ln and not ln.startswith(" ")][1:] == list(ZOO)
+
+
+def test_show_tables_in_an_80_column_terminal_is_not_cropped():
+    from tests.helpers import in_a_terminal
+
+    code, text = in_a_terminal(["show", "--tables", "prefix-hit"], 80, timeout=300)
+    assert code == 0, text
+    lines = text.replace("\r", "").splitlines()
+    assert max(map(len, lines)) <= 80, max(lines, key=len)
+    tables = [ln for ln in lines if ln.startswith("┏")]
+    # the block table view's top border closes: its last column is there, folded, not cut
+    assert len(tables) == 1 and tables[0].endswith("┓")
+    view = lines[lines.index(tables[0]):]
+    assert all(ln.endswith(("┓", "┃", "│", "┩", "┘")) for ln in view if ln.strip()), view
+    assert sum(1 for ln in view if ln.startswith("│ 3 │")) == 1  # step 3's row
