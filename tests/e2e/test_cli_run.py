@@ -205,7 +205,8 @@ def test_show_takes_engine_args():
     assert proc.returncode == 0, proc.stderr[-3000:]
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("profile:")]
     assert "max_num_seqs 4," in line
-    assert re.search(r"│ 0 │ prefill +│ req\[0\.\.3\] ", proc.stdout)  # 4 requests, not 8
+    # the step's label, then its requests: 4, not 8
+    assert re.search(r"│ 0 │ prefill +│ prefill [^│]+│ req\[0\.\.3\] ", proc.stdout)
 
 
 def test_run_verify_compares_with_vllms_scheduler_and_reports_a_table(tmp_path):
