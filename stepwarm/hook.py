@@ -186,10 +186,14 @@ def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSetti
     """
     who = watch.who
     over = settings.time_limit_s is not None and elapsed > settings.time_limit_s
-    if ranks.failed_ranks(over, f"the start of {plan.name}"):
+    over_on = ranks.failed_ranks(over, f"the start of {plan.name}")
+    if over_on:
+        limit = f"time limit: STEPWARM_TIME_LIMIT_S={settings.time_limit_s:g} "
+        # A rank within the limit skips with the ranks past it (and says so).
         report = RunReport(plan=plan.name, runner=profile.runner, model=profile.model,
-                           skipped=f"time limit: STEPWARM_TIME_LIMIT_S={settings.time_limit_s:g} "
-                                   f"reached after {elapsed:.1f} s")
+                           skipped=limit + (f"reached after {elapsed:.1f} s" if over else
+                                            f"reached on {ranks.grid} slots {over_on} "
+                                            f"(this rank: {elapsed:.1f} s)"))
         _stamp(report, ranks)
         logger.info("%s: %s: skipped (%s)", who, plan.name, report.skipped)
         return report

@@ -16,6 +16,7 @@ lane's (``tests/gpu/test_data_parallel.py``).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -45,20 +46,26 @@ def _tails(runs) -> str:
 
 
 def test_dp2_ep_rank_past_the_time_limit_skips_the_scenario_on_both_ranks():
-    # DP rank 1 sleeps 10 s before its profile: past STEPWARM_TIME_LIMIT_S=5 at
-    # the first scenario, while rank 0 is not. Both skip it (alone, rank 0
-    # would run step 0 into a dispatch rank 1 never joins).
-    runs, _ = run_dp(SPEC, _env(STEPWARM_SCENARIOS="default", STEPWARM_TIME_LIMIT_S="5",
-                                STEPWARM_TEST_SLOW="1:10"))
+    # DP rank 1 sleeps 40 s after the plan agreement: past
+    # STEPWARM_TIME_LIMIT_S=20 at the first scenario's start, while rank 0 is
+    # not. Both skip it (alone, rank 0 would run step 0 into a dispatch rank 1
+    # never joins).
+    runs, _ = run_dp(SPEC, _env(STEPWARM_SCENARIOS="default", STEPWARM_TIME_LIMIT_S="20",
+                                STEPWARM_TEST_LATE="1:40"))
     assert all(r.result is not None and r.result["started"] for r in runs), _tails(runs)
-    for run, label in zip(runs, LABELS):
-        ((report,),) = run.result["reports"]  # one worker, one scenario
+    (((first,),), ((second,),)) = (r.result["reports"] for r in runs)  # one worker, one scenario
+    for report in (first, second):
         assert report["plan"] == "default" and report["steps"] == []
-        assert report["skipped"].startswith("time limit: STEPWARM_TIME_LIMIT_S=5 reached after ")
+    m = re.fullmatch(r"time limit: STEPWARM_TIME_LIMIT_S=20 reached after (\d+\.\d) s",
+                     second["skipped"])
+    assert m and float(m.group(1)) >= 40, second["skipped"]
+    # Rank 0 was within the limit itself: it skipped because rank 1 was not.
+    m = re.fullmatch(r"time limit: STEPWARM_TIME_LIMIT_S=20 reached on DP x TP x PP slots \[1\] "
+                     r"\(this rank: (\d+\.\d) s\)", first["skipped"])
+    assert m and float(m.group(1)) < 20, first["skipped"]
+    for run, label in zip(runs, LABELS):
         assert f"stepwarm [{label}]: {RULE}" in run.log
         assert f"stepwarm [{label}]: default: skipped (time limit" in run.log
-    # Rank 0 was within the limit itself: it skipped because rank 1 was not.
-    assert float(runs[0].result["reports"][0][0]["skipped"].split("after ")[1].split(" s")[0]) < 5
 
 
 def test_dp2_ep_ranks_whose_plans_differ_fail_start_up_on_both():

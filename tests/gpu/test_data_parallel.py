@@ -110,13 +110,14 @@ def test_dp2_ep_rank_failing_before_the_all_to_all_ends_start_up_on_both_in_boun
 
 
 def test_dp2_ep_rank_past_the_time_limit_skips_on_both_and_serves():
-    runs, wall_s = run_dp(SPEC, _env(STEPWARM_SCENARIOS="default", STEPWARM_TIME_LIMIT_S="5",
-                                     STEPWARM_TEST_SLOW="1:10"))
+    runs, wall_s = run_dp(SPEC, _env(STEPWARM_SCENARIOS="default", STEPWARM_TIME_LIMIT_S="20",
+                                     STEPWARM_TEST_LATE="1:40"))
     _record("dp2-ep[rank 1 past the time limit]", runs, wall_s)
     assert all(r.result is not None and r.result["started"] for r in runs), _tails(runs)
     for run, label in zip(runs, LABELS):
         ((report,),) = run.result["reports"]
         assert report["steps"] == [] and report["skipped"].startswith(
-            "time limit: STEPWARM_TIME_LIMIT_S=5 reached after ")
+            "time limit: STEPWARM_TIME_LIMIT_S=20 reached ")
         assert f"stepwarm [{label}]: default: skipped (time limit" in run.log
         assert run.result["tokens"] == [4, 4, 4]
+    assert "reached on DP x TP x PP slots [1] (this rank: " in runs[0].result["reports"][0][0]["skipped"]

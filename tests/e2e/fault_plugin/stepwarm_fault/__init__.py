@@ -19,6 +19,11 @@ stepwarm's hook sleeps SECONDS before it reads the runner's profile (before
 any agreement point), so that rank reaches ``STEPWARM_TIME_LIMIT_S`` first, or,
 slept past ``STEPWARM_RANK_TIMEOUT_S``, stops answering its peers.
 
+``STEPWARM_TEST_LATE=RANK:SECONDS`` (unset: does nothing): on world rank RANK,
+stepwarm's hook sleeps SECONDS after the ranks agreed on the plans, before
+the first scenario's time-limit check, so that this rank alone is past
+``STEPWARM_TIME_LIMIT_S`` there.
+
 ``STEPWARM_TEST_PROFILE=RANK`` (unset: does nothing): on world rank RANK the
 profile stepwarm reads has half the runner's ``max_num_seqs``, so its plans
 differ from the other ranks'.
@@ -34,6 +39,9 @@ def register() -> None:
         _hang(*hang.split(":"))
     if os.environ.get("STEPWARM_TEST_SLOW") or os.environ.get("STEPWARM_TEST_PROFILE"):
         _profile_faults()
+    late = os.environ.get("STEPWARM_TEST_LATE")
+    if late:
+        _late(int(late.split(":")[0]), float(late.split(":")[1]))
     spec = os.environ.get("STEPWARM_TEST_FAULT")
     if not spec:
         return
@@ -160,3 +168,20 @@ def _profile_faults() -> None:
         return profile
 
     hook.read_profile = read_profile
+
+
+def _late(rank: int, seconds: float) -> None:
+    import contextlib
+
+    import stepwarm.hook as hook
+
+    original = hook.random_state_kept  # entered right after the plan agreement
+
+    @contextlib.contextmanager
+    def random_state_kept():
+        if _world_rank() == rank:
+            time.sleep(seconds)
+        with original():
+            yield
+
+    hook.random_state_kept = random_state_kept
