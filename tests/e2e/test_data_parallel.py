@@ -96,3 +96,27 @@ def test_dp2_ep_rank_that_stops_answering_ends_start_up_on_both_in_bounded_time(
             "10 s") in runs[0].log
     assert f"stepwarm: {LABELS[1]}: the other ranks did not reach scenario expansion" in runs[1].log
     assert wall_s < 480
+
+
+def test_api_server_dense_dp2_warms_each_engine_independently_then_serves(tmp_path):
+    # Dense DP=2 under the OpenAI server: vLLM runs two independent engines
+    # (reconfigure_for_independent_dp_rank: each a DP=1 world of one rank).
+    # The plugin loads and warms in each; nothing agrees across them.
+    from stepwarm.zoo import write_model
+    from tests.gpu.lane import lane_env, stepwarm_lines, vllm_serve
+
+    model = write_model("tiny-llama", tmp_path, tokenizer=True)
+    args = ["--load-format", "dummy", "--max-model-len", "512", "--max-num-seqs", "8",
+            "--max-num-batched-tokens", "512", "--enforce-eager", "--data-parallel-size", "2"]
+    env = lane_env(STEPWARM_SCENARIOS="default", VLLM_CPU_KVCACHE_SPACE="1")
+    with vllm_serve(model, args, env, tmp_path / "serve.log", timeout_s=540) as server:
+        outs = [server.post("/v1/completions", {"model": str(model), "prompt": "t5 t6 t7",
+                                                 "max_tokens": 4, "ignore_eos": True})
+                for _ in range(4)]
+        log = server.log
+    assert [o["usage"]["completion_tokens"] for o in outs] == [4, 4, 4, 4]
+    ended = [ln for ln in stepwarm_lines(log) if "stepwarm: default: 8 steps in" in ln]
+    # One per engine, from two processes (vLLM's prefix names each).
+    assert len(ended) == 2, log[-4000:]
+    assert len({ln.split(")")[0] for ln in ended}) == 2, ended
+    assert "ranks agree" not in log
