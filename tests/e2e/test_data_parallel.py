@@ -11,6 +11,9 @@ stepwarm, on the first request), so these tests cover the agreements that
 come before any step: the plans, the time limit, a rank that stops
 answering. A step failing on one rank while its peer runs it is the GPU
 lane's (``tests/gpu/test_data_parallel.py``).
+
+The last test is the other rule: a dense model's DP engines under the OpenAI
+server (``--data-parallel-size 2``) warm up independently and serve.
 """
 
 from __future__ import annotations
