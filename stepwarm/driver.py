@@ -289,7 +289,7 @@ def _run_step(worker: Any, step: PlannedStep, plan: Plan, profile: RunnerProfile
         failed = ranks.failed_ranks(local is not None, what)
         if local is None and failed:
             raise PeerStepFailed(
-                f"{len(failed)} other rank(s) (TP x PP slots {failed}) failed this step; "
+                f"{len(failed)} other rank(s) ({ranks.grid} slots {failed}) failed this step; "
                 f"{ranks.label} stopped with them")
     if local is not None:
         raise local

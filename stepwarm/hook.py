@@ -73,7 +73,7 @@ class WarmupError(RuntimeError):
 
 
 def _label(ranks: RankGroup) -> str:
-    return f"stepwarm [{ranks.label}]" if ranks.size > 1 else "stepwarm"
+    return f"stepwarm [{ranks.label}]" if ranks.size > 1 or ranks.dp_size > 1 else "stepwarm"
 
 
 def _plans(names: Sequence[str], profile: RunnerProfile, ranks: RankGroup) -> list:
@@ -94,13 +94,14 @@ def _plans(names: Sequence[str], profile: RunnerProfile, ranks: RankGroup) -> li
     failed = ranks.failed_ranks(error is not None, "scenario expansion")
     if failed:
         raise WarmupError(str(error) if error is not None else
-                          f"scenarios could not be expanded on TP x PP slots {failed}; "
+                          f"scenarios could not be expanded on {ranks.grid} slots {failed}; "
                           "see their log")
     signature = "\n".join(p.lockstep_signature() for p in plans)
     differing = ranks.differing_ranks(signature, "plan agreement")
     if differing:
         raise WarmupError(
-            f"ranks would run different steps (TP x PP slots {differing} differ from slot 0): "
+            f"ranks would run different steps ({ranks.grid} slots {differing} differ from "
+            "slot 0): "
             "their runner profiles differ; nothing was run")
     return plans
 
@@ -151,6 +152,8 @@ def warmup(
     settings = settings if settings is not None else HookSettings.from_env()
     ranks = ranks if ranks is not None else RankGroup.of_worker(worker, settings.rank_timeout_s)
     who = _label(ranks)
+    if ranks.rule and (ranks.size > 1 or ranks.dp_size > 1):
+        logger.info("%s: %s", who, ranks.rule)
     t_start = time.monotonic()
     profile = read_profile(worker)
     if settings.role != "auto":
@@ -183,10 +186,14 @@ def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSetti
     """
     who = watch.who
     over = settings.time_limit_s is not None and elapsed > settings.time_limit_s
-    if ranks.failed_ranks(over, f"the start of {plan.name}"):
+    over_on = ranks.failed_ranks(over, f"the start of {plan.name}")
+    if over_on:
+        limit = f"time limit: STEPWARM_TIME_LIMIT_S={settings.time_limit_s:g} "
+        # A rank within the limit skips with the ranks past it (and says so).
         report = RunReport(plan=plan.name, runner=profile.runner, model=profile.model,
-                           skipped=f"time limit: STEPWARM_TIME_LIMIT_S={settings.time_limit_s:g} "
-                                   f"reached after {elapsed:.1f} s")
+                           skipped=limit + (f"reached after {elapsed:.1f} s" if over else
+                                            f"reached on {ranks.grid} slots {over_on} "
+                                            f"(this rank: {elapsed:.1f} s)"))
         _stamp(report, ranks)
         logger.info("%s: %s: skipped (%s)", who, plan.name, report.skipped)
         return report

@@ -1,4 +1,4 @@
-"""RankGroup: keep every tensor / pipeline parallel rank of one engine in lockstep.
+"""RankGroup: keep every rank whose forward passes meet in lockstep.
 
 Under tensor or pipeline parallelism each worker process runs the same plan,
 and every ``execute_model`` takes part in collectives: a rank that skips or
@@ -13,8 +13,13 @@ the hook, on every rank:
 
 The agreement is a sum of one flag per rank over stepwarm's own gloo process
 groups, with the members of vLLM's groups: first over the rank's tensor
-parallel group, then over its pipeline parallel group, which covers the whole TP x PP grid of one engine (data
-parallel engines warm up independently). Each wait is bounded by
+parallel group, then over its pipeline parallel group, which covers the whole
+TP x PP grid of one engine, then, where the data parallel ranks' forward
+passes meet (:func:`stepwarm.vllm_facts.data_parallel_facts`: a MoE model
+with DP > 1, its expert-parallel all-to-all or its experts sharded over DP),
+over its data parallel group, which covers DP x TP x PP. Dense data parallel
+engines warm up independently. :func:`agreeing_ranks` is the rule as plain
+data. Each wait is bounded by
 ``timeout_s``. A rank whose peers do not answer in time is stuck beside a
 peer that is blocked in a collective, which nothing in-process can release:
 it logs why and ends its own process, and vLLM's multiprocessing executor,
@@ -59,6 +64,16 @@ def _own_group(ranks: list[int], timeout_s: float) -> Any:
     return _GROUPS[key]
 
 
+def _dp_group() -> Any:
+    """vLLM's data parallel group coordinator, None where it has none."""
+    try:
+        from vllm.distributed.parallel_state import get_dp_group
+
+        return get_dp_group()
+    except Exception:  # noqa: BLE001 - not initialized, or a release without it
+        return None
+
+
 class RankTimeout(RuntimeError):
     """Peers did not reach an agreement point within ``timeout_s``."""
 
@@ -68,6 +83,58 @@ def _exit_process(message: str) -> None:  # pragma: no cover - ends the process
                  "rank instead of hanging", message)
     logging.shutdown()
     os._exit(1)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The parallel sizes of a set of data parallel engines, laid out as vLLM
+    lays out world ranks (``initialize_model_parallel``: ``[DP, PP, TP]``,
+    TP fastest; prefill/decode context parallelism of size 1).
+
+    Attributes:
+        dp_size, tp_size, pp_size: vLLM's sizes.
+        dp_coupled: the DP ranks' forward passes meet
+            (:class:`stepwarm.vllm_facts.DataParallelFacts` ``coupled``).
+        why: why they do or do not, one phrase.
+    """
+
+    dp_size: int = 1
+    tp_size: int = 1
+    pp_size: int = 1
+    dp_coupled: bool = False
+    why: str = ""
+
+    def world_rank(self, dp: int, pp: int, tp: int) -> int:
+        """The world rank of DP rank ``dp``'s worker at (``pp``, ``tp``)."""
+        return (dp * self.pp_size + pp) * self.tp_size + tp
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(dp, pp, tp) of world rank ``rank``."""
+        engine = self.tp_size * self.pp_size
+        return rank // engine, rank % engine // self.tp_size, rank % self.tp_size
+
+
+def agreeing_ranks(layout: Layout, rank: int) -> list[int]:
+    """The world ranks that agree with world rank ``rank`` on plans and step
+    outcomes, sorted: its engine's TP x PP grid, and with ``dp_coupled`` the
+    same grid of every DP rank (DP x TP x PP)."""
+    dp, _, _ = layout.coords(rank)
+    dps = range(layout.dp_size) if layout.dp_coupled else (dp,)
+    return sorted(layout.world_rank(d, p, t) for d in dps
+                  for p in range(layout.pp_size) for t in range(layout.tp_size))
+
+
+def agreement_rule(layout: Layout) -> str:
+    """The rule that applies to ``layout``, and why, one line for the log."""
+    engine = layout.tp_size * layout.pp_size
+    if layout.dp_size > 1 and layout.dp_coupled:
+        n = layout.dp_size * engine
+        return (f"ranks agree across DP x TP x PP ({layout.dp_size} x {layout.tp_size} x "
+                f"{layout.pp_size} = {n} ranks): {layout.why}")
+    rule = f"ranks agree within this engine's TP x PP ({engine} rank{'s' * (engine > 1)})"
+    if layout.dp_size > 1:
+        rule += f"; its {layout.dp_size} DP ranks warm up independently"
+    return f"{rule}: {layout.why}" if layout.why else rule
 
 
 @dataclass
@@ -80,6 +147,9 @@ class RankGroup:
     Attributes:
         rank: this worker's rank in vLLM's world group.
         tp_rank, tp_size, pp_rank, pp_size: its place in the TP x PP grid.
+        dp_rank, dp_size: its engine's data parallel rank and vLLM's DP size.
+        dp_coupled: the DP ranks agree too (DP x TP x PP), see :class:`Layout`.
+        rule: the rule that applies and why (:func:`agreement_rule`).
         timeout_s: seconds to wait at an agreement point (seconds).
     """
 
@@ -89,36 +159,56 @@ class RankGroup:
     pp_rank: int = 0
     pp_size: int = 1
     timeout_s: float = 300.0
-    #: (tp group, pp group): stepwarm's own torch ``ProcessGroup``s (gloo),
-    #: None for a group of one.
-    _groups: tuple[Any, Any] | None = field(default=None, repr=False)
+    dp_rank: int = 0
+    dp_size: int = 1
+    dp_coupled: bool = False
+    rule: str = ""
+    #: (tp group, pp group, dp group): stepwarm's own torch ``ProcessGroup``s
+    #: (gloo), None for a group of one (the dp group: None unless coupled).
+    _groups: tuple[Any, ...] | None = field(default=None, repr=False)
     #: Called when a wait times out; ends the process by default.
     on_timeout: Callable[[str], None] = field(default=_exit_process, repr=False)
 
     @property
     def size(self) -> int:
-        """Ranks in the group (``tp_size * pp_size``)."""
-        return self.tp_size * self.pp_size
+        """Ranks in the group (``tp_size * pp_size``, times ``dp_size`` when
+        ``dp_coupled``)."""
+        return self.tp_size * self.pp_size * (self.dp_size if self.dp_coupled else 1)
 
     @property
     def index(self) -> int:
-        """This rank's slot in the TP x PP grid (``pp_rank * tp_size + tp_rank``)."""
-        return self.pp_rank * self.tp_size + self.tp_rank
+        """This rank's slot in the grid (``pp_rank * tp_size + tp_rank``, plus
+        ``dp_rank * tp_size * pp_size`` when ``dp_coupled``)."""
+        dp = self.dp_rank if self.dp_coupled else 0
+        return (dp * self.pp_size + self.pp_rank) * self.tp_size + self.tp_rank
+
+    @property
+    def grid(self) -> str:
+        """``DP x TP x PP`` when the DP ranks agree too, else ``TP x PP``."""
+        return "DP x TP x PP" if self.dp_coupled else "TP x PP"
 
     @property
     def label(self) -> str:
-        """``rank R (tp T/TS, pp P/PS)``, for log lines and reports."""
-        return (f"rank {self.rank} (tp {self.tp_rank}/{self.tp_size}, "
+        """``rank R (tp T/TS, pp P/PS)`` (``(dp D/DS, tp ...`` with DP > 1),
+        for log lines and reports."""
+        dp = f"dp {self.dp_rank}/{self.dp_size}, " if self.dp_size > 1 else ""
+        return (f"rank {self.rank} ({dp}tp {self.tp_rank}/{self.tp_size}, "
                 f"pp {self.pp_rank}/{self.pp_size})")
+
+    @property
+    def layout(self) -> Layout:
+        """The parallel sizes as plain data (the rule of :func:`agreeing_ranks`)."""
+        return Layout(self.dp_size, self.tp_size, self.pp_size, self.dp_coupled)
 
     @classmethod
     def of_worker(cls, worker: Any, timeout_s: float = 300.0) -> RankGroup:
         """The group of the worker's engine, read off vLLM's parallel state
-        (``get_tp_group()``, ``get_pp_group()``, ``get_world_group()``).
+        (``get_tp_group()``, ``get_pp_group()``, ``get_dp_group()``,
+        ``get_world_group()``) and, for the DP ranks, off the worker's
+        ``vllm_config`` (:func:`stepwarm.vllm_facts.data_parallel_facts`).
 
         Returns ``RankGroup()`` when vLLM's distributed state is not set up.
         """
-        del worker  # the parallel state is process-wide in vLLM
         try:
             from vllm.distributed.parallel_state import (
                 get_pp_group,
@@ -129,17 +219,29 @@ class RankGroup:
             tp, pp, world = get_tp_group(), get_pp_group(), get_world_group()
         except Exception:  # noqa: BLE001 - no distributed state: one rank
             return cls(timeout_s=timeout_s)
+        dp = _dp_group()
+        dp_rank, dp_size = (int(dp.rank_in_group), int(dp.world_size)) if dp else (0, 1)
+        why, coupled = "", False
+        config = getattr(worker, "vllm_config", None)
+        if dp_size > 1 and config is not None:
+            from stepwarm.vllm_facts import data_parallel_facts
+
+            facts = data_parallel_facts(config)
+            why, coupled = facts.why, facts.coupled
         group = cls(
             rank=int(world.rank), tp_rank=int(tp.rank_in_group), tp_size=int(tp.world_size),
             pp_rank=int(pp.rank_in_group), pp_size=int(pp.world_size), timeout_s=timeout_s,
+            dp_rank=dp_rank, dp_size=dp_size, dp_coupled=coupled,
         )
+        group.rule = agreement_rule(Layout(dp_size, group.tp_size, group.pp_size, coupled, why))
         if group.size > 1:
-            group._groups = (_own_group(tp.ranks, timeout_s), _own_group(pp.ranks, timeout_s))
+            group._groups = (_own_group(tp.ranks, timeout_s), _own_group(pp.ranks, timeout_s),
+                             _own_group(dp.ranks, timeout_s) if coupled and dp else None)
         return group
 
     def _gather(self, value: int, what: str) -> list[int]:
         """Every rank's ``value``, indexed by grid slot (sum of one-hot vectors,
-        over the TP group and then the PP group)."""
+        over the TP group, then the PP group, then the DP group)."""
         if self.size == 1 or self._groups is None:
             return [value]
         import torch

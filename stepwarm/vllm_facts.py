@@ -341,3 +341,64 @@ def log_if_unchecked() -> bool:
                    version(), ", ".join(CHECKED_RELEASES), summary())
     return True
 
+
+
+# --- Data parallel ranks whose forward passes meet ---------------------------
+
+@dataclasses.dataclass(frozen=True)
+class DataParallelFacts:
+    """How the installed vLLM couples an engine's data parallel ranks.
+
+    ``coupled``: every forward pass of one DP rank takes part in a collective
+    with the other DP ranks (the MoE layers' expert-parallel all-to-all, or
+    their tensor parallel all-reduce flattened over DP), so a DP rank that
+    skips a step its peers run leaves them blocked. ``why``: one phrase, for
+    the log line. ``moe_group``: ranks of one MoE layer group (EP size, or the
+    flattened TP size), 1 where there is none.
+    """
+
+    dp_size: int
+    coupled: bool
+    expert_parallel: bool
+    moe_group: int
+    why: str
+
+
+def data_parallel_facts(vllm_config: Any) -> DataParallelFacts:
+    """Read off ``vllm_config`` by behaviour: vLLM's own
+    ``FusedMoEParallelConfig.make`` (the MoE layers' parallel layout) is run
+    for the engine's TP / PCP / DP sizes; its MoE group spans the DP ranks
+    when it is larger than the engine's TP x PCP group. A dense model's DP
+    ranks are independent engines (vLLM's ``run_engine_core`` gives only MoE
+    models a ``DPEngineCoreProc``). Where ``make`` cannot run (another
+    signature, no DP group in this process), the MoE model with DP > 1 is
+    taken as coupled, as vLLM's engine core takes it."""
+    parallel = vllm_config.parallel_config
+    model = getattr(vllm_config, "model_config", None)
+    dp = int(getattr(parallel, "data_parallel_size", 1) or 1)
+    tp = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
+    pcp = int(getattr(parallel, "prefill_context_parallel_size", 1) or 1)
+    ep_flag = bool(getattr(parallel, "enable_expert_parallel", False))
+    if dp <= 1:
+        return DataParallelFacts(dp, False, ep_flag, 1, "one data parallel rank")
+    if model is None or not bool(getattr(model, "is_moe", False)):
+        return DataParallelFacts(dp, False, False, 1, "dense model: vLLM runs its data parallel "
+                                 "ranks as independent engines")
+    try:
+        from vllm.model_executor.layers.fused_moe.config import FusedMoEParallelConfig
+
+        moe = FusedMoEParallelConfig.make(tp_size_=tp, pcp_size_=pcp, dp_size_=dp, sp_size_=1,
+                                          vllm_parallel_config=parallel)
+        use_ep, group = bool(moe.use_ep), int(moe.ep_size if moe.use_ep else moe.tp_size)
+    except Exception as e:  # noqa: BLE001 - another release's signature, no DP group
+        logger.debug("stepwarm: FusedMoEParallelConfig.make not run: %s", e)
+        use_ep, group = ep_flag, dp * tp * pcp
+    if group <= tp * pcp:
+        return DataParallelFacts(dp, False, use_ep, group, "MoE layers stay within each engine")
+    if use_ep:
+        why = (f"expert parallel MoE: each forward pass runs an all-to-all over the {group} "
+               f"ranks of the EP group, across the {dp} DP ranks")
+    else:
+        why = (f"MoE without expert parallelism: vLLM shards the experts tensor-parallel over "
+               f"{group} ranks across the {dp} DP ranks, so each forward pass meets them")
+    return DataParallelFacts(dp, True, use_ep, group, why)

@@ -6,8 +6,11 @@
 #   call 1:  carry .gpu/c1           command: bash .gpu/c1/stash.sh
 #   call 2:  carry .gpu/c2 .gpu/sw   command: bash tests/gpu/run-lane.sh parallel   (2 GPUs: nvidia-h200-x2)
 #   call 3:  carry .gpu/c3 .gpu/sw   command: bash tests/gpu/run-lane.sh serve
+#   call 4:  carry .gpu/c3 .gpu/sw   command: bash tests/gpu/run-lane.sh dp   (DP=2 + EP, tiny-mixtral:
+#            needs c3's MoE kernels; nvidia-h200-x2)
 # Calls 2 and 3 go back to back (the machine stays warm ~30 s).
-# $1: parallel (tests/gpu/test_parallel.py) | serve (test_serve.py, test_policy.py) | all;
+# $1: parallel (tests/gpu/test_parallel.py) | serve (test_serve.py, test_policy.py) |
+#     dp (test_data_parallel.py) | all;
 # further arguments go to pytest (e.g. -k "tp1 or tp2").
 set -uo pipefail
 D=${STEPWARM_GPU_DIR:-.gpu}
@@ -25,6 +28,7 @@ export STEPWARM_LANE_RECORD="$OUTDIR/lane-$PART.jsonl"
 case "$PART" in
   parallel) FILES=(tests/gpu/test_parallel.py) ;;
   serve) FILES=(tests/gpu/test_serve.py tests/gpu/test_policy.py) ;;
+  dp) FILES=(tests/gpu/test_data_parallel.py) ;;
   *) FILES=(tests/gpu) ;;
 esac
 nvidia-smi -L

@@ -13,6 +13,20 @@ step STEP (0-based) hangs for SECONDS on every rank, in vLLM's
 ``Sampler.forward`` (WHERE ``sampler``) or in the model runner's
 ``execute_model`` (WHERE ``execute_model``); the hang sleeps in short slices,
 like a Python-level busy wait.
+
+``STEPWARM_TEST_SLOW=RANK:SECONDS`` (unset: does nothing): on world rank RANK,
+stepwarm's hook sleeps SECONDS before it reads the runner's profile (before
+any agreement point), so that rank reaches ``STEPWARM_TIME_LIMIT_S`` first, or,
+slept past ``STEPWARM_RANK_TIMEOUT_S``, stops answering its peers.
+
+``STEPWARM_TEST_LATE=RANK:SECONDS`` (unset: does nothing): on world rank RANK,
+stepwarm's hook sleeps SECONDS after the ranks agreed on the plans, before
+the first scenario's time-limit check, so that this rank alone is past
+``STEPWARM_TIME_LIMIT_S`` there.
+
+``STEPWARM_TEST_PROFILE=RANK`` (unset: does nothing): on world rank RANK the
+profile stepwarm reads has half the runner's ``max_num_seqs``, so its plans
+differ from the other ranks'.
 """
 
 import os
@@ -23,6 +37,11 @@ def register() -> None:
     hang = os.environ.get("STEPWARM_TEST_HANG")
     if hang:
         _hang(*hang.split(":"))
+    if os.environ.get("STEPWARM_TEST_SLOW") or os.environ.get("STEPWARM_TEST_PROFILE"):
+        _profile_faults()
+    late = os.environ.get("STEPWARM_TEST_LATE")
+    if late:
+        _late(int(late.split(":")[0]), float(late.split(":")[1]))
     spec = os.environ.get("STEPWARM_TEST_FAULT")
     if not spec:
         return
@@ -122,3 +141,47 @@ def _hang(where: str, step: str, seconds: str) -> None:
         setattr(cls, name, hanging)
 
     current = _track_step(install)
+
+
+def _world_rank() -> int | None:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else None
+
+
+def _profile_faults() -> None:
+    import stepwarm.hook as hook
+
+    slow = os.environ.get("STEPWARM_TEST_SLOW")
+    slow_rank, seconds = (int(slow.split(":")[0]), float(slow.split(":")[1])) if slow else (None, 0)
+    odd = os.environ.get("STEPWARM_TEST_PROFILE")
+    odd_rank = int(odd) if odd else None
+    original = hook.read_profile
+
+    def read_profile(worker):
+        rank = _world_rank()
+        if rank is not None and rank == slow_rank:
+            time.sleep(seconds)
+        profile = original(worker)
+        if rank is not None and rank == odd_rank:
+            profile = profile.model_copy(update={"max_num_seqs": profile.max_num_seqs // 2})
+        return profile
+
+    hook.read_profile = read_profile
+
+
+def _late(rank: int, seconds: float) -> None:
+    import contextlib
+
+    import stepwarm.hook as hook
+
+    original = hook.random_state_kept  # entered right after the plan agreement
+
+    @contextlib.contextmanager
+    def random_state_kept():
+        if _world_rank() == rank:
+            time.sleep(seconds)
+        with original():
+            yield
+
+    hook.random_state_kept = random_state_kept
