@@ -271,8 +271,10 @@ class RunnerProfile(BaseModel):
         data = self.model_dump()
         tables = {k: data.pop(k) for k in ("kv_cache_groups", "image_classes")}
         drafter = data.pop("drafter")
+        decodes = data.pop("warmup_decodes")
         lines = [f"# {ln}" for ln in header.splitlines()]
         lines += [f"{k} = {scalar(v)}" for k, v in data.items() if v is not None]
+        lines += ["", "[warmup_decodes]"] + [f"{k} = {scalar(list(v))}" for k, v in decodes.items()]
         for name, rows in tables.items():
             for g in rows:
                 lines += ["", f"[[{name}]]"]
