@@ -95,6 +95,21 @@ class ImageClass(BaseModel):
     prompt_tokens: int = Field(gt=0)
 
 
+#: vLLM 0.30 - 0.33's ``warmup_kernels`` decode steps (``RunnerProfile.
+#: warmup_decodes``' default): every request, then [0, 1] and [0], each with
+#: and without drafts under a speculator.
+WARMUP_DECODES_0_32: dict[str, tuple[str, ...]] = {
+    "plain1": ("all:N",),
+    "plain2": ("all:N", "all:N", "0:N"),
+    "plain3": ("all:N", "0,1:NN", "0:N"),
+    "plain4": ("all:N", "0,1:NN", "0:N"),
+    "spec1": ("all:S", "all:N"),
+    "spec2": ("all:S", "0,1:SN", "all:N", "0:S", "0:N"),
+    "spec3": ("all:S", "0,1:SN", "0,1:NN", "0:S", "0:N"),
+    "spec4": ("all:S", "0,1:SN", "0,1:NN", "0:S", "0:N"),
+}
+
+
 class RunnerProfile(BaseModel):
     """Everything stepwarm plans with, read off one worker's model runner.
 
@@ -177,6 +192,13 @@ class RunnerProfile(BaseModel):
     #: ``SamplingParams(temperature=0)`` under a speculator (vLLM 0.33), so
     #: ``default`` does too.
     warmup_greedy_pass: bool = False
+    #: The decode steps of one ``warmup_kernels`` pass, as the installed
+    #: vLLM's warmup sends them (:func:`stepwarm.vllm_facts.decode_steps`):
+    #: ``"spec<n>"`` / ``"plain<n>"`` (with / without a speculator, ``n``
+    #: requests, 1..4; more than 4 use ``n = 4``) -> step codes such as
+    #: ``"all:S"`` or ``"0,1:SN"``. Default: vLLM 0.30 - 0.33's sequence.
+    warmup_decodes: dict[str, tuple[str, ...]] = Field(
+        default_factory=lambda: dict(WARMUP_DECODES_0_32))
     #: Why stepwarm cannot run on this runner at all, checked before any step
     #: (a step-data field it cannot fill, a cache mode vLLM refuses); "" when
     #: it can.
@@ -216,6 +238,12 @@ class RunnerProfile(BaseModel):
             return spec.zeroed
         return spec.kind not in ("mamba", "circular_buffer", "encoder_only_attention")
 
+    def warmup_decode_steps(self, num_reqs: int) -> tuple[str, ...]:
+        """:attr:`warmup_decodes` for a pass of ``num_reqs`` requests on
+        this runner (with or without its speculator)."""
+        key = f"{'spec' if self.has_speculator else 'plain'}{min(max(num_reqs, 1), 4)}"
+        return self.warmup_decodes.get(key, WARMUP_DECODES_0_32[key])
+
     @property
     def grammar_rows_per_request(self) -> int:
         """``GrammarOutput.grammar_bitmask`` rows per structured-output
@@ -243,8 +271,10 @@ class RunnerProfile(BaseModel):
         data = self.model_dump()
         tables = {k: data.pop(k) for k in ("kv_cache_groups", "image_classes")}
         drafter = data.pop("drafter")
+        decodes = data.pop("warmup_decodes")
         lines = [f"# {ln}" for ln in header.splitlines()]
         lines += [f"{k} = {scalar(v)}" for k, v in data.items() if v is not None]
+        lines += ["", "[warmup_decodes]"] + [f"{k} = {scalar(list(v))}" for k, v in decodes.items()]
         for name, rows in tables.items():
             for g in rows:
                 lines += ["", f"[[{name}]]"]

@@ -39,10 +39,12 @@ def warmup_kernels_plan(profile: RunnerProfile, builder: PlanBuilder | None = No
     """vLLM's ``warmup_kernels`` sequence for ``profile``.
 
     Steps: prefill every request with ``decode_query_len + 1`` tokens (sampled
-    with an all-ones bitmask on the last PP rank); decode all; then, with two
-    or more requests, decode [0, 1] with spec and non-spec mixed (and both
-    non-spec under a speculator); decode [0] alone (and [0] without drafts
-    under a speculator); cleanup. Where the installed vLLM's warmup does
+    with an all-ones bitmask on the last PP rank); the decode steps the
+    installed vLLM's warmup sends (``profile.warmup_decodes``; vLLM 0.30 -
+    0.33: decode all; then, with two or more requests, decode [0, 1] with
+    spec and non-spec mixed (and both non-spec under a speculator); decode
+    [0] alone (and [0] without drafts under a speculator); vLLM 0.26: decode
+    all once); cleanup. Where the installed vLLM's warmup does
     (``profile.warmup_greedy_pass``, vLLM 0.33) the pass runs again under a
     speculator with ``SamplingParams(temperature=0)``. Pooling models: the
     prefill and cleanup only.
@@ -71,7 +73,11 @@ def _warmup_pass(b: PlanBuilder, profile: RunnerProfile, sampling: str | tuple[t
     num_spec = profile.num_speculative_steps
     dql = profile.decode_query_len
     prompt_len = dql + 1
-    num_decode_steps = 1 if profile.is_pooling_model else (5 if num_spec > 0 else 3)
+    # vLLM sizes the blocks for every request advancing decode_query_len on
+    # each of the pass's decode steps (the longest pass of the release: 5
+    # under a speculator on vLLM 0.32, 3 without; 1 on 0.26).
+    num_decode_steps = 1 if profile.is_pooling_model else max(
+        len(profile.warmup_decode_steps(n)) for n in range(1, 5))
     decode_len = prompt_len + num_decode_steps * dql
     num_reqs = max_warmup_requests(profile, prompt_len, decode_len)
     ids = [f"{prefix}{i}_" for i in range(num_reqs)]
@@ -91,23 +97,29 @@ def _warmup_pass(b: PlanBuilder, profile: RunnerProfile, sampling: str | tuple[t
     b.step("prefill", f"prefill {num_reqs} x {prompt_len}{suffix}", prefill={r: prompt_len for r in ids},
            grammar=not profile.is_pooling_model)
     if not profile.is_pooling_model:
-        spec = num_spec > 0
-        k = num_spec if spec else 0
-        steps: list[tuple[str, dict[str, int]]] = [("all", {r: k for r in ids})]
-        if num_reqs >= 2:
-            steps.append(("[0,1] spec+non-spec" if spec else "[0,1]", {ids[0]: k, ids[1]: 0}))
-            if spec:
-                steps.append(("[0,1] non-spec", {ids[0]: 0, ids[1]: 0}))
-        if num_reqs > 1:
-            steps.append(("[0]", {ids[0]: k}))
-        if spec:
-            steps.append(("[0] non-spec", {ids[0]: 0}))
-        for label, decode in steps:
+        for n, code in enumerate(profile.warmup_decode_steps(num_reqs)):
+            label, decode = _decode_step(code, ids, num_spec, first=n == 0)
             kind = "spec_decode" if any(decode.values()) else "decode"
             if any(decode.values()) and not all(decode.values()):
                 kind = "mixed_decode"
             b.step(kind, f"decode {label}{suffix}", decode=decode)
     b.step("cleanup", "cleanup" + suffix, finish=tuple(ids))
+
+
+def _decode_step(code: str, ids: list[str], num_spec: int, first: bool) -> tuple[str, dict[str, int]]:
+    """A decode step of ``RunnerProfile.warmup_decodes`` (``"all:S"``,
+    ``"0,1:SN"``) over the pass's requests ``ids``: its label ("all" for a
+    first step over every request, else the indices, with "spec+non-spec" /
+    "non-spec" under a speculator) and request -> drafts."""
+    who, flags = code.split(":")
+    idx = list(range(len(ids))) if who == "all" else [int(i) for i in who.split(",")]
+    if len(flags) == 1:
+        flags *= len(idx)
+    decode = {ids[i]: num_spec if f == "S" else 0 for i, f in zip(idx, flags)}
+    label = "all" if first and len(idx) == len(ids) else f"[{','.join(map(str, idx))}]"
+    if num_spec and "N" in flags:
+        label += " spec+non-spec" if "S" in flags else " non-spec"
+    return label, decode
 
 
 def mixed_prefill_decode_plan(

@@ -214,16 +214,26 @@ class WarmupFacts:
     #: ``SchedulerOutput.num_spec_tokens_to_schedule`` (0.30 leaves it at 0;
     #: the scheduler sets it, and stepwarm follows the scheduler).
     sets_num_spec_tokens_to_schedule: bool
+    #: The decode steps of one pass, per batch (see :func:`decode_steps`):
+    #: ``"spec<n>"`` / ``"plain<n>"`` (with / without a speculator, ``n``
+    #: requests, 1..4) -> step codes. vLLM 0.26 decodes every request once;
+    #: 0.30 - 0.33 add the [0,1] and [0] batches, with and without drafts.
+    decode_steps: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    #: Whether the warmup's block tables reserve the scheduler's
+    #: ``num_lookahead_tokens`` slots (0.30+: ``_reserved_block_count``;
+    #: 0.26 covers the scheduled tokens only, where stepwarm keeps the
+    #: scheduler's tables).
+    reserves_lookahead: bool = True
 
 
-def _recording_runner(num_spec: int = 1, num_reqs: int = 2) -> Any:
+def _recording_runner(num_spec: int = 1, num_reqs: int = 2, block_size: int = 16) -> Any:
     """The attributes ``warmup_kernels`` reads off a V2 ``GPUModelRunner``."""
     from types import SimpleNamespace
 
     import torch
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
-    spec = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=64, dtype=torch.float32)
+    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.float32)
     spec_config = SimpleNamespace(num_speculative_tokens=num_spec) if num_spec else None
     return SimpleNamespace(
         vllm_config=SimpleNamespace(is_mm_encoder_only=False, num_lookahead_tokens=num_spec,
@@ -279,8 +289,47 @@ def warmup_facts() -> WarmupFacts | None:
     rows = grammar.grammar_bitmask.shape[0] // len(grammar.structured_output_request_ids)
     spec_steps = [s for s in steps if s.scheduled_spec_decode_tokens]
     sets = any(s.num_spec_tokens_to_schedule for s in spec_steps)
+    try:
+        decodes = {f"{'spec' if k else 'plain'}{n}": decode_steps(
+                       record_warmup(_recording_runner(num_spec=k, num_reqs=n)))
+                   for k in (0, 1) for n in range(1, 5)}
+        # One draft, block size 1: the prefill's 3 prompt tokens hold 3
+        # blocks, or 4 with the lookahead slot.
+        first = next(c for c in record_warmup(_recording_runner(num_spec=1, block_size=1))
+                     if isinstance(c, SchedulerOutput) and c.scheduled_new_reqs)
+        lookahead = len(first.scheduled_new_reqs[0].block_ids[0]) > 3
+    except Exception as e:  # noqa: BLE001 - a release whose warmup reads more
+        logger.debug("stepwarm: vLLM's warmup decode steps not probed: %s", e)
+        return None
     return WarmupFacts(passes=len(prefills), greedy_pass=greedy,
-                       bitmask_rows_per_request=rows, sets_num_spec_tokens_to_schedule=sets)
+                       bitmask_rows_per_request=rows, sets_num_spec_tokens_to_schedule=sets,
+                       decode_steps=decodes, reserves_lookahead=lookahead)
+
+
+def decode_steps(calls: list[Any]) -> tuple[str, ...]:
+    """The decode steps of the first pass of a recorded warmup, as codes:
+    ``"<requests>:<drafts>"``, where ``<requests>`` is ``all`` (every request
+    of the pass, all with or all without drafts) or the requests' indices
+    (``0,1``), and ``<drafts>`` is ``S`` (drafts scheduled) or ``N`` per
+    request (one letter for ``all``). E.g. vLLM 0.32 with a speculator and 4
+    requests: ``("all:S", "0,1:SN", "0,1:NN", "0:S", "0:N")``."""
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    steps = [c for c in calls if isinstance(c, SchedulerOutput)]
+    first = next(i for i, s in enumerate(steps) if s.scheduled_new_reqs)
+    index = {r.req_id: i for i, r in enumerate(steps[first].scheduled_new_reqs)}
+    codes: list[str] = []
+    for s in steps[first + 1:]:
+        if s.scheduled_new_reqs or not s.scheduled_cached_reqs.req_ids:
+            break  # the cleanup (or a next pass)
+        rids = list(s.scheduled_cached_reqs.req_ids)
+        flags = "".join("S" if s.scheduled_spec_decode_tokens.get(r) else "N" for r in rids)
+        idx = [index[r] for r in rids]
+        if sorted(idx) == list(range(len(index))) and len(set(flags)) == 1:
+            codes.append(f"all:{flags[0]}")
+        else:
+            codes.append(f"{','.join(map(str, idx))}:{flags}")
+    return tuple(codes)
 
 
 # --- Step data ---------------------------------------------------------------
@@ -324,7 +373,9 @@ def summary() -> str:
     warm = ("warmup not probed" if w is None else
             f"warmup passes={w.passes} greedy_pass={w.greedy_pass} "
             f"bitmask_rows_per_request={w.bitmask_rows_per_request} "
-            f"warmup_sets_num_spec_tokens_to_schedule={w.sets_num_spec_tokens_to_schedule}")
+            f"warmup_sets_num_spec_tokens_to_schedule={w.sets_num_spec_tokens_to_schedule} "
+            f"decode_steps(spec,4 requests)={len(w.decode_steps.get('spec4', ()))} "
+            f"reserves_lookahead={w.reserves_lookahead}")
     refused = ",".join(mamba_modes_refused_with_caching()) or "-"
     return (f"{warm}; mamba modes refused with prefix caching: {refused}; "
             f"checkpoint_recached={checkpoint_recached()}")

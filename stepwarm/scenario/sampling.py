@@ -255,6 +255,13 @@ def refusal(args: SamplingArgs, profile: RunnerProfile) -> tuple[str, str] | Non
         if profile.has_speculator and "speculative" in msg:
             msg += f" (this runner has a speculator: num_speculative_steps {profile.num_speculative_steps})"
         return str(field), msg
+    # vLLM 0.32 refuses these in verify ("stop_token_ids are used as column
+    # indices into the logits tensor"); an older vLLM accepts them and its
+    # min_tokens masking indexes past the logits mid-step.
+    bad = [t for t in fields.get("stop_token_ids") or () if not 0 <= t < profile.vocab_size]
+    if bad:
+        return "stop_token_ids", (f"token id(s) {bad} in stop_token_ids are out of the vocabulary "
+                                  f"(vocab_size {profile.vocab_size}; they index the logits)")
     return None
 
 

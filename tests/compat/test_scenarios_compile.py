@@ -50,21 +50,34 @@ def _bitmask_rows_expected(step, profile: RunnerProfile) -> int:
     """The bitmask rows the installed release's V2 ``StructuredOutputsWorker.
     apply_grammar_bitmask`` asserts on (``num_masks == len(mapping)``).
 
-    vLLM <= 0.32 (``_build_grammar_mapping`` in
-    ``vllm/v1/worker/gpu/structured_outputs.py``): one row per logit position
-    a grammar request has in the step; the release's own function is called.
-    vLLM 0.33: ``mask_stride`` (= ``decode_query_len``) rows per grammar
-    request, mirrored here (the check is inline there)."""
+    Its mapping needs CUDA streams and pinned memory, so it cannot run here;
+    the release's own rule, by what the release has:
+
+    - ``_build_grammar_mapping`` (vLLM 0.30 - 0.32, ``vllm/v1/worker/gpu/
+      structured_outputs.py``): called; one row per logit position a grammar
+      request has in the step (1 + its drafts).
+    - a ``mask_stride`` argument to ``StructuredOutputsWorker`` (vLLM 0.33,
+      the runner passes ``decode_query_len``): ``mask_stride`` rows per
+      grammar request, mirrored (the mapping is inline there).
+    - neither (vLLM 0.26): the ``cu_num_logits`` range of each grammar
+      request, 1 + its drafts (``num_new_sampled_tokens_per_step`` is 1 for
+      the tiny profiles), mirrored (inline there too).
+    """
+    import inspect
+
     import numpy as np
     from vllm.v1.worker.gpu import structured_outputs as so
 
     req_ids = [r.req_id for r in step.scheduled]
+    logits = [1 + len(r.spec_token_ids) for r in step.scheduled]
     if hasattr(so, "_build_grammar_mapping"):
-        logits = [1 + len(r.spec_token_ids) for r in step.scheduled]
         cu = np.concatenate([[0], np.cumsum(logits)])
         return len(so._build_grammar_mapping(req_ids, list(step.grammar_req_ids), cu, None, 1,
                                              profile.decode_query_len))
-    return len(step.grammar_req_ids) * profile.decode_query_len
+    if "mask_stride" in inspect.signature(so.StructuredOutputsWorker).parameters:
+        return len(step.grammar_req_ids) * profile.decode_query_len
+    per_req = dict(zip(req_ids, logits))
+    return sum(per_req[r] for r in step.grammar_req_ids)
 
 
 CASES = [(p, n) for p in sorted(PROFILES) for n in builtin_names()]

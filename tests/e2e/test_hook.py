@@ -91,3 +91,39 @@ def test_role_decode_skips_prefill_only_scenarios(engine):
     # The session engine's kv_role is "kv_both": role "auto" runs both.
     auto = warmup(engine.worker, ["chunked-prefill"], settings=HookSettings())
     assert auto[0].ok and not auto[0].skipped and len(auto[0].steps) > 0
+
+
+def test_unknown_release_and_unknown_required_field_fail_soft(engine, monkeypatch, caplog):
+    """Issue 17 item 4 on the real worker: a vLLM outside the matrix is one
+    log line naming it and the facts probed; a required ``NewRequestData``
+    field stepwarm does not know (here: ``lora_request``, dropped from what
+    stepwarm knows) is a one-line refusal before step 1, raised under
+    ``raise``, logged under ``warn`` (start-up goes on), never a TypeError."""
+    from stepwarm import vllm_facts
+
+    worker = engine.worker
+    calls = []
+    execute = worker.execute_model
+    monkeypatch.setattr(worker, "execute_model", lambda *a, **k: calls.append(1) or execute(*a, **k))
+    monkeypatch.setattr(vllm_facts, "version", lambda: "0.99.0")
+    known = dict(vllm_facts.KNOWN_FIELDS)
+    known["NewRequestData"] = known["NewRequestData"] - {"lora_request"}
+    monkeypatch.setattr(vllm_facts, "KNOWN_FIELDS", known)
+    vllm_facts.log_if_unchecked.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger="vllm.stepwarm"), \
+                caplog.at_level("WARNING", logger="stepwarm"):
+            with pytest.raises(WarmupError) as raised:
+                warmup(worker, ["default"], settings=HookSettings())
+            assert warmup(worker, ["default"], settings=HookSettings(on_error="warn")) == []
+    finally:
+        vllm_facts.log_if_unchecked.cache_clear()
+    msg = str(raised.value)
+    assert "\n" not in msg and not isinstance(raised.value.__cause__, TypeError)
+    assert msg.startswith("stepwarm cannot run on this runner: vLLM 0.99.0: step data field(s) "
+                          "NewRequestData.lora_request have no default")
+    assert calls == [] and live_request_ids(worker) == set()
+    release = [r.getMessage() for r in caplog.records if "not in stepwarm's matrix" in r.getMessage()]
+    assert len(release) == 1 and "vLLM 0.99.0" in release[0] and "decode_steps" in release[0]
+    assert any("scenarios not run (STEPWARM_ON_ERROR=warn)" in r.getMessage()
+               and "NewRequestData.lora_request" in r.getMessage() for r in caplog.records)

@@ -23,6 +23,11 @@ def test_save_and_load_round_trip(tmp_path, suffix):
     PROFILE.save(path)
     assert path.read_text().lstrip().startswith("{" if suffix == ".json" else "runner = ")
     assert RunnerProfile.load(path) == PROFILE
+    # vLLM 0.26's one decode step per warmup pass, as read off that release.
+    one = PROFILE.model_copy(update={"warmup_decodes": {"spec4": ("all:S",), "plain1": ("all:N",)}})
+    one.save(path)
+    assert RunnerProfile.load(path).warmup_decodes == {"spec4": ("all:S",), "plain1": ("all:N",)}
+    assert RunnerProfile.load(path).warmup_decode_steps(8) == ("all:S",)
 
 
 def test_corrupt_json_names_file_and_line(tmp_path):

@@ -18,7 +18,7 @@ import torch
 
 from stepwarm import vllm_facts
 from stepwarm.compile import to_grammar_output, to_scheduler_output
-from stepwarm.profile import CacheSpec, RunnerProfile
+from stepwarm.profile import WARMUP_DECODES_0_32, CacheSpec, RunnerProfile
 from stepwarm.sequences import mixed_prefill_decode_plan, warmup_kernels_plan
 from tests.helpers import make_profile
 
@@ -85,7 +85,8 @@ WARMUP = vllm_facts.warmup_facts()
 def _profile(**kw: Any) -> RunnerProfile:
     return make_profile(**{**dict(runner="v2", max_num_batched_tokens=64,
                                   grammar_rows_per_position=WARMUP.bitmask_rows_per_request > 1,
-                                  warmup_greedy_pass=WARMUP.greedy_pass), **kw})
+                                  warmup_greedy_pass=WARMUP.greedy_pass,
+                                  warmup_decodes=WARMUP.decode_steps), **kw})
 
 
 PROFILES = {
@@ -175,7 +176,8 @@ def _renumbered(calls: list[Any], profile: RunnerProfile) -> list[Any]:
     to the renumbering) must still agree.
     """
     masked = {g for g, s in enumerate(profile.kv_cache_groups)
-              if s.kind in ("mamba", "sliding_window", "chunked_local_attention")}
+              if s.kind in ("mamba", "sliding_window", "chunked_local_attention")
+              or not WARMUP.reserves_lookahead}
     ids: dict[int, int] = {0: 0}
 
     def blocks(b: Any) -> Any:
@@ -199,6 +201,50 @@ def _renumbered(calls: list[Any], profile: RunnerProfile) -> list[Any]:
             ids.clear()
             ids[0] = 0
     return out
+
+
+def _lengths(calls: list[Any]) -> list[int]:
+    """Every block-table length of ``_renumbered`` calls, in order."""
+    out: list[int] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, tuple) and len(x) == 2 and x[0] == "len":
+            out.append(x[1])
+        elif isinstance(x, (tuple, list)):
+            for y in x:
+                walk(y)
+    walk(calls)
+    return out
+
+
+def _no_lengths(calls: list[Any]) -> Any:
+    if isinstance(calls, tuple) and len(calls) == 2 and calls[0] == "len":
+        return "len"
+    if isinstance(calls, (tuple, list)):
+        return type(calls)(_no_lengths(c) for c in calls)
+    return calls
+
+
+def _assert_same_steps(ours: list[Any], theirs: list[Any], profile: RunnerProfile) -> None:
+    """``ours`` equals ``theirs`` call by call. Where the installed warmup
+    does not reserve the scheduler's lookahead slots (vLLM 0.26, whose
+    warmup tables cover the scheduled tokens only; 0.30's
+    ``_reserved_block_count`` reserves "what ``KVCacheManager.allocate_slots``
+    reserves"), stepwarm keeps the scheduler's tables: every table is at
+    least as long as vLLM's, exactly as long without lookahead or Mamba
+    speculative blocks, and everything else is equal."""
+    assert len(ours) == len(theirs)
+    if WARMUP.reserves_lookahead:
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            assert a == b, f"call {i} differs"
+        return
+    assert _no_lengths(ours) == _no_lengths(theirs)
+    mine, vllms = _lengths(ours), _lengths(theirs)
+    assert len(mine) == len(vllms)
+    extra = profile.num_lookahead_tokens or any(s.num_speculative_blocks for s in profile.kv_cache_groups)
+    assert all(a >= b for a, b in zip(mine, vllms))
+    if not extra:
+        assert mine == vllms
 
 
 def test_mamba_align_tables_have_the_schedulers_null_placeholders():
@@ -233,9 +279,7 @@ def test_warmup_kernels_plan_equals_vllm_warmup_kernels(name):
         [_normalize(o) for o in _record(warmup.warmup_kernels, _runner(profile))], profile)
     ours = _renumbered([_normalize(o) for o in _ours(warmup_kernels_plan(profile), profile)],
                        profile)
-    assert len(ours) == len(theirs)
-    for i, (a, b) in enumerate(zip(ours, theirs)):
-        assert a == b, f"call {i} differs"
+    _assert_same_steps(ours, theirs, profile)
 
 
 @pytest.mark.parametrize("name", sorted(PROFILES))
@@ -250,12 +294,14 @@ def test_mixed_prefill_decode_plan_equals_vllm(name):
     assert ran == (not plan.skipped)
     # vLLM samples the mixed steps with no GrammarOutput (None).
     ours = _renumbered([_normalize(o) for o in _ours(plan, profile)], profile)
-    assert ours == _renumbered([_normalize(o) for o in calls], profile)
+    _assert_same_steps(ours, _renumbered([_normalize(o) for o in calls], profile), profile)
 
 
 def test_spec_profile_step_shapes():
-    """Hand-checked: 2 drafts, 4 requests of 4 tokens, vLLM's decode steps."""
-    plan = warmup_kernels_plan(PROFILES["spec-2"])
+    """Hand-checked: 2 drafts, 4 requests of 4 tokens, vLLM 0.30 - 0.33's
+    decode steps (the profile's default ``warmup_decodes``)."""
+    plan = warmup_kernels_plan(PROFILES["spec-2"].model_copy(
+        update={"warmup_decodes": WARMUP_DECODES_0_32}))
     one_pass = [
         ("prefill", "prefill 4 x 4"),
         ("spec_decode", "decode all"),
@@ -285,3 +331,21 @@ def test_warmup_past_max_model_len_is_refused_before_any_step():
                        "beyond max_model_len 9") as info:
         warmup_kernels_plan(profile)
     assert info.value.step == 1 and info.value.field == "tokens"
+
+
+def test_one_decode_warmup_step_shapes():
+    """Hand-checked: vLLM 0.26's warmup (``warmup_decodes`` of one "decode
+    all" step) with 2 drafts: prefill 4 x 4, one spec decode of 4 x 3
+    tokens, cleanup; the blocks sized for that one decode step, so a
+    7-block cache holds 2 requests (cdiv(4 + 3 + 2, 4) = 3 blocks each,
+    (7 - 1) // 3 = 2; 0.30 - 0.33's five decode steps: cdiv(4 + 15 + 2, 4)
+    = 6 blocks, 1 request)."""
+    one = {k: ("all:S" if k.startswith("spec") else "all:N",) for k in WARMUP_DECODES_0_32}
+    kv = (CacheSpec(kind="full_attention", block_size=4),)
+    profile = PROFILES["spec-2"].model_copy(update={
+        "warmup_decodes": one, "warmup_greedy_pass": False, "num_blocks": 7, "kv_cache_groups": kv})
+    plan = warmup_kernels_plan(profile)
+    assert [(s.kind, s.label, s.total_num_scheduled_tokens) for s in plan.steps] == [
+        ("prefill", "prefill 2 x 4", 8), ("spec_decode", "decode all", 6), ("cleanup", "cleanup", 0)]
+    later = warmup_kernels_plan(profile.model_copy(update={"warmup_decodes": WARMUP_DECODES_0_32}))
+    assert later.steps[0].label == "prefill 1 x 4"

@@ -39,6 +39,27 @@ def test_warmup_facts_hold_for_another_speculator_and_batch():
     spec = [c for c in calls if isinstance(c, SchedulerOutput) and c.scheduled_spec_decode_tokens]
     assert {c.num_spec_tokens_to_schedule for c in spec} == (
         {3} if facts.sets_num_spec_tokens_to_schedule else {0})
+    # The decode steps (probed with 1 draft) are the same with 3 drafts.
+    assert vllm_facts.decode_steps(calls) == facts.decode_steps["spec3"]
+    decodes = [c for c in calls[calls.index(prefills[0]) + 1:]
+               if isinstance(c, SchedulerOutput) and c.scheduled_cached_reqs.req_ids]
+    assert len(decodes) == len(facts.decode_steps["spec3"]) * facts.passes
+    assert all(len(c.scheduled_spec_decode_tokens.get(r, [0] * 3)) == 3
+               for c in decodes for r in c.scheduled_cached_reqs.req_ids)
+
+
+def test_lookahead_reservation_holds_for_three_drafts():
+    """reserves_lookahead (probed with 1 draft, block size 1) as vLLM's
+    warmup_kernels sizes a 5-token prompt with 3 drafts in blocks of 2:
+    cdiv(5 + 3, 2) = 4 blocks with the lookahead slots, cdiv(5, 2) = 3 without."""
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    facts = vllm_facts.warmup_facts()
+    assert facts is not None
+    calls = vllm_facts.record_warmup(vllm_facts._recording_runner(num_spec=3, block_size=2))
+    prefill = next(c for c in calls if isinstance(c, SchedulerOutput) and c.scheduled_new_reqs)
+    assert {len(r.block_ids[0]) for r in prefill.scheduled_new_reqs} == (
+        {4} if facts.reserves_lookahead else {3})
 
 
 def test_warmup_without_speculator_is_one_pass_one_row():
