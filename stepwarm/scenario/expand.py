@@ -279,6 +279,7 @@ class _Expander:
     def select(self, selectors: list[str] | None, field: str) -> list[str]:
         """Request ids for selectors, in order, without duplicates."""
         out: list[str] = []
+        seen: set[str] = set()
         for s in selectors or []:
             m = _SELECTOR.match(s)
             name, sub = m.group(1), m.group(2)  # type: ignore[union-attr]
@@ -307,7 +308,10 @@ class _Expander:
                     picked = [ids[i]]
             else:
                 picked = ids
-            out.extend(r for r in picked if r not in out)
+            for r in picked:
+                if r not in seen:
+                    seen.add(r)
+                    out.append(r)
         return out
 
     # -- steps -----------------------------------------------------------------
