@@ -647,6 +647,34 @@ class BlockLedger:
             if t is None:
                 t = tables[rid] = [GroupTable([], False, None, 0) for _ in bss]
             covered = min(num_tokens + la, mml)
+            if num_groups == 1:  # the same as the loops below, for one group
+                bs, ids = bss[0], t[0].ids
+                k = -(-covered // bs) - len(ids)
+                if k > 0:
+                    got = take(k)
+                    ids.extend(got)
+                    grown = (got,)
+                    counts = (len(ids),)
+                    out.append(new(Growth, (grown, grown, counts)))
+                else:
+                    counts = (len(ids),)
+                idle = new(Growth, (empty, empty, counts))
+                if k <= 0:
+                    out.append(idle)
+                threshold = never
+                if caching:
+                    done = done_by_req.get(rid)
+                    if done is None:
+                        done = done_by_req[rid] = [0]
+                    full = min(num_cached_tokens // align * align // bs, len(ids))
+                    if full > done[0]:
+                        self._cache_blocks(0, bs, ids, done[0], full, prompt_len, rid)
+                        done[0] = full
+                    if len(ids) > done[0]:
+                        threshold = (done[0] + 1) * bs
+                cover = len(ids) * bs
+                quick[rid] = (never if mml <= cover else cover - la, threshold, idle)
+                continue
             appended: list[tuple[int, ...]] | None = None
             for g, (bs, gt) in enumerate(zip(bss, t)):
                 k = -(-covered // bs) - len(gt.ids)
