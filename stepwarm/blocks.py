@@ -650,10 +650,11 @@ class BlockLedger:
             if num_groups == 1:  # the same as the loops below, for one group
                 bs, ids = bss[0], t[0].ids
                 k = -(-covered // bs) - len(ids)
+                counts: tuple[int, ...]
                 if k > 0:
                     got = take(k)
                     ids.extend(got)
-                    grown = (got,)
+                    grown: tuple[tuple[int, ...], ...] = (got,)
                     counts = (len(ids),)
                     out.append(new(Growth, (grown, grown, counts)))
                 else:
