@@ -626,6 +626,7 @@ class BlockLedger:
         caching, align, done_by_req = self.enable_caching, self.cache_alignment or 1, \
             self._num_cached
         quick, by_len = self._quick, self._ctx_by_len
+        by_len.setdefault(self.ctx.max_encoder_len, self.ctx)  # as _request_ctx answers
         num_groups = len(bss)
         empty = ((),) * num_groups
         new = tuple.__new__
