@@ -25,6 +25,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 import math
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from stepwarm.profile import CacheSpec, RunnerProfile
 
@@ -52,7 +53,7 @@ class ReservationContext:
         )
 
 
-@dataclass
+@dataclass(slots=True)
 class GroupTable:
     """One request's block table in one KV cache group, as the scheduler's
     ``SingleTypeKVCacheManager.req_to_blocks`` holds it (0: the null block),
@@ -414,21 +415,24 @@ class MambaStateBusyError(OutOfBlocksError):
 _NOT_CACHED = ("circular_buffer", "cross_attention", "encoder_only_attention")
 
 
-@dataclass(frozen=True)
-class Growth:
-    """What one :meth:`BlockLedger.grow` did, per group."""
+class Growth(NamedTuple):
+    """What one :meth:`BlockLedger.grow` did, per group (a named tuple: one
+    is built per scheduled request, so it must cost what a tuple costs)."""
 
     #: Ids appended to the request's block table (the scheduler's
     #: ``new_block_ids``; may hold null placeholders, 0).
     appended: tuple[tuple[int, ...], ...]
     #: Ids taken from the pool (what ``new_block_ids_to_zero`` draws on).
     taken: tuple[tuple[int, ...], ...]
+    #: The request's block table length per group after it (null
+    #: placeholders included; :meth:`BlockLedger.held_counts`).
+    held: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
-class StepAllocation:
+class StepAllocation(NamedTuple):
     """One scheduled request's allocation in :meth:`BlockLedger.allocate_step`
-    (the arguments of one ``KVCacheManager.allocate_slots`` call)."""
+    (the arguments of one ``KVCacheManager.allocate_slots`` call; a named
+    tuple, built once per scheduled request)."""
 
     req_id: str
     #: Computed + scheduled tokens after the step.
@@ -501,6 +505,18 @@ class BlockLedger:
     #: Tokens per prompt hash (:func:`prefix_hash_block_size`), from the groups.
     _hash_block_size: int = field(default=1, init=False, repr=False)
     _rules: list = field(default_factory=list, init=False, repr=False)
+    #: Every group is full or MLA attention with the plain token-range rule
+    #: (:meth:`_allocate_token_range`'s fast path applies).
+    _token_range: bool = field(default=False, init=False, repr=False)
+    #: encoder_len -> the request context for it (built once, not per row).
+    _ctx_by_len: dict[int, ReservationContext] = field(default_factory=dict, init=False,
+                                                       repr=False)
+    #: Token-range ledgers: req_id -> (the most tokens its tables cover
+    #: without growing, the fewest cached tokens that make a new cache entry,
+    #: the Growth of a step that does neither). A request's entry is dropped
+    #: by anything else that changes its tables or cache entries.
+    _quick: dict[str, tuple[int, int, Growth]] = field(default_factory=dict, init=False,
+                                                       repr=False)
 
     def __post_init__(self) -> None:
         if self.cache_alignment is None:
@@ -508,6 +524,7 @@ class BlockLedger:
         self._hash_block_size = prefix_hash_block_size(self.specs, self.enable_caching)
         #: The rule of each group (``RULES`` looked up once).
         self._rules = [RULES[spec.kind] for spec in self.specs]
+        self._token_range = all(type(r) is TokenRangeRule for r in self._rules)
 
     def new_step(self) -> None:
         """``KVCacheManager.new_step_starts``: a new step begins (Mamba
@@ -549,6 +566,10 @@ class BlockLedger:
             OutOfBlocksError: a row needs more blocks than free (or
                 :class:`MambaStateBusyError`); the ledger is unchanged.
         """
+        if self._token_range:
+            fast = self._allocate_token_range(free, rows)
+            if fast is not None:
+                return fast
         saved = None if self._fits(rows) else self._save()
         self.new_step()
         try:
@@ -568,6 +589,144 @@ class BlockLedger:
             self._restore(saved)
             raise
         return out
+
+    def _allocate_token_range(self, free: tuple[str, ...],
+                              rows: list[StepAllocation]) -> list[Growth | None] | None:
+        """:meth:`allocate_step` when every group is full or MLA attention
+        (``FullAttentionManager``: nothing skipped, no Mamba state), in one
+        pass per row and no call per group: the same ids, tables and cache
+        entries as :meth:`grow` then :meth:`cache_prompt` per row.
+
+        Returns:
+            None, changing nothing, when the pool does not surely hold every
+            row's new blocks before this step frees any (the caller's saved
+            path then decides, all or nothing).
+        """
+        tables = self._tables
+        bss = self._block_sizes()
+        la, mml = self.ctx.num_lookahead_tokens, self.ctx.max_model_len
+        need = 0
+        for r in rows:
+            covered = min(r[1] + la, mml)
+            t = tables.get(r[0])
+            if t is None:
+                for bs in bss:
+                    need += -(-covered // bs)
+            else:
+                for bs, gt in zip(bss, t):
+                    k = -(-covered // bs) - len(gt.ids)
+                    if k > 0:
+                        need += k
+        if need > self.num_free:
+            return None
+        self._cached_this_step.clear()
+        for rid in free:
+            self.free(rid)
+        ctxs, pending, take = self._ctx, self._pending_hit, self._take
+        caching, align, done_by_req = self.enable_caching, self.cache_alignment or 1, \
+            self._num_cached
+        quick, by_len = self._quick, self._ctx_by_len
+        by_len.setdefault(self.ctx.max_encoder_len, self.ctx)  # as _request_ctx answers
+        num_groups = len(bss)
+        empty = ((),) * num_groups
+        new = tuple.__new__
+        never = 1 << 62
+        out: list[Growth | None] = []
+        for rid, num_tokens, _, num_cached_tokens, prompt_len, encoder_len in rows:
+            if encoder_len is not None:  # as _ctx_for: the context of this encoder length
+                ctx = by_len.get(encoder_len)
+                ctxs[rid] = self._request_ctx(encoder_len) if ctx is None else ctx
+            elif rid not in ctxs:
+                ctxs[rid] = self.ctx
+            if pending:
+                pending.pop(rid, None)  # no Mamba group: never a stale hit
+            q = quick.get(rid)
+            if q is not None and num_tokens <= q[0] and num_cached_tokens < q[1]:
+                out.append(q[2])  # no group grows, no block becomes a cache entry
+                continue
+            t = tables.get(rid)
+            if t is None:
+                t = tables[rid] = [GroupTable([], False, None, 0) for _ in bss]
+            covered = min(num_tokens + la, mml)
+            if num_groups == 1:  # the same as the loops below, for one group
+                bs, ids = bss[0], t[0].ids
+                k = -(-covered // bs) - len(ids)
+                counts: tuple[int, ...]
+                if k > 0:
+                    got = take(k)
+                    ids.extend(got)
+                    grown: tuple[tuple[int, ...], ...] = (got,)
+                    counts = (len(ids),)
+                    out.append(new(Growth, (grown, grown, counts)))
+                else:
+                    counts = (len(ids),)
+                idle = new(Growth, (empty, empty, counts))
+                if k <= 0:
+                    out.append(idle)
+                threshold = never
+                if caching:
+                    done = done_by_req.get(rid)
+                    if done is None:
+                        done = done_by_req[rid] = [0]
+                    full = min(num_cached_tokens // align * align // bs, len(ids))
+                    if full > done[0]:
+                        self._cache_blocks(0, bs, ids, done[0], full, prompt_len, rid)
+                        done[0] = full
+                    if len(ids) > done[0]:
+                        threshold = (done[0] + 1) * bs
+                cover = len(ids) * bs
+                quick[rid] = (never if mml <= cover else cover - la, threshold, idle)
+                continue
+            appended: list[tuple[int, ...]] | None = None
+            for g, (bs, gt) in enumerate(zip(bss, t)):
+                k = -(-covered // bs) - len(gt.ids)
+                if k > 0:
+                    if appended is None:
+                        appended = [()] * num_groups
+                    got = take(k)
+                    gt.ids.extend(got)
+                    appended[g] = got
+            counts = tuple([len(gt.ids) for gt in t])
+            idle = new(Growth, (empty, empty, counts))
+            if appended is None:
+                out.append(idle)
+            else:
+                grown = tuple(appended)
+                out.append(new(Growth, (grown, grown, counts)))
+            threshold = never
+            if caching:
+                done = done_by_req.get(rid)
+                if done is None:
+                    done = done_by_req[rid] = [0] * num_groups
+                cacheable = num_cached_tokens // align * align
+                for g, (bs, gt) in enumerate(zip(bss, t)):
+                    full = min(cacheable // bs, len(gt.ids))
+                    if full > done[g]:
+                        self._cache_blocks(g, bs, gt.ids, done[g], full, prompt_len, rid)
+                        done[g] = full
+                    if len(gt.ids) > done[g]:
+                        threshold = min(threshold, (done[g] + 1) * bs)
+            # covered <= L * bs in every group: nothing to allocate (min of
+            # the lookahead-extended tokens and max_model_len)
+            cover = min((len(gt.ids) * bs for bs, gt in zip(bss, t)), default=never)
+            quick[rid] = (never if mml <= cover else cover - la, threshold, idle)
+        return out
+
+    def _block_sizes(self) -> tuple[int, ...]:
+        return tuple(s.block_size for s in self.specs)
+
+    def _cache_blocks(self, g: int, block_size: int, ids: list[int], start: int, end: int,
+                      prompt_len: int, req_id: str) -> None:
+        """Blocks ``start..end-1`` of a full-attention group's table become
+        cache entries (:meth:`cache_prompt`'s loop for such a group)."""
+        cache, cached = self._cache, self._cached
+        for i in range(start, end):
+            block = ids[i]
+            if not block or block in cached:
+                continue
+            key = (g, i) if (i + 1) * block_size <= prompt_len else (g, i, req_id)
+            cache.setdefault(key, {})[block] = None
+            cached[block] = key
 
     def _fits(self, rows: list[StepAllocation]) -> bool:
         """Whether every row's :meth:`grow` surely succeeds: the blocks they
@@ -607,11 +766,19 @@ class BlockLedger:
         (self._next, self._front, self._tail, self._ref, self._cache, self._cached,
          self._tables, self._ctx, self._num_cached, self._cached_this_step,
          self._pending_hit) = saved
+        self._quick.clear()
 
     # -- pool ------------------------------------------------------------------
     def _take(self, n: int) -> tuple[int, ...]:
         """``BlockPool.get_new_blocks``: pop ``n`` ids off the free queue's
         head (evicting any cache entry they had)."""
+        start = self._next
+        if not self._front and start + n <= self.num_blocks:
+            # only never-used ids: no reference, no cache entry to evict
+            self._next = start + n
+            got = tuple(range(start, start + n))
+            self._ref.update(dict.fromkeys(got, 1))
+            return got
         out = []
         for _ in range(n):
             if self._front:
@@ -679,7 +846,7 @@ class BlockLedger:
 
     def held_counts(self, req_id: str) -> tuple[int, ...]:
         """Block table length per group (null placeholders included)."""
-        return tuple(len(t.ids) for t in self._tables[req_id])
+        return tuple([len(t.ids) for t in self._tables[req_id]])
 
     def required(self, num_tokens: int, encoder_len: int | None = None) -> tuple[int, ...]:
         """Blocks per group a request of ``num_tokens`` tokens holds
@@ -689,7 +856,10 @@ class BlockLedger:
     def _request_ctx(self, encoder_len: int | None) -> ReservationContext:
         if encoder_len is None or encoder_len == self.ctx.max_encoder_len:
             return self.ctx
-        return replace(self.ctx, max_encoder_len=encoder_len)
+        ctx = self._ctx_by_len.get(encoder_len)
+        if ctx is None:
+            ctx = self._ctx_by_len[encoder_len] = replace(self.ctx, max_encoder_len=encoder_len)
+        return ctx
 
     def _stale_hit(self, req_id: str) -> list[tuple[int, int]]:
         """Mamba positions of ``req_id``'s pending hit cached in this step."""
@@ -749,6 +919,7 @@ class BlockLedger:
             OutOfBlocksError: the pool has fewer free blocks than needed. The
                 blocks freed by the first stage stay freed, as in vLLM.
         """
+        self._quick.pop(req_id, None)
         tables = self._tables.get(req_id) or [GroupTable() for _ in self.specs]
         ctx = self._ctx_for(req_id, encoder_len)
         stale = self._stale_hit(req_id)
@@ -778,7 +949,7 @@ class BlockLedger:
         self._tables[req_id] = tables
         self._ctx[req_id] = ctx
         self._pending_hit.pop(req_id, None)
-        return Growth(tuple(appended), tuple(taken))
+        return Growth(tuple(appended), tuple(taken), tuple([len(t.ids) for t in tables]))
 
     def cache_prompt(self, req_id: str, num_tokens: int, prompt_len: int | None = None) -> None:
         """Record ``req_id``'s full blocks within its first ``num_tokens``
@@ -793,6 +964,7 @@ class BlockLedger:
         the request's own (it is evicted like any other, never hit)."""
         if not self.enable_caching or req_id not in self._tables:
             return
+        self._quick.pop(req_id, None)
         num_tokens = num_tokens // self.cache_alignment * self.cache_alignment
         prompt_len = num_tokens if prompt_len is None else prompt_len
         done = self._num_cached.setdefault(req_id, [0] * len(self.specs))
@@ -848,6 +1020,7 @@ class BlockLedger:
         """
         if req_id in self._tables:
             raise ValueError(f"request {req_id!r} already holds blocks; a hit starts a new one")
+        self._quick.pop(req_id, None)
         plan = []
         for g, spec in enumerate(self.specs):
             rule = RULES[spec.kind]
@@ -884,6 +1057,7 @@ class BlockLedger:
             empty if the request held none.
         """
         tables = self._tables.pop(req_id, None) or []
+        self._quick.pop(req_id, None)
         self._ctx.pop(req_id, None)
         self._num_cached.pop(req_id, None)
         self._pending_hit.pop(req_id, None)

@@ -16,8 +16,8 @@ step and the request.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
 
 from stepwarm.blocks import BlockLedger, OutOfBlocksError, StepAllocation
 from stepwarm.profile import RunnerProfile
@@ -74,12 +74,13 @@ class PlannedRequest:
         return self.name if self.index is None else f"{self.name}[{self.index}]"
 
 
-@dataclass(frozen=True)
-class ScheduledRequest:
+class ScheduledRequest(NamedTuple):
     """One request's share of a step (what the scheduler decided for it).
 
     Becomes a ``NewRequestData`` when ``new``, else one row of
     ``CachedRequestData`` (``resumed`` rows replace the runner's block table).
+    A named tuple (``_replace`` for a changed copy): a plan holds one per
+    request per step, and a frozen dataclass costs ten times a tuple to build.
     """
 
     req_id: str
@@ -253,7 +254,7 @@ def max_prompt_len(profile: RunnerProfile, kind: str = "sample") -> int:
     return profile.max_model_len - (1 if kind == "sample" else 0)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Live:
     """A request's state across steps (scheduler's side)."""
 
@@ -293,11 +294,24 @@ class _Draft:
     held: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
     total: int = 0
     encoder_tokens: int = 0
+    #: A pooling request is scheduled (no ``sample_tokens`` after the step).
+    pooling: bool = False
+    #: Each row's ledger call, built with the row (``StepAllocation``).
+    allocs: list[StepAllocation] = field(default_factory=list)
+    #: The most tokens a row reaches after sampling (the ``max_model_len``
+    #: check names the first row beyond it only when this is).
+    most_tokens: int = 0
 
     def add(self, row: ScheduledRequest, live: _Live, dn: int, dout: int) -> None:
         self.rows.append(row)
         self.updates.append((live, dn, dout))
         self.total += row.num_scheduled_tokens
+        c, decl = live.num_computed_tokens, live.decl
+        num_tokens = decl.prompt_len + live.num_output_tokens
+        self.allocs.append(tuple.__new__(StepAllocation, (
+            decl.req_id, c + dn, c, min(c + dn, num_tokens), decl.prompt_len, decl.encoder_len)))
+        self.most_tokens = max(self.most_tokens, c + dn,
+                               num_tokens + (dout if decl.kind == "sample" else 0))
 
 
 @dataclass
@@ -323,9 +337,16 @@ class PlanBuilder:
     _pooled: list[str] = field(default_factory=list, init=False)
     #: The scheduler's running queue (request ids).
     _running: set[str] = field(default_factory=set, init=False)
+    #: Requests declared ``structured_output`` (sampled with a bitmask).
+    _structured: set[str] = field(default_factory=set, init=False)
+    #: The profile has a Mamba group in ``align`` cache mode (prefill chunks
+    #: are checked against its block size).
+    _align_mamba: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self.ledger = BlockLedger.for_profile(self.profile)
+        self._align_mamba = any(s.kind == "mamba" and s.mamba_cache_mode == "align"
+                                for s in self.profile.kv_cache_groups)
 
     # -- requests ----------------------------------------------------------
     def add_request(self, req: PlannedRequest) -> None:
@@ -353,6 +374,8 @@ class PlanBuilder:
             )
         self._check_images(req)
         self._requests[req.req_id] = _Live(req)
+        if req.structured_output:
+            self._structured.add(req.req_id)
 
     def _check_images(self, req: PlannedRequest) -> None:
         """A request's images: known classes, at most ``max_images_per_prompt``,
@@ -520,7 +543,8 @@ class PlanBuilder:
             tokens), a Mamba state being cached in the step
             (``wait_for_mamba``; else the step is refused).
         """
-        finish = ask.finish + tuple(r for r in self._pooled if r not in ask.finish)
+        finishing = set(ask.finish)
+        finish = ask.finish + tuple(r for r in self._pooled if r not in finishing)
         names = self._check_membership(ask, finish)
         draft = _Draft()
         # Requests in the caller's order: prefill chunks (waiting requests'
@@ -556,25 +580,27 @@ class PlanBuilder:
                 "requests",
             )
         pooled = set(self._pooled)
-        for rid in names:
-            if rid in pooled:
-                raise self._err(
-                    f"request {rid!r} is a pooling request: it samples no token and "
-                    "finished with its prefill; allowed: prefill", "requests", rid,
-                )
+        if pooled:
+            for rid in names:
+                if rid in pooled:
+                    raise self._err(
+                        f"request {rid!r} is a pooling request: it samples no token and "
+                        "finished with its prefill; allowed: prefill", "requests", rid,
+                    )
+        finishing, preempting = set(finish), set(ask.preempt)
         for rid in finish + ask.preempt:
             live = self._live(rid)
-            what = "finished" if rid in finish else "preempted"
+            what = "finished" if rid in finishing else "preempted"
             if not live.seen or live.state == "finished":
                 raise self._err(
                     f"request {rid!r} cannot be {what}: "
                     f"it is {'finished already' if live.state == 'finished' else 'not running'}",
-                    "finish" if rid in finish else "preempt", rid,
+                    "finish" if rid in finishing else "preempt", rid,
                 )
             if rid in scheduled:
                 raise self._err(f"request {rid!r} is scheduled and finished/preempted "
                                 "in the same step", "requests", rid)
-            if rid in ask.preempt and live.decl.images:
+            if rid in preempting and live.decl.images:
                 raise self._err(f"request {rid!r} carries images; stepwarm does not preempt "
                                 "such requests", "preempt", rid)
         return names
@@ -608,7 +634,8 @@ class PlanBuilder:
                     f"{live.num_computed_tokens} computed)", "tokens", rid,
                 )
             done = n == left
-            self._check_mamba_align_chunk(live, n)
+            if self._align_mamba:
+                self._check_mamba_align_chunk(live, n)
             row = self._row(live, n, (), done)
             if live.decl.images:
                 # Its encoder inputs run with the one step that prefills it.
@@ -616,10 +643,10 @@ class PlanBuilder:
                     raise self._err(
                         f"request {rid!r} carries images: it is prefilled in one step "
                         f"({live.decl.prompt_len} tokens), not in chunks", "tokens", rid)
-                row = replace(row, encoder_inputs=tuple(range(len(live.decl.images))))
+                row = row._replace(encoder_inputs=tuple(range(len(live.decl.images))))
                 draft.encoder_tokens += sum(p.image_classes[c].tokens for c in live.decl.images)
-            elif self._starts_encoder(live):
-                row = replace(row, encoder_inputs=(0,))
+            elif live.decl.encoder_len and self._starts_encoder(live):
+                row = row._replace(encoder_inputs=(0,))
                 draft.encoder_tokens += live.decl.encoder_len if p.encoder_budget else 0
             draft.add(row, live, n, 1 if done else 0)
         if draft.encoder_tokens > p.encoder_budget:
@@ -628,36 +655,64 @@ class PlanBuilder:
 
     def _schedule_decodes(self, decode: dict[str, int], draft: _Draft) -> None:
         """RUNNING requests whose prompt is done: ``1 + drafts`` tokens each
-        (``scheduled_spec_decode_tokens``: at most ``num_speculative_steps``)."""
-        p = self.profile
+        (``scheduled_spec_decode_tokens``: at most ``num_speculative_steps``).
+        One pass, a row built as a tuple; a request the fast test does not
+        pass (unknown, not running, still prefilling, pooling, drafts) goes
+        through :meth:`_check_decode`, which raises or allows it."""
+        requests = self._requests
+        rows, updates, allocs = draft.rows, draft.updates, draft.allocs
+        total, most = 0, draft.most_tokens
+        new = tuple.__new__
         for rid, k in decode.items():
-            live = self._live(rid)
-            if live.state != "running" or live.num_computed_tokens < live.decl.prompt_len:
-                what = {
-                    "waiting": "never prefilled", "finished": "finished already",
-                    "preempted": "preempted (resume it first)",
-                }.get(live.state, f"still prefilling ({live.num_computed_tokens}/"
-                                  f"{live.decl.prompt_len} prompt tokens computed)")
-                raise self._err(f"request {rid!r} cannot be decoded: it is {what}", "decode", rid)
-            if live.decl.kind == "pool":
-                raise self._err(
-                    f"request {rid!r} is a pooling request: it samples no token and "
-                    "finishes with its prefill; allowed: prefill", "decode", rid,
-                )
-            if k < 0:
-                raise self._err(f"request {rid!r}: draft tokens must be >= 0, got {k}",
-                                "spec_tokens", rid)
-            if k and not p.has_speculator:
-                raise self._err(
-                    f"request {rid!r}: {k} draft token(s) but the runner has no "
-                    "speculator (num_speculative_steps is 0)", "spec_tokens", rid,
-                )
-            if k > p.num_speculative_steps:
-                raise self._err(
-                    f"request {rid!r}: {k} draft tokens exceed num_speculative_steps "
-                    f"{p.num_speculative_steps}", "spec_tokens", rid,
-                )
-            draft.add(self._row(live, 1 + k, tuple([0] * k), True), live, 1 + k, 1 + k)
+            live = requests.get(rid)
+            if k or live is None or live.state != "running" or \
+                    live.num_computed_tokens < live.decl.prompt_len or live.decl.kind == "pool":
+                live = self._check_decode(rid, k)
+            n = 1 + k
+            c, out, decl = live.num_computed_tokens, live.num_output_tokens, live.decl
+            rows.append(new(ScheduledRequest, (
+                rid, c, n, (0,) * k, not live.seen, False, (), (), out, True, ())))
+            updates.append((live, n, n))
+            pl = decl.prompt_len
+            allocs.append(new(StepAllocation, (
+                rid, c + n, c, min(c + n, pl + out), pl, decl.encoder_len)))
+            total += n
+            if c + n > most or pl + out + n > most:
+                most = max(c + n, pl + out + n)
+        draft.total += total
+        draft.most_tokens = most
+
+    def _check_decode(self, rid: str, k: int) -> _Live:
+        """The checks of a decode row the fast test did not pass: raises the
+        step's :class:`PlanError`, or returns the request (a valid draft)."""
+        p = self.profile
+        live = self._live(rid)
+        if live.state != "running" or live.num_computed_tokens < live.decl.prompt_len:
+            what = {
+                "waiting": "never prefilled", "finished": "finished already",
+                "preempted": "preempted (resume it first)",
+            }.get(live.state, f"still prefilling ({live.num_computed_tokens}/"
+                              f"{live.decl.prompt_len} prompt tokens computed)")
+            raise self._err(f"request {rid!r} cannot be decoded: it is {what}", "decode", rid)
+        if live.decl.kind == "pool":
+            raise self._err(
+                f"request {rid!r} is a pooling request: it samples no token and "
+                "finishes with its prefill; allowed: prefill", "decode", rid,
+            )
+        if k < 0:
+            raise self._err(f"request {rid!r}: draft tokens must be >= 0, got {k}",
+                            "spec_tokens", rid)
+        if k and not p.has_speculator:
+            raise self._err(
+                f"request {rid!r}: {k} draft token(s) but the runner has no "
+                "speculator (num_speculative_steps is 0)", "spec_tokens", rid,
+            )
+        if k > p.num_speculative_steps:
+            raise self._err(
+                f"request {rid!r}: {k} draft tokens exceed num_speculative_steps "
+                f"{p.num_speculative_steps}", "spec_tokens", rid,
+            )
+        return live
 
     def _schedule_resumptions(self, resume: dict[str, int], draft: _Draft) -> None:
         """Preempted requests resumed (a fresh block table, prompt and outputs
@@ -682,7 +737,7 @@ class PlanBuilder:
             self._check_mamba_align_chunk(live, n)
             row = self._row(live, n, (), done, resumed=not continuing)
             if self._starts_encoder(live):  # preempted: its encoder runs again
-                row = replace(row, encoder_inputs=(0,))
+                row = row._replace(encoder_inputs=(0,))
             draft.add(row, live, n, 1 if done else 0)
             draft.resuming.append((live, not done))
 
@@ -708,12 +763,17 @@ class PlanBuilder:
                 f"max_num_seqs is {p.max_num_seqs}; allowed: finish or preempt "
                 "some first", "requests",
             )
+        max_model_len = p.max_model_len
+        if draft.most_tokens <= max_model_len:
+            return
         for live, dn, dout in draft.updates:
             # The runner asserts prompt + sampled tokens <= max_model_len after
             # sampling (vLLM's scheduler finishes a request at max_model_len).
-            sampled = dout if live.decl.kind == "sample" else 0
-            after = max(live.num_computed_tokens + dn, live.num_tokens + sampled)
-            if after > p.max_model_len:
+            decl = live.decl
+            sampled = dout if decl.kind == "sample" else 0
+            after = max(live.num_computed_tokens + dn,
+                        decl.prompt_len + live.num_output_tokens + sampled)
+            if after > max_model_len:
                 raise self._err(
                     f"request {live.decl.req_id!r} would reach {after} tokens "
                     f"(prompt {live.decl.prompt_len} + {live.num_output_tokens + sampled} "
@@ -733,29 +793,40 @@ class PlanBuilder:
             Prefilled requests left waiting for a Mamba state cached in this
             step (removed from ``draft``), when ``wait_for_mamba``.
         """
-        rows = [StepAllocation(row.req_id, live.num_computed_tokens + dn, live.num_computed_tokens,
-                               min(live.num_computed_tokens + dn, live.num_tokens),
-                               live.decl.prompt_len, live.decl.encoder_len)
-                for row, (live, dn, _) in zip(draft.rows, draft.updates)]
+        new = tuple.__new__
+        ledger = self.ledger
         try:
-            growths = self.ledger.allocate_step(free, rows, wait_for_mamba=wait_for_mamba)
+            growths = ledger.allocate_step(free, draft.allocs, wait_for_mamba=wait_for_mamba)
         except OutOfBlocksError as e:
             raise self._err(f"{e} (runner has num_blocks {self.profile.num_blocks})", "blocks",
                             getattr(e, "req_id", None)) from None
         waiting: dict[str, int] = {}
-        rows, updates = [], []
-        for row, update, growth in zip(draft.rows, draft.updates, growths):
-            if growth is None:
-                waiting[row.req_id] = row.num_scheduled_tokens
+        out: list[ScheduledRequest] = []
+        held = draft.held
+        if not wait_for_mamba:  # every row allocated (no None)
+            for (rid, c, n, spec, fresh, resumed, _, _, outs, samples, enc), growth in zip(
+                    draft.rows, growths):
+                got = ledger.held(rid) if fresh or resumed else growth[0]  # type: ignore[index]
+                out.append(new(ScheduledRequest, (
+                    rid, c, n, spec, fresh, resumed, got, growth[1], outs,  # type: ignore[index]
+                    samples, enc)))
+                held.append((rid, growth[2]))  # type: ignore[index]
+            draft.rows = out
+            return waiting
+        updates: list[tuple[_Live, int, int]] = []
+        for row, update, grown in zip(draft.rows, draft.updates, growths):
+            rid = row[0]
+            if grown is None:
+                waiting[rid] = row.num_scheduled_tokens
                 continue
-            got = self.ledger.held(row.req_id) if row.new or row.resumed else growth.appended
-            rows.append(ScheduledRequest(  # dataclasses.replace costs 3x this per row
-                row.req_id, row.num_computed_tokens, row.num_scheduled_tokens,
-                row.spec_token_ids, row.new, row.resumed, got, growth.taken,
-                row.num_output_tokens, row.samples, row.encoder_inputs))
+            # row[4], row[5]: new, resumed (whole table); else the appended ids
+            got = ledger.held(rid) if row[4] or row[5] else grown[0]
+            out.append(new(ScheduledRequest, row[:6] + (got, grown[1]) + row[8:]))
             updates.append(update)
-            draft.held.append((row.req_id, self.ledger.held_counts(row.req_id)))
-        draft.rows, draft.updates = rows, updates
+            held.append((rid, grown[2]))
+        draft.rows = out
+        if waiting:
+            draft.updates = updates
         return waiting
 
     def _update_after_schedule(self, draft: _Draft, finish: tuple[str, ...],
@@ -764,18 +835,22 @@ class PlanBuilder:
         ``num_computed_tokens`` (and, all drafts assumed accepted, their
         outputs); pooling requests done with their prompt finish next step;
         finished and preempted requests leave the running queue."""
+        running = self._running
+        pooled = []
         for live, dn, dout in draft.updates:
             live.num_computed_tokens += dn
             live.num_output_tokens += dout
             live.state = "running"
             live.seen = True
-            self._running.add(live.decl.req_id)
+            decl = live.decl
+            running.add(decl.req_id)
+            if decl.kind == "pool":
+                draft.pooling = True
+                if live.num_computed_tokens >= decl.prompt_len:
+                    pooled.append(decl.req_id)
         for live, still in draft.resuming:
             live.resuming = still
-        self._pooled = [
-            live.decl.req_id for live, _, _ in draft.updates
-            if live.decl.kind == "pool" and live.num_computed_tokens >= live.decl.prompt_len
-        ]
+        self._pooled = pooled
         for rid in finish:
             self._requests[rid].state = "finished"
             self._running.discard(rid)
@@ -791,14 +866,14 @@ class PlanBuilder:
         """Construct the scheduler output: the appended :class:`PlannedStep`."""
         p = self.profile
         rows = draft.rows
-        sampled = [r.req_id for r in rows if r.samples]
         if grammar is None:
+            structured = self._structured
             grammar_ids = tuple(
-                rid for rid in sampled if self._requests[rid].decl.structured_output
-            )
+                r.req_id for r in rows if r.samples and r.req_id in structured
+            ) if structured else ()
         else:
-            grammar_ids = tuple(sampled) if grammar else ()
-        pooling = any(self._requests[r.req_id].decl.kind == "pool" for r in rows)
+            grammar_ids = tuple(r.req_id for r in rows if r.samples) if grammar else ()
+        pooling = draft.pooling
         step = PlannedStep(
             index=self.next_index,
             kind=kind,
@@ -891,16 +966,9 @@ class PlanBuilder:
 
     def _row(self, live: _Live, n: int, spec: tuple[int, ...], samples: bool,
              *, resumed: bool = False) -> ScheduledRequest:
-        return ScheduledRequest(
-            req_id=live.decl.req_id,
-            num_computed_tokens=live.num_computed_tokens,
-            num_scheduled_tokens=n,
-            spec_token_ids=spec,
-            new=not live.seen,
-            resumed=resumed,
-            num_output_tokens=live.num_output_tokens,
-            samples=samples,
-        )
+        return tuple.__new__(ScheduledRequest, (
+            live.decl.req_id, live.num_computed_tokens, n, spec, not live.seen, resumed, (), (),
+            live.num_output_tokens, samples, ()))
 
     def set_computed(self, req_id: str, num_tokens: int) -> None:
         """Start a waiting request's prefill after a prefix-cache hit of

@@ -7,7 +7,8 @@ split the way data flows through it:
   the single source of the format (validation, ``stepwarm schema``);
 - :mod:`~stepwarm.scenario.load`: built-in names, reading TOML, and turning
   pydantic error locations into ``file:line: step N: field`` messages;
-- :mod:`~stepwarm.scenario.sweeps`: the ``buckets`` / ``range`` / ``values`` forms of a size;
+- :mod:`~stepwarm.scenario.sweeps`: the ``buckets`` / ``range`` / ``values`` /
+  ``pow2_classes`` forms of a size;
 - :mod:`~stepwarm.scenario.sampling`: sampling presets and tables, checked with
   vLLM's own ``SamplingParams``;
 - :mod:`~stepwarm.scenario.needs`: whether a runner meets ``needs`` / ``requires``;

@@ -279,6 +279,7 @@ class _Expander:
     def select(self, selectors: list[str] | None, field: str) -> list[str]:
         """Request ids for selectors, in order, without duplicates."""
         out: list[str] = []
+        seen: set[str] = set()
         for s in selectors or []:
             m = _SELECTOR.match(s)
             name, sub = m.group(1), m.group(2)  # type: ignore[union-attr]
@@ -307,7 +308,10 @@ class _Expander:
                     picked = [ids[i]]
             else:
                 picked = ids
-            out.extend(r for r in picked if r not in out)
+            for r in picked:
+                if r not in seen:
+                    seen.add(r)
+                    out.append(r)
         return out
 
     # -- steps -----------------------------------------------------------------
@@ -386,6 +390,12 @@ class _Expander:
         return out
 
     def _prefill_like(self, st: Any, kind: str) -> None:
+        finish_previous = getattr(st, "finish_previous", False)
+        if finish_previous and not st.each:
+            raise self.err("finish_previous = true without each = true", "finish_previous",
+                           allowed="finish_previous = true only with each = true (one step "
+                           "per request)")
+        previous: tuple[str, ...] = ()
         for ids in self._batches(st):
             token_values = [None] if st.tokens is None else self.sizes(st.tokens, "tokens")
             for tokens in token_values:
@@ -405,8 +415,11 @@ class _Expander:
                     # A prefix_hit step's requests that MambaManager leaves
                     # waiting run in the next steps (PlanBuilder.step), each
                     # part labelled by the requests it runs.
+                    finish = tuple(r for r in previous if r not in sched)
                     self.run_step(step_kind, make_label(group), "requests", prefill=sched,
-                                  relabel=make_label)
+                                  relabel=make_label, finish=finish)
+                    if finish_previous:
+                        previous = tuple(group)
 
     def _hit(self, ids: list[str], cached_expr: Any) -> bool:
         """Requests ``ids`` arrive with ``cached`` prompt tokens in the prefix

@@ -106,6 +106,10 @@ class PrefillStep(_Scheduling):
     tokens: Size | None = Field(default=None, description="Prompt tokens per request "
                                 "(default: the rest of the prompt). " + SIZE_HELP)
     each: StrictBool = Field(default=False, description="One step per selected request.")
+    finish_previous: StrictBool = Field(default=False, description=(
+        "With each = true: each step also finishes the request the step before it "
+        "prefilled (its finished_req_ids), so one request slot suffices; the last "
+        "stays running."))
     repeat: Expr = Field(default=1, description=_REPEAT_HELP)
 
 

@@ -9,7 +9,14 @@ three sweep forms:
   (:func:`stepwarm.expressions.buckets`);
 - ``{ range = [START, STOP], step = S }``: ``START, START + S, ...`` up to
   ``STOP`` (both ends included when on the stride; ``step`` default 1);
-- ``{ values = [V, ...] }``: the values listed, in order, duplicates dropped.
+- ``{ values = [V, ...] }``: the values listed, in order, duplicates dropped;
+- ``{ pow2_classes = [LO, HI], offset = N }``: one value per power-of-two
+  class of ``v + N`` for ``v`` in ``LO..HI`` (the largest of each class, so
+  HI is always one): a kernel whose ``tl.constexpr`` block is
+  ``next_power_of_2(v + N)`` compiles once per class
+  (:func:`pow2_class_values`; vLLM's ``_topk_log_softmax_kernel`` takes
+  ``TOPK_BLOCK_SIZE = next_power_of_2(k + 1)`` for ``logprobs`` /
+  ``prompt_logprobs`` = k, hence ``offset = 1`` there).
 
 Every bound is an expression over runner facts. A sweep stands for at most
 :data:`MAX_SWEEP` values (a request each, or a step each).
@@ -30,7 +37,9 @@ MAX_SWEEP = 4096
 EXPR_HELP = ('an integer, or an expression string over runner facts such as '
              '"max_num_batched_tokens // 2" or "block_size(0) * 2"')
 SIZE_HELP = (EXPR_HELP + ', or a sweep: { buckets = "<limit>" } (Triton classes 1, a multiple of 16, '
-             'neither), { range = [<start>, <stop>], step = <n> } or { values = [...] }')
+             'neither), { range = [<start>, <stop>], step = <n> }, { values = [...] } or '
+             '{ pow2_classes = [<lo>, <hi>], offset = <n> } (one value per class of '
+             'next_power_of_2(value + offset))')
 
 
 def check_expr(v: Any) -> Any:
@@ -68,11 +77,25 @@ class Values(BaseModel):
     values: list[Expr] = Field(min_length=1, description="The values (expressions).")
 
 
-Sweep = Union[Buckets, Range, Values]
-_FORMS = {"buckets": Buckets, "range": Range, "values": Values}
+class Pow2Classes(BaseModel):
+    """``{ pow2_classes = [lo, hi], offset = n }``: one value per power-of-two
+    class of ``value + offset`` within ``lo..hi``, the largest of each."""
+
+    model_config = ConfigDict(extra="forbid")
+    pow2_classes: list[Expr] = Field(min_length=2, max_length=2, description=(
+        "[lo, hi], expressions: the values swept, both included; one per class of "
+        "next_power_of_2(value + offset), the largest of each (hi is always one)."))
+    offset: Expr = Field(default=0, description=(
+        "Added before the class is taken (expression, >= 0): 1 for logprobs and "
+        "prompt_logprobs, whose kernel block is next_power_of_2(k + 1)."))
+
+
+Sweep = Union[Buckets, Range, Values, Pow2Classes]
+_FORMS = {"buckets": Buckets, "range": Range, "values": Values, "pow2_classes": Pow2Classes}
 _FORMS_HELP = ('{ buckets = "<limit>" } with an optional min = <expression>, '
                '{ range = [<start>, <stop>] } with an optional step = <expression>, '
-               'or { values = [<expression>, ...] }')
+               '{ values = [<expression>, ...] }, '
+               'or { pow2_classes = [<lo>, <hi>] } with an optional offset = <expression>')
 
 
 def check_size(v: Any) -> Any:
@@ -96,7 +119,8 @@ def check_size(v: Any) -> Any:
     return check_expr(v)
 
 
-Size = Annotated[Union[int, str, Buckets, Range, Values], BeforeValidator(check_size)]
+Size = Annotated[Union[int, str, Buckets, Range, Values, Pow2Classes],
+                 BeforeValidator(check_size)]
 
 
 def describe(sweep: Sweep) -> str:
@@ -105,7 +129,42 @@ def describe(sweep: Sweep) -> str:
         return f"range [{sweep.range[0]!r}, {sweep.range[1]!r}] step {sweep.step!r}"
     if isinstance(sweep, Values):
         return f"values {sweep.values!r}"
+    if isinstance(sweep, Pow2Classes):
+        return (f"pow2_classes [{sweep.pow2_classes[0]!r}, {sweep.pow2_classes[1]!r}] "
+                f"offset {sweep.offset!r}")
     return f"buckets {sweep.buckets!r} min {sweep.min!r}"
+
+
+def next_power_of_2(n: int) -> int:
+    """``triton.next_power_of_2``: the least power of two >= ``n`` (1 for n <= 1)."""
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
+def pow2_class_values(lo: int, hi: int, offset: int = 0) -> list[int]:
+    """One value per class of ``next_power_of_2(v + offset)`` for ``v`` in
+    ``lo..hi``: the largest ``v`` of each class, ascending (so ``hi`` is the
+    last). ``pow2_class_values(1, 20, 1)`` is 1, 3, 7, 15, 20: blocks 2, 4, 8,
+    16 and 32 of ``_topk_log_softmax_kernel`` for logprobs 1..20.
+
+    Raises:
+        ExpressionError: ``lo > hi``, ``offset < 0`` or ``lo + offset < 0``
+            (the message names the bounds).
+    """
+    if lo > hi:
+        raise ExpressionError(f"pow2_classes [{lo}, {hi}] is backwards (lo {lo} > hi {hi}); "
+                              "allowed: lo <= hi")
+    if offset < 0:
+        raise ExpressionError(f"pow2_classes offset {offset} is negative; allowed: offset >= 0")
+    if lo + offset < 0:
+        raise ExpressionError(f"pow2_classes [{lo}, {hi}] offset {offset}: lo + offset = "
+                              f"{lo + offset} is negative; allowed: lo + offset >= 0")
+    out = []
+    v = lo
+    while v <= hi:
+        top = next_power_of_2(v + offset) - offset  # the class's largest value
+        out.append(min(max(top, v), hi))
+        v = out[-1] + 1
+    return out
 
 
 def sweep_values(sweep: Sweep, value: Callable[[Any, str], int]) -> list[int]:
@@ -127,6 +186,10 @@ def sweep_values(sweep: Sweep, value: Callable[[Any, str], int]) -> list[int]:
             raise ExpressionError(f"bucket min {lo} is above the limit {lim}; "
                                   "allowed: min <= buckets")
         return list(buckets(lim, lo))
+    if isinstance(sweep, Pow2Classes):
+        lo = value(sweep.pow2_classes[0], "pow2_classes lo")
+        hi = value(sweep.pow2_classes[1], "pow2_classes hi")
+        return pow2_class_values(lo, hi, value(sweep.offset, "pow2_classes offset"))
     if isinstance(sweep, Range):
         start, stop = value(sweep.range[0], "range start"), value(sweep.range[1], "range stop")
         step = value(sweep.step, "range step")

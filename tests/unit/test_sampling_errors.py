@@ -89,7 +89,7 @@ CASES = {
     "two_forms": (
         '[requests.a]\nprompt = { range = [1, 2], values = [1] }\n' + STEP,
         {}, 2, 'prompt',
-        ':2: request \'a\', field \'prompt\': got table with keys [\'range\', \'values\']; allowed: { buckets = "<limit>" } with an optional min = <expression>, { range = [<start>, <stop>] } with an optional step = <expression>, or { values = [<expression>, ...] }'),
+        ':2: request \'a\', field \'prompt\': got table with keys [\'range\', \'values\']; allowed: { buckets = "<limit>" } with an optional min = <expression>, { range = [<start>, <stop>] } with an optional step = <expression>, { values = [<expression>, ...] }, or { pow2_classes = [<lo>, <hi>] } with an optional offset = <expression>'),
     "range_extra": (
         '[requests.a]\nprompt = { range = [1, 2], stride = 1 }\n' + STEP,
         {}, 2, 'prompt',
@@ -106,6 +106,38 @@ CASES = {
         '[requests.a]\nprompt = { range = [1, 3] }\ncount = 2\n' + STEP,
         {}, 3, 'count',
         ":3: request 'a', field 'count': count cannot be combined with a swept prompt (the sweep sets the count); allowed: count or a prompt sweep, not both"),
+    "pow2_classes_backwards": (
+        A + 'sampling = { temperature = 0.0, logprobs = { pow2_classes = ["max_logprobs", 1], offset = 1 } }\n' + STEP,
+        {}, 3, 'sampling.logprobs',
+        ":3: request 'a', field 'sampling.logprobs': pow2_classes [20, 1] is backwards (lo 20 > hi 1); allowed: lo <= hi"),
+    "pow2_classes_negative_offset": (
+        A + 'count = 2\n' + STEP + 'batch = { pow2_classes = [1, 2], offset = -1 }\n',
+        {}, 8, 'batch',
+        ":8: step 0 (prefill), field 'batch': pow2_classes offset -1 is negative; allowed: offset >= 0"),
+    "pow2_classes_negative_lo": (
+        A + STEP + 'tokens = { pow2_classes = [-3, 4], offset = 1 }\n',
+        {}, 7, 'tokens',
+        ":7: step 0 (prefill), field 'tokens': pow2_classes [-3, 4] offset 1: lo + offset = -2 is negative; allowed: lo + offset >= 0"),
+    "pow2_classes_value_out_of_range": (
+        A + 'count = 2\n' + STEP + 'batch = { pow2_classes = [1, 4] }\n',
+        {}, 8, 'batch',
+        ":8: step 0 (prefill), field 'batch': pow2_classes [1, 4] offset 0: value 4 is out of range; allowed: 1..2"),
+    "pow2_classes_one_bound": (
+        '[requests.a]\nprompt = { pow2_classes = [4] }\n' + STEP,
+        {}, 2, 'prompt',
+        ':2: request \'a\', field \'prompt\': pow2_classes sweep, pow2_classes: List should have at least 2 items after validation, not 1 (got [4]); allowed: { buckets = "<limit>" } with an optional min = <expression>, { range = [<start>, <stop>] } with an optional step = <expression>, { values = [<expression>, ...] }, or { pow2_classes = [<lo>, <hi>] } with an optional offset = <expression>'),
+    "pow2_classes_unknown_key": (
+        '[requests.a]\nprompt = { pow2_classes = [1, 8], ofset = 1 }\n' + STEP,
+        {}, 2, 'prompt',
+        ":2: request 'a', field 'prompt': unknown key 'ofset' in a pow2_classes sweep; allowed keys: pow2_classes, offset (got {'pow2_classes': [1, 8], 'ofset': 1})"),
+    "pow2_classes_past_max_logprobs": (
+        A + 'sampling = { temperature = 0.0, logprobs = { pow2_classes = [1, "max_logprobs + 5"], offset = 1 } }\n' + STEP,
+        {}, 3, 'sampling.logprobs',
+        ":3: request 'a', field 'sampling.logprobs': vLLM's SamplingParams refuses { logprobs = 25, temperature = 0.0 }: Requested sample logprobs of 25, which is greater than max allowed: 20 (parameter=logprobs, value=25); allowed: what vLLM accepts on this runner (max_logprobs 20, vocab_size 100, num_speculative_steps 0)"),
+    "finish_previous_without_each": (
+        A + STEP + 'finish_previous = true\n',
+        {}, 7, 'finish_previous',
+        ":7: step 0 (prefill), field 'finish_previous': finish_previous = true without each = true; allowed: finish_previous = true only with each = true (one step per request)"),
     "pool_sampling": (
         A + 'kind = "pool"\nsampling = "greedy"\n' + STEP,
         {"is_pooling_model": True}, 4, 'sampling',

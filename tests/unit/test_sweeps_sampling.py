@@ -10,7 +10,16 @@ from stepwarm.compile import sampling_params
 from stepwarm.probe import _max_logprobs
 from stepwarm.scenario import builtin_names, json_schema, loads, resolve_names
 from stepwarm.scenario.expand import expand
-from stepwarm.scenario.sweeps import Buckets, Range, Values, sweep_values
+from stepwarm.scenario import plans_for
+from stepwarm.scenario.sweeps import (
+    Buckets,
+    Pow2Classes,
+    Range,
+    Values,
+    next_power_of_2,
+    pow2_class_values,
+    sweep_values,
+)
 from tests.unit.test_scenario_errors import profile
 
 
@@ -24,6 +33,66 @@ def test_sweep_values_of_each_form():
     assert sweep_values(Range(range=[1, 10], step=4), ident) == [1, 5, 9]
     assert sweep_values(Values(values=[5, 1, 5]), ident) == [5, 1]
     assert sweep_values(Buckets(buckets=40), ident) == [1, 16, 17, 32, 40]
+    assert sweep_values(Pow2Classes(pow2_classes=[1, 20], offset=1), ident) == [1, 3, 7, 15, 20]
+    assert sweep_values(Pow2Classes(pow2_classes=[1, 20]), ident) == [1, 2, 4, 8, 16, 20]
+
+
+def test_pow2_classes_are_one_value_per_class_the_largest_of_each():
+    # _topk_log_softmax_kernel: TOPK_BLOCK_SIZE = next_power_of_2(k + 1)
+    assert [next_power_of_2(n) for n in (0, 1, 2, 3, 4, 5, 17, 1024, 1025)] == [
+        1, 1, 2, 4, 4, 8, 32, 1024, 2048]
+    assert pow2_class_values(0, 20, 1) == [0, 1, 3, 7, 15, 20]  # k = 0: block 1
+    assert pow2_class_values(0, 0, 1) == [0]
+    assert pow2_class_values(5, 5, 1) == [5]
+    assert pow2_class_values(3, 9, 1) == [3, 7, 9]
+    assert pow2_class_values(1, 1024, 1)[-3:] == [511, 1023, 1024]
+    for lo, hi, offset in ((0, 300, 1), (1, 20, 0), (2, 77, 3), (16, 16, 0), (1, 4096, 1)):
+        got = pow2_class_values(lo, hi, offset)
+        classes = [next_power_of_2(v + offset) for v in got]
+        # every class of lo..hi once, ascending, each by its largest member
+        assert classes == sorted({next_power_of_2(v + offset) for v in range(lo, hi + 1)})
+        assert all(v == hi or next_power_of_2(v + 1 + offset) > c for v, c in zip(got, classes))
+        assert got[-1] == hi and got[0] >= lo
+
+
+def _sampled_width(plan, step, prof):
+    """The largest logprobs (or prompt_logprobs) among the rows a step samples
+    (or scores): what vLLM's samplers compute the step at."""
+    def arg(rid, name):  # the SamplingParams the worker gets (presets too)
+        return getattr(sampling_params(plan.request(rid).sampling, prof), name)
+    lp = [arg(r.req_id, "logprobs") for r in step.scheduled if r.samples]
+    plp = [arg(r.req_id, "prompt_logprobs") for r in step.scheduled]
+    return (max((k for k in lp if k is not None), default=None),
+            max((k for k in plp if k is not None), default=None))
+
+
+def test_sampler_matrix_warms_every_logprobs_class_up_to_max_logprobs():
+    for max_logprobs in (0, 1, 20, 100):
+        prof = profile(max_logprobs=max_logprobs)
+        (plan,) = plans_for(["sampler-matrix"], prof)
+        want = sorted({next_power_of_2(k + 1) for k in range(min(1, max_logprobs),
+                                                              max_logprobs + 1)})
+        ours = {r.req_id for r in plan.requests if r.name in ("lp", "plp")}
+        lp_steps = [s for s in plan.steps if any(r.req_id in ours for r in s.scheduled)]
+        # the lp / plp steps: each class once as the step's largest k, in
+        # both paths (sampled-token logprobs, prompt logprobs)
+        widths = [_sampled_width(plan, s, prof) for s in lp_steps]
+        sampled = [next_power_of_2(w + 1) for w, _ in widths if w is not None]
+        scored = [next_power_of_2(w + 1) for _, w in widths if w is not None]
+        assert sampled == want and scored == want, (max_logprobs, sampled, scored)
+        # one request per class and path, each prefilled alone
+        assert len(lp_steps) == 2 * len(want)
+        assert all(len(s.scheduled) == 1 for s in lp_steps)
+    # max_logprobs 20: classes 2, 4, 8, 16, 32 (k = 1, 3, 7, 15, 20); the
+    # requests before a class's step are finished in it (one slot)
+    (plan,) = plans_for(["sampler-matrix"], profile(max_logprobs=20))
+    lp = [dict(r.sampling).get("logprobs") for r in plan.requests if r.name == "lp"]
+    plp = [dict(r.sampling).get("prompt_logprobs") for r in plan.requests if r.name == "plp"]
+    assert lp == plp == [1, 3, 7, 15, 20]
+    firsts = [s for s in plan.steps if s.scheduled and s.scheduled[0].req_id in {
+        r.req_id for r in plan.requests if r.name in ("lp", "plp")}]
+    assert [len(s.finished_req_ids) for s in firsts] == [0] + [1] * 9
+    assert max(len(s.held_blocks) for s in firsts) == 1
 
 
 def test_range_values_and_repeat_expand_to_steps():

@@ -1,0 +1,73 @@
+"""Planning work grows linearly in requests x steps (counted, not timed).
+
+Request ids are a ``str`` subclass that counts its ``__eq__`` and ``__hash__``
+calls: a list or tuple scan per row (``rid in finish``, ``r not in out``)
+compares the id with every element (``__eq__`` on each, O(n) per row), a dict
+or set lookup hashes it once and compares by identity. Timings belong to
+``benchmarks/plan_speed.py``.
+"""
+
+from __future__ import annotations
+
+from stepwarm.plan import PlanBuilder, PlannedRequest
+from stepwarm.profile import CacheSpec
+from tests.helpers import make_profile
+
+
+class CountingId(str):
+    eq = 0
+    hashes = 0
+
+    def __eq__(self, other: object) -> bool:
+        CountingId.eq += 1
+        return str.__eq__(self, other)
+
+    def __hash__(self) -> int:
+        CountingId.hashes += 1
+        return str.__hash__(self)
+
+
+def _plan_work(num_reqs: int, *, caching: bool, groups: int = 1) -> tuple[int, int, int]:
+    """(eq calls, hash calls, steps) planning ``num_reqs`` requests: a prefill,
+    7 decodes, a preemption of half of them, their resumption, and the
+    cleanup that finishes every one."""
+    spec = CacheSpec(kind="full_attention", block_size=16)
+    profile = make_profile(max_num_seqs=num_reqs, max_num_batched_tokens=num_reqs * 40,
+                           num_blocks=num_reqs * 8, kv_cache_groups=(spec,) * groups,
+                           enable_prefix_caching=caching)
+    ids = [CountingId(f"_stepwarm_r{i}_") for i in range(num_reqs)]
+    CountingId.eq = CountingId.hashes = 0
+    b = PlanBuilder(profile, name="work")
+    for rid in ids:
+        b.add_request(PlannedRequest(rid, 24))
+    b.step("prefill", "prefill", prefill={rid: 24 for rid in ids})
+    for _ in range(7):
+        b.step("decode", "decode", decode={rid: 0 for rid in ids})
+    half = tuple(ids[: num_reqs // 2])
+    b.step("preempt", "preempt", preempt=half, decode={rid: 0 for rid in ids[num_reqs // 2:]})
+    b.step("resume", "resume", resume={rid: b.num_tokens(rid) for rid in half})
+    b.cleanup()
+    plan = b.build()
+    assert plan.steps[-1].finished_req_ids == frozenset(ids)
+    return CountingId.eq, CountingId.hashes, len(plan.steps)
+
+
+def test_no_request_id_is_compared_with_a_list_per_row():
+    for caching in (False, True):
+        eq, hashes, steps = _plan_work(256, caching=caching)
+        assert steps == 11
+        rows = 256 * 10  # every scheduled or finished row
+        # dict and set lookups compare by identity: no __eq__ at all; an O(n)
+        # scan per row would make it ~ rows * 128
+        assert eq <= rows, (caching, eq)
+        assert hashes <= 40 * rows, (caching, hashes)
+
+
+def test_planning_work_is_linear_in_requests():
+    for caching, groups in ((False, 1), (True, 1), (True, 2)):
+        small = _plan_work(128, caching=caching, groups=groups)
+        large = _plan_work(512, caching=caching, groups=groups)
+        assert small[2] == large[2] == 11
+        for s, n in zip(small[:2], large[:2]):
+            # 4x the requests: 4x the work (+ a constant), not 16x
+            assert n <= 4 * s + 64, (caching, groups, small, large)
