@@ -71,3 +71,31 @@ def test_planning_work_is_linear_in_requests():
         for s, n in zip(small[:2], large[:2]):
             # 4x the requests: 4x the work (+ a constant), not 16x
             assert n <= 4 * s + 64, (caching, groups, small, large)
+
+
+def test_the_collector_is_off_while_plans_are_built_and_as_it_was_after(monkeypatch):
+    import gc
+    import importlib
+
+    from stepwarm.scenario import check, plans_for
+
+    expand_mod = importlib.import_module("stepwarm.scenario.expand")
+
+    seen: list[bool] = []
+    real_expand = expand_mod.expand
+
+    def spying_expand(scenario, profile):
+        seen.append(gc.isenabled())
+        return real_expand(scenario, profile)
+
+    monkeypatch.setattr(expand_mod, "expand", spying_expand)
+    profile = make_profile()
+    assert gc.isenabled()
+    (plan,) = plans_for(["default"], profile)
+    assert plan.name == "default" and seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        check(["default", "chunked-prefill"], profile)
+        assert seen == [False, False, False] and not gc.isenabled()  # left off: it was off
+    finally:
+        gc.enable()
