@@ -735,7 +735,7 @@ class PlanBuilder:
         """
         rows = [StepAllocation(row.req_id, live.num_computed_tokens + dn, live.num_computed_tokens,
                                min(live.num_computed_tokens + dn, live.num_tokens),
-                               live.decl.prompt_len, live.decl.encoder_len)
+                               live.decl.prompt_len, live.decl.encoder_len, live.num_tokens)
                 for row, (live, dn, _) in zip(draft.rows, draft.updates)]
         try:
             growths = self.ledger.allocate_step(free, rows, wait_for_mamba=wait_for_mamba)
