@@ -64,6 +64,10 @@ class OutputHistory:
     #: Whether the driver follows acceptance (False: rows go out as planned;
     #: a non-last pipeline rank, which sees no sampled tokens).
     follow_acceptance: bool = True
+    #: When verifying: each row's drafts from this index on are made wrong
+    #: (so the target rejects them; None: every draft is the reference's).
+    reject_drafts_from: int | None = None
+    vocab_size: int = 0
 
     def lag(self, req_id: str) -> int:
         """Tokens the plan counted as computed that the worker rejected."""
@@ -81,7 +85,14 @@ class OutputHistory:
         """Draft token ids for output positions ``start ..`` of ``req_id``:
         the expected outputs there, else ``placeholder`` (the plan's)."""
         expected = self.expected.get(req_id, [])[start:start + len(placeholder)]
-        return list(expected) + list(placeholder[len(expected):])
+        out = list(expected) + list(placeholder[len(expected):])
+        if self.reject_drafts_from is not None and expected:
+            # Drafts the target must reject: the reference's token + 1 from
+            # that index on (greedy: the target samples the reference's).
+            for i in range(self.reject_drafts_from, len(expected)):
+                t = expected[i] + 1
+                out[i] = t if not self.vocab_size or t < self.vocab_size else expected[i] - 1
+        return out
 
 
 #: ``SamplingParams`` keyword arguments of the presets other than "warmup"

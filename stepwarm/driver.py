@@ -258,6 +258,9 @@ def _follow_acceptance(step: PlannedStep, result: StepResult, tokens: OutputHist
     if followed:
         diverged.append(f"block ids as planned for {', '.join(sorted(followed))} (the scheduler "
                         "allocates a rejected draft's slots again in a later step)")
+    for r in step.scheduled:
+        if r.resumed:  # a resumed row restarts from the plan's token count
+            tokens.rejected.pop(r.req_id, None)
     rejected: dict[str, int] = {}
     sampled = result.sampled_token_ids or {}
     for r in step.scheduled:
