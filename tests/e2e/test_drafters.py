@@ -51,7 +51,9 @@ SCRIPT = textwrap.dedent(
             out["ran"][plan.name] = {"error": report.error, "left": report.left_in_runner,
                                      "steps": len(report.steps)}
             out["kinds"][plan.name] = sorted({s.kind for s in plan.steps})
-            out["verify"][plan.name] = asdict(V.verify(engine.llm, engine.worker, plan, profile))
+            # Every spec row: the first draft the reference's, the second wrong.
+            out["verify"][plan.name] = asdict(V.verify(engine.llm, engine.worker, plan, profile,
+                                                       reject_drafts_from=1))
         out["left"] = sorted(live_request_ids(engine.worker))
         out["wall_s"] = round(time.perf_counter() - t0, 1)
         print("RESULT " + json.dumps(out))
