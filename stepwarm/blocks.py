@@ -444,6 +444,41 @@ class StepAllocation(NamedTuple):
     num_cached_tokens: int
     prompt_len: int
     encoder_len: int | None = None
+    #: The request's tokens (prompt + sampled) when the step is scheduled
+    #: (``Request.num_tokens``): with hash lookahead, a block is hashed, and
+    #: so cached, only once the tokens after it exist. None: not limited.
+    num_request_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class DrafterCaching:
+    """What a model-based drafter changes in prefix caching (tokens; all 0 /
+    empty without a drafter), as the scheduler's ``KVCacheManager`` gets it.
+
+    - ``reprefill_tokens``: ``num_prefill_lookahead - 1`` (multi-module MTP
+      reads ``k`` tokens ahead): the last such computed tokens may be
+      re-prefilled, so they are not cached (``get_num_cacheable_tokens``).
+    - ``hash_lookahead_tokens``: ``num_hash_lookahead_tokens`` (vLLM 0.33):
+      a block's hash also covers the tokens after it, so a block is cached
+      once they exist, and a prompt block whose lookahead reaches past the
+      prompt is keyed by sampled tokens no other prompt has.
+    - ``eagle_groups``: groups whose managers drop the last block of a hit
+      (``use_eagle``); with several groups, such a group caches one block of
+      its own past the hit alignment
+      (``HybridKVCacheCoordinator.get_num_cacheable_tokens``).
+    """
+
+    reprefill_tokens: int = 0
+    hash_lookahead_tokens: int = 0
+    eagle_groups: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, profile: RunnerProfile) -> DrafterCaching:
+        d = profile.drafter
+        if d is None:
+            return cls()
+        return cls(max(0, d.num_prefill_lookahead_tokens - 1), d.num_hash_lookahead_tokens,
+                   frozenset(d.eagle_groups))
 
 
 @dataclass
@@ -477,6 +512,8 @@ class BlockLedger:
     enable_caching: bool = False
     #: Tokens (:func:`prefix_cache_alignment`); None: from the groups.
     cache_alignment: int | None = None
+    #: The drafter's prefix-caching rules (:class:`DrafterCaching`).
+    drafter: DrafterCaching = field(default_factory=DrafterCaching)
     _tables: dict[str, list[GroupTable]] = field(default_factory=dict, repr=False)
     #: Free queue: _front (deque head first), then ids _next.. never handed
     #: out, then _tail (insertion order). The never-used range is not
@@ -524,7 +561,9 @@ class BlockLedger:
         self._hash_block_size = prefix_hash_block_size(self.specs, self.enable_caching)
         #: The rule of each group (``RULES`` looked up once).
         self._rules = [RULES[spec.kind] for spec in self.specs]
-        self._token_range = all(type(r) is TokenRangeRule for r in self._rules)
+        # (a drafter's caching rules are cache_prompt's alone: not on the fast path)
+        self._token_range = all(type(r) is TokenRangeRule for r in self._rules) and \
+            self.drafter == DrafterCaching()
 
     def new_step(self) -> None:
         """``KVCacheManager.new_step_starts``: a new step begins (Mamba
@@ -535,7 +574,8 @@ class BlockLedger:
     def for_profile(cls, profile: RunnerProfile) -> BlockLedger:
         """A ledger over a runner profile's groups and ``num_blocks``."""
         return cls(profile.kv_cache_groups, profile.num_blocks, ReservationContext.of(profile),
-                   enable_caching=profile.enable_prefix_caching)
+                   enable_caching=profile.enable_prefix_caching,
+                   drafter=DrafterCaching.of(profile))
 
     # -- a step's transaction ---------------------------------------------------
     def allocate_step(self, free: tuple[str, ...], rows: list[StepAllocation], *,
@@ -582,7 +622,8 @@ class BlockLedger:
                     continue
                 out.append(self.grow(r.req_id, r.num_tokens, encoder_len=r.encoder_len,
                                      num_computed=r.num_computed))
-                self.cache_prompt(r.req_id, r.num_cached_tokens, r.prompt_len)
+                self.cache_prompt(r.req_id, r.num_cached_tokens, r.prompt_len,
+                                  num_request_tokens=r.num_request_tokens)
         except OutOfBlocksError:
             if saved is None:  # pragma: no cover - _fits is conservative
                 raise AssertionError("BlockLedger._fits admitted a step that does not fit") from None
@@ -632,7 +673,7 @@ class BlockLedger:
         new = tuple.__new__
         never = 1 << 62
         out: list[Growth | None] = []
-        for rid, num_tokens, _, num_cached_tokens, prompt_len, encoder_len in rows:
+        for rid, num_tokens, _, num_cached_tokens, prompt_len, encoder_len, _n in rows:
             if encoder_len is not None:  # as _ctx_for: the context of this encoder length
                 ctx = by_len.get(encoder_len)
                 ctxs[rid] = self._request_ctx(encoder_len) if ctx is None else ctx
@@ -951,7 +992,8 @@ class BlockLedger:
         self._pending_hit.pop(req_id, None)
         return Growth(tuple(appended), tuple(taken), tuple([len(t.ids) for t in tables]))
 
-    def cache_prompt(self, req_id: str, num_tokens: int, prompt_len: int | None = None) -> None:
+    def cache_prompt(self, req_id: str, num_tokens: int, prompt_len: int | None = None, *,
+                     num_request_tokens: int | None = None) -> None:
         """Record ``req_id``'s full blocks within its first ``num_tokens``
         tokens (computed + scheduled, capped at the request's tokens as
         ``allocate_slots`` caps them) as prefix-cache entries, as
@@ -961,17 +1003,38 @@ class BlockLedger:
         same token sequence, so block ``i`` of one request's prompt is block
         ``i`` of any other's (several ids may be cached for it); a block past
         ``prompt_len`` holds sampled tokens no prompt has, so its entry is
-        the request's own (it is evicted like any other, never hit)."""
+        the request's own (it is evicted like any other, never hit).
+
+        With a drafter (:attr:`drafter`): the re-prefillable tail is not
+        cached; with hash lookahead, blocks are cached once the tokens after
+        them exist (``num_request_tokens``) and a prompt block whose hash
+        reads sampled tokens is the request's own; an EAGLE group beside
+        others caches one block past the alignment."""
         if not self.enable_caching or req_id not in self._tables:
             return
         self._quick.pop(req_id, None)
-        num_tokens = num_tokens // self.cache_alignment * self.cache_alignment
-        prompt_len = num_tokens if prompt_len is None else prompt_len
+        d = self.drafter
+        computed = num_tokens
+        finalized = max(0, computed - d.reprefill_tokens)
+        hybrid = sum(s.kind != "encoder_only_attention" for s in self.specs) > 1
+        align = self.cache_alignment
+        aligned = computed // align * align
+        if not hybrid:  # UnitaryKVCacheCoordinator: the finalized tokens
+            aligned = finalized // align * align
+        prompt_len = aligned if prompt_len is None else prompt_len
         done = self._num_cached.setdefault(req_id, [0] * len(self.specs))
         for g, (spec, table) in enumerate(zip(self.specs, self._tables[req_id])):
             if spec.kind in _NOT_CACHED:
                 continue
+            num_tokens = aligned
+            if hybrid and g in d.eagle_groups and aligned > 0:
+                # EAGLE matches one block past the aligned boundary, then drops it.
+                num_tokens = min(finalized, finalized // align * align + spec.block_size)
             full = min(num_tokens // spec.block_size, len(table.ids))
+            if d.hash_lookahead_tokens and num_request_tokens is not None:
+                hbs = self._hash_block_size
+                hashed = max(0, num_request_tokens - d.hash_lookahead_tokens) // hbs * hbs
+                full = min(full, hashed // spec.block_size)
             if spec.kind == "mamba" and spec.mamba_cache_mode == "align" and spec.checkpoint_recached:
                 # MambaManager._cache_partial_tail_block (vLLM 0.32): the state
                 # at the prompt's checkpoint is re-registered, and so marked
@@ -993,7 +1056,8 @@ class BlockLedger:
                 block = table.ids[i]
                 if not block or block in self._cached or (mask and not mask[i - done[g]]):
                     continue
-                key = (g, i) if (i + 1) * spec.block_size <= prompt_len else (g, i, req_id)
+                shared = (i + 1) * spec.block_size + d.hash_lookahead_tokens <= prompt_len
+                key = (g, i) if shared else (g, i, req_id)
                 self._cache.setdefault(key, {})[block] = None
                 self._cached[block] = key
             done[g] = full

@@ -56,6 +56,22 @@ class OutputHistory:
     expected: dict[str, list[int]] = field(default_factory=dict)
     #: req_id -> its pooler output (pooling requests, once their prompt is done).
     pooled: dict[str, Any] = field(default_factory=dict)
+    #: req_id -> drafts the worker rejected so far (scheduled drafts minus
+    #: accepted ones, read off each step's sampled tokens). A running row
+    #: then goes out with ``num_computed_tokens`` and ``num_output_tokens``
+    #: lowered by it, as ``Scheduler.update_from_output`` lowers them.
+    rejected: dict[str, int] = field(default_factory=dict)
+    #: Whether the driver follows acceptance (False: rows go out as planned;
+    #: a non-last pipeline rank, which sees no sampled tokens).
+    follow_acceptance: bool = True
+    #: When verifying: each row's drafts from this index on are made wrong
+    #: (so the target rejects them; None: every draft is the reference's).
+    reject_drafts_from: int | None = None
+    vocab_size: int = 0
+
+    def lag(self, req_id: str) -> int:
+        """Tokens the plan counted as computed that the worker rejected."""
+        return self.rejected.get(req_id, 0) if self.follow_acceptance else 0
 
     def outputs(self, req_id: str, n: int) -> list[int]:
         """The first ``n`` output tokens of ``req_id``: the sampled ones, then
@@ -69,7 +85,14 @@ class OutputHistory:
         """Draft token ids for output positions ``start ..`` of ``req_id``:
         the expected outputs there, else ``placeholder`` (the plan's)."""
         expected = self.expected.get(req_id, [])[start:start + len(placeholder)]
-        return list(expected) + list(placeholder[len(expected):])
+        out = list(expected) + list(placeholder[len(expected):])
+        if self.reject_drafts_from is not None and expected:
+            # Drafts the target must reject: the reference's token + 1 from
+            # that index on (greedy: the target samples the reference's).
+            for i in range(self.reject_drafts_from, len(expected)):
+                t = expected[i] + 1
+                out[i] = t if not self.vocab_size or t < self.vocab_size else expected[i] - 1
+        return out
 
 
 #: ``SamplingParams`` keyword arguments of the presets other than "warmup"
@@ -248,9 +271,12 @@ def to_scheduler_output(
                                   (images or {}).get(row.req_id))
             )
         else:
+            # A running request after rejections: where the scheduler has it
+            # (resumed rows restart from the plan's token count).
+            lag = 0 if row.resumed else tokens.lag(row.req_id)
             cached.req_ids.append(row.req_id)
-            cached.num_computed_tokens.append(row.num_computed_tokens)
-            cached.num_output_tokens.append(row.num_output_tokens)
+            cached.num_computed_tokens.append(row.num_computed_tokens - lag)
+            cached.num_output_tokens.append(row.num_output_tokens - lag)
             has_blocks = any(row.block_ids)
             cached.new_block_ids.append(
                 tuple(list(ids) for ids in row.block_ids)
@@ -260,13 +286,14 @@ def to_scheduler_output(
                 cached.resumed_req_ids.add(row.req_id)
             if row.resumed or row.req_id not in previous:
                 cached.all_token_ids[row.req_id] = prompt_token_ids(
-                    req, profile) + tokens.outputs(row.req_id, row.num_output_tokens)
+                    req, profile) + tokens.outputs(row.req_id, row.num_output_tokens - lag)
         out.num_scheduled_tokens[row.req_id] = row.num_scheduled_tokens
         if row.encoder_inputs:
             out.scheduled_encoder_inputs[row.req_id] = list(row.encoder_inputs)
         if row.spec_token_ids:
+            start = row.num_output_tokens - (0 if row.new or row.resumed else tokens.lag(row.req_id))
             out.scheduled_spec_decode_tokens[row.req_id] = tokens.drafts(
-                row.req_id, row.num_output_tokens, row.spec_token_ids)
+                row.req_id, start, row.spec_token_ids)
     out.scheduled_cached_reqs = cached
     out.total_num_scheduled_tokens = step.total_num_scheduled_tokens
     out.finished_req_ids = set(step.finished_req_ids)

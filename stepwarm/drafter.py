@@ -55,6 +55,15 @@ class Drafter(BaseModel):
     #: caching with a drafter (``num_hash_lookahead_tokens``, vLLM 0.33; 0
     #: where the installed vLLM has no such setting).
     num_hash_lookahead_tokens: int = Field(default=0, ge=0)
+    #: ``VllmConfig.num_prefill_lookahead_tokens``: prefill tokens past the
+    #: computed ones the drafter reads (EAGLE 1, multi-module MTP ``k``; 0
+    #: for ngram); the KV cache manager does not cache the last ``this - 1``
+    #: computed tokens.
+    num_prefill_lookahead_tokens: int = Field(default=0, ge=0)
+    #: KV cache groups whose prefix-cache hits drop their last block (the
+    #: coordinator's EAGLE groups: those flagged ``is_eagle_group``, every
+    #: group when none is, none when hash lookahead replaces the drop).
+    eagle_groups: tuple[int, ...] = ()
 
 
 def _draft_layer_names(runner: Any) -> set[str]:
@@ -76,6 +85,40 @@ def _hash_lookahead(cfg: Any) -> int:
         if isinstance(value, int):
             return value
     return 0
+
+
+def eagle_groups(specs: list[Any], flagged: set[int], use_eagle: bool) -> tuple[int, ...]:
+    """The groups whose managers drop a hit's last block (``use_eagle``), as
+    the scheduler's coordinator settles them: the groups flagged
+    ``is_eagle_group`` (every group when none is), and with several groups
+    every group whose scheduler-side spec equals a flagged one's
+    (``HybridKVCacheCoordinator`` gives one manager flag per equal spec).
+
+    Args:
+        specs: the groups' vLLM ``KVCacheSpec`` (a ``UniformTypeKVCacheSpecs``
+            stands for its first spec, as the scheduler has it).
+        flagged: indices of the groups flagged ``is_eagle_group``.
+        use_eagle: the scheduler's ``use_eagle`` (``use_eagle_block_drop()``,
+            cleared by hash lookahead on vLLM 0.33).
+    """
+    if not use_eagle:
+        return ()
+    flagged = flagged or set(range(len(specs)))
+    if len(specs) == 1:
+        return tuple(sorted(flagged))
+    sched = [getattr(s, "first_spec", s) for s in specs]
+    return tuple(i for i, s in enumerate(sched)
+                 if i in flagged or any(s == sched[j] for j in flagged))
+
+
+def _eagle_groups(spec: Any, kv_cache_config: Any, hash_lookahead: int) -> tuple[int, ...]:
+    """:func:`eagle_groups` of a live runner's config (``use_eagle_block_drop()``
+    and the groups' ``is_eagle_group``)."""
+    drop = getattr(spec, "use_eagle_block_drop", None)
+    groups = kv_cache_config.kv_cache_groups
+    return eagle_groups([g.kv_cache_spec for g in groups],
+                        {i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False)},
+                        callable(drop) and bool(drop()) and not hash_lookahead)
 
 
 def read_drafter(runner: Any, kv_cache_config: Any) -> Drafter | None:
@@ -103,4 +146,6 @@ def read_drafter(runner: Any, kv_cache_config: Any) -> Drafter | None:
                       for i in groups),
         num_lookahead_tokens=int(getattr(cfg, "num_lookahead_tokens", 0) or 0),
         num_hash_lookahead_tokens=_hash_lookahead(cfg),
+        num_prefill_lookahead_tokens=int(getattr(cfg, "num_prefill_lookahead_tokens", 0) or 0),
+        eagle_groups=_eagle_groups(spec, kv_cache_config, _hash_lookahead(cfg)),
     )

@@ -81,6 +81,17 @@ class StepResult:
     #: given time is attributed to (``stepwarm coverage``).
     started_at: float = 0.0
     ended_at: float = 0.0
+    #: req_id -> drafts the worker rejected in this step (rows that carried
+    #: drafts and sampled fewer than ``1 + drafts`` tokens).
+    rejected: dict[str, int] | None = None
+    #: req_id -> tokens this step's row went out below the plan's
+    #: ``num_computed_tokens`` (the drafts its request had rejected before:
+    #: the row follows acceptance as ``update_from_output`` does).
+    followed: dict[str, int] | None = None
+    #: Rows that differ from what vLLM's scheduler would send after the
+    #: rejections, one line each (block ids stay the plan's; resumed rows
+    #: restart from the plan's token count).
+    diverged: list[str] | None = None
 
 
 @dataclass
@@ -234,6 +245,35 @@ def _nothing() -> Any:
     yield
 
 
+def _follow_acceptance(step: PlannedStep, result: StepResult, tokens: OutputHistory) -> None:
+    """Read what the worker accepted (per row with drafts: sampled tokens - 1)
+    into ``tokens.rejected`` and ``result.rejected``, and record on the
+    result which rows went out lowered (``followed``) and which differ from
+    the scheduler's (``diverged``)."""
+    followed = {r.req_id: tokens.lag(r.req_id) for r in step.scheduled
+                if not (r.new or r.resumed) and tokens.lag(r.req_id)}
+    diverged = [f"{r.req_id}: resumed after {tokens.lag(r.req_id)} rejected draft(s), "
+                "from the plan's token count" for r in step.scheduled
+                if r.resumed and tokens.lag(r.req_id)]
+    if followed:
+        diverged.append(f"block ids as planned for {', '.join(sorted(followed))} (the scheduler "
+                        "allocates a rejected draft's slots again in a later step)")
+    for r in step.scheduled:
+        if r.resumed:  # a resumed row restarts from the plan's token count
+            tokens.rejected.pop(r.req_id, None)
+    rejected: dict[str, int] = {}
+    sampled = result.sampled_token_ids or {}
+    for r in step.scheduled:
+        if r.spec_token_ids and r.req_id in sampled and sampled[r.req_id]:
+            n = len(r.spec_token_ids) - (len(sampled[r.req_id]) - 1)
+            if n > 0:
+                rejected[r.req_id] = n
+                tokens.rejected[r.req_id] = tokens.rejected.get(r.req_id, 0) + n
+    result.rejected = rejected or None
+    result.followed = followed or None
+    result.diverged = diverged or None
+
+
 def _is_oom(e: BaseException | None) -> bool:
     import torch
 
@@ -349,6 +389,11 @@ def drive(
         RuntimeError: the runner still held stepwarm requests after cleanup.
     """
     profile = profile or read_profile(worker)
+    tokens = tokens if tokens is not None else OutputHistory()
+    if not profile.is_last_pp_rank or (ranks is not None and ranks.pp_size > 1):
+        # A non-last pipeline rank sees no sampled tokens: every rank keeps
+        # the plan's rows, so all send the same steps.
+        tokens.follow_acceptance = False
     report = RunReport(plan=plan.name, runner=profile.runner, model=profile.model,
                        skipped=plan.skipped)
     if not plan.steps:
@@ -370,7 +415,6 @@ def drive(
              for r in plan.requests if r.encoder_len and not r.images}
     images.update((rid, inputs) for rid, inputs in audio.items() if inputs is not None)
     params: dict[str, tuple[Any, Any]] = {}
-    tokens = tokens if tokens is not None else OutputHistory()
     sent: set[str] = set()
     failed_at: int | None = None
     cause: BaseException | None = None
@@ -395,6 +439,7 @@ def drive(
                           else None)
                 result = _result(step, wall_ms, output, pooled)
                 result.started_at, result.ended_at = started_at, time.time()
+                _follow_acceptance(step, result, tokens)
                 tokens.pooled.update(pooled or {})
                 for rid, ids in (result.sampled_token_ids or {}).items():
                     tokens.sampled.setdefault(rid, []).extend(ids)

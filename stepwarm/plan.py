@@ -309,7 +309,8 @@ class _Draft:
         c, decl = live.num_computed_tokens, live.decl
         num_tokens = decl.prompt_len + live.num_output_tokens
         self.allocs.append(tuple.__new__(StepAllocation, (
-            decl.req_id, c + dn, c, min(c + dn, num_tokens), decl.prompt_len, decl.encoder_len)))
+            decl.req_id, c + dn, c, min(c + dn, num_tokens), decl.prompt_len, decl.encoder_len,
+            num_tokens)))
         self.most_tokens = max(self.most_tokens, c + dn,
                                num_tokens + (dout if decl.kind == "sample" else 0))
 
@@ -675,7 +676,7 @@ class PlanBuilder:
             updates.append((live, n, n))
             pl = decl.prompt_len
             allocs.append(new(StepAllocation, (
-                rid, c + n, c, min(c + n, pl + out), pl, decl.encoder_len)))
+                rid, c + n, c, min(c + n, pl + out), pl, decl.encoder_len, pl + out)))
             total += n
             if c + n > most or pl + out + n > most:
                 most = max(c + n, pl + out + n)

@@ -296,7 +296,8 @@ def _head(ids: list[int], n: int = 4) -> str:
 
 
 def compare(plan: Plan, origin: tuple[int, ...], report: RunReport,
-            reference: dict[str, list[int]], source: Plan | None = None) -> VerifyReport:
+            reference: dict[str, list[int]], source: Plan | None = None,
+            reject_drafts_from: int | None = None) -> VerifyReport:
     """Step-by-step comparison of ``report``'s sampled tokens with ``reference``.
 
     A sampling row of step ``s`` with ``m`` outputs before it covers output
@@ -314,6 +315,11 @@ def compare(plan: Plan, origin: tuple[int, ...], report: RunReport,
         report: the driver's report of ``plan``.
         reference: :func:`reference_tokens`.
         source: the plan as given (names and step labels); ``plan`` if None.
+        reject_drafts_from: the drafts were the reference's up to this index
+            and wrong from it on: a row with ``k`` drafts must sample
+            ``1 + min(k, reject_drafts_from)`` tokens, from the output
+            position its request really reached (the plan's, lowered by the
+            drafts rejected before: ``StepResult.followed``).
     """
     source = source or plan
     first: dict[str, Divergence] = {}
@@ -322,8 +328,10 @@ def compare(plan: Plan, origin: tuple[int, ...], report: RunReport,
         for row in step.scheduled:
             if not row.samples or row.req_id not in reference or row.req_id in first:
                 continue
-            m = row.num_output_tokens
-            want = reference[row.req_id][m:m + 1 + len(row.spec_token_ids)]
+            m = row.num_output_tokens - (result.followed or {}).get(row.req_id, 0)
+            k = len(row.spec_token_ids)
+            n = 1 + (k if reject_drafts_from is None else min(k, reject_drafts_from))
+            want = reference[row.req_id][m:m + n]
             got = sampled.get(row.req_id, [])
             if got != want:
                 pos = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
@@ -339,12 +347,15 @@ def compare(plan: Plan, origin: tuple[int, ...], report: RunReport,
         differences=tuple(first[r] for r in sorted(first)))
 
 
-def verify(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile) -> VerifyReport:
+def verify(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,
+           reject_drafts_from: int | None = None) -> VerifyReport:
     """Compare the worker's greedy tokens under ``plan``'s steps with vLLM's scheduler.
 
     Runs :func:`reference_tokens` for the plan's sampling requests, then
     drives :func:`as_greedy` ``plan`` with :func:`with_prefix_fills` (drafts
-    drawn from the reference), then :func:`compare`. Pooling plans go to
+    drawn from the reference; with ``reject_drafts_from``, each row's drafts
+    from that index on wrong, so the target rejects them and the driver's
+    next rows follow what it accepted), then :func:`compare`. Pooling plans go to
     :func:`verify_pooling`. The engine must be idle (after warmup).
 
     Returns:
@@ -371,9 +382,11 @@ def verify(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile) -> VerifyR
     except ReferenceFailed as e:
         return VerifyReport(plan=plan.name, skipped=str(e))
     driven, origin = with_prefix_fills(as_greedy(plan), profile)
-    history = OutputHistory(expected=reference)
+    history = OutputHistory(expected=reference, reject_drafts_from=reject_drafts_from,
+                            vocab_size=profile.vocab_size)
     report = drive(worker, driven, profile, tokens=history)
-    return replace(compare(driven, origin, report, reference, source=plan),
+    return replace(compare(driven, origin, report, reference, source=plan,
+                           reject_drafts_from=reject_drafts_from),
                    not_compared={plan.display_name(r): why for r, why in sorted(silent.items())})
 
 

@@ -453,3 +453,36 @@ def data_parallel_facts(vllm_config: Any) -> DataParallelFacts:
         why = (f"MoE without expert parallelism: vLLM shards the experts tensor-parallel over "
                f"{group} ranks across the {dp} DP ranks, so each forward pass meets them")
     return DataParallelFacts(dp, True, use_ep, group, why)
+
+
+# --- Drafters and prefix caching (appended; issue 18) ------------------------
+
+@functools.cache
+def hash_lookahead_tokens_hashed() -> bool | None:
+    """Whether the installed vLLM's request block hasher covers tokens past
+    each block (``num_hash_lookahead_tokens``, vLLM 0.33: a drafter's KV at a
+    block's last position reads the next tokens, so the block is hashed only
+    once they exist).
+
+    Probed by behaviour: a 2-token request hashed at block size 1 with one
+    lookahead token gets 1 hash (True) where vLLM takes the setting; False
+    where its hasher has no such argument (0.32 and older); None where the
+    probe cannot run.
+    """
+    try:
+        from vllm import SamplingParams
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core import kv_cache_utils as ku
+        from vllm.v1.request import Request
+
+        try:
+            hasher = ku.get_request_block_hasher(1, sha256, 1)  # type: ignore[call-arg]
+        except TypeError:
+            return False
+        if getattr(ku, "NONE_HASH", None) is None:
+            ku.init_none_hash(sha256)
+        req = Request("probe", [0, 1], SamplingParams(max_tokens=1), None, block_hasher=hasher)
+        return len(req.block_hashes) == 1
+    except Exception as e:  # noqa: BLE001 - a release with other signatures
+        logger.debug("stepwarm: hash lookahead not probed: %s", e)
+        return None

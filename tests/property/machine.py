@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from stepwarm.plan import PlanBuilder, PlanError, PlannedRequest, PlannedStep
-from tests.property.oracle import Oracle, vllm_spec
+from tests.property.oracle import Oracle
 from tests.property.strategies import MAX_LIVE, KVConfig, kv_configs
 
 
@@ -78,9 +78,7 @@ class Lifecycle(RuleBasedStateMachine):
         self.cfg = cfg
         self.profile = cfg.profile()
         self.builder = PlanBuilder(self.profile, name="property")
-        specs = tuple(vllm_spec(s) for s in cfg.specs)
-        self.oracle = Oracle(specs, cfg.num_blocks, cfg.max_model_len,
-                             cfg.num_lookahead_tokens, cfg.enable_caching)
+        self.oracle = cfg.oracle()
         # Hits align where vLLM's managers align them.
         if cfg.enable_caching:
             assert self.builder.ledger.cache_alignment == self.oracle.hit_alignment(), (

@@ -77,8 +77,9 @@ def vllm_spec(spec: CacheSpec, *, layers: int = 1) -> Any:
     )
 
 
-def kv_cache_config(specs: tuple[Any, ...], num_blocks: int) -> Any:
-    """A worker ``KVCacheConfig`` with one group per vLLM spec."""
+def kv_cache_config(specs: tuple[Any, ...], num_blocks: int, eagle: frozenset[int] = frozenset()) -> Any:
+    """A worker ``KVCacheConfig`` with one group per vLLM spec (groups in
+    ``eagle`` flagged ``is_eagle_group``: they hold drafter layers)."""
     from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
 
     class ZeroingKVCacheConfig(KVCacheConfig):
@@ -94,7 +95,9 @@ def kv_cache_config(specs: tuple[Any, ...], num_blocks: int) -> Any:
         num_blocks=num_blocks,
         kv_cache_tensors=[],
         kv_cache_groups=[
-            KVCacheGroupSpec(layer_names=[f"g{i}"], kv_cache_spec=s) for i, s in enumerate(specs)
+            KVCacheGroupSpec(layer_names=[f"g{i}"], kv_cache_spec=s,
+                             **({"is_eagle_group": True} if i in eagle else {}))
+            for i, s in enumerate(specs)
         ],
     )
 
@@ -143,6 +146,14 @@ class Oracle:
         num_blocks: ``KVCacheConfig.num_blocks``.
         max_model_len, num_lookahead_tokens: as the scheduler has them.
         enable_caching: prefix caching (requests then carry a block hasher).
+        drafter_groups: worker groups holding drafter layers (flagged
+            ``is_eagle_group``, as vLLM's KV cache planning flags them).
+        use_eagle: the scheduler's ``use_eagle`` (EAGLE's last-block drop;
+            vLLM 0.33 clears it when hash lookahead is on).
+        prefill_lookahead: ``num_prefill_lookahead`` (EAGLE 1, multi-module
+            MTP ``k``).
+        hash_lookahead: ``num_hash_lookahead_tokens`` (vLLM 0.33; the
+            request block hasher gets it too).
     """
 
     worker_specs: tuple[Any, ...]
@@ -150,6 +161,10 @@ class Oracle:
     max_model_len: int
     num_lookahead_tokens: int = 0
     enable_caching: bool = False
+    drafter_groups: tuple[int, ...] = ()
+    use_eagle: bool = False
+    prefill_lookahead: int = 0
+    hash_lookahead: int = 0
     manager: Any = field(init=False, repr=False)
     _reqs: dict[str, _Req] = field(default_factory=dict, init=False, repr=False)
     #: Every state-changing call, for :meth:`clone`.
@@ -170,7 +185,9 @@ class Oracle:
             else:
                 self.group_map.append(len(sched_specs))
                 sched_specs.append(s)
-        worker_cfg = kv_cache_config(tuple(sched_specs), self.num_blocks)
+        eagle = frozenset(self.group_map[g] for g in self.drafter_groups
+                          if self.group_map[g] is not None)
+        worker_cfg = kv_cache_config(tuple(sched_specs), self.num_blocks, eagle)
         # What the engine core hands the scheduler (UniformTypeKVCacheSpecs
         # replaced by their first spec).
         self.sched_config = generate_scheduler_kv_cache_config([worker_cfg])
@@ -182,6 +199,7 @@ class Oracle:
             scheduler_block_size=sbs,
             hash_block_size=hbs,
             enable_caching=self.enable_caching,
+            **self._drafter_kwargs(),
         )
         self._hasher = None
         if self.enable_caching:
@@ -192,13 +210,27 @@ class Oracle:
             if not _CACHE_HASH_READY:
                 init_none_hash(sha256)
                 _CACHE_HASH_READY = True
-            self._hasher = get_request_block_hasher(hbs, sha256)
+            self._hasher = get_request_block_hasher(
+                hbs, sha256, *((self.hash_lookahead,) if self.hash_lookahead else ()))
+
+    def _drafter_kwargs(self) -> dict[str, Any]:
+        """The drafter's ``KVCacheManager`` arguments, only those set (a
+        release without one is never drawn a drafter that needs it)."""
+        kw: dict[str, Any] = {}
+        if self.use_eagle:
+            kw["use_eagle"] = True
+        if self.prefill_lookahead:
+            kw["num_prefill_lookahead"] = self.prefill_lookahead
+        if self.hash_lookahead:
+            kw["num_hash_lookahead_tokens"] = self.hash_lookahead
+        return kw
 
     def clone(self) -> Oracle:
         """A fresh oracle brought to this one's state by replaying its calls
         (``deepcopy`` recurses through the pool's linked free list)."""
         twin = Oracle(self.worker_specs, self.num_blocks, self.max_model_len,
-                      self.num_lookahead_tokens, self.enable_caching)
+                      self.num_lookahead_tokens, self.enable_caching, self.drafter_groups,
+                      self.use_eagle, self.prefill_lookahead, self.hash_lookahead)
         for name, args in self._log:
             getattr(twin, name)(*args)
         return twin

@@ -74,6 +74,44 @@ class KVConfig:
     num_speculative_steps: int
     max_encoder_len: int
     enable_caching: bool
+    #: A model-based drafter (:func:`drafter_configs`): its method ("" none),
+    #: the groups holding its layers (flagged ``is_eagle_group``), the
+    #: scheduler's ``use_eagle`` (last-block drop), ``num_prefill_lookahead``
+    #: and ``num_hash_lookahead_tokens``.
+    drafter_method: str = ""
+    drafter_groups: tuple[int, ...] = ()
+    use_eagle: bool = False
+    prefill_lookahead: int = 0
+    hash_lookahead: int = 0
+    drafter_own_group: bool = False
+
+    def oracle(self, num_blocks: int | None = None):
+        """vLLM's ``KVCacheManager`` for this config (:class:`Oracle`)."""
+        from tests.property.oracle import Oracle, vllm_spec
+
+        return Oracle(tuple(vllm_spec(s) for s in self.specs),
+                      self.num_blocks if num_blocks is None else num_blocks,
+                      self.max_model_len, self.num_lookahead_tokens, self.enable_caching,
+                      self.drafter_groups, self.use_eagle, self.prefill_lookahead,
+                      self.hash_lookahead)
+
+    def drafter(self):
+        """The profile's :class:`~stepwarm.drafter.Drafter` (None: no drafter)."""
+        from stepwarm.drafter import Drafter, eagle_groups
+        from tests.property.oracle import vllm_spec
+
+        if not self.drafter_method:
+            return None
+        return Drafter(
+            method=self.drafter_method, num_speculative_tokens=self.num_speculative_steps,
+            kv_cache_groups=self.drafter_groups,
+            own_group=self.drafter_own_group,
+            num_lookahead_tokens=self.num_lookahead_tokens,
+            num_hash_lookahead_tokens=self.hash_lookahead,
+            num_prefill_lookahead_tokens=self.prefill_lookahead,
+            eagle_groups=eagle_groups([vllm_spec(s) for s in self.specs],
+                                      set(self.drafter_groups), self.use_eagle),
+        )
 
     @property
     def is_encoder_decoder(self) -> bool:
@@ -112,6 +150,7 @@ class KVConfig:
             mamba_cache_mode=next(
                 (s.mamba_cache_mode for s in self.specs if s.kind == "mamba"), "none"
             ),
+            drafter=self.drafter(),
         )
 
     def ample_blocks(self) -> int:
@@ -147,11 +186,8 @@ def why_invalid(specs: tuple[CacheSpec, ...], enable_caching: bool, max_encoder_
 def vllm_rejects(cfg: KVConfig) -> str | None:
     """The error vLLM's own ``KVCacheManager`` raises building this config
     (e.g. a group block size the prefix-cache hash size does not divide), or None."""
-    from tests.property.oracle import Oracle, vllm_spec
-
     try:
-        o = Oracle(tuple(vllm_spec(s) for s in cfg.specs), 16, cfg.max_model_len,
-                   cfg.num_lookahead_tokens, cfg.enable_caching)
+        o = cfg.oracle(16)
     except (AssertionError, ValueError) as e:
         return str(e).split(".")[0][:100]
     coordinator = o.manager.coordinator
@@ -286,3 +322,78 @@ def prefix_hit_configs(draw) -> KVConfig:
         kinds=tuple(k for k in ALL_KINDS if k != "cross_attention"),
         max_model_len=48, block_sizes=st.sampled_from([1, 2, 4]), caching=True,
         min_model_len=16))
+
+
+#: Target kinds beside a drafter: the attention kinds whose caching rules
+#: do not read EAGLE's drop (sliding window's ``reachable_block_mask`` and
+#: Mamba's checkpoint do: not modelled, not drawn).
+DRAFTER_TARGET_KINDS = ("full_attention", "mla_attention")
+
+
+@st.composite
+def drafter_configs(draw, methods: tuple[str, ...] = ("eagle", "mtp", "draft_model"),
+                    hash_lookahead: bool | None = None) -> KVConfig:
+    """A target's groups (full / MLA attention, block sizes 1-8, prefix
+    caching on 3 times in 4, ``max_model_len`` 16-48) and a model-based
+    drafter's: its layers in a group of their own (vLLM 0.33 tags them
+    ``is_draft``; a drafter spec differing from the target's) or in one of
+    the target's (vLLM 0.32's EAGLE head, MTP layer), that group flagged
+    ``is_eagle_group``; ``k`` = 1-3 drafts, ``num_lookahead_tokens`` = ``k``.
+
+    - ``eagle``: ``num_prefill_lookahead`` 1, the scheduler's last-block drop
+      on (``use_eagle``);
+    - ``mtp`` (multi-module MTP): ``num_prefill_lookahead`` ``k``, so the
+      last ``k - 1`` computed tokens are not cached;
+    - ``draft_model``: neither (no drop, nothing flagged).
+
+    Where the installed vLLM hashes lookahead tokens
+    (:func:`stepwarm.vllm_facts.hash_lookahead_tokens_hashed`, vLLM 0.33),
+    ``num_hash_lookahead_tokens`` = ``num_prefill_lookahead`` half the time
+    (``hash_lookahead``: forced), which clears the drop as the scheduler does.
+    """
+    from stepwarm import vllm_facts
+
+    base = draw(kv_configs(kinds=DRAFTER_TARGET_KINDS, max_model_len=48,
+                           block_sizes=st.sampled_from([1, 2, 4, 8]),
+                           caching=draw(st.sampled_from([True, True, True, False])),
+                           min_model_len=16))
+    assume(len(base.specs) < 4)
+    method = draw(st.sampled_from(methods), label="drafter method")
+    k = draw(st.integers(2 if method == "mtp" else 1, 3), label="drafts")
+    specs = list(base.specs)
+    own = False
+    if method != "draft_model" and draw(st.booleans(), label="drafter in a group of its own"):
+        bs = draw(st.sampled_from(sorted({s.block_size for s in specs} | {1, 2, 4})))
+        kind = draw(st.sampled_from(DRAFTER_TARGET_KINDS))
+        specs.append(draw(cache_specs(kind, bs, "none", 0)))
+        groups: tuple[int, ...] = (len(specs) - 1,)
+        own = True
+    elif method != "draft_model":
+        groups = (draw(st.integers(0, len(specs) - 1), label="drafter's group"),)
+    else:
+        groups = ()
+    prefill = {"eagle": 1, "mtp": k, "draft_model": 0}[method]
+    hashed = 0
+    if prefill and base.enable_caching and vllm_facts.hash_lookahead_tokens_hashed():
+        on = draw(st.booleans(), label="hash lookahead") if hash_lookahead is None else hash_lookahead
+        hashed = prefill if on else 0
+    elif hash_lookahead:
+        event("rejected config: the installed vLLM hashes no lookahead tokens")
+        assume(False)
+    cfg = KVConfig(
+        specs=tuple(specs), num_blocks=0, max_model_len=base.max_model_len,
+        num_lookahead_tokens=k, num_speculative_steps=k, max_encoder_len=0,
+        enable_caching=base.enable_caching, drafter_method=method, drafter_groups=groups,
+        use_eagle=method != "draft_model" and not hashed, prefill_lookahead=prefill,
+        hash_lookahead=hashed, drafter_own_group=own,
+    )
+    vllm_reason = vllm_rejects(cfg)
+    if vllm_reason is not None:
+        event(f"rejected config: vLLM: {vllm_reason}")
+    assume(vllm_reason is None)
+    ample = cfg.ample_blocks()
+    num_blocks = draw(st.one_of(st.just(ample), st.integers(2, ample)))
+    event(f"drafter: {method}" + (" own group" if own else "")
+          + (f" hash lookahead {hashed}" if hashed else "")
+          + (" caching" if cfg.enable_caching else ""))
+    return KVConfig(**{**cfg.__dict__, "num_blocks": num_blocks})

@@ -17,6 +17,8 @@ for decodes, ``<= prompt_len < max_model_len`` for prefills).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
@@ -180,3 +182,50 @@ def test_property_e_kills_mutant(name: str, monkeypatch: pytest.MonkeyPatch) -> 
     )
     with pytest.raises(AssertionError):
         run_state_machine_as_test(Narrow, settings=run)
+
+
+# --- Drafter rules (property (e) on drafter KV groups) ------------------------
+
+def _drafter_without(field: str):
+    """``DrafterCaching.of`` with one drafter rule dropped."""
+    right = blocks.DrafterCaching.of
+
+    def of(profile):
+        return dataclasses.replace(right(profile), **{field: type(getattr(right(profile), field))()})
+    return staticmethod(of)
+
+
+#: name -> (the DrafterCaching field the mutant drops, drafter_configs arguments).
+DRAFTER_MUTANTS = {
+    "hash lookahead ignored": ("hash_lookahead_tokens",
+                               {"methods": ("eagle", "mtp"), "hash_lookahead": True}),
+    "multi-module MTP's re-prefillable tail cached": ("reprefill_tokens", {"methods": ("mtp",)}),
+    "EAGLE group caches like the target's": ("eagle_groups", {"methods": ("eagle", "mtp")}),
+}
+
+
+def _drafter_run(configs):
+    from tests.property.test_tables import Tables
+
+    class Narrow(Tables):
+        pass
+
+    Narrow.configs = configs
+    run = settings(
+        max_examples=1500, phases=[Phase.generate], derandomize=True, database=None,
+        deadline=None, stateful_step_count=20, report_multiple_bugs=False,
+    )
+    run_state_machine_as_test(Narrow, settings=run)
+
+
+@pytest.mark.parametrize("name", list(DRAFTER_MUTANTS))
+def test_property_e_kills_drafter_mutant(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepwarm import vllm_facts
+    from tests.property.strategies import drafter_configs
+
+    field, kwargs = DRAFTER_MUTANTS[name]
+    if kwargs.get("hash_lookahead") and not vllm_facts.hash_lookahead_tokens_hashed():
+        pytest.skip("the installed vLLM hashes no lookahead tokens (num_hash_lookahead_tokens: 0.33)")
+    monkeypatch.setattr(blocks.DrafterCaching, "of", _drafter_without(field))
+    with pytest.raises(AssertionError, match="stepwarm|new_block_ids_to_zero"):
+        _drafter_run(drafter_configs(**kwargs))

@@ -34,7 +34,7 @@ from hypothesis.stateful import invariant
 
 from stepwarm.compile import to_scheduler_output
 from tests.property.machine import Lifecycle
-from tests.property.strategies import mixed_block_size_configs, prefix_hit_configs
+from tests.property.strategies import drafter_configs, mixed_block_size_configs, prefix_hit_configs
 
 
 def shape(tables) -> tuple:
@@ -139,3 +139,17 @@ class TablesWithPrefixHits(Tables):
 
 
 TestTablesWithPrefixHits = TablesWithPrefixHits.TestCase
+
+
+class TablesWithDrafters(Tables):
+    """Property (e) with a model-based drafter's KV cache groups
+    (:func:`~tests.property.strategies.drafter_configs`): the drafter's
+    layers in a group of their own or in the target's, flagged
+    ``is_eagle_group``; EAGLE's last-block drop, multi-module MTP's
+    re-prefillable tail and (vLLM 0.33) hash lookahead tokens, against
+    vLLM's ``KVCacheManager`` built with the same settings."""
+
+    configs = drafter_configs()
+
+
+TestTablesWithDrafters = TablesWithDrafters.TestCase

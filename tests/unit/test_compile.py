@@ -223,3 +223,34 @@ def test_an_encoder_decoder_prompt_starts_with_the_decoder_start_token():
     plan = b.build()
     so = to_scheduler_output(plan.steps[0], plan, p)
     assert [r.prompt_token_ids for r in so.scheduled_new_reqs] == [[3, 1, 2, 3, 4], [3]]
+
+
+def test_rows_after_rejections_follow_acceptance():
+    """Drafts the worker rejected (OutputHistory.rejected) lower a running
+    row's num_computed_tokens / num_output_tokens and move its draft
+    positions, as update_from_output does; follow_acceptance=False keeps the
+    plan's rows; drafts made wrong from reject_drafts_from on."""
+    from stepwarm.compile import OutputHistory
+
+    p = _profile(num_speculative_steps=2, decode_query_len=3, num_lookahead_tokens=2)
+    b = PlanBuilder(p)
+    b.add_request(PlannedRequest("_stepwarm_a_", 5))
+    b.step("prefill", "p", prefill={"_stepwarm_a_": 5})
+    b.step("spec_decode", "s", decode={"_stepwarm_a_": 2})
+    b.step("spec_decode", "s", decode={"_stepwarm_a_": 2})
+    plan = b.build()
+    ref = [10, 11, 12, 13, 14, 15, 16]
+    # 1 sampled by the prefill, 2 by the first spec step (one draft rejected).
+    h = OutputHistory(sampled={"_stepwarm_a_": [10, 11, 12]}, expected={"_stepwarm_a_": ref},
+                      rejected={"_stepwarm_a_": 1})
+    so = to_scheduler_output(plan.steps[2], plan, p, tokens=h)
+    c = so.scheduled_cached_reqs
+    assert (c.num_computed_tokens, c.num_output_tokens) == ([7], [3])  # plan: 8, 4
+    assert so.scheduled_spec_decode_tokens == {"_stepwarm_a_": [13, 14]}
+    h.follow_acceptance = False
+    so = to_scheduler_output(plan.steps[2], plan, p, tokens=h)
+    assert so.scheduled_cached_reqs.num_computed_tokens == [8]
+    assert so.scheduled_spec_decode_tokens == {"_stepwarm_a_": [14, 15]}
+    wrong = OutputHistory(expected={"_stepwarm_a_": ref}, reject_drafts_from=1, vocab_size=70)
+    so = to_scheduler_output(plan.steps[1], plan, p, tokens=wrong)
+    assert so.scheduled_spec_decode_tokens == {"_stepwarm_a_": [11, 13]}
