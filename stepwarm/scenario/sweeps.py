@@ -88,6 +88,11 @@ class Pow2Classes(BaseModel):
     offset: Expr = Field(default=0, description=(
         "Added before the class is taken (expression, >= 0): 1 for logprobs and "
         "prompt_logprobs, whose kernel block is next_power_of_2(k + 1)."))
+    triton_int: bool = Field(default=False, description=(
+        "value + offset is also an integer argument of the kernel, which Triton "
+        "compiles apart when it is 1 or divisible by 16: within each class, the "
+        "largest value of each of those kinds too (true for logprobs and "
+        "prompt_logprobs: the kernel's topk is k + 1)."))
 
 
 Sweep = Union[Buckets, Range, Values, Pow2Classes]
@@ -131,7 +136,7 @@ def describe(sweep: Sweep) -> str:
         return f"values {sweep.values!r}"
     if isinstance(sweep, Pow2Classes):
         return (f"pow2_classes [{sweep.pow2_classes[0]!r}, {sweep.pow2_classes[1]!r}] "
-                f"offset {sweep.offset!r}")
+                f"offset {sweep.offset!r}" + (" triton_int" if sweep.triton_int else ""))
     return f"buckets {sweep.buckets!r} min {sweep.min!r}"
 
 
@@ -140,11 +145,19 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
-def pow2_class_values(lo: int, hi: int, offset: int = 0) -> list[int]:
+def pow2_class_values(lo: int, hi: int, offset: int = 0, *,
+                      triton_int: bool = False) -> list[int]:
     """One value per class of ``next_power_of_2(v + offset)`` for ``v`` in
     ``lo..hi``: the largest ``v`` of each class, ascending (so ``hi`` is the
     last). ``pow2_class_values(1, 20, 1)`` is 1, 3, 7, 15, 20: blocks 2, 4, 8,
     16 and 32 of ``_topk_log_softmax_kernel`` for logprobs 1..20.
+
+    With ``triton_int``, ``v + offset`` is also an integer argument, which
+    Triton specializes on (``== 1``, ``% 16 == 0``, neither): within each
+    class, the largest ``v`` of each of those kinds. ``pow2_class_values(1,
+    20, 1, triton_int=True)`` is 1, 3, 7, 14, 15, 20: block 16 twice, topk 15
+    and topk 16 (measured on the H200, vLLM 0.26: logprobs 9 compiled a
+    ``TOPK_BLOCK_SIZE=16`` variant after logprobs 15 had warmed the other).
 
     Raises:
         ExpressionError: ``lo > hi``, ``offset < 0`` or ``lo + offset < 0``
@@ -158,13 +171,29 @@ def pow2_class_values(lo: int, hi: int, offset: int = 0) -> list[int]:
     if lo + offset < 0:
         raise ExpressionError(f"pow2_classes [{lo}, {hi}] offset {offset}: lo + offset = "
                               f"{lo + offset} is negative; allowed: lo + offset >= 0")
-    out = []
+    out: list[int] = []
     v = lo
     while v <= hi:
-        top = next_power_of_2(v + offset) - offset  # the class's largest value
-        out.append(min(max(top, v), hi))
-        v = out[-1] + 1
+        top = min(max(next_power_of_2(v + offset) - offset, v), hi)  # the class's largest value
+        if triton_int:
+            out.extend(_int_kinds(v, top, offset))
+        else:
+            out.append(top)
+        v = top + 1
     return out
+
+
+def _int_kinds(first: int, last: int, offset: int) -> list[int]:
+    """The largest ``v`` in ``first..last`` of each kind of ``v + offset``
+    Triton compiles apart (1, divisible by 16, neither), ascending."""
+    def kind(v: int) -> str:
+        n = v + offset
+        return "one" if n == 1 else "div16" if n % 16 == 0 else "plain"
+
+    picked: dict[str, int] = {}
+    for v in range(last, max(first, last - 32) - 1, -1):  # every kind shows within 17 values
+        picked.setdefault(kind(v), v)
+    return sorted(picked.values())
 
 
 def sweep_values(sweep: Sweep, value: Callable[[Any, str], int]) -> list[int]:
@@ -189,7 +218,8 @@ def sweep_values(sweep: Sweep, value: Callable[[Any, str], int]) -> list[int]:
     if isinstance(sweep, Pow2Classes):
         lo = value(sweep.pow2_classes[0], "pow2_classes lo")
         hi = value(sweep.pow2_classes[1], "pow2_classes hi")
-        return pow2_class_values(lo, hi, value(sweep.offset, "pow2_classes offset"))
+        return pow2_class_values(lo, hi, value(sweep.offset, "pow2_classes offset"),
+                                 triton_int=sweep.triton_int)
     if isinstance(sweep, Range):
         start, stop = value(sweep.range[0], "range start"), value(sweep.range[1], "range stop")
         step = value(sweep.step, "range step")

@@ -129,7 +129,7 @@ CASES = {
     "pow2_classes_unknown_key": (
         '[requests.a]\nprompt = { pow2_classes = [1, 8], ofset = 1 }\n' + STEP,
         {}, 2, 'prompt',
-        ":2: request 'a', field 'prompt': unknown key 'ofset' in a pow2_classes sweep; allowed keys: pow2_classes, offset (got {'pow2_classes': [1, 8], 'ofset': 1})"),
+        ":2: request 'a', field 'prompt': unknown key 'ofset' in a pow2_classes sweep; allowed keys: pow2_classes, offset, triton_int (got {'pow2_classes': [1, 8], 'ofset': 1})"),
     "pow2_classes_past_max_logprobs": (
         A + 'sampling = { temperature = 0.0, logprobs = { pow2_classes = [1, "max_logprobs + 5"], offset = 1 } }\n' + STEP,
         {}, 3, 'sampling.logprobs',

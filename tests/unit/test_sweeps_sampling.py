@@ -66,32 +66,58 @@ def _sampled_width(plan, step, prof):
             max((k for k in plp if k is not None), default=None))
 
 
+def _variant(k: int) -> tuple[int, str]:
+    """What Triton compiles _topk_log_softmax_kernel for at logprobs k: its
+    block and the specialization of its integer argument topk = k + 1."""
+    n = k + 1
+    return next_power_of_2(n), "one" if n == 1 else "div16" if n % 16 == 0 else "plain"
+
+
+def test_pow2_classes_with_triton_int_add_each_integer_kind_of_a_class():
+    assert pow2_class_values(1, 20, 1, triton_int=True) == [1, 3, 7, 14, 15, 20]
+    assert pow2_class_values(0, 20, 1, triton_int=True) == [0, 1, 3, 7, 14, 15, 20]
+    assert pow2_class_values(1, 64, 1, triton_int=True)[-5:] == [30, 31, 62, 63, 64]
+    assert pow2_class_values(1, 64, 0, triton_int=True)[-4:] == [31, 32, 63, 64]
+    for lo, hi, offset in ((0, 300, 1), (1, 20, 0), (2, 77, 3), (16, 16, 0), (1, 1100, 1)):
+        got = pow2_class_values(lo, hi, offset, triton_int=True)
+        kinds = [next_power_of_2(v + offset) for v in got], [_variant(v + offset - 1) for v in got]
+        # every (block, integer kind) of lo..hi once, ascending
+        assert sorted(kinds[1]) == sorted({_variant(v + offset - 1) for v in range(lo, hi + 1)})
+        assert len(kinds[1]) == len(set(kinds[1]))
+        assert got == sorted(set(got)) and got[-1] == hi and got[0] >= lo
+    ident = lambda e, what: int(e)  # noqa: E731
+    sweep = Pow2Classes(pow2_classes=[1, 20], offset=1, triton_int=True)
+    assert sweep_values(sweep, ident) == [1, 3, 7, 14, 15, 20]
+
+
 def test_sampler_matrix_warms_every_logprobs_class_up_to_max_logprobs():
     for max_logprobs in (0, 1, 20, 100):
         prof = profile(max_logprobs=max_logprobs)
         (plan,) = plans_for(["sampler-matrix"], prof)
-        want = sorted({next_power_of_2(k + 1) for k in range(min(1, max_logprobs),
-                                                              max_logprobs + 1)})
+        # the kernel's variants: TOPK_BLOCK_SIZE and Triton's kind of topk = k + 1
+        want = sorted({_variant(k) for k in range(min(1, max_logprobs), max_logprobs + 1)})
         ours = {r.req_id for r in plan.requests if r.name in ("lp", "plp")}
         lp_steps = [s for s in plan.steps if any(r.req_id in ours for r in s.scheduled)]
         # the lp / plp steps: each class once as the step's largest k, in
         # both paths (sampled-token logprobs, prompt logprobs)
         widths = [_sampled_width(plan, s, prof) for s in lp_steps]
-        sampled = [next_power_of_2(w + 1) for w, _ in widths if w is not None]
-        scored = [next_power_of_2(w + 1) for _, w in widths if w is not None]
-        assert sampled == want and scored == want, (max_logprobs, sampled, scored)
+        sampled = [_variant(w) for w, _ in widths if w is not None]
+        scored = [_variant(w) for _, w in widths if w is not None]
+        assert sorted(sampled) == want and sorted(scored) == want, (max_logprobs, sampled, scored)
+        assert len(set(sampled)) == len(sampled)  # each variant once
         # one request per class and path, each prefilled alone
         assert len(lp_steps) == 2 * len(want)
         assert all(len(s.scheduled) == 1 for s in lp_steps)
-    # max_logprobs 20: classes 2, 4, 8, 16, 32 (k = 1, 3, 7, 15, 20); the
-    # requests before a class's step are finished in it (one slot)
+    # max_logprobs 20: blocks 2, 4, 8, 16, 16, 32 (k = 1, 3, 7, 14, 15, 20:
+    # topk 15 and 16 compile apart); the requests before a class's step are
+    # finished in it (one slot)
     (plan,) = plans_for(["sampler-matrix"], profile(max_logprobs=20))
     lp = [dict(r.sampling).get("logprobs") for r in plan.requests if r.name == "lp"]
     plp = [dict(r.sampling).get("prompt_logprobs") for r in plan.requests if r.name == "plp"]
-    assert lp == plp == [1, 3, 7, 15, 20]
+    assert lp == plp == [1, 3, 7, 14, 15, 20]
     firsts = [s for s in plan.steps if s.scheduled and s.scheduled[0].req_id in {
         r.req_id for r in plan.requests if r.name in ("lp", "plp")}]
-    assert [len(s.finished_req_ids) for s in firsts] == [0] + [1] * 9
+    assert [len(s.finished_req_ids) for s in firsts] == [0] + [1] * 11
     assert max(len(s.held_blocks) for s in firsts) == 1
 
 
