@@ -150,10 +150,7 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
     from stepwarm import console as console_module
 
     console_module.phase_listener = phase
-    from stepwarm.engine import bad_engine_arg_values, unknown_engine_args
-
-    given = _parse_engine_args(engine_arg or [])
-    unknown = (unknown_engine_args(list(given)) + bad_engine_arg_values(given)) if given else []
+    unknown = _engine_arg_errors(engine_arg)
     if unknown:
         if status is not None:
             status.stop()
@@ -169,6 +166,34 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
         console_module.phase_listener = None
         if status is not None:
             status.stop()
+
+
+def _engine_arg_errors(engine_arg: Optional[list[str]]) -> list[str]:
+    """Every ``-e`` key vLLM's ``EngineArgs`` lacks and every value of the
+    wrong type, one message each (nothing when no ``-e`` was given: vLLM is
+    then not imported for it)."""
+    from stepwarm.engine import bad_engine_arg_values, unknown_engine_args
+
+    given = _parse_engine_args(engine_arg or [])
+    return (unknown_engine_args(list(given)) + bad_engine_arg_values(given)) if given else []
+
+
+def _load_errors(names: list[str], engine_arg: Optional[list[str]]) -> list[tuple[str, Any]]:
+    """Every scenario named loaded (file and format checks), and the ``-e``
+    arguments checked: exit 2 with every error found in them at once, before
+    any engine starts."""
+    from stepwarm.scenario import ScenarioError, load
+
+    loaded, errors = [], []
+    for name in names:  # files and format first: a typo costs no engine start
+        try:
+            loaded.append((name, load(name)))
+        except ScenarioError as e:
+            errors.append(str(e))
+    errors += _engine_arg_errors(engine_arg)
+    if errors:
+        _fail("\nerror: ".join(errors), 2)
+    return loaded
 
 
 def _failure_line(failed: StepFailed) -> str:
@@ -221,21 +246,14 @@ def run(
     from stepwarm.driver import drive
     from stepwarm.watchdog import StepWatch
     from stepwarm.probe import read_profile
-    from stepwarm.scenario import SETS, ScenarioError, expand, load, resolve_names
+    from stepwarm.scenario import SETS, ScenarioError, expand, resolve_names
     from stepwarm.scenario.needs import unmet_before_engine
 
     names = resolve_names(scenario or ["all"])
     #: Scenarios named with -s themselves, not through a set.
     named = set(resolve_names(n for n in scenario or [] if n not in SETS))
     _check_output_path(json_out, "--json")
-    loaded, errors = [], []
-    for name in names:  # files and format first: a typo costs no engine start
-        try:
-            loaded.append((name, load(name)))
-        except ScenarioError as e:
-            errors.append(str(e))
-    if errors:
-        _fail("\nerror: ".join(errors), 2)
+    loaded = _load_errors(names, engine_arg)
     reports: list[RunReport] = []
     checked = _checked_model(model, weights)  # a bad --model before any skip is reported
     known = _engine_args_known(model, engine_arg)
@@ -258,7 +276,7 @@ def run(
     groups = ", ".join(f"{g.kind}(block_size={g.block_size})" for g in profile.kv_cache_groups)
     console.print(f"engine up in {startup_s:.1f} s: {profile.runner} runner, "
                   f"vllm {profile.vllm_version}, {profile.num_blocks} blocks, groups: {groups}")
-    plans = []
+    plans, errors = [], []
     for name, sc in loaded:  # all checked before any step
         try:
             plans.append((name, expand(sc, profile)))
@@ -454,7 +472,7 @@ def coverage(
         limits_before_start,
         load_traffic,
     )
-    from stepwarm.scenario import ScenarioError, load, resolve_names
+    from stepwarm.scenario import resolve_names
 
     if baseline and compare:
         _fail("give --baseline or --compare, not both", 2)
@@ -468,14 +486,7 @@ def coverage(
     if cache_dir is not None and cache_dir.exists() and any(cache_dir.iterdir()):
         _fail(f"--cache-dir {cache_dir}: not empty; compiles are found as new files there", 2)
     names = [] if baseline else resolve_names(scenario or ["all"])
-    errors = []
-    for name in names:  # files and format first: a typo costs no engine start
-        try:
-            load(name)
-        except ScenarioError as e:
-            errors.append(str(e))
-    if errors:
-        _fail("\nerror: ".join(errors), 2)
+    _load_errors(names, engine_arg)
     if compare:
         _coverage_compare(sys.argv[sys.argv.index("coverage") + 1:], json_out, timeline)
         return
@@ -634,6 +645,8 @@ def check(
     _setup(verbose, quiet)
     from stepwarm.scenario import ScenarioError, check as check_all
 
+    if profile is None and (model is not None or engine_arg):
+        _load_errors(files, engine_arg)  # an engine would start: format and -e errors first
     prof = _profile_for(model, profile, engine_arg)
     console.print(_profile_line(prof), soft_wrap=not console.is_terminal)  # a terminal: wrapped
     bad = 0

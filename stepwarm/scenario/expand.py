@@ -187,75 +187,92 @@ class _Expander:
 
     # -- requests -------------------------------------------------------------
     def declare(self) -> None:
-        p = self.p
+        """Every ``[requests]`` entry as planned requests.
+
+        Raises:
+            ScenarioError: every entry that cannot be (one error per entry,
+                all of them: :meth:`ScenarioError.of`).
+        """
+        errors: list[ScenarioError] = []
         for name, spec in self.sc.model.requests.items():
-            prompts = self.sizes(spec.prompt, "prompt", request=name)
-            swept = isinstance(spec.prompt, Sweep.__args__)  # type: ignore[attr-defined]
-            if swept:
-                if "count" in spec.model_fields_set:
-                    raise self.err("count cannot be combined with a swept prompt (the "
-                                   "sweep sets the count)", "count", request=name,
-                                   allowed="count or a prompt sweep, not both")
-            else:
-                n = self.value(spec.count, "count", request=name, high=MAX_COUNT)
-                prompts = prompts * n
-            samplings = self.sampling_variants(name, spec)
-            if len(prompts) * len(samplings) > MAX_SWEEP:
-                raise self.err(f"{len(prompts)} prompt(s) x {len(samplings)} sampling "
-                               f"combination(s) make {len(prompts) * len(samplings)} requests",
-                               "prompt", request=name, allowed=f"at most {MAX_SWEEP}")
-            longest = max_prompt_len(p, spec.kind)
-            for v in prompts:
-                if v > longest:
-                    raise self.err(
-                        f"prompt of {v} tokens exceeds {longest}, the longest prompt vLLM "
-                        f"takes (max_model_len {p.max_model_len}"
-                        + (" less the token sampled after it)" if spec.kind == "sample" else ")"),
-                        "prompt", request=name, allowed=f"1..{longest}")
-            if spec.kind == "pool" and not p.is_pooling_model:
-                raise self.err('kind = "pool" but the runner is not a pooling model', "kind",
-                               request=name, allowed='"sample" here, or add needs = ["pooling"] '
-                               "to skip on such runners")
-            if spec.structured_output and unmet_need(["structured_output"], p):
-                raise self.err("structured_output on a runner that does not sample here",
-                               "structured_output", request=name,
-                               allowed='false, or add needs = ["structured_output"]')
-            if spec.encoder is None:
-                enc = p.max_encoder_len if p.is_encoder_decoder else 0
-            else:
-                enc = self.value(spec.encoder, "encoder", request=name, low=0,
-                                 high=p.max_encoder_len if p.is_encoder_decoder else 0)
-            images, prompts = self.images(spec, name, prompts)
-            total = len(self.prompt_len) + len(prompts) * len(samplings)
-            if total > MAX_REQUESTS:
-                raise self.err(f"the scenario declares more than {MAX_REQUESTS} requests "
-                               f"({total} with this entry)", "count" if "count" in
-                               spec.model_fields_set else "prompt", request=name,
-                               allowed=f"at most {MAX_REQUESTS} requests in all [requests] "
-                               "entries (MAX_REQUESTS)")
-            single = len(prompts) == 1 and len(samplings) == 1 and not swept \
-                and spec.image_class != "each"
-            ids = []
-            for i, (sampling, (v, imgs)) in enumerate(
-                    (s, p) for s in samplings for p in zip(prompts, images)):
-                rid = f"{REQ_ID_PREFIX}{self.sc.name}_{name}_" + ("" if single else f"{i}_")
-                try:
-                    self.b.add_request(PlannedRequest(
-                        req_id=rid, prompt_len=v, kind=spec.kind,
-                        structured_output=spec.structured_output, encoder_len=enc,
-                        sampling=sampling, images=imgs, name=name,
-                        index=None if single else i,
-                        skip_reading_prefix_cache=(
-                            skips_prefix_cache(sampling) if spec.kind == "sample"
-                            else pooling_skips_prefix_cache(p.pooling_task))))
-                except PlanError as e:
-                    raise self.err(str(e), "prompt", request=name,
-                                   allowed=f"1..{longest}") from None
-                ids.append(rid)
-                self.prompt_len[rid] = v
-                self.sampling[rid] = sampling
-                self.display[rid] = name if single else f"{name}[{i}]"
-            self.groups[name] = ids
+            try:
+                self._declare_one(name, spec)
+            except ScenarioError as e:
+                errors.extend(e.errors)
+                if e.field in ("count", "prompt") and "MAX_REQUESTS" in str(e):
+                    break  # every later entry would say the same
+        if errors:
+            raise ScenarioError.of(errors)
+
+    def _declare_one(self, name: str, spec: Any) -> None:
+        p = self.p
+        prompts = self.sizes(spec.prompt, "prompt", request=name)
+        swept = isinstance(spec.prompt, Sweep.__args__)  # type: ignore[attr-defined]
+        if swept:
+            if "count" in spec.model_fields_set:
+                raise self.err("count cannot be combined with a swept prompt (the "
+                               "sweep sets the count)", "count", request=name,
+                               allowed="count or a prompt sweep, not both")
+        else:
+            n = self.value(spec.count, "count", request=name, high=MAX_COUNT)
+            prompts = prompts * n
+        samplings = self.sampling_variants(name, spec)
+        if len(prompts) * len(samplings) > MAX_SWEEP:
+            raise self.err(f"{len(prompts)} prompt(s) x {len(samplings)} sampling "
+                           f"combination(s) make {len(prompts) * len(samplings)} requests",
+                           "prompt", request=name, allowed=f"at most {MAX_SWEEP}")
+        longest = max_prompt_len(p, spec.kind)
+        for v in prompts:
+            if v > longest:
+                raise self.err(
+                    f"prompt of {v} tokens exceeds {longest}, the longest prompt vLLM "
+                    f"takes (max_model_len {p.max_model_len}"
+                    + (" less the token sampled after it)" if spec.kind == "sample" else ")"),
+                    "prompt", request=name, allowed=f"1..{longest}")
+        if spec.kind == "pool" and not p.is_pooling_model:
+            raise self.err('kind = "pool" but the runner is not a pooling model', "kind",
+                           request=name, allowed='"sample" here, or add needs = ["pooling"] '
+                           "to skip on such runners")
+        if spec.structured_output and unmet_need(["structured_output"], p):
+            raise self.err("structured_output on a runner that does not sample here",
+                           "structured_output", request=name,
+                           allowed='false, or add needs = ["structured_output"]')
+        if spec.encoder is None:
+            enc = p.max_encoder_len if p.is_encoder_decoder else 0
+        else:
+            enc = self.value(spec.encoder, "encoder", request=name, low=0,
+                             high=p.max_encoder_len if p.is_encoder_decoder else 0)
+        images, prompts = self.images(spec, name, prompts)
+        total = len(self.prompt_len) + len(prompts) * len(samplings)
+        if total > MAX_REQUESTS:
+            raise self.err(f"the scenario declares more than {MAX_REQUESTS} requests "
+                           f"({total} with this entry)", "count" if "count" in
+                           spec.model_fields_set else "prompt", request=name,
+                           allowed=f"at most {MAX_REQUESTS} requests in all [requests] "
+                           "entries (MAX_REQUESTS)")
+        single = len(prompts) == 1 and len(samplings) == 1 and not swept \
+            and spec.image_class != "each"
+        ids = []
+        for i, (sampling, (v, imgs)) in enumerate(
+                (s, p) for s in samplings for p in zip(prompts, images)):
+            rid = f"{REQ_ID_PREFIX}{self.sc.name}_{name}_" + ("" if single else f"{i}_")
+            try:
+                self.b.add_request(PlannedRequest(
+                    req_id=rid, prompt_len=v, kind=spec.kind,
+                    structured_output=spec.structured_output, encoder_len=enc,
+                    sampling=sampling, images=imgs, name=name,
+                    index=None if single else i,
+                    skip_reading_prefix_cache=(
+                        skips_prefix_cache(sampling) if spec.kind == "sample"
+                        else pooling_skips_prefix_cache(p.pooling_task))))
+            except PlanError as e:
+                raise self.err(str(e), "prompt", request=name,
+                               allowed=f"1..{longest}") from None
+            ids.append(rid)
+            self.prompt_len[rid] = v
+            self.sampling[rid] = sampling
+            self.display[rid] = name if single else f"{name}[{i}]"
+        self.groups[name] = ids
 
     def images(self, spec: Any, name: str, prompts: list[int]
                ) -> tuple[list[tuple[int, ...]], list[int]]:

@@ -294,7 +294,13 @@ class _TomlIndex:
             return first + 1 if section != ("top",) else (1 if key is None else None)
         if section[0] == "requests" and len(section) == 2:
             # inline: [requests] NAME = { ... }
-            return self.line(("requests",), section[1])
+            found = self.line(("requests",), section[1])
+            if found is None:  # a dotted top-level key: requests.NAME = { ... }
+                dotted = re.compile(rf"^\s*requests\s*\.\s*[\"']?{re.escape(section[1])}"
+                                    rf"[\"']?\s*=")
+                found = next((i + 1 for i, raw in enumerate(self.lines) if dotted.match(raw)),
+                             None)
+            return found
         return None
 
 
