@@ -132,7 +132,9 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
     from stepwarm.engine import start_engine
 
     t0 = time.perf_counter()
-    status = console.status("starting vLLM engine: importing vLLM...") if console.is_terminal else None
+    from stepwarm.console import Spinner
+
+    status = Spinner("starting vLLM engine: importing vLLM...") if console.is_terminal else None
 
     def phase(name: str) -> None:
         if on_phase is not None:
@@ -372,7 +374,7 @@ def _summary_and_exit(reports: list[RunReport], failures: list[StepFailed],
     """The last line of ``run`` and its exit status (see ``run --help``)."""
     ran = [r for r in reports if not r.skipped]
     skipped = len(reports) - len(ran)
-    summary = (f"{len(ran)} scenario(s), {sum(len(r.steps) for r in ran)} steps "
+    summary = (f"{len(ran)} scenario(s), {plural(sum(len(r.steps) for r in ran), 'step')} "
                f"in {sum(r.wall_ms for r in ran):.0f} ms"
                + (f", {skipped} skipped (by reason below)" if skipped else ""))
     if failures:

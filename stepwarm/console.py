@@ -32,6 +32,29 @@ console = Console(width=None if sys.stdout.isatty() else 160, markup=False, high
 err_console = Console(stderr=True, markup=False, highlight=False,
                       width=None if sys.stderr.isatty() else 160)
 
+class Spinner:
+    """A one-line status on a terminal (rich's ``Console.status``) that leaves
+    stderr alone: rich's own status redirects ``sys.stderr`` into the
+    console, so vLLM's log, whose handler is made while vLLM imports under
+    the spinner, would go to stdout."""
+
+    def __init__(self, text: str, out: Console = console):
+        from rich.spinner import Spinner as RichSpinner
+
+        self._spinner = RichSpinner("dots", text=text)
+        self._live = Live(self._spinner, console=out, transient=True, refresh_per_second=12.5,
+                          redirect_stdout=False, redirect_stderr=False)
+
+    def start(self) -> None:
+        self._live.start()
+
+    def update(self, text: str) -> None:
+        self._spinner.update(text=text)
+
+    def stop(self) -> None:
+        self._live.stop()
+
+
 def plural(n: int, noun: str) -> str:
     """``1 request``, ``2 requests`` (nouns that take an s)."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
@@ -376,7 +399,7 @@ class ReplayProgress:
     def start(self) -> None:
         """The replay begins."""
         if self.out.is_terminal:
-            self.status = self.out.status(f"replaying traffic: 0/{self.total} requests")
+            self.status = Spinner(f"replaying traffic: 0/{self.total} requests", self.out)
             self.status.start()
 
     def request(self, r: Any) -> None:

@@ -106,8 +106,10 @@ def _seconds(env: Mapping[str, str], name: str) -> float | None:
     except ValueError:
         value = math.nan
     if not math.isfinite(value) or value <= 0 or value > MAX_SECONDS:
+        what = ("not a number of seconds" if not math.isfinite(value)
+                else "out of range" if value <= 0 else "too long")
         raise SettingsError(
-            f"{name}={raw!r}: not a number of seconds; allowed: a number > 0 and <= "
+            f"{name}={raw!r}: {what}; allowed: a number > 0 and <= "
             f"{MAX_SECONDS:g} (e.g. 60), or unset")
     return value
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from stepwarm.profile import CacheSpec, RunnerProfile
@@ -25,9 +26,11 @@ def make_profile(**overrides: Any) -> RunnerProfile:
 
 
 def in_a_terminal(args: list[str], columns: int, timeout: int = 600,
-                   env: dict[str, str] | None = None) -> tuple[int, str]:
+                   env: dict[str, str] | None = None,
+                   stderr: Path | None = None) -> tuple[int, str]:
     """``python -m stepwarm ARGS`` with stdout and stderr on a pseudo-terminal
-    ``columns`` wide: (exit status, what the terminal showed, escapes removed)."""
+    ``columns`` wide (stderr to the file ``stderr`` instead, where given):
+    (exit status, what the terminal showed, escapes removed)."""
     import fcntl
     import os
     import pty
@@ -37,6 +40,9 @@ def in_a_terminal(args: list[str], columns: int, timeout: int = 600,
 
     pid, fd = pty.fork()
     if pid == 0:  # the child: the terminal's size is set before it starts
+        if stderr is not None:
+            err = os.open(str(stderr), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(err, 2)
         os.execve(sys.executable, [sys.executable, "-m", "stepwarm", *args],
                   {**os.environ, **(env or {})})
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))

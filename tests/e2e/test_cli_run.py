@@ -64,14 +64,19 @@ def test_run_prints_step_tables_and_writes_json(tmp_path):
     ]
 
 
-def test_the_live_table_fits_an_80_column_terminal():
+def test_the_live_table_fits_an_80_column_terminal(tmp_path):
     """In a real 80-column terminal the last frame of the live table shows
     every step's numbers, and no line is wider than the terminal. With
     enforce_eager and VLLM_CPU_KVCACHE_SPACE the CPU worker does not warm up,
     and the start-up phases do not say it did."""
+    err = tmp_path / "stderr.txt"
     code, text = in_a_terminal(["run", "-s", "mixed-prefill-decode"], 80,
-                                env={"VLLM_CPU_KVCACHE_SPACE": "1"})
-    assert code == 0, text[-3000:]
+                                env={"VLLM_CPU_KVCACHE_SPACE": "1"}, stderr=err)
+    assert code == 0, text[-3000:] + err.read_text()[-3000:]
+    # vLLM's log goes to stderr on a terminal too, not through the start-up spinner
+    # (before: rich's status redirected stderr into the terminal's stdout)
+    log = re.compile(r"^\(\w+ pid=\d+\) (WARNING|INFO) ", re.M)
+    assert log.search(err.read_text()) and not log.search(text.replace("\r", "\n")), text[-2000:]
     assert "starting vLLM engine: initializing the KV cache" in text
     assert "vLLM's own warmup" not in text
     final = text.rsplit("scenario mixed-prefill-decode (v1 runner): 5/5 steps", 1)[1]

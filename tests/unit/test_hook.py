@@ -245,3 +245,12 @@ def test_register_ends_on_a_blank_scenarios_variable(monkeypatch):
     assert e.value.code == ("stepwarm: STEPWARM_SCENARIOS=' ': names no scenario; allowed: "
                             "comma-separated built-in names, .toml paths or all; unset or "
                             "empty: the plugin is off")
+
+
+@pytest.mark.parametrize("value, what", [("-5", "out of range"), ("0", "out of range"),
+                                         ("1e9", "too long"), ("soon", "not a number of seconds")])
+def test_a_seconds_setting_says_why_it_is_refused(value, what):
+    with pytest.raises(SettingsError) as e:
+        HookSettings.from_env({"STEPWARM_SCENARIOS": "default", "STEPWARM_TIME_LIMIT_S": value})
+    assert str(e.value) == (f"STEPWARM_TIME_LIMIT_S={value!r}: {what}; allowed: a number > 0 "
+                            "and <= 86400 (e.g. 60), or unset")
