@@ -176,7 +176,11 @@ def _kernels(k: dict[str, int]) -> str:
 
 def print_report(rep: CoverageReport, out: Console) -> None:
     """Start-up compiles by phase / step, then one row per traffic request, then the verdict."""
-    if rep.startup_compiles:
+    if rep.startup_compiles and out.width < TABLE_WIDTH:
+        out.print(f"{rep.mode}: kernels compiled at start-up, by phase / scenario step")
+        for c in rep.startup_compiles:
+            out.print(f"  {c.at_s:.1f} s, {c.where}: {_kernels(c.kernels)}")
+    elif rep.startup_compiles:
         t = Table(title=f"{rep.mode}: kernels compiled at start-up, by phase / scenario step",
                   title_justify="left")
         t.add_column("at s", justify="right")
@@ -187,13 +191,28 @@ def print_report(rep: CoverageReport, out: Console) -> None:
         out.print(t)
     gate = ("compiled" if rep.threshold is None else f"compiled, or first/second > "
             f"{rep.threshold:g} and {rep.min_excess_ms:g} ms slower")
+    if out.width < TABLE_WIDTH:  # a narrow terminal: lines, wrapped between words
+        out.print(f"{rep.mode}: traffic ({rep.traffic}), each request twice; flagged: {gate}")
+        for r in rep.requests:
+            why = rep.flagged(r)
+            kernels = _kernels(r["compiles_first"]) + (
+                f"; 2nd run: {_kernels(r['compiles_second'])}" if r["compiles_second"] else "")
+            out.print(Text.assemble(
+                f"  {r['line']} {r['name']}: n {r['count']}, prompt {r['prompt_len']}, "
+                f"{_sampling_text(r['sampling'])}; {r['first_ms']:.1f} / {r['second_ms']:.1f} ms "
+                f"(worker {r.get('first_worker_ms', 0):.1f} / "
+                f"{r.get('second_worker_ms', 0):.1f}), ratio {r['ratio']:.2f}; compiled: "
+                f"{r['error'] or kernels}; ",
+                (why, "bold red") if why else ("ok", "green")))
+        out.print(summary_line(rep))
+        return
     t = Table(title=f"{rep.mode}: traffic ({rep.traffic}), each request twice; flagged: {gate}",
               title_justify="left")
     for col, just in (("line", "right"), ("request", "left"), ("n", "right"),
                       ("prompt", "right"), ("sampling", "left"), ("1st ms", "right"),
                       ("2nd ms", "right"), ("ratio", "right"), ("in worker", "right"),
                       ("compiled (1st run)", "left"),
-                      ("", "left")):
+                      ("verdict", "left")):
         t.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
     for r in rep.requests:
         why = rep.flagged(r)
@@ -206,7 +225,7 @@ def print_report(rep: CoverageReport, out: Console) -> None:
                   r["error"] or kernels,
                   Text(why, style="bold red") if why else Text("ok", style="green"))
     out.print(t)
-    out.print(summary_line(rep), soft_wrap=True)
+    out.print(summary_line(rep), soft_wrap=not out.is_terminal)  # piped: one line
 
 
 def summary_line(rep: CoverageReport) -> str:
@@ -221,8 +240,31 @@ def summary_line(rep: CoverageReport) -> str:
             + f" (detectors: {', '.join(rep.detectors)})")
 
 
+#: Narrower terminals get coverage's traffic as lines, not a table whose cells
+#: would fold inside numbers and kernel names.
+TABLE_WIDTH = 120
+
+
 def print_comparison(base: CoverageReport, sw: CoverageReport, out: Console) -> None:
     """Baseline and stepwarm side by side: per request, then totals."""
+    if out.width < TABLE_WIDTH:
+        out.print(f"baseline (vLLM's warmup) vs stepwarm ({', '.join(sw.scenarios)}): "
+                  "first / second ms, compiles of the first run")
+        by_line = {r["line"]: r for r in sw.requests}
+        for b in base.requests:
+            s = by_line.get(b["line"])
+            other = (f"stepwarm {s['first_ms']:.0f} / {s['second_ms']:.0f} ms, ratio "
+                     f"{s['ratio']:.2f}, compiled {_kernels(s['compiles_first'])}"
+                     if s else "stepwarm -")
+            out.print(f"  {b['line']} {b['name']}: baseline {b['first_ms']:.0f} / "
+                      f"{b['second_ms']:.0f} ms, ratio {b['ratio']:.2f}, compiled "
+                      f"{_kernels(b['compiles_first'])}; {other}")
+    else:
+        _comparison_table(base, sw, out)
+    _totals(base, sw, out)
+
+
+def _comparison_table(base: CoverageReport, sw: CoverageReport, out: Console) -> None:
     t = Table(title=f"baseline (vLLM's warmup) vs stepwarm ({', '.join(sw.scenarios)}): "
               "first / second ms, compiles of the first run", title_justify="left")
     for col in ("line", "request", "baseline 1st/2nd ms", "ratio", "compiled",
@@ -239,6 +281,9 @@ def print_comparison(base: CoverageReport, sw: CoverageReport, out: Console) -> 
                    _kernels(s["compiles_first"])] if s else ["-", "-", "-"])
         t.add_row(*cells)
     out.print(t)
+
+
+def _totals(base: CoverageReport, sw: CoverageReport, out: Console) -> None:
     totals = Table(title="totals", title_justify="left")
     for col in ("", "baseline", "stepwarm"):
         totals.add_column(col, justify="left" if not col else "right")

@@ -4,8 +4,12 @@ the verdict, JSON round trip and the SVG timeline."""
 
 from __future__ import annotations
 
+import json
 import os
 import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
 
 from stepwarm.coverage.detectors import CacheScan, CompileEvent, JitMonitorLog, merge
 from stepwarm.coverage.report import CoverageReport, group_startup
@@ -178,3 +182,53 @@ def test_compare_children_get_every_argument_but_the_parents_outputs():
     assert child_args(["t.jsonl", "--compare", "-s", "default", "--json", "o.json",
                        "--timeline=t.svg", "-e", "max_num_seqs=4", "--threshold", "2"]) == [
         "t.jsonl", "-s", "default", "-e", "max_num_seqs=4", "--threshold", "2"]
+
+
+def _h200_reports(tmp_path):
+    """The baseline and stepwarm reports of the H200 run in benchmarks/results."""
+    both = json.loads((Path(__file__).parents[2] / "benchmarks" / "results"
+                       / "h200-coverage-llama-v2-pow2-compare.json").read_text())
+    out = []
+    for mode in ("baseline", "stepwarm"):
+        (tmp_path / f"{mode}.json").write_text(json.dumps(both[mode]))
+        out.append(CoverageReport.load(tmp_path / f"{mode}.json"))
+    return out
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_coverage_in_a_narrow_terminal_is_lines_that_cut_no_number_or_kernel(tmp_path, width):
+    import io
+
+    from rich.console import Console
+
+    from stepwarm.coverage.report import print_comparison, print_report
+
+    base, sw = _h200_reports(tmp_path)
+    buf = io.StringIO()
+    out = Console(file=buf, width=width, force_terminal=True, color_system=None)
+    print_report(base, out)
+    print_comparison(base, sw, out)
+    lines = buf.getvalue().splitlines()
+    assert max(map(len, lines)) <= width
+    words = " ".join(lines).split()
+    # every request's numbers and every kernel name whole, on some line
+    logprobs9 = next(r for r in base.requests if r["name"] == "logprobs 9")
+    assert f"{logprobs9['first_ms']:.1f}" in words and "_topk_log_softmax_kernel;" in words
+    assert sum(1 for w in words if w.startswith("_topk_topp_kernel")) >= 5
+    assert "triton_per_fused__to_copy_embedding_rms_norm_0" in words and "…" not in "".join(lines)
+    assert f"{sw.startup_s:.1f}" in " ".join(lines)
+    assert not any(ln.lstrip().startswith("│") and "request" in ln for ln in lines[:5])
+
+
+def test_coverage_in_a_wide_terminal_is_the_table(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from stepwarm.coverage.report import print_report
+
+    base, _ = _h200_reports(tmp_path)
+    buf = io.StringIO()
+    print_report(base, Console(file=buf, width=200, force_terminal=True, color_system=None))
+    text = buf.getvalue()
+    assert "┃ line ┃ request" in text and "verdict" in text
