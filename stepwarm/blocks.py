@@ -646,19 +646,7 @@ class BlockLedger:
         tables = self._tables
         bss = self._block_sizes()
         la, mml = self.ctx.num_lookahead_tokens, self.ctx.max_model_len
-        need = 0
-        for r in rows:
-            covered = min(r[1] + la, mml)
-            t = tables.get(r[0])
-            if t is None:
-                for bs in bss:
-                    need += -(-covered // bs)
-            else:
-                for bs, gt in zip(bss, t):
-                    k = -(-covered // bs) - len(gt.ids)
-                    if k > 0:
-                        need += k
-        if need > self.num_free:
+        if self._token_range_need(rows) > self.num_free:
             return None
         self._cached_this_step.clear()
         for rid in free:
@@ -718,40 +706,70 @@ class BlockLedger:
                 cover = len(ids) * bs
                 quick[rid] = (never if mml <= cover else cover - la, threshold, idle)
                 continue
-            appended: list[tuple[int, ...]] | None = None
-            for g, (bs, gt) in enumerate(zip(bss, t)):
-                k = -(-covered // bs) - len(gt.ids)
-                if k > 0:
-                    if appended is None:
-                        appended = [()] * num_groups
-                    got = take(k)
-                    gt.ids.extend(got)
-                    appended[g] = got
-            counts = tuple([len(gt.ids) for gt in t])
-            idle = new(Growth, (empty, empty, counts))
-            if appended is None:
-                out.append(idle)
-            else:
-                grown = tuple(appended)
-                out.append(new(Growth, (grown, grown, counts)))
-            threshold = never
-            if caching:
-                done = done_by_req.get(rid)
-                if done is None:
-                    done = done_by_req[rid] = [0] * num_groups
-                cacheable = num_cached_tokens // align * align
-                for g, (bs, gt) in enumerate(zip(bss, t)):
-                    full = min(cacheable // bs, len(gt.ids))
-                    if full > done[g]:
-                        self._cache_blocks(g, bs, gt.ids, done[g], full, prompt_len, rid)
-                        done[g] = full
-                    if len(gt.ids) > done[g]:
-                        threshold = min(threshold, (done[g] + 1) * bs)
-            # covered <= L * bs in every group: nothing to allocate (min of
-            # the lookahead-extended tokens and max_model_len)
-            cover = min((len(gt.ids) * bs for bs, gt in zip(bss, t)), default=never)
-            quick[rid] = (never if mml <= cover else cover - la, threshold, idle)
+            out.append(self._token_range_groups(rid, t, covered, num_cached_tokens, prompt_len))
         return out
+
+    def _token_range_need(self, rows: list[StepAllocation]) -> int:
+        """The new blocks ``rows`` take in every group together (the
+        token-range rule: ``cdiv(min(tokens + lookahead, max_model_len),
+        block_size)`` less what each table holds)."""
+        tables, bss = self._tables, self._block_sizes()
+        la, mml = self.ctx.num_lookahead_tokens, self.ctx.max_model_len
+        need = 0
+        for r in rows:
+            covered = min(r[1] + la, mml)
+            t = tables.get(r[0])
+            if t is None:
+                for bs in bss:
+                    need += -(-covered // bs)
+            else:
+                for bs, gt in zip(bss, t):
+                    k = -(-covered // bs) - len(gt.ids)
+                    if k > 0:
+                        need += k
+        return need
+
+    def _token_range_groups(self, rid: str, t: list[GroupTable], covered: int,
+                            num_cached_tokens: int, prompt_len: int) -> Growth:
+        """One row of :meth:`_allocate_token_range` over several groups: each
+        table grown to ``covered`` tokens, its full blocks within
+        ``num_cached_tokens`` cached, the row's quick entry renewed."""
+        bss = self._block_sizes()
+        la, mml = self.ctx.num_lookahead_tokens, self.ctx.max_model_len
+        num_groups, never, new = len(bss), 1 << 62, tuple.__new__
+        empty = ((),) * num_groups
+        appended: list[tuple[int, ...]] | None = None
+        for g, (bs, gt) in enumerate(zip(bss, t)):
+            k = -(-covered // bs) - len(gt.ids)
+            if k > 0:
+                if appended is None:
+                    appended = [()] * num_groups
+                got = self._take(k)
+                gt.ids.extend(got)
+                appended[g] = got
+        counts = tuple([len(gt.ids) for gt in t])
+        idle = new(Growth, (empty, empty, counts))
+        grown = idle if appended is None else new(Growth, (tuple(appended), tuple(appended),
+                                                          counts))
+        threshold = never
+        if self.enable_caching:
+            done = self._num_cached.get(rid)
+            if done is None:
+                done = self._num_cached[rid] = [0] * num_groups
+            align = self.cache_alignment or 1
+            cacheable = num_cached_tokens // align * align
+            for g, (bs, gt) in enumerate(zip(bss, t)):
+                full = min(cacheable // bs, len(gt.ids))
+                if full > done[g]:
+                    self._cache_blocks(g, bs, gt.ids, done[g], full, prompt_len, rid)
+                    done[g] = full
+                if len(gt.ids) > done[g]:
+                    threshold = min(threshold, (done[g] + 1) * bs)
+        # covered <= L * bs in every group: nothing to allocate (min of
+        # the lookahead-extended tokens and max_model_len)
+        cover = min((len(gt.ids) * bs for bs, gt in zip(bss, t)), default=never)
+        self._quick[rid] = (never if mml <= cover else cover - la, threshold, idle)
+        return grown
 
     def _block_sizes(self) -> tuple[int, ...]:
         return tuple(s.block_size for s in self.specs)
