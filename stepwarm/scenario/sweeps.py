@@ -163,14 +163,17 @@ def pow2_class_values(lo: int, hi: int, offset: int = 0, *,
         ExpressionError: ``lo > hi``, ``offset < 0`` or ``lo + offset < 0``
             (the message names the bounds).
     """
+    problems = []  # every one at once
     if lo > hi:
-        raise ExpressionError(f"pow2_classes [{lo}, {hi}] is backwards (lo {lo} > hi {hi}); "
-                              "allowed: lo <= hi")
+        problems.append(f"pow2_classes [{lo}, {hi}] is backwards (lo {lo} > hi {hi}); "
+                        "allowed: lo <= hi")
     if offset < 0:
-        raise ExpressionError(f"pow2_classes offset {offset} is negative; allowed: offset >= 0")
-    if lo + offset < 0:
-        raise ExpressionError(f"pow2_classes [{lo}, {hi}] offset {offset}: lo + offset = "
-                              f"{lo + offset} is negative; allowed: lo + offset >= 0")
+        problems.append(f"pow2_classes offset {offset} is negative; allowed: offset >= 0")
+    elif lo + offset < 0:
+        problems.append(f"pow2_classes [{lo}, {hi}] offset {offset}: lo + offset = "
+                        f"{lo + offset} is negative; allowed: lo + offset >= 0")
+    if problems:
+        raise ExpressionError("; ".join(problems))
     out: list[int] = []
     v = lo
     while v <= hi:

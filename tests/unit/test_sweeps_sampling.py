@@ -6,6 +6,8 @@ from __future__ import annotations
 import textwrap
 from types import SimpleNamespace
 
+import pytest
+
 from stepwarm.compile import sampling_params
 from stepwarm.probe import _max_logprobs
 from stepwarm.scenario import builtin_names, json_schema, loads, resolve_names
@@ -71,6 +73,15 @@ def _variant(k: int) -> tuple[int, str]:
     block and the specialization of its integer argument topk = k + 1."""
     n = k + 1
     return next_power_of_2(n), "one" if n == 1 else "div16" if n % 16 == 0 else "plain"
+
+
+def test_pow2_classes_bound_errors_are_all_named_at_once():
+    from stepwarm.expressions import ExpressionError
+
+    with pytest.raises(ExpressionError) as e:
+        pow2_class_values(20, 1, -1)
+    assert str(e.value) == ("pow2_classes [20, 1] is backwards (lo 20 > hi 1); allowed: lo <= hi; "
+                            "pow2_classes offset -1 is negative; allowed: offset >= 0")
 
 
 def test_pow2_classes_with_triton_int_add_each_integer_kind_of_a_class():
