@@ -180,7 +180,7 @@ def _engine_arg_errors(engine_arg: Optional[list[str]]) -> list[str]:
     return (unknown_engine_args(list(given)) + bad_engine_arg_values(given)) if given else []
 
 
-def _load_errors(names: list[str], engine_arg: Optional[list[str]]) -> list[tuple[str, Any]]:
+def _loaded_or_exit(names: list[str], engine_arg: Optional[list[str]]) -> list[tuple[str, Any]]:
     """Every scenario named loaded (file and format checks), and the ``-e``
     arguments checked: exit 2 with every error found in them at once, before
     any engine starts."""
@@ -255,7 +255,7 @@ def run(
     #: Scenarios named with -s themselves, not through a set.
     named = set(resolve_names(n for n in scenario or [] if n not in SETS))
     _check_output_path(json_out, "--json")
-    loaded = _load_errors(names, engine_arg)
+    loaded = _loaded_or_exit(names, engine_arg)
     reports: list[RunReport] = []
     checked = _checked_model(model, weights)  # a bad --model before any skip is reported
     known = _engine_args_known(model, engine_arg)
@@ -488,7 +488,7 @@ def coverage(
     if cache_dir is not None and cache_dir.exists() and any(cache_dir.iterdir()):
         _fail(f"--cache-dir {cache_dir}: not empty; compiles are found as new files there", 2)
     names = [] if baseline else resolve_names(scenario or ["all"])
-    _load_errors(names, engine_arg)
+    _loaded_or_exit(names, engine_arg)
     if compare:
         _coverage_compare(sys.argv[sys.argv.index("coverage") + 1:], json_out, timeline)
         return
@@ -648,7 +648,7 @@ def check(
     from stepwarm.scenario import ScenarioError, check as check_all
 
     if profile is None and (model is not None or engine_arg):
-        _load_errors(files, engine_arg)  # an engine would start: format and -e errors first
+        _loaded_or_exit(files, engine_arg)  # an engine would start: format and -e errors first
     prof = _profile_for(model, profile, engine_arg)
     console.print(_profile_line(prof), soft_wrap=not console.is_terminal)  # a terminal: wrapped
     bad = 0

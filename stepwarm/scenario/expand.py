@@ -107,6 +107,8 @@ class _Expander:
         self.display: dict[str, str] = {}
         self.step_i: int | None = None
         self.kind: str | None = None
+        #: an entry went past MAX_REQUESTS (declare stops listing there)
+        self.requests_capped = False
 
     # -- errors --------------------------------------------------------------
     def err(self, what: str, field: str | None, *, request: str | None = None,
@@ -199,8 +201,8 @@ class _Expander:
                 self._declare_one(name, spec)
             except ScenarioError as e:
                 errors.extend(e.errors)
-                if e.field in ("count", "prompt") and "MAX_REQUESTS" in str(e):
-                    break  # every later entry would say the same
+                if self.requests_capped:
+                    break
         if errors:
             raise ScenarioError.of(errors)
 
@@ -245,6 +247,7 @@ class _Expander:
         images, prompts = self.images(spec, name, prompts)
         total = len(self.prompt_len) + len(prompts) * len(samplings)
         if total > MAX_REQUESTS:
+            self.requests_capped = True  # every later entry would say the same
             raise self.err(f"the scenario declares more than {MAX_REQUESTS} requests "
                            f"({total} with this entry)", "count" if "count" in
                            spec.model_fields_set else "prompt", request=name,
