@@ -80,7 +80,7 @@ def test_step_watch_settings():
     s = HookSettings.from_env({**base, "STEPWARM_STEP_WARN_S": "OFF",
                                "STEPWARM_STEP_TIMEOUT_S": "120"})
     assert (s.step_warn_s, s.step_timeout_s) == (None, 120.0)
-    with pytest.raises(SettingsError, match=r"^STEPWARM_STEP_TIMEOUT_S='0': not a number"):
+    with pytest.raises(SettingsError, match=r"^STEPWARM_STEP_TIMEOUT_S='0': out of range; allowed: a number > 0"):
         HookSettings.from_env({**base, "STEPWARM_STEP_TIMEOUT_S": "0"})
 
 
