@@ -208,6 +208,17 @@ _block_sizes = st.one_of(
 )
 
 
+def _num_blocks_vllm_accepts(draw, cfg: KVConfig) -> int:
+    """A pool size for ``cfg`` (its ample count, or fewer), after assuming
+    vLLM's own managers accept the config (the rejection recorded as an event)."""
+    vllm_reason = vllm_rejects(cfg)
+    if vllm_reason is not None:
+        event(f"rejected config: vLLM: {vllm_reason}")
+    assume(vllm_reason is None)
+    ample = cfg.ample_blocks()
+    return draw(st.one_of(st.just(ample), st.integers(2, ample)))
+
+
 @st.composite
 def cache_specs(draw, kind: str, block_size: int, mamba_mode: str, spec_blocks: int) -> CacheSpec:
     extra: dict = {}
@@ -279,12 +290,7 @@ def kv_configs(draw, kinds: tuple[str, ...] = ALL_KINDS, max_model_len: int = 10
         max_encoder_len=max_encoder_len,
         enable_caching=enable_caching,
     )
-    vllm_reason = vllm_rejects(cfg)
-    if vllm_reason is not None:
-        event(f"rejected config: vLLM: {vllm_reason}")
-    assume(vllm_reason is None)
-    ample = cfg.ample_blocks()
-    num_blocks = draw(st.one_of(st.just(ample), st.integers(2, ample)))
+    num_blocks = _num_blocks_vllm_accepts(draw, cfg)
     for s in specs_t:
         event(f"kind: {s.kind}" + (f"/{s.mamba_cache_mode}" if s.kind == "mamba" else "")
               + (f"/{s.vllm_class}" if s.vllm_class else "")
@@ -387,12 +393,7 @@ def drafter_configs(draw, methods: tuple[str, ...] = ("eagle", "mtp", "draft_mod
         use_eagle=method != "draft_model" and not hashed, prefill_lookahead=prefill,
         hash_lookahead=hashed, drafter_own_group=own,
     )
-    vllm_reason = vllm_rejects(cfg)
-    if vllm_reason is not None:
-        event(f"rejected config: vLLM: {vllm_reason}")
-    assume(vllm_reason is None)
-    ample = cfg.ample_blocks()
-    num_blocks = draw(st.one_of(st.just(ample), st.integers(2, ample)))
+    num_blocks = _num_blocks_vllm_accepts(draw, cfg)
     event(f"drafter: {method}" + (" own group" if own else "")
           + (f" hash lookahead {hashed}" if hashed else "")
           + (" caching" if cfg.enable_caching else ""))

@@ -219,20 +219,28 @@ def test_vllms_own_warmup_is_a_phase_only_when_vllm_logged_one(worker, lines, wa
     assert "initializing the KV cache" in seen
 
 
-def test_verify_table_shows_each_scenario_and_the_first_differing_step():
-    from stepwarm.console import verify_table
-    from stepwarm.verify import Divergence, VerifyReport
+def _verify_results(diff):
+    """One --verify result of each kind: equal, a difference (``diff``),
+    skipped, a pooling error, a failed run."""
+    from stepwarm.verify import VerifyReport
 
-    diff = Divergence(request="b", step=3, step_kind="resume", step_label="resume b",
-                      position=4, stepwarm=(7,), reference=(9,))
-    table = verify_table([
+    return [
         ("default", VerifyReport(plan="default", checked={"a": 2, "b": 3})),
         ("preempt-resume", VerifyReport(plan="preempt-resume", checked={"b": 5},
                                         differences=(diff,))),
         ("mamba-align", VerifyReport(plan="mamba-align", skipped="vLLM's own scheduler failed")),
         ("pooling", VerifyReport(plan="pooling", embedding_error={"p": 0.0})),
         ("x", "StepFailed: step 2 failed"),
-    ])
+    ]
+
+
+def test_verify_table_shows_each_scenario_and_the_first_differing_step():
+    from stepwarm.console import verify_table
+    from stepwarm.verify import Divergence
+
+    diff = Divergence(request="b", step=3, step_kind="resume", step_label="resume b",
+                      position=4, stepwarm=(7,), reference=(9,))
+    table = verify_table(_verify_results(diff))
     buf = io.StringIO()
     Console(file=buf, width=200, markup=False).print(table)
     lines = buf.getvalue().splitlines()
@@ -388,18 +396,11 @@ def test_request_runs_come_from_the_requests_names_not_their_text():
 
 def test_verify_lines_fit_80_columns_and_keep_every_token():
     from stepwarm.console import verify_lines
-    from stepwarm.verify import Divergence, VerifyReport
+    from stepwarm.verify import Divergence
 
     diff = Divergence(request="b", step=3, step_kind="resume", step_label="resume b",
                       position=4, stepwarm=tuple(range(1000, 1030)), reference=(9,))
-    lines = verify_lines([
-        ("default", VerifyReport(plan="default", checked={"a": 2, "b": 3})),
-        ("preempt-resume", VerifyReport(plan="preempt-resume", checked={"b": 5},
-                                        differences=(diff,))),
-        ("mamba-align", VerifyReport(plan="mamba-align", skipped="vLLM's own scheduler failed")),
-        ("pooling", VerifyReport(plan="pooling", embedding_error={"p": 0.0})),
-        ("x", "StepFailed: step 2 failed"),
-    ])
+    lines = verify_lines(_verify_results(diff))
     assert max(map(len, lines)) <= 80
     assert lines[:4] == [
         "--verify: stepwarm's steps vs vLLM's own scheduler (greedy)",
