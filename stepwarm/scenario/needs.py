@@ -30,6 +30,9 @@ def unmet_need(needs: list[str], profile: RunnerProfile) -> str:
         if need == "images" and not (p.image_classes and p.encoder_budget > 0):
             return ("needs images: runner's model takes no image input "
                     f"({len(p.image_classes)} image classes, encoder budget {p.encoder_budget})")
+        if need == "spec_top_k_top_p" and p.has_speculator and not p.top_k_top_p_with_drafts:
+            return ("needs spec_top_k_top_p: this vLLM build's sampler fails on top-k / "
+                    "top-p requests with a speculator (vLLM's CPU build)")
         if need == "pooling" and not p.is_pooling_model:
             return "needs pooling: runner's model is not a pooling model"
         # Not is_last_pp_rank: every pipeline rank runs the same steps (the

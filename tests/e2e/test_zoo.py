@@ -43,7 +43,8 @@ NO_ROOM_CHUNKS = "requires max_model_len >= 4 * prefill_chunk_align + 6"
 #: A decoder-only generate runner without Mamba, encoder or speculator.
 _PLAIN = {"cross-attention": NOT_ENC_DEC, "mamba-align": NO_ALIGN, "pooling": NOT_POOLING,
           "spec-decode": NO_SPECULATOR, "sampler-spec-decode": NO_SPECULATOR,
-          "spec-uneven": NO_SPECULATOR, "vision-encoder": NO_IMAGES}
+          "sampler-spec-matrix": NO_SPECULATOR, "spec-uneven": NO_SPECULATOR,
+          "vision-encoder": NO_IMAGES}
 
 #: Per zoo model: built-in -> "ran", or the start of the skip reason, or
 #: ("failed", what vLLM said). Built-ins not listed ran.
@@ -65,7 +66,7 @@ EXPECTED: dict[str, dict[str, object]] = {
            for name in builtin_names()},
         "default": RAN, "pooling": RAN, "spec-decode": NO_SPECULATOR,
         "sampler-spec-decode": NO_SPECULATOR, "spec-uneven": NO_SPECULATOR,
-        "cross-attention": NOT_ENC_DEC, "mamba-align": NO_ALIGN,
+        "sampler-spec-matrix": NO_SPECULATOR, "cross-attention": NOT_ENC_DEC, "mamba-align": NO_ALIGN,
         "structured-output": NOT_SAMPLING, "vision-encoder": NO_IMAGES,
     },
 }

@@ -155,7 +155,7 @@ def test_the_builtin_traffic_covers_the_classes_it_promises():
     traffic = load_traffic(None)
     assert traffic.source == str(builtin_path())
     reqs = [tl.request for tl in traffic.lines]
-    assert {r.count for r in reqs} == {1, 5, 8, 16, 40}
+    assert {r.count for r in reqs} == {1, 5, 8, 16, 17, 40}
     assert {r.prompt_len for r in reqs if r.count == 1} >= {1, 7, 16, 33, 300}
     samplings = [r.sampling for r in reqs]
     # one count per class of _topk_log_softmax_kernel's next_power_of_2(k + 1)
@@ -164,10 +164,14 @@ def test_the_builtin_traffic_covers_the_classes_it_promises():
     assert {s.get("prompt_logprobs") for s in samplings} >= {1, 3, 5, 11, "max"}
     assert any("seed" in s for s in samplings) and any("min_p" in s for s in samplings)
     assert any(s.get("temperature") == 0.7 and len(s) == 1 for s in samplings)  # temperature only
-    # top-k alone, top-p alone and both at >= 8 requests (Triton's top-k/top-p kernel)
+    # top-k alone, top-p alone and both at 1, 16 and 17 requests (Triton's
+    # int classes, which sampler-matrix warms) and at 40
     for only in ({"top_k"}, {"top_p"}, {"top_k", "top_p"}):
         assert {r.count for r in reqs if only <= set(r.sampling)
-                and not ({"top_k", "top_p"} - only) & set(r.sampling)} >= {16, 40}
+                and not ({"top_k", "top_p"} - only) & set(r.sampling)} >= {1, 16, 17, 40}
+    # greedy and plain random at the same classes
+    for temp in (0.0, 1.0):
+        assert {r.count for r in reqs if r.sampling == {"temperature": temp}} >= {1, 16, 17, 40}
     # prompts over a step's token budget: chunked prefill beside decodes
     assert any(r.count * r.prompt_len > 2048 and r.prompt_len <= 300 for r in reqs)
     assert any("repetition_penalty" in s for s in samplings)

@@ -63,7 +63,7 @@ def test_builtins_are_the_issue_list():
         "default", "mixed-prefill-decode", "spec-decode", "triton-buckets", "chunked-prefill",
         "prefix-hit", "mamba-align", "cross-attention", "pooling", "structured-output",
         "preempt-resume", "sampler-matrix", "sampler-spec-decode", "vision-encoder",
-        "spec-uneven",
+        "spec-uneven", "sampler-spec-matrix",
     }
 
 
@@ -72,7 +72,8 @@ def test_every_builtin_checks_against_the_tiny_profile():
     assert not [n for n, r in results.items() if isinstance(r, ScenarioError)], results
     skipped = {n for n, r in results.items() if r.skipped}
     assert skipped == {"spec-decode", "mamba-align", "cross-attention", "pooling",
-                       "sampler-spec-decode", "vision-encoder", "spec-uneven"}
+                       "sampler-spec-decode", "vision-encoder", "spec-uneven",
+                       "sampler-spec-matrix"}
 
 
 @pytest.mark.parametrize("pname", list(PROFILES))
@@ -91,6 +92,36 @@ def test_every_builtin_expands_or_skips_on_many_profiles(pname):
         sent = {r.req_id for st in result.steps for r in st.scheduled}
         finished = set().union(*(st.finished_req_ids for st in result.steps))
         assert sent <= finished, (pname, name, sent - finished)
+
+
+def test_sampler_spec_matrix_sends_top_k_top_p_with_drafts_in_triton_classes():
+    """On a speculator runner whose sampler takes top-k / top-p with drafts
+    (the CUDA builds), every variant is spec-decoded at 1, 16 and 17
+    requests, each row with all its drafts; on vLLM's CPU build it is skipped
+    with the reason."""
+    prof = profile(num_speculative_steps=2, decode_query_len=3, num_lookahead_tokens=2,
+                   max_num_seqs=32, max_num_batched_tokens=2048, max_model_len=4096,
+                   num_blocks=4096)
+    plan = expand(load("sampler-spec-matrix"), prof)
+    assert not plan.skipped
+    by_name: dict[str, list[int]] = {}
+    names = {r.req_id: r.name for r in plan.requests}
+    for st in plan.steps:
+        rows = [r for r in st.scheduled if names[r.req_id] not in ("lp", "plp")]
+        spec = [r for r in rows if r.spec_token_ids]
+        if spec:
+            assert all(len(r.spec_token_ids) == 2 and r.num_scheduled_tokens == 3 for r in spec)
+            by_name.setdefault(names[spec[0].req_id], []).append(len(spec))
+    assert by_name == {v: [1, 16, 17] for v in
+                       ("random", "topk", "topp", "topktopp", "penalties", "warmup")}
+    top = {names[r.req_id]: r.sampling for r in plan.requests}
+    assert dict(top["topktopp"]) == {"top_k": 5, "top_p": 0.9}
+    assert top["warmup"] == "warmup" and top["random"] == "random"
+    cpu = expand(load("sampler-spec-matrix"), prof.model_copy(update={"top_k_top_p_with_drafts": False}))
+    assert cpu.skipped == ("needs spec_top_k_top_p: this vLLM build's sampler fails on top-k / "
+                           "top-p requests with a speculator (vLLM's CPU build)")
+    # without a speculator the need is moot but `speculator` skips it
+    assert expand(load("sampler-spec-matrix"), profile()).skipped.startswith("needs speculator")
 
 
 def test_builtins_that_need_features_run_where_the_feature_is():

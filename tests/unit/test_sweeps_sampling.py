@@ -192,7 +192,7 @@ def test_max_logprobs_is_read_and_minus_one_is_the_vocabulary():
 
 def test_the_all_set_is_every_builtin_default_first():
     names = resolve_names(["all", "default", "x.toml"])
-    assert names[:3] == ["default", "sampler-matrix", "sampler-spec-decode"]
+    assert names[:4] == ["default", "sampler-matrix", "sampler-spec-decode", "sampler-spec-matrix"]
     assert sorted(names[:-1]) == builtin_names() and names[-1] == "x.toml"
 
 
