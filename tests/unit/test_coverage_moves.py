@@ -200,3 +200,17 @@ def test_compare_runs_each_fresh_run_then_its_restart_on_its_own_caches(tmp_path
     assert list(compare.run_all(["t.jsonl"], restart=False, cache_root=tmp_path)) == [
         "baseline", "stepwarm"]
     assert calls == [(True, "baseline", False), (False, "stepwarm", False)]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--no-restart"], "--no-restart: only with --compare"),
+    (["--warm-cache"], "--warm-cache: give --cache-dir DIR, a directory a coverage run filled"),
+    (["--compare", "--warm-cache", "--cache-dir", "."], "--warm-cache: give --cache-dir DIR"),
+])
+def test_the_restart_options_are_refused_out_of_place_before_any_engine(args, message):
+    from typer.testing import CliRunner
+
+    from stepwarm.cli import app
+
+    r = CliRunner().invoke(app, ["coverage", "-s", "default", *args])
+    assert r.exit_code == 2 and message in r.output
