@@ -447,7 +447,9 @@ def coverage(
     model: ModelOption = None,
     engine_arg: EngineArgs = None,
     baseline: Annotated[bool, typer.Option("--baseline", metavar="", help="vLLM's own warmup alone: the start-up hook off.")] = False,
-    compare: Annotated[bool, typer.Option("--compare", metavar="", help="The baseline, then stepwarm, each in its own process with fresh caches; printed side by side (exit status: stepwarm's).")] = False,
+    compare: Annotated[bool, typer.Option("--compare", metavar="", help="The baseline, then stepwarm, each in its own process with fresh caches, then each restarted on the caches it filled; printed side by side (exit status: stepwarm's fresh run's).")] = False,
+    no_restart: Annotated[bool, typer.Option("--no-restart", metavar="", help="With --compare: no restarts (two engine starts, not four).")] = False,
+    warm_cache: Annotated[bool, typer.Option("--warm-cache", metavar="", help="A restart: use the caches a run left in --cache-dir (only compiles they lack are counted).")] = False,
     json_out: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", help="Write the report as JSON to this file.")] = None,
     timeline: Annotated[Optional[Path], typer.Option("--timeline", metavar="FILE", help="Write an SVG timeline of compiles per start-up phase, scenario step and request.")] = None,
     threshold: Annotated[Optional[float], typer.Option(metavar="RATIO", help="First/second latency ratio above which a request fails. Default: 1.2 on GPUs; on vLLM's CPU build none (the ratio is reported, compiles gate).")] = None,
@@ -485,16 +487,25 @@ def coverage(
     for value, option in ((threshold, "--threshold"), (min_excess_ms, "--min-excess-ms")):
         if value is not None and not value >= 0:
             _fail(f"{option} {value}: allowed: a number >= 0", 2)
-    if cache_dir is not None and cache_dir.exists() and any(cache_dir.iterdir()):
+    if warm_cache and (compare or cache_dir is None or not cache_dir.is_dir()):
+        _fail("--warm-cache: give --cache-dir DIR, a directory a coverage run filled "
+              "(and not --compare)", 2)
+    if no_restart and not compare:
+        _fail("--no-restart: only with --compare", 2)
+    if (not warm_cache and cache_dir is not None and cache_dir.exists()
+            and any(cache_dir.iterdir())):
         _fail(f"--cache-dir {cache_dir}: not empty; compiles are found as new files there", 2)
     names = [] if baseline else resolve_names(scenario or ["all"])
     _loaded_or_exit(names, engine_arg)
     if compare:
-        _coverage_compare(sys.argv[sys.argv.index("coverage") + 1:], json_out, timeline)
+        _coverage_compare(sys.argv[sys.argv.index("coverage") + 1:], json_out, timeline,
+                          restart=not no_restart, cache_root=cache_dir)
         return
     from stepwarm.coverage.detectors import Detectors
 
-    detectors = Detectors.start(cache_dir)  # before anything compiles
+    # before anything compiles
+    detectors = Detectors.restart(cache_dir) if warm_cache and cache_dir else Detectors.start(
+        cache_dir)
     try:
         # format errors and, where the model's config tells them, its vocabulary and
         # length: every error at once, no engine start
@@ -519,7 +530,7 @@ def coverage(
                           f"engine up in {rep.startup_s:.1f} s ({rep.mode}); replaying "
                           f"{plural(len(loaded.lines), 'request')} of {rep.traffic}, each "
                           "twice"), progress.start()),
-                      on_request=progress.request)
+                      on_request=progress.request, cache="warm" if warm_cache else "fresh")
     except TrafficError as e:
         _fail(str(e), 2)
     finally:
@@ -542,23 +553,37 @@ def _write_outputs(rep: Any, json_out: Optional[Path], timeline: Optional[Path])
         _fail(f"cannot write the report: {e.strerror or e}", 2)
 
 
-def _coverage_compare(args: list[str], json_out: Optional[Path],
-                      timeline: Optional[Path]) -> None:
-    """--compare: both runs in their own processes, then side by side (the
-    timeline is stepwarm's run)."""
-    from stepwarm.coverage.compare import child_args, run_both
-    from stepwarm.coverage.report import print_comparison
+def _coverage_compare(args: list[str], json_out: Optional[Path], timeline: Optional[Path],
+                      restart: bool = True, cache_root: Optional[Path] = None) -> None:
+    """--compare: every run in its own process, then side by side (the
+    timeline is stepwarm's fresh run)."""
+    from stepwarm.coverage.attribution import attribute_moves
+    from stepwarm.coverage.compare import child_args, run_all
+    from stepwarm.coverage.report import print_comparison, startup_figures, startup_lines
 
-    (code_b, base), (code_s, sw) = run_both(child_args(args))
+    runs = run_all(child_args(args), restart, cache_root)
+    (code_b, base), (code_s, sw) = runs["baseline"], runs["stepwarm"]
     if base is None or sw is None:
         _fail(f"the {'baseline' if base is None else 'stepwarm'} run ended with status "
               f"{code_b if base is None else code_s} before its report", 2)
-    print_comparison(base, sw, console)
+    restarts = {name: runs[name][1] for name in ("baseline_restart", "stepwarm_restart")
+                if name in runs}
+    for name, rep in restarts.items():
+        if rep is None:
+            console.print(f"[red]the {name.replace('_', ' ')} ended with status "
+                          f"{runs[name][0]} before its report[/red]")
+    print_comparison(base, sw, console, restarts.get("baseline_restart"),
+                     restarts.get("stepwarm_restart"))
     _write_outputs(sw, None, timeline)
     if json_out is not None:
+        both: dict[str, Any] = {"baseline": base.to_dict(), "stepwarm": sw.to_dict()}
+        both.update({name: rep.to_dict() for name, rep in restarts.items() if rep is not None})
+        both["startup"] = startup_figures(base, sw, restarts)
+        both["startup_lines"] = startup_lines(base, sw, restarts.get("baseline_restart"),
+                                              restarts.get("stepwarm_restart"))
+        both["attribution"] = attribute_moves(base, sw).to_dict()
         try:
-            json_out.write_text(json.dumps({"baseline": base.to_dict(), "stepwarm": sw.to_dict()},
-                                           indent=2) + "\n")
+            json_out.write_text(json.dumps(both, indent=2) + "\n")
         except OSError as e:
             _fail(f"--json {json_out}: cannot write the report: {e.strerror or e}", 2)
     raise typer.Exit(code_s)

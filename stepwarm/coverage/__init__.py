@@ -12,5 +12,6 @@ detectors saw and each request's first/second latency ratio.
 - :mod:`~stepwarm.coverage.measure`: one measurement, engine start to report;
 - :mod:`~stepwarm.coverage.report`: the report, its verdict, JSON and tables;
 - :mod:`~stepwarm.coverage.timeline`: the SVG timeline;
-- :mod:`~stepwarm.coverage.compare`: baseline and stepwarm, each in its own process.
+- :mod:`~stepwarm.coverage.compare`: baseline and stepwarm, each in its own process, then restarted;
+- :mod:`~stepwarm.coverage.attribution`: each start-up compile of stepwarm's: moved, vllm or extra.
 """

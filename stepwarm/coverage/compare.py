@@ -1,9 +1,11 @@
-"""Baseline and stepwarm, each in its own process.
+"""Baseline and stepwarm, each in its own process, then each restarted.
 
 A kernel compiled once stays in the process's memory (Triton's in-memory
 kernel cache, torch.compile's code cache) whatever the cache directories, so
-the two engines of ``stepwarm coverage --compare`` never share a process:
-each is ``python -m stepwarm coverage ... --json FILE`` with fresh caches.
+the engines of ``stepwarm coverage --compare`` never share a process: each is
+``python -m stepwarm coverage ... --json FILE --cache-dir DIR`` with fresh
+caches. The restarts (``--no-restart``: none) are the same command on the
+directory its fresh run filled (``--warm-cache``): a restart on a cache volume.
 """
 
 from __future__ import annotations
@@ -17,46 +19,71 @@ from stepwarm.coverage.report import CoverageReport
 
 
 #: Options of the parent's command line that the children do not get: the
-#: parent compares, and writes the JSON / timeline of both runs itself.
-PARENT_ONLY = ("--compare", "--json", "--timeline")
+#: parent compares, writes the JSON / timeline of every run itself, and gives
+#: each child its own cache directory.
+PARENT_FLAGS = ("--compare", "--no-restart")
+PARENT_VALUED = ("--json", "--timeline", "--cache-dir")
+
+#: The runs, in the order they run: name, baseline?, the cache directory
+#: (under the parent's), warm (a restart on the caches the fresh run of the
+#: same directory filled)?
+RUNS = (("baseline", True, "baseline", False), ("baseline_restart", True, "baseline", True),
+        ("stepwarm", False, "stepwarm", False), ("stepwarm_restart", False, "stepwarm", True))
 
 
 def child_args(args: list[str]) -> list[str]:
     """The ``coverage`` arguments a child run gets: ``args`` without
-    :data:`PARENT_ONLY` options (and the values of those that take one, as
-    ``--json OUT`` or ``--json=OUT``)."""
+    :data:`PARENT_FLAGS` and :data:`PARENT_VALUED` options (and the values of
+    those, as ``--json OUT`` or ``--json=OUT``)."""
     out, skip = [], False
     for a in args:
         if skip:
             skip = False
-        elif a in PARENT_ONLY:
-            skip = a != "--compare"
-        elif not any(a.startswith(f"{opt}=") for opt in PARENT_ONLY):
+        elif a in PARENT_FLAGS:
+            pass
+        elif a in PARENT_VALUED:
+            skip = True
+        elif not any(a.startswith(f"{opt}=") for opt in PARENT_VALUED):
             out.append(a)
     return out
 
 
-def run_child(args: list[str], baseline: bool, json_out: Path) -> int:
-    """``python -m stepwarm coverage ARGS [--baseline] --json JSON_OUT``;
-    its output goes to this process's stdout/stderr. Returns its exit status."""
-    cmd = [sys.executable, "-m", "stepwarm", "coverage", *args, "--json", str(json_out)]
+def run_child(args: list[str], baseline: bool, json_out: Path, cache_dir: Path,
+              warm: bool = False) -> int:
+    """``python -m stepwarm coverage ARGS [--baseline] --cache-dir DIR
+    [--warm-cache] --json JSON_OUT``; its output goes to this process's
+    stdout/stderr. Returns its exit status."""
+    cmd = [sys.executable, "-m", "stepwarm", "coverage", *args, "--json", str(json_out),
+           "--cache-dir", str(cache_dir)]
     if baseline:
         cmd.append("--baseline")
+    if warm:
+        cmd.append("--warm-cache")
     return subprocess.run(cmd, check=False).returncode
 
 
-def run_both(args: list[str]) -> tuple[tuple[int, CoverageReport | None],
-                                         tuple[int, CoverageReport | None]]:
-    """Run the baseline, then stepwarm (:func:`run_child`).
+def run_all(args: list[str], restart: bool = True, cache_root: Path | None = None,
+            ) -> dict[str, tuple[int, CoverageReport | None]]:
+    """Run the baseline, its restart, stepwarm, its restart (:data:`RUNS`;
+    the restarts only with ``restart``), each in its own process
+    (:func:`run_child`). A restart runs only where its fresh run wrote a report.
+
+    Args:
+        args: :func:`child_args`.
+        cache_root: where each run's cache directory goes (``baseline/``,
+            ``stepwarm/``, kept); default: a temporary directory, removed.
 
     Returns:
-        ``((status, report), (status, report))`` for baseline and stepwarm;
-        a report is None when its run ended before writing one (status 2).
+        ``name -> (status, report)`` per run that ran; a report is None when
+        its run ended before writing one (status 2).
     """
-    out = []
+    out: dict[str, tuple[int, CoverageReport | None]] = {}
     with tempfile.TemporaryDirectory(prefix="stepwarm-compare-") as d:
-        for baseline in (True, False):
-            path = Path(d) / ("baseline.json" if baseline else "stepwarm.json")
-            code = run_child(args, baseline, path)
-            out.append((code, CoverageReport.load(path) if path.is_file() else None))
-    return out[0], out[1]
+        caches = Path(d) if cache_root is None else cache_root
+        for name, baseline, cache, warm in RUNS:
+            if warm and (not restart or out.get(cache, (0, None))[1] is None):
+                continue
+            path = Path(d) / f"{name}.json"
+            code = run_child(args, baseline, path, caches / cache, warm)
+            out[name] = (code, CoverageReport.load(path) if path.is_file() else None)
+    return out

@@ -110,6 +110,16 @@ class CacheScan:
         return scan
 
     @classmethod
+    def reuse_dirs(cls, root: Path) -> CacheScan:
+        """Point :data:`CACHE_VARIABLES` at the directories under ``root`` a
+        :meth:`use_fresh_dirs` run filled (a restart on a cache volume), the
+        files already there taken as seen: :meth:`poll` finds what this
+        process compiles that the cache did not hold."""
+        scan = cls.use_fresh_dirs(root)
+        scan._seen = scan._files()
+        return scan
+
+    @classmethod
     def watch_current_dirs(cls) -> CacheScan:
         """The cache directories in use now (each variable of
         :data:`CACHE_VARIABLES`, else its default: Triton's ``~/.triton/cache``,
@@ -218,11 +228,13 @@ class JitMonitorLog(logging.Handler):
         super().__init__(logging.WARNING)
         self.events: list[CompileEvent] = []
         self._taken = 0
+        self.installed = False
 
     def install(self) -> None:
         """Attach to vLLM's monitor logger (records reach it whatever vLLM's
         own handlers do with them)."""
         logging.getLogger(MONITOR_LOGGER).addHandler(self)
+        self.installed = True
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -258,6 +270,15 @@ class Detectors:
         return detectors
 
     @classmethod
+    def restart(cls, cache_root: Path) -> Detectors:
+        """The cache scan alone, on the caches a fresh run left under
+        ``cache_root`` (:meth:`CacheScan.reuse_dirs`). Triton calls its
+        post-compile hook, and vLLM's JIT monitor warns, for a kernel loaded
+        from the disk cache too: on a warm cache they would count loads as
+        compiles, so neither is installed."""
+        return cls(CacheScan.reuse_dirs(cache_root))
+
+    @classmethod
     def watch(cls) -> Detectors:
         """The cache directories in use (:meth:`CacheScan.watch_current_dirs`),
         the Triton hook and the monitor log handler: compiles from now on,
@@ -270,8 +291,8 @@ class Detectors:
     @property
     def available(self) -> list[str]:
         """Names of the detectors that can see something here."""
-        return [self.scan.name] + ([self.hook.name] if self.hook.installed else []) + [
-            self.monitor.name]
+        return [self.scan.name] + ([self.hook.name] if self.hook.installed else []) + (
+            [self.monitor.name] if self.monitor.installed else [])
 
     def poll(self) -> list[CompileEvent]:
         """Every detector's events since the last poll, oldest first."""

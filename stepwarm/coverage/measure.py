@@ -69,6 +69,7 @@ def measure(
     min_excess_ms: float | None = None,
     on_started: Callable[[CoverageReport], None] | None = None,
     on_request: Callable[[RequestResult], None] | None = None,
+    cache: str = "fresh",
 ) -> CoverageReport:
     """Start the engine, then replay ``traffic``; the report of both.
 
@@ -85,6 +86,8 @@ def measure(
             :data:`~stepwarm.coverage.report.DEFAULT_THRESHOLDS` when None.
         on_started: called with the report once start-up is attributed.
         on_request: called with each request's result as it ran.
+        cache: ``fresh`` or ``warm`` (:attr:`CoverageReport.cache`: the
+            detectors watch caches a fresh run filled, a restart).
 
     Raises:
         stepwarm.coverage.traffic.TrafficError: a line the engine would refuse
@@ -108,6 +111,7 @@ def measure(
         runner=profile.runner, model=profile.model, device=device,
         # vLLM's CPU build disables Triton: only the cache scan sees anything there.
         detectors=detectors.available if device == "gpu" else [detectors.scan.name],
+        cache=cache,
         threshold=default_ratio if threshold is None else threshold,
         min_excess_ms=default_floor if min_excess_ms is None else min_excess_ms,
         startup_s=round(startup_s, 3),

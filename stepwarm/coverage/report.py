@@ -79,6 +79,19 @@ class CoverageReport:
     requests: list[dict[str, Any]] = field(default_factory=list)
     #: Seconds after the engine start when the traffic began and ended.
     traffic_s: list[float] = field(default_factory=list)
+    #: ``fresh`` (empty compile caches) or ``warm`` (a restart on the caches a
+    #: fresh run filled; the cache scan alone counts compiles then).
+    cache: str = "fresh"
+
+    @property
+    def run_name(self) -> str:
+        """``baseline``, ``stepwarm``, or either with `` restart`` (warm caches)."""
+        return self.mode + (" restart" if self.cache == "warm" else "")
+
+    @property
+    def startup_compile_count(self) -> int:
+        """Kernels compiled at start-up, every part together."""
+        return sum(sum(c.kernels.values()) for c in self.startup_compiles)
 
     # -- verdict -----------------------------------------------------------
 
@@ -116,8 +129,7 @@ class CoverageReport:
         d = asdict(self)
         d["summary"] = {"traffic_compiles": self.traffic_compiles,
                         "excess_ms": round(self.excess_ms, 1),
-                        "startup_compiles": sum(sum(c.kernels.values())
-                                                for c in self.startup_compiles),
+                        "startup_compiles": self.startup_compile_count,
                         "flagged": {r["name"]: self.flagged(r) for r in self.requests
                                     if self.flagged(r)},
                         "exit_code": self.exit_code}
@@ -177,11 +189,11 @@ def _kernels(k: dict[str, int]) -> str:
 def print_report(rep: CoverageReport, out: Console) -> None:
     """Start-up compiles by phase / step, then one row per traffic request, then the verdict."""
     if rep.startup_compiles and out.width < TABLE_WIDTH:
-        out.print(f"{rep.mode}: kernels compiled at start-up, by phase / scenario step")
+        out.print(f"{rep.run_name}: kernels compiled at start-up, by phase / scenario step")
         for c in rep.startup_compiles:
             out.print(f"  {c.at_s:.1f} s, {c.where}: {_kernels(c.kernels)}")
     elif rep.startup_compiles:
-        t = Table(title=f"{rep.mode}: kernels compiled at start-up, by phase / scenario step",
+        t = Table(title=f"{rep.run_name}: kernels compiled at start-up, by phase / scenario step",
                   title_justify="left")
         t.add_column("at s", justify="right")
         t.add_column("where")
@@ -192,7 +204,7 @@ def print_report(rep: CoverageReport, out: Console) -> None:
     gate = ("compiled" if rep.threshold is None else f"compiled, or first/second > "
             f"{rep.threshold:g} and {rep.min_excess_ms:g} ms slower")
     if out.width < TABLE_WIDTH:  # a narrow terminal: lines, wrapped between words
-        out.print(f"{rep.mode}: traffic ({rep.traffic}), each request twice; flagged: {gate}")
+        out.print(f"{rep.run_name}: traffic ({rep.traffic}), each request twice; flagged: {gate}")
         for r in rep.requests:
             why = rep.flagged(r)
             kernels = _kernels(r["compiles_first"]) + (
@@ -206,7 +218,7 @@ def print_report(rep: CoverageReport, out: Console) -> None:
                 (why, "bold red") if why else ("ok", "green")))
         out.print(summary_line(rep))
         return
-    t = Table(title=f"{rep.mode}: traffic ({rep.traffic}), each request twice; flagged: {gate}",
+    t = Table(title=f"{rep.run_name}: traffic ({rep.traffic}), each request twice; flagged: {gate}",
               title_justify="left")
     for col, just in (("line", "right"), ("request", "left"), ("n", "right"),
                       ("prompt", "right"), ("sampling", "left"), ("1st ms", "right"),
@@ -231,9 +243,9 @@ def print_report(rep: CoverageReport, out: Console) -> None:
 def summary_line(rep: CoverageReport) -> str:
     """One line: start-up, stepwarm's share, traffic compiles, excess, verdict."""
     n_bad = sum(1 for r in rep.requests if rep.flagged(r))
-    startup = sum(sum(c.kernels.values()) for c in rep.startup_compiles)
+    startup = rep.startup_compile_count
     share = f" (stepwarm's scenarios {rep.stepwarm_s:.2f} s)" if rep.mode == "stepwarm" else ""
-    return (f"{rep.mode}: start-up {rep.startup_s:.1f} s{share}, "
+    return (f"{rep.run_name}: start-up {rep.startup_s:.1f} s{share}, "
             f"{startup} kernel(s) compiled at start-up; traffic: {len(rep.requests)} request(s), "
             f"{rep.traffic_compiles} compile(s), first-call excess {rep.excess_ms:.0f} ms in all; "
             + (f"{n_bad} flagged" if n_bad else "none flagged")
@@ -245,8 +257,12 @@ def summary_line(rep: CoverageReport) -> str:
 TABLE_WIDTH = 120
 
 
-def print_comparison(base: CoverageReport, sw: CoverageReport, out: Console) -> None:
-    """Baseline and stepwarm side by side: per request, then totals."""
+def print_comparison(base: CoverageReport, sw: CoverageReport, out: Console,
+                     base_restart: CoverageReport | None = None,
+                     sw_restart: CoverageReport | None = None) -> None:
+    """Baseline and stepwarm side by side: per request, totals (with the warm
+    restarts where they ran), start-up seconds, then what each scenario's
+    start-up compiles moved (:mod:`~stepwarm.coverage.attribution`)."""
     if out.width < TABLE_WIDTH:
         out.print(f"baseline (vLLM's warmup) vs stepwarm ({', '.join(sw.scenarios)}): "
                   "first / second ms, compiles of the first run")
@@ -261,7 +277,60 @@ def print_comparison(base: CoverageReport, sw: CoverageReport, out: Console) -> 
                       f"{_kernels(b['compiles_first'])}; {other}")
     else:
         _comparison_table(base, sw, out)
-    _totals(base, sw, out)
+    _totals([r for r in (base, sw, base_restart, sw_restart) if r is not None], out)
+    for line in startup_lines(base, sw, base_restart, sw_restart):
+        out.print(line)
+    from stepwarm.coverage.attribution import attribute_moves
+
+    print_moves(attribute_moves(base, sw), out)
+
+
+def startup_lines(base: CoverageReport, sw: CoverageReport,
+                  base_restart: CoverageReport | None = None,
+                  sw_restart: CoverageReport | None = None) -> list[str]:
+    """``start-up: fresh X s (scenarios Y s), restart Z s (scenarios W s)`` for
+    stepwarm, and the baseline's fresh / restart seconds."""
+    restart = (f", restart {sw_restart.startup_s:.1f} s (scenarios {sw_restart.stepwarm_s:.2f} s)"
+               if sw_restart is not None else "")
+    lines = [f"start-up: fresh {sw.startup_s:.1f} s (scenarios {sw.stepwarm_s:.2f} s){restart}"]
+    lines.append(f"baseline start-up: fresh {base.startup_s:.1f} s" + (
+        f", restart {base_restart.startup_s:.1f} s" if base_restart is not None else ""))
+    return lines
+
+
+def startup_figures(base: CoverageReport, sw: CoverageReport,
+                    restarts: dict[str, CoverageReport | None]) -> dict[str, dict[str, Any]]:
+    """Per run (``baseline``, ``stepwarm``, ``baseline_restart``,
+    ``stepwarm_restart`` where it ran): engine start-up seconds, stepwarm's
+    scenario seconds, compiles at start-up, first-traffic compiles."""
+    runs = {"baseline": base, "stepwarm": sw, **restarts}
+    return {name: {"startup_s": rep.startup_s, "scenario_s": rep.stepwarm_s,
+                   "startup_compiles": rep.startup_compile_count,
+                   "traffic_compiles": rep.traffic_compiles}
+            for name, rep in runs.items() if rep is not None}
+
+
+def print_moves(moves: Any, out: Console) -> None:
+    """Per scenario that ran steps: steps, seconds, compiles moved / vllm /
+    extra and how many steps compiled nothing; then the total ratio."""
+    out.print("stepwarm's start-up compiles, by who else compiles them (moved: the "
+              "baseline's traffic; vllm: the baseline's start-up; extra: nobody)")
+    for s in moves.scenarios:
+        if not s.steps:
+            continue
+        c = s.compiles
+        out.print(f"  {s.scenario}: {s.steps} step(s), {s.seconds:.2f} s; compiles moved "
+                  f"{c['moved']} / vllm {c['vllm']} / extra {c['extra']}; "
+                  f"{len(s.idle_steps)} step(s) compiled nothing")
+    skipped = sum(1 for s in moves.scenarios if not s.steps)
+    ratio = "-" if moves.ratio is None else f"{moves.ratio:.2f}"
+    out.print(f"  total: compiles moved {moves.total('moved')} / vllm {moves.total('vllm')} / "
+              f"extra {moves.total('extra')}; "
+              f"{sum(len(s.idle_steps) for s in moves.scenarios)} step(s) compiled nothing"
+              + (f"; {skipped} scenario(s) ran no step" if skipped else ""))
+    out.print(f"  scenario time / compile time moved = {ratio} ({moves.scenario_s:.2f} s / "
+              f"{moves.moved_ms:.0f} ms of the baseline's first-call excess over "
+              f"{len(moves.moved_lines)} request(s))")
 
 
 def _comparison_table(base: CoverageReport, sw: CoverageReport, out: Console) -> None:
@@ -283,20 +352,21 @@ def _comparison_table(base: CoverageReport, sw: CoverageReport, out: Console) ->
     out.print(t)
 
 
-def _totals(base: CoverageReport, sw: CoverageReport, out: Console) -> None:
+def _totals(reports: list[CoverageReport], out: Console) -> None:
+    """One column per run: baseline, stepwarm, then the restarts that ran."""
     totals = Table(title="totals", title_justify="left")
-    for col in ("", "baseline", "stepwarm"):
-        totals.add_column(col, justify="left" if not col else "right")
-    rows = [
-        ("first-traffic compiles", base.traffic_compiles, sw.traffic_compiles),
-        ("sum of first-call excess (ms)", f"{base.excess_ms:.0f}", f"{sw.excess_ms:.0f}"),
-        ("flagged requests", sum(1 for r in base.requests if base.flagged(r)),
-         sum(1 for r in sw.requests if sw.flagged(r))),
-        ("kernels compiled at start-up", sum(sum(c.kernels.values()) for c in base.startup_compiles),
-         sum(sum(c.kernels.values()) for c in sw.startup_compiles)),
-        ("engine start-up (s)", f"{base.startup_s:.1f}", f"{sw.startup_s:.1f}"),
-        ("stepwarm's scenarios (s)", "-", f"{sw.stepwarm_s:.2f}"),
+    totals.add_column("", justify="left")
+    for rep in reports:
+        totals.add_column(rep.run_name.replace(" ", "\n"), justify="right")
+    rows: list[tuple[str, list[Any]]] = [
+        ("first-traffic compiles", [r.traffic_compiles for r in reports]),
+        ("sum of first-call excess (ms)", [f"{r.excess_ms:.0f}" for r in reports]),
+        ("flagged requests", [sum(1 for q in r.requests if r.flagged(q)) for r in reports]),
+        ("kernels compiled at start-up", [r.startup_compile_count for r in reports]),
+        ("engine start-up (s)", [f"{r.startup_s:.1f}" for r in reports]),
+        ("stepwarm's scenarios (s)",
+         [f"{r.stepwarm_s:.2f}" if r.mode == "stepwarm" else "-" for r in reports]),
     ]
-    for name, b, s in rows:
-        totals.add_row(name, str(b), str(s))
+    for name, cells in rows:
+        totals.add_row(name, *map(str, cells))
     out.print(totals)

@@ -4,7 +4,9 @@ On vLLM's CPU build the logprobs path compiles an Inductor (C++) kernel on
 its first call (``vllm/v1/sample/ops/logprobs.py``, ``torch.compile``);
 vLLM's own warmup leaves it to the first request asking for logprobs, and
 stepwarm's ``default`` compiles it at start-up (step 0 samples with logprobs).
-So the baseline fails the gate and stepwarm passes it.
+So the baseline fails the gate and stepwarm passes it; the kernel stepwarm
+compiled is one the baseline's traffic compiled (``moved``). Each run is then
+restarted on the caches it filled (a restart on a cache volume).
 """
 
 from __future__ import annotations
@@ -26,17 +28,18 @@ TRAFFIC = "\n".join([
 ]) + "\n"
 
 
-def _stepwarm(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+def _stepwarm(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "stepwarm", *args], capture_output=True,
                           text=True, timeout=timeout)
 
 
-def test_compare_baseline_fails_on_the_logprobs_compile_and_stepwarm_passes(tmp_path):
+def test_compare_baseline_fails_on_the_logprobs_compile_stepwarm_passes_and_restarts(tmp_path):
     traffic = tmp_path / "traffic.jsonl"
     traffic.write_text(TRAFFIC)
     out, svg = tmp_path / "both.json", tmp_path / "timeline.svg"
     proc = _stepwarm("coverage", str(traffic), "-s", "default", "--compare", "--json", str(out),
                      "--timeline", str(svg))
+    print(proc.stdout)  # the report (pytest -s shows it)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     both = json.loads(out.read_text())
     base, sw = both["baseline"], both["stepwarm"]
@@ -68,6 +71,27 @@ def test_compare_baseline_fails_on_the_logprobs_compile_and_stepwarm_passes(tmp_
     assert "first-traffic compiles" in proc.stdout
     assert "default: 0 prefill: prefill 8 x 2 at " in svg.read_text()
     assert "1 compile(s): cpp_fused_ge_sum_0</title>" in svg.read_text()
+    # The kernel default's step 0 compiled is the one the baseline's line 2 paid for.
+    moves = both["attribution"]
+    assert moves["totals"] == {"moved": 1, "vllm": 0, "extra": 0}
+    assert moves["moved_lines"] == [2] and moves["moved_ms"] == round(logprobs["excess_ms"], 1)
+    (cost,) = moves["scenarios"]
+    assert (cost["scenario"], cost["steps"], cost["kernels"]) == (
+        "default", 8, [["cpp_fused_ge_sum_0", "moved"]])
+    assert [s["step"] for s in moves["idle_steps"]] == [1, 2, 3, 4, 5, 6, 7]
+    # The restarts: the caches the fresh runs filled, the cache scan alone.
+    for name, mode in (("baseline_restart", "baseline"), ("stepwarm_restart", "stepwarm")):
+        rep = both[name]
+        assert (rep["mode"], rep["cache"], rep["detectors"]) == (mode, "warm", ["cache"])
+        assert rep["summary"]["traffic_compiles"] == 0, rep["requests"]
+    assert both["stepwarm_restart"]["scenario_runs"][0]["ok"]
+    assert set(both["startup"]) == {"baseline", "stepwarm", "baseline_restart",
+                                    "stepwarm_restart"}
+    assert both["startup"]["stepwarm"] == {
+        "startup_s": sw["startup_s"], "scenario_s": sw["stepwarm_s"],
+        "startup_compiles": 1, "traffic_compiles": 0}
+    assert both["startup_lines"][0] in " ".join(proc.stdout.split())
+    assert "start-up: fresh " in proc.stdout and "), restart " in proc.stdout
 
 
 def test_a_bad_traffic_line_exits_2_before_the_engine_starts(tmp_path):
