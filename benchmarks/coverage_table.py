@@ -4,12 +4,16 @@
 
 Prints one row per engine: first-traffic compiles, the sum of first-call
 excess ms and flagged requests, baseline vs stepwarm, and the seconds
-stepwarm's scenarios added to start-up; then, per engine, the requests that
-compiled and what.
+stepwarm's scenarios added to start-up; where the file has them (``coverage
+--compare`` since its restarts), the restart figures and the start-up
+compiles moved / vllm / extra with scenario time / compile time moved; then,
+per engine, the requests that compiled or were flagged. ``FILE`` may be
+gzipped (``.json.gz``).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -23,13 +27,21 @@ def main(pairs: list[str]) -> None:
     rows, details = [], []
     for pair in pairs:
         name, _, path = pair.partition("=")
-        both = json.loads(Path(path).read_text())
+        raw = Path(path).read_bytes()
+        both = json.loads(gzip.decompress(raw) if path.endswith(".gz") else raw)
         b, s = both["baseline"], both["stepwarm"]
+        br, sr, att = both.get("baseline_restart"), both.get("stepwarm_restart"), both.get("attribution")
+        restart = (f"{br['startup_s']:.1f} / {sr['startup_s']:.1f} ({sr['stepwarm_s']:.2f})"
+                   if br and sr else "-")
+        moved = ("{moved} / {vllm} / {extra}".format(**att["totals"])
+                 + (f", R = {att['ratio']:.2f}" if att.get("ratio") is not None else "")
+                 if att else "-")
         rows.append(
             f"| {name} | {b['summary']['traffic_compiles']} | {s['summary']['traffic_compiles']} "
             f"| {b['summary']['excess_ms']:.0f} | {s['summary']['excess_ms']:.0f} "
             f"| {len(_flagged(b))} | {len(_flagged(s))} "
-            f"| {s['stepwarm_s']:.2f} | {b['startup_s']:.1f} / {s['startup_s']:.1f} |")
+            f"| {s['stepwarm_s']:.2f} | {b['startup_s']:.1f} / {s['startup_s']:.1f} "
+            f"| {restart} | {moved} |")
         for mode, rep in (("baseline", b), ("stepwarm", s)):
             for r in rep["requests"]:
                 k = {**r["compiles_first"], **r["compiles_second"]}
@@ -39,8 +51,10 @@ def main(pairs: list[str]) -> None:
                                    f"{r.get('second_worker_ms', 0):.0f} | {', '.join(k) or '-'} |")
     print("| engine | compiles, baseline | compiles, stepwarm | excess ms, baseline "
           "| excess ms, stepwarm | flagged, baseline | flagged, stepwarm "
-          "| stepwarm's scenarios (s) | engine start-up s (baseline / stepwarm) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| stepwarm's scenarios (s) | engine start-up s (baseline / stepwarm) "
+          "| restart s, baseline / stepwarm (its scenarios) "
+          "| start-up compiles moved / vllm / extra |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(rows))
     print()
     print("| engine | run | request | first / second ms | of which in the worker | compiled |")

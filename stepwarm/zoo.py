@@ -353,8 +353,15 @@ TINY_LLAMA_DRAFT: dict[str, Any] = {
 #: ``DeepSeekMTP`` drafts with it, ``method="mtp"``): the tiny DeepSeek-V2's
 #: MLA, V3's sigmoid router with its score-correction bias (``noaux_tc``).
 #: The MTP layer (layer 2, past ``first_k_dense_replace``) is a MoE layer.
+#: Its MLA head dims are DeepSeek-V3's (``qk_nope_head_dim`` 128,
+#: ``qk_rope_head_dim`` 64, ``v_head_dim`` 128): FlashAttention's MLA prefill
+#: on CUDA refuses the tiny DeepSeek-V2's 64 / 64 / 64 ("No valid MLA prefill
+#: backend found"), and ``hf_overrides`` reach the target but not vLLM's MTP
+#: drafter config (H200, vLLM 0.26).
 TINY_DEEPSEEK_V3_MTP: dict[str, Any] = {
     **TINY_DEEPSEEK_V2,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
     "architectures": ["DeepseekV3ForCausalLM"],
     "model_type": "deepseek_v3",
     "num_nextn_predict_layers": 1,
