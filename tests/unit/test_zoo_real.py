@@ -58,6 +58,12 @@ def test_the_real_models_are_the_eight_published_families_and_not_tiny():
     assert ZOO["llama-3.1-8b-l2"].describe_kind() == \
         "dense, GQA 32/8, llama3 rope; real dimensions, 2 of 32 layers"
     assert ZOO["tiny-llama"].describe_kind() == "dense"
+    # vLLM's defaults but the length (no max_num_seqs / max_num_batched_tokens cap)
+    assert {name: dict(ZOO[name].engine_args) for name in REAL if name != "qwen2.5-vl-7b-l2"} \
+        == {name: {"max_model_len": 448 if "whisper" in name else 4096}
+            for name in REAL if name != "qwen2.5-vl-7b-l2"}
+    assert ZOO["qwen2.5-vl-7b-l2"].engine_args == {
+        "max_model_len": 4096, "limit_mm_per_prompt": {"image": 2, "video": 0}}
 
 
 @pytest.mark.parametrize("name", REAL)
