@@ -653,7 +653,7 @@ def _list_models() -> None:
 
     from stepwarm.console import print_models
 
-    print_models([(m.name, m.architecture, m.kind, m.runner,
+    print_models([(m.name, m.architecture, m.describe_kind(), m.runner,
                    m.drafter.describe() if m.drafter else "-",
                    " ".join(f"{k}={json.dumps(v)}" for k, v in m.engine_args.items()))
                   for m in ZOO.values()])

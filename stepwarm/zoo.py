@@ -1,4 +1,5 @@
-"""Tiny model configs that stepwarm writes at run time.
+"""Zoo model configs that stepwarm writes at run time: tiny ones, and
+real-dimension ones with few layers (:mod:`stepwarm.zoo_real`).
 
 No model hub is needed: a model directory is a ``config.json`` (no weights),
 optionally with a word-level tokenizer over the model's vocabulary; vLLM
@@ -15,6 +16,8 @@ from pathlib import Path
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from stepwarm import zoo_real
 
 #: Tiny Llama: hidden 256, head_dim 64 (CPU attention rejects 16), 2 layers,
 #: vocab 512, 1024 positions. Starts on CPU in about 20 s.
@@ -314,6 +317,16 @@ QWEN2_VL_IMAGE_PROCESSOR: dict[str, Any] = {
     "do_convert_rgb": True,
 }
 
+#: Qwen2.5-VL-7B-Instruct's preprocessor_config.json (Qwen2-VL's processor
+#: values, ``processor_class`` Qwen2_5_VLProcessor, ``min_pixels`` 56 x 56),
+#: but ``max_pixels`` 1280 x 28 x 28 (at most 1280 image tokens per image),
+#: the cap its model card suggests: the published 12845056 (16384 tokens)
+#: would not fit ``max_model_len`` 4096.
+QWEN2_5_VL_IMAGE_PROCESSOR: dict[str, Any] = {
+    **QWEN2_VL_IMAGE_PROCESSOR, "processor_class": "Qwen2_5_VLProcessor",
+    "min_pixels": 56 * 56, "max_pixels": 1280 * 28 * 28,
+}
+
 #: Limits that keep every built-in fast on a CPU (tokens, requests).
 SMALL_LIMITS: dict[str, Any] = {
     "max_model_len": 512,
@@ -430,6 +443,23 @@ class ZooModel:
     files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: The speculator it starts with (None: none).
     drafter: ZooDrafter | None = None
+    #: A real-dimension model (:mod:`stepwarm.zoo_real`): the published
+    #: checkpoint's layer count, of which the config keeps a few; None for
+    #: the tiny models. Too heavy for the CPU suites that start zoo models.
+    published_layers: int | None = None
+
+    @property
+    def real_dimensions(self) -> bool:
+        """Whether it has a published model's widths (:attr:`published_layers`)."""
+        return self.published_layers is not None
+
+    def describe_kind(self) -> str:
+        """:attr:`kind`, and for a real-dimension model how many of the
+        published layers it keeps, for ``stepwarm list --models``."""
+        if self.published_layers is None:
+            return self.kind
+        layers = self.config.get("num_hidden_layers", self.config.get("decoder_layers"))
+        return f"{self.kind}; real dimensions, {layers} of {self.published_layers} layers"
 
     def engine_args_for(self, model_dir: Path) -> dict[str, Any]:
         """:attr:`engine_args`, plus the drafter's ``speculative_config`` for
@@ -486,7 +516,34 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("tiny-qwen3-next-mtp", "GDN + attention + MTP layer", TINY_QWEN3_NEXT_MTP,
              SMALL_LIMITS, runner="generate, speculator: MTP",
              drafter=ZooDrafter("mtp", 2)),
+    # Real dimensions, few layers (stepwarm.zoo_real): the kernels' real variants.
+    ZooModel("llama-3.1-8b-l2", "dense, GQA 32/8, llama3 rope", zoo_real.LLAMA_3_1_8B,
+             zoo_real.REAL_TEXT_LIMITS, published_layers=32),
+    ZooModel("qwen3-30b-a3b-l2", "MoE (128 experts, top 8)", zoo_real.QWEN3_30B_A3B,
+             zoo_real.REAL_TEXT_LIMITS, published_layers=48),
+    ZooModel("deepseek-v2-lite-l2", "MLA + MoE (64+2 shared, top 6)",
+             zoo_real.DEEPSEEK_V2_LITE, zoo_real.REAL_TEXT_LIMITS, published_layers=27),
+    ZooModel("granite-4.0-h-tiny-l4", "Mamba2 + attention, MoE (64, top 6)",
+             zoo_real.GRANITE_4_0_H_TINY, zoo_real.REAL_TEXT_LIMITS, published_layers=40),
+    ZooModel("qwen3-next-80b-a3b-l4", "GDN + attention, MoE (512, top 10)",
+             zoo_real.QWEN3_NEXT_80B_A3B, zoo_real.REAL_TEXT_LIMITS, published_layers=48),
+    ZooModel("gemma-3-12b-l2", "sliding (1024) + full attention",
+             zoo_real.GEMMA_3_12B, zoo_real.REAL_TEXT_LIMITS, published_layers=48),
+    ZooModel("whisper-large-v3-l2", "encoder-decoder (cross-attention)",
+             zoo_real.WHISPER_LARGE_V3, {"max_model_len": 448},
+             runner="generate, encoder-decoder", published_layers=32,
+             files={"preprocessor_config.json": {**WHISPER_FEATURE_EXTRACTOR,
+                                                 "feature_size": 128}}),
+    ZooModel("qwen2.5-vl-7b-l2", "vision-language (windowed ViT)",
+             zoo_real.QWEN2_5_VL_7B,
+             {**zoo_real.REAL_TEXT_LIMITS, "limit_mm_per_prompt": {"image": 2, "video": 0}},
+             runner="generate, multimodal (images)", published_layers=28,
+             special_tokens=zoo_real.QWEN2_5_VL_TOKENS,
+             files={"preprocessor_config.json": QWEN2_5_VL_IMAGE_PROCESSOR}),
 )}
+
+#: The tiny models alone: what the CPU suites may start one by one.
+TINY_ZOO: dict[str, ZooModel] = {n: m for n, m in ZOO.items() if not m.real_dimensions}
 
 #: Config dicts by zoo name (kept for callers of the first zoo).
 MODELS: dict[str, Mapping[str, Any]] = {name: m.config for name, m in ZOO.items()}
