@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepwarm.coverage.detectors import CompileEvent, Detectors, merge
+from stepwarm.coverage.explain import side_effects, snapshot
 from stepwarm.coverage.traffic import (
     Traffic,
     TrafficLimits,
@@ -56,6 +57,9 @@ class RequestResult:
     error: str | None = None
     #: When the first run began (seconds since the epoch).
     started_at: float = 0.0
+    #: What each run did besides compiling (:func:`stepwarm.coverage.explain.side_effects`).
+    side_effects_first: dict[str, Any] = field(default_factory=dict)
+    side_effects_second: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float:
@@ -100,9 +104,11 @@ def replay_line(llm: Any, tl: TrafficLine, limits: TrafficLimits,
                 _generate(llm, [priming], prime_params)
             if clock is not None:
                 clock.take()
+            before = snapshot()
             t0 = time.perf_counter()
             outs = _generate(llm, prompts, params)
             elapsed = (time.perf_counter() - t0) * 1e3
+            effects = side_effects(before, snapshot())
             worker_ms = clock.take() if clock is not None else 0.0
         except Exception as e:  # noqa: BLE001 - reported per request
             result.error = f"{type(e).__name__}: {e}"
@@ -114,9 +120,11 @@ def replay_line(llm: Any, tl: TrafficLine, limits: TrafficLimits,
         if round_ == 0:
             result.first_ms, result.first_worker_ms = elapsed, worker_ms
             result.compiles_first = merge(events)
+            result.side_effects_first = effects
         else:
             result.second_ms, result.second_worker_ms = elapsed, worker_ms
             result.compiles_second = merge(events)
+            result.side_effects_second = effects
     return result
 
 

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stepwarm.coverage.detectors import CompileEvent, merge
+from stepwarm.coverage.explain import explanation
 from stepwarm.coverage.replay import RequestResult
 from stepwarm.coverage.startup import Where
 
@@ -103,7 +104,8 @@ class CoverageReport:
             return "compiled"
         if (self.threshold is not None and r["ratio"] > self.threshold
                 and r["excess_ms"] > self.min_excess_ms):
-            return f"ratio > {self.threshold:g}"
+            why = explanation(r.get("side_effects_first", {}), r.get("side_effects_second", {}))
+            return f"ratio > {self.threshold:g}: " + (why or "unexplained")
         return ""
 
     @property
@@ -158,6 +160,8 @@ def request_dict(r: RequestResult, t0: float) -> dict[str, Any]:
             "second_worker_ms": round(r.second_worker_ms, 2),
             "ratio": round(r.ratio, 3), "excess_ms": round(r.excess_ms, 2),
             "compiles_first": r.compiles_first, "compiles_second": r.compiles_second,
+            "side_effects_first": r.side_effects_first,
+            "side_effects_second": r.side_effects_second,
             "events": [[e.detector, e.name, e.kind] + ([e.variant] if e.variant else [])
                        for e in r.events],
             "tokens": r.tokens, "error": r.error}

@@ -141,8 +141,13 @@ def test_the_verdict_compiles_ratio_with_floor_and_errors(tmp_path):
     rep = _report()
     rep.requests = [_request("warm", 20.0, 19.0), _request("small", 15.0, 10.0),
                     _request("slow", 300.0, 20.0)]
-    assert [rep.flagged(r) for r in rep.requests] == ["", "", "ratio > 1.2"]
+    assert [rep.flagged(r) for r in rep.requests] == ["", "", "ratio > 1.2: unexplained"]
     assert rep.exit_code == 1 and rep.excess_ms == 286.0
+    # what the first run did besides compiling names the cause; still flagged
+    slow = _request("slow", 300.0, 20.0)
+    slow["side_effects_first"] = {"imports": 3, "imported": ["a.b", "c", "d"], "reserved_mib": 64.0}
+    slow["side_effects_second"] = {}
+    assert rep.flagged(slow) == "ratio > 1.2: 3 module(s) imported (a.b, c); allocator +64 MiB"
     rep.requests = [_request("warm", 20.0, 19.0),
                     _request("compiled", 21.0, 20.0, {"_topk_log_softmax_kernel": 1})]
     assert [rep.flagged(r) for r in rep.requests] == ["", "compiled"]

@@ -70,7 +70,7 @@ def test_every_toml_in_the_scenario_folder_is_a_scenario():
     from stepwarm.scenario import ScenarioError, check
 
     files = sorted(str(p) for p in (Path(__file__).parents[2] / "scenarios").glob("*.toml"))
-    assert len(files) == 15
+    assert len(files) == 16
     results = check(files, tiny_profile())
     assert not [r for _, r in results if isinstance(r, ScenarioError)]
 

@@ -1,0 +1,114 @@
+"""What a request's first run did besides compiling: the causes a first-call
+outlier can have that no compile detector sees.
+
+A :class:`Snapshot` is taken before and after each run of a traffic line (the
+worker runs in this process under ``stepwarm coverage``); :func:`side_effects`
+is the difference, each cause counted only when it happened:
+
+- ``imports``: modules imported during the run (``sys.modules`` grew: a lazy
+  import on first use), with the first few names;
+- ``dynamo_frames`` / ``dynamo_graphs``: frames torch.compile compiled (a
+  first compile, or a recompile after a guard failed: a new shape or Python
+  int it specialized on) and graphs it built (``torch._dynamo.utils.counters``);
+- ``reserved_mib`` / ``device_allocs``: the CUDA caching allocator growing
+  (``torch.cuda.memory_reserved``, ``memory_stats()["num_device_alloc"]``:
+  cudaMalloc calls, which the second run of the same shapes no longer makes);
+- ``gc_collections``: garbage-collector passes per generation (a generation-2
+  pass over a large heap is tens of ms);
+- ``threads``: threads started (a lazily made worker pool).
+
+A flagged request whose first run shows none of these stays ``unexplained``
+(the report says so): first cuBLAS / cuDNN handles, FlashInfer / DeepGEMM JIT
+outside Triton's cache and driver-level work leave no trace here.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+#: Module names listed per run at most (the count is always whole).
+MAX_NAMES = 5
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Process state that a first run can change and a second usually does not."""
+
+    modules: frozenset[str]
+    dynamo_frames: int
+    dynamo_graphs: int
+    reserved_bytes: int
+    device_allocs: int
+    gc_collections: tuple[int, ...]
+    threads: int
+
+
+def _dynamo_counts() -> tuple[int, int]:
+    mod = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(mod, "counters", None)
+    if counters is None:
+        return 0, 0
+    return int(counters["frames"].get("total", 0)), int(counters["stats"].get("unique_graphs", 0))
+
+
+def _cuda_counts() -> tuple[int, int]:
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return 0, 0
+    stats = torch.cuda.memory_stats()
+    return int(torch.cuda.memory_reserved()), int(stats.get("num_device_alloc", 0))
+
+
+def snapshot() -> Snapshot:
+    """The process's state now (cheap: no collection, no device sync)."""
+    frames, graphs = _dynamo_counts()
+    reserved, allocs = _cuda_counts()
+    return Snapshot(modules=frozenset(sys.modules), dynamo_frames=frames,
+                    dynamo_graphs=graphs, reserved_bytes=reserved,
+                    device_allocs=allocs,
+                    gc_collections=tuple(s["collections"] for s in gc.get_stats()),
+                    threads=threading.active_count())
+
+
+def side_effects(before: Snapshot, after: Snapshot) -> dict[str, Any]:
+    """What changed between two snapshots; only the causes that happened."""
+    out: dict[str, Any] = {}
+    new = sorted(after.modules - before.modules)
+    if new:
+        out["imports"] = len(new)
+        out["imported"] = new[:MAX_NAMES]
+    for key in ("dynamo_frames", "dynamo_graphs", "device_allocs", "threads"):
+        d = getattr(after, key) - getattr(before, key)
+        if d > 0:
+            out[key] = d
+    grown = after.reserved_bytes - before.reserved_bytes
+    if grown > 0:
+        out["reserved_mib"] = round(grown / (1 << 20), 1)
+    gcs = [a - b for a, b in zip(after.gc_collections, before.gc_collections)]
+    if any(gcs):
+        out["gc_collections"] = gcs
+    return out
+
+
+def explanation(first: dict[str, Any], second: dict[str, Any]) -> str:
+    """The causes the first run had and the second did not, as one phrase
+    (``""``: none, the outlier is unexplained)."""
+    parts = []
+    if first.get("imports", 0) > second.get("imports", 0):
+        parts.append(f"{first['imports']} module(s) imported ({', '.join(first['imported'][:2])})")
+    for key, what in (("dynamo_frames", "torch.compile frame compile(s)"),
+                      ("dynamo_graphs", "torch.compile graph(s)"),
+                      ("device_allocs", "cudaMalloc call(s)"),
+                      ("threads", "thread(s) started")):
+        if first.get(key, 0) > second.get(key, 0):
+            parts.append(f"{first[key]} {what}")
+    if first.get("reserved_mib", 0) > second.get("reserved_mib", 0):
+        parts.append(f"allocator +{first['reserved_mib']:g} MiB")
+    f_gc, s_gc = first.get("gc_collections", [0, 0, 0]), second.get("gc_collections", [0, 0, 0])
+    if len(f_gc) > 2 and f_gc[2] > (s_gc[2] if len(s_gc) > 2 else 0):
+        parts.append(f"{f_gc[2]} full gc pass(es)")
+    return "; ".join(parts)
