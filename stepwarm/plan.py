@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, NoReturn
 
 from stepwarm.blocks import BlockLedger, OutOfBlocksError, StepAllocation
 from stepwarm.profile import RunnerProfile
@@ -32,7 +32,7 @@ StepKind = Literal[
 REQ_ID_PREFIX = "_stepwarm_"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class PlannedRequest:
     """A warmup request as declared (before any step schedules it).
 
@@ -65,6 +65,20 @@ class PlannedRequest:
     #: a table of one); "" for a request declared without a name.
     name: str = ""
     index: int | None = None
+
+    def __init__(self, req_id: str, prompt_len: int, kind: Literal["sample", "pool"] = "sample",
+                 structured_output: bool = False, encoder_len: int = 0,
+                 sampling: str | tuple[tuple[str, Any], ...] = "warmup",
+                 images: tuple[int, ...] = (), skip_reading_prefix_cache: bool = False,
+                 name: str = "", index: int | None = None):
+        # The fields in one dict update: a frozen dataclass's generated
+        # __init__ sets each through object.__setattr__, three times the cost
+        # (a plan declares one per request). The defaults are the fields'
+        # (tests/unit/test_plan_work.py checks they agree).
+        self.__dict__.update(
+            req_id=req_id, prompt_len=prompt_len, kind=kind, structured_output=structured_output,
+            encoder_len=encoder_len, sampling=sampling, images=images,
+            skip_reading_prefix_cache=skip_reading_prefix_cache, name=name, index=index)
 
     @property
     def display_name(self) -> str:
@@ -609,50 +623,82 @@ class PlanBuilder:
     def _schedule_prefills(self, prefill: dict[str, int], draft: _Draft) -> None:
         """Prefill chunks: a waiting request's first (after any prefix hit) or
         a running one's next, with the encoder inputs that start with it
-        (``_try_schedule_encoder_inputs``), within the encoder budget."""
+        (``_try_schedule_encoder_inputs``), within the encoder budget. One
+        pass, a row built as a tuple; a request the fast test does not pass
+        (unknown, neither waiting nor running, no prompt token left for the
+        chunk) goes to :meth:`_refuse_prefill`, which raises."""
         p = self.profile
+        requests, align_mamba = self._requests, self._align_mamba
+        rows, updates, allocs = draft.rows, draft.updates, draft.allocs
+        total, most = 0, draft.most_tokens
+        new = tuple.__new__
         for rid, n in prefill.items():
-            live = self._live(rid)
-            if live.state == "finished":
-                raise self._err(f"request {rid!r} is finished; it cannot be prefilled",
-                                "prefill", rid)
-            if live.state == "preempted":
-                raise self._err(f"request {rid!r} is preempted; resume it instead", "prefill", rid)
-            if live.state == "running" and live.num_computed_tokens >= live.decl.prompt_len:
-                raise self._err(
-                    f"request {rid!r} already finished its prefill "
-                    f"({live.num_computed_tokens} tokens computed); decode it instead",
-                    "prefill", rid,
-                )
-            left = live.decl.prompt_len - live.num_computed_tokens
-            if n <= 0:
-                raise self._err(f"request {rid!r}: prefill tokens must be > 0, got {n}",
-                                "tokens", rid)
-            if n > left:
-                raise self._err(
-                    f"request {rid!r}: {n} prefill tokens scheduled but only {left} "
-                    f"prompt tokens are left (prompt_len {live.decl.prompt_len}, "
-                    f"{live.num_computed_tokens} computed)", "tokens", rid,
-                )
-            done = n == left
-            if self._align_mamba:
+            live = requests.get(rid)
+            if live is None or (live.state != "waiting" and live.state != "running") or \
+                    not 0 < n <= live.decl.prompt_len - live.num_computed_tokens:
+                self._refuse_prefill(rid, n)
+            decl = live.decl
+            c, out, pl = live.num_computed_tokens, live.num_output_tokens, decl.prompt_len
+            done = n == pl - c
+            if align_mamba:
                 self._check_mamba_align_chunk(live, n)
-            row = self._row(live, n, (), done)
-            if live.decl.images:
+            row = new(ScheduledRequest, (
+                decl.req_id, c, n, (), not live.seen, False, (), (), out, done, ()))
+            if decl.images:
                 # Its encoder inputs run with the one step that prefills it.
-                if not done or live.num_computed_tokens:
+                if not done or c:
                     raise self._err(
                         f"request {rid!r} carries images: it is prefilled in one step "
-                        f"({live.decl.prompt_len} tokens), not in chunks", "tokens", rid)
-                row = row._replace(encoder_inputs=tuple(range(len(live.decl.images))))
-                draft.encoder_tokens += sum(p.image_classes[c].tokens for c in live.decl.images)
-            elif live.decl.encoder_len and self._starts_encoder(live):
+                        f"({pl} tokens), not in chunks", "tokens", rid)
+                row = row._replace(encoder_inputs=tuple(range(len(decl.images))))
+                draft.encoder_tokens += sum(p.image_classes[i].tokens for i in decl.images)
+            elif decl.encoder_len and self._starts_encoder(live):
                 row = row._replace(encoder_inputs=(0,))
-                draft.encoder_tokens += live.decl.encoder_len if p.encoder_budget else 0
-            draft.add(row, live, n, 1 if done else 0)
+                draft.encoder_tokens += decl.encoder_len if p.encoder_budget else 0
+            # _Draft.add, inline
+            rows.append(row)
+            dout = 1 if done else 0
+            updates.append((live, n, dout))
+            num_tokens, end = pl + out, c + n
+            allocs.append(new(StepAllocation, (
+                decl.req_id, end, c, end if end < num_tokens else num_tokens, pl,
+                decl.encoder_len, num_tokens)))
+            total += n
+            after = num_tokens + dout if decl.kind == "sample" else num_tokens
+            if c + n > most:
+                most = c + n
+            if after > most:
+                most = after
+        draft.total += total
+        draft.most_tokens = most
         if draft.encoder_tokens > p.encoder_budget:
             raise self._err(f"{draft.encoder_tokens} encoder tokens scheduled but the encoder "
                             f"budget is {p.encoder_budget}", "images")
+
+    def _refuse_prefill(self, rid: str, n: int) -> NoReturn:
+        """The step's :class:`PlanError` for a prefill row the fast test of
+        :meth:`_schedule_prefills` did not pass."""
+        live = self._live(rid)
+        if live.state == "finished":
+            raise self._err(f"request {rid!r} is finished; it cannot be prefilled",
+                            "prefill", rid)
+        if live.state == "preempted":
+            raise self._err(f"request {rid!r} is preempted; resume it instead", "prefill", rid)
+        if live.state == "running" and live.num_computed_tokens >= live.decl.prompt_len:
+            raise self._err(
+                f"request {rid!r} already finished its prefill "
+                f"({live.num_computed_tokens} tokens computed); decode it instead",
+                "prefill", rid,
+            )
+        left = live.decl.prompt_len - live.num_computed_tokens
+        if n <= 0:
+            raise self._err(f"request {rid!r}: prefill tokens must be > 0, got {n}",
+                            "tokens", rid)
+        raise self._err(
+            f"request {rid!r}: {n} prefill tokens scheduled but only {left} "
+            f"prompt tokens are left (prompt_len {live.decl.prompt_len}, "
+            f"{live.num_computed_tokens} computed)", "tokens", rid,
+        )
 
     def _schedule_decodes(self, decode: dict[str, int], draft: _Draft) -> None:
         """RUNNING requests whose prompt is done: ``1 + drafts`` tokens each
@@ -675,8 +721,10 @@ class PlanBuilder:
                 rid, c, n, (0,) * k, not live.seen, False, (), (), out, True, ())))
             updates.append((live, n, n))
             pl = decl.prompt_len
+            end, num_tokens = c + n, pl + out
             allocs.append(new(StepAllocation, (
-                rid, c + n, c, min(c + n, pl + out), pl, decl.encoder_len, pl + out)))
+                rid, end, c, end if end < num_tokens else num_tokens, pl, decl.encoder_len,
+                num_tokens)))
             total += n
             if c + n > most or pl + out + n > most:
                 most = max(c + n, pl + out + n)
@@ -802,18 +850,18 @@ class PlanBuilder:
             raise self._err(f"{e} (runner has num_blocks {self.profile.num_blocks})", "blocks",
                             getattr(e, "req_id", None)) from None
         waiting: dict[str, int] = {}
-        out: list[ScheduledRequest] = []
         held = draft.held
         if not wait_for_mamba:  # every row allocated (no None)
-            for (rid, c, n, spec, fresh, resumed, _, _, outs, samples, enc), growth in zip(
-                    draft.rows, growths):
-                got = ledger.held(rid) if fresh or resumed else growth[0]  # type: ignore[index]
-                out.append(new(ScheduledRequest, (
-                    rid, c, n, spec, fresh, resumed, got, growth[1], outs,  # type: ignore[index]
-                    samples, enc)))
-                held.append((rid, growth[2]))  # type: ignore[index]
-            draft.rows = out
+            table = ledger.held
+            draft.rows = [new(ScheduledRequest, (
+                rid, c, n, spec, fresh, resumed,
+                table(rid) if fresh or resumed else g[0], g[1],  # type: ignore[index]
+                outs, samples, enc))
+                for (rid, c, n, spec, fresh, resumed, _, _, outs, samples, enc), g in zip(
+                    draft.rows, growths)]
+            held += [(r[0], g[2]) for r, g in zip(draft.rows, growths)]  # type: ignore[index]
             return waiting
+        out: list[ScheduledRequest] = []
         updates: list[tuple[_Live, int, int]] = []
         for row, update, grown in zip(draft.rows, draft.updates, growths):
             rid = row[0]
