@@ -15,7 +15,9 @@ step and the request.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import gc
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, NoReturn
 
@@ -251,6 +253,27 @@ class PlanError(ValueError):
         self.request = request
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while plans are built, as it was after.
+
+    Planning makes hundreds of thousands of small acyclic objects; in a
+    process that has imported vLLM (about half a million tracked objects), the
+    full collections they trigger took most of a slow round
+    (benchmarks/plan_speed.py: worst round 400 ms against a best of 86 ms),
+    and the young collections every 700 of them a quarter of a
+    :meth:`PlanBuilder.step` of 1,024 decodes. Reference counting still frees
+    everything; the collector runs at its next threshold after planning.
+    :meth:`PlanBuilder.step` and :func:`stepwarm.scenario.plans_for` pause it."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def max_prompt_len(profile: RunnerProfile, kind: str = "sample") -> int:
     """The longest prompt, in tokens, a request of ``kind`` may have.
 
@@ -295,12 +318,23 @@ class _Ask:
     preempt: tuple[str, ...] = ()
 
 
+#: A row as scheduled, before its blocks: the fields of a
+#: :class:`ScheduledRequest` but ``block_ids`` and ``allocated`` (req_id,
+#: num_computed_tokens, num_scheduled_tokens, spec_token_ids, new, resumed,
+#: num_output_tokens, samples, encoder_inputs), a plain tuple: the named one
+#: is built once, when the ledger has the blocks (:meth:`PlanBuilder._allocate`).
+_Row = tuple[str, int, int, tuple[int, ...], bool, bool, int, bool, tuple[int, ...]]
+
+
 @dataclass
 class _Draft:
     """A step being scheduled: its rows in order, each with the update
     ``_update_after_schedule`` applies (live, computed +=, outputs +=)."""
 
-    rows: list[ScheduledRequest] = field(default_factory=list)
+    rows: list[_Row] = field(default_factory=list)
+    #: The rows with their blocks (:meth:`PlanBuilder._allocate`), without
+    #: those left waiting.
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
     updates: list[tuple[_Live, int, int]] = field(default_factory=list)
     #: Resumed requests and whether they are still recomputing after it.
     resuming: list[tuple[_Live, bool]] = field(default_factory=list)
@@ -316,10 +350,10 @@ class _Draft:
     #: check names the first row beyond it only when this is).
     most_tokens: int = 0
 
-    def add(self, row: ScheduledRequest, live: _Live, dn: int, dout: int) -> None:
+    def add(self, row: _Row, live: _Live, dn: int, dout: int) -> None:
         self.rows.append(row)
         self.updates.append((live, dn, dout))
-        self.total += row.num_scheduled_tokens
+        self.total += row[2]
         c, decl = live.num_computed_tokens, live.decl
         num_tokens = decl.prompt_len + live.num_output_tokens
         self.allocs.append(tuple.__new__(StepAllocation, (
@@ -517,19 +551,20 @@ class PlanBuilder:
         Raises:
             PlanError: see the class docstring.
         """
-        prefill = dict(prefill or {})
-        resume = dict(resume or {})
-        parts = self._encoder_budget_parts(list(prefill) + list(resume))
-        for i, part in enumerate(parts[:-1]):
-            self._schedule_waiting(
-                "prefill" if all(r in prefill for r in part) else "resume",
-                f"{label} (encoder budget, part {i + 1}/{len(parts)})",
-                _Ask(prefill={r: prefill.pop(r) for r in part if r in prefill},
-                     resume={r: resume.pop(r) for r in part if r in resume}), grammar, None)
-        if len(parts) > 1:
-            label = f"{label} (encoder budget, part {len(parts)}/{len(parts)})"
-        ask = _Ask(prefill, dict(decode or {}), resume, tuple(finish), tuple(preempt))
-        return self._schedule_waiting(kind, label, ask, grammar, relabel)
+        with collector_paused():
+            prefill = dict(prefill or {})
+            resume = dict(resume or {})
+            parts = self._encoder_budget_parts(list(prefill) + list(resume))
+            for i, part in enumerate(parts[:-1]):
+                self._schedule_waiting(
+                    "prefill" if all(r in prefill for r in part) else "resume",
+                    f"{label} (encoder budget, part {i + 1}/{len(parts)})",
+                    _Ask(prefill={r: prefill.pop(r) for r in part if r in prefill},
+                         resume={r: resume.pop(r) for r in part if r in resume}), grammar, None)
+            if len(parts) > 1:
+                label = f"{label} (encoder budget, part {len(parts)}/{len(parts)})"
+            ask = _Ask(prefill, dict(decode or {}), resume, tuple(finish), tuple(preempt))
+            return self._schedule_waiting(kind, label, ask, grammar, relabel)
 
     def _schedule_waiting(self, kind: StepKind, label: str, ask: _Ask, grammar: bool | None,
                           relabel: Callable[[list[str]], str] | None) -> PlannedStep:
@@ -642,21 +677,20 @@ class PlanBuilder:
             done = n == pl - c
             if align_mamba:
                 self._check_mamba_align_chunk(live, n)
-            row = new(ScheduledRequest, (
-                decl.req_id, c, n, (), not live.seen, False, (), (), out, done, ()))
+            enc: tuple[int, ...] = ()
             if decl.images:
                 # Its encoder inputs run with the one step that prefills it.
                 if not done or c:
                     raise self._err(
                         f"request {rid!r} carries images: it is prefilled in one step "
                         f"({pl} tokens), not in chunks", "tokens", rid)
-                row = row._replace(encoder_inputs=tuple(range(len(decl.images))))
+                enc = tuple(range(len(decl.images)))
                 draft.encoder_tokens += sum(p.image_classes[i].tokens for i in decl.images)
             elif decl.encoder_len and self._starts_encoder(live):
-                row = row._replace(encoder_inputs=(0,))
+                enc = (0,)
                 draft.encoder_tokens += decl.encoder_len if p.encoder_budget else 0
             # _Draft.add, inline
-            rows.append(row)
+            rows.append((decl.req_id, c, n, (), not live.seen, False, out, done, enc))
             dout = 1 if done else 0
             updates.append((live, n, dout))
             num_tokens, end = pl + out, c + n
@@ -706,28 +740,30 @@ class PlanBuilder:
         One pass, a row built as a tuple; a request the fast test does not
         pass (unknown, not running, still prefilling, pooling, drafts) goes
         through :meth:`_check_decode`, which raises or allows it."""
-        requests = self._requests
-        rows, updates, allocs = draft.rows, draft.updates, draft.allocs
+        get = self._requests.get
+        add_row, add_update, add_alloc = draft.rows.append, draft.updates.append, \
+            draft.allocs.append
         total, most = 0, draft.most_tokens
         new = tuple.__new__
         for rid, k in decode.items():
-            live = requests.get(rid)
-            if k or live is None or live.state != "running" or \
-                    live.num_computed_tokens < live.decl.prompt_len or live.decl.kind == "pool":
+            live = get(rid)
+            if k or live is None:
                 live = self._check_decode(rid, k)
+            decl = live.decl
+            c, pl = live.num_computed_tokens, decl.prompt_len
+            if c < pl or live.state != "running" or decl.kind == "pool":
+                live = self._check_decode(rid, k)  # raises
             n = 1 + k
-            c, out, decl = live.num_computed_tokens, live.num_output_tokens, live.decl
-            rows.append(new(ScheduledRequest, (
-                rid, c, n, (0,) * k, not live.seen, False, (), (), out, True, ())))
-            updates.append((live, n, n))
-            pl = decl.prompt_len
+            out = live.num_output_tokens
+            add_row((rid, c, n, (0,) * k if k else (), not live.seen, False, out, True, ()))
+            add_update((live, n, n))
             end, num_tokens = c + n, pl + out
-            allocs.append(new(StepAllocation, (
+            add_alloc(new(StepAllocation, (
                 rid, end, c, end if end < num_tokens else num_tokens, pl, decl.encoder_len,
                 num_tokens)))
             total += n
-            if c + n > most or pl + out + n > most:
-                most = max(c + n, pl + out + n)
+            if end > most or num_tokens + n > most:
+                most = max(end, num_tokens + n)
         draft.total += total
         draft.most_tokens = most
 
@@ -784,10 +820,11 @@ class PlanBuilder:
                 )
             done = n == left
             self._check_mamba_align_chunk(live, n)
-            row = self._row(live, n, (), done, resumed=not continuing)
-            if self._starts_encoder(live):  # preempted: its encoder runs again
-                row = row._replace(encoder_inputs=(0,))
-            draft.add(row, live, n, 1 if done else 0)
+            # a preempted request's encoder runs again
+            enc = (0,) if self._starts_encoder(live) else ()
+            draft.add((live.decl.req_id, live.num_computed_tokens, n, (), not live.seen,
+                       not continuing, live.num_output_tokens, done, enc), live, n,
+                      1 if done else 0)
             draft.resuming.append((live, not done))
 
     def _check_budgets(self, names: list[str], finish: tuple[str, ...],
@@ -853,11 +890,11 @@ class PlanBuilder:
         held = draft.held
         if not wait_for_mamba:  # every row allocated (no None)
             table = ledger.held
-            draft.rows = [new(ScheduledRequest, (
+            draft.scheduled = [new(ScheduledRequest, (
                 rid, c, n, spec, fresh, resumed,
                 table(rid) if fresh or resumed else g[0], g[1],  # type: ignore[index]
                 outs, samples, enc))
-                for (rid, c, n, spec, fresh, resumed, _, _, outs, samples, enc), g in zip(
+                for (rid, c, n, spec, fresh, resumed, outs, samples, enc), g in zip(
                     draft.rows, growths)]
             held += [(r[0], g[2]) for r, g in zip(draft.rows, growths)]  # type: ignore[index]
             return waiting
@@ -866,14 +903,14 @@ class PlanBuilder:
         for row, update, grown in zip(draft.rows, draft.updates, growths):
             rid = row[0]
             if grown is None:
-                waiting[rid] = row.num_scheduled_tokens
+                waiting[rid] = row[2]
                 continue
             # row[4], row[5]: new, resumed (whole table); else the appended ids
             got = ledger.held(rid) if row[4] or row[5] else grown[0]
-            out.append(new(ScheduledRequest, row[:6] + (got, grown[1]) + row[8:]))
+            out.append(new(ScheduledRequest, row[:6] + (got, grown[1]) + row[6:]))
             updates.append(update)
             held.append((rid, grown[2]))
-        draft.rows = out
+        draft.scheduled = out
         if waiting:
             draft.updates = updates
         return waiting
@@ -914,7 +951,7 @@ class PlanBuilder:
                           grammar: bool | None) -> PlannedStep:
         """Construct the scheduler output: the appended :class:`PlannedStep`."""
         p = self.profile
-        rows = draft.rows
+        rows = draft.scheduled
         if grammar is None:
             structured = self._structured
             grammar_ids = tuple(
@@ -1012,12 +1049,6 @@ class PlanBuilder:
             used += n
         parts[-1] += others
         return parts
-
-    def _row(self, live: _Live, n: int, spec: tuple[int, ...], samples: bool,
-             *, resumed: bool = False) -> ScheduledRequest:
-        return tuple.__new__(ScheduledRequest, (
-            live.decl.req_id, live.num_computed_tokens, n, spec, not live.seen, resumed, (), (),
-            live.num_output_tokens, samples, ()))
 
     def set_computed(self, req_id: str, num_tokens: int) -> None:
         """Start a waiting request's prefill after a prefix-cache hit of
