@@ -677,6 +677,10 @@ class BlockLedger:
         empty = ((),) * num_groups
         new = tuple.__new__
         never = 1 << 62
+        # One group: ids off the never-used range are taken here (as _take
+        # does), their references added after the loop, ids start..nxt-1.
+        front, num_blocks = self._front, self.num_blocks
+        start = nxt = self._next
         for i in slow:
             rid, num_tokens, _, num_cached_tokens, prompt_len, encoder_len, _n = rows[i]
             if encoder_len is not None:  # as _ctx_for: the context of this encoder length
@@ -698,7 +702,14 @@ class BlockLedger:
                 counts: tuple[int, ...] = (len(ids) + k,) if k > 0 else (len(ids),)
                 idle = new(Growth, (empty, empty, counts))
                 if k > 0:
-                    got = take(k)
+                    if not front and nxt + k <= num_blocks:
+                        got = (nxt,) if k == 1 else tuple(range(nxt, nxt + k))
+                        nxt += k
+                    else:  # the free queue's head first: _take, after the ids so far
+                        self._ref.update(dict.fromkeys(range(start, nxt), 1))
+                        self._next = nxt
+                        got = take(k)
+                        start = nxt = self._next
                     ids.extend(got)
                     grown: tuple[tuple[int, ...], ...] = (got,)
                     out[i] = new(Growth, (grown, grown, counts))
@@ -721,6 +732,9 @@ class BlockLedger:
                 quick[rid] = (never if mml <= cover else cover - la, threshold, idle)
                 continue
             out[i] = self._token_range_groups(rid, t, covered, num_cached_tokens, prompt_len)
+        if nxt != start:
+            self._ref.update(dict.fromkeys(range(start, nxt), 1))
+            self._next = nxt
         return out
 
     def _token_range_need(self, rows: list[StepAllocation]) -> int:
