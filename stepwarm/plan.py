@@ -391,11 +391,15 @@ class PlanBuilder:
     #: The profile has a Mamba group in ``align`` cache mode (prefill chunks
     #: are checked against its block size).
     _align_mamba: bool = field(default=False, init=False)
+    #: :func:`max_prompt_len` per request kind (the profile is frozen).
+    _prompt_limits: dict[str, int] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.ledger = BlockLedger.for_profile(self.profile)
         self._align_mamba = any(s.kind == "mamba" and s.mamba_cache_mode == "align"
                                 for s in self.profile.kv_cache_groups)
+        self._prompt_limits = {kind: max_prompt_len(self.profile, kind)
+                               for kind in ("sample", "pool")}
 
     # -- requests ----------------------------------------------------------
     def add_request(self, req: PlannedRequest) -> None:
@@ -413,7 +417,9 @@ class PlanBuilder:
                 f"request {req.req_id!r}: prompt_len must be > 0, got {req.prompt_len}",
                 field="prompt_len",
             )
-        limit = max_prompt_len(self.profile, req.kind)
+        limit = self._prompt_limits.get(req.kind)
+        if limit is None:
+            limit = max_prompt_len(self.profile, req.kind)
         if req.prompt_len > limit:
             raise PlanError(
                 f"request {req.req_id!r}: prompt_len {req.prompt_len} exceeds "
@@ -421,7 +427,8 @@ class PlanBuilder:
                 + (", less the token sampled after the prompt)" if req.kind == "sample" else ")"),
                 field="prompt_len",
             )
-        self._check_images(req)
+        if req.images:
+            self._check_images(req)
         self._requests[req.req_id] = _Live(req)
         if req.structured_output:
             self._structured.add(req.req_id)
@@ -889,10 +896,12 @@ class PlanBuilder:
         waiting: dict[str, int] = {}
         held = draft.held
         if not wait_for_mamba:  # every row allocated (no None)
+            # A new or resumed row is sent its whole table: what was appended
+            # when it held none before (no token computed: no prefix hit).
             table = ledger.held
             draft.scheduled = [new(ScheduledRequest, (
                 rid, c, n, spec, fresh, resumed,
-                table(rid) if fresh or resumed else g[0], g[1],  # type: ignore[index]
+                table(rid) if (fresh or resumed) and c else g[0], g[1],  # type: ignore[index]
                 outs, samples, enc))
                 for (rid, c, n, spec, fresh, resumed, outs, samples, enc), g in zip(
                     draft.rows, growths)]
