@@ -692,7 +692,8 @@ class BlockLedger:
                 pending.pop(rid, None)  # no Mamba group: never a stale hit
             t = tables.get(rid)
             if t is None:
-                t = tables[rid] = [GroupTable([], False, None, 0) for _ in bss]
+                t = tables[rid] = [GroupTable([], False, None, 0)] if num_groups == 1 else \
+                    [GroupTable([], False, None, 0) for _ in bss]
             covered = num_tokens + la
             if covered > mml:
                 covered = mml

@@ -930,7 +930,7 @@ class PlanBuilder:
         ``num_computed_tokens`` (and, all drafts assumed accepted, their
         outputs); pooling requests done with their prompt finish next step;
         finished and preempted requests leave the running queue."""
-        running = self._running
+        run = self._running.add
         pooled = []
         for live, dn, dout in draft.updates:
             live.num_computed_tokens += dn
@@ -938,7 +938,7 @@ class PlanBuilder:
             live.state = "running"
             live.seen = True
             decl = live.decl
-            running.add(decl.req_id)
+            run(decl.req_id)
             if decl.kind == "pool":
                 draft.pooling = True
                 if live.num_computed_tokens >= decl.prompt_len:
