@@ -638,30 +638,51 @@ class BlockLedger:
         pass per row and no call per group: the same ids, tables and cache
         entries as :meth:`grow` then :meth:`cache_prompt` per row.
 
+        A row whose quick entry (:attr:`_quick`) says that no group grows and
+        no block becomes a cache entry changes nothing: its :class:`Growth`
+        is the entry's, and only the other rows are walked (in order, so the
+        pool hands out the same ids). Rows are distinct requests.
+
         Returns:
             None, changing nothing, when the pool does not surely hold every
             row's new blocks before this step frees any (the caller's saved
             path then decides, all or nothing).
         """
+        quick = self._quick
+        qs = [quick.get(r[0]) for r in rows]
+        slow = [i for i, q in enumerate(qs)
+                if q is None or rows[i][1] > q[0] or rows[i][3] >= q[1]]
+        # quick rows need no block: the need of the others is the step's
+        if self._token_range_need([rows[i] for i in slow]) > self.num_free:
+            return None
+        self._cached_this_step.clear()
+        if free:
+            for rid in free:
+                self.free(rid)
+            qs = [quick.get(r[0]) for r in rows]  # a freed request starts again
+            slow = [i for i, q in enumerate(qs)
+                    if q is None or rows[i][1] > q[0] or rows[i][3] >= q[1]]
+        out: list[Growth | None] = [None if q is None else q[2] for q in qs]
+        if not slow:
+            return out
         tables = self._tables
         bss = self._block_sizes()
         la, mml = self.ctx.num_lookahead_tokens, self.ctx.max_model_len
-        if self._token_range_need(rows) > self.num_free:
-            return None
-        self._cached_this_step.clear()
-        for rid in free:
-            self.free(rid)
         ctxs, pending, take = self._ctx, self._pending_hit, self._take
         caching, align, done_by_req = self.enable_caching, self.cache_alignment or 1, \
             self._num_cached
-        quick, by_len = self._quick, self._ctx_by_len
+        by_len = self._ctx_by_len
         by_len.setdefault(self.ctx.max_encoder_len, self.ctx)  # as _request_ctx answers
         num_groups = len(bss)
         empty = ((),) * num_groups
         new = tuple.__new__
         never = 1 << 62
-        out: list[Growth | None] = []
-        for rid, num_tokens, _, num_cached_tokens, prompt_len, encoder_len, _n in rows:
+        # One group: ids off the never-used range are taken here (as _take
+        # does), their references added after the loop, ids start..nxt-1.
+        front, num_blocks = self._front, self.num_blocks
+        start = nxt = self._next
+        for i in slow:
+            rid, num_tokens, _, num_cached_tokens, prompt_len, encoder_len, _n = rows[i]
             if encoder_len is not None:  # as _ctx_for: the context of this encoder length
                 ctx = by_len.get(encoder_len)
                 ctxs[rid] = self._request_ctx(encoder_len) if ctx is None else ctx
@@ -669,35 +690,40 @@ class BlockLedger:
                 ctxs[rid] = self.ctx
             if pending:
                 pending.pop(rid, None)  # no Mamba group: never a stale hit
-            q = quick.get(rid)
-            if q is not None and num_tokens <= q[0] and num_cached_tokens < q[1]:
-                out.append(q[2])  # no group grows, no block becomes a cache entry
-                continue
             t = tables.get(rid)
             if t is None:
-                t = tables[rid] = [GroupTable([], False, None, 0) for _ in bss]
-            covered = min(num_tokens + la, mml)
+                t = tables[rid] = [GroupTable([], False, None, 0)] if num_groups == 1 else \
+                    [GroupTable([], False, None, 0) for _ in bss]
+            covered = num_tokens + la
+            if covered > mml:
+                covered = mml
             if num_groups == 1:  # the same as the loops below, for one group
                 bs, ids = bss[0], t[0].ids
                 k = -(-covered // bs) - len(ids)
-                counts: tuple[int, ...]
+                counts: tuple[int, ...] = (len(ids) + k,) if k > 0 else (len(ids),)
+                idle = new(Growth, (empty, empty, counts))
                 if k > 0:
-                    got = take(k)
+                    if not front and nxt + k <= num_blocks:
+                        got = (nxt,) if k == 1 else tuple(range(nxt, nxt + k))
+                        nxt += k
+                    else:  # the free queue's head first: _take, after the ids so far
+                        self._ref.update(dict.fromkeys(range(start, nxt), 1))
+                        self._next = nxt
+                        got = take(k)
+                        start = nxt = self._next
                     ids.extend(got)
                     grown: tuple[tuple[int, ...], ...] = (got,)
-                    counts = (len(ids),)
-                    out.append(new(Growth, (grown, grown, counts)))
+                    out[i] = new(Growth, (grown, grown, counts))
                 else:
-                    counts = (len(ids),)
-                idle = new(Growth, (empty, empty, counts))
-                if k <= 0:
-                    out.append(idle)
+                    out[i] = idle
                 threshold = never
                 if caching:
                     done = done_by_req.get(rid)
                     if done is None:
                         done = done_by_req[rid] = [0]
-                    full = min(num_cached_tokens // align * align // bs, len(ids))
+                    full = num_cached_tokens // align * align // bs
+                    if full > len(ids):
+                        full = len(ids)
                     if full > done[0]:
                         self._cache_blocks(0, bs, ids, done[0], full, prompt_len, rid)
                         done[0] = full
@@ -706,7 +732,10 @@ class BlockLedger:
                 cover = len(ids) * bs
                 quick[rid] = (never if mml <= cover else cover - la, threshold, idle)
                 continue
-            out.append(self._token_range_groups(rid, t, covered, num_cached_tokens, prompt_len))
+            out[i] = self._token_range_groups(rid, t, covered, num_cached_tokens, prompt_len)
+        if nxt != start:
+            self._ref.update(dict.fromkeys(range(start, nxt), 1))
+            self._next = nxt
         return out
 
     def _token_range_need(self, rows: list[StepAllocation]) -> int:
@@ -716,6 +745,17 @@ class BlockLedger:
         tables, bss = self._tables, self._block_sizes()
         la, mml = self.ctx.num_lookahead_tokens, self.ctx.max_model_len
         need = 0
+        if len(bss) == 1:  # the same as the loop below, for one group
+            bs = bss[0]
+            for r in rows:
+                covered = r[1] + la
+                t = tables.get(r[0])
+                k = -(-(covered if covered < mml else mml) // bs)
+                if t is not None:
+                    k -= len(t[0].ids)
+                if k > 0:
+                    need += k
+            return need
         for r in rows:
             covered = min(r[1] + la, mml)
             t = tables.get(r[0])
@@ -835,6 +875,9 @@ class BlockLedger:
         if not self._front and start + n <= self.num_blocks:
             # only never-used ids: no reference, no cache entry to evict
             self._next = start + n
+            if n == 1:  # a decode's or a short prompt's one block
+                self._ref[start] = 1
+                return (start,)
             got = tuple(range(start, start + n))
             self._ref.update(dict.fromkeys(got, 1))
             return got
@@ -901,7 +944,7 @@ class BlockLedger:
         Raises:
             KeyError: ``req_id`` holds nothing in this ledger.
         """
-        return tuple(tuple(t.ids) for t in self._tables[req_id])
+        return tuple([tuple(t.ids) for t in self._tables[req_id]])
 
     def held_counts(self, req_id: str) -> tuple[int, ...]:
         """Block table length per group (null placeholders included)."""

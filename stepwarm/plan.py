@@ -15,9 +15,11 @@ step and the request.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import gc
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, NoReturn
 
 from stepwarm.blocks import BlockLedger, OutOfBlocksError, StepAllocation
 from stepwarm.profile import RunnerProfile
@@ -32,7 +34,7 @@ StepKind = Literal[
 REQ_ID_PREFIX = "_stepwarm_"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class PlannedRequest:
     """A warmup request as declared (before any step schedules it).
 
@@ -65,6 +67,20 @@ class PlannedRequest:
     #: a table of one); "" for a request declared without a name.
     name: str = ""
     index: int | None = None
+
+    def __init__(self, req_id: str, prompt_len: int, kind: Literal["sample", "pool"] = "sample",
+                 structured_output: bool = False, encoder_len: int = 0,
+                 sampling: str | tuple[tuple[str, Any], ...] = "warmup",
+                 images: tuple[int, ...] = (), skip_reading_prefix_cache: bool = False,
+                 name: str = "", index: int | None = None):
+        # The fields in one dict update: a frozen dataclass's generated
+        # __init__ sets each through object.__setattr__, three times the cost
+        # (a plan declares one per request). The defaults are the fields'
+        # (tests/unit/test_plan_work.py checks they agree).
+        self.__dict__.update(
+            req_id=req_id, prompt_len=prompt_len, kind=kind, structured_output=structured_output,
+            encoder_len=encoder_len, sampling=sampling, images=images,
+            skip_reading_prefix_cache=skip_reading_prefix_cache, name=name, index=index)
 
     @property
     def display_name(self) -> str:
@@ -237,6 +253,27 @@ class PlanError(ValueError):
         self.request = request
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while plans are built, as it was after.
+
+    Planning makes hundreds of thousands of small acyclic objects; in a
+    process that has imported vLLM (about half a million tracked objects), the
+    full collections they trigger took most of a slow round
+    (benchmarks/plan_speed.py: worst round 400 ms against a best of 86 ms),
+    and the young collections every 700 of them a quarter of a
+    :meth:`PlanBuilder.step` of 1,024 decodes. Reference counting still frees
+    everything; the collector runs at its next threshold after planning.
+    :meth:`PlanBuilder.step` and :func:`stepwarm.scenario.plans_for` pause it."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def max_prompt_len(profile: RunnerProfile, kind: str = "sample") -> int:
     """The longest prompt, in tokens, a request of ``kind`` may have.
 
@@ -281,12 +318,23 @@ class _Ask:
     preempt: tuple[str, ...] = ()
 
 
+#: A row as scheduled, before its blocks: the fields of a
+#: :class:`ScheduledRequest` but ``block_ids`` and ``allocated`` (req_id,
+#: num_computed_tokens, num_scheduled_tokens, spec_token_ids, new, resumed,
+#: num_output_tokens, samples, encoder_inputs), a plain tuple: the named one
+#: is built once, when the ledger has the blocks (:meth:`PlanBuilder._allocate`).
+_Row = tuple[str, int, int, tuple[int, ...], bool, bool, int, bool, tuple[int, ...]]
+
+
 @dataclass
 class _Draft:
     """A step being scheduled: its rows in order, each with the update
     ``_update_after_schedule`` applies (live, computed +=, outputs +=)."""
 
-    rows: list[ScheduledRequest] = field(default_factory=list)
+    rows: list[_Row] = field(default_factory=list)
+    #: The rows with their blocks (:meth:`PlanBuilder._allocate`), without
+    #: those left waiting.
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
     updates: list[tuple[_Live, int, int]] = field(default_factory=list)
     #: Resumed requests and whether they are still recomputing after it.
     resuming: list[tuple[_Live, bool]] = field(default_factory=list)
@@ -302,10 +350,10 @@ class _Draft:
     #: check names the first row beyond it only when this is).
     most_tokens: int = 0
 
-    def add(self, row: ScheduledRequest, live: _Live, dn: int, dout: int) -> None:
+    def add(self, row: _Row, live: _Live, dn: int, dout: int) -> None:
         self.rows.append(row)
         self.updates.append((live, dn, dout))
-        self.total += row.num_scheduled_tokens
+        self.total += row[2]
         c, decl = live.num_computed_tokens, live.decl
         num_tokens = decl.prompt_len + live.num_output_tokens
         self.allocs.append(tuple.__new__(StepAllocation, (
@@ -343,11 +391,15 @@ class PlanBuilder:
     #: The profile has a Mamba group in ``align`` cache mode (prefill chunks
     #: are checked against its block size).
     _align_mamba: bool = field(default=False, init=False)
+    #: :func:`max_prompt_len` per request kind (the profile is frozen).
+    _prompt_limits: dict[str, int] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         self.ledger = BlockLedger.for_profile(self.profile)
         self._align_mamba = any(s.kind == "mamba" and s.mamba_cache_mode == "align"
                                 for s in self.profile.kv_cache_groups)
+        self._prompt_limits = {kind: max_prompt_len(self.profile, kind)
+                               for kind in ("sample", "pool")}
 
     # -- requests ----------------------------------------------------------
     def add_request(self, req: PlannedRequest) -> None:
@@ -365,7 +417,9 @@ class PlanBuilder:
                 f"request {req.req_id!r}: prompt_len must be > 0, got {req.prompt_len}",
                 field="prompt_len",
             )
-        limit = max_prompt_len(self.profile, req.kind)
+        limit = self._prompt_limits.get(req.kind)
+        if limit is None:
+            limit = max_prompt_len(self.profile, req.kind)
         if req.prompt_len > limit:
             raise PlanError(
                 f"request {req.req_id!r}: prompt_len {req.prompt_len} exceeds "
@@ -373,7 +427,8 @@ class PlanBuilder:
                 + (", less the token sampled after the prompt)" if req.kind == "sample" else ")"),
                 field="prompt_len",
             )
-        self._check_images(req)
+        if req.images:
+            self._check_images(req)
         self._requests[req.req_id] = _Live(req)
         if req.structured_output:
             self._structured.add(req.req_id)
@@ -503,19 +558,20 @@ class PlanBuilder:
         Raises:
             PlanError: see the class docstring.
         """
-        prefill = dict(prefill or {})
-        resume = dict(resume or {})
-        parts = self._encoder_budget_parts(list(prefill) + list(resume))
-        for i, part in enumerate(parts[:-1]):
-            self._schedule_waiting(
-                "prefill" if all(r in prefill for r in part) else "resume",
-                f"{label} (encoder budget, part {i + 1}/{len(parts)})",
-                _Ask(prefill={r: prefill.pop(r) for r in part if r in prefill},
-                     resume={r: resume.pop(r) for r in part if r in resume}), grammar, None)
-        if len(parts) > 1:
-            label = f"{label} (encoder budget, part {len(parts)}/{len(parts)})"
-        ask = _Ask(prefill, dict(decode or {}), resume, tuple(finish), tuple(preempt))
-        return self._schedule_waiting(kind, label, ask, grammar, relabel)
+        with collector_paused():
+            prefill = dict(prefill or {})
+            resume = dict(resume or {})
+            parts = self._encoder_budget_parts(list(prefill) + list(resume))
+            for i, part in enumerate(parts[:-1]):
+                self._schedule_waiting(
+                    "prefill" if all(r in prefill for r in part) else "resume",
+                    f"{label} (encoder budget, part {i + 1}/{len(parts)})",
+                    _Ask(prefill={r: prefill.pop(r) for r in part if r in prefill},
+                         resume={r: resume.pop(r) for r in part if r in resume}), grammar, None)
+            if len(parts) > 1:
+                label = f"{label} (encoder budget, part {len(parts)}/{len(parts)})"
+            ask = _Ask(prefill, dict(decode or {}), resume, tuple(finish), tuple(preempt))
+            return self._schedule_waiting(kind, label, ask, grammar, relabel)
 
     def _schedule_waiting(self, kind: StepKind, label: str, ask: _Ask, grammar: bool | None,
                           relabel: Callable[[list[str]], str] | None) -> PlannedStep:
@@ -609,50 +665,81 @@ class PlanBuilder:
     def _schedule_prefills(self, prefill: dict[str, int], draft: _Draft) -> None:
         """Prefill chunks: a waiting request's first (after any prefix hit) or
         a running one's next, with the encoder inputs that start with it
-        (``_try_schedule_encoder_inputs``), within the encoder budget."""
+        (``_try_schedule_encoder_inputs``), within the encoder budget. One
+        pass, a row built as a tuple; a request the fast test does not pass
+        (unknown, neither waiting nor running, no prompt token left for the
+        chunk) goes to :meth:`_refuse_prefill`, which raises."""
         p = self.profile
+        requests, align_mamba = self._requests, self._align_mamba
+        rows, updates, allocs = draft.rows, draft.updates, draft.allocs
+        total, most = 0, draft.most_tokens
+        new = tuple.__new__
         for rid, n in prefill.items():
-            live = self._live(rid)
-            if live.state == "finished":
-                raise self._err(f"request {rid!r} is finished; it cannot be prefilled",
-                                "prefill", rid)
-            if live.state == "preempted":
-                raise self._err(f"request {rid!r} is preempted; resume it instead", "prefill", rid)
-            if live.state == "running" and live.num_computed_tokens >= live.decl.prompt_len:
-                raise self._err(
-                    f"request {rid!r} already finished its prefill "
-                    f"({live.num_computed_tokens} tokens computed); decode it instead",
-                    "prefill", rid,
-                )
-            left = live.decl.prompt_len - live.num_computed_tokens
-            if n <= 0:
-                raise self._err(f"request {rid!r}: prefill tokens must be > 0, got {n}",
-                                "tokens", rid)
-            if n > left:
-                raise self._err(
-                    f"request {rid!r}: {n} prefill tokens scheduled but only {left} "
-                    f"prompt tokens are left (prompt_len {live.decl.prompt_len}, "
-                    f"{live.num_computed_tokens} computed)", "tokens", rid,
-                )
-            done = n == left
-            if self._align_mamba:
+            live = requests.get(rid)
+            if live is None or (live.state != "waiting" and live.state != "running") or \
+                    not 0 < n <= live.decl.prompt_len - live.num_computed_tokens:
+                self._refuse_prefill(rid, n)
+            decl = live.decl
+            c, out, pl = live.num_computed_tokens, live.num_output_tokens, decl.prompt_len
+            done = n == pl - c
+            if align_mamba:
                 self._check_mamba_align_chunk(live, n)
-            row = self._row(live, n, (), done)
-            if live.decl.images:
+            enc: tuple[int, ...] = ()
+            if decl.images:
                 # Its encoder inputs run with the one step that prefills it.
-                if not done or live.num_computed_tokens:
+                if not done or c:
                     raise self._err(
                         f"request {rid!r} carries images: it is prefilled in one step "
-                        f"({live.decl.prompt_len} tokens), not in chunks", "tokens", rid)
-                row = row._replace(encoder_inputs=tuple(range(len(live.decl.images))))
-                draft.encoder_tokens += sum(p.image_classes[c].tokens for c in live.decl.images)
-            elif live.decl.encoder_len and self._starts_encoder(live):
-                row = row._replace(encoder_inputs=(0,))
-                draft.encoder_tokens += live.decl.encoder_len if p.encoder_budget else 0
-            draft.add(row, live, n, 1 if done else 0)
+                        f"({pl} tokens), not in chunks", "tokens", rid)
+                enc = tuple(range(len(decl.images)))
+                draft.encoder_tokens += sum(p.image_classes[i].tokens for i in decl.images)
+            elif decl.encoder_len and self._starts_encoder(live):
+                enc = (0,)
+                draft.encoder_tokens += decl.encoder_len if p.encoder_budget else 0
+            # _Draft.add, inline
+            rows.append((decl.req_id, c, n, (), not live.seen, False, out, done, enc))
+            dout = 1 if done else 0
+            updates.append((live, n, dout))
+            num_tokens, end = pl + out, c + n
+            allocs.append(new(StepAllocation, (
+                decl.req_id, end, c, end if end < num_tokens else num_tokens, pl,
+                decl.encoder_len, num_tokens)))
+            total += n
+            after = num_tokens + dout if decl.kind == "sample" else num_tokens
+            if c + n > most:
+                most = c + n
+            if after > most:
+                most = after
+        draft.total += total
+        draft.most_tokens = most
         if draft.encoder_tokens > p.encoder_budget:
             raise self._err(f"{draft.encoder_tokens} encoder tokens scheduled but the encoder "
                             f"budget is {p.encoder_budget}", "images")
+
+    def _refuse_prefill(self, rid: str, n: int) -> NoReturn:
+        """The step's :class:`PlanError` for a prefill row the fast test of
+        :meth:`_schedule_prefills` did not pass."""
+        live = self._live(rid)
+        if live.state == "finished":
+            raise self._err(f"request {rid!r} is finished; it cannot be prefilled",
+                            "prefill", rid)
+        if live.state == "preempted":
+            raise self._err(f"request {rid!r} is preempted; resume it instead", "prefill", rid)
+        if live.state == "running" and live.num_computed_tokens >= live.decl.prompt_len:
+            raise self._err(
+                f"request {rid!r} already finished its prefill "
+                f"({live.num_computed_tokens} tokens computed); decode it instead",
+                "prefill", rid,
+            )
+        left = live.decl.prompt_len - live.num_computed_tokens
+        if n <= 0:
+            raise self._err(f"request {rid!r}: prefill tokens must be > 0, got {n}",
+                            "tokens", rid)
+        raise self._err(
+            f"request {rid!r}: {n} prefill tokens scheduled but only {left} "
+            f"prompt tokens are left (prompt_len {live.decl.prompt_len}, "
+            f"{live.num_computed_tokens} computed)", "tokens", rid,
+        )
 
     def _schedule_decodes(self, decode: dict[str, int], draft: _Draft) -> None:
         """RUNNING requests whose prompt is done: ``1 + drafts`` tokens each
@@ -660,26 +747,30 @@ class PlanBuilder:
         One pass, a row built as a tuple; a request the fast test does not
         pass (unknown, not running, still prefilling, pooling, drafts) goes
         through :meth:`_check_decode`, which raises or allows it."""
-        requests = self._requests
-        rows, updates, allocs = draft.rows, draft.updates, draft.allocs
+        get = self._requests.get
+        add_row, add_update, add_alloc = draft.rows.append, draft.updates.append, \
+            draft.allocs.append
         total, most = 0, draft.most_tokens
         new = tuple.__new__
         for rid, k in decode.items():
-            live = requests.get(rid)
-            if k or live is None or live.state != "running" or \
-                    live.num_computed_tokens < live.decl.prompt_len or live.decl.kind == "pool":
+            live = get(rid)
+            if k or live is None:
                 live = self._check_decode(rid, k)
+            decl = live.decl
+            c, pl = live.num_computed_tokens, decl.prompt_len
+            if c < pl or live.state != "running" or decl.kind == "pool":
+                live = self._check_decode(rid, k)  # raises
             n = 1 + k
-            c, out, decl = live.num_computed_tokens, live.num_output_tokens, live.decl
-            rows.append(new(ScheduledRequest, (
-                rid, c, n, (0,) * k, not live.seen, False, (), (), out, True, ())))
-            updates.append((live, n, n))
-            pl = decl.prompt_len
-            allocs.append(new(StepAllocation, (
-                rid, c + n, c, min(c + n, pl + out), pl, decl.encoder_len, pl + out)))
+            out = live.num_output_tokens
+            add_row((rid, c, n, (0,) * k if k else (), not live.seen, False, out, True, ()))
+            add_update((live, n, n))
+            end, num_tokens = c + n, pl + out
+            add_alloc(new(StepAllocation, (
+                rid, end, c, end if end < num_tokens else num_tokens, pl, decl.encoder_len,
+                num_tokens)))
             total += n
-            if c + n > most or pl + out + n > most:
-                most = max(c + n, pl + out + n)
+            if end > most or num_tokens + n > most:
+                most = max(end, num_tokens + n)
         draft.total += total
         draft.most_tokens = most
 
@@ -736,10 +827,11 @@ class PlanBuilder:
                 )
             done = n == left
             self._check_mamba_align_chunk(live, n)
-            row = self._row(live, n, (), done, resumed=not continuing)
-            if self._starts_encoder(live):  # preempted: its encoder runs again
-                row = row._replace(encoder_inputs=(0,))
-            draft.add(row, live, n, 1 if done else 0)
+            # a preempted request's encoder runs again
+            enc = (0,) if self._starts_encoder(live) else ()
+            draft.add((live.decl.req_id, live.num_computed_tokens, n, (), not live.seen,
+                       not continuing, live.num_output_tokens, done, enc), live, n,
+                      1 if done else 0)
             draft.resuming.append((live, not done))
 
     def _check_budgets(self, names: list[str], finish: tuple[str, ...],
@@ -802,30 +894,32 @@ class PlanBuilder:
             raise self._err(f"{e} (runner has num_blocks {self.profile.num_blocks})", "blocks",
                             getattr(e, "req_id", None)) from None
         waiting: dict[str, int] = {}
-        out: list[ScheduledRequest] = []
         held = draft.held
         if not wait_for_mamba:  # every row allocated (no None)
-            for (rid, c, n, spec, fresh, resumed, _, _, outs, samples, enc), growth in zip(
-                    draft.rows, growths):
-                got = ledger.held(rid) if fresh or resumed else growth[0]  # type: ignore[index]
-                out.append(new(ScheduledRequest, (
-                    rid, c, n, spec, fresh, resumed, got, growth[1], outs,  # type: ignore[index]
-                    samples, enc)))
-                held.append((rid, growth[2]))  # type: ignore[index]
-            draft.rows = out
+            # A new or resumed row is sent its whole table: what was appended
+            # when it held none before (no token computed: no prefix hit).
+            table = ledger.held
+            draft.scheduled = [new(ScheduledRequest, (
+                rid, c, n, spec, fresh, resumed,
+                table(rid) if (fresh or resumed) and c else g[0], g[1],  # type: ignore[index]
+                outs, samples, enc))
+                for (rid, c, n, spec, fresh, resumed, outs, samples, enc), g in zip(
+                    draft.rows, growths)]
+            held += [(r[0], g[2]) for r, g in zip(draft.rows, growths)]  # type: ignore[index]
             return waiting
+        out: list[ScheduledRequest] = []
         updates: list[tuple[_Live, int, int]] = []
         for row, update, grown in zip(draft.rows, draft.updates, growths):
             rid = row[0]
             if grown is None:
-                waiting[rid] = row.num_scheduled_tokens
+                waiting[rid] = row[2]
                 continue
             # row[4], row[5]: new, resumed (whole table); else the appended ids
             got = ledger.held(rid) if row[4] or row[5] else grown[0]
-            out.append(new(ScheduledRequest, row[:6] + (got, grown[1]) + row[8:]))
+            out.append(new(ScheduledRequest, row[:6] + (got, grown[1]) + row[6:]))
             updates.append(update)
             held.append((rid, grown[2]))
-        draft.rows = out
+        draft.scheduled = out
         if waiting:
             draft.updates = updates
         return waiting
@@ -836,7 +930,7 @@ class PlanBuilder:
         ``num_computed_tokens`` (and, all drafts assumed accepted, their
         outputs); pooling requests done with their prompt finish next step;
         finished and preempted requests leave the running queue."""
-        running = self._running
+        run = self._running.add
         pooled = []
         for live, dn, dout in draft.updates:
             live.num_computed_tokens += dn
@@ -844,7 +938,7 @@ class PlanBuilder:
             live.state = "running"
             live.seen = True
             decl = live.decl
-            running.add(decl.req_id)
+            run(decl.req_id)
             if decl.kind == "pool":
                 draft.pooling = True
                 if live.num_computed_tokens >= decl.prompt_len:
@@ -866,7 +960,7 @@ class PlanBuilder:
                           grammar: bool | None) -> PlannedStep:
         """Construct the scheduler output: the appended :class:`PlannedStep`."""
         p = self.profile
-        rows = draft.rows
+        rows = draft.scheduled
         if grammar is None:
             structured = self._structured
             grammar_ids = tuple(
@@ -964,12 +1058,6 @@ class PlanBuilder:
             used += n
         parts[-1] += others
         return parts
-
-    def _row(self, live: _Live, n: int, spec: tuple[int, ...], samples: bool,
-             *, resumed: bool = False) -> ScheduledRequest:
-        return tuple.__new__(ScheduledRequest, (
-            live.decl.req_id, live.num_computed_tokens, n, spec, not live.seen, resumed, (), (),
-            live.num_output_tokens, samples, ()))
 
     def set_computed(self, req_id: str, num_tokens: int) -> None:
         """Start a waiting request's prefill after a prefix-cache hit of

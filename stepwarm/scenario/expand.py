@@ -10,11 +10,8 @@ named before any of them runs.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
-import gc
-from collections.abc import Iterator
 from typing import Any
 
 from stepwarm.expressions import (
@@ -30,6 +27,7 @@ from stepwarm.plan import (
     PlanBuilder,
     PlanError,
     PlannedRequest,
+    collector_paused,
     max_prompt_len,
 )
 from stepwarm.profile import RunnerProfile
@@ -655,25 +653,6 @@ def plans_for(names: list[str], profile: RunnerProfile) -> list[Plan]:
                             field="profile")
     with collector_paused():
         return [expand(load(name), profile) for name in resolve_names(names)]
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off while plans are built, as it was after.
-
-    Planning makes hundreds of thousands of small acyclic objects; in a
-    process that has imported vLLM (about half a million tracked objects), the
-    full collections they trigger took most of a slow round
-    (benchmarks/plan_speed.py: worst round 400 ms against a best of 86 ms).
-    Reference counting still frees everything; the collector runs at its
-    next threshold after planning."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def check(names: list[str], profile: RunnerProfile) -> list[tuple[str, Plan | ScenarioError]]:

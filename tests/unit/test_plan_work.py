@@ -99,3 +99,20 @@ def test_the_collector_is_off_while_plans_are_built_and_as_it_was_after(monkeypa
         assert seen == [False, False, False] and not gc.isenabled()  # left off: it was off
     finally:
         gc.enable()
+
+
+def test_planned_request_init_takes_the_fields_in_order_with_their_defaults():
+    import dataclasses
+    import inspect
+
+    params = list(inspect.signature(PlannedRequest).parameters.values())
+    fields = dataclasses.fields(PlannedRequest)
+    assert [p.name for p in params] == [f.name for f in fields]
+    assert [p.default for p in params] == [
+        inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
+        for f in fields]
+    req = PlannedRequest("r", 3, "pool", True, 2, "greedy", (0,), True, "n", 1)
+    assert dataclasses.astuple(req) == ("r", 3, "pool", True, 2, "greedy", (0,), True, "n", 1)
+    assert dataclasses.replace(req, prompt_len=4).prompt_len == 4
+    assert req == PlannedRequest("r", 3, "pool", True, 2, "greedy", (0,), True, "n", 1)
+    assert hash(req) == hash(dataclasses.replace(req))
