@@ -160,8 +160,9 @@ def test_the_builtin_traffic_covers_the_classes_it_promises():
     samplings = [r.sampling for r in reqs]
     # one count per class of _topk_log_softmax_kernel's next_power_of_2(k + 1)
     # up to max_logprobs (20), other counts than sampler-matrix warms (1, 3, 7, 15, 20)
-    assert {s.get("logprobs") for s in samplings} >= {1, 2, 5, 9, "max"}
-    assert {s.get("prompt_logprobs") for s in samplings} >= {1, 3, 5, 11, "max"}
+    # (15: topk = 16, the multiple of 16 Triton compiles apart in block 16)
+    assert {s.get("logprobs") for s in samplings} >= {1, 2, 5, 9, 15, "max"}
+    assert {s.get("prompt_logprobs") for s in samplings} >= {1, 3, 5, 11, 15, "max"}
     assert any("seed" in s for s in samplings) and any("min_p" in s for s in samplings)
     assert any(s.get("temperature") == 0.7 and len(s) == 1 for s in samplings)  # temperature only
     # top-k alone, top-p alone and both at 1, 16 and 17 requests (Triton's
