@@ -14,9 +14,13 @@ stepwarm run gets one label, by what the baseline did with the same kernel:
 A kernel is its name plus, where a detector tells one (the Triton hook), its
 specialization key (:attr:`~stepwarm.coverage.detectors.CompileEvent.variant`);
 keys are compared only where both runs know one (the cache scan sees names
-alone). The compile time moved is the baseline's first-call excess (first
-minus second run, ms) summed over the traffic requests that compiled a kernel
-stepwarm moved, each request once.
+alone). The compile time moved is what the baseline's traffic paid beyond
+stepwarm's on the same requests: over the traffic lines whose baseline runs
+compiled a kernel stepwarm moved, each line once, the baseline's two runs
+less stepwarm's two runs of that line (ms, at least 0). Both runs count: a
+request whose second run lands in another kernel class (a different number
+of accepted drafts, say) compiles then, and its first-call excess is 0. A
+line stepwarm's run lacks (it failed there) counts its first-call excess.
 """
 
 from __future__ import annotations
@@ -105,8 +109,8 @@ class Attribution:
     scenarios: list[ScenarioCost]
     #: Seconds of every scenario together.
     scenario_s: float
-    #: The baseline's first-call excess over the requests that compiled a
-    #: kernel stepwarm moved (ms).
+    #: What the baseline's traffic paid beyond stepwarm's on the requests
+    #: that compiled a kernel stepwarm moved (ms; :func:`moved_time_ms`).
     moved_ms: float
     #: Baseline request lines in ``moved_ms``.
     moved_lines: list[int]
@@ -159,6 +163,21 @@ def attribute_moves(base: CoverageReport, sw: CoverageReport) -> Attribution:
                 cost.compiles[label] += 1
                 cost.kernels.append([name, label])
         out.append(cost)
-    excess = {r["line"]: r["excess_ms"] for r in base.requests}
-    return Attribution(out, sum(s.seconds for s in out),
-                       sum(excess.get(line, 0.0) for line in moved_lines), sorted(moved_lines))
+    return Attribution(out, sum(s.seconds for s in out), moved_time_ms(base, sw, moved_lines),
+                       sorted(moved_lines))
+
+
+def moved_time_ms(base: CoverageReport, sw: CoverageReport, lines: set[int]) -> float:
+    """What the baseline's runs of traffic ``lines`` took beyond stepwarm's
+    runs of the same lines (see the module docstring)."""
+    ours = {r["line"]: r for r in sw.requests if not r.get("error")}
+    total = 0.0
+    for r in base.requests:
+        if r["line"] not in lines:
+            continue
+        s = ours.get(r["line"])
+        if s is None:
+            total += r["excess_ms"]
+        else:
+            total += max(0.0, r["first_ms"] + r["second_ms"] - s["first_ms"] - s["second_ms"])
+    return total

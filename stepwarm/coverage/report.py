@@ -333,7 +333,7 @@ def print_moves(moves: Any, out: Console) -> None:
               f"{sum(len(s.idle_steps) for s in moves.scenarios)} step(s) compiled nothing"
               + (f"; {skipped} scenario(s) ran no step" if skipped else ""))
     out.print(f"  scenario time / compile time moved = {ratio} ({moves.scenario_s:.2f} s / "
-              f"{moves.moved_ms:.0f} ms of the baseline's first-call excess over "
+              f"{moves.moved_ms:.0f} ms the baseline's traffic paid beyond stepwarm's on "
               f"{len(moves.moved_lines)} request(s))")
 
 
