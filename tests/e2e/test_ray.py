@@ -16,8 +16,8 @@ and ends its processes by their group ids whatever fails.
 The Ray nodes start without ``STEPWARM_*``: the settings reach the actors the
 way they reach them on other hosts, through the executor's copy of the
 driver's environment. Skipped where ``ray`` is not installed
-(``pip install ray==2.52.0``, or the ``ray`` extra; not in CI: these six
-take about 9 minutes on 2 cores).
+(``pip install ray==2.52.0``, or the ``ray`` extra; not in CI: these seven
+take about 11 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -51,16 +51,16 @@ def _base(shim: bool = True) -> dict[str, str]:
 
 
 def _run(nodes: int, shim: bool = True, timeout_s: float = 420, spec: dict = SPEC,
-         **stepwarm: str):
+         **driver_env: str):
     """``spec`` on a fresh cluster of ``nodes`` Ray nodes (2 fake GPUs on one,
-    else 1 each, each rank's threads on its own core); ``stepwarm`` is the
-    driver's ``STEPWARM_*``. Returns the probe's run."""
+    else 1 each, each rank's threads on its own core); ``driver_env`` is
+    set where ``vllm.LLM`` runs only (``STEPWARM_*``). Returns the probe's run."""
     binds = ["0|1"] if nodes == 1 else [str(i % (os.cpu_count() or 1)) for i in range(nodes)]
     node_envs = [{**_base(shim), "VLLM_CPU_OMP_THREADS_BIND": b} for b in binds]
     with ray_cluster(node_envs, cpus_per_node=1, gpus_per_node=2 // nodes) as cluster:
         # RAY_DEDUP_LOGS=0: Ray would fold the two ranks' lines into one.
         env = {**_base(shim), "RAY_ADDRESS": cluster.address, "RAY_DEDUP_LOGS": "0",
-               "VLLM_CPU_OMP_THREADS_BIND": "0|1", **stepwarm}
+               "VLLM_CPU_OMP_THREADS_BIND": "0|1", **driver_env}
         run = run_probe(spec, env, timeout_s)
         assert run.returncode is not None, run.log[-4000:] + cluster.logs()
     return run
@@ -104,6 +104,21 @@ def test_ray_tp2_two_nodes_one_rank_per_node_warm_in_lockstep_then_serve():
     node_a, node_b = run.result["nodes"]
     assert node_a != node_b  # one rank on each Ray node
     assert "Tensor parallel workers can be spread out to 2+ nodes" in run.log  # vLLM says so
+
+
+def test_legacy_ray_executor_warms_once_told_to_copy_stepwarm_variables():
+    # vLLM's RayDistributedExecutor (VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0)
+    # copies only VLLM_*-style names to its actors: without the prefix below
+    # the actors never see STEPWARM_SCENARIOS and stepwarm is silently off
+    # (reports [[], []], run by hand; docs/plugin.md).
+    run = _run(1, STEPWARM_SCENARIOS="default", VLLM_USE_RAY_V2_EXECUTOR_BACKEND="0",
+               VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY="STEPWARM_")
+    assert run.result is not None and run.result["started"], run.log[-6000:]
+    assert "RayWorkerWrapper" in run.log  # the legacy executor's actors
+    (first,), (second,) = run.result["reports"]
+    assert [(r["rank"], r["tp_rank"], r["ok"], len(r["steps"])) for r in (first, second)] == [
+        (0, 0, True, 8), (1, 1, True, 8)]
+    assert run.result["tokens"] == [4, 4, 4] and run.result["live"] == [[], []]
 
 
 def test_ray_pp2_two_nodes_one_stage_per_node_warm_in_lockstep_then_serve():
