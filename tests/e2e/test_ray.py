@@ -17,7 +17,7 @@ The Ray nodes start without ``STEPWARM_*``: the settings reach the actors the
 way they reach them on other hosts, through the executor's copy of the
 driver's environment. Skipped where ``ray`` is not installed
 (``pip install ray==2.52.0``, or the ``ray`` extra; not in CI: these seven
-take about 11 minutes on 2 cores).
+take about 9 minutes on 2 cores).
 """
 
 from __future__ import annotations
