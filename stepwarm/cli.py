@@ -572,8 +572,9 @@ def _coverage_compare(args: list[str], json_out: Optional[Path], timeline: Optio
         if rep is None:
             console.print(f"[red]the {name.replace('_', ' ')} ended with status "
                           f"{runs[name][0]} before its report[/red]")
+    moves = attribute_moves(base, sw)
     print_comparison(base, sw, console, restarts.get("baseline_restart"),
-                     restarts.get("stepwarm_restart"))
+                     restarts.get("stepwarm_restart"), moves)
     _write_outputs(sw, None, timeline)
     if json_out is not None:
         both: dict[str, Any] = {"baseline": base.to_dict(), "stepwarm": sw.to_dict()}
@@ -581,7 +582,7 @@ def _coverage_compare(args: list[str], json_out: Optional[Path], timeline: Optio
         both["startup"] = startup_figures(base, sw, restarts)
         both["startup_lines"] = startup_lines(base, sw, restarts.get("baseline_restart"),
                                               restarts.get("stepwarm_restart"))
-        both["attribution"] = attribute_moves(base, sw).to_dict()
+        both["attribution"] = moves.to_dict()
         try:
             json_out.write_text(json.dumps(both, indent=2) + "\n")
         except OSError as e:

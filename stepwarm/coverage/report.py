@@ -263,7 +263,7 @@ TABLE_WIDTH = 120
 
 def print_comparison(base: CoverageReport, sw: CoverageReport, out: Console,
                      base_restart: CoverageReport | None = None,
-                     sw_restart: CoverageReport | None = None) -> None:
+                     sw_restart: CoverageReport | None = None, moves: Any = None) -> None:
     """Baseline and stepwarm side by side: per request, totals (with the warm
     restarts where they ran), start-up seconds, then what each scenario's
     start-up compiles moved (:mod:`~stepwarm.coverage.attribution`)."""
@@ -284,9 +284,8 @@ def print_comparison(base: CoverageReport, sw: CoverageReport, out: Console,
     _totals([r for r in (base, sw, base_restart, sw_restart) if r is not None], out)
     for line in startup_lines(base, sw, base_restart, sw_restart):
         out.print(line)
-    from stepwarm.coverage.attribution import attribute_moves
-
-    print_moves(attribute_moves(base, sw), out)
+    if moves is not None:  # an Attribution (stepwarm.coverage.attribution.attribute_moves)
+        print_moves(moves, out)
 
 
 def startup_lines(base: CoverageReport, sw: CoverageReport,

@@ -154,7 +154,7 @@ def test_the_restarts_figures_beside_the_fresh_runs(tmp_path, width):
         "baseline", "stepwarm", "baseline_restart", "stepwarm_restart"]
     buf = io.StringIO()
     print_comparison(base, sw, Console(file=buf, width=width, force_terminal=True,
-                                       color_system=None), base_r, sw_r)
+                                       color_system=None), base_r, sw_r, attribute_moves(base, sw))
     lines = buf.getvalue().splitlines()
     assert max(map(len, lines)) <= width
     text = " ".join(" ".join(lines).split())
