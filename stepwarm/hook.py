@@ -29,6 +29,7 @@ import functools
 import importlib.abc
 import importlib.machinery
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -319,6 +320,23 @@ def _check_scenario_files(settings: HookSettings) -> None:
             return
 
 
+#: vLLM's setting of the extra environment-variable prefixes its Ray
+#: executors copy from the driver to their actors (``vllm.ray.ray_env``).
+RAY_PREFIXES_VAR = "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"
+
+
+def carry_settings_to_ray_workers() -> None:
+    """Add ``STEPWARM_`` to :data:`RAY_PREFIXES_VAR` (keeping what is there),
+    so that a Ray executor that copies only the prefixes vLLM knows (the
+    legacy one, ``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0``) hands the
+    ``STEPWARM_*`` settings to its workers; without them each worker's plugin
+    would be off while the driver's is on. Runs only where the plugin is on;
+    the one process-state change :func:`register` makes."""
+    have = [p.strip() for p in os.environ.get(RAY_PREFIXES_VAR, "").split(",") if p.strip()]
+    if "STEPWARM_" not in have:
+        os.environ[RAY_PREFIXES_VAR] = ",".join([*have, "STEPWARM_"])
+
+
 def register() -> None:
     """vLLM general plugin (runs in every vLLM process at start-up).
 
@@ -326,7 +344,8 @@ def register() -> None:
     ``STEPWARM_*`` variables and arranges for the worker class of
     :data:`WORKER_CLASSES` that this process imports to be wrapped: a class
     whose module is loaded already is wrapped now, the others when (if ever)
-    vLLM imports them. Nothing is imported, no torch or vLLM state changes.
+    vLLM imports them. Nothing is imported, no torch or vLLM state changes
+    (but for :func:`carry_settings_to_ray_workers`' environment variable).
     Safe to call more than once.
 
     Raises:
@@ -348,6 +367,7 @@ def register() -> None:
     for warning in unknown_names():
         logger.warning("stepwarm: %s", warning)
     _check_scenario_files(settings)
+    carry_settings_to_ray_workers()
     pending: dict[str, str] = {}
     for path in WORKER_CLASSES:
         module, _, name = path.partition(":")

@@ -106,13 +106,12 @@ def test_ray_tp2_two_nodes_one_rank_per_node_warm_in_lockstep_then_serve():
     assert "Tensor parallel workers can be spread out to 2+ nodes" in run.log  # vLLM says so
 
 
-def test_legacy_ray_executor_warms_once_told_to_copy_stepwarm_variables():
+def test_legacy_ray_executor_gets_the_stepwarm_variables_from_the_plugin():
     # vLLM's RayDistributedExecutor (VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0)
-    # copies only VLLM_*-style names to its actors: without the prefix below
-    # the actors never see STEPWARM_SCENARIOS and stepwarm is silently off
-    # (reports [[], []], run by hand; docs/plugin.md).
-    run = _run(1, STEPWARM_SCENARIOS="default", VLLM_USE_RAY_V2_EXECUTOR_BACKEND="0",
-               VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY="STEPWARM_")
+    # copies only the prefixes it knows to its actors; without register()'s
+    # STEPWARM_ in VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY the actors never
+    # saw STEPWARM_SCENARIOS and stepwarm was silently off (reports [[], []]).
+    run = _run(1, STEPWARM_SCENARIOS="default", VLLM_USE_RAY_V2_EXECUTOR_BACKEND="0")
     assert run.result is not None and run.result["started"], run.log[-6000:]
     assert "RayWorkerWrapper" in run.log  # the legacy executor's actors
     (first,), (second,) = run.result["reports"]

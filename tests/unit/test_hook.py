@@ -254,3 +254,26 @@ def test_a_seconds_setting_says_why_it_is_refused(value, what):
         HookSettings.from_env({"STEPWARM_SCENARIOS": "default", "STEPWARM_TIME_LIMIT_S": value})
     assert str(e.value) == (f"STEPWARM_TIME_LIMIT_S={value!r}: {what}; allowed: a number > 0 "
                             "and <= 86400 (e.g. 60), or unset")
+
+
+def test_register_hands_the_settings_to_ray_workers_that_copy_known_prefixes():
+    """vLLM's legacy Ray executor copies only the prefixes it knows to its
+    actors; with the plugin on, register() adds STEPWARM_ (once, keeping the
+    user's), so vLLM's own copy list carries STEPWARM_SCENARIOS. In a fresh
+    process: register() installs its import hook there."""
+    code = (
+        "import json, os\n"
+        "from stepwarm.hook import RAY_PREFIXES_VAR, register\n"
+        "register(); register()\n"
+        "from vllm.ray.ray_env import get_env_vars_to_copy\n"
+        "print(json.dumps([os.environ.get(RAY_PREFIXES_VAR),"
+        " 'STEPWARM_SCENARIOS' in get_env_vars_to_copy()]))\n")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("STEPWARM_") and k != "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY"}
+    on = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                        env={**env, "STEPWARM_SCENARIOS": "default",
+                             "VLLM_RAY_EXTRA_ENV_VAR_PREFIXES_TO_COPY": "MY_"})
+    assert json.loads(on.stdout.splitlines()[-1]) == ["MY_,STEPWARM_", True], on.stderr[-2000:]
+    off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert json.loads(off.stdout.splitlines()[-1]) == [None, False], off.stderr[-2000:]
