@@ -8,6 +8,10 @@ Two figures on a 1,024-sequence profile (``max_num_seqs`` 1024,
   tokens each, then 7 decodes; the cleanup step is not counted);
 * ``plans_for(["all"], profile)``: every built-in scenario expanded.
 
+The first is also timed with Python's collector paused around the whole plan
+(``stepwarm.plan.collector_paused``), as ``plans_for`` and the start-up hook
+plan: then no collection pass falls between the steps.
+
 Where vLLM is installed, its real ``Scheduler`` (built on CPU from a
 ``VllmConfig`` over the embedded tiny Llama's ``config.json`` and a
 ``KVCacheConfig`` of the same group and blocks) schedules the same 8 steps:
@@ -151,10 +155,18 @@ def main() -> None:
     profile = bench_profile()
     plan_all(profile)  # warm imports and scenario loading
     steps = _time(lambda: plan_steps(profile), args.rounds)
+    from stepwarm.plan import collector_paused
+
+    def paused() -> None:
+        with collector_paused():
+            plan_steps(profile)
+
+    steps_paused = _time(paused, args.rounds)
     everything = _time(lambda: plan_all(profile), args.rounds)
     n_all = sum(len(p.steps) for p in plan_all(profile))
     print(f"stepwarm PlanBuilder, {NUM_REQS} requests x {NUM_STEPS} steps: {steps} "
           "(target <= 20 ms)")
+    print(f"  the same, collector paused as plans_for plans: {steps_paused}")
     print(f"stepwarm plans_for(['all']), {n_all} steps: {everything} (target <= 100 ms)")
     if args.no_vllm:
         return
@@ -165,7 +177,8 @@ def main() -> None:
           f"median {sched.median:.1f}, worst {sched.wall[-1]:.1f} "
           f"(update_from_output beside it: median {upd:.1f} ms)")
     print(f"ratio stepwarm / vLLM schedule(): best {steps.best / sched.best:.3f}, "
-          f"median {steps.median / sched.median:.3f}")
+          f"median {steps.median / sched.median:.3f} (collector paused: best "
+          f"{steps_paused.best / sched.best:.3f})")
 
 
 if __name__ == "__main__":
