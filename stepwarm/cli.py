@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -180,13 +180,14 @@ def _engine_arg_errors(engine_arg: Optional[list[str]]) -> list[str]:
     return (unknown_engine_args(list(given)) + bad_engine_arg_values(given)) if given else []
 
 
-def _loaded_or_exit(names: list[str], engine_arg: Optional[list[str]]) -> list[tuple[str, Any]]:
+def _loaded_or_exit(names: list[str], engine_arg: Optional[list[str]],
+                    more_errors: Sequence[str] = ()) -> list[tuple[str, Any]]:
     """Every scenario named loaded (file and format checks), and the ``-e``
-    arguments checked: exit 2 with every error found in them at once, before
-    any engine starts."""
+    arguments checked: exit 2 with every error found in them (and
+    ``more_errors``, e.g. a traffic file's) at once, before any engine starts."""
     from stepwarm.scenario import ScenarioError, load
 
-    loaded, errors = [], []
+    loaded, errors = [], list(more_errors)
     for name in names:  # files and format first: a typo costs no engine start
         try:
             loaded.append((name, load(name)))
@@ -490,13 +491,29 @@ def coverage(
     if warm_cache and (compare or cache_dir is None or not cache_dir.is_dir()):
         _fail("--warm-cache: give --cache-dir DIR, a directory a coverage run filled "
               "(and not --compare)", 2)
+    if warm_cache and cache_dir is not None:
+        _check_filled_cache(cache_dir)
     if no_restart and not compare:
         _fail("--no-restart: only with --compare", 2)
     if (not warm_cache and cache_dir is not None and cache_dir.exists()
             and any(cache_dir.iterdir())):
         _fail(f"--cache-dir {cache_dir}: not empty; compiles are found as new files there", 2)
     names = [] if baseline else resolve_names(scenario or ["all"])
-    _loaded_or_exit(names, engine_arg)
+    # the traffic file's format errors and, where the model's config tells them,
+    # its vocabulary and length, beside the scenario and -e errors: all at once,
+    # no engine start
+    traffic_errors: list[str] = []
+    loaded = None
+    try:
+        limits = limits_before_start(model, _parse_engine_args(engine_arg or []))
+    except typer.BadParameter:
+        limits = None  # _loaded_or_exit names the -e error
+    try:
+        loaded = load_traffic(traffic, limits)
+    except TrafficError as e:
+        traffic_errors.append(str(e))
+    _loaded_or_exit(names, engine_arg, traffic_errors)
+    assert loaded is not None
     if compare:
         _coverage_compare(sys.argv[sys.argv.index("coverage") + 1:], json_out, timeline,
                           restart=not no_restart, cache_root=cache_dir)
@@ -506,14 +523,6 @@ def coverage(
     # before anything compiles
     detectors = Detectors.restart(cache_dir) if warm_cache and cache_dir else Detectors.start(
         cache_dir)
-    try:
-        # format errors and, where the model's config tells them, its vocabulary and
-        # length: every error at once, no engine start
-        loaded = load_traffic(traffic, limits_before_start(
-            model, _parse_engine_args(engine_arg or [])))
-    except TrafficError as e:
-        detectors.stop()
-        _fail(str(e), 2)
     from stepwarm.coverage.measure import measure
     from stepwarm.runner import jit_monitor_engine_args
 
@@ -551,6 +560,23 @@ def _write_outputs(rep: Any, json_out: Optional[Path], timeline: Optional[Path])
             timeline.write_text(timeline_svg(rep))
     except OSError as e:
         _fail(f"cannot write the report: {e.strerror or e}", 2)
+
+
+def _check_filled_cache(cache_dir: Path) -> None:
+    """Exit 2 unless ``cache_dir`` holds the compile caches a coverage run
+    filled (``CacheScan``'s ``triton_cache_dir`` / ``vllm_cache_root`` /
+    ``torchinductor_cache_dir``, not all empty): a restart elsewhere would run
+    cold and be reported as warm."""
+    from stepwarm.coverage.detectors import CACHE_VARIABLES
+
+    dirs = [cache_dir / var.lower() for var in CACHE_VARIABLES]
+    if any(d.is_dir() and any(d.iterdir()) for d in dirs):
+        return
+    runs = [d.name for d in (cache_dir / "baseline", cache_dir / "stepwarm") if d.is_dir()]
+    hint = (f" (a --compare run keeps one per run: {', '.join(str(cache_dir / r) for r in runs)})"
+            if runs else "")
+    _fail(f"--warm-cache --cache-dir {cache_dir}: holds no filled compile cache "
+          f"({', '.join(d.name for d in dirs)}){hint}", 2)
 
 
 def _coverage_compare(args: list[str], json_out: Optional[Path], timeline: Optional[Path],

@@ -129,6 +129,8 @@ class CoverageReport:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict, with the verdict."""
         d = asdict(self)
+        for r in d["requests"]:  # each line's own verdict ("" = passed)
+            r["verdict"] = self.flagged(r)
         d["summary"] = {"traffic_compiles": self.traffic_compiles,
                         "excess_ms": round(self.excess_ms, 1),
                         "startup_compiles": self.startup_compile_count,
@@ -190,8 +192,17 @@ def _kernels(k: dict[str, int]) -> str:
     return ", ".join(n if c == 1 else f"{n} x{c}" for n, c in k.items()) or "-"
 
 
+def skipped_lines(rep: CoverageReport) -> list[str]:
+    """One line per scenario the start-up hook skipped, with its reason."""
+    return [f"{rep.run_name}: skipped {r['plan']}: {r['skipped']}"
+            for r in rep.scenario_runs if r.get("skipped")]
+
+
 def print_report(rep: CoverageReport, out: Console) -> None:
-    """Start-up compiles by phase / step, then one row per traffic request, then the verdict."""
+    """Skipped scenarios, start-up compiles by phase / step, then one row per
+    traffic request, then the verdict."""
+    for line in skipped_lines(rep):
+        out.print(line, markup=False, highlight=False)
     if rep.startup_compiles and out.width < TABLE_WIDTH:
         out.print(f"{rep.run_name}: kernels compiled at start-up, by phase / scenario step")
         for c in rep.startup_compiles:
@@ -281,6 +292,8 @@ def print_comparison(base: CoverageReport, sw: CoverageReport, out: Console,
                       f"{_kernels(b['compiles_first'])}; {other}")
     else:
         _comparison_table(base, sw, out)
+    for line in skipped_lines(sw):
+        out.print(line, markup=False, highlight=False)
     _totals([r for r in (base, sw, base_restart, sw_restart) if r is not None], out)
     for line in startup_lines(base, sw, base_restart, sw_restart):
         out.print(line)

@@ -240,6 +240,22 @@ def test_coverage_reports_format_and_limit_errors_of_a_traffic_file_at_once(tmp_
         f"{t}:4: prompt: 510 tokens + max_tokens 4 = 514 > the model's max_model_len 512\n")
 
 
+@pytest.mark.parametrize("compare", [[], ["--compare"]])
+def test_coverage_names_traffic_scenario_and_engine_arg_errors_together(tmp_path, compare):
+    t = tmp_path / "t.jsonl"
+    t.write_text('{"promt": 7}\n')
+    r = runner.invoke(app, ["coverage", str(t), "-s", "nosuch", "-e", "max_num_seq=4", *compare],
+                      env=ENV)
+    assert r.exit_code == 2 and "starting vLLM engine" not in r.stdout
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 3, r.stderr
+    assert errors[0] == (f"error: {t}:1: promt: unknown field (did you mean 'prompt'?); "
+                         "allowed: name, prompt, count, sampling, prefix")
+    assert errors[1].startswith("error: unknown scenario 'nosuch'; allowed: ")
+    assert errors[2] == ("error: -e max_num_seq: not a vllm.LLM or EngineArgs keyword "
+                         "(did you mean 'max_num_seqs'?)")
+
+
 def test_misspelt_engine_args_are_named_before_the_engine_starts():
     r = runner.invoke(app, ["check", "default", "-e", "max_num_seq=4", "-e", "enforce_eagr=true",
                             "-e", "max_model_len=256"], env=ENV)

@@ -217,6 +217,27 @@ def test_the_restart_options_are_refused_out_of_place_before_any_engine(args, me
     assert r.exit_code == 2 and message in r.output
 
 
+def test_a_warm_restart_refuses_a_directory_with_no_filled_cache(tmp_path):
+    """A --compare run's parent directory (its caches are one level down)
+    would have run cold and been reported as warm."""
+    from typer.testing import CliRunner
+
+    from stepwarm.cli import app
+
+    for run in ("baseline", "stepwarm"):
+        (tmp_path / run / "triton_cache_dir").mkdir(parents=True)
+        (tmp_path / run / "triton_cache_dir" / "k.json").write_text("{}")
+    r = CliRunner().invoke(app, ["coverage", "-s", "default", "--warm-cache",
+                                 "--cache-dir", str(tmp_path)])
+    assert r.exit_code == 2, r.output
+    out = " ".join(r.output.split())
+    assert (f"--warm-cache --cache-dir {tmp_path}: holds no filled compile cache "
+            "(triton_cache_dir, vllm_cache_root, torchinductor_cache_dir) (a --compare run "
+            f"keeps one per run: {tmp_path / 'baseline'}, {tmp_path / 'stepwarm'})") in out
+    # nothing was made beside the runs' directories
+    assert sorted(tmp_path.iterdir()) == [tmp_path / "baseline", tmp_path / "stepwarm"]
+
+
 def test_a_compile_on_the_second_run_counts_as_moved_time():
     """EAGLE on V2 (H200, 2026-12-01): the baseline's ``top-p + top-k, batch
     16`` compiled ``_topk_topp_kernel`` on its second run (48 ms, then

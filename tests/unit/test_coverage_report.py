@@ -237,3 +237,26 @@ def test_coverage_in_a_wide_terminal_is_the_table(tmp_path):
     print_report(base, Console(file=buf, width=200, force_terminal=True, color_system=None))
     text = buf.getvalue()
     assert "┃ line ┃ request" in text and "verdict" in text
+
+
+def test_each_request_carries_its_verdict_and_skips_are_printed_with_their_reason():
+    import io
+
+    from rich.console import Console
+
+    from stepwarm.coverage.report import print_report
+
+    rep = _report()
+    rep.requests = [_request("warm", 20.0, 19.0), _request("slow", 300.0, 20.0)]
+    rep.scenario_runs.append({"plan": "spec-decode", "ok": True, "wall_ms": 0.0,
+                              "skipped": "needs speculator: runner has num_speculative_steps 0",
+                              "start_s": None, "end_s": None, "steps": []})
+    d = rep.to_dict()
+    assert [r["verdict"] for r in d["requests"]] == ["", "ratio > 1.2: unexplained"]
+    assert "verdict" not in rep.requests[0]  # the report's own data is left alone
+    buf = io.StringIO()
+    print_report(rep, Console(file=buf, width=80, color_system=None))
+    lines = buf.getvalue().splitlines()
+    assert max(map(len, lines)) <= 80
+    assert " ".join(" ".join(lines[:2]).split()) == (
+        "stepwarm: skipped spec-decode: needs speculator: runner has num_speculative_steps 0")
