@@ -231,7 +231,7 @@ def start_engine(model: str | Path | None = None, *, weights_seed: int | None = 
             given, path, zoo_args = hub.snapshot, hub.repo_id, hub.engine_args
         elif not (path / "config.json").is_file():
             raise FileNotFoundError(f"{path}: not a model directory (no config.json) "
-                                    f"nor a zoo model ({', '.join(ZOO)}) nor a Hugging Face id")
+                                    "nor a zoo model (stepwarm list --models) nor a Hugging Face id")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 

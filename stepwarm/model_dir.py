@@ -160,13 +160,15 @@ def check_model_dir(model: Path) -> dict[str, Any]:
                             "(config.json; weights optional) or a zoo model name "
                             "(stepwarm list --models)")
     if not model.is_dir():
-        from stepwarm.zoo import ZOO
+        from stepwarm.zoo import TINY_ZOO, ZOO
 
         close = difflib.get_close_matches(str(model), list(ZOO), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
+        real = len(ZOO) - len(TINY_ZOO)
         raise ModelDirError(f"--model {model}: no such directory, nor a zoo model{hint}, nor "
                             f"a Hugging Face id (ORG/NAME[@REVISION]); zoo models: "
-                            f"{', '.join(ZOO)} (stepwarm list --models)")
+                            f"{', '.join(TINY_ZOO)} and {real} of real dimensions "
+                            "(stepwarm list --models)")
     config = model / "config.json"
     if not config.is_file():
         raise ModelDirError(f"--model {model}: not a model directory (no config.json)")
