@@ -74,7 +74,10 @@ def test_compare_baseline_fails_on_the_logprobs_compile_stepwarm_passes_and_rest
     # The kernel default's step 0 compiled is the one the baseline's line 2 paid for.
     moves = both["attribution"]
     assert moves["totals"] == {"moved": 1, "vllm": 0, "extra": 0}
-    assert moves["moved_lines"] == [2] and moves["moved_ms"] == round(logprobs["excess_ms"], 1)
+    # what line 2 cost the baseline beyond stepwarm's runs of it, both runs
+    (ours,) = [r for r in sw["requests"] if r["line"] == 2]
+    paid = (logprobs["first_ms"] + logprobs["second_ms"]) - (ours["first_ms"] + ours["second_ms"])
+    assert moves["moved_lines"] == [2] and abs(moves["moved_ms"] - max(0.0, paid)) <= 0.06
     (cost,) = moves["scenarios"]
     assert (cost["scenario"], cost["steps"], cost["kernels"]) == (
         "default", 8, [["cpp_fused_ge_sum_0", "moved"]])
