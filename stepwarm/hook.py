@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stepwarm.driver import RunnerBusyError, RunReport, StepFailed, drive
+from stepwarm.idle_record import IdleRecord, compile_activity, configuration_key
 from stepwarm.probe import read_profile
 from stepwarm.profile import RunnerProfile
 from stepwarm.ranks import RankGroup
@@ -170,11 +171,47 @@ def warmup(
     reports: list[RunReport] = []
     # The random state vLLM's warmup left (set_random_seed) is put back after
     # the scenarios, so that unseeded sampling serves what it serves without.
+    record = _idle_record(worker, profile, plans, ranks) if settings.skip_idle else None
     with random_state_kept():
         for plan in plans:
-            reports.append(_run_one(worker, plan, profile, settings, ranks, watch,
-                                    time.monotonic() - t_start))
+            if record is not None and _skipped_as_idle(plan.name, record, ranks):
+                report = RunReport(
+                    plan=plan.name, runner=profile.runner, model=profile.model,
+                    skipped=f"compiled nothing at the last start with this configuration "
+                            f"(STEPWARM_SKIP_IDLE=1; record {record.path})")
+                _stamp(report, ranks)
+                logger.info("%s: %s: skipped (%s)", who, plan.name, report.skipped)
+                reports.append(report)
+                continue
+            with compile_activity() as seen:
+                report = _run_one(worker, plan, profile, settings, ranks, watch,
+                                  time.monotonic() - t_start)
+            reports.append(report)
+            if record is not None and plan.steps and report.ok and not report.skipped:
+                record.idle[plan.name] = seen.count == 0
+    if record is not None:
+        record.save()
     return reports
+
+
+def _idle_record(worker: Any, profile: RunnerProfile, plans: list, ranks: RankGroup) -> IdleRecord:
+    """This rank's record of idle scenarios for this configuration
+    (:mod:`stepwarm.idle_record`)."""
+    import stepwarm
+    from stepwarm import vllm_facts
+
+    key = configuration_key([
+        stepwarm.__version__, vllm_facts.version(), *vllm_facts.compile_hashes(worker),
+        profile.model_dump_json(),
+        *(f"{p.name}\n{p.lockstep_signature()}" for p in plans)])
+    return IdleRecord.load(key, f"rank{ranks.rank}")
+
+
+def _skipped_as_idle(name: str, record: IdleRecord, ranks: RankGroup) -> bool:
+    """Whether every rank's record says ``name`` compiled nothing (one rank
+    that would run it makes them all run it)."""
+    busy_on = ranks.failed_ranks(not record.is_idle(name), f"the idle record of {name}")
+    return not busy_on
 
 
 def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSettings,

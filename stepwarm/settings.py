@@ -15,6 +15,7 @@ variable                  values                                 default
 ``STEPWARM_RANK_TIMEOUT_S`` seconds > 0                          ``300``
 ``STEPWARM_STEP_WARN_S``  seconds > 0, or ``off``                ``10``
 ``STEPWARM_STEP_TIMEOUT_S`` seconds > 0                          no limit
+``STEPWARM_SKIP_IDLE``    ``0`` | ``1``                          ``0``
 ========================  =====================================  ==============
 
 A variable set to the empty string counts as unset; one of blanks only
@@ -41,12 +42,13 @@ ENV_ROLE = "STEPWARM_ROLE"
 ENV_RANK_TIMEOUT_S = "STEPWARM_RANK_TIMEOUT_S"
 ENV_STEP_WARN_S = "STEPWARM_STEP_WARN_S"
 ENV_STEP_TIMEOUT_S = "STEPWARM_STEP_TIMEOUT_S"
+ENV_SKIP_IDLE = "STEPWARM_SKIP_IDLE"
 #: Every ``STEPWARM_*`` variable stepwarm reads: the hook's, and those of the
 #: zoo (``STEPWARM_CACHE``), the test suites and nox.
 KNOWN_NAMES: tuple[str, ...] = (
     ENV_SCENARIOS, ENV_ON_ERROR, ENV_TIME_LIMIT_S, ENV_ROLE,
-    ENV_RANK_TIMEOUT_S, ENV_STEP_WARN_S, ENV_STEP_TIMEOUT_S,
-    "STEPWARM_CACHE", "STEPWARM_TORCH_INDEX", "STEPWARM_SHARDS", "STEPWARM_SHARD_EXAMPLES",
+    ENV_RANK_TIMEOUT_S, ENV_STEP_WARN_S, ENV_STEP_TIMEOUT_S, ENV_SKIP_IDLE,
+    "STEPWARM_CACHE_DIR", "STEPWARM_CACHE", "STEPWARM_TORCH_INDEX", "STEPWARM_SHARDS", "STEPWARM_SHARD_EXAMPLES",
     "STEPWARM_LANE_DRY_RUN", "STEPWARM_LANE_RECORD", "STEPWARM_TEST_FAULT",
     "STEPWARM_TEST_HANG", "STEPWARM_TEST_RAY_CPU",
 )
@@ -56,6 +58,7 @@ OnError = Literal["raise", "warn"]
 #: (no KV transfer, or ``kv_role = "kv_both"``).
 Role = Literal["prefill", "decode", "both"]
 ON_ERROR_VALUES: tuple[str, ...] = ("raise", "warn")
+SKIP_IDLE_VALUES: tuple[str, ...] = ("0", "1")
 ROLE_VALUES: tuple[str, ...] = ("auto", "prefill", "decode", "both")
 #: ``KVTransferConfig.kv_role`` -> the role stepwarm plans for.
 KV_ROLE_TO_ROLE: dict[str, Role] = {
@@ -144,6 +147,8 @@ class HookSettings:
         step_timeout_s: seconds after which a step that is still running
             fails start-up, under either ``on_error`` (a running step cannot
             be cancelled safely); None: no limit.
+        skip_idle: skip the scenarios that compiled nothing at the last start
+            with the same configuration (:mod:`stepwarm.idle_record`).
     """
 
     scenarios: tuple[str, ...] = ()
@@ -153,6 +158,7 @@ class HookSettings:
     rank_timeout_s: float = DEFAULT_RANK_TIMEOUT_S
     step_warn_s: float | None = DEFAULT_STEP_WARN_S
     step_timeout_s: float | None = None
+    skip_idle: bool = False
 
     @property
     def enabled(self) -> bool:
@@ -193,6 +199,7 @@ class HookSettings:
             step_warn_s=(None if env.get(ENV_STEP_WARN_S, "").strip().lower() == "off"
                          else _seconds(env, ENV_STEP_WARN_S) or DEFAULT_STEP_WARN_S),
             step_timeout_s=_seconds(env, ENV_STEP_TIMEOUT_S),
+            skip_idle=_choice(env, ENV_SKIP_IDLE, SKIP_IDLE_VALUES, "0") == "1",
         )
 
 
@@ -216,7 +223,7 @@ def unknown_names(env: Mapping[str, str] | None = None) -> list[str]:
         close = difflib.get_close_matches(name.upper(), KNOWN_NAMES, n=1, cutoff=0.8)
         out.append(f"{name} is not a stepwarm variable (ignored)"
                    + (f"; did you mean {close[0]}?" if close else
-                      f"; known: {', '.join(KNOWN_NAMES[:7])}"))
+                      f"; known: {', '.join(KNOWN_NAMES[:8])}"))
     return out
 
 

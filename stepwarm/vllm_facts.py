@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 from typing import Any
 
 logger = logging.getLogger("stepwarm")
@@ -52,6 +53,43 @@ def version() -> str:
     import vllm
 
     return str(vllm.__version__)
+
+
+def cache_root() -> str:
+    """vLLM's cache directory (``VLLM_CACHE_ROOT``; ``~/.cache/vllm`` by default)."""
+    try:
+        from vllm import envs
+
+        return str(envs.VLLM_CACHE_ROOT)
+    except Exception:  # noqa: BLE001 - a vLLM without envs: its documented default
+        return os.path.expanduser(os.path.join(
+            os.environ.get("XDG_CACHE_HOME", "~/.cache"), "vllm"))
+
+
+def compile_hashes(worker: Any) -> tuple[str, str]:
+    """What vLLM keys its compile cache on: ``VllmConfig.compute_hash()`` and
+    the environment's compile factors (``vllm.envs.compile_factors()``, or
+    ``compute_hash()`` where that is all a release has); "" for one this vLLM
+    lacks or that fails."""
+    config = getattr(worker, "vllm_config", None) or getattr(
+        getattr(worker, "model_runner", None), "vllm_config", None)
+    out = []
+    for fn in (getattr(config, "compute_hash", None), _envs_hash):
+        try:
+            out.append(str(fn()) if fn is not None else "")
+        except Exception:  # noqa: BLE001 - the hash is a key part, not a requirement
+            out.append("")
+    return out[0], out[1]
+
+
+def _envs_hash() -> str:
+    import json
+
+    from vllm import envs
+
+    if hasattr(envs, "compile_factors"):  # the factors vLLM's compile cache hashes
+        return json.dumps(envs.compile_factors(), sort_keys=True, default=str)
+    return str(envs.compute_hash())
 
 
 def samples_top_k_top_p_with_drafts() -> bool:

@@ -127,3 +127,67 @@ def test_unknown_release_and_unknown_required_field_fail_soft(engine, monkeypatc
     assert len(release) == 1 and "vLLM 0.99.0" in release[0] and "decode_steps" in release[0]
     assert any("scenarios not run (STEPWARM_ON_ERROR=warn)" in r.getMessage()
                and "NewRequestData.lora_request" in r.getMessage() for r in caplog.records)
+
+
+def test_skip_idle_skips_what_compiled_nothing_at_the_last_start(engine, tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.setenv("STEPWARM_CACHE_DIR", str(tmp_path))
+    names = ["default", "prefix-hit"]
+    on = HookSettings(skip_idle=True)
+    first = warmup(engine.worker, names, settings=on)
+    assert [(r.plan, r.ok, r.skipped) for r in first] == [("default", True, ""),
+                                                          ("prefix-hit", True, "")]
+    (path,) = tmp_path.glob("idle-*-rank0.json")
+    first_idle = json.loads(path.read_text())["idle"]
+    assert set(first_idle) == set(names)
+    # What compiled (the session's first `default` traces vLLM's compiled
+    # helpers) runs again; what did not is skipped.
+    second = warmup(engine.worker, names, settings=on)
+    assert [(r.plan, bool(r.skipped), bool(r.steps)) for r in second] == [
+        (n, first_idle[n], not first_idle[n]) for n in names]
+    # By now everything both use is in the process: both are idle, both skipped.
+    assert json.loads(path.read_text())["idle"] == {"default": True, "prefix-hit": True}
+    third = warmup(engine.worker, names, settings=on)
+    assert [(r.plan, r.steps) for r in third] == [("default", []), ("prefix-hit", [])]
+    assert all(r.skipped == "compiled nothing at the last start with this configuration "
+               f"(STEPWARM_SKIP_IDLE=1; record {path})" for r in third)
+    # Another order is another configuration: both run, in a second record.
+    reordered = warmup(engine.worker, names[::-1], settings=on)
+    assert all(r.ok and not r.skipped and r.steps for r in reordered)
+    assert len(list(tmp_path.glob("idle-*.json"))) == 2
+    # Off (the default), the record is neither read nor written.
+    path.unlink()
+    assert all(not r.skipped and r.steps for r in warmup(engine.worker, names,
+                                                         settings=HookSettings()))
+    assert not path.exists()
+    assert live_request_ids(engine.worker) == set()
+
+
+def test_skip_idle_reruns_a_scenario_that_compiled(engine, tmp_path, monkeypatch):
+    import contextlib
+
+    import stepwarm.hook as hook
+
+    monkeypatch.setenv("STEPWARM_CACHE_DIR", str(tmp_path))
+    real = hook.compile_activity
+    runs: list[str] = []
+
+    @contextlib.contextmanager
+    def default_compiles():
+        # What a fresh GPU start sees: `default` compiles a kernel.
+        with real() as seen:
+            yield seen
+        runs.append("x")
+        if len(runs) == 1:
+            seen.triton += 1
+
+    names = ["default", "prefix-hit"]
+    warmup(engine.worker, names, settings=HookSettings())  # all in the process now
+    monkeypatch.setattr(hook, "compile_activity", default_compiles)
+    warmup(engine.worker, names, settings=HookSettings(skip_idle=True))
+    monkeypatch.setattr(hook, "compile_activity", real)
+    again = warmup(engine.worker, names, settings=HookSettings(skip_idle=True))
+    assert [(r.plan, bool(r.steps), bool(r.skipped)) for r in again] == [
+        ("default", True, False), ("prefix-hit", False, True)]
+    assert live_request_ids(engine.worker) == set()

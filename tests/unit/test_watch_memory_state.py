@@ -69,7 +69,7 @@ def test_unknown_names_get_a_did_you_mean():
         "STEPWARM_STEP_TIMEOUT_S?",
         "STEPWARM_ZZZ is not a stepwarm variable (ignored); known: STEPWARM_SCENARIOS, "
         "STEPWARM_ON_ERROR, STEPWARM_TIME_LIMIT_S, STEPWARM_ROLE, STEPWARM_RANK_TIMEOUT_S, "
-        "STEPWARM_STEP_WARN_S, STEPWARM_STEP_TIMEOUT_S",
+        "STEPWARM_STEP_WARN_S, STEPWARM_STEP_TIMEOUT_S, STEPWARM_SKIP_IDLE",
     ]
 
 

@@ -1,0 +1,97 @@
+"""stepwarm.idle_record: the record of scenarios that compiled nothing, and
+the compile counter it is built from (no engine)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from stepwarm.idle_record import FORMAT, IdleRecord, compile_activity, configuration_key
+from stepwarm.settings import HookSettings, SettingsError
+
+
+def test_record_round_trip_is_per_key_and_rank(tmp_path):
+    key = configuration_key(["0.1.0", "0.32.0", "cfg", "env", "profile", "default\nsig"])
+    assert len(key) == 64 and key != configuration_key(["0.1.0", "0.32.0", "cfg", "env",
+                                                        "profile", "default\nsig2"])
+    rec = IdleRecord.load(key, "rank0", tmp_path)
+    assert rec.idle == {} and not rec.is_idle("default")
+    assert rec.path == tmp_path / f"idle-{key[:24]}-rank0.json"
+    rec.idle.update({"default": True, "sampler-matrix": False})
+    assert rec.save()
+    assert json.loads(rec.path.read_text()) == {
+        "format": FORMAT, "key": key, "idle": {"default": True, "sampler-matrix": False}}
+    again = IdleRecord.load(key, "rank0", tmp_path)
+    assert again.is_idle("default") and not again.is_idle("sampler-matrix")
+    assert not again.is_idle("prefix-hit")
+    # Another rank has its own file; no leftover temporary files.
+    assert IdleRecord.load(key, "rank1", tmp_path).idle == {}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [rec.path.name]
+
+
+def test_record_of_another_key_or_format_or_broken_file_is_ignored(tmp_path):
+    key = configuration_key(["a"])
+    rec = IdleRecord.load(key, "rank0", tmp_path)
+    rec.path.write_text(json.dumps({"format": FORMAT, "key": "other", "idle": {"default": True}}))
+    assert IdleRecord.load(key, "rank0", tmp_path).idle == {}
+    rec.path.write_text(json.dumps({"format": FORMAT + 1, "key": key, "idle": {"default": True}}))
+    assert IdleRecord.load(key, "rank0", tmp_path).idle == {}
+    rec.path.write_text("{not json")
+    assert IdleRecord.load(key, "rank0", tmp_path).idle == {}
+
+
+def test_unwritable_directory_is_not_an_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    rec = IdleRecord.load(configuration_key(["a"]), "rank0", blocker / "sub")
+    rec.idle["default"] = True
+    assert rec.save() is False
+
+
+def test_record_dir_follows_stepwarm_cache_dir_then_vllm_cache_root(tmp_path, monkeypatch):
+    from stepwarm.idle_record import record_dir
+
+    monkeypatch.setenv("STEPWARM_CACHE_DIR", str(tmp_path / "sw"))
+    assert record_dir() == tmp_path / "sw"
+    monkeypatch.delenv("STEPWARM_CACHE_DIR")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm"))
+    assert record_dir() == tmp_path / "vllm" / "stepwarm"
+
+
+def test_compile_activity_counts_triton_hook_calls_and_chains_the_previous_hook():
+    knobs = pytest.importorskip("triton").knobs
+    calls = []
+    before = knobs.runtime.jit_post_compile_hook
+    knobs.runtime.jit_post_compile_hook = lambda *a, **k: calls.append(k.get("key"))
+    try:
+        with compile_activity() as seen:
+            knobs.runtime.jit_post_compile_hook(key="k1")
+            knobs.runtime.jit_post_compile_hook(key="k2")
+        assert seen.triton == 2 and seen.count == 2 and calls == ["k1", "k2"]
+        knobs.runtime.jit_post_compile_hook(key="k3")  # restored: not counted
+        assert seen.count == 2 and calls == ["k1", "k2", "k3"]
+    finally:
+        knobs.runtime.jit_post_compile_hook = before
+
+
+def test_compile_activity_counts_dynamo_frames_and_inductor_graphs():
+    from torch._dynamo.utils import counters
+
+    with compile_activity() as idle:
+        pass
+    assert idle.count == 0
+    with compile_activity() as seen:
+        counters["frames"]["ok"] += 1
+        counters["inductor"]["fxgraph_cache_hit"] += 1
+    assert seen.count == 2 and seen.triton == 0
+
+
+def test_skip_idle_setting():
+    on = {"STEPWARM_SCENARIOS": "default"}
+    assert HookSettings.from_env(on).skip_idle is False
+    assert HookSettings.from_env({**on, "STEPWARM_SKIP_IDLE": "1"}).skip_idle is True
+    assert HookSettings.from_env({**on, "STEPWARM_SKIP_IDLE": "0"}).skip_idle is False
+    with pytest.raises(SettingsError) as e:
+        HookSettings.from_env({**on, "STEPWARM_SKIP_IDLE": "yes"})
+    assert str(e.value) == "STEPWARM_SKIP_IDLE='yes': allowed: 0 | 1"
