@@ -20,7 +20,7 @@ case "${1:-}" in
     [ -d /tmp/site/vllm ] || { . "$D/c2/install.sh" || exit 1; }
     export PYTHONPATH=/tmp/site
     if [ -d "$D/c3" ] && [ ! -d /tmp/site/uvicorn ]; then . "$D/c3/install-serve.sh" || exit 1; fi
-    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$D"/sw/stepwarm-*.whl || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site "$D"/sw/*.whl || exit 1  # stepwarm, and blake3 (multimodal models) where carried
     mkdir -p $RESULTS && cp -r benchmarks/traffic $RESULTS/ && cp "$JOBS" $RESULTS/jobs.jsonl
     cp benchmarks/coverage_jobs.py $RESULTS/
     nvidia-smi -L
