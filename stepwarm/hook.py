@@ -25,6 +25,7 @@ breaks a GPU worker's start-up.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.abc
 import importlib.machinery
@@ -32,11 +33,16 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from stepwarm.driver import RunnerBusyError, RunReport, StepFailed, drive
-from stepwarm.idle_record import IdleRecord, compile_activity, configuration_key
+from stepwarm.idle_record import (
+    CompileActivity,
+    IdleRecord,
+    compile_activity,
+    configuration_key,
+)
 from stepwarm.probe import read_profile
 from stepwarm.profile import RunnerProfile
 from stepwarm.ranks import RankGroup
@@ -183,7 +189,8 @@ def warmup(
                 logger.info("%s: %s: skipped (%s)", who, plan.name, report.skipped)
                 reports.append(report)
                 continue
-            with compile_activity() as seen:
+            # Counted only for the record: without it no hook is touched.
+            with compile_activity() if record is not None else _uncounted() as seen:
                 report = _run_one(worker, plan, profile, settings, ranks, watch,
                                   time.monotonic() - t_start)
             reports.append(report)
@@ -192,6 +199,11 @@ def warmup(
     if record is not None:
         record.save()
     return reports
+
+
+@contextlib.contextmanager
+def _uncounted() -> Iterator[CompileActivity]:
+    yield CompileActivity()
 
 
 def _idle_record(worker: Any, profile: RunnerProfile, plans: list, ranks: RankGroup) -> IdleRecord:
