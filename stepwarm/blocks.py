@@ -564,6 +564,10 @@ class BlockLedger:
     #: by anything else that changes its tables or cache entries.
     _quick: dict[str, tuple[int, int, Growth]] = field(default_factory=dict, init=False,
                                                        repr=False)
+    #: One-group token-range ledgers: table length -> the Growth of a row
+    #: that takes no block with that many (one object, shared by every such
+    #: row and quick entry: a named tuple is never untracked by the collector).
+    _idle: dict[int, Growth] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.cache_alignment is None:
@@ -697,6 +701,7 @@ class BlockLedger:
         by_len.setdefault(self.ctx.max_encoder_len, self.ctx)  # as _request_ctx answers
         num_groups = len(bss)
         bs0 = bss[0]
+        idles = self._idle
         empty = _no_ids(num_groups)
         new = tuple.__new__
         never = 1 << 62
@@ -737,13 +742,16 @@ class BlockLedger:
                         start = nxt = self._next
                     ids += got
                     have += k
-                    counts: tuple[int, ...] = (have,)
-                    idle = new(Growth, (empty, empty, counts))
+                    idle = idles.get(have)
+                    if idle is None:
+                        idle = idles[have] = new(Growth, (empty, empty, (have,)))
                     grown: tuple[tuple[int, ...], ...] = (got,)
-                    out[i] = new(Growth, (grown, grown, counts))
+                    out[i] = new(Growth, (grown, grown, idle[2]))
                 else:
-                    counts = (have,)
-                    out[i] = idle = new(Growth, (empty, empty, counts))
+                    idle = idles.get(have)
+                    if idle is None:
+                        idle = idles[have] = new(Growth, (empty, empty, (have,)))
+                    out[i] = idle
                 threshold = never
                 if caching:
                     done = done_by_req.get(rid)
