@@ -24,13 +24,15 @@ ratio; ``update_from_output`` is reported beside it.
 Per figure, in ms over ``--rounds`` rounds: the best, the median and the
 worst wall-clock time, and the best CPU time of the process
 (``time.process_time``: on a shared machine the wall clock also counts the
-time other processes held the cores). The ratio to vLLM compares best with
-best and median with median (wall clock, both measured in this process).
+time other processes held the cores), and the load average before and
+after them. The ratio to vLLM compares best with best and median with median
+(wall clock, both measured in this process).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from typing import Any
@@ -152,6 +154,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-vllm", action="store_true", help="skip vLLM's scheduler")
     args = ap.parse_args()
+    load = os.getloadavg()
     profile = bench_profile()
     plan_all(profile)  # warm imports and scenario loading
     steps = _time(lambda: plan_steps(profile), args.rounds)
@@ -164,6 +167,8 @@ def main() -> None:
     steps_paused = _time(paused, args.rounds)
     everything = _time(lambda: plan_all(profile), args.rounds)
     n_all = sum(len(p.steps) for p in plan_all(profile))
+    print("load average (1, 5, 15 min) before: {:.2f} {:.2f} {:.2f}; after the stepwarm "
+          "figures: {:.2f} {:.2f} {:.2f}".format(*load, *os.getloadavg()))
     print(f"stepwarm PlanBuilder, {NUM_REQS} requests x {NUM_STEPS} steps: {steps} "
           "(target <= 20 ms)")
     print(f"  the same, collector paused as plans_for plans: {steps_paused}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -382,6 +383,15 @@ def _hashed_groups(groups: list[CacheSpec]) -> list[CacheSpec]:
     return [s for s in groups if s.kind != "circular_buffer"] or groups
 
 
+@functools.cache
+def _no_ids(num_groups: int) -> tuple[tuple[()], ...]:
+    """``((),) * num_groups``, one object per group count: a row that takes no
+    block shares it, so the collector can untrack the row's tuples (a tuple
+    that holds a tuple still tracked stays tracked; the table of a step's
+    ledger call would be, were it built per call)."""
+    return ((),) * num_groups
+
+
 def _window_block_mask(spec: CacheSpec, alignment: int, start: int, end: int) -> list[bool] | None:
     """``SlidingWindowManager.reachable_block_mask`` (dense retention, no
     EAGLE): which of blocks ``start..end-1`` a sliding-window group caches
@@ -554,6 +564,10 @@ class BlockLedger:
     #: by anything else that changes its tables or cache entries.
     _quick: dict[str, tuple[int, int, Growth]] = field(default_factory=dict, init=False,
                                                        repr=False)
+    #: One-group token-range ledgers: table length -> the Growth of a row
+    #: that takes no block with that many (one object, shared by every such
+    #: row and quick entry: a named tuple is never untracked by the collector).
+    _idle: dict[int, Growth] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.cache_alignment is None:
@@ -631,6 +645,17 @@ class BlockLedger:
             raise
         return out
 
+    def quick_entries(self) -> dict[str, tuple[int, int, Growth]] | None:
+        """The quick entries of a token-range ledger (:attr:`_quick`, read
+        only), for a caller that answers unchanged rows itself and passes
+        :meth:`allocate_step` only the others: a row whose entry
+        ``(most, threshold, growth)`` has ``num_tokens <= most`` and
+        ``num_cached_tokens < threshold`` grows no table and caches no block
+        (its :class:`Growth` is ``growth``), so leaving it out changes
+        nothing, as :meth:`_allocate_token_range` skips it. None when the
+        ledger is not token-range (every row goes to :meth:`allocate_step`)."""
+        return self._quick if self._token_range else None
+
     def _allocate_token_range(self, free: tuple[str, ...],
                               rows: list[StepAllocation]) -> list[Growth | None] | None:
         """:meth:`allocate_step` when every group is full or MLA attention
@@ -672,9 +697,12 @@ class BlockLedger:
         caching, align, done_by_req = self.enable_caching, self.cache_alignment or 1, \
             self._num_cached
         by_len = self._ctx_by_len
+        cache, cached = self._cache, self._cached
         by_len.setdefault(self.ctx.max_encoder_len, self.ctx)  # as _request_ctx answers
         num_groups = len(bss)
-        empty = ((),) * num_groups
+        bs0 = bss[0]
+        idles = self._idle
+        empty = _no_ids(num_groups)
         new = tuple.__new__
         never = 1 << 62
         # One group: ids off the never-used range are taken here (as _take
@@ -690,18 +718,19 @@ class BlockLedger:
                 ctxs[rid] = self.ctx
             if pending:
                 pending.pop(rid, None)  # no Mamba group: never a stale hit
-            t = tables.get(rid)
-            if t is None:
-                t = tables[rid] = [GroupTable([], False, None, 0)] if num_groups == 1 else \
-                    [GroupTable([], False, None, 0) for _ in bss]
             covered = num_tokens + la
             if covered > mml:
                 covered = mml
+            t = tables.get(rid)
             if num_groups == 1:  # the same as the loops below, for one group
-                bs, ids = bss[0], t[0].ids
-                k = -(-covered // bs) - len(ids)
-                counts: tuple[int, ...] = (len(ids) + k,) if k > 0 else (len(ids),)
-                idle = new(Growth, (empty, empty, counts))
+                if t is None:
+                    ids: list[int] = []
+                    tables[rid] = [GroupTable(ids, False, None, 0)]
+                    have = 0
+                else:
+                    ids = t[0].ids
+                    have = len(ids)
+                k = -(-covered // bs0) - have
                 if k > 0:
                     if not front and nxt + k <= num_blocks:
                         got = (nxt,) if k == 1 else tuple(range(nxt, nxt + k))
@@ -711,27 +740,49 @@ class BlockLedger:
                         self._next = nxt
                         got = take(k)
                         start = nxt = self._next
-                    ids.extend(got)
+                    ids += got
+                    have += k
+                    idle = idles.get(have)
+                    if idle is None:
+                        idle = idles[have] = new(Growth, (empty, empty, (have,)))
                     grown: tuple[tuple[int, ...], ...] = (got,)
-                    out[i] = new(Growth, (grown, grown, counts))
+                    out[i] = new(Growth, (grown, grown, idle[2]))
                 else:
+                    idle = idles.get(have)
+                    if idle is None:
+                        idle = idles[have] = new(Growth, (empty, empty, (have,)))
                     out[i] = idle
                 threshold = never
                 if caching:
                     done = done_by_req.get(rid)
                     if done is None:
                         done = done_by_req[rid] = [0]
-                    full = num_cached_tokens // align * align // bs
-                    if full > len(ids):
-                        full = len(ids)
-                    if full > done[0]:
-                        self._cache_blocks(0, bs, ids, done[0], full, prompt_len, rid)
-                        done[0] = full
-                    if len(ids) > done[0]:
-                        threshold = (done[0] + 1) * bs
-                cover = len(ids) * bs
+                    d0 = done[0]
+                    full = (num_cached_tokens // align * align if align > 1
+                            else num_cached_tokens) // bs0
+                    if full > have:
+                        full = have
+                    if full > d0:
+                        # _cache_blocks(0, ...), inline
+                        for j in range(d0, full):
+                            block = ids[j]
+                            if not block or block in cached:
+                                continue
+                            key = (0, j) if (j + 1) * bs0 <= prompt_len else (0, j, rid)
+                            entry = cache.get(key)
+                            if entry is None:
+                                cache[key] = {block: None}
+                            else:
+                                entry[block] = None
+                            cached[block] = key
+                        done[0] = d0 = full
+                    if have > d0:
+                        threshold = (d0 + 1) * bs0
+                cover = have * bs0
                 quick[rid] = (never if mml <= cover else cover - la, threshold, idle)
                 continue
+            if t is None:
+                t = tables[rid] = [GroupTable([], False, None, 0) for _ in bss]
             out[i] = self._token_range_groups(rid, t, covered, num_cached_tokens, prompt_len)
         if nxt != start:
             self._ref.update(dict.fromkeys(range(start, nxt), 1))
@@ -777,7 +828,7 @@ class BlockLedger:
         bss = self._block_sizes()
         la, mml = self.ctx.num_lookahead_tokens, self.ctx.max_model_len
         num_groups, never, new = len(bss), 1 << 62, tuple.__new__
-        empty = ((),) * num_groups
+        empty = _no_ids(num_groups)
         appended: list[tuple[int, ...]] | None = None
         for g, (bs, gt) in enumerate(zip(bss, t)):
             k = -(-covered // bs) - len(gt.ids)

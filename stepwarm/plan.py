@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, NoReturn
 
-from stepwarm.blocks import BlockLedger, OutOfBlocksError, StepAllocation
+from stepwarm.blocks import BlockLedger, Growth, OutOfBlocksError, StepAllocation
 from stepwarm.profile import RunnerProfile
 
 #: What a step exercises; reports and tables show it.
@@ -301,6 +301,9 @@ class _Live:
     state: Literal["waiting", "running", "preempted", "finished"] = "waiting"
     seen: bool = False  # runner has been sent NewRequestData
     resuming: bool = False  # resumed, still recomputing prompt + outputs
+    #: The last ``(req_id, held counts)`` of a step's ``held_blocks``,
+    #: shared by the next steps that answer the row from the same counts.
+    held_pair: tuple[str, tuple[int, ...]] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -331,7 +334,9 @@ class _Draft:
     """A step being scheduled: its rows in order, each with the update
     ``_update_after_schedule`` applies (live, computed +=, outputs +=)."""
 
-    rows: list[_Row] = field(default_factory=list)
+    #: (A decode row answered from the ledger's quick entries is its
+    #: ``ScheduledRequest`` already: ``growths`` holds its Growth.)
+    rows: list[_Row | ScheduledRequest] = field(default_factory=list)
     #: The rows with their blocks (:meth:`PlanBuilder._allocate`), without
     #: those left waiting.
     scheduled: list[ScheduledRequest] = field(default_factory=list)
@@ -344,8 +349,14 @@ class _Draft:
     encoder_tokens: int = 0
     #: A pooling request is scheduled (no ``sample_tokens`` after the step).
     pooling: bool = False
-    #: Each row's ledger call, built with the row (``StepAllocation``).
+    #: The ledger call of each row not answered from the ledger's quick
+    #: entries (``StepAllocation``), built with the row.
     allocs: list[StepAllocation] = field(default_factory=list)
+    #: Per row, its ``Growth`` when the ledger's quick entry answers it
+    #: (:meth:`BlockLedger.quick_entries`), else None (it is in ``allocs``).
+    growths: list[Growth | None] = field(default_factory=list)
+    #: The ``held`` entries of the answered rows, in order.
+    held_pairs: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
     #: The most tokens a row reaches after sampling (the ``max_model_len``
     #: check names the first row beyond it only when this is).
     most_tokens: int = 0
@@ -354,6 +365,7 @@ class _Draft:
         self.rows.append(row)
         self.updates.append((live, dn, dout))
         self.total += row[2]
+        self.growths.append(None)
         c, decl = live.num_computed_tokens, live.decl
         num_tokens = decl.prompt_len + live.num_output_tokens
         self.allocs.append(tuple.__new__(StepAllocation, (
@@ -671,7 +683,7 @@ class PlanBuilder:
         chunk) goes to :meth:`_refuse_prefill`, which raises."""
         p = self.profile
         requests, align_mamba = self._requests, self._align_mamba
-        rows, updates, allocs = draft.rows, draft.updates, draft.allocs
+        rows, updates, allocs, growths = draft.rows, draft.updates, draft.allocs, draft.growths
         total, most = 0, draft.most_tokens
         new = tuple.__new__
         for rid, n in prefill.items():
@@ -704,6 +716,7 @@ class PlanBuilder:
             allocs.append(new(StepAllocation, (
                 decl.req_id, end, c, end if end < num_tokens else num_tokens, pl,
                 decl.encoder_len, num_tokens)))
+            growths.append(None)
             total += n
             after = num_tokens + dout if decl.kind == "sample" else num_tokens
             if c + n > most:
@@ -748,10 +761,15 @@ class PlanBuilder:
         pass (unknown, not running, still prefilling, pooling, drafts) goes
         through :meth:`_check_decode`, which raises or allows it."""
         get = self._requests.get
-        add_row, add_update, add_alloc = draft.rows.append, draft.updates.append, \
-            draft.allocs.append
+        add_row, add_update, add_alloc, add_growth = draft.rows.append, draft.updates.append, \
+            draft.allocs.append, draft.growths.append
+        add_pair = draft.held_pairs.append
         total, most = 0, draft.most_tokens
         new = tuple.__new__
+        # A row that grows no table and caches no block is answered from the
+        # ledger's quick entry here, without a StepAllocation.
+        quick = self.ledger.quick_entries()
+        qget = quick.get if quick else None
         for rid, k in decode.items():
             live = get(rid)
             if k or live is None:
@@ -762,12 +780,26 @@ class PlanBuilder:
                 live = self._check_decode(rid, k)  # raises
             n = 1 + k
             out = live.num_output_tokens
-            add_row((rid, c, n, (0,) * k if k else (), not live.seen, False, out, True, ()))
             add_update((live, n, n))
             end, num_tokens = c + n, pl + out
-            add_alloc(new(StepAllocation, (
-                rid, end, c, end if end < num_tokens else num_tokens, pl, decl.encoder_len,
-                num_tokens)))
+            cached = end if end < num_tokens else num_tokens
+            spec = (0,) * k if k else ()
+            q = qget(rid) if qget else None
+            if q is not None and end <= q[0] and cached < q[1] and live.seen:
+                # answered: the row is built now (a running row: its new ids)
+                g = q[2]
+                add_row(new(ScheduledRequest, (rid, c, n, spec, False, False, g[0], g[1], out,
+                                               True, ())))
+                add_growth(g)
+                pair = live.held_pair
+                if pair is None or pair[1] is not g[2]:
+                    pair = live.held_pair = (rid, g[2])
+                add_pair(pair)
+            else:
+                add_row((rid, c, n, spec, not live.seen, False, out, True, ()))
+                add_growth(None)
+                add_alloc(new(StepAllocation, (
+                    rid, end, c, cached, pl, decl.encoder_len, num_tokens)))
             total += n
             if end > most or num_tokens + n > most:
                 most = max(end, num_tokens + n)
@@ -847,9 +879,8 @@ class PlanBuilder:
             )
         # The scheduler's running queue holds at most max_num_seqs requests:
         # count those running after this step (finished and preempted leave).
-        leaving = set(finish) | set(preempt)
-        running = len(self._running - leaving) + sum(
-            1 for rid in names if rid not in self._running and rid not in leaving)
+        # (names are distinct: those running, and the others scheduled now)
+        running = len(self._running.union(names).difference(finish, preempt))
         if running > p.max_num_seqs:
             raise self._err(
                 f"{running} requests would be running after this step but "
@@ -893,32 +924,54 @@ class PlanBuilder:
         except OutOfBlocksError as e:
             raise self._err(f"{e} (runner has num_blocks {self.profile.num_blocks})", "blocks",
                             getattr(e, "req_id", None)) from None
+        rows, answered = draft.rows, draft.growths
+        num_answered = len(rows) - len(draft.allocs)
+        if num_answered == len(rows):
+            growths = answered
+        elif num_answered:
+            pending = iter(growths)
+            growths = [next(pending) if a is None else a for a in answered]
         waiting: dict[str, int] = {}
         held = draft.held
+        if num_answered == len(rows):
+            held += draft.held_pairs
+        else:
+            held += [(r[0], g[2]) for r, g in zip(rows, growths) if g is not None]
         if not wait_for_mamba:  # every row allocated (no None)
+            if num_answered == len(rows):  # every row built already
+                draft.scheduled = rows  # type: ignore[assignment]
+                return waiting
             # A new or resumed row is sent its whole table: what was appended
             # when it held none before (no token computed: no prefix hit).
             table = ledger.held
-            draft.scheduled = [new(ScheduledRequest, (
-                rid, c, n, spec, fresh, resumed,
-                table(rid) if (fresh or resumed) and c else g[0], g[1],  # type: ignore[index]
-                outs, samples, enc))
-                for (rid, c, n, spec, fresh, resumed, outs, samples, enc), g in zip(
-                    draft.rows, growths)]
-            held += [(r[0], g[2]) for r, g in zip(draft.rows, growths)]  # type: ignore[index]
+            if not num_answered:
+                draft.scheduled = [new(ScheduledRequest, (  # type: ignore[misc]
+                    rid, c, n, spec, fresh, resumed,
+                    table(rid) if (fresh or resumed) and c else g[0], g[1],  # type: ignore[index]
+                    outs, samples, enc))
+                    for (rid, c, n, spec, fresh, resumed, outs, samples, enc), g in zip(
+                        rows, growths)]  # none built yet: every row a _Row
+                return waiting
+            draft.scheduled = [
+                row if a is not None else new(ScheduledRequest, row[:6] + (  # type: ignore[misc]
+                    table(row[0]) if (row[4] or row[5]) and row[1] else g[0],  # type: ignore[index]
+                    g[1]) + row[6:])  # type: ignore[index]
+                for row, a, g in zip(rows, answered, growths)]
             return waiting
         out: list[ScheduledRequest] = []
         updates: list[tuple[_Live, int, int]] = []
-        for row, update, grown in zip(draft.rows, draft.updates, growths):
+        for row, update, a, grown in zip(rows, draft.updates, answered, growths):
             rid = row[0]
             if grown is None:
                 waiting[rid] = row[2]
                 continue
+            updates.append(update)
+            if a is not None:  # built already
+                out.append(row)  # type: ignore[arg-type]
+                continue
             # row[4], row[5]: new, resumed (whole table); else the appended ids
             got = ledger.held(rid) if row[4] or row[5] else grown[0]
             out.append(new(ScheduledRequest, row[:6] + (got, grown[1]) + row[6:]))
-            updates.append(update)
-            held.append((rid, grown[2]))
         draft.scheduled = out
         if waiting:
             draft.updates = updates
@@ -935,10 +988,11 @@ class PlanBuilder:
         for live, dn, dout in draft.updates:
             live.num_computed_tokens += dn
             live.num_output_tokens += dout
-            live.state = "running"
-            live.seen = True
             decl = live.decl
-            run(decl.req_id)
+            if live.state != "running":  # a running request is seen and queued
+                live.state = "running"
+                live.seen = True
+                run(decl.req_id)
             if decl.kind == "pool":
                 draft.pooling = True
                 if live.num_computed_tokens >= decl.prompt_len:

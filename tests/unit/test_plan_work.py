@@ -116,3 +116,65 @@ def test_planned_request_init_takes_the_fields_in_order_with_their_defaults():
     assert dataclasses.replace(req, prompt_len=4).prompt_len == 4
     assert req == PlannedRequest("r", 3, "pool", True, 2, "greedy", (0,), True, "n", 1)
     assert hash(req) == hash(dataclasses.replace(req))
+
+
+def _tracked_kept(num_reqs: int, decodes: int) -> int:
+    """Objects the collector tracks that a plan of ``num_reqs`` requests (a
+    prefill of 24 tokens, then ``decodes`` decodes) keeps, counted with the
+    collector off (nothing is untracked meanwhile)."""
+    import gc
+
+    spec = CacheSpec(kind="full_attention", block_size=16)
+    profile = make_profile(max_num_seqs=num_reqs, max_num_batched_tokens=num_reqs * 40,
+                           num_blocks=num_reqs * 8, kv_cache_groups=(spec,),
+                           enable_prefix_caching=True, max_model_len=512)
+    ids = [f"_stepwarm_r{i}_" for i in range(num_reqs)]
+    gc.collect()
+    gc.disable()
+    try:
+        before = len(gc.get_objects())
+        b = PlanBuilder(profile, name="kept")
+        for rid in ids:
+            b.add_request(PlannedRequest(rid, 24))
+        b.step("prefill", "prefill", prefill={rid: 24 for rid in ids})
+        for _ in range(decodes):
+            b.step("decode", "decode", decode={rid: 0 for rid in ids})
+        return len(gc.get_objects()) - before
+    finally:
+        gc.enable()
+
+
+def test_a_decode_that_takes_no_block_keeps_one_tracked_object_per_request():
+    # Tokens 25..31 of 16-token blocks: decodes 4..7 take no block and cache
+    # none, so the ledger's quick entries answer every row: the step keeps
+    # its ScheduledRequest per request (a named tuple: never untracked) and
+    # a few objects of its own; the held pairs are shared across steps. The
+    # collector's work grows with requests x steps, one object a row.
+    for num_reqs in (64, 256):
+        extra = _tracked_kept(num_reqs, 7) - _tracked_kept(num_reqs, 3)
+        assert 4 * num_reqs <= extra <= 4 * (num_reqs + 8), (num_reqs, extra)
+
+
+def test_the_collector_state_is_restored_when_a_step_is_refused():
+    import gc
+
+    import pytest
+
+    from stepwarm.plan import PlanError, collector_paused
+
+    b = PlanBuilder(make_profile(), name="refused")
+    b.add_request(PlannedRequest("r", 4))
+    for enabled in (True, False):
+        (gc.enable if enabled else gc.disable)()
+        try:
+            with pytest.raises(PlanError):
+                b.step("decode", "decode", decode={"r": 0})  # never prefilled
+            assert gc.isenabled() is enabled
+            with pytest.raises(KeyError), collector_paused():
+                assert not gc.isenabled()
+                raise KeyError("inside")
+            assert gc.isenabled() is enabled
+        finally:
+            gc.enable()
+    b.step("prefill", "prefill", prefill={"r": 4})  # the refused step changed nothing
+    assert b.num_computed_tokens("r") == 4
