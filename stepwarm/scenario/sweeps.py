@@ -220,8 +220,8 @@ def sweep_values(sweep: Sweep, value: Callable[[Any, str], int]) -> list[int]:
     if isinstance(sweep, Buckets):
         lim, lo = value(sweep.buckets, "bucket limit"), value(sweep.min, "bucket min")
         if lo > lim:
-            raise ExpressionError(f"bucket min {lo} is above the limit {lim}; "
-                                  "allowed: min <= buckets")
+            raise ExpressionError(f"{describe(sweep)}: min {lo} is above the limit {lim} "
+                                  "(min defaults to 1); allowed: min <= buckets")
         return list(buckets(lim, lo))
     if isinstance(sweep, Pow2Classes):
         lo = value(sweep.pow2_classes[0], "pow2_classes lo")

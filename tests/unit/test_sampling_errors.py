@@ -130,6 +130,10 @@ CASES = {
         '[requests.a]\nprompt = { pow2_classes = [1, 8], triton_int = "yes" }\n' + STEP,
         {}, 2, 'prompt',
         ":2: request 'a', field 'prompt': pow2_classes sweep, triton_int: got 'yes'; allowed: true or false"),
+    "buckets_limit_below_the_default_min": (
+        A + STEP + 'batch = { buckets = "0 * max_num_seqs" }\n',
+        {}, 7, 'batch',
+        ":7: step 0 (prefill), field 'batch': buckets '0 * max_num_seqs' min 1: min 1 is above the limit 0 (min defaults to 1); allowed: min <= buckets"),
     "buckets_limit_a_list": (
         '[requests.a]\nprompt = { buckets = [1, 2] }\n' + STEP,
         {}, 2, 'prompt',
