@@ -653,7 +653,7 @@ def _profile_line(p: Any) -> str:
 
 @app.command("list")
 def list_scenarios(
-    models: Annotated[bool, typer.Option("--models", metavar="", help="List the zoo's tiny models instead.")] = False,
+    models: Annotated[bool, typer.Option("--models", metavar="", help="List the zoo's models (tiny and of real dimensions) instead.")] = False,
 ) -> None:
     """List the built-in scenarios with what they need (--models: the zoo's models)."""
     if models:

@@ -389,7 +389,8 @@ def carry_settings_to_ray_workers() -> None:
 def register() -> None:
     """vLLM general plugin (runs in every vLLM process at start-up).
 
-    Without ``STEPWARM_SCENARIOS`` it does nothing. Otherwise it checks the
+    Without ``STEPWARM_SCENARIOS`` it does nothing but warn of misspelt
+    ``STEPWARM_*`` names (:func:`~stepwarm.settings.unknown_names`). Otherwise it checks the
     ``STEPWARM_*`` variables and arranges for the worker class of
     :data:`WORKER_CLASSES` that this process imports to be wrapped: a class
     whose module is loaded already is wrapped now, the others when (if ever)
@@ -411,10 +412,10 @@ def register() -> None:
         settings = HookSettings.from_env()
     except SettingsError as e:
         raise SettingsExit(e) from None
+    for warning in unknown_names():  # also while off: STEPWARM_SCENARIO=all turns nothing on
+        logger.warning("stepwarm: %s", warning)
     if not settings.enabled:
         return
-    for warning in unknown_names():
-        logger.warning("stepwarm: %s", warning)
     _check_scenario_files(settings)
     carry_settings_to_ray_workers()
     pending: dict[str, str] = {}

@@ -14,7 +14,7 @@ variable                  values                                 default
                           ``both``
 ``STEPWARM_RANK_TIMEOUT_S`` seconds > 0                          ``300``
 ``STEPWARM_STEP_WARN_S``  seconds > 0, or ``off``                ``10``
-``STEPWARM_STEP_TIMEOUT_S`` seconds > 0                          no limit
+``STEPWARM_STEP_TIMEOUT_S`` seconds > 0, or ``off``             no limit
 ``STEPWARM_SKIP_IDLE``    ``0`` | ``1``                          ``0``
 ========================  =====================================  ==============
 
@@ -99,11 +99,15 @@ class SettingsExit(SettingsError, SystemExit):
 MAX_SECONDS = 86400.0
 
 
-def _seconds(env: Mapping[str, str], name: str) -> float | None:
+def _seconds(env: Mapping[str, str], name: str, *, off: bool = False) -> float | None:
+    """The seconds ``name`` gives (None: unset or empty; with ``off``, also
+    the word ``off``), else :class:`SettingsError` naming what is allowed."""
     given = env.get(name, "")
     if given == "":  # empty counts as unset
         return None
     raw = given.strip() or given  # blank (spaces only) is refused, quoted as given
+    if off and raw.lower() == "off":
+        return None
     try:
         value = float(raw)
     except ValueError:
@@ -113,7 +117,7 @@ def _seconds(env: Mapping[str, str], name: str) -> float | None:
                 else "out of range" if value <= 0 else "too long")
         raise SettingsError(
             f"{name}={raw!r}: {what}; allowed: a number > 0 and <= "
-            f"{MAX_SECONDS:g} (e.g. 60), or unset")
+            f"{MAX_SECONDS:g} (e.g. 60), {'off or unset' if off else 'or unset'}")
     return value
 
 
@@ -197,8 +201,8 @@ class HookSettings:
             role=_choice(env, ENV_ROLE, ROLE_VALUES, "auto"),  # type: ignore[arg-type]
             rank_timeout_s=_seconds(env, ENV_RANK_TIMEOUT_S) or DEFAULT_RANK_TIMEOUT_S,
             step_warn_s=(None if env.get(ENV_STEP_WARN_S, "").strip().lower() == "off"
-                         else _seconds(env, ENV_STEP_WARN_S) or DEFAULT_STEP_WARN_S),
-            step_timeout_s=_seconds(env, ENV_STEP_TIMEOUT_S),
+                         else _seconds(env, ENV_STEP_WARN_S, off=True) or DEFAULT_STEP_WARN_S),
+            step_timeout_s=_seconds(env, ENV_STEP_TIMEOUT_S, off=True),
             skip_idle=_choice(env, ENV_SKIP_IDLE, SKIP_IDLE_VALUES, "0") == "1",
         )
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
 
 from stepwarm.expressions import ExpressionError, buckets
 
@@ -88,7 +88,7 @@ class Pow2Classes(BaseModel):
     offset: Expr = Field(default=0, description=(
         "Added before the class is taken (expression, >= 0): 1 for logprobs and "
         "prompt_logprobs, whose kernel block is next_power_of_2(k + 1)."))
-    triton_int: bool = Field(default=False, description=(
+    triton_int: StrictBool = Field(default=False, description=(
         "value + offset is also an integer argument of the kernel, which Triton "
         "compiles apart when it is 1 or divisible by 16: within each class, the "
         "largest value of each of those kinds too (true for logprobs and "
@@ -119,6 +119,11 @@ def check_size(v: Any) -> Any:
         except ValidationError as e:
             err = e.errors()[0]
             where = ".".join(str(p) for p in err["loc"])
+            if err["type"] == "value_error":   # check_expr's own "got ...; allowed: ..."
+                raise ValueError(f"{forms[0]} sweep, {where}: {err['ctx']['error']}") from None
+            if err["type"] == "bool_type":
+                raise ValueError(f"{forms[0]} sweep, {where}: got {err['input']!r}; "
+                                 "allowed: true or false") from None
             raise ValueError(f"{forms[0]} sweep, {where}: {err['msg']} (got {err['input']!r}); "
                              f"allowed: {_FORMS_HELP}") from None
     return check_expr(v)
@@ -215,8 +220,8 @@ def sweep_values(sweep: Sweep, value: Callable[[Any, str], int]) -> list[int]:
     if isinstance(sweep, Buckets):
         lim, lo = value(sweep.buckets, "bucket limit"), value(sweep.min, "bucket min")
         if lo > lim:
-            raise ExpressionError(f"bucket min {lo} is above the limit {lim}; "
-                                  "allowed: min <= buckets")
+            raise ExpressionError(f"{describe(sweep)}: min {lo} is above the limit {lim} "
+                                  "(min defaults to 1); allowed: min <= buckets")
         return list(buckets(lim, lo))
     if isinstance(sweep, Pow2Classes):
         lo = value(sweep.pow2_classes[0], "pow2_classes lo")

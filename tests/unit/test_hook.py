@@ -180,6 +180,19 @@ def test_rank_timeout_beyond_a_day_is_refused():
         HookSettings.from_env({"STEPWARM_SCENARIOS": "default", "STEPWARM_RANK_TIMEOUT_S": "1e15"})
 
 
+def test_register_warns_of_a_misspelt_name_while_the_plugin_is_off(monkeypatch, caplog):
+    # STEPWARM_SCENARIO (no S) leaves the plugin off: the warning is all that says so.
+    monkeypatch.delenv("STEPWARM_SCENARIOS", raising=False)
+    monkeypatch.setenv("STEPWARM_SCENARIO", "all")
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    with caplog.at_level("WARNING", logger="vllm.stepwarm"):
+        hook.register()
+    assert [r.getMessage() for r in caplog.records] == [
+        "stepwarm: STEPWARM_SCENARIO is not a stepwarm variable (ignored); "
+        "did you mean STEPWARM_SCENARIOS?"]
+    assert not any(isinstance(f, hook._WrapOnImport) for f in sys.meta_path)
+
+
 def test_register_checks_scenario_names_before_vllm_loads_anything(monkeypatch, caplog):
     from stepwarm.scenario import ScenarioError
 

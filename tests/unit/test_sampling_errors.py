@@ -126,6 +126,22 @@ CASES = {
         '[requests.a]\nprompt = { pow2_classes = [4] }\n' + STEP,
         {}, 2, 'prompt',
         ':2: request \'a\', field \'prompt\': pow2_classes sweep, pow2_classes: List should have at least 2 items after validation, not 1 (got [4]); allowed: { buckets = "<limit>" } with an optional min = <expression>, { range = [<start>, <stop>] } with an optional step = <expression>, { values = [<expression>, ...] }, or { pow2_classes = [<lo>, <hi>] } with an optional offset = <expression>'),
+    "pow2_classes_triton_int_not_bool": (
+        '[requests.a]\nprompt = { pow2_classes = [1, 8], triton_int = "yes" }\n' + STEP,
+        {}, 2, 'prompt',
+        ":2: request 'a', field 'prompt': pow2_classes sweep, triton_int: got 'yes'; allowed: true or false"),
+    "buckets_limit_below_the_default_min": (
+        A + STEP + 'batch = { buckets = "0 * max_num_seqs" }\n',
+        {}, 7, 'batch',
+        ":7: step 0 (prefill), field 'batch': buckets '0 * max_num_seqs' min 1: min 1 is above the limit 0 (min defaults to 1); allowed: min <= buckets"),
+    "buckets_limit_a_list": (
+        '[requests.a]\nprompt = { buckets = [1, 2] }\n' + STEP,
+        {}, 2, 'prompt',
+        ':2: request \'a\', field \'prompt\': buckets sweep, buckets: got list [1, 2]; allowed: an integer, or an expression string over runner facts such as "max_num_batched_tokens // 2" or "block_size(0) * 2"'),
+    "values_with_a_bool": (
+        '[requests.a]\nprompt = { values = [1, true] }\n' + STEP,
+        {}, 2, 'prompt',
+        ':2: request \'a\', field \'prompt\': values sweep, values.1: got bool True; allowed: an integer, or an expression string over runner facts such as "max_num_batched_tokens // 2" or "block_size(0) * 2"'),
     "pow2_classes_unknown_key": (
         '[requests.a]\nprompt = { pow2_classes = [1, 8], ofset = 1 }\n' + STEP,
         {}, 2, 'prompt',

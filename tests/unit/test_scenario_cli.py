@@ -164,6 +164,17 @@ def test_help_shows_metavars_not_python_types():
     assert rows["--verify"].split()[1:4] == ["--verify", "After", "warmup,"]  # no metavar
 
 
+def test_list_help_says_models_lists_the_real_dimension_models_too():
+    from stepwarm.zoo import TINY_ZOO, ZOO
+
+    r = runner.invoke(app, ["list", "--help"], env={"COLUMNS": "120", "TERM": "dumb"})
+    rows = {ln.split()[1]: ln for ln in r.stdout.splitlines() if ln.startswith("│ --")}
+    assert " ".join(rows["--models"].strip("│ ").split()[1:]) == (
+        "List the zoo's models (tiny and of real dimensions) instead.")
+    listed = runner.invoke(app, ["list", "--models"]).stdout.splitlines()
+    assert set(ZOO) - set(TINY_ZOO) <= set(listed) and set(TINY_ZOO) <= set(listed)
+
+
 def test_show_in_an_80_column_terminal_fits_and_names_every_step():
     from stepwarm.scenario import plans_for, tiny_profile
     from tests.helpers import in_a_terminal

@@ -82,6 +82,17 @@ def test_step_watch_settings():
     assert (s.step_warn_s, s.step_timeout_s) == (None, 120.0)
     with pytest.raises(SettingsError, match=r"^STEPWARM_STEP_TIMEOUT_S='0': out of range; allowed: a number > 0"):
         HookSettings.from_env({**base, "STEPWARM_STEP_TIMEOUT_S": "0"})
+    # "off" (the README's word for the default) is a value of both
+    s = HookSettings.from_env({**base, "STEPWARM_STEP_TIMEOUT_S": " Off "})
+    assert (s.step_warn_s, s.step_timeout_s) == (10.0, None)
+    with pytest.raises(SettingsError) as e:
+        HookSettings.from_env({**base, "STEPWARM_STEP_WARN_S": "never"})
+    assert str(e.value) == ("STEPWARM_STEP_WARN_S='never': not a number of seconds; allowed: "
+                            "a number > 0 and <= 86400 (e.g. 60), off or unset")
+    with pytest.raises(SettingsError) as e:
+        HookSettings.from_env({**base, "STEPWARM_TIME_LIMIT_S": "off"})
+    assert str(e.value) == ("STEPWARM_TIME_LIMIT_S='off': not a number of seconds; allowed: "
+                            "a number > 0 and <= 86400 (e.g. 60), or unset")
 
 
 @pytest.mark.parametrize(("before", "after", "lower"), [
