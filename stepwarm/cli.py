@@ -56,10 +56,16 @@ def _parse_engine_args(pairs: list[str]) -> dict[str, Any]:
     """``KEY=VALUE`` pairs -> ``vllm.LLM`` kwargs (VALUE parsed as JSON when it
     parses, else kept as a string)."""
     args: dict[str, Any] = {}
+    given: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint="--engine-arg")
+        name = key.replace("-", "_")
+        if name in given:  # the last one would win silently, its error hiding the first's
+            raise typer.BadParameter(f"{name} given twice ({given[name]!r}, {pair!r}); "
+                                     "allowed: each key once", param_hint="--engine-arg")
+        given[name] = pair
         try:
             args[key.replace("-", "_")] = json.loads(value)
         except json.JSONDecodeError as e:
@@ -483,6 +489,8 @@ def coverage(
         _fail("give --baseline or --compare, not both", 2)
     for path, option in ((json_out, "--json"), (timeline, "--timeline")):
         _check_output_path(path, option)
+    if timeline is not None and timeline.suffix.lower() != ".svg":
+        _fail(f"--timeline {timeline}: the timeline is SVG; allowed: a FILE ending in .svg", 2)
     if cache_dir is not None and cache_dir.exists() and not cache_dir.is_dir():
         _fail(f"--cache-dir {cache_dir}: is a file; allowed: an empty or new directory", 2)
     for value, option in ((threshold, "--threshold"), (min_excess_ms, "--min-excess-ms")):

@@ -344,3 +344,18 @@ def test_sampling_sweeps_are_capped_before_their_product_is_built(tmp_path):
     assert code == 2 and "ok " not in out
     assert err == (f"error: {f}:3: request 'a', field 'sampling.seed': the sampling sweeps make "
                    "100000 combinations (up to seed); allowed: at most 4096\n")
+
+
+def test_an_engine_arg_given_twice_is_refused_naming_both():
+    r = runner.invoke(app, ["check", "default", "-e", "max_num_seqs=four",
+                            "-e", "max-num-seqs=[1]"], env=ENV)
+    assert r.exit_code == 2 and "Traceback" not in r.stdout + r.stderr
+    assert "max_num_seqs given twice ('max_num_seqs=four', 'max-num-seqs=[1]'); allowed: " \
+           "each key once" in " ".join(r.stderr.split())
+
+
+def test_coverage_timeline_must_be_svg_before_any_engine(tmp_path):
+    r = runner.invoke(app, ["coverage", "--timeline", str(tmp_path / "t.png")], env=ENV)
+    assert r.exit_code == 2
+    assert r.stderr == (f"error: --timeline {tmp_path / 't.png'}: the timeline is SVG; "
+                        "allowed: a FILE ending in .svg\n")
