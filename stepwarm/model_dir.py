@@ -181,6 +181,8 @@ def check_model_dir(model: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ModelDirError(f"{config}: expected a JSON object, got {type(data).__name__}")
     archs = data.get("architectures")
+    if archs is None and "model_type" not in data:
+        _check_model_type_guess(model, config)
     if archs is not None:
         if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
             raise ModelDirError(f"{config}: field 'architectures': expected a list of class "
@@ -191,6 +193,26 @@ def check_model_dir(model: Path) -> dict[str, Any]:
                 f"{config}: field 'architectures': {', '.join(archs)} is not supported by the "
                 f"installed vLLM ({_vllm_version()}); {SUPPORTED_ARCHS_HINT}")
     return data
+
+
+def _check_model_type_guess(model: Path, config: Path) -> None:
+    """A config.json with neither ``architectures`` nor ``model_type``:
+    transformers guesses the type from the directory's name; where it cannot,
+    say so now, not after vLLM has started (:class:`ModelDirError`)."""
+    try:
+        from transformers import AutoConfig
+    except ImportError:  # no transformers: vLLM's own error, later
+        return
+    try:
+        AutoConfig.from_pretrained(str(model))
+    except ValueError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelDirError(
+            f"{config}: has neither 'architectures' nor 'model_type', and transformers "
+            f"cannot tell the model from the directory's name ({first}); allowed: a "
+            "config.json with 'model_type' (and 'architectures')") from None
+    except Exception:  # noqa: BLE001 - anything else is vLLM's to report
+        return
 
 
 def _supported_architectures() -> set[str]:

@@ -82,3 +82,18 @@ def test_cli_cached_config_gets_the_directory_checks(tmp_path):
     proc = _stepwarm(home, "check", "default", "--model", "org/broken")
     assert proc.returncode == 2
     assert proc.stderr == f"error: {snapshot / 'config.json'}:2:8: invalid JSON: Expecting value\n"
+
+
+def test_a_config_without_architectures_or_model_type_is_refused_before_vllm(tmp_path):
+    from stepwarm.model_dir import check_model_dir
+
+    d = tmp_path / "mymodel"
+    d.mkdir()
+    (d / "config.json").write_text('{"hidden_size": 256}')
+    with pytest.raises(ModelDirError) as e:
+        check_model_dir(d)
+    assert str(e.value) == (
+        f"{d}/config.json: has neither 'architectures' nor 'model_type', and transformers "
+        f"cannot tell the model from the directory's name (Unrecognized model in {d}. Should "
+        "have a `model_type` key in its config.json.); allowed: a config.json with "
+        "'model_type' (and 'architectures')")
