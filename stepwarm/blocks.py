@@ -697,7 +697,6 @@ class BlockLedger:
         caching, align, done_by_req = self.enable_caching, self.cache_alignment or 1, \
             self._num_cached
         by_len = self._ctx_by_len
-        cache, cached = self._cache, self._cached
         by_len.setdefault(self.ctx.max_encoder_len, self.ctx)  # as _request_ctx answers
         num_groups = len(bss)
         bs0 = bss[0]
@@ -758,23 +757,11 @@ class BlockLedger:
                     if done is None:
                         done = done_by_req[rid] = [0]
                     d0 = done[0]
-                    full = (num_cached_tokens // align * align if align > 1
-                            else num_cached_tokens) // bs0
+                    full = num_cached_tokens // align * align // bs0
                     if full > have:
                         full = have
                     if full > d0:
-                        # _cache_blocks(0, ...), inline
-                        for j in range(d0, full):
-                            block = ids[j]
-                            if not block or block in cached:
-                                continue
-                            key = (0, j) if (j + 1) * bs0 <= prompt_len else (0, j, rid)
-                            entry = cache.get(key)
-                            if entry is None:
-                                cache[key] = {block: None}
-                            else:
-                                entry[block] = None
-                            cached[block] = key
+                        self._cache_blocks(0, bs0, ids, d0, full, prompt_len, rid)
                         done[0] = d0 = full
                     if have > d0:
                         threshold = (d0 + 1) * bs0

@@ -67,12 +67,12 @@ def _parse_engine_args(pairs: list[str]) -> dict[str, Any]:
                                      "allowed: each key once", param_hint="--engine-arg")
         given[name] = pair
         try:
-            args[key.replace("-", "_")] = json.loads(value)
+            args[name] = json.loads(value)
         except json.JSONDecodeError as e:
             if value.lstrip()[:1] in ("{", "[", '"'):  # meant as JSON: say where it breaks
                 raise typer.BadParameter(f"{key}: VALUE is not valid JSON: {e.msg} at column "
                                          f"{e.colno} of {value!r}", param_hint="--engine-arg") from None
-            args[key.replace("-", "_")] = value
+            args[name] = value
     return args
 
 

@@ -33,7 +33,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from stepwarm.driver import RunnerBusyError, RunReport, StepFailed, drive
@@ -190,7 +190,8 @@ def warmup(
                 reports.append(report)
                 continue
             # Counted only for the record: without it no hook is touched.
-            with compile_activity() if record is not None else _uncounted() as seen:
+            with compile_activity() if record is not None else \
+                    contextlib.nullcontext(CompileActivity()) as seen:
                 report = _run_one(worker, plan, profile, settings, ranks, watch,
                                   time.monotonic() - t_start)
             reports.append(report)
@@ -199,11 +200,6 @@ def warmup(
     if record is not None:
         record.save()
     return reports
-
-
-@contextlib.contextmanager
-def _uncounted() -> Iterator[CompileActivity]:
-    yield CompileActivity()
 
 
 def _idle_record(worker: Any, profile: RunnerProfile, plans: list, ranks: RankGroup) -> IdleRecord:

@@ -196,9 +196,10 @@ def check_model_dir(model: Path) -> dict[str, Any]:
 
 
 def _check_model_type_guess(model: Path, config: Path) -> None:
-    """A config.json with neither ``architectures`` nor ``model_type``:
-    transformers guesses the type from the directory's name; where it cannot,
-    say so now, not after vLLM has started (:class:`ModelDirError`)."""
+    """A config.json with neither ``architectures`` nor ``model_type``: ask
+    transformers' ``AutoConfig`` (some releases guess the type from the
+    directory's name); where it refuses, say so now, not after vLLM has
+    started (:class:`ModelDirError`)."""
     try:
         from transformers import AutoConfig
     except ImportError:  # no transformers: vLLM's own error, later
