@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from stepwarm.coverage.detectors import CompileEvent
+from stepwarm.coverage.detectors import MAX_VARIANT, CompileEvent
 from stepwarm.driver import RunReport
 
 #: Slack around a step's window (s): a cache file's mtime comes from the
@@ -57,10 +57,21 @@ def attribute(events: Iterable[CompileEvent], phases: Sequence[tuple[str, float]
     Returns:
         ``(event, where)`` per event, in the events' order.
     """
+    # A variant compiled in a thread (stepwarm.deferred_compile) belongs to
+    # the step whose launch it skipped, not to the step running when it ended.
+    deferred = {d.key[:MAX_VARIANT]: (r, d.step) for r in reports
+                for d in getattr(r, "deferred_compiles", []) if d.key and d.step is not None}
     out = []
     for e in events:
-        out.append((e, _where(e.at, phases, reports)))
+        asked = deferred.get(e.variant) if e.kind == "triton" and e.variant else None
+        out.append((e, _step_where(*asked) if asked else _where(e.at, phases, reports)))
     return out
+
+
+def _step_where(report: RunReport, index: int) -> Where:
+    step = next((s for s in report.steps if s.index == index), None)
+    return Where("stepwarm", report.plan, index,
+                 f"{step.kind}: {step.label}" if step is not None else "")
 
 
 def _where(t: float, phases: Sequence[tuple[str, float]], reports: Sequence[RunReport]) -> Where:
