@@ -11,17 +11,21 @@ freed: sampler-matrix's ``allowed`` group); one row is ``vocab_size`` bools,
 above ATen's grain size, so each fill is an OpenMP parallel region on every
 thread torch has in the engine-core process.
 
-Phases, each one engine in this process (``stepwarm.engine.start_engine``,
-as ``stepwarm coverage`` starts it, the hook off; the scenarios driven
-directly with ``stepwarm.driver.drive``):
+Phases, one engine in this process (``stepwarm.engine.start_engine``, as
+``stepwarm coverage`` starts it, the hook off; the scenarios driven directly
+with ``stepwarm.driver.drive``), in ``--phases`` order (default ABMCDELBMCDE):
 
   A  triton-buckets, no mask yet (control: expected fast)
-  B  one request with allowed_token_ids, prefilled and finished (makes the mask)
+  B  one request with allowed_token_ids, prefilled and finished, with the
+     driver's release of the mask switched off (the mask stays, as before
+     stepwarm freed it)
   M  micro-benchmark: ms per row fill of the mask at torch's threads and at 1
-  C  triton-buckets again (expected slow: the two steps)
-  D  triton-buckets with torch.set_num_threads(1) (fast if it is OpenMP)
-  E  triton-buckets with torch's threads back and the mask released (fast
-     if it is the mask: what stepwarm's runner.release_allowed_token_mask does)
+  C  triton-buckets with the mask (expected slow: the two steps)
+  D  the same with torch.set_num_threads(1) (fast if it is OpenMP)
+  E  the same with torch's threads back and the mask released (fast if it
+     is the mask: what stepwarm's runner.release_allowed_token_mask does)
+  L  start ``--busy`` CPU-burning processes (the 2026-12-01 run had 5
+     engines at once), so the phases after it run on a loaded host
 
 A thread samples the main thread's stack every ``--interval-ms`` while a
 step runs; each step slower than ``--slow-s`` keeps its top stacks and leaf
@@ -194,7 +198,9 @@ def main() -> int:
     ap.add_argument("--deadline-s", type=float, default=450.0)
     ap.add_argument("--slow-s", type=float, default=1.0, help="keep stacks of steps at least this slow")
     ap.add_argument("--interval-ms", type=float, default=20.0)
-    ap.add_argument("--phases", default="ABMCDE")
+    ap.add_argument("--phases", default="ABMCDELBMCDE")
+    ap.add_argument("--busy", type=int, default=0,
+                    help="CPU burners phase L starts (default: half the CPUs this process may use)")
     a = ap.parse_args()
 
     out_dir = Path(a.out)
@@ -203,7 +209,10 @@ def main() -> int:
     res.data["args"] = vars(a)
     t_start = time.time()
 
+    burners: list[Any] = []
+
     def stop(why: str) -> None:
+        _stop_burners(burners)
         res.data["stopped"] = why
         res.data["elapsed_s"] = round(time.time() - t_start, 1)
         try:
@@ -253,7 +262,10 @@ def main() -> int:
     def run(phase: str, plan: Any) -> None:
         t0 = time.time()
 
+        before = [0]
+
         def started(step: Any, what: str) -> None:
+            before[0] = batch.num_reqs
             sampler.begin()
 
         def finished(r: Any) -> None:
@@ -261,7 +273,7 @@ def main() -> int:
             rec: dict[str, Any] = {"phase": phase, "index": r.index, "label": f"{r.kind}: {r.label}",
                                    "wall_ms": round(r.wall_ms, 2),
                                    "step_s": round(r.ended_at - r.started_at, 3),
-                                   "input_batch_reqs": batch.num_reqs}
+                                   "reqs_before": before[0], "reqs_after": batch.num_reqs}
             if r.wall_ms >= a.slow_s * 1e3:
                 rec["profile"] = prof
             res.data["steps"].append(rec)
@@ -269,6 +281,7 @@ def main() -> int:
 
         report = drive(engine.worker, plan, profile, on_step=finished, on_step_start=started)
         res.data["phases"].append({"phase": phase, "plan": plan.name, "ok": report.ok,
+                                   "busy": len(burners),
                                    "wall_ms": round(report.wall_ms, 1),
                                    "elapsed_s": round(time.time() - t0, 2),
                                    "mask": getattr(batch, "allowed_token_ids_mask_cpu_tensor", None)
@@ -276,15 +289,18 @@ def main() -> int:
         res.write()
 
     threads = torch.get_num_threads()
+    busy = a.busy or max(1, len(os.sched_getaffinity(0)) // 2)
     try:
-        _phases(a.phases, run, res, batch, tb, mask_plan, threads)
+        _phases(a.phases, run, res, batch, tb, mask_plan, threads, busy, burners)
     except Exception as e:  # noqa: BLE001 - recorded, then the partial result stands
         import traceback
 
+        _stop_burners(burners)
         res.data["error"] = "".join(traceback.format_exception(e))
         res.write()
         print(res.data["error"], file=sys.stderr)
         os._exit(1)
+    _stop_burners(burners)
     res.data["done"] = True
     res.data["elapsed_s"] = round(time.time() - t_start, 1)
     res.write()
@@ -298,30 +314,55 @@ def main() -> int:
 
 
 def _phases(phases: str, run: Any, res: Result, batch: Any, tb: Any, mask_plan: Any,
-            threads: int) -> None:
+            threads: int, busy: int, burners: list[Any]) -> None:
     import torch
 
+    import stepwarm.driver
+
     for phase in phases:
+        load = f", {len(burners)} burners" if burners else ""
         if phase == "A":
-            run("A: triton-buckets, no mask", tb)
+            run(f"A: triton-buckets, no mask{load}", tb)
         elif phase == "B":
-            run("B: one allowed_token_ids request", mask_plan)
+            release = stepwarm.driver.release_allowed_token_mask
+            stepwarm.driver.release_allowed_token_mask = lambda worker: False  # type: ignore[assignment]
+            try:
+                run(f"B: one allowed_token_ids request, mask kept{load}", mask_plan)
+            finally:
+                stepwarm.driver.release_allowed_token_mask = release  # type: ignore[assignment]
         elif phase == "M":
-            res.data["mask_fill"] = [mask_fill_ms(batch, None), mask_fill_ms(batch, 1)]
+            res.data.setdefault("mask_fill", []).append(
+                {"burners": len(burners), "at": [mask_fill_ms(batch, None), mask_fill_ms(batch, 1)]})
             res.write()
         elif phase == "C":
-            run("C: triton-buckets, mask allocated", tb)
+            run(f"C: triton-buckets, mask{load}", tb)
         elif phase == "D":
             torch.set_num_threads(1)
             try:
-                run("D: triton-buckets, mask, torch threads 1", tb)
+                run(f"D: triton-buckets, mask, torch threads 1{load}", tb)
             finally:
                 torch.set_num_threads(threads)
         elif phase == "E":
             batch.allowed_token_ids_mask = None
             batch.allowed_token_ids_mask_cpu_tensor = None
-            run(f"E: triton-buckets, mask released, torch threads {threads}", tb)
+            run(f"E: triton-buckets, mask released, torch threads {threads}{load}", tb)
+        elif phase == "L" and not burners:
+            import subprocess
 
+            burners.extend(subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                           for _ in range(busy))
+            res.data["notes"].append(f"phase L: {busy} burners started")
+            res.write()
+
+
+def _stop_burners(burners: list[Any]) -> None:
+    """End the burner processes this probe started (each by its own pid)."""
+    for p in burners:
+        if p.poll() is None:
+            p.kill()
+    for p in burners:
+        p.wait()
+    burners.clear()
 
 if __name__ == "__main__":
     sys.exit(main())
