@@ -31,11 +31,13 @@ from stepwarm.probe import read_profile
 from stepwarm.profile import RunnerProfile
 from stepwarm.ranks import RankGroup
 from stepwarm.runner import (
+    allowed_token_mask,
     discard_pending_step,
     eplb_recording_suppressed,
     kv_connector_disabled,
     drop_finished_state,
     live_request_ids,
+    release_allowed_token_mask,
     request_tables,
     synchronize,
 )
@@ -428,6 +430,7 @@ def drive(
     audio = {r.req_id: audio_inputs(worker, r, prompt_token_ids(r, profile), processed)
              for r in plan.requests if r.encoder_len and not r.images}
     images.update((rid, inputs) for rid, inputs in audio.items() if inputs is not None)
+    mask_before = allowed_token_mask(worker)
     params: dict[str, tuple[Any, Any]] = {}
     sent: set[str] = set()
     failed_at: int | None = None
@@ -484,6 +487,8 @@ def drive(
                 worker.execute_model(out)
                 discard_pending_step(worker)
                 drop_finished_state(worker, out)
+            if not mask_before:  # allocated by a warmup request: freed as vLLM starts
+                release_allowed_token_mask(worker)
             report.cleanup_ran = True
             synchronize()
             if _is_oom(cause):
