@@ -805,15 +805,21 @@ def plans_for(names: list[str], profile: RunnerProfile) -> list[Plan]:
     (:func:`~stepwarm.scenario.load.resolve_names`).
 
     Raises:
-        ScenarioError: the first scenario that cannot be loaded or expanded,
-            or a runner stepwarm cannot run on at all (``profile.unsupported``:
-            the installed vLLM's reason, before any scenario is loaded).
+        ScenarioError: every scenario that cannot be loaded or expanded (each
+            with all its errors, in the order named), or a runner stepwarm
+            cannot run on at all (``profile.unsupported``: the installed
+            vLLM's reason, before any scenario is loaded).
     """
     if profile.unsupported:
         raise ScenarioError(f"stepwarm cannot run on this runner: {profile.unsupported}",
                             field="profile")
-    with collector_paused():
-        return [load_and_expand(name, profile) for name in resolve_names(names)]
+    results = check(names, profile)
+    bad = [r for _, r in results if isinstance(r, ScenarioError)]
+    if bad:
+        raise bad[0] if len(bad) == 1 else ScenarioError(
+            "\n".join(str(e) for e in bad), file=bad[0].file, line=bad[0].line,
+            step=bad[0].step, field=bad[0].field, errors=[x for e in bad for x in e.errors])
+    return [r for _, r in results if not isinstance(r, ScenarioError)]
 
 
 def check(names: list[str], profile: RunnerProfile) -> list[tuple[str, Plan | ScenarioError]]:

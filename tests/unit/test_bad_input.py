@@ -470,3 +470,18 @@ def test_the_plugin_lists_every_bad_step_before_any_step_runs(tmp_path, monkeypa
     with pytest.raises(ScenarioError) as e:
         hook.register()
     assert str(e.value) == _three_bad_steps(f)[0]
+
+
+def test_every_bad_scenario_named_is_listed_not_the_first(tmp_path):
+    # the plugin's worker path expands every scenario named before any step: each bad
+    # one is named with all its errors, in the order given
+    one, two = tmp_path / "one.toml", tmp_path / "two.toml"
+    one.write_text(THREE_BAD_STEPS)
+    two.write_text('[requests.a]\nprompt = 4\n[[steps]]\nkind = "prefill"\nrequests = ["b"]\n')
+    with pytest.raises(ScenarioError) as e:
+        plans_for([str(one), "default", str(two)], tiny_profile())
+    assert str(e.value).splitlines() == [*_three_bad_steps(one), (
+        f"{two}:5: step 0 (prefill), field 'requests': unknown request 'b'; allowed: names "
+        "declared under [requests]: a")]
+    assert [(x.file, x.step) for x in e.value.errors] == [
+        (str(one), 0), (str(one), 1), (str(one), 2), (str(two), 0)]
