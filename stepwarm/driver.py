@@ -421,12 +421,12 @@ def drive(
     t_run = time.perf_counter()
     report.started_at = time.time()
     # Requests with images: processed by the model's processor before any step.
+    processed: dict[str, Any] = {}  # the processor, and the dummy audio processed once
     images = {r.req_id: request_inputs(worker, r, profile.image_classes,
-                                       prompt_token_ids(r, profile))
+                                       prompt_token_ids(r, profile), processed)
               for r in plan.requests if r.images}
-    # Encoder-decoder requests: the dummy audio, processed once (their
-    # encoder runs with the step that schedules their first tokens).
-    processed: dict[int, Any] = {}
+    # Encoder-decoder requests: the dummy audio (their encoder runs with the
+    # step that schedules their first tokens).
     audio = {r.req_id: audio_inputs(worker, r, prompt_token_ids(r, profile), processed)
              for r in plan.requests if r.encoder_len and not r.images}
     images.update((rid, inputs) for rid, inputs in audio.items() if inputs is not None)
