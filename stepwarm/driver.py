@@ -109,7 +109,8 @@ class RunReport:
     #: One paragraph: which step failed and what vLLM said.
     error: str | None = None
     skipped: str = ""
-    #: Wall time of the whole run, cleanup included (ms).
+    #: Wall time of the whole run (ms): its inputs prepared (images, audio),
+    #: its steps, the cleanup, and the wait for compiles done in threads.
     wall_ms: float = 0.0
     #: Whether the cleanup step ran (always True unless the worker is gone).
     cleanup_ran: bool = False
