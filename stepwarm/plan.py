@@ -407,7 +407,14 @@ class _Draft:
     #: The rows with their blocks (:meth:`PlanBuilder._allocate`), without
     #: those left waiting.
     scheduled: list[ScheduledRequest] | _Rows = field(default_factory=list)
+    #: Prefilled and resumed rows' updates (decodes: ``decoded``).
     updates: list[tuple[_Live, int, int]] = field(default_factory=list)
+    #: The decoded requests, in order (rows ``decode_start`` on): each
+    #: advances computed and output tokens by its row's scheduled tokens.
+    decoded: list[_Live] = field(default_factory=list)
+    decode_start: int = 0
+    #: Some decode carries drafts (else each advances by one token).
+    drafts: bool = False
     #: Resumed requests and whether they are still recomputing after it.
     resuming: list[tuple[_Live, bool]] = field(default_factory=list)
     #: Blocks each scheduled request holds after the step, per group.
@@ -427,6 +434,15 @@ class _Draft:
     #: The most tokens a row reaches after sampling (the ``max_model_len``
     #: check names the first row beyond it only when this is).
     most_tokens: int = 0
+
+    def all_updates(self) -> list[tuple[_Live, int, int]]:
+        """Every row's update (live, computed +=, outputs +=), in row order."""
+        ds, decoded = self.decode_start, self.decoded
+        if not decoded:
+            return self.updates
+        rows = self.rows[ds:ds + len(decoded)]
+        return self.updates[:ds] + [(live, r[2], r[2]) for live, r in zip(decoded, rows)] + \
+            self.updates[ds:]
 
     def add(self, row: _Row, live: _Live, dn: int, dout: int) -> None:
         self.rows.append(row)
@@ -828,7 +844,8 @@ class PlanBuilder:
         pass (unknown, not running, still prefilling, pooling, drafts) goes
         through :meth:`_check_decode`, which raises or allows it."""
         get = self._requests.get
-        add_row, add_update, add_alloc, add_growth = draft.rows.append, draft.updates.append, \
+        draft.decode_start = len(draft.rows)
+        add_row, add_decoded, add_alloc, add_growth = draft.rows.append, draft.decoded.append, \
             draft.allocs.append, draft.growths.append
         add_pair = draft.held_pairs.append
         total, most = 0, draft.most_tokens
@@ -847,10 +864,14 @@ class PlanBuilder:
                 live = self._check_decode(rid, k)  # raises
             n = 1 + k
             out = live.num_output_tokens
-            add_update((live, n, n))
+            add_decoded(live)
             end, num_tokens = c + n, pl + out
             cached = end if end < num_tokens else num_tokens
-            spec = (0,) * k if k else ()
+            if k:
+                spec = (0,) * k
+                draft.drafts = True
+            else:
+                spec = ()
             q = qget(rid) if qget else None
             if q is not None and end <= q[0] and cached < q[1] and live.seen:
                 # answered: its Growth is the entry's (a _QuickRow: the
@@ -957,7 +978,7 @@ class PlanBuilder:
         max_model_len = p.max_model_len
         if draft.most_tokens <= max_model_len:
             return
-        for live, dn, dout in draft.updates:
+        for live, dn, dout in draft.all_updates():
             # The runner asserts prompt + sampled tokens <= max_model_len after
             # sampling (vLLM's scheduler finishes a request at max_model_len).
             decl = live.decl
@@ -1015,7 +1036,7 @@ class PlanBuilder:
             return waiting
         out: list[ScheduledRequest] = []
         updates: list[tuple[_Live, int, int]] = []
-        for row, update, a, grown in zip(rows, draft.updates, answered, growths):
+        for row, update, a, grown in zip(rows, draft.all_updates(), answered, growths):
             rid = row[0]
             if grown is None:
                 waiting[rid] = row[2]
@@ -1030,8 +1051,7 @@ class PlanBuilder:
             got = ledger.held(rid) if row[4] or row[5] else grown[0]
             out.append(new(ScheduledRequest, row[:6] + (got, grown[1]) + row[6:]))
         draft.scheduled = out
-        if waiting:
-            draft.updates = updates
+        draft.updates, draft.decoded = updates, []
         return waiting
 
     def _update_after_schedule(self, draft: _Draft, finish: tuple[str, ...],
@@ -1042,6 +1062,16 @@ class PlanBuilder:
         finished and preempted requests leave the running queue."""
         run = self._running.add
         pooled = []
+        # a decoded request is running already (seen and queued), sampling
+        if draft.drafts:
+            ds = draft.decode_start
+            for live, row in zip(draft.decoded, draft.rows[ds:ds + len(draft.decoded)]):
+                live.num_computed_tokens += row[2]
+                live.num_output_tokens += row[2]
+        else:
+            for live in draft.decoded:
+                live.num_computed_tokens += 1
+                live.num_output_tokens += 1
         for live, dn, dout in draft.updates:
             live.num_computed_tokens += dn
             live.num_output_tokens += dout
