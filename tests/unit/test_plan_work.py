@@ -187,3 +187,33 @@ def test_the_collector_state_is_restored_when_a_step_is_refused():
             gc.enable()
     b.step("prefill", "prefill", prefill={"r": 4})  # the refused step changed nothing
     assert b.num_computed_tokens("r") == 4
+
+
+def test_rows_built_when_read_pickle_copy_and_compare_as_the_tuple():
+    import copy
+    import dataclasses
+    import pickle
+
+    from stepwarm.plan import ScheduledRequest
+
+    def plan():
+        spec = CacheSpec(kind="full_attention", block_size=16)
+        b = PlanBuilder(make_profile(max_num_seqs=4, max_num_batched_tokens=160, num_blocks=64,
+                                     kv_cache_groups=(spec,), enable_prefix_caching=True))
+        for i in range(4):
+            b.add_request(PlannedRequest(f"_stepwarm_r{i}_", 24))
+        b.step("prefill", "prefill", prefill={f"_stepwarm_r{i}_": 24 for i in range(4)})
+        for _ in range(3):
+            b.step("decode", "decode", decode={f"_stepwarm_r{i}_": 0 for i in range(4)})
+        return b.build()
+
+    read = plan()
+    rows = [st.scheduled for st in read.steps]
+    assert all(type(r) is tuple and all(type(x) is ScheduledRequest for x in r) for r in rows)
+    assert rows[3][0] == ScheduledRequest("_stepwarm_r0_", 26, 1, block_ids=((),), allocated=((),),
+                                          num_output_tokens=3, samples=True)
+    for fresh in (pickle.loads(pickle.dumps(plan())), copy.deepcopy(plan()), plan()):
+        assert fresh == read and repr(fresh) == repr(read) and hash(fresh.steps[2]) == hash(
+            read.steps[2])
+    unread = plan()
+    assert dataclasses.replace(unread.steps[3], index=9).scheduled == rows[3]
