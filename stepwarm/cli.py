@@ -262,6 +262,12 @@ def run(
     #: Scenarios named with -s themselves, not through a set.
     named = set(resolve_names(n for n in scenario or [] if n not in SETS))
     _check_output_path(json_out, "--json")
+    from stepwarm.settings import SettingsError, compile_threads
+
+    try:  # STEPWARM_COMPILE_THREADS, before the engine starts
+        threads = 0 if verify else compile_threads()
+    except SettingsError as e:
+        _fail(str(e), 2)
     loaded = _loaded_or_exit(names, engine_arg)
     reports: list[RunReport] = []
     checked = _checked_model(model, weights)  # a bad --model before any skip is reported
@@ -312,7 +318,8 @@ def run(
         with ScenarioProgress(plan, profile.runner, ng, slow=slow) as progress:
             try:
                 report = drive(engine.worker, plan, profile, on_step=progress.step,
-                               watch=StepWatch(), on_running=_show_running)
+                               watch=StepWatch(), on_running=_show_running,
+                               compile_threads=threads)
             except StepFailed as e:
                 progress.failed(plan.steps[e.step])
                 failures.append(e)

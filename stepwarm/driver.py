@@ -23,6 +23,7 @@ from stepwarm.compile import (
     to_grammar_output,
     to_scheduler_output,
 )
+from stepwarm.deferred_compile import DeferredCompile, deferred_compiles
 from stepwarm.encoder_inputs import RequestInputs, audio_inputs, request_inputs
 from stepwarm.memory import MemoryReport, free_text, measured
 from stepwarm.plan import REQ_ID_PREFIX, Plan, PlannedStep
@@ -30,11 +31,13 @@ from stepwarm.probe import read_profile
 from stepwarm.profile import RunnerProfile
 from stepwarm.ranks import RankGroup
 from stepwarm.runner import (
+    allowed_token_mask,
     discard_pending_step,
     eplb_recording_suppressed,
     kv_connector_disabled,
     drop_finished_state,
     live_request_ids,
+    release_allowed_token_mask,
     request_tables,
     synchronize,
 )
@@ -129,6 +132,11 @@ class RunReport:
     #: Whose code raised it: ``vllm``, ``stepwarm``, ``torch`` or ``other``
     #: (the module of the traceback's innermost frame; :func:`raised_by`).
     raised_by: str | None = None
+    #: Sampler kernel variants compiled in threads (:mod:`stepwarm.deferred_compile`),
+    #: each with the step whose launch it skipped; the ms the run waited for
+    #: them after its last step (included in ``wall_ms``).
+    deferred_compiles: list[DeferredCompile] = field(default_factory=list)
+    deferred_wait_ms: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of the report."""
@@ -347,6 +355,7 @@ def drive(
     watch: StepWatch | None = None,
     on_step_start: Callable[[PlannedStep, str], None] | None = None,
     on_running: Callable[[str, float], None] | None = None,
+    compile_threads: int = 0,
 ) -> RunReport:
     """Run every step of ``plan`` on ``worker``; always clean up.
 
@@ -376,6 +385,10 @@ def drive(
             as the watchdog logs it (``<plan> step i/N (<kind>, <label>)``).
         on_running: called by the watchdog while a step runs past
             ``watch.warn_s`` (from its thread), with that name and the seconds.
+        compile_threads: threads that compile the sampler's Triton kernel
+            variants while the steps go on (:mod:`stepwarm.deferred_compile`;
+            the run waits for them before it returns); 0: each compiles in
+            the step that first launches it. Leave 0 where outputs matter.
 
     Returns:
         The :class:`RunReport` (``ok`` True), with ``memory`` filled in.
@@ -405,26 +418,29 @@ def drive(
             f"{', ...' if len(busy) > 4 else ''}); stepwarm drives an idle runner "
             "(at start-up, before traffic), so nothing was run"
         )
+    t_run = time.perf_counter()
+    report.started_at = time.time()
     # Requests with images: processed by the model's processor before any step.
+    processed: dict[str, Any] = {}  # the processor, and the dummy audio processed once
     images = {r.req_id: request_inputs(worker, r, profile.image_classes,
-                                       prompt_token_ids(r, profile))
+                                       prompt_token_ids(r, profile), processed)
               for r in plan.requests if r.images}
-    # Encoder-decoder requests: the dummy audio, processed (their encoder
-    # runs with the step that schedules their first tokens).
-    audio = {r.req_id: audio_inputs(worker, r, prompt_token_ids(r, profile))
+    # Encoder-decoder requests: the dummy audio (their encoder runs with the
+    # step that schedules their first tokens).
+    audio = {r.req_id: audio_inputs(worker, r, prompt_token_ids(r, profile), processed)
              for r in plan.requests if r.encoder_len and not r.images}
     images.update((rid, inputs) for rid, inputs in audio.items() if inputs is not None)
+    mask_before = allowed_token_mask(worker)
     params: dict[str, tuple[Any, Any]] = {}
     sent: set[str] = set()
     failed_at: int | None = None
     cause: BaseException | None = None
-    t_run = time.perf_counter()
-    report.started_at = time.time()
-    with kv_connector_disabled(worker), eplb_recording_suppressed(worker), \
-            measured() as report.memory:
+    with deferred_compiles(compile_threads) as deferred, kv_connector_disabled(worker), \
+            eplb_recording_suppressed(worker), measured() as report.memory:
         try:
             for step in plan.steps:
                 failed_at = step.index
+                deferred.step = step.index
                 started_at = time.time()
                 what = plan.with_display_names(
                     f"{plan.name} step {step.index}/{len(plan.steps)} "
@@ -471,6 +487,8 @@ def drive(
                 worker.execute_model(out)
                 discard_pending_step(worker)
                 drop_finished_state(worker, out)
+            if not mask_before:  # allocated by a warmup request: freed as vLLM starts
+                release_allowed_token_mask(worker)
             report.cleanup_ran = True
             synchronize()
             if _is_oom(cause):
@@ -479,6 +497,8 @@ def drive(
                     f"step {failed_at} ({plan.steps[failed_at].kind}: "
                     f"{plan.steps[failed_at].label}) failed on the {profile.runner} runner: "
                 ) + _oom_text(cause)
+    report.deferred_compiles = deferred.result.compiles
+    report.deferred_wait_ms = deferred.result.waited_s * 1e3
     report.wall_ms = (time.perf_counter() - t_run) * 1e3
     report.ended_at = time.time()
     # Every per-request table of the runner (runner.V1_TABLES / V2_TABLES),

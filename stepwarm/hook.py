@@ -36,6 +36,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from stepwarm.deferred_compile import default_threads
 from stepwarm.driver import RunnerBusyError, RunReport, StepFailed, drive
 from stepwarm.idle_record import (
     CompileActivity,
@@ -246,7 +247,8 @@ def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSetti
     if plan.steps:
         logger.info("%s: %s: starting (%d steps)", who, plan.name, len(plan.steps))
     try:
-        report = drive(worker, plan, profile, ranks=ranks, watch=watch)
+        report = drive(worker, plan, profile, ranks=ranks, watch=watch,
+                       compile_threads=_compile_threads(settings, ranks))
     except (StepFailed, RunnerBusyError) as e:
         report = getattr(e, "report", None) or RunReport(
             plan=plan.name, runner=profile.runner, model=profile.model, ok=False,
@@ -269,6 +271,20 @@ def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSetti
                        "(peak %.0f MiB; see docs/plugin.md)", who, plan.name,
                        mem.lost / 2**20, mem.device, mem.peak / 2**20)
     return report
+
+
+def _compile_threads(settings: HookSettings, ranks: RankGroup) -> int:
+    """``STEPWARM_COMPILE_THREADS``, with ``auto`` sharing this host's cores
+    among the ranks on it (at most one per visible GPU)."""
+    if settings.compile_threads is not None:
+        return settings.compile_threads
+    local = ranks.size
+    with contextlib.suppress(Exception):
+        import torch
+
+        if torch.cuda.is_available():
+            local = min(local, max(1, torch.cuda.device_count()))
+    return default_threads(local)
 
 
 def _stamp(report: RunReport, ranks: RankGroup) -> None:

@@ -320,6 +320,30 @@ class PlanError(ValueError):
         self.request = request
 
 
+def too_many_seqs(n: int, p: RunnerProfile) -> str:
+    """Why ``n`` requests cannot be scheduled in one step (``max_num_seqs``)."""
+    return f"{n} requests scheduled but max_num_seqs is {p.max_num_seqs}"
+
+
+def over_token_budget(total: int, p: RunnerProfile) -> str:
+    """Why ``total`` tokens cannot be scheduled in one step (``max_num_batched_tokens``)."""
+    return f"{total} tokens scheduled but max_num_batched_tokens is {p.max_num_batched_tokens}"
+
+
+def bad_drafts(rid: str, k: int, p: RunnerProfile) -> str | None:
+    """Why request ``rid`` cannot be decoded with ``k`` draft tokens on this
+    runner (whatever its state), or None."""
+    if k < 0:
+        return f"request {rid!r}: draft tokens must be >= 0, got {k}"
+    if k and not p.has_speculator:
+        return (f"request {rid!r}: {k} draft token(s) but the runner has no "
+                "speculator (num_speculative_steps is 0)")
+    if k > p.num_speculative_steps:
+        return (f"request {rid!r}: {k} draft tokens exceed num_speculative_steps "
+                f"{p.num_speculative_steps}")
+    return None
+
+
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off while plans are built, as it was after.
@@ -727,10 +751,7 @@ class PlanBuilder:
             dup = {n for i, n in enumerate(names) if n in names[:i]}
             raise self._err(f"request(s) {sorted(dup)} scheduled twice", "requests")
         if len(names) > p.max_num_seqs:
-            raise self._err(
-                f"{len(names)} requests scheduled but max_num_seqs is {p.max_num_seqs}",
-                "requests",
-            )
+            raise self._err(too_many_seqs(len(names), p), "requests")
         pooled = set(self._pooled)
         if pooled:
             for rid in names:
@@ -911,19 +932,9 @@ class PlanBuilder:
                 f"request {rid!r} is a pooling request: it samples no token and "
                 "finishes with its prefill; allowed: prefill", "decode", rid,
             )
-        if k < 0:
-            raise self._err(f"request {rid!r}: draft tokens must be >= 0, got {k}",
-                            "spec_tokens", rid)
-        if k and not p.has_speculator:
-            raise self._err(
-                f"request {rid!r}: {k} draft token(s) but the runner has no "
-                "speculator (num_speculative_steps is 0)", "spec_tokens", rid,
-            )
-        if k > p.num_speculative_steps:
-            raise self._err(
-                f"request {rid!r}: {k} draft tokens exceed num_speculative_steps "
-                f"{p.num_speculative_steps}", "spec_tokens", rid,
-            )
+        why = bad_drafts(rid, k, p)
+        if why:
+            raise self._err(why, "spec_tokens", rid)
         return live
 
     def _schedule_resumptions(self, resume: dict[str, int], draft: _Draft) -> None:
@@ -961,10 +972,7 @@ class PlanBuilder:
         ``max_model_len`` after sampling."""
         p = self.profile
         if draft.total > p.max_num_batched_tokens:
-            raise self._err(
-                f"{draft.total} tokens scheduled but max_num_batched_tokens is "
-                f"{p.max_num_batched_tokens}", "tokens",
-            )
+            raise self._err(over_token_budget(draft.total, p), "tokens")
         # The scheduler's running queue holds at most max_num_seqs requests:
         # count those running after this step (finished and preempted leave).
         # (names are distinct: those running, and the others scheduled now)

@@ -176,6 +176,42 @@ def drop_finished_state(worker: Any, scheduler_output: Any) -> None:
     cleanup_mamba_state_idx(scheduler_output, state)
 
 
+def allowed_token_mask(worker: Any) -> bool:
+    """Whether the V1 input batch holds its allowed-token masks
+    (``input_batch.allowed_token_ids_mask`` and ``..._cpu_tensor``, each
+    ``max_num_reqs x vocab_size`` bools). False on the V2 runner, which keeps
+    allowed ids per request instead."""
+    batch = getattr(runner_of(worker), "input_batch", None)
+    return getattr(batch, "allowed_token_ids_mask_cpu_tensor", None) is not None
+
+
+def release_allowed_token_mask(worker: Any) -> bool:
+    """Free the V1 input batch's allowed-token masks when no request it
+    holds has ``allowed_token_ids``, putting the batch back as vLLM starts it.
+
+    ``InputBatch.add_request`` allocates both masks the first time a request
+    with ``allowed_token_ids`` arrives and nothing frees them; from then on
+    every request the batch drops (finished, or running but not scheduled)
+    runs ``allowed_token_ids_mask_cpu_tensor[row].fill_(False)``
+    (``remove_request``), and every row ``condense`` moves copies one: a
+    ``vocab_size``-long CPU op, an OpenMP parallel region over torch's
+    threads in the engine-core process. At 1,024 requests and a 100k-150k
+    vocabulary on an H200 host that was ~8 ms a request (docs/findings.md).
+    The next request with ``allowed_token_ids`` allocates them again, as it
+    would have without stepwarm.
+
+    Returns:
+        Whether they were freed (False: none held, or a request uses them).
+    """
+    batch = getattr(runner_of(worker), "input_batch", None)
+    if getattr(batch, "allowed_token_ids_mask_cpu_tensor", None) is None or \
+            getattr(batch, "has_allowed_token_ids", None):
+        return False
+    batch.allowed_token_ids_mask = None
+    batch.allowed_token_ids_mask_cpu_tensor = None
+    return True
+
+
 def discard_pending_step(worker: Any) -> bool:
     """Drop the state ``execute_model`` left for a ``sample_tokens`` call that
     will not come (``runner.execute_model_state``), so the next

@@ -16,6 +16,7 @@ variable                  values                                 default
 ``STEPWARM_STEP_WARN_S``  seconds > 0, or ``off``                ``10``
 ``STEPWARM_STEP_TIMEOUT_S`` seconds > 0, or ``off``             no limit
 ``STEPWARM_SKIP_IDLE``    ``0`` | ``1``                          ``0``
+``STEPWARM_COMPILE_THREADS`` ``auto`` | ``off`` | 1 … 64         ``auto``
 ========================  =====================================  ==============
 
 A variable set to the empty string counts as unset; one of blanks only
@@ -43,12 +44,13 @@ ENV_RANK_TIMEOUT_S = "STEPWARM_RANK_TIMEOUT_S"
 ENV_STEP_WARN_S = "STEPWARM_STEP_WARN_S"
 ENV_STEP_TIMEOUT_S = "STEPWARM_STEP_TIMEOUT_S"
 ENV_SKIP_IDLE = "STEPWARM_SKIP_IDLE"
+ENV_COMPILE_THREADS = "STEPWARM_COMPILE_THREADS"
 #: Every ``STEPWARM_*`` variable stepwarm reads: the hook's, and those of the
 #: zoo (``STEPWARM_CACHE``), the test suites and nox.
 KNOWN_NAMES: tuple[str, ...] = (
     ENV_SCENARIOS, ENV_ON_ERROR, ENV_TIME_LIMIT_S, ENV_ROLE,
     ENV_RANK_TIMEOUT_S, ENV_STEP_WARN_S, ENV_STEP_TIMEOUT_S, ENV_SKIP_IDLE,
-    "STEPWARM_CACHE_DIR", "STEPWARM_CACHE", "STEPWARM_TORCH_INDEX", "STEPWARM_SHARDS", "STEPWARM_SHARD_EXAMPLES",
+    ENV_COMPILE_THREADS, "STEPWARM_CACHE_DIR", "STEPWARM_CACHE", "STEPWARM_TORCH_INDEX", "STEPWARM_SHARDS", "STEPWARM_SHARD_EXAMPLES",
     "STEPWARM_LANE_DRY_RUN", "STEPWARM_LANE_RECORD", "STEPWARM_TEST_FAULT",
     "STEPWARM_TEST_HANG", "STEPWARM_TEST_RAY_CPU",
 )
@@ -67,6 +69,8 @@ KV_ROLE_TO_ROLE: dict[str, Role] = {
     "kv_both": "both",
 }
 DEFAULT_RANK_TIMEOUT_S = 300.0
+#: Most compile threads ``STEPWARM_COMPILE_THREADS`` takes.
+MAX_COMPILE_THREADS = 64
 #: Seconds a step runs before the watchdog logs it (and again every as many
 #: seconds): long enough that no step of a healthy CPU or GPU start-up hits
 #: it, short enough that a hang is named while someone still watches.
@@ -131,6 +135,22 @@ def _choice(env: Mapping[str, str], name: str, allowed: tuple[str, ...], default
     return raw.lower()
 
 
+def _threads(env: Mapping[str, str], name: str) -> int | None:
+    """``name`` as a thread count: None for ``auto`` (or unset/empty), 0 for
+    ``off``, else 1 … :data:`MAX_COMPILE_THREADS`; :class:`SettingsError`
+    otherwise."""
+    given = env.get(name, "")
+    raw = given.strip() or given
+    if given == "" or raw.lower() == "auto":
+        return None
+    if raw.lower() == "off":
+        return 0
+    if raw.isdigit() and 1 <= int(raw) <= MAX_COMPILE_THREADS:
+        return int(raw)
+    raise SettingsError(f"{name}={raw!r}: allowed: auto | off | a whole number from 1 to "
+                        f"{MAX_COMPILE_THREADS}")
+
+
 @dataclass(frozen=True)
 class HookSettings:
     """The hook's configuration, parsed from the environment.
@@ -153,6 +173,10 @@ class HookSettings:
             be cancelled safely); None: no limit.
         skip_idle: skip the scenarios that compiled nothing at the last start
             with the same configuration (:mod:`stepwarm.idle_record`).
+        compile_threads: threads compiling the sampler's Triton kernel
+            variants while the steps go on (:mod:`stepwarm.deferred_compile`);
+            None: ``auto`` (the cores shared by the ranks on this host, at most
+            8); 0: off.
     """
 
     scenarios: tuple[str, ...] = ()
@@ -163,6 +187,7 @@ class HookSettings:
     step_warn_s: float | None = DEFAULT_STEP_WARN_S
     step_timeout_s: float | None = None
     skip_idle: bool = False
+    compile_threads: int | None = None
 
     @property
     def enabled(self) -> bool:
@@ -204,7 +229,17 @@ class HookSettings:
                          else _seconds(env, ENV_STEP_WARN_S, off=True) or DEFAULT_STEP_WARN_S),
             step_timeout_s=_seconds(env, ENV_STEP_TIMEOUT_S, off=True),
             skip_idle=_choice(env, ENV_SKIP_IDLE, SKIP_IDLE_VALUES, "0") == "1",
+            compile_threads=_threads(env, ENV_COMPILE_THREADS),
         )
+
+
+def compile_threads(env: Mapping[str, str] | None = None) -> int:
+    """``STEPWARM_COMPILE_THREADS`` for one process (``stepwarm run``): its
+    number, 0 for ``off``, the cores for ``auto`` (at most 8)."""
+    from stepwarm.deferred_compile import default_threads
+
+    threads = _threads(os.environ if env is None else env, ENV_COMPILE_THREADS)
+    return default_threads() if threads is None else threads
 
 
 def unknown_names(env: Mapping[str, str] | None = None) -> list[str]:

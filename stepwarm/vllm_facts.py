@@ -42,6 +42,19 @@ KNOWN_FIELDS: dict[str, frozenset[str]] = {
 }
 
 
+#: Triton kernels of vLLM's sampler (``module:name``) whose first launch at
+#: start-up may be skipped while the variant compiles in a thread
+#: (:mod:`stepwarm.deferred_compile`): a skipped launch leaves values, never
+#: indices. ``_topk_topp_kernel`` masks logits in place (V1 and V2 runners,
+#: batches of 8 or more: ``apply_top_k_top_p``); ``_topk_log_softmax_kernel``
+#: writes logprob values into a fresh tensor (V2 runner). Same modules in
+#: 0.26.0 … 0.33.0.
+DEFERRABLE_TRITON_KERNELS: frozenset[str] = frozenset({
+    "vllm.v1.sample.ops.topk_topp_triton:_topk_topp_kernel",
+    "vllm.v1.worker.gpu.sample.logprob:_topk_log_softmax_kernel",
+})
+
+
 class VllmFactsError(ValueError):
     """The installed vLLM needs something stepwarm cannot give (a required
     step-data field it does not know, a configuration vLLM refuses); raised

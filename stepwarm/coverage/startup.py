@@ -15,12 +15,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from stepwarm.coverage.detectors import CompileEvent
+from stepwarm.coverage.detectors import MAX_VARIANT, CompileEvent
 from stepwarm.driver import RunReport
 
 #: Slack around a step's window (s): a cache file's mtime comes from the
 #: kernel's coarse clock, a few ms behind ``time.time()``.
 SLACK_S = 0.01
+#: How far apart (s) two detectors' events of one compile done in a thread
+#: may be (the Triton hook's, and the cache file's coarse mtime).
+DEFERRED_SLACK_S = 0.5
 #: The phase of compiles seen before vLLM logged any phase.
 START = "vLLM start-up"
 
@@ -57,10 +60,30 @@ def attribute(events: Iterable[CompileEvent], phases: Sequence[tuple[str, float]
     Returns:
         ``(event, where)`` per event, in the events' order.
     """
-    out = []
-    for e in events:
-        out.append((e, _where(e.at, phases, reports)))
-    return out
+    # A variant compiled in a thread (stepwarm.deferred_compile) belongs to
+    # the step whose launch it skipped, not to the step running when it ended.
+    deferred = {d.key[:MAX_VARIANT]: (r, d.step) for r in reports
+                for d in getattr(r, "deferred_compiles", []) if d.key and d.step is not None}
+    events = list(events)
+    asked = {i: deferred[e.variant] for i, e in enumerate(events)
+             if e.kind == "triton" and e.variant in deferred}
+    # A detector that tells no variant (the cache scan) saw the same compile
+    # end at the same moment: it follows the nearest variant of that name.
+    for i, e in enumerate(events):
+        if i in asked or e.variant:
+            continue
+        near = min((j for j in asked if events[j].name == e.name),
+                   key=lambda j: abs(events[j].at - e.at), default=None)
+        if near is not None and abs(events[near].at - e.at) <= DEFERRED_SLACK_S:
+            asked[i] = asked[near]
+    return [(e, _step_where(*asked[i]) if i in asked else _where(e.at, phases, reports))
+            for i, e in enumerate(events)]
+
+
+def _step_where(report: RunReport, index: int) -> Where:
+    step = next((s for s in report.steps if s.index == index), None)
+    return Where("stepwarm", report.plan, index,
+                 f"{step.kind}: {step.label}" if step is not None else "")
 
 
 def _where(t: float, phases: Sequence[tuple[str, float]], reports: Sequence[RunReport]) -> Where:

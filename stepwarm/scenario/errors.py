@@ -9,6 +9,7 @@ and traffic files use for such a list.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 #: Most errors one file's message lists; the rest are counted.
 MAX_ERRORS = 20
@@ -37,19 +38,28 @@ class ScenarioError(ValueError):
 
     def __init__(self, message: str, *, file: str = "", line: int | None = None,
                  step: int | None = None, field: str | None = None,
-                 errors: Sequence[ScenarioError] = ()):
+                 errors: Sequence[ScenarioError] = (), partial: Any = None):
         super().__init__(message)
         self.file, self.line, self.step, self.field = file, line, step, field
         self.errors: tuple[ScenarioError, ...] = tuple(errors) or (self,)
+        #: set by the loader where only some ``[[steps]]`` entries broke the
+        #: format: the scenario without them, so that the expander can still
+        #: check the rest against a profile (a LoadedScenario; else None)
+        self.partial = partial
 
     @classmethod
-    def of(cls, errors: Sequence[ScenarioError]) -> ScenarioError:
-        """One error for all of ``errors`` (not empty): the first's location, every message."""
-        if len(errors) == 1:
+    def of(cls, errors: Sequence[ScenarioError], *, note: str = "",
+           partial: Any = None) -> ScenarioError:
+        """One error for all of ``errors`` (not empty): the first's location,
+        every message, then ``note`` (a line that is no error of its own: what
+        could not be checked)."""
+        if len(errors) == 1 and not note and partial is None:
             return errors[0]
         first = errors[0]
-        return cls(joined([str(e) for e in errors], first.file), file=first.file,
-                   line=first.line, step=first.step, field=first.field, errors=errors)
+        text = joined([str(e) for e in errors], first.file)
+        return cls(text + (f"\n{note}" if note else ""), file=first.file, line=first.line,
+                   step=first.step, field=first.field,
+                   errors=[e for one in errors for e in one.errors], partial=partial)
 
 
 class ScenarioExit(ScenarioError, SystemExit):
@@ -64,5 +74,5 @@ class ScenarioExit(ScenarioError, SystemExit):
 
     def __init__(self, error: ScenarioError):
         super().__init__(str(error), file=error.file, line=error.line, step=error.step,
-                         field=error.field, errors=error.errors)
+                         field=error.field, errors=error.errors, partial=error.partial)
         self.code = f"stepwarm: {error}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from typing import Any
+from typing import Any, cast
 
 from stepwarm.expressions import (
     ExpressionError,
@@ -27,8 +27,11 @@ from stepwarm.plan import (
     PlanBuilder,
     PlanError,
     PlannedRequest,
+    bad_drafts,
     collector_paused,
     max_prompt_len,
+    over_token_budget,
+    too_many_seqs,
 )
 from stepwarm.profile import RunnerProfile
 from stepwarm.scenario.errors import ScenarioError
@@ -107,6 +110,10 @@ class _Expander:
         self.kind: str | None = None
         #: an entry went past MAX_REQUESTS (declare stops listing there)
         self.requests_capped = False
+        #: an entry went past MAX_STEPS (expand stops listing there)
+        self.steps_capped = False
+        #: the [[steps]] entry expanding
+        self.st: Any = None
 
     # -- errors --------------------------------------------------------------
     def err(self, what: str, field: str | None, *, request: str | None = None,
@@ -342,6 +349,7 @@ class _Expander:
             raise self.err(f"the scenario expands to more than {self._limit} steps",
                            field, allowed=f"at most {MAX_EXPANDED} steps per [[steps]] entry")
         if self.b.next_index >= MAX_STEPS:
+            self.steps_capped = True
             raise self.err(f"the scenario expands to more than {MAX_STEPS} steps", field,
                            allowed=f"at most {MAX_STEPS} steps in all [[steps]] entries "
                            "(MAX_STEPS)")
@@ -360,7 +368,7 @@ class _Expander:
         if self.rep > 0:
             key = "repeat"  # the first run passed: repeating is what the builder refuses
         elif e.field == "tokens":
-            st = self.sc.model.steps[self.step_i]  # type: ignore[index]
+            st = self.st
             if getattr(st, "tokens", None) is not None:
                 key = "tokens"
             elif getattr(st, "repeat", 1) != 1:
@@ -373,26 +381,71 @@ class _Expander:
         for rid, name in self.display.items():  # ids named in the reason, as written
             if rid in msg:
                 msg = msg.replace(repr(rid), repr(name))
-        if e.step is not None and e.step != self.step_i:
+        if e.step is not None and e.step != self.step_i and isinstance(self.b, PlanBuilder):
             msg += f" (expanded plan step {e.step})"
         return self.err(msg, key, allowed=allowed)
 
     def expand(self) -> Plan:
+        """The plan, or every error of the scenario's entries, in file order.
+
+        An entry that fails does not stop the others: the entries after it
+        are expanded against :class:`_ProgressUnknown`, which checks what
+        holds whatever the failed entry would have left (fields, sizes,
+        sweeps, selectors, the per-step limits), and the message ends with
+        one line saying so.
+
+        Raises:
+            ScenarioError: every ``[requests]`` entry that cannot be declared
+                (the steps are not expanded then), or every ``[[steps]]``
+                entry that cannot be expanded.
+        """
         self.declare()
-        for i, st in enumerate(self.sc.model.steps):
-            self.step_i, self.kind = i, st.kind
-            self._limit = self.b.next_index + MAX_EXPANDED
-            reps = (self.value(st.repeat, "repeat", high=MAX_EXPANDED)
-                    if st.kind in _REPEATED_WHOLE else 1)
-            for self.rep in range(reps):
-                getattr(self, f"_{st.kind}")(st)
-            self.rep = 0
-        self.step_i = self.kind = None
+        errors, note = self.expand_steps()
+        if errors:
+            raise ScenarioError.of(errors, note=note)
         try:
             self.b.cleanup("cleanup (auto)")
         except PlanError as e:  # pragma: no cover - finishing never fails
             raise self.err(str(e), None) from None
         return self.b.build()
+
+    def expand_steps(self) -> tuple[list[ScenarioError], str]:
+        """Expand every ``[[steps]]`` entry, collecting the errors.
+
+        Returns:
+            Every entry's errors in file order, and the line that says which
+            entries were checked only in part ("" if none were).
+        """
+        errors: list[ScenarioError] = []
+        failed: int | None = self.sc.invalid_from
+        numbers = self.sc.step_numbers or range(len(self.sc.model.steps))
+        for i, st in zip(numbers, self.sc.model.steps):
+            if failed is not None and not isinstance(self.b, _ProgressUnknown):
+                # duck-typed: the builder methods the step handlers call
+                self.b = cast(PlanBuilder, _ProgressUnknown(self.b))
+            try:
+                self._entry(i, st)
+            except ScenarioError as e:
+                errors.extend(e.errors)
+                failed = i if failed is None else failed
+                if self.steps_capped:  # every later entry would say the same
+                    break
+        self.step_i = self.kind = self.st = None
+        if failed is None or not any(i > failed for i in numbers):
+            return errors, ""
+        return errors, (f"{self.sc.file}: the steps after step {failed} were checked only as "
+                        "far as they do not depend on it (which requests run, how far along, "
+                        "their blocks): fix the errors above and check again")
+
+    def _entry(self, i: int, st: Any) -> None:
+        """Expand ``[[steps]]`` entry ``i`` (its index in the file)."""
+        self.step_i, self.kind, self.st = i, st.kind, st
+        self._limit = self.b.next_index + MAX_EXPANDED
+        reps = (self.value(st.repeat, "repeat", high=MAX_EXPANDED)
+                if st.kind in _REPEATED_WHOLE else 1)
+        for self.rep in range(reps):
+            getattr(self, f"_{st.kind}")(st)
+        self.rep = 0
 
     def _short(self, ids: list[str]) -> str:
         names = [self.display[r] for r in ids]
@@ -581,9 +634,88 @@ class _Expander:
                       finish=tuple(ids))
 
 
+class _ProgressUnknown:
+    """The builder for the ``[[steps]]`` entries after one that failed.
+
+    Where each request stands after a failed entry is unknown, so a later
+    entry's steps are checked only against the rules that hold whatever came
+    before: at most ``max_num_seqs`` requests, a prefill no longer than the
+    prompt, drafts the speculator takes, and the token budget with every
+    amount that depends on progress (a prefill or resumption of "the rest")
+    at its least, one token. Nothing is planned; only the step count grows,
+    for the caps (``MAX_EXPANDED``, ``MAX_STEPS``).
+    """
+
+    def __init__(self, b: PlanBuilder):
+        self.profile = b.profile
+        self.next_index = b.next_index
+        self._requests = {r.req_id: r for r in b.build().requests}
+
+    def request(self, req_id: str) -> PlannedRequest:
+        """The declared request ``req_id``."""
+        return self._requests[req_id]
+
+    def live_req_ids(self) -> tuple[str, ...]:
+        """Every declared request (which ones are live is unknown)."""
+        return tuple(self._requests)
+
+    def num_computed_tokens(self, req_id: str) -> int:
+        """As far as a request can be and still prefill: one prompt token left."""
+        return self._requests[req_id].prompt_len - 1
+
+    def num_tokens(self, req_id: str) -> int:
+        """One token past :meth:`num_computed_tokens`: a resumption's least."""
+        return self._requests[req_id].prompt_len
+
+    def set_computed(self, req_id: str, num_tokens: int) -> None:
+        """A prefix hit: nothing to check without the request's state."""
+
+    def step(self, kind: str, label: str, *, prefill: dict[str, int] | None = None,
+             decode: dict[str, int] | None = None, resume: dict[str, int] | None = None,
+             **_: Any) -> None:
+        """Check one step against the rules that hold in any state.
+
+        Raises:
+            PlanError: the builder's reason, as :meth:`PlanBuilder.step` gives it.
+        """
+        p, at = self.profile, self.next_index
+        prefill, decode, resume = prefill or {}, decode or {}, resume or {}
+        n = len({*prefill, *decode, *resume})
+        if n > p.max_num_seqs:
+            raise PlanError(too_many_seqs(n, p), step=at, field="requests")
+        for rid, tokens in prefill.items():
+            prompt = self._requests[rid].prompt_len
+            if tokens > prompt:
+                raise PlanError(f"request {rid!r}: {tokens} prefill tokens scheduled but its "
+                                f"prompt has {prompt}", step=at, field="tokens", request=rid)
+        for rid, k in decode.items():
+            why = bad_drafts(rid, k, p)
+            if why:
+                raise PlanError(why, step=at, field="spec_tokens", request=rid)
+        total = sum(prefill.values()) + sum(1 + k for k in decode.values()) \
+            + sum(resume.values())
+        if total > p.max_num_batched_tokens:
+            raise PlanError(over_token_budget(total, p), step=at, field="tokens")
+        self.next_index += 1
+
+
 def _drafts(k: int) -> str:
     """`` +1 draft`` / `` +2 drafts``: a decode label's draft tokens per request."""
     return f" +{k} draft{'' if k == 1 else 's'}"
+
+
+def _skip_reason(sc: LoadedScenario, profile: RunnerProfile) -> str | None:
+    """Why ``sc`` does not run on ``profile`` (``Plan.skipped``), or None."""
+    why = unmet_need(list(sc.model.needs), profile)
+    if not why and profile.role != "both" and profile.role not in sc.model.roles:
+        why = (f"for roles {', '.join(sc.model.roles)}: this worker's role is "
+               f"{profile.role}")
+    if not why and profile.is_encoder_only:
+        why = "encoder-only model: vLLM warms no step"
+    if not why and profile.is_pooling_model and sc.model.sequence is None and any(
+            r.kind == "sample" for r in sc.model.requests.values()):
+        why = "scenario samples tokens but the runner is a pooling model"
+    return why or unmet_requirement(sc, profile)
 
 
 def expand(sc: LoadedScenario, profile: RunnerProfile) -> Plan:
@@ -606,17 +738,7 @@ def expand(sc: LoadedScenario, profile: RunnerProfile) -> Plan:
     """
     from stepwarm import sequences
 
-    why = unmet_need(list(sc.model.needs), profile)
-    if not why and profile.role != "both" and profile.role not in sc.model.roles:
-        why = (f"for roles {', '.join(sc.model.roles)}: this worker's role is "
-               f"{profile.role}")
-    if not why and profile.is_encoder_only:
-        why = "encoder-only model: vLLM warms no step"
-    if not why and profile.is_pooling_model and sc.model.sequence is None and any(
-            r.kind == "sample" for r in sc.model.requests.values()):
-        why = "scenario samples tokens but the runner is a pooling model"
-    if not why:
-        why = unmet_requirement(sc, profile)
+    why = _skip_reason(sc, profile)
     if why:
         return Plan(name=sc.name, requests=(), steps=(), skipped=why)
     if sc.model.sequence is not None:
@@ -636,6 +758,45 @@ def expand(sc: LoadedScenario, profile: RunnerProfile) -> Plan:
     return _Expander(sc, profile).expand()
 
 
+def load_and_expand(name: str, profile: RunnerProfile) -> Plan:
+    """:func:`~stepwarm.scenario.load.load` and :func:`expand` ``name`` for
+    ``profile``.
+
+    Where the format refused only some ``[[steps]]`` entries, the others are
+    still expanded (as far as they do not depend on the refused ones), so
+    that one message lists the format's errors and the runner's together.
+
+    Raises:
+        ScenarioError: every error found, in file order.
+    """
+    try:
+        sc = load(name)
+    except ScenarioError as e:
+        more, note = _rest_of(e.partial, profile) if e.partial is not None else ([], "")
+        if not more and not note:
+            raise
+        errors = sorted([*e.errors, *more], key=lambda x: x.line or 1 << 30)
+        raise ScenarioError.of(errors, note=note) from None
+    return expand(sc, profile)
+
+
+def _rest_of(partial: LoadedScenario, profile: RunnerProfile
+             ) -> tuple[list[ScenarioError], str]:
+    """The errors of the ``[[steps]]`` entries the format passed in a file
+    where it refused others (:attr:`ScenarioError.partial`), and the line
+    saying which were checked in part; none where the scenario would be
+    skipped on ``profile`` or its requests cannot be declared (the steps are
+    not expanded then: those errors alone)."""
+    try:
+        if _skip_reason(partial, profile) or partial.model.sequence is not None:
+            return [], ""
+        ex = _Expander(partial, profile)
+        ex.declare()
+    except ScenarioError as d:  # a request (or requires) the runner refuses
+        return list(d.errors), ""
+    return ex.expand_steps()
+
+
 def plans_for(names: list[str], profile: RunnerProfile) -> list[Plan]:
     """Load and expand every scenario named (built-in names or ``.toml`` paths)
     for ``profile``, all of them before any runs.
@@ -644,15 +805,21 @@ def plans_for(names: list[str], profile: RunnerProfile) -> list[Plan]:
     (:func:`~stepwarm.scenario.load.resolve_names`).
 
     Raises:
-        ScenarioError: the first scenario that cannot be loaded or expanded,
-            or a runner stepwarm cannot run on at all (``profile.unsupported``:
-            the installed vLLM's reason, before any scenario is loaded).
+        ScenarioError: every scenario that cannot be loaded or expanded (each
+            with all its errors, in the order named), or a runner stepwarm
+            cannot run on at all (``profile.unsupported``: the installed
+            vLLM's reason, before any scenario is loaded).
     """
     if profile.unsupported:
         raise ScenarioError(f"stepwarm cannot run on this runner: {profile.unsupported}",
                             field="profile")
-    with collector_paused():
-        return [expand(load(name), profile) for name in resolve_names(names)]
+    results = check(names, profile)
+    bad = [r for _, r in results if isinstance(r, ScenarioError)]
+    if bad:
+        raise bad[0] if len(bad) == 1 else ScenarioError(
+            "\n".join(str(e) for e in bad), file=bad[0].file, line=bad[0].line,
+            step=bad[0].step, field=bad[0].field, errors=[x for e in bad for x in e.errors])
+    return [r for _, r in results if not isinstance(r, ScenarioError)]
 
 
 def check(names: list[str], profile: RunnerProfile) -> list[tuple[str, Plan | ScenarioError]]:
@@ -665,7 +832,7 @@ def check(names: list[str], profile: RunnerProfile) -> list[tuple[str, Plan | Sc
     with collector_paused():
         for name in resolve_names(names):
             try:
-                out.append((name, expand(load(name), profile)))
+                out.append((name, load_and_expand(name, profile)))
             except ScenarioError as e:
                 out.append((name, e))
     return out

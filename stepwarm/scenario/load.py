@@ -8,6 +8,7 @@ import functools
 import os
 import re
 import sys
+import dataclasses
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -97,6 +98,11 @@ class LoadedScenario:
     text: str
     model: ScenarioFile
     index: _TomlIndex
+    #: Each of ``model.steps``' index in the file where the format refused
+    #: some ``[[steps]]`` entries (:func:`_without_bad_steps`); (): 0, 1, ...
+    step_numbers: tuple[int, ...] = ()
+    #: The first ``[[steps]]`` entry the format refused (None: none).
+    invalid_from: int | None = None
 
 
 def load(name_or_path: str) -> LoadedScenario:
@@ -237,7 +243,8 @@ def loads(text: str, file: str, name: str) -> LoadedScenario:
     except ValidationError as e:
         errors += _validation_errors(e, file, index, names_reported=bool(errors))
     if errors:
-        raise ScenarioError.of(errors)
+        raise ScenarioError.of(errors, partial=_without_bad_steps(
+            data, errors, LoadedScenario(name, file, text, ScenarioFile(), index)))
     if model.sequence is not None and (model.requests or model.steps):
         raise ScenarioError(
             f"{file}:{index.line(('top',), 'sequence')}: field 'sequence': a scenario "
@@ -249,6 +256,25 @@ def loads(text: str, file: str, name: str) -> LoadedScenario:
             "table with a kind (or sequence = \"vllm-default\")", file=file, line=1,
             field="steps")
     return LoadedScenario(name=name, file=file, text=text, model=model, index=index)
+
+
+def _without_bad_steps(data: dict, errors: list[ScenarioError],
+                       sc: LoadedScenario) -> LoadedScenario | None:
+    """``sc`` with the ``[[steps]]`` entries the format refused left out, so
+    that the expander can still check the others against a runner; None
+    where an error lies outside the steps (the requests they name, the
+    top-level keys) or nothing valid is left."""
+    bad = {e.step for e in errors}
+    steps = data.get("steps")
+    if None in bad or not isinstance(steps, list):
+        return None
+    keep = [i for i in range(len(steps)) if i not in bad]
+    try:
+        model = ScenarioFile.model_validate({**data, "steps": [steps[i] for i in keep]})
+    except ValidationError:
+        return None
+    return dataclasses.replace(sc, model=model, step_numbers=tuple(keep),
+                               invalid_from=min(i for i in bad if i is not None))
 
 
 class _TomlIndex:

@@ -12,7 +12,7 @@ import pytest
 
 from stepwarm.driver import drive
 from stepwarm.plan import REQ_ID_PREFIX
-from stepwarm.runner import live_request_ids
+from stepwarm.runner import allowed_token_mask, live_request_ids, release_allowed_token_mask
 from stepwarm.scenario import plans_for
 
 pytestmark = pytest.mark.e2e
@@ -145,6 +145,7 @@ def run(engine, profile, tmp_path_factory):
             "generator": idx in batch.generators,
             "bad_words": batch.bad_words_token_ids.get(idx),
             "allowed": full in batch.has_allowed_token_ids,
+            "mask": batch.allowed_token_ids_mask_cpu_tensor is not None,
             "bias": procs["LogitBiasLogitsProcessor"].biases.get(idx),
             "min_p": float(procs["MinPLogitsProcessor"].min_p_cpu[idx]),
             "min_tokens": procs["MinTokensLogitsProcessor"].min_toks.get(idx, (None,))[0],
@@ -205,3 +206,48 @@ def test_sweeps_repeat_and_a_prefix_hit_beside_a_decode(run, profile):
     hit = next(r for r in mixed.scheduled if r.req_id.endswith("hit_0_"))
     assert hit.new and hit.num_computed_tokens == 128 and hit.num_scheduled_tokens == 5
     assert steps[13].sampled == {hit.req_id: 1, f"{REQ_ID_PREFIX}sampling_sw_0_": 1}
+
+
+def test_the_allowed_token_mask_is_freed_after_the_run(engine, run):
+    # allocated by the warmup request (vLLM allocates it lazily and never
+    # frees it; every request dropped later would fill a vocab_size row)
+    _, _, seen = run
+    assert seen[7]["mask"] and seen[9]["mask"]
+    batch = engine.worker.model_runner.input_batch
+    assert batch.allowed_token_ids_mask_cpu_tensor is None and batch.allowed_token_ids_mask is None
+    assert not allowed_token_mask(engine.worker)
+
+
+ONE_GREEDY = """
+description = "one greedy request"
+requests = { g = { prompt = 3, sampling = "greedy" } }
+steps = [{ kind = "prefill", requests = ["g"] }, { kind = "finish", requests = ["g"] }]
+"""
+
+def test_a_mask_the_runner_held_before_the_run_is_kept(engine, profile, run, tmp_path):
+    # a mask left by an earlier request with allowed_token_ids (vLLM's own
+    # add_request / remove_request), then a run with no such request
+    from vllm import SamplingParams
+    from vllm.v1.worker.gpu_input_batch import CachedRequestState
+
+    batch = engine.worker.model_runner.input_batch
+    assert batch.allowed_token_ids_mask_cpu_tensor is None
+    req = CachedRequestState(
+        req_id="not-stepwarm", prompt_token_ids=[1, 2], mm_features=[],
+        sampling_params=SamplingParams(allowed_token_ids=[1, 2]), generator=None,
+        block_ids=([],), num_computed_tokens=0, output_token_ids=[])
+    batch.add_request(req)
+    batch.remove_request("not-stepwarm")
+    batch.condense()
+    batch.refresh_metadata()
+    mask = batch.allowed_token_ids_mask_cpu_tensor
+    assert mask is not None and tuple(mask.shape) == (profile.max_num_seqs, profile.vocab_size)
+    f = tmp_path / "one.toml"
+    f.write_text(textwrap.dedent(ONE_GREEDY))
+    (plan,) = plans_for([str(f)], profile)
+    try:
+        assert drive(engine.worker, plan, profile).ok
+        assert batch.allowed_token_ids_mask_cpu_tensor is mask
+    finally:
+        assert release_allowed_token_mask(engine.worker)
+    assert batch.allowed_token_ids_mask_cpu_tensor is None

@@ -359,3 +359,129 @@ def test_coverage_timeline_must_be_svg_before_any_engine(tmp_path):
     assert r.exit_code == 2
     assert r.stderr == (f"error: --timeline {tmp_path / 't.png'}: the timeline is SVG; "
                         "allowed: a FILE ending in .svg\n")
+
+
+THREE_BAD_STEPS = ('[requests.a]\nprompt = 100\ncount = 8\n'
+                   '[[steps]]\nkind = "prefill"\nrequests = ["a"]\neach = "yes"\n'
+                   '[[steps]]\nkind = "decode"\nrequests = ["a"]\nbatch = { range = [5, 2] }\n'
+                   '[[steps]]\nkind = "prefill"\nrequests = ["a"]\ntokens = 100\n')
+
+
+def _three_bad_steps(f: Path) -> list[str]:
+    """What check, show and the plugin say of THREE_BAD_STEPS, one line each."""
+    return [
+        f"{f}:7: step 0 (prefill), field 'each': wrong type or value 'yes'; allowed: true or "
+        "false (One step per selected request.)",
+        f"{f}:11: step 1 (decode), field 'batch': range [5, 2] step 1 is empty or backwards "
+        "(start 5, stop 2, step 1); allowed: start <= stop and step >= 1",
+        f"{f}:15: step 2 (prefill), field 'tokens': 800 tokens scheduled but "
+        "max_num_batched_tokens is 512; allowed: 1 or more tokens per request, at most the "
+        "prompt left, at most max_num_batched_tokens = 512 per step and max_model_len = 512 "
+        "per request",
+        f"{f}: the steps after step 0 were checked only as far as they do not depend on it "
+        "(which requests run, how far along, their blocks): fix the errors above and check "
+        "again"]
+
+
+def test_check_lists_every_bad_step_of_a_scenario_in_file_order(tmp_path):
+    # a wrong type (the format), a backwards sweep (the format's sweep rule) and a size over
+    # max_num_batched_tokens (the runner's profile): each took a run of its own before
+    f = tmp_path / "three.toml"
+    f.write_text(THREE_BAD_STEPS)
+    code, out, err = _check(f)
+    assert code == 2 and "ok " not in out
+    assert err.splitlines() == ["error: " + ln if i == 0 else ln
+                                for i, ln in enumerate(_three_bad_steps(f))]
+    with pytest.raises(ScenarioError) as e:
+        plans_for([str(f)], tiny_profile())
+    assert [(x.file, x.line, x.step, x.field) for x in e.value.errors] == [
+        (str(f), 7, 0, "each"), (str(f), 11, 1, "batch"), (str(f), 15, 2, "tokens")]
+
+
+def test_a_step_that_depends_on_a_failed_one_is_not_reported(tmp_path):
+    # step 0 fails in the builder (the token budget); step 2 decodes what step 0 would
+    # have prefilled, so its "never prefilled" would be an invented error: not listed.
+    # Steps 1 and 3 are wrong whatever step 0 did (a swept size, a selector): listed.
+    f = tmp_path / "plan.toml"
+    f.write_text('[requests.a]\nprompt = 100\ncount = 8\n'
+                 '[[steps]]\nkind = "prefill"\nrequests = ["a"]\n'
+                 '[[steps]]\nkind = "decode"\nrequests = ["a"]\n'
+                 'batch = { values = [2, "max_num_seqs * 2"] }\n'
+                 '[[steps]]\nkind = "decode"\nrequests = ["a"]\n'
+                 '[[steps]]\nkind = "prefill"\nrequests = ["b"]\n')
+    with pytest.raises(ScenarioError) as e:
+        plans_for([str(f)], tiny_profile())
+    assert str(e.value).splitlines() == [
+        f"{f}:6: step 0 (prefill), field 'requests': 800 tokens scheduled but "
+        "max_num_batched_tokens is 512; allowed: 1 or more tokens per request, at most the "
+        "prompt left, at most max_num_batched_tokens = 512 per step and max_model_len = 512 "
+        "per request",
+        f"{f}:10: step 1 (decode), field 'batch': values [2, 'max_num_seqs * 2']: value 16 "
+        "is out of range; allowed: 1..8",
+        f"{f}:16: step 3 (prefill), field 'requests': unknown request 'b'; allowed: names "
+        "declared under [requests]: a",
+        _three_bad_steps(f)[-1]]
+    assert [x.step for x in e.value.errors] == [0, 1, 3]
+
+
+def test_one_bad_step_keeps_its_message_and_says_what_was_checked_after_it(tmp_path):
+    f = tmp_path / "one.toml"
+    f.write_text('[requests.a]\nprompt = 4\n[[steps]]\nkind = "decode"\nrequests = ["a"]\n'
+                 + STEP)
+    with pytest.raises(ScenarioError) as e:
+        plans_for([str(f)], tiny_profile())
+    assert len(e.value.errors) == 1 and (e.value.line, e.value.step) == (5, 0)
+    assert str(e.value).splitlines() == [
+        f"{f}:5: step 0 (decode), field 'requests': request 'a' cannot be decoded: it is "
+        "never prefilled; allowed: decode a running request whose prompt is fully computed",
+        _three_bad_steps(f)[-1]]
+    f.write_text(STEP.replace('"a"', '"ok"') + '[requests.ok]\nprompt = 4\n'
+                 '[[steps]]\nkind = "decode"\nrequests = ["ok"]\nspec_tokens = 1\n')
+    with pytest.raises(ScenarioError) as e:  # the last step: nothing after it, no such line
+        plans_for([str(f)], tiny_profile())
+    assert "\n" not in str(e.value)
+
+
+def test_bad_steps_past_max_errors_are_counted(tmp_path):
+    f = tmp_path / "many.toml"
+    f.write_text('[requests.a]\nprompt = 4\n'
+                 + '[[steps]]\nkind = "prefill"\nrequests = ["a"]\ntokens = 600\n' * 25)
+    with pytest.raises(ScenarioError) as e:
+        plans_for([str(f)], tiny_profile())
+    assert [x.step for x in e.value.errors] == list(range(25))
+    lines = str(e.value).splitlines()
+    assert len(lines) == MAX_ERRORS + 2 and lines[-2] == (
+        f"{f}: 5 more error(s) not shown (at most {MAX_ERRORS} are listed)")
+    assert lines[-1].startswith(f"{f}: the steps after step 0 were checked only as far")
+
+
+def test_the_plugin_lists_every_bad_step_before_any_step_runs(tmp_path, monkeypatch):
+    from stepwarm.ranks import RankGroup
+
+    f = tmp_path / "three.toml"
+    f.write_text(THREE_BAD_STEPS)
+    # on the worker: every error, from the worker's profile, before the first step
+    with pytest.raises(hook.WarmupError) as w:
+        hook._plans([str(f)], tiny_profile(), RankGroup())
+    assert str(w.value).splitlines() == _three_bad_steps(f)
+    # in register(): the format alone (no runner yet), the other steps still read
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setenv("STEPWARM_SCENARIOS", str(f))
+    with pytest.raises(ScenarioError) as e:
+        hook.register()
+    assert str(e.value) == _three_bad_steps(f)[0]
+
+
+def test_every_bad_scenario_named_is_listed_not_the_first(tmp_path):
+    # the plugin's worker path expands every scenario named before any step: each bad
+    # one is named with all its errors, in the order given
+    one, two = tmp_path / "one.toml", tmp_path / "two.toml"
+    one.write_text(THREE_BAD_STEPS)
+    two.write_text('[requests.a]\nprompt = 4\n[[steps]]\nkind = "prefill"\nrequests = ["b"]\n')
+    with pytest.raises(ScenarioError) as e:
+        plans_for([str(one), "default", str(two)], tiny_profile())
+    assert str(e.value).splitlines() == [*_three_bad_steps(one), (
+        f"{two}:5: step 0 (prefill), field 'requests': unknown request 'b'; allowed: names "
+        "declared under [requests]: a")]
+    assert [(x.file, x.step) for x in e.value.errors] == [
+        (str(one), 0), (str(one), 1), (str(one), 2), (str(two), 0)]

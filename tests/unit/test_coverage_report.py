@@ -116,6 +116,28 @@ def test_startup_compiles_go_to_the_phase_or_step_that_ran_them():
     assert Where("vllm", "x") != Where("stepwarm", "x", 0)
 
 
+def test_a_variant_compiled_in_a_thread_goes_to_the_step_whose_launch_it_skipped():
+    from stepwarm.deferred_compile import DeferredCompile
+
+    reports = _reports()
+    reports[0].deferred_compiles = [DeferredCompile("_topk_topp_kernel", 0, key="KEY16"),
+                                    DeferredCompile("_topk_topp_kernel", 1, key="KEY17")]
+    ev = [CompileEvent("triton-hook", "_topk_topp_kernel", "triton", 50.58, "KEY17"),  # ended in cleanup
+          CompileEvent("triton-hook", "_topk_topp_kernel", "triton", 50.505, "KEY16"),
+          CompileEvent("triton-hook", "other", "triton", 50.58, "KEY9"),
+          CompileEvent("cache", "_topk_topp_kernel", "triton", 50.504),  # no variant: the nearest
+          CompileEvent("cache", "_topk_topp_kernel", "triton", 52.0),  # too far from both: by time
+          CompileEvent("cache", "_zero_kv_blocks_kernel", "triton", 50.58)]
+    got = [str(w) for _, w in attribute(ev, [("engine ready", 51.0)], reports)]
+    assert got == ["default step 1 (decode: decode [0])", "default step 0 (prefill: prefill [0])",
+                   "default cleanup", "default step 0 (prefill: prefill [0])", "engine ready",
+                   "default cleanup"]
+    grouped = group_startup(attribute(ev[:2] + ev[3:4], [], reports), t0=0.0)
+    assert [(g.where, g.kernels) for g in grouped] == [  # hook + cache: one compile
+        ("default step 0 (prefill: prefill [0])", {"_topk_topp_kernel": 1}),
+        ("default step 1 (decode: decode [0])", {"_topk_topp_kernel": 1})]
+
+
 def _request(name, first, second, compiles=None, error=None):
     return {"line": 1, "name": name, "at_s": 60.0, "count": 1, "prompt_len": 7,
             "sampling": {"temperature": 0.0}, "first_ms": first, "second_ms": second,

@@ -1,0 +1,192 @@
+"""Compile the sampler's Triton kernel variants in threads while the steps go on.
+
+Every engine measured on the H200 spent most of stepwarm's start-up in nine
+Triton compiles of two sampler kernels (``_topk_topp_kernel`` per top-k /
+top-p / both and request-count class, ``_topk_log_softmax_kernel`` per
+power-of-two logprobs class), 2-3 s each, one after another: the scenario
+step that first reaches a variant waits for its compile. Triton (3.4 and
+later: ``triton.runtime._async_compile``) compiles in threads with the GIL
+released in its MLIR, LLVM and ``ptxas`` stages.
+
+Under :func:`deferred_compiles`, the launch of a kernel of
+:data:`stepwarm.vllm_facts.DEFERRABLE_TRITON_KERNELS` whose variant is not
+compiled yet is skipped (Triton's ``jit_cache_hook`` returns True), and the
+variant is compiled in a thread pool (``JITFunction.preload`` with the hook's
+specialization data, Triton's API for compiling a recorded variant): it lands
+in Triton's in-memory and on-disk caches as if the launch had compiled it.
+Leaving the context waits for every compile, so none outlives the scenario
+and the first request finds them all.
+
+Only kernels whose skipped launch leaves values, never indices, are listed:
+top-k / top-p masks logits in place (skipped: unmasked logits, still a valid
+draw) and the top-k log-softmax writes logprob values into a fresh tensor
+(skipped: values stepwarm discards). A step that skips them still runs
+everything else it warms. Not used where outputs are compared (``--verify``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger("vllm.stepwarm")
+
+#: Most threads one worker uses (several ranks on one host share its cores).
+MAX_THREADS = 8
+
+
+@dataclass
+class DeferredCompile:
+    """One variant compiled in a thread: which kernel and variant (Triton's
+    key), the step whose launch was skipped, and how long the compile took
+    (None: it failed)."""
+
+    kernel: str
+    step: int | None
+    key: str = ""
+    seconds: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class DeferredCompiles:
+    """What :func:`deferred_compiles` compiled in threads (empty when off)."""
+
+    compiles: list[DeferredCompile] = field(default_factory=list)
+    #: Seconds the context waited at its exit for compiles still running.
+    waited_s: float = 0.0
+
+
+def default_threads(local_ranks: int = 1) -> int:
+    """Threads per worker: the cores this process may use, shared by the
+    ranks on this host, at most :data:`MAX_THREADS`."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_THREADS, cores // max(1, local_ranks)))
+
+
+class _Deferrer:
+    """The ``jit_cache_hook`` and its pool; :attr:`step` is the step running."""
+
+    def __init__(self, kernels: frozenset[str], threads: int, previous: Any):
+        self.kernels = kernels
+        self.previous = previous
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="stepwarm-compile")
+        self.pending: dict[tuple[Any, str], Future[None]] = {}
+        self.result = DeferredCompiles()
+        self.step: int | None = None
+        self.local = threading.local()
+
+    def hook(self, *, key: Any, repr: Any, fn: Any, compile: dict[str, Any],
+             is_manual_warmup: bool, already_compiled: bool) -> Any:
+        if self.previous is not None:
+            answer = self.previous(key=key, repr=repr, fn=fn, compile=compile,
+                                   is_manual_warmup=is_manual_warmup,
+                                   already_compiled=already_compiled)
+            if answer:
+                return answer
+        if getattr(self.local, "compiling", False) or is_manual_warmup:
+            return None  # this pool's own compile, or someone's warmup()
+        name = f"{fn.module}:{fn.name}"
+        if name not in self.kernels:
+            return None
+        device = compile.get("device")
+        pending_key = (device, str(key))
+        if pending_key not in self.pending:
+            record = DeferredCompile(kernel=fn.name, step=self.step, key=str(key))
+            self.result.compiles.append(record)
+            self.pending[pending_key] = self.pool.submit(
+                self._compile, fn.jit_function, compile["specialization_data"], device, record)
+        return True  # skip this launch: the variant compiles in the pool
+
+    def _compile(self, jit_function: Any, data: str, device: Any, record: DeferredCompile) -> None:
+        self.local.compiling = True
+        t0 = time.perf_counter()
+        try:
+            if isinstance(device, int):
+                import torch
+
+                if torch.cuda.is_available():
+                    torch.cuda.set_device(device)
+            jit_function.preload(data)
+            record.seconds = time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001 - reported; the first launch compiles it again
+            record.error = f"{type(e).__name__}: {e}"
+
+    def wait(self) -> None:
+        t0 = time.perf_counter()
+        self.pool.shutdown(wait=True)
+        self.result.waited_s = time.perf_counter() - t0
+        for record in self.result.compiles:
+            if record.error is not None:
+                logger.warning("stepwarm: compiling %s in a thread failed (its first launch "
+                               "compiles it instead): %s", record.kernel, record.error)
+
+
+def _triton_runtime() -> Any:
+    """``triton.knobs.runtime`` where Triton can compile in threads and has
+    the hook and ``preload`` this needs; else None."""
+    try:
+        import triton
+        import triton.runtime._async_compile  # noqa: F401 - thread-safe compiles (Triton >= 3.4)
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return None
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    if runtime is None or not hasattr(runtime, "jit_cache_hook") \
+            or not hasattr(JITFunction, "preload"):
+        return None
+    return runtime
+
+
+@contextlib.contextmanager
+def deferred_compiles(threads: int, kernels: frozenset[str] | None = None, *,
+                      runtime: Any = None) -> Iterator[Any]:
+    """Within it, first launches of ``kernels`` (default
+    :data:`~stepwarm.vllm_facts.DEFERRABLE_TRITON_KERNELS`) compile in
+    ``threads`` threads instead of the caller's; on exit, every compile has
+    finished and Triton's hook is as it was.
+
+    Yields an object whose ``step`` attribute the caller sets to the index of
+    the step it runs (for the report) and whose ``result`` is the
+    :class:`DeferredCompiles`. With ``threads`` 0, or without a Triton that
+    compiles in threads, nothing changes and ``result`` stays empty.
+    ``runtime``: the object holding ``jit_cache_hook`` (default
+    ``triton.knobs.runtime``).
+    """
+    if threads > 0 and runtime is None:
+        runtime = _triton_runtime()
+    if threads <= 0:
+        runtime = None
+    if runtime is None:
+        off = _Off()
+        yield off
+        return
+    if kernels is None:
+        from stepwarm.vllm_facts import DEFERRABLE_TRITON_KERNELS
+
+        kernels = DEFERRABLE_TRITON_KERNELS
+    deferrer = _Deferrer(kernels, threads, runtime.jit_cache_hook)
+    runtime.jit_cache_hook = deferrer.hook
+    try:
+        yield deferrer
+    finally:
+        runtime.jit_cache_hook = deferrer.previous
+        deferrer.wait()
+
+
+class _Off:
+    """What :func:`deferred_compiles` yields when off."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.result = DeferredCompiles()

@@ -1,0 +1,160 @@
+"""deferred_compiles: Triton's ``jit_cache_hook`` protocol, driven as Triton's
+``JITFunction._call_hook`` calls it (no GPU here, so no launch reaches it:
+the kernel objects below stand in for ``JITFunction``s, the runtime for
+``triton.knobs.runtime``). The real compile-and-launch path runs in the GPU
+lane (benchmarks/gpu_deferred_compile.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+
+import pytest
+
+from stepwarm import vllm_facts
+from stepwarm.deferred_compile import default_threads, deferred_compiles
+from stepwarm.settings import HookSettings, SettingsError, compile_threads
+
+TOPK = "vllm.v1.sample.ops.topk_topp_triton:_topk_topp_kernel"
+
+
+class Kernel:
+    """A ``JITFunction`` as the hook sees it: ``preload`` compiles a variant."""
+
+    def __init__(self, seconds: float = 0.0, fail: bool = False):
+        self.preloaded: list[str] = []
+        self.threads: set[str] = set()
+        self.seconds, self.fail = seconds, fail
+
+    def preload(self, data: str) -> None:
+        self.threads.add(threading.current_thread().name)
+        time.sleep(self.seconds)
+        if self.fail:
+            raise RuntimeError("ptxas failed")
+        self.preloaded.append(data)
+
+
+def call(runtime, kernel: Kernel, key: str, module="vllm.v1.sample.ops.topk_topp_triton",
+         name="_topk_topp_kernel", warmup=False):
+    """What ``JITFunction._call_hook`` passes (Triton 3.6)."""
+    fn = types.SimpleNamespace(module=module, name=name, jit_function=kernel)
+    return runtime.jit_cache_hook(key=key, repr=name, fn=fn,
+                                  compile={"key": key, "device": 0,
+                                           "specialization_data": f"spec-{key}"},
+                                  is_manual_warmup=warmup, already_compiled=False)
+
+
+def test_listed_kernel_launch_skipped_and_compiled_in_a_thread():
+    runtime = types.SimpleNamespace(jit_cache_hook=None)
+    kernel = Kernel(seconds=0.05)
+    with deferred_compiles(2, runtime=runtime) as d:
+        d.step = 3
+        assert call(runtime, kernel, "k16") is True  # launch skipped
+        assert call(runtime, kernel, "k16") is True  # pending: skipped, not resubmitted
+        d.step = 5
+        assert call(runtime, kernel, "k17") is True
+        assert call(runtime, kernel, "other", name="_zero_kv_blocks_kernel",
+                    module="vllm.v1.worker.gpu.block_table") is None  # not listed: compiles inline
+        assert call(runtime, kernel, "k1", warmup=True) is None  # someone's warmup(): untouched
+    assert runtime.jit_cache_hook is None  # put back
+    assert sorted(kernel.preloaded) == ["spec-k16", "spec-k17"]
+    assert all(t.startswith("stepwarm-compile") for t in kernel.threads)
+    assert [(c.kernel, c.step, c.error) for c in d.result.compiles] == [
+        ("_topk_topp_kernel", 3, None), ("_topk_topp_kernel", 5, None)]
+    assert all(c.seconds is not None and c.seconds >= 0.05 for c in d.result.compiles)
+
+
+def test_compiles_run_in_parallel_and_exit_waits_for_them():
+    runtime = types.SimpleNamespace(jit_cache_hook=None)
+    kernel = Kernel(seconds=0.3)
+    t0 = time.perf_counter()
+    with deferred_compiles(4, runtime=runtime) as d:
+        for key in ("a", "b", "c", "d"):
+            call(runtime, kernel, key)
+        assert time.perf_counter() - t0 < 0.2  # the caller did not wait
+    took = time.perf_counter() - t0
+    assert len(kernel.preloaded) == 4  # all finished at exit
+    assert 0.3 <= took < 1.0  # four 0.3 s compiles side by side, not 1.2 s in a row
+    assert d.result.waited_s > 0.1
+
+
+def test_a_failed_compile_is_reported_not_raised():
+    runtime = types.SimpleNamespace(jit_cache_hook=None)
+    with deferred_compiles(1, runtime=runtime) as d:
+        call(runtime, Kernel(fail=True), "bad")
+    assert [(c.step, c.seconds, c.error) for c in d.result.compiles] == [
+        (None, None, "RuntimeError: ptxas failed")]
+
+
+def test_previous_hook_chained_and_its_skip_respected():
+    seen = []
+
+    def previous(**kw):
+        seen.append(kw["key"])
+        return kw["key"] == "theirs"
+
+    runtime = types.SimpleNamespace(jit_cache_hook=previous)
+    kernel = Kernel()
+    with deferred_compiles(1, runtime=runtime) as d:
+        assert call(runtime, kernel, "theirs") is True
+        assert call(runtime, kernel, "ours") is True
+    assert runtime.jit_cache_hook is previous
+    assert seen == ["theirs", "ours"]
+    assert kernel.preloaded == ["spec-ours"]  # "theirs" was the previous hook's skip
+    assert [c.kernel for c in d.result.compiles] == ["_topk_topp_kernel"]
+
+
+def test_off_changes_nothing():
+    runtime = types.SimpleNamespace(jit_cache_hook=None)
+    with deferred_compiles(0, runtime=runtime) as d:
+        assert runtime.jit_cache_hook is None
+        d.step = 1
+    assert d.result.compiles == [] and d.result.waited_s == 0.0
+
+
+def test_hook_put_back_when_the_body_raises():
+    runtime = types.SimpleNamespace(jit_cache_hook=None)
+    kernel = Kernel(seconds=0.05)
+    with pytest.raises(KeyError), deferred_compiles(1, runtime=runtime):
+        call(runtime, kernel, "k")
+        raise KeyError("step failed")
+    assert runtime.jit_cache_hook is None and kernel.preloaded == ["spec-k"]
+
+
+def test_listed_kernels_are_the_sampler_leaves():
+    assert vllm_facts.DEFERRABLE_TRITON_KERNELS == {
+        TOPK, "vllm.v1.worker.gpu.sample.logprob:_topk_log_softmax_kernel"}
+
+
+def test_listed_kernels_exist_in_the_installed_vllm():
+    import importlib
+
+    for entry in sorted(vllm_facts.DEFERRABLE_TRITON_KERNELS):
+        module, name = entry.split(":")
+        assert hasattr(importlib.import_module(module), name), entry
+
+
+def test_settings_compile_threads():
+    assert HookSettings.from_env({"STEPWARM_SCENARIOS": "default"}).compile_threads is None
+    for value, want in (("auto", None), ("off", 0), ("OFF", 0), ("3", 3), ("64", 64), ("", None)):
+        got = HookSettings.from_env({"STEPWARM_SCENARIOS": "default",
+                                     "STEPWARM_COMPILE_THREADS": value}).compile_threads
+        assert got == want, value
+    for bad in ("0", "65", "-1", "2.5", "yes", " "):
+        with pytest.raises(SettingsError) as e:
+            HookSettings.from_env({"STEPWARM_SCENARIOS": "default",
+                                   "STEPWARM_COMPILE_THREADS": bad})
+        assert str(e.value) == (f"STEPWARM_COMPILE_THREADS={bad!r}: allowed: auto | off | "
+                                "a whole number from 1 to 64")
+    assert compile_threads({"STEPWARM_COMPILE_THREADS": "off"}) == 0
+    assert compile_threads({"STEPWARM_COMPILE_THREADS": "5"}) == 5
+    assert compile_threads({}) == default_threads()
+
+
+def test_default_threads_shared_by_local_ranks():
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    assert default_threads() == max(1, min(8, cores))
+    assert default_threads(local_ranks=cores * 2) == 1
