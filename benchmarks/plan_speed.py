@@ -22,7 +22,7 @@ ratio; ``update_from_output`` is reported beside it.
     python benchmarks/plan_speed.py [--rounds 7] [--no-vllm]
 
 Per figure, in ms over ``--rounds`` rounds: the best, the median and the
-worst wall-clock time, and the best CPU time of the process
+worst wall-clock time, and the best and median CPU time of the process
 (``time.process_time``: on a shared machine the wall clock also counts the
 time other processes held the cores), and the load average before and
 after them. The ratio to vLLM compares best with best and median with median
@@ -120,11 +120,12 @@ def vllm_scheduler() -> tuple[list[float], list[float]] | None:
 
 
 class Timing:
-    """Wall-clock rounds (ms) and the best CPU time (ms) of one figure."""
+    """Wall-clock rounds (ms) and the best and median CPU time (ms) of one figure."""
 
     def __init__(self, wall: list[float], cpu: list[float]):
         self.wall = sorted(wall)
         self.cpu = min(cpu) if cpu else float("nan")
+        self.cpu_median = statistics.median(cpu) if cpu else float("nan")
 
     @property
     def best(self) -> float:
@@ -136,7 +137,7 @@ class Timing:
 
     def __str__(self) -> str:
         return (f"best {self.best:.1f} ms, median {self.median:.1f}, worst {self.wall[-1]:.1f} "
-                f"(CPU best {self.cpu:.1f}; {len(self.wall)} rounds)")
+                f"(CPU best {self.cpu:.1f}, median {self.cpu_median:.1f}; {len(self.wall)} rounds)")
 
 
 def _time(fn: Any, rounds: int) -> Timing:

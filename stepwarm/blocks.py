@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Iterable
 import functools
 import math
 from dataclasses import dataclass, field, replace
@@ -627,8 +628,7 @@ class BlockLedger:
         saved = None if self._fits(rows) else self._save()
         self.new_step()
         try:
-            for rid in free:
-                self.free(rid)
+            self.free_each(free)
             out: list[Growth | None] = []
             for r in rows:
                 if wait_for_mamba and self.mamba_state_busy(r.req_id):
@@ -682,8 +682,7 @@ class BlockLedger:
             return None
         self._cached_this_step.clear()
         if free:
-            for rid in free:
-                self.free(rid)
+            self.free_each(free)
             qs = [quick.get(r[0]) for r in rows]  # a freed request starts again
             slow = [i for i, q in enumerate(qs)
                     if q is None or rows[i][1] > q[0] or rows[i][3] >= q[1]]
@@ -1230,6 +1229,39 @@ class BlockLedger:
             self._release(ids)
             dropped.extend(ids)
         return tuple(dropped)
+
+    def free_each(self, req_ids: Iterable[str]) -> None:
+        """:meth:`free` of each request in turn (a step's finished and
+        preempted ones), in one loop: the same pool and tables after it,
+        nothing returned. A cleanup step frees every request of a plan."""
+        tables_of, quick, ctx, num_cached, pending = \
+            self._tables, self._quick, self._ctx, self._num_cached, self._pending_hit
+        ref, cached, tail, queue = self._ref, self._cached, self._tail, self._front
+        for rid in req_ids:
+            tables = tables_of.pop(rid, None)
+            quick.pop(rid, None)
+            ctx.pop(rid, None)
+            num_cached.pop(rid, None)
+            if pending:
+                pending.pop(rid, None)
+            if not tables:
+                continue
+            for table in tables:  # _release of each table, last block first
+                front = []
+                for i in reversed(table.ids):
+                    if not i:
+                        continue
+                    n = ref[i] - 1
+                    if n:
+                        ref[i] = n
+                        continue
+                    del ref[i]
+                    if i in cached:
+                        tail[i] = None
+                    else:
+                        front.append(i)
+                if front:
+                    queue.extendleft(reversed(front))
 
     def live_requests(self) -> tuple[str, ...]:
         """Requests that hold blocks, in admission order."""

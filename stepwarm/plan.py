@@ -132,14 +132,77 @@ class ScheduledRequest(NamedTuple):
         return tuple(len(ids) for ids in self.block_ids)
 
 
+#: A row as :meth:`PlanBuilder._schedule_decodes` keeps one the ledger's
+#: quick entry answers (req_id, num_computed_tokens, num_scheduled_tokens,
+#: spec_token_ids, num_output_tokens): a running decode row that samples,
+#: its blocks the row's Growth.
+_QuickRow = tuple[str, int, int, tuple[int, ...], int]
+
+
+class _Rows:
+    """A step's scheduled rows as the builder left them, made
+    :class:`ScheduledRequest` tuples on first read
+    (:attr:`PlannedStep.scheduled`).
+
+    A plan is read step by step (the driver compiles one step when it runs
+    it) or not row by row at all (a check that counts steps), and the rows
+    of 1,024 requests x 8 steps were the largest part of planning them, and
+    of the collector's work after it (a named tuple is never untracked; the
+    plain tuples here are, at the first collection). ``rows`` are
+    :data:`_QuickRow` (5 fields) or :data:`_Row` (9) tuples, ``growths``
+    their Growths, ``tables`` the whole tables (read when the step was
+    planned) of the new and resumed rows that had computed tokens."""
+
+    __slots__ = ("rows", "growths", "tables")
+
+    def __init__(self, rows: list, growths: list, tables: dict[str, tuple[tuple[int, ...], ...]]):
+        self.rows, self.growths, self.tables = rows, growths, tables
+
+    def __call__(self) -> tuple[ScheduledRequest, ...]:
+        new = tuple.__new__
+        tables = self.tables
+        out: list[ScheduledRequest] = []
+        add = out.append
+        for row, g in zip(self.rows, self.growths):
+            if len(row) == 5:  # a _QuickRow
+                rid, c, n, spec, outs = row
+                add(new(ScheduledRequest, (rid, c, n, spec, False, False, g[0], g[1], outs,
+                                           True, ())))
+            else:
+                ids = tables.get(row[0]) if tables else None
+                add(new(ScheduledRequest, row[:6] + (g[0] if ids is None else ids, g[1])
+                        + row[6:]))
+        return tuple(out)
+
+
+class _ScheduledField:
+    """The ``scheduled`` field of :class:`PlannedStep`: a tuple, or a
+    :class:`_Rows` built into one the first time it is read (and kept)."""
+
+    def __get__(self, obj: Any, owner: Any = None) -> tuple[ScheduledRequest, ...]:
+        if obj is None:
+            return ()  # the field's default
+        v = obj.__dict__["_scheduled"]
+        if type(v) is not tuple:
+            v = obj.__dict__["_scheduled"] = v()
+        return v
+
+    def __set__(self, obj: Any, value: tuple[ScheduledRequest, ...] | _Rows) -> None:
+        obj.__dict__["_scheduled"] = value
+
+
 @dataclass(frozen=True)
 class PlannedStep:
-    """One ``SchedulerOutput`` worth of work, plus whether to sample after it."""
+    """One ``SchedulerOutput`` worth of work, plus whether to sample after it.
+
+    ``scheduled`` may be given as the builder's rows (:class:`_Rows`), made
+    the tuple when first read: equality, ``repr``, hashing, pickling and
+    ``dataclasses.replace`` see the tuple."""
 
     index: int
     kind: StepKind
     label: str
-    scheduled: tuple[ScheduledRequest, ...] = ()
+    scheduled: tuple[ScheduledRequest, ...] = _ScheduledField()  # type: ignore[assignment]
     finished_req_ids: frozenset[str] = frozenset()
     preempted_req_ids: frozenset[str] = frozenset()
     #: Call ``sample_tokens`` after ``execute_model`` (not for pooling steps).
@@ -150,6 +213,10 @@ class PlannedStep:
     num_spec_tokens_to_schedule: int = 0
     #: Blocks each scheduled request holds after this step, per group.
     held_blocks: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    def __getstate__(self) -> dict[str, Any]:
+        self.scheduled  # noqa: B018 - built, so a pickle holds the tuple
+        return self.__dict__
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -363,8 +430,15 @@ class _Draft:
     rows: list[_Row | ScheduledRequest] = field(default_factory=list)
     #: The rows with their blocks (:meth:`PlanBuilder._allocate`), without
     #: those left waiting.
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    scheduled: list[ScheduledRequest] | _Rows = field(default_factory=list)
+    #: Prefilled and resumed rows' updates (decodes: ``decoded``).
     updates: list[tuple[_Live, int, int]] = field(default_factory=list)
+    #: The decoded requests, in order (rows ``decode_start`` on): each
+    #: advances computed and output tokens by its row's scheduled tokens.
+    decoded: list[_Live] = field(default_factory=list)
+    decode_start: int = 0
+    #: Some decode carries drafts (else each advances by one token).
+    drafts: bool = False
     #: Resumed requests and whether they are still recomputing after it.
     resuming: list[tuple[_Live, bool]] = field(default_factory=list)
     #: Blocks each scheduled request holds after the step, per group.
@@ -384,6 +458,15 @@ class _Draft:
     #: The most tokens a row reaches after sampling (the ``max_model_len``
     #: check names the first row beyond it only when this is).
     most_tokens: int = 0
+
+    def all_updates(self) -> list[tuple[_Live, int, int]]:
+        """Every row's update (live, computed +=, outputs +=), in row order."""
+        ds, decoded = self.decode_start, self.decoded
+        if not decoded:
+            return self.updates
+        rows = self.rows[ds:ds + len(decoded)]
+        return self.updates[:ds] + [(live, r[2], r[2]) for live, r in zip(decoded, rows)] + \
+            self.updates[ds:]
 
     def add(self, row: _Row, live: _Live, dn: int, dout: int) -> None:
         self.rows.append(row)
@@ -782,7 +865,8 @@ class PlanBuilder:
         pass (unknown, not running, still prefilling, pooling, drafts) goes
         through :meth:`_check_decode`, which raises or allows it."""
         get = self._requests.get
-        add_row, add_update, add_alloc, add_growth = draft.rows.append, draft.updates.append, \
+        draft.decode_start = len(draft.rows)
+        add_row, add_decoded, add_alloc, add_growth = draft.rows.append, draft.decoded.append, \
             draft.allocs.append, draft.growths.append
         add_pair = draft.held_pairs.append
         total, most = 0, draft.most_tokens
@@ -801,16 +885,20 @@ class PlanBuilder:
                 live = self._check_decode(rid, k)  # raises
             n = 1 + k
             out = live.num_output_tokens
-            add_update((live, n, n))
+            add_decoded(live)
             end, num_tokens = c + n, pl + out
             cached = end if end < num_tokens else num_tokens
-            spec = (0,) * k if k else ()
+            if k:
+                spec = (0,) * k
+                draft.drafts = True
+            else:
+                spec = ()
             q = qget(rid) if qget else None
             if q is not None and end <= q[0] and cached < q[1] and live.seen:
-                # answered: the row is built now (a running row: its new ids)
+                # answered: its Growth is the entry's (a _QuickRow: the
+                # ScheduledRequest is built when the step is read, _Rows)
                 g = q[2]
-                add_row(new(ScheduledRequest, (rid, c, n, spec, False, False, g[0], g[1], out,
-                                               True, ())))
+                add_row((rid, c, n, spec, out))
                 add_growth(g)
                 pair = live.held_pair
                 if pair is None or pair[1] is not g[2]:
@@ -898,7 +986,7 @@ class PlanBuilder:
         max_model_len = p.max_model_len
         if draft.most_tokens <= max_model_len:
             return
-        for live, dn, dout in draft.updates:
+        for live, dn, dout in draft.all_updates():
             # The runner asserts prompt + sampled tokens <= max_model_len after
             # sampling (vLLM's scheduler finishes a request at max_model_len).
             decl = live.decl
@@ -946,43 +1034,32 @@ class PlanBuilder:
         else:
             held += [(r[0], g[2]) for r, g in zip(rows, growths) if g is not None]
         if not wait_for_mamba:  # every row allocated (no None)
-            if num_answered == len(rows):  # every row built already
-                draft.scheduled = rows  # type: ignore[assignment]
-                return waiting
             # A new or resumed row is sent its whole table: what was appended
-            # when it held none before (no token computed: no prefix hit).
-            table = ledger.held
-            if not num_answered:
-                draft.scheduled = [new(ScheduledRequest, (  # type: ignore[misc]
-                    rid, c, n, spec, fresh, resumed,
-                    table(rid) if (fresh or resumed) and c else g[0], g[1],  # type: ignore[index]
-                    outs, samples, enc))
-                    for (rid, c, n, spec, fresh, resumed, outs, samples, enc), g in zip(
-                        rows, growths)]  # none built yet: every row a _Row
-                return waiting
-            draft.scheduled = [
-                row if a is not None else new(ScheduledRequest, row[:6] + (  # type: ignore[misc]
-                    table(row[0]) if (row[4] or row[5]) and row[1] else g[0],  # type: ignore[index]
-                    g[1]) + row[6:])  # type: ignore[index]
-                for row, a, g in zip(rows, answered, growths)]
+            # when it held none before (no token computed: no prefix hit);
+            # the others' tables are read now, as the rows are built later.
+            tables = {} if num_answered == len(rows) else {
+                row[0]: ledger.held(row[0]) for row in rows
+                if len(row) == 9 and (row[4] or row[5]) and row[1]}  # type: ignore[misc]
+            draft.scheduled = _Rows(rows, growths, tables)  # type: ignore[assignment]
             return waiting
         out: list[ScheduledRequest] = []
         updates: list[tuple[_Live, int, int]] = []
-        for row, update, a, grown in zip(rows, draft.updates, answered, growths):
+        for row, update, a, grown in zip(rows, draft.all_updates(), answered, growths):
             rid = row[0]
             if grown is None:
                 waiting[rid] = row[2]
                 continue
             updates.append(update)
-            if a is not None:  # built already
-                out.append(row)  # type: ignore[arg-type]
+            if a is not None:  # a _QuickRow
+                rid, c, n, spec, outs = row  # type: ignore[misc]
+                out.append(new(ScheduledRequest, (rid, c, n, spec, False, False, a[0], a[1],
+                                                  outs, True, ())))
                 continue
             # row[4], row[5]: new, resumed (whole table); else the appended ids
             got = ledger.held(rid) if row[4] or row[5] else grown[0]
             out.append(new(ScheduledRequest, row[:6] + (got, grown[1]) + row[6:]))
         draft.scheduled = out
-        if waiting:
-            draft.updates = updates
+        draft.updates, draft.decoded = updates, []
         return waiting
 
     def _update_after_schedule(self, draft: _Draft, finish: tuple[str, ...],
@@ -993,6 +1070,16 @@ class PlanBuilder:
         finished and preempted requests leave the running queue."""
         run = self._running.add
         pooled = []
+        # a decoded request is running already (seen and queued), sampling
+        if draft.drafts:
+            ds = draft.decode_start
+            for live, row in zip(draft.decoded, draft.rows[ds:ds + len(draft.decoded)]):
+                live.num_computed_tokens += row[2]
+                live.num_output_tokens += row[2]
+        else:
+            for live in draft.decoded:
+                live.num_computed_tokens += 1
+                live.num_output_tokens += 1
         for live, dn, dout in draft.updates:
             live.num_computed_tokens += dn
             live.num_output_tokens += dout
@@ -1022,7 +1109,17 @@ class PlanBuilder:
                           grammar: bool | None) -> PlannedStep:
         """Construct the scheduler output: the appended :class:`PlannedStep`."""
         p = self.profile
-        rows = draft.scheduled
+        lazy = draft.scheduled
+        scheduled: tuple[ScheduledRequest, ...] | _Rows
+        if isinstance(lazy, _Rows):
+            any_rows = bool(lazy.rows)
+            # rows built now only for a bitmask (the grammar ids are read off them)
+            bitmask = grammar or (grammar is None and self._structured)
+            scheduled = lazy() if bitmask else lazy
+        else:
+            any_rows = bool(lazy)
+            scheduled = tuple(lazy)
+        rows = scheduled if type(scheduled) is tuple else ()
         if grammar is None:
             structured = self._structured
             grammar_ids = tuple(
@@ -1035,12 +1132,12 @@ class PlanBuilder:
             index=self.next_index,
             kind=kind,
             label=label,
-            scheduled=tuple(rows),
+            scheduled=scheduled,  # type: ignore[arg-type]
             finished_req_ids=frozenset(finish),
             preempted_req_ids=frozenset(preempt),
-            sample=bool(rows) and not pooling,
+            sample=any_rows and not pooling,
             grammar_req_ids=grammar_ids if p.is_last_pp_rank else (),
-            num_spec_tokens_to_schedule=p.num_speculative_steps if rows else 0,
+            num_spec_tokens_to_schedule=p.num_speculative_steps if any_rows else 0,
             held_blocks=tuple(draft.held),
         )
         self._steps.append(step)

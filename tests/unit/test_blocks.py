@@ -222,6 +222,27 @@ def test_ledger_reuses_freed_ids_as_vllms_free_queue() -> None:
     assert led.num_held == 7 and led.num_free == 12
 
 
+def test_free_each_leaves_the_ledger_as_free_one_by_one() -> None:
+    """free_each (a step's finished and preempted requests in one loop) ends
+    where free() of each in turn ends: pool order, references, cache entries,
+    tables; cached blocks (to the queue's tail) and uncached ones (its head),
+    two groups, an unknown request."""
+    def ledger() -> BlockLedger:
+        led = BlockLedger((spec("full_attention", 4), spec("sliding_window", 4, sliding_window=4)),
+                          num_blocks=60, enable_caching=True)
+        for rid, n in (("a", 13), ("b", 9), ("c", 17), ("d", 5)):
+            led.grow(rid, n)
+            led.cache_prompt(rid, n - 1, n)
+        return led
+
+    one, each = ledger(), ledger()
+    for rid in ("c", "zzz", "a", "d"):
+        one.free(rid)
+    each.free_each(("c", "zzz", "a", "d"))
+    assert repr(each._save()) == repr(one._save())
+    assert each.grow("f", 30).appended == one.grow("f", 30).appended
+
+
 def test_ledger_out_of_blocks_hands_out_nothing() -> None:
     led = BlockLedger((spec("full_attention", 4),), num_blocks=4)  # 3 usable
     assert led.grow("a", 8).appended == ((1, 2),)

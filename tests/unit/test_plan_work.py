@@ -118,10 +118,11 @@ def test_planned_request_init_takes_the_fields_in_order_with_their_defaults():
     assert hash(req) == hash(dataclasses.replace(req))
 
 
-def _tracked_kept(num_reqs: int, decodes: int) -> int:
+def _tracked_kept(num_reqs: int, decodes: int, collected: bool = False) -> int:
     """Objects the collector tracks that a plan of ``num_reqs`` requests (a
     prefill of 24 tokens, then ``decodes`` decodes) keeps, counted with the
-    collector off (nothing is untracked meanwhile)."""
+    collector off (nothing is untracked meanwhile), or after one collection
+    (``collected``: it untracks the plain tuples that hold no tracked object)."""
     import gc
 
     spec = CacheSpec(kind="full_attention", block_size=16)
@@ -139,6 +140,8 @@ def _tracked_kept(num_reqs: int, decodes: int) -> int:
         b.step("prefill", "prefill", prefill={rid: 24 for rid in ids})
         for _ in range(decodes):
             b.step("decode", "decode", decode={rid: 0 for rid in ids})
+        if collected:
+            gc.collect()
         return len(gc.get_objects()) - before
     finally:
         gc.enable()
@@ -147,12 +150,18 @@ def _tracked_kept(num_reqs: int, decodes: int) -> int:
 def test_a_decode_that_takes_no_block_keeps_one_tracked_object_per_request():
     # Tokens 25..31 of 16-token blocks: decodes 4..7 take no block and cache
     # none, so the ledger's quick entries answer every row: the step keeps
-    # its ScheduledRequest per request (a named tuple: never untracked) and
-    # a few objects of its own; the held pairs are shared across steps. The
-    # collector's work grows with requests x steps, one object a row.
+    # one plain tuple per request (its row, made a ScheduledRequest when the
+    # step is read) and a few objects of its own; the held pairs are shared
+    # across steps. Planning's work grows with requests x steps, one object
+    # a row; after one collection the rows are untracked (they hold ints,
+    # the request id and the empty drafts tuple), so the collector's later
+    # passes grow with the steps only.
+    kept = []
     for num_reqs in (64, 256):
         extra = _tracked_kept(num_reqs, 7) - _tracked_kept(num_reqs, 3)
         assert 4 * num_reqs <= extra <= 4 * (num_reqs + 8), (num_reqs, extra)
+        kept.append(_tracked_kept(num_reqs, 7, True) - _tracked_kept(num_reqs, 3, True))
+    assert kept[0] == kept[1] <= 4 * 12, kept  # per step, whatever the requests
 
 
 def test_the_collector_state_is_restored_when_a_step_is_refused():
@@ -178,3 +187,33 @@ def test_the_collector_state_is_restored_when_a_step_is_refused():
             gc.enable()
     b.step("prefill", "prefill", prefill={"r": 4})  # the refused step changed nothing
     assert b.num_computed_tokens("r") == 4
+
+
+def test_rows_built_when_read_pickle_copy_and_compare_as_the_tuple():
+    import copy
+    import dataclasses
+    import pickle
+
+    from stepwarm.plan import ScheduledRequest
+
+    def plan():
+        spec = CacheSpec(kind="full_attention", block_size=16)
+        b = PlanBuilder(make_profile(max_num_seqs=4, max_num_batched_tokens=160, num_blocks=64,
+                                     kv_cache_groups=(spec,), enable_prefix_caching=True))
+        for i in range(4):
+            b.add_request(PlannedRequest(f"_stepwarm_r{i}_", 24))
+        b.step("prefill", "prefill", prefill={f"_stepwarm_r{i}_": 24 for i in range(4)})
+        for _ in range(3):
+            b.step("decode", "decode", decode={f"_stepwarm_r{i}_": 0 for i in range(4)})
+        return b.build()
+
+    read = plan()
+    rows = [st.scheduled for st in read.steps]
+    assert all(type(r) is tuple and all(type(x) is ScheduledRequest for x in r) for r in rows)
+    assert rows[3][0] == ScheduledRequest("_stepwarm_r0_", 26, 1, block_ids=((),), allocated=((),),
+                                          num_output_tokens=3, samples=True)
+    for fresh in (pickle.loads(pickle.dumps(plan())), copy.deepcopy(plan()), plan()):
+        assert fresh == read and repr(fresh) == repr(read) and hash(fresh.steps[2]) == hash(
+            read.steps[2])
+    unread = plan()
+    assert dataclasses.replace(unread.steps[3], index=9).scheduled == rows[3]

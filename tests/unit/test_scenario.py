@@ -595,3 +595,20 @@ def test_prefix_hits_on_one_mamba_state_wait_a_step_as_the_scheduler_makes_them(
         assert rows[0] == [first, second]
     # hit2 (two blocks) and hit3 (one block, chunked) follow either way.
     assert [r[0][0] for r in rows[-2:]] == ["prefix-hit_hit2_", "prefix-hit_hit3_"]
+
+
+def test_a_loaded_scenario_is_cached_and_expanding_leaves_it_as_read():
+    # load() caches by text (loads): the same object comes back, so no
+    # expansion may change it (a later load would see the change)
+    profiles = [tiny_profile(), tiny_profile().model_copy(update=dict(
+        num_speculative_steps=2, decode_query_len=3, num_lookahead_tokens=2))]
+    for name in builtin_names():
+        sc = load(name)
+        assert load(name) is sc
+        before = sc.model.model_dump()
+        for p in profiles:
+            try:
+                expand(sc, p)
+            except ScenarioError:
+                pass
+        assert sc.model.model_dump() == before, name
