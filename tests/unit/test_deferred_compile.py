@@ -141,7 +141,7 @@ def test_settings_compile_threads():
         got = HookSettings.from_env({"STEPWARM_SCENARIOS": "default",
                                      "STEPWARM_COMPILE_THREADS": value}).compile_threads
         assert got == want, value
-    for bad in ("0", "65", "-1", "2.5", "yes", " "):
+    for bad in ("0", "65", "-1", "2.5", "yes", " ", "²", "٣"):  # non-ASCII digits: isdigit() but not int()
         with pytest.raises(SettingsError) as e:
             HookSettings.from_env({"STEPWARM_SCENARIOS": "default",
                                    "STEPWARM_COMPILE_THREADS": bad})
@@ -150,6 +150,22 @@ def test_settings_compile_threads():
     assert compile_threads({"STEPWARM_COMPILE_THREADS": "off"}) == 0
     assert compile_threads({"STEPWARM_COMPILE_THREADS": "5"}) == 5
     assert compile_threads({}) == default_threads()
+
+
+@pytest.mark.parametrize("args", [["run", "-s", "default"], ["run", "-s", "default", "--verify"]])
+def test_run_refuses_a_bad_compile_threads_before_the_engine(monkeypatch, args):
+    """``stepwarm run`` reads STEPWARM_COMPILE_THREADS before anything starts;
+    under --verify (which compiles in the steps) a bad value is refused too."""
+    from typer.testing import CliRunner
+
+    from stepwarm.cli import app
+
+    monkeypatch.setenv("STEPWARM_COMPILE_THREADS", "²")
+    r = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
+    assert r.exit_code == 2, r.output
+    assert r.stderr == ("error: STEPWARM_COMPILE_THREADS='²': allowed: auto | off | "
+                        "a whole number from 1 to 64\n")
+    assert "engine up" not in r.stdout
 
 
 def test_default_threads_shared_by_local_ranks():
