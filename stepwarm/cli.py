@@ -264,11 +264,14 @@ def run(
     _check_output_path(json_out, "--json")
     from stepwarm.settings import SettingsError, compile_threads
 
-    try:  # STEPWARM_COMPILE_THREADS, before the engine starts
-        threads = 0 if verify else compile_threads()
+    bad_settings: list[str] = []
+    try:  # STEPWARM_COMPILE_THREADS, before the engine starts (a bad value under --verify too)
+        threads = compile_threads()
     except SettingsError as e:
-        _fail(str(e), 2)
-    loaded = _loaded_or_exit(names, engine_arg)
+        bad_settings.append(str(e))  # with the scenarios' and -e errors, at once
+    if verify:  # --verify compiles in the steps
+        threads = 0
+    loaded = _loaded_or_exit(names, engine_arg, bad_settings)
     reports: list[RunReport] = []
     checked = _checked_model(model, weights)  # a bad --model before any skip is reported
     known = _engine_args_known(model, engine_arg)

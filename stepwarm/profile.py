@@ -323,6 +323,11 @@ class RunnerProfile(BaseModel):
                 raise ProfileError(
                     f"{path}:{e.lineno}: not JSON: {e.msg} (column {e.colno})"
                 ) from None
+        allowed = "allowed: a runner profile as `stepwarm profile -o FILE` writes it"
+        if isinstance(data, dict) and ({"steps", "requests", "sequence"} & set(data)
+                                       and "runner" not in data):
+            raise ProfileError(f"{path}: a scenario file, not a runner profile (check it "
+                               f"with `stepwarm check {path}`); {allowed}")
         try:
             return cls.model_validate(data)
         except ValidationError as e:
@@ -330,7 +335,7 @@ class RunnerProfile(BaseModel):
             loc = ".".join(str(p) for p in first["loc"])
             raise ProfileError(
                 f"{path}: field {loc!r}: {first['msg']} "
-                f"({len(e.errors())} error(s) in all)"
+                f"({len(e.errors())} error(s) in all); {allowed}"
             ) from None
 
 

@@ -145,7 +145,8 @@ def _threads(env: Mapping[str, str], name: str) -> int | None:
         return None
     if raw.lower() == "off":
         return 0
-    if raw.isdigit() and 1 <= int(raw) <= MAX_COMPILE_THREADS:
+    # ASCII digits only: str.isdigit() is also true of '²', which int() refuses.
+    if raw.isascii() and raw.isdigit() and 1 <= int(raw) <= MAX_COMPILE_THREADS:
         return int(raw)
     raise SettingsError(f"{name}={raw!r}: allowed: auto | off | a whole number from 1 to "
                         f"{MAX_COMPILE_THREADS}")

@@ -112,6 +112,11 @@ class _Expander:
         self.requests_capped = False
         #: an entry went past MAX_STEPS (expand stops listing there)
         self.steps_capped = False
+        #: [requests] entries that could not be declared: a step selecting
+        #: one is not checked (what it would schedule is unknown)
+        self.failed_requests: set[str] = set()
+        #: [[steps]] entries not checked for selecting one of those
+        self.steps_unchecked: list[int] = []
         #: the [[steps]] entry expanding
         self.st: Any = None
 
@@ -206,6 +211,7 @@ class _Expander:
                 self._declare_one(name, spec)
             except ScenarioError as e:
                 errors.extend(e.errors)
+                self.failed_requests.add(name)
                 if self.requests_capped:
                     break
         if errors:
@@ -308,15 +314,20 @@ class _Expander:
         """Request ids for selectors, in order, without duplicates."""
         out: list[str] = []
         seen: set[str] = set()
-        for s in selectors or []:
-            m = _SELECTOR.match(s)
-            name, sub = m.group(1), m.group(2)  # type: ignore[union-attr]
-            if name not in self.groups:
-                close = difflib.get_close_matches(name, list(self.groups), n=1)
+        names = [_SELECTOR.match(s).group(1) for s in selectors or []]  # type: ignore[union-attr]
+        for name in names:
+            if name not in self.groups and name not in self.failed_requests:
+                declared = [*self.groups, *sorted(self.failed_requests)]
+                close = difflib.get_close_matches(name, declared, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise self.err(f"unknown request {name!r}{hint}", field,
                                allowed="names declared under [requests]: "
-                               + (", ".join(self.groups) or "none"))
+                               + (", ".join(declared) or "none"))
+        if self.failed_requests.intersection(names):
+            raise _SelectsFailedRequest(field)
+        for s in selectors or []:
+            m = _SELECTOR.match(s)
+            name, sub = m.group(1), m.group(2)  # type: ignore[union-attr]
             ids = self.groups[name]
             if sub is not None:
                 if ":" in sub:
@@ -396,11 +407,11 @@ class _Expander:
 
         Raises:
             ScenarioError: every ``[requests]`` entry that cannot be declared
-                (the steps are not expanded then), or every ``[[steps]]``
-                entry that cannot be expanded.
+                (the steps are then checked as after a failed step, those
+                selecting a failed entry's requests not at all), and every
+                ``[[steps]]`` entry that cannot be expanded.
         """
-        self.declare()
-        errors, note = self.expand_steps()
+        errors, note = self.declare_and_expand_steps()
         if errors:
             raise ScenarioError.of(errors, note=note)
         try:
@@ -408,6 +419,34 @@ class _Expander:
         except PlanError as e:  # pragma: no cover - finishing never fails
             raise self.err(str(e), None) from None
         return self.b.build()
+
+    def declare_and_expand_steps(self) -> tuple[list[ScenarioError], str]:
+        """:meth:`declare`, then :meth:`expand_steps`; where some
+        ``[requests]`` entries cannot be declared, the steps are still checked
+        as after a failed step (:class:`_ProgressUnknown`), except those that
+        select a request of a failed entry; where a step fails, one last line
+        says which were checked in part or not at all.
+
+        Returns:
+            The request entries' errors, then the steps', and the note line.
+        """
+        try:
+            self.declare()
+        except ScenarioError as d:
+            if self.requests_capped:  # every step would name a capped entry
+                return list(d.errors), ""
+            self.b = cast(PlanBuilder, _ProgressUnknown(self.b))
+            errors, _ = self.expand_steps()
+            if not errors:  # as before: the request errors alone
+                return list(d.errors), ""
+            return [*d.errors, *errors], (
+                f"{self.sc.file}: the steps were checked only as far as they do not depend on "
+                f"the requests above that failed ({', '.join(sorted(self.failed_requests))}); "
+                + (f"not checked: step{'s' if len(self.steps_unchecked) > 1 else ''} "
+                   f"{', '.join(map(str, self.steps_unchecked))}, which select them; "
+                   if self.steps_unchecked else "")
+                + "fix the errors above and check again")
+        return self.expand_steps()
 
     def expand_steps(self) -> tuple[list[ScenarioError], str]:
         """Expand every ``[[steps]]`` entry, collecting the errors.
@@ -425,6 +464,9 @@ class _Expander:
                 self.b = cast(PlanBuilder, _ProgressUnknown(self.b))
             try:
                 self._entry(i, st)
+            except _SelectsFailedRequest:
+                self.steps_unchecked.append(i)
+                continue  # what it schedules is unknown: declare_and_expand_steps says so
             except ScenarioError as e:
                 errors.extend(e.errors)
                 failed = i if failed is None else failed
@@ -634,6 +676,11 @@ class _Expander:
                       finish=tuple(ids))
 
 
+class _SelectsFailedRequest(Exception):
+    """A step selects a request of a ``[requests]`` entry that could not be
+    declared: the step is not checked (:meth:`_Expander.declare_and_expand_steps`)."""
+
+
 class _ProgressUnknown:
     """The builder for the ``[[steps]]`` entries after one that failed.
 
@@ -785,16 +832,14 @@ def _rest_of(partial: LoadedScenario, profile: RunnerProfile
     """The errors of the ``[[steps]]`` entries the format passed in a file
     where it refused others (:attr:`ScenarioError.partial`), and the line
     saying which were checked in part; none where the scenario would be
-    skipped on ``profile`` or its requests cannot be declared (the steps are
-    not expanded then: those errors alone)."""
+    skipped on ``profile``. Requests that cannot be declared are errors too
+    (:meth:`_Expander.declare_and_expand_steps`)."""
     try:
         if _skip_reason(partial, profile) or partial.model.sequence is not None:
             return [], ""
-        ex = _Expander(partial, profile)
-        ex.declare()
-    except ScenarioError as d:  # a request (or requires) the runner refuses
+    except ScenarioError as d:  # a requires the runner refuses
         return list(d.errors), ""
-    return ex.expand_steps()
+    return _Expander(partial, profile).declare_and_expand_steps()
 
 
 def plans_for(names: list[str], profile: RunnerProfile) -> list[Plan]:

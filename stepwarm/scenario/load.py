@@ -455,7 +455,12 @@ def _validation_error(err: Any, file: str, index: _TomlIndex) -> tuple[ScenarioE
             allowed = _SECTION_ALLOWED[("step",)]
         elif sec[0] == "requests" and fld is None:
             allowed = _SECTION_ALLOWED[("request",)]
-        what = f"wrong type or value {err['input']!r}; allowed: {allowed}"
+        hint = ""
+        if typ == "literal_error" and isinstance(err["input"], str):  # a misspelt word
+            options = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
+            close = difflib.get_close_matches(err["input"], options, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+        what = f"wrong type or value {err['input']!r}{hint}; allowed: {allowed}"
         desc = model.model_fields[key].description if model and key in model.model_fields else ""
         what += f" ({desc})" if desc else ""
     else:

@@ -334,6 +334,42 @@ def test_every_request_entry_that_cannot_be_planned_is_listed_with_its_line(tmp_
     assert len(lines) == 3
 
 
+def test_steps_are_checked_too_when_a_request_entry_fails(tmp_path):
+    """A request entry the runner refuses no longer hides every step error: the
+    steps not selecting it are checked (as after a failed step), an unknown
+    name in a step selecting it is still named, and the last line lists the
+    steps left out."""
+    f = tmp_path / "dev.toml"
+    f.write_text('[requests.a]\nprompt = 24\ncount = "two"\n'
+                 '[requests.b]\nprompt = 600\n'
+                 '[requests.ok]\nprompt = 4\n'
+                 '[[steps]]\nkind = "prefill"\nrequests = ["a", "c"]\n'
+                 '[[steps]]\nkind = "prefill"\nrequests = ["ok"]\n'
+                 '[[steps]]\nkind = "decode"\nrequests = ["ok"]\nrepeat = 0\n'
+                 '[[steps]]\nkind = "decode"\nrequests = ["ok"]\nbatch = { range = [10, 5] }\n'
+                 '[[steps]]\nkind = "decode"\nrequests = ["b"]\n')
+    code, out, err = _check(f)
+    assert code == 2 and "ok " not in out and "Traceback" not in err
+    lines = err.splitlines()
+    assert lines[0].startswith(f"error: {f}:3: request 'a', field 'count': 'two': unknown fact "
+                               "'two'; allowed facts: ")
+    assert lines[1:] == [
+        f"{f}:5: request 'b', field 'prompt': prompt of 600 tokens exceeds 511, the longest "
+        "prompt vLLM takes (max_model_len 512 less the token sampled after it); allowed: 1..511",
+        f"{f}:10: step 0 (prefill), field 'requests': unknown request 'c'; allowed: names "
+        "declared under [requests]: ok, a, b",
+        f"{f}:17: step 2 (decode), field 'repeat': repeat 0 is out of range; allowed: 1..4096",
+        f"{f}:21: step 3 (decode), field 'batch': range [10, 5] step 1 is empty or backwards "
+        "(start 10, stop 5, step 1); allowed: start <= stop and step >= 1",
+        f"{f}: the steps were checked only as far as they do not depend on the requests above "
+        "that failed (a, b); not checked: step 4, which select them; fix the errors above and "
+        "check again"]
+    # the plugin's path (plans_for) lists the same
+    with pytest.raises(ScenarioError) as e:
+        plans_for([str(f)], tiny_profile())
+    assert [x.line for x in e.value.errors] == [3, 5, 10, 17, 21]
+
+
 def test_sampling_sweeps_are_capped_before_their_product_is_built(tmp_path):
     # 10 x 100^3 = 10^7 combinations took 19 s and 0.9 GB before the count was checked
     f = tmp_path / "samp.toml"

@@ -141,7 +141,7 @@ def test_settings_compile_threads():
         got = HookSettings.from_env({"STEPWARM_SCENARIOS": "default",
                                      "STEPWARM_COMPILE_THREADS": value}).compile_threads
         assert got == want, value
-    for bad in ("0", "65", "-1", "2.5", "yes", " "):
+    for bad in ("0", "65", "-1", "2.5", "yes", " ", "²", "٣"):  # non-ASCII digits: isdigit() but not int()
         with pytest.raises(SettingsError) as e:
             HookSettings.from_env({"STEPWARM_SCENARIOS": "default",
                                    "STEPWARM_COMPILE_THREADS": bad})
@@ -150,6 +150,45 @@ def test_settings_compile_threads():
     assert compile_threads({"STEPWARM_COMPILE_THREADS": "off"}) == 0
     assert compile_threads({"STEPWARM_COMPILE_THREADS": "5"}) == 5
     assert compile_threads({}) == default_threads()
+
+
+@pytest.mark.parametrize("args", [["run", "-s", "default"], ["run", "-s", "default", "--verify"]])
+def test_run_refuses_a_bad_compile_threads_before_the_engine(monkeypatch, args):
+    """``stepwarm run`` reads STEPWARM_COMPILE_THREADS before anything starts;
+    under --verify (which compiles in the steps) a bad value is refused too."""
+    from typer.testing import CliRunner
+
+    from stepwarm.cli import app
+
+    monkeypatch.setenv("STEPWARM_COMPILE_THREADS", "²")
+    r = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
+    assert r.exit_code == 2, r.output
+    assert r.stderr == ("error: STEPWARM_COMPILE_THREADS='²': allowed: auto | off | "
+                        "a whole number from 1 to 64\n")
+    assert "engine up" not in r.stdout
+
+
+def test_run_lists_a_bad_compile_threads_with_the_scenario_and_engine_arg_errors(
+        monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from stepwarm.cli import app
+
+    f = tmp_path / "bad.toml"
+    f.write_text('[requests.a]\nprompt = 4\n[[steps]]\nkind = "prefil"\nrequests = ["a"]\n')
+    monkeypatch.setenv("STEPWARM_COMPILE_THREADS", "many")
+    r = CliRunner().invoke(app, ["run", "-s", str(f), "-e", "max_num_seqs=four"],
+                           env={"COLUMNS": "400"})
+    assert r.exit_code == 2, r.output
+    assert [ln for ln in r.stderr.splitlines() if ln.startswith("error")] == [
+        "error: STEPWARM_COMPILE_THREADS='many': allowed: auto | off | a whole number from 1 "
+        "to 64",
+        f"error: {f}:4: step 0, field 'kind': unknown step kind 'prefil' (did you mean "
+        "'prefill'?); allowed kinds: prefill, chunked_prefill, prefix_hit, decode, spec_decode, "
+        "mixed_decode, mixed_prefill_decode, preempt, resume, finish",
+        "error: -e max_num_seqs='four': EngineArgs.max_num_seqs takes an integer or null "
+        "(int | None)"]
+    assert "engine up" not in r.stdout
 
 
 def test_default_threads_shared_by_local_ranks():

@@ -80,3 +80,22 @@ def test_a_profile_that_is_not_utf8_is_a_profile_error(tmp_path):
     p.write_bytes(b'{"runner": "v1", "model": "caf\xe9"}')
     with pytest.raises(ProfileError, match=r"p.json: cannot read profile: not UTF-8 \(byte 0xe9 at offset 30\)"):
         RunnerProfile.load(p)
+
+
+def test_a_scenario_file_given_as_profile_is_named_so(tmp_path):
+    """``check FILE --profile SCENARIO.toml`` (the arguments swapped) says so, and
+    every profile error says what is allowed."""
+    path = tmp_path / "mine.toml"
+    path.write_text('[requests.a]\nprompt = 4\n[[steps]]\nkind = "prefill"\nrequests = ["a"]\n')
+    with pytest.raises(ProfileError) as e:
+        RunnerProfile.load(path)
+    assert str(e.value) == (f"{path}: a scenario file, not a runner profile (check it with "
+                            f"`stepwarm check {path}`); allowed: a runner profile as "
+                            "`stepwarm profile -o FILE` writes it")
+    other = tmp_path / "p.json"
+    other.write_text('{"max_num_seqs": 4}')
+    with pytest.raises(ProfileError) as e:
+        RunnerProfile.load(other)
+    assert str(e.value).startswith(f"{other}: field 'runner': Field required (")
+    assert str(e.value).endswith("error(s) in all); allowed: a runner profile as "
+                                 "`stepwarm profile -o FILE` writes it")

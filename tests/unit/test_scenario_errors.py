@@ -77,6 +77,24 @@ def test_unknown_step_kind(tmp_path):
                  "chunked_prefill")
 
 
+def test_misspelt_word_of_a_closed_set_suggests_closest(tmp_path):
+    """A sampling preset, request kind, need or sequence misspelt: did-you-mean, as
+    for a step kind; a word far from every choice gets none."""
+    e = bad(tmp_path, PREFILL_A.replace("prompt = 10", 'prompt = 10\nsampling = "greddy"'))
+    assert str(e).startswith(f"{e.file}:3: request 'a', field 'sampling': wrong type or value "
+                             "'greddy' (did you mean 'greedy'?); allowed: 'warmup', 'greedy', "
+                             "'random' or 'seeded' (A preset: ")
+    e = bad(tmp_path, PREFILL_A.replace("prompt = 10", 'prompt = 10\nkind = "sampel"'))
+    assert_parts(e, 3, None, "kind", "wrong type or value 'sampel' (did you mean 'sample'?); "
+                 "allowed: 'sample' or 'pool'")
+    e = bad(tmp_path, 'needs = ["speculater"]\n' + PREFILL_A)
+    assert_parts(e, 1, None, "needs", "'speculater' (did you mean 'speculator'?); allowed: ")
+    e = bad(tmp_path, 'sequence = "vllm-defualt"\n')
+    assert_parts(e, 1, None, "sequence", "'vllm-defualt' (did you mean 'vllm-default'?); ")
+    e = bad(tmp_path, PREFILL_A.replace("prompt = 10", 'prompt = 10\nsampling = "fast"'))
+    assert "wrong type or value 'fast'; allowed: 'warmup'" in str(e) and "did you" not in str(e)
+
+
 def test_wrong_type(tmp_path):
     e = bad(tmp_path, PREFILL_A.replace("prompt = 10", "prompt = true"))
     assert_parts(e, 2, None, "prompt", "request 'a'", "bool", "an integer, or an expression")
