@@ -47,8 +47,12 @@ KNOWN_FIELDS: dict[str, frozenset[str]] = {
 #: (:mod:`stepwarm.deferred_compile`): a skipped launch leaves values, never
 #: indices. ``_topk_topp_kernel`` masks logits in place (V1 and V2 runners,
 #: batches of 8 or more: ``apply_top_k_top_p``); ``_topk_log_softmax_kernel``
-#: writes logprob values into a fresh tensor (V2 runner). Same modules in
-#: 0.26.0 … 0.33.0.
+#: writes logprob values into a fresh tensor (V2 runner). Same modules and
+#: the same in-place / fresh-tensor writes in 0.26.0, 0.30.0, 0.32.0 and
+#: 0.33.0. 0.33.0 also registers ``_topk_topp_kernel`` with its own JIT
+#: warmup (``triton_kernel_dispatcher_with_warmup``; ``kernel_config.enable_jit_warmup``,
+#: on by default), which compiles the variants it lists at vLLM's start-up:
+#: a launch of one of those finds it compiled, and nothing is deferred.
 DEFERRABLE_TRITON_KERNELS: frozenset[str] = frozenset({
     "vllm.v1.sample.ops.topk_topp_triton:_topk_topp_kernel",
     "vllm.v1.worker.gpu.sample.logprob:_topk_log_softmax_kernel",
