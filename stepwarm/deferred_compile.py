@@ -32,7 +32,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,7 +81,8 @@ class _Deferrer:
         self.kernels = kernels
         self.previous = previous
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="stepwarm-compile")
-        self.pending: dict[tuple[Any, str], Future[None]] = {}
+        #: (device, Triton key) of every variant submitted.
+        self.pending: set[tuple[Any, str]] = set()
         self.result = DeferredCompiles()
         self.step: int | None = None
         self.local = threading.local()
@@ -102,10 +103,11 @@ class _Deferrer:
         device = compile.get("device")
         pending_key = (device, str(key))
         if pending_key not in self.pending:
+            self.pending.add(pending_key)
             record = DeferredCompile(kernel=fn.name, step=self.step, key=str(key))
             self.result.compiles.append(record)
-            self.pending[pending_key] = self.pool.submit(
-                self._compile, fn.jit_function, compile["specialization_data"], device, record)
+            self.pool.submit(self._compile, fn.jit_function, compile["specialization_data"],
+                             device, record)
         return True  # skip this launch: the variant compiles in the pool
 
     def _compile(self, jit_function: Any, data: str, device: Any, record: DeferredCompile) -> None:
@@ -163,10 +165,10 @@ def deferred_compiles(threads: int, kernels: frozenset[str] | None = None, *,
     ``runtime``: the object holding ``jit_cache_hook`` (default
     ``triton.knobs.runtime``).
     """
-    if threads > 0 and runtime is None:
-        runtime = _triton_runtime()
     if threads <= 0:
         runtime = None
+    elif runtime is None:
+        runtime = _triton_runtime()
     if runtime is None:
         off = _Off()
         yield off

@@ -24,7 +24,7 @@ from stepwarm.compile import (
     to_scheduler_output,
 )
 from stepwarm.deferred_compile import DeferredCompile, deferred_compiles
-from stepwarm.encoder_inputs import RequestInputs, audio_inputs, request_inputs
+from stepwarm.encoder_inputs import RequestInputs, RunProcessor, audio_inputs, request_inputs
 from stepwarm.memory import MemoryReport, free_text, measured
 from stepwarm.plan import REQ_ID_PREFIX, Plan, PlannedStep
 from stepwarm.probe import read_profile
@@ -422,13 +422,13 @@ def drive(
     t_run = time.perf_counter()
     report.started_at = time.time()
     # Requests with images: processed by the model's processor before any step.
-    processed: dict[str, Any] = {}  # the processor, and the dummy audio processed once
+    shared = RunProcessor(worker)  # made once, and the dummy audio processed once
     images = {r.req_id: request_inputs(worker, r, profile.image_classes,
-                                       prompt_token_ids(r, profile), processed)
+                                       prompt_token_ids(r, profile), shared)
               for r in plan.requests if r.images}
     # Encoder-decoder requests: the dummy audio (their encoder runs with the
     # step that schedules their first tokens).
-    audio = {r.req_id: audio_inputs(worker, r, prompt_token_ids(r, profile), processed)
+    audio = {r.req_id: audio_inputs(worker, r, prompt_token_ids(r, profile), shared)
              for r in plan.requests if r.encoder_len and not r.images}
     images.update((rid, inputs) for rid, inputs in audio.items() if inputs is not None)
     mask_before = allowed_token_mask(worker)

@@ -23,6 +23,8 @@ vLLM's processor API, guarded, and returns nothing when it is missing.
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +64,33 @@ def processor_of(runner: Any) -> Any:
         return MULTIMODAL_REGISTRY.create_processor(model_config)
     except Exception:  # noqa: BLE001 - no processor: no image classes
         return None
+
+
+class RunProcessor:
+    """The model's multimodal processor for one run, made once
+    (:func:`processor_of`: the V2 runner has none of its own, so each request
+    would make one), and its output on :func:`dummy_audio`, processed once
+    (every encoder-decoder request's encoder input is the same). On the H200
+    Whisper's start-up paid tens of ms per request for both, about a minute
+    over the ``all`` set."""
+
+    def __init__(self, worker: Any):
+        self._worker = worker
+
+    @functools.cached_property
+    def processor(self) -> Any:
+        return processor_of(runner_of(self._worker))
+
+    @functools.cached_property
+    def audio(self) -> Any:
+        """The processor's output on the dummy audio; None for a model with
+        no audio processor."""
+        processor = self.processor
+        if processor is None or "audio" not in getattr(processor.info, "supported_mm_limits", {}):
+            return None
+        items = processor.info.parse_mm_data(
+            {"audio": [dummy_audio(audio_sampling_rate(processor))]})
+        return processor("", items, hf_processor_mm_kwargs={})
 
 
 def _process(processor: Any, sides: list[int]) -> Any:
@@ -119,7 +148,7 @@ def read_image_classes(worker: Any) -> tuple[tuple[ImageClass, ...], int, int]:
 
 
 def request_inputs(worker: Any, req: PlannedRequest, classes: tuple[ImageClass, ...],
-                   filler: list[int], processed: dict[str, Any] | None = None) -> RequestInputs:
+                   filler: list[int], shared: RunProcessor | None = None) -> RequestInputs:
     """Process ``req``'s images (one square image per class index in
     ``req.images``) through the model's processor.
 
@@ -128,8 +157,7 @@ def request_inputs(worker: Any, req: PlannedRequest, classes: tuple[ImageClass, 
         req: a request with ``images``.
         classes: the profile's image classes.
         filler: token ids to pad the prompt with, up to ``req.prompt_len``.
-        processed: keeps the processor between the calls of one run (the V2
-            runner has none of its own: one would be made per request).
+        shared: the run's :class:`RunProcessor`; None: one for this request.
 
     Raises:
         ValueError: the processor made a prompt longer than ``req.prompt_len``
@@ -137,12 +165,7 @@ def request_inputs(worker: Any, req: PlannedRequest, classes: tuple[ImageClass, 
     """
     from vllm.multimodal.inputs import MultiModalFeatureSpec
 
-    if processed is not None and "processor" in processed:
-        processor = processed["processor"]
-    else:
-        processor = processor_of(runner_of(worker))
-        if processed is not None:
-            processed["processor"] = processor
+    processor = (shared or RunProcessor(worker)).processor
     out = _process(processor, [classes[c].side for c in req.images])
     ids = list(out["prompt_token_ids"])
     if len(ids) > req.prompt_len:
@@ -206,7 +229,7 @@ def audio_sampling_rate(processor: Any) -> int:
 
 
 def audio_inputs(worker: Any, req: PlannedRequest, prompt: list[int],
-                 processed: dict[str, Any] | None = None) -> RequestInputs | None:
+                 shared: RunProcessor | None = None) -> RequestInputs | None:
     """The encoder input of an encoder-decoder request: :func:`dummy_audio`
     through the model's processor (``EncDecMultiModalProcessor.apply`` on an
     empty encoder prompt, as vLLM's front end processes
@@ -219,11 +242,8 @@ def audio_inputs(worker: Any, req: PlannedRequest, prompt: list[int],
         worker: the vLLM worker (its runner's processor is used).
         req: a request with ``encoder_len``.
         prompt: its decoder prompt token ids (kept as they are).
-        processed: the processor and its output, kept between the calls of
-            one run (every request's dummy audio is the same; on the V2
-            runner each call would make a processor and process the audio
-            again, ~10 ms a request on Whisper: a minute for 1,024 requests
-            on the H200); None: made and processed for this request alone.
+        shared: the run's :class:`RunProcessor` (its audio processed once);
+            None: one for this request.
 
     Returns:
         The inputs, or None when the model has no audio processor or the
@@ -233,18 +253,7 @@ def audio_inputs(worker: Any, req: PlannedRequest, prompt: list[int],
     """
     from vllm.multimodal.inputs import MultiModalFeatureSpec
 
-    if processed is not None and "audio" in processed:
-        out = processed["audio"]
-    else:
-        processor = processor_of(runner_of(worker))
-        if processor is None or "audio" not in getattr(processor.info, "supported_mm_limits", {}):
-            out = None
-        else:
-            items = processor.info.parse_mm_data(
-                {"audio": [dummy_audio(audio_sampling_rate(processor))]})
-            out = processor("", items, hf_processor_mm_kwargs={})
-        if processed is not None:
-            processed["audio"] = out
+    out = (shared or RunProcessor(worker)).audio
     if out is None:
         return None
     placeholder = out["mm_placeholders"]["audio"][0]

@@ -63,7 +63,7 @@ def attribute(events: Iterable[CompileEvent], phases: Sequence[tuple[str, float]
     # A variant compiled in a thread (stepwarm.deferred_compile) belongs to
     # the step whose launch it skipped, not to the step running when it ended.
     deferred = {d.key[:MAX_VARIANT]: (r, d.step) for r in reports
-                for d in getattr(r, "deferred_compiles", []) if d.key and d.step is not None}
+                for d in r.deferred_compiles if d.key and d.step is not None}
     events = list(events)
     asked = {i: deferred[e.variant] for i, e in enumerate(events)
              if e.kind == "triton" and e.variant in deferred}

@@ -65,18 +65,33 @@ def test_listed_kernel_launch_skipped_and_compiled_in_a_thread():
     assert all(c.seconds is not None and c.seconds >= 0.05 for c in d.result.compiles)
 
 
+class SideBySide(Kernel):
+    """Each compile waits until all four run at once (a Barrier: run one
+    after another, they break it and fail) and until the caller lets them go."""
+
+    def __init__(self):
+        super().__init__()
+        self.together = threading.Barrier(4, timeout=10)
+        self.go = threading.Event()
+
+    def preload(self, data: str) -> None:
+        self.together.wait()
+        assert self.go.wait(10)
+        time.sleep(0.05)
+        super().preload(data)
+
+
 def test_compiles_run_in_parallel_and_exit_waits_for_them():
     runtime = types.SimpleNamespace(jit_cache_hook=None)
-    kernel = Kernel(seconds=0.3)
-    t0 = time.perf_counter()
+    kernel = SideBySide()
     with deferred_compiles(4, runtime=runtime) as d:
         for key in ("a", "b", "c", "d"):
-            call(runtime, kernel, key)
-        assert time.perf_counter() - t0 < 0.2  # the caller did not wait
-    took = time.perf_counter() - t0
-    assert len(kernel.preloaded) == 4  # all finished at exit
-    assert 0.3 <= took < 1.0  # four 0.3 s compiles side by side, not 1.2 s in a row
-    assert d.result.waited_s > 0.1
+            assert call(runtime, kernel, key) is True
+        assert kernel.preloaded == []  # the caller went on before any compile ended
+        kernel.go.set()
+    assert sorted(kernel.preloaded) == ["spec-a", "spec-b", "spec-c", "spec-d"]  # exit waited
+    assert [c.error for c in d.result.compiles] == [None] * 4  # the barrier held: side by side
+    assert d.result.waited_s > 0.0
 
 
 def test_a_failed_compile_is_reported_not_raised():
