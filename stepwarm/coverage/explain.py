@@ -19,7 +19,9 @@ is the difference, each cause counted only when it happened:
 
 A flagged request whose first run shows none of these stays ``unexplained``
 (the report says so): first cuBLAS / cuDNN handles, FlashInfer / DeepGEMM JIT
-outside Triton's cache and driver-level work leave no trace here.
+outside Triton's cache and driver-level work leave no trace here. It is
+then traced to the worker step that paid the excess (:func:`slow_step`):
+which step, how many tokens and requests, how much slower.
 """
 
 from __future__ import annotations
@@ -112,3 +114,27 @@ def explanation(first: dict[str, Any], second: dict[str, Any]) -> str:
     if len(f_gc) > 2 and f_gc[2] > (s_gc[2] if len(s_gc) > 2 else 0):
         parts.append(f"{f_gc[2]} full gc pass(es)")
     return "; ".join(parts)
+
+
+def slow_step(first: list[list[float]], second: list[list[float]]) -> str:
+    """The worker step where the first run lost the most time against the
+    second, as a phrase (``""`` when neither run has steps).
+
+    Args:
+        first, second: each run's steps, ``[tokens, requests, ms]`` per
+            ``execute_model`` (:attr:`~stepwarm.coverage.replay.RequestResult.first_steps`).
+
+    Returns:
+        e.g. ``"step 1 of 5 (1450 tokens, 5 requests) +14.2 ms"``; where the
+        two runs were scheduled differently, the step counts and the time in
+        and out of the worker's steps instead.
+    """
+    if not first or not second:
+        return ""
+    if [s[:2] for s in first] != [s[:2] for s in second]:
+        return (f"scheduled differently: {len(first)} vs {len(second)} steps, "
+                f"{sum(s[2] for s in first):.1f} vs {sum(s[2] for s in second):.1f} ms in them")
+    i = max(range(len(first)), key=lambda k: first[k][2] - second[k][2])
+    tokens, reqs, ms = first[i]
+    return (f"step {i + 1} of {len(first)} ({int(tokens)} tokens, {int(reqs)} requests) "
+            f"+{ms - second[i][2]:.1f} ms")

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stepwarm.coverage.detectors import Detectors
-from stepwarm.coverage.replay import RequestResult, replay
+from stepwarm.coverage.replay import Gate, RequestResult, replay
 from stepwarm.coverage.report import (
     DEFAULT_THRESHOLDS,
     CoverageReport,
@@ -125,7 +125,9 @@ def measure(
     if on_started is not None:
         on_started(rep)
     t_traffic = time.time()
-    results = replay(engine.llm, traffic, limits, detectors, on_request, worker=engine.worker)
+    gate = Gate(rep.threshold, rep.min_excess_ms) if rep.threshold is not None else None
+    results = replay(engine.llm, traffic, limits, detectors, on_request, worker=engine.worker,
+                     gate=gate)
     rep.requests = [request_dict(r, t0) for r in results]
     rep.traffic_s = [round(t_traffic - t0, 3), round(time.time() - t0, 3)]
     return rep

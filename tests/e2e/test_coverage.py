@@ -64,6 +64,17 @@ def test_compare_baseline_fails_on_the_logprobs_compile_stepwarm_passes_and_rest
     assert [r["tokens"] for r in sw["requests"]] == [[4, 4], [4, 4], [20, 20], [4, 4]]
     for r in sw["requests"] + base["requests"]:  # the worker's share of each run
         assert 0 < r["first_worker_ms"] <= r["first_ms"] and 0 < r["second_worker_ms"] <= r["second_ms"]
+        # step by step: the prompts' prefill, then a decode per further token (4 each)
+        first, second = r["first_steps"], r["second_steps"]
+        assert [s[:2] for s in first] == [s[:2] for s in second], r["name"]
+        assert [s[:2] for s in first[1:]] == [[r["count"], r["count"]]] * 3, r["name"]
+        prefill = r["prompt_len"] * r["count"]
+        # the prefix line's 272 shared tokens are cached (the CPU build's
+        # blocks are bigger: whole ones only), the others compute every token
+        assert (first[0][0] < prefill) == (r["name"] == "prefix hit"), r["name"]
+        assert first[0][1] == r["count"] and first[0][0] >= prefill - 272
+        assert abs(sum(s[2] for s in first) - r["first_worker_ms"]) < 0.1 * len(first)
+        assert r["steady_ms"] == []  # no gate on the CPU build: every line runs twice
     # On the CPU build the ratio is reported, compiles gate (docs/cli.md: Thresholds).
     assert (sw["threshold"], base["threshold"]) == (None, None)
     # Printed side by side.

@@ -282,3 +282,45 @@ def test_each_request_carries_its_verdict_and_skips_are_printed_with_their_reaso
     assert max(map(len, lines)) <= 80
     assert " ".join(" ".join(lines[:2]).split()) == (
         "stepwarm: skipped spec-decode: needs speculator: runner has num_speculative_steps 0")
+
+
+def test_a_slow_first_run_that_a_later_run_matched_is_noise_not_flagged():
+    rep = _report()
+    # 35 ms first, 19 ms second: the gate passes (> 1.2x and > 10 ms)...
+    slow = _request("prefix hit, batch 5", 35.0, 19.0)
+    slow["steady_ms"] = [20.0, 36.0, 21.0]  # ...but a later run took as long
+    assert rep.flagged(slow) == "" and rep.noise(slow) == "noise: a later run took 36.0 ms"
+    # later runs all fast: the first run's excess is real and stays flagged
+    real = _request("prefix hit, batch 5", 35.0, 19.0)
+    real["steady_ms"] = [20.0, 22.0, 21.0]
+    assert rep.noise(real) == "" and rep.flagged(real) == "ratio > 1.2: unexplained"
+    # 1.2 x 22 = 26.4 < 30 but 30 - 22 = 8 ms is under the 10 ms floor: noise
+    near = _request("near", 30.0, 19.0)
+    near["steady_ms"] = [22.0]
+    assert rep.flagged(near) == "" and rep.noise(near) == "noise: a later run took 22.0 ms"
+    # a compile is never noise
+    compiled = _request("c", 35.0, 19.0, {"_topk_topp_kernel": 1})
+    compiled["steady_ms"] = [40.0]
+    assert rep.noise(compiled) == "" and rep.flagged(compiled) == "compiled"
+    # no outlier against the second run: nothing to call noise
+    fine = _request("fine", 20.0, 19.0)
+    fine["steady_ms"] = [40.0]
+    assert rep.noise(fine) == "" and rep.flagged(fine) == ""
+    rep.requests = [slow, real]
+    assert rep.to_dict()["summary"]["flagged"] == {"prefix hit, batch 5": "ratio > 1.2: unexplained"}
+
+
+def test_an_unexplained_outlier_names_the_worker_step_that_paid_it():
+    rep = _report()
+    r = _request("prefix hit, batch 5", 35.0, 19.0)
+    r["first_steps"] = [[1450, 5, 24.5], [5, 5, 3.1], [5, 5, 3.0], [5, 5, 2.9]]
+    r["second_steps"] = [[1450, 5, 10.3], [5, 5, 3.0], [5, 5, 3.1], [5, 5, 2.8]]
+    assert rep.flagged(r) == ("ratio > 1.2: unexplained; step 1 of 4 (1450 tokens, 5 requests) "
+                              "+14.2 ms")
+    # scheduled differently (a chunk split elsewhere): said so, with the time in the steps
+    r["second_steps"] = [[1024, 5, 8.0], [426, 5, 4.0], [5, 5, 3.0], [5, 5, 3.1], [5, 5, 2.8]]
+    assert rep.flagged(r) == ("ratio > 1.2: unexplained; scheduled differently: 4 vs 5 steps, "
+                              "33.5 vs 20.9 ms in them")
+    # a cause the side effects show comes first; no step is named then
+    r["side_effects_first"] = {"device_allocs": 2}
+    assert rep.flagged(r) == "ratio > 1.2: 2 cudaMalloc call(s)"
