@@ -125,7 +125,8 @@ def slow_step(first: list[list[float]], second: list[list[float]]) -> str:
             ``execute_model`` (:attr:`~stepwarm.coverage.replay.RequestResult.first_steps`).
 
     Returns:
-        e.g. ``"step 1 of 5 (1450 tokens, 5 requests) +14.2 ms"``; where the
+        e.g. ``"step 1 of 5 (1450 tokens, 5 requests) +14.2 ms of +15.0 ms
+        in the worker's steps"``; where the
         two runs were scheduled differently, the step counts and the time in
         and out of the worker's steps instead.
     """
@@ -136,5 +137,7 @@ def slow_step(first: list[list[float]], second: list[list[float]]) -> str:
                 f"{sum(s[2] for s in first):.1f} vs {sum(s[2] for s in second):.1f} ms in them")
     i = max(range(len(first)), key=lambda k: first[k][2] - second[k][2])
     tokens, reqs, ms = first[i]
-    return (f"step {i + 1} of {len(first)} ({int(tokens)} tokens, {int(reqs)} requests) "
-            f"+{ms - second[i][2]:.1f} ms")
+    extra = sum(f[2] for f in first) - sum(s[2] for s in second)
+    return (f"step {i + 1} of {len(first)} ({int(tokens)} tokens, {int(reqs)} "
+            f"request{'s' if reqs != 1 else ''}) +{ms - second[i][2]:.1f} ms "
+            f"of +{extra:.1f} ms in the worker's steps")

@@ -316,7 +316,10 @@ def test_an_unexplained_outlier_names_the_worker_step_that_paid_it():
     r["first_steps"] = [[1450, 5, 24.5], [5, 5, 3.1], [5, 5, 3.0], [5, 5, 2.9]]
     r["second_steps"] = [[1450, 5, 10.3], [5, 5, 3.0], [5, 5, 3.1], [5, 5, 2.8]]
     assert rep.flagged(r) == ("ratio > 1.2: unexplained; step 1 of 4 (1450 tokens, 5 requests) "
-                              "+14.2 ms")
+                              "+14.2 ms of +14.3 ms in the worker's steps")
+    r["first_steps"][0][1] = r["second_steps"][0][1] = 1
+    assert "(1450 tokens, 1 request) +14.2 ms" in rep.flagged(r)
+    r["first_steps"][0][1] = r["second_steps"][0][1] = 5
     # scheduled differently (a chunk split elsewhere): said so, with the time in the steps
     r["second_steps"] = [[1024, 5, 8.0], [426, 5, 4.0], [5, 5, 3.0], [5, 5, 3.1], [5, 5, 2.8]]
     assert rep.flagged(r) == ("ratio > 1.2: unexplained; scheduled differently: 4 vs 5 steps, "
