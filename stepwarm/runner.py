@@ -311,16 +311,20 @@ class WorkerClock:
     ``sample_tokens`` (ms), while :meth:`attached`: what of a request's
     latency the worker took, the rest being vLLM's front end and scheduler.
 
-    It also keeps each step apart (:attr:`steps`): ``[tokens, requests, ms]``
-    per ``execute_model`` call (``SchedulerOutput.total_num_scheduled_tokens``,
+    It also keeps each step apart (:attr:`steps`): ``[tokens, requests, ms,
+    new]`` per ``execute_model`` call (``SchedulerOutput.total_num_scheduled_tokens``,
     the requests it scheduled, its time and that of the ``sample_tokens`` call
-    after it), so a slow first run can be traced to the step that was slow."""
+    after it, and 1 when no step before it while attached had that many
+    tokens, else 0), so a slow first run can be traced to the step that was
+    slow: a GEMM at a token count cuBLAS has not seen picks and loads its
+    kernel on that first call (``docs/findings.md``)."""
 
     METHODS = ("execute_model", "sample_tokens")
 
     def __init__(self) -> None:
         self.ms = 0.0
         self.steps: list[list[float]] = []
+        self._token_counts: set[int] = set()
 
     @contextmanager
     def attached(self, worker: Any) -> Iterator[WorkerClock]:
@@ -352,8 +356,10 @@ class WorkerClock:
         out = args[0] if args else None
         if method == "execute_model" or not self.steps:
             sched = getattr(out, "num_scheduled_tokens", None) or {}
-            self.steps.append([int(getattr(out, "total_num_scheduled_tokens", 0) or 0),
-                               len(sched), ms])
+            tokens = int(getattr(out, "total_num_scheduled_tokens", 0) or 0)
+            new = tokens not in self._token_counts
+            self._token_counts.add(tokens)
+            self.steps.append([tokens, len(sched), ms, int(new)])
         else:  # sample_tokens: the step's second half
             self.steps[-1][2] += ms
 
@@ -364,10 +370,10 @@ class WorkerClock:
         return ms
 
     def take_steps(self) -> list[list[float]]:
-        """The steps counted since the last take, ``[tokens, requests, ms]``
-        each, ms rounded to 0.01."""
+        """The steps counted since the last take, ``[tokens, requests, ms,
+        new]`` each, ms rounded to 0.01."""
         steps, self.steps = self.steps, []
-        return [[t, n, round(ms, 2)] for t, n, ms in steps]
+        return [[t, n, round(ms, 2), new] for t, n, ms, new in steps]
 
 
 def jit_monitor_engine_args() -> dict[str, Any]:

@@ -121,7 +121,7 @@ def slow_step(first: list[list[float]], second: list[list[float]]) -> str:
     second, as a phrase (``""`` when neither run has steps).
 
     Args:
-        first, second: each run's steps, ``[tokens, requests, ms]`` per
+        first, second: each run's steps, ``[tokens, requests, ms(, new)]`` per
             ``execute_model`` (:attr:`~stepwarm.coverage.replay.RequestResult.first_steps`).
 
     Returns:
@@ -136,8 +136,10 @@ def slow_step(first: list[list[float]], second: list[list[float]]) -> str:
         return (f"scheduled differently: {len(first)} vs {len(second)} steps, "
                 f"{sum(s[2] for s in first):.1f} vs {sum(s[2] for s in second):.1f} ms in them")
     i = max(range(len(first)), key=lambda k: first[k][2] - second[k][2])
-    tokens, reqs, ms = first[i]
+    tokens, reqs, ms = first[i][:3]
     extra = sum(f[2] for f in first) - sum(s[2] for s in second)
+    # [3]: 1 where no earlier traffic step had that many tokens (WorkerClock)
+    new = ", the first traffic step of that size" if first[i][3:4] == [1] else ""
     return (f"step {i + 1} of {len(first)} ({int(tokens)} tokens, {int(reqs)} "
-            f"request{'s' if reqs != 1 else ''}) +{ms - second[i][2]:.1f} ms "
+            f"request{'s' if reqs != 1 else ''}{new}) +{ms - second[i][2]:.1f} ms "
             f"of +{extra:.1f} ms in the worker's steps")

@@ -86,8 +86,9 @@ class RequestResult:
     #: What each run did besides compiling (:func:`stepwarm.coverage.explain.side_effects`).
     side_effects_first: dict[str, Any] = field(default_factory=dict)
     side_effects_second: dict[str, Any] = field(default_factory=dict)
-    #: The worker's steps in each run: ``[tokens, requests, ms]`` per
-    #: ``execute_model`` (with its ``sample_tokens``), in order.
+    #: The worker's steps in each run: ``[tokens, requests, ms, new]`` per
+    #: ``execute_model`` (with its ``sample_tokens``), in order
+    #: (:class:`~stepwarm.runner.WorkerClock`).
     first_steps: list[list[float]] = field(default_factory=list)
     second_steps: list[list[float]] = field(default_factory=list)
     #: Wall times of the runs after the second (ms; :data:`STEADY_RUNS` of

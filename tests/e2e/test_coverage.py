@@ -74,6 +74,7 @@ def test_compare_baseline_fails_on_the_logprobs_compile_stepwarm_passes_and_rest
         assert (first[0][0] < prefill) == (r["name"] == "prefix hit"), r["name"]
         assert first[0][1] == r["count"] and first[0][0] >= prefill - 272
         assert abs(sum(s[2] for s in first) - r["first_worker_ms"]) < 0.1 * len(first)
+        assert all(s[3] == 0 for s in second)  # the first run had every count
         assert r["steady_ms"] == []  # no gate on the CPU build: every line runs twice
     # On the CPU build the ratio is reported, compiles gate (docs/cli.md: Thresholds).
     assert (sw["threshold"], base["threshold"]) == (None, None)

@@ -313,15 +313,20 @@ def test_a_slow_first_run_that_a_later_run_matched_is_noise_not_flagged():
 def test_an_unexplained_outlier_names_the_worker_step_that_paid_it():
     rep = _report()
     r = _request("prefix hit, batch 5", 35.0, 19.0)
-    r["first_steps"] = [[1450, 5, 24.5], [5, 5, 3.1], [5, 5, 3.0], [5, 5, 2.9]]
-    r["second_steps"] = [[1450, 5, 10.3], [5, 5, 3.0], [5, 5, 3.1], [5, 5, 2.8]]
+    r["first_steps"] = [[1450, 5, 24.5, 0], [5, 5, 3.1, 0], [5, 5, 3.0, 0], [5, 5, 2.9, 0]]
+    r["second_steps"] = [[1450, 5, 10.3, 0], [5, 5, 3.0, 0], [5, 5, 3.1, 0], [5, 5, 2.8, 0]]
     assert rep.flagged(r) == ("ratio > 1.2: unexplained; step 1 of 4 (1450 tokens, 5 requests) "
                               "+14.2 ms of +14.3 ms in the worker's steps")
     r["first_steps"][0][1] = r["second_steps"][0][1] = 1
     assert "(1450 tokens, 1 request) +14.2 ms" in rep.flagged(r)
     r["first_steps"][0][1] = r["second_steps"][0][1] = 5
+    r["first_steps"][0][3] = 1  # no traffic step before it had 1450 tokens
+    assert rep.flagged(r) == ("ratio > 1.2: unexplained; step 1 of 4 (1450 tokens, 5 requests, "
+                              "the first traffic step of that size) +14.2 ms of +14.3 ms in the "
+                              "worker's steps")
     # scheduled differently (a chunk split elsewhere): said so, with the time in the steps
-    r["second_steps"] = [[1024, 5, 8.0], [426, 5, 4.0], [5, 5, 3.0], [5, 5, 3.1], [5, 5, 2.8]]
+    r["second_steps"] = [[1024, 5, 8.0, 1], [426, 5, 4.0, 1], [5, 5, 3.0, 0], [5, 5, 3.1, 0],
+                         [5, 5, 2.8, 0]]
     assert rep.flagged(r) == ("ratio > 1.2: unexplained; scheduled differently: 4 vs 5 steps, "
                               "33.5 vs 20.9 ms in them")
     # a cause the side effects show comes first; no step is named then

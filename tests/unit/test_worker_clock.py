@@ -38,9 +38,14 @@ def test_steps_are_kept_apart_with_tokens_requests_and_both_halves():
         worker.sample_tokens(None)
     assert "execute_model" not in worker.__dict__  # unwrapped on exit
     steps = clock.take_steps()
-    assert [s[:2] for s in steps] == [[580, 2], [2, 2]]
-    for _, _, ms in steps:  # 20 ms + 10 ms each, sleeps never shorter
+    # tokens, requests, ms, and 1: no step before had that many tokens
+    assert [s[:2] + s[3:] for s in steps] == [[580, 2, 1], [2, 2, 1]]
+    for _, _, ms, _ in steps:  # 20 ms + 10 ms each, sleeps never shorter
         assert 30.0 <= ms < 300.0
     total = clock.take()
     assert abs(total - sum(s[2] for s in steps)) < 0.1
     assert clock.take_steps() == [] and clock.take() == 0.0
+    with clock.attached(worker):  # the counts seen before are remembered
+        worker.execute_model(_step({"c": 580}))
+        worker.execute_model(_step({"c": 7}))
+    assert [s[:2] + s[3:] for s in clock.take_steps()] == [[580, 1, 0], [7, 1, 1]]
