@@ -8,7 +8,8 @@ stepwarm's scenarios added to start-up; where the file has them (``coverage
 --compare`` since its restarts), the restart figures and the start-up
 compiles moved / vllm / extra with scenario time / compile time moved; then,
 per engine, the requests that compiled or were flagged. ``FILE`` may be
-gzipped (``.json.gz``).
+gzipped (``.json.gz``). Verdicts are made again by the installed stepwarm's
+rules (``CoverageReport.from_dict``), not read from the file.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import gzip
 import json
 import sys
 from pathlib import Path
+
+from stepwarm.coverage.report import CoverageReport
 
 
 def _flagged(rep: dict) -> dict[str, str]:
@@ -29,6 +32,9 @@ def main(pairs: list[str]) -> None:
         name, _, path = pair.partition("=")
         raw = Path(path).read_bytes()
         both = json.loads(gzip.decompress(raw) if path.endswith(".gz") else raw)
+        for mode in ("baseline", "stepwarm", "baseline_restart", "stepwarm_restart"):
+            if both.get(mode):
+                both[mode] = CoverageReport.from_dict(both[mode]).to_dict()
         b, s = both["baseline"], both["stepwarm"]
         br, sr, att = both.get("baseline_restart"), both.get("stepwarm_restart"), both.get("attribution")
         restart = (f"{br['startup_s']:.1f} / {sr['startup_s']:.1f} ({sr['stepwarm_s']:.2f})"

@@ -116,13 +116,15 @@ class CoverageReport:
     def noise(self, r: dict[str, Any]) -> str:
         """Why request ``r``'s slow first run was noise ('' when it was not):
         the runs after the second (:data:`~stepwarm.coverage.replay.STEADY_RUNS`)
-        include one the first does not pass the gate against."""
+        include one within the threshold's ratio of the first (the floor
+        plays no part: a first run 1.9 times every later one is no noise
+        because it is 9 ms)."""
         steady = r.get("steady_ms") or []
         if self.threshold is None or not steady or r["compiles_first"] or r["compiles_second"]:
             return ""
-        gate = Gate(self.threshold, self.min_excess_ms)
         slowest = max([r["second_ms"], *steady])
-        if not gate.passed(r["first_ms"], r["second_ms"]) or gate.passed(r["first_ms"], slowest):
+        if (not Gate(self.threshold, self.min_excess_ms).passed(r["first_ms"], r["second_ms"])
+                or r["first_ms"] > self.threshold * slowest):
             return ""
         return f"noise: a later run took {slowest:.1f} ms"
 
@@ -164,8 +166,13 @@ class CoverageReport:
     @classmethod
     def load(cls, path: Path) -> CoverageReport:
         """Read a report :meth:`save` wrote."""
-        d = json.loads(path.read_text())
-        d.pop("summary", None)
+        return cls.from_dict(json.loads(path.read_text()))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CoverageReport:
+        """A report from :meth:`to_dict`'s data; the verdicts are made again
+        (by this version's rules) when it is read."""
+        d = {k: v for k, v in d.items() if k != "summary"}
         d["startup_compiles"] = [StartupCompile(**c) for c in d.get("startup_compiles", [])]
         return cls(**d)
 
