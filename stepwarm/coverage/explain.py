@@ -126,9 +126,10 @@ def slow_step(first: list[list[float]], second: list[list[float]]) -> str:
 
     Returns:
         e.g. ``"step 1 of 5 (1450 tokens, 5 requests) +14.2 ms of +15.0 ms
-        in the worker's steps"``; where the
-        two runs were scheduled differently, the step counts and the time in
-        and out of the worker's steps instead.
+        in the worker's steps"`` (with ``", the first traffic step of that
+        size"`` after the requests where the step says so); where the two
+        runs were scheduled differently, the step counts and the time in
+        their steps instead.
     """
     if not first or not second:
         return ""

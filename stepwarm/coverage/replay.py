@@ -9,8 +9,9 @@ initialization. The detectors are polled after each run.
 
 A line whose first run looks like an outlier without a compile (first /
 second above the gate, see :class:`Gate`) is run :data:`STEADY_RUNS` more
-times: a first run no slower than the slowest of the later runs was noise
-(another process on the device, the collector), not a first-call cost. Each
+times: a first run within the gate's ratio of one of the later runs was
+noise (another process on the device, the collector), not a first-call cost
+(``CoverageReport.noise``). Each
 run's worker time is kept per step (:attr:`RequestResult.first_steps`), so
 an excess that stays can be traced to the step that paid it.
 """
