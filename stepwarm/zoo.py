@@ -439,7 +439,8 @@ class ZooModel:
     special_tokens: Mapping[str, int] = field(default_factory=dict)
     #: Further ``tokenizer_config.json`` entries (e.g. ``bos_token``).
     tokenizer_config: Mapping[str, Any] = field(default_factory=dict)
-    #: Further JSON files (processor / feature extractor configs) by name.
+    #: Further JSON files (processor / feature extractor configs,
+    #: ``generation_config.json``) by name.
     files: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: The speculator it starts with (None: none).
     drafter: ZooDrafter | None = None
@@ -518,17 +519,22 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              drafter=ZooDrafter("mtp", 2)),
     # Real dimensions, few layers (stepwarm.zoo_real): the kernels' real variants.
     ZooModel("llama-3.1-8b-l2", "dense, GQA 32/8, llama3 rope", zoo_real.LLAMA_3_1_8B,
-             zoo_real.REAL_TEXT_LIMITS, published_layers=32),
+             zoo_real.REAL_TEXT_LIMITS, published_layers=32,
+             files={"generation_config.json": zoo_real.GENERATION_CONFIGS["llama-3.1-8b-l2"]}),
     ZooModel("qwen3-30b-a3b-l2", "MoE (128 experts, top 8)", zoo_real.QWEN3_30B_A3B,
-             zoo_real.REAL_TEXT_LIMITS, published_layers=48),
+             zoo_real.REAL_TEXT_LIMITS, published_layers=48,
+             files={"generation_config.json": zoo_real.GENERATION_CONFIGS["qwen3-30b-a3b-l2"]}),
     ZooModel("deepseek-v2-lite-l2", "MLA + MoE (64+2 shared, top 6)",
              zoo_real.DEEPSEEK_V2_LITE, zoo_real.REAL_TEXT_LIMITS, published_layers=27),
     ZooModel("granite-4.0-h-tiny-l4", "Mamba2 + attention, MoE (64, top 6)",
              zoo_real.GRANITE_4_0_H_TINY, zoo_real.REAL_TEXT_LIMITS, published_layers=40),
     ZooModel("qwen3-next-80b-a3b-l4", "GDN + attention, MoE (512, top 10)",
-             zoo_real.QWEN3_NEXT_80B_A3B, zoo_real.REAL_TEXT_LIMITS, published_layers=48),
+             zoo_real.QWEN3_NEXT_80B_A3B, zoo_real.REAL_TEXT_LIMITS, published_layers=48,
+             files={"generation_config.json":
+                    zoo_real.GENERATION_CONFIGS["qwen3-next-80b-a3b-l4"]}),
     ZooModel("gemma-3-12b-l2", "sliding (1024) + full attention",
-             zoo_real.GEMMA_3_12B, zoo_real.REAL_TEXT_LIMITS, published_layers=48),
+             zoo_real.GEMMA_3_12B, zoo_real.REAL_TEXT_LIMITS, published_layers=48,
+             files={"generation_config.json": zoo_real.GENERATION_CONFIGS["gemma-3-12b-l2"]}),
     ZooModel("whisper-large-v3-l2", "encoder-decoder (cross-attention)",
              zoo_real.WHISPER_LARGE_V3, {"max_model_len": 448},
              runner="generate, encoder-decoder", published_layers=32,

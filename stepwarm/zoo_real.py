@@ -361,6 +361,22 @@ QWEN2_5_VL_7B: dict[str, Any] = {
     "vocab_size": 152064,
 }
 
+#: The sampling fields of the published ``generation_config.json`` of the
+#: models whose file has any (vLLM's OpenAI server gives them to a request
+#: that leaves them unset; ``stepwarm coverage``'s ``server_defaults`` lines
+#: read them). Written beside ``config.json`` (:data:`stepwarm.zoo.ZOO`).
+GENERATION_CONFIGS: dict[str, dict[str, Any]] = {
+    # meta-llama/Llama-3.1-8B-Instruct
+    "llama-3.1-8b-l2": {"do_sample": True, "temperature": 0.6, "top_p": 0.9},
+    # Qwen/Qwen3-30B-A3B
+    "qwen3-30b-a3b-l2": {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95},
+    # Qwen/Qwen3-Next-80B-A3B-Instruct
+    "qwen3-next-80b-a3b-l4": {"do_sample": True, "temperature": 0.7, "top_k": 20,
+                              "top_p": 0.8},
+    # google/gemma-3-12b-it
+    "gemma-3-12b-l2": {"do_sample": True, "top_k": 64, "top_p": 0.95},
+}
+
 #: Engine arguments of a real-dimension text model: vLLM's defaults but a
 #: ``max_model_len`` that fits one H200 at ``gpu_memory_utilization`` 0.3.
 REAL_TEXT_LIMITS: dict[str, Any] = {"max_model_len": 4096}

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from stepwarm.coverage.traffic import (
     TrafficLine,
     make_sampling_params,
     prompts_for,
+    server_sampling,
 )
 from stepwarm.runner import WorkerClock
 
@@ -118,16 +119,19 @@ def _generate(llm: Any, prompts: list[list[int]], params: Any) -> Any:
 
 def replay_line(llm: Any, tl: TrafficLine, limits: TrafficLimits,
                 detectors: Detectors, clock: WorkerClock | None = None,
-                gate: Gate | None = None) -> RequestResult:
+                gate: Gate | None = None,
+                server: Mapping[str, Any] | None = None) -> RequestResult:
     """Run one line twice (see the module docstring) and what the detectors
     saw; with ``clock`` (attached to the worker), the worker's share of each
     run, step by step; with ``gate``, :data:`STEADY_RUNS` more runs of a
-    line whose first run passes it without a compile.
+    line whose first run passes it without a compile; ``server``: the
+    model's generation-config defaults a ``server_defaults`` line starts from
+    (:func:`~stepwarm.coverage.traffic.server_sampling`).
 
     A run that raises is recorded in ``error``; the runs after it are skipped.
     """
     req = tl.request
-    kwargs = req.sampling_kwargs(limits.max_logprobs)
+    kwargs = req.sampling_kwargs(limits.max_logprobs, server)
     result = RequestResult(line=tl.line, name=tl.name, count=req.count,
                            prompt_len=req.prompt_len, sampling=kwargs)
     params = make_sampling_params(kwargs)
@@ -197,10 +201,11 @@ def replay(llm: Any, traffic: Traffic, limits: TrafficLimits, detectors: Detecto
     """
     results = []
     clock = WorkerClock()
+    server = server_sampling(llm) if any(tl.request.server_defaults for tl in traffic.lines) else {}
     with clock.attached(worker) if worker is not None else contextlib.nullcontext():
         for tl in traffic.lines:
             result = replay_line(llm, tl, limits, detectors,
-                                 clock if worker is not None else None, gate)
+                                 clock if worker is not None else None, gate, server)
             results.append(result)
             if on_request is not None:
                 on_request(result)

@@ -13,6 +13,11 @@ Each line is a JSON object::
   constructing one. ``logprobs`` / ``prompt_logprobs`` may be ``"max"``: the
   engine's ``max_logprobs``. stepwarm adds ``max_tokens = 4``,
   ``ignore_eos = true`` and ``detokenize = false`` unless the line sets them.
+* ``server_defaults``: ``true``: the line's ``sampling`` starts from the
+  model's ``generation_config.json`` as vLLM's OpenAI server applies it to a
+  request that leaves those fields unset (``ModelConfig.get_diff_sampling_param``:
+  :data:`SERVER_DEFAULT_KEYS`), the line's own keys over it; ``max_tokens``
+  stays stepwarm's.
 * ``prefix``: ``{"group": NAME, "tokens": N}``: the prompt's first ``N``
   tokens are the group's shared prefix, cached by a priming request before
   each replay, so the measured request is a prefix hit.
@@ -40,7 +45,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from stepwarm.scenario.errors import joined
 
@@ -50,6 +64,12 @@ BUILTIN = "builtin"
 #: fixed-length outputs and no detokenization (a ``--model`` directory may
 #: have no tokenizer).
 SAMPLING_DEFAULTS: dict[str, Any] = {"max_tokens": 4, "ignore_eos": True, "detokenize": False}
+#: The ``SamplingParams`` fields vLLM's server takes from a model's
+#: ``generation_config.json`` where a request leaves them unset
+#: (``ModelConfig.get_diff_sampling_param``; its ``max_tokens`` is left out:
+#: coverage keeps its short outputs).
+SERVER_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                       "presence_penalty", "frequency_penalty")
 #: Fields that may be ``"max"`` (the engine's ``max_logprobs``).
 MAX_FIELDS = ("logprobs", "prompt_logprobs")
 #: The first token id made-up prompts use (0-2 are often pad/bos/eos).
@@ -104,6 +124,7 @@ class TrafficRequest(BaseModel):
                   Annotated[list[Annotated[StrictInt, Field(ge=0)]], Field(min_length=1)]]
     count: Annotated[StrictInt, Field(gt=0, le=MAX_COUNT)] = 1
     sampling: dict[str, Any] = Field(default_factory=dict)
+    server_defaults: StrictBool = False
     prefix: Prefix | None = None
 
     @property
@@ -111,10 +132,21 @@ class TrafficRequest(BaseModel):
         """Prompt length in tokens."""
         return self.prompt if isinstance(self.prompt, int) else len(self.prompt)
 
-    def sampling_kwargs(self, max_logprobs: int) -> dict[str, Any]:
+    def sampling_kwargs(self, max_logprobs: int,
+                        server: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """``SamplingParams`` keyword arguments: :data:`SAMPLING_DEFAULTS`,
-        then the line's table, ``"max"`` replaced by ``max_logprobs``."""
-        kwargs = {**SAMPLING_DEFAULTS, **self.sampling}
+        then (for a ``server_defaults`` line) ``server``'s
+        :data:`SERVER_DEFAULT_KEYS`, then the line's table, ``"max"``
+        replaced by ``max_logprobs``.
+
+        Args:
+            max_logprobs: the engine's ``max_logprobs``.
+            server: the model's generation-config defaults
+                (:func:`server_sampling`); None: not known yet (no engine).
+        """
+        defaults = ({k: v for k, v in (server or {}).items() if k in SERVER_DEFAULT_KEYS}
+                    if self.server_defaults else {})
+        kwargs = {**SAMPLING_DEFAULTS, **defaults, **self.sampling}
         for key in MAX_FIELDS:
             if kwargs.get(key) == "max":
                 kwargs[key] = max_logprobs
@@ -187,6 +219,15 @@ def _nesting_error(text: str, file: str, line: int) -> TrafficError | None:
 
 def _loc(loc: tuple) -> str:
     return ".".join(str(p) for p in loc)
+
+
+def server_sampling(llm: Any) -> dict[str, Any]:
+    """The sampling defaults vLLM's OpenAI server gives a request from the
+    model's ``generation_config.json`` (``ModelConfig.get_diff_sampling_param``,
+    read as the server reads it; ``{}`` where the model has none), restricted
+    to :data:`SERVER_DEFAULT_KEYS`."""
+    diff = llm.llm_engine.model_config.get_diff_sampling_param() or {}
+    return {k: v for k, v in diff.items() if k in SERVER_DEFAULT_KEYS}
 
 
 def make_sampling_params(kwargs: dict[str, Any]) -> Any:

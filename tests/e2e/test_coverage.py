@@ -117,3 +117,34 @@ def test_a_bad_traffic_line_exits_2_before_the_engine_starts(tmp_path):
     assert f"{traffic}:2: sampling.top_k: vLLM's SamplingParams refused it: top_k must be " \
            in proc.stderr
     assert "starting vLLM engine" not in proc.stdout
+
+
+def test_server_defaults_lines_sample_as_the_models_generation_config_says(tmp_path):
+    """A model with a ``generation_config.json`` (the embedded tiny Llama
+    plus the file): a ``server_defaults`` line is sent with its temperature /
+    top_k / top_p under the line's own keys, as vLLM's OpenAI server merges
+    them; a plain line is not; the JSON records what was sent."""
+    from stepwarm.zoo import write_model
+
+    model = write_model("tiny-llama", tmp_path)
+    (model / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95}))
+    traffic = tmp_path / "traffic.jsonl"
+    traffic.write_text(
+        '{"name": "server", "prompt": 7, "count": 3, "server_defaults": true}\n'
+        '{"name": "server, own top_p", "prompt": 7, "server_defaults": true, '
+        '"sampling": {"top_p": 0.5}}\n'
+        '{"name": "plain", "prompt": 7}\n')
+    out = tmp_path / "r.json"
+    proc = _stepwarm("coverage", str(traffic), "--model", str(model), "--json", str(out),
+                     "-e", "max_model_len=512", "-e", "max_num_seqs=8")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rep = json.loads(out.read_text())
+    sent = {r["name"]: r["sampling"] for r in rep["requests"]}
+    short = {"max_tokens": 4, "ignore_eos": True}
+    assert sent == {
+        "server": {**short, "temperature": 0.6, "top_k": 20, "top_p": 0.95},
+        "server, own top_p": {**short, "temperature": 0.6, "top_k": 20, "top_p": 0.5},
+        "plain": short,
+    }
+    assert [r["tokens"] for r in rep["requests"]] == [[12, 12], [4, 4], [4, 4]]

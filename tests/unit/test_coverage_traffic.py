@@ -38,7 +38,7 @@ def _error(*lines: str) -> str:
                        "of token ids (integers >= 0, at least one)"),
     ('{"prompt": [3, false]}', "t.jsonl:2: prompt: [3, false]: allowed: a length"),
     ('{"promt": 3}', "t.jsonl:2: promt: unknown field (did you mean 'prompt'?); allowed: name, "
-                     "prompt, count, sampling, prefix"),
+                     "prompt, count, sampling, server_defaults, prefix"),
     ('{"prompt": 5, "count": 4097}', "t.jsonl:2: count: Input should be less than or equal to "
                                      "4096 (MAX_COUNT, see docs/traffic.md)"),
     ('{"prompt": 5, "sampling": {"temprature": 1}}',
@@ -51,7 +51,8 @@ def _error(*lines: str) -> str:
     ('{"prompt": 5, "count": 0}', "t.jsonl:2: count: Input should be greater than 0"),
     ('{"prompt": 5, "count": "a"}', "t.jsonl:2: count: Input should be a valid integer"),
     ('{"prompt": 5, "extra": 1}',
-     "t.jsonl:2: extra: unknown field; allowed: name, prompt, count, sampling, prefix"),
+     "t.jsonl:2: extra: unknown field; allowed: name, prompt, count, sampling, "
+     "server_defaults, prefix"),
     ('{"prompt": 5, "prefix": {"group": "g", "tokenz": 5}}',
      "t.jsonl:2: prefix.tokenz: unknown field (did you mean 'tokens'?); allowed: group, tokens"),
     ('{"prompt": 5, "prefix": {"group": "", "tokens": 2}}',
@@ -177,7 +178,27 @@ def test_the_builtin_traffic_covers_the_classes_it_promises():
     assert any(r.count * r.prompt_len > 2048 and r.prompt_len <= 300 for r in reqs)
     assert any("repetition_penalty" in s for s in samplings)
     assert sum(1 for r in reqs if r.prefix is not None) == 2
+    # server-style: sampling from the model's generation_config.json
+    assert {r.count for r in reqs if r.server_defaults and not r.sampling} == {1, 16, 17}
     assert any(isinstance(r.prompt, list) for r in reqs)
     limits = TrafficLimits(max_model_len=512, vocab_size=512, max_logprobs=20)
     check_limits(traffic, limits)  # fits the embedded tiny Llama's engine
     assert all(json.loads(line) for line in builtin_path().read_text().splitlines())
+
+
+def test_a_server_defaults_line_takes_the_generation_config_under_its_own_keys(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"prompt": 7, "server_defaults": true, "sampling": {"top_p": 0.5}}\n'
+                    '{"prompt": 7, "sampling": {"top_p": 0.5}}\n')
+    server_line, plain = [tl.request for tl in load_traffic(str(path)).lines]
+    server = {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "max_tokens": 2048}
+    # the line's top_p wins; the model's max_tokens is not taken (outputs stay short)
+    assert server_line.sampling_kwargs(20, server) == {
+        "max_tokens": 4, "ignore_eos": True, "detokenize": False,
+        "temperature": 0.6, "top_k": 20, "top_p": 0.5}
+    assert plain.sampling_kwargs(20, server) == {
+        "max_tokens": 4, "ignore_eos": True, "detokenize": False, "top_p": 0.5}
+    path.write_text('{"prompt": 7, "server_defaults": "yes"}\n')
+    with pytest.raises(TrafficError) as e:
+        load_traffic(str(path))
+    assert f"{path}:1: server_defaults: " in str(e.value)

@@ -131,3 +131,22 @@ def test_vllm_knows_the_vision_language_architecture():
     from vllm import ModelRegistry
 
     assert ZOO["qwen2.5-vl-7b-l2"].architecture in ModelRegistry.get_supported_archs()
+
+
+@pytest.mark.parametrize("name", ["llama-3.1-8b-l2", "qwen3-30b-a3b-l2", "gemma-3-12b-l2",
+                                  "granite-4.0-h-tiny-l4"])
+def test_vllm_reads_the_published_sampling_defaults_as_its_server_does(name, tmp_path):
+    """``ModelConfig.get_diff_sampling_param`` is what vLLM's OpenAI server
+    (and ``LLM.get_default_sampling_params``) fills unset request fields with."""
+    from vllm.config import ModelConfig
+
+    from stepwarm.coverage.traffic import SERVER_DEFAULT_KEYS
+
+    mc = ModelConfig(model=str(write_model(name, tmp_path)),
+                     max_model_len=ZOO[name].engine_args["max_model_len"])
+    expected = {"llama-3.1-8b-l2": {"temperature": 0.6, "top_p": 0.9},
+                "qwen3-30b-a3b-l2": {"temperature": 0.6, "top_k": 20, "top_p": 0.95},
+                "gemma-3-12b-l2": {"top_k": 64, "top_p": 0.95},
+                "granite-4.0-h-tiny-l4": {}}[name]  # its file sets no sampling field
+    diff = mc.get_diff_sampling_param()
+    assert {k: v for k, v in diff.items() if k in SERVER_DEFAULT_KEYS} == expected
