@@ -125,8 +125,8 @@ def slow_step(first: list[list[float]], second: list[list[float]]) -> str:
             ``execute_model`` (:attr:`~stepwarm.coverage.replay.RequestResult.first_steps`).
 
     Returns:
-        e.g. ``"step 1 of 5 (1450 tokens, 5 requests) +14.2 ms of +15.0 ms
-        in the worker's steps"`` (with ``", the first traffic step of that
+        e.g. ``"step 1 of 5 (1450 tokens, 5 requests) +14.2 ms (all the
+        worker's steps +15.0 ms)"`` (with ``", the first traffic step of that
         size"`` after the requests where the step says so); where the two
         runs were scheduled differently, the step counts and the time in
         their steps instead.
@@ -143,4 +143,4 @@ def slow_step(first: list[list[float]], second: list[list[float]]) -> str:
     new = ", the first traffic step of that size" if first[i][3:4] == [1] else ""
     return (f"step {i + 1} of {len(first)} ({int(tokens)} tokens, {int(reqs)} "
             f"request{'s' if reqs != 1 else ''}{new}) +{ms - second[i][2]:.1f} ms "
-            f"of +{extra:.1f} ms in the worker's steps")
+            f"(all the worker's steps {extra:+.1f} ms)")

@@ -20,6 +20,7 @@ from rich.text import Text
 from stepwarm.coverage.detectors import CompileEvent, merge
 from stepwarm.coverage.explain import explanation, slow_step
 from stepwarm.coverage.replay import Gate, RequestResult
+from stepwarm.coverage.traffic import SAMPLING_DEFAULTS
 from stepwarm.coverage.startup import Where
 
 #: Default first/second latency ratio above which a request is flagged, and
@@ -136,8 +137,9 @@ class CoverageReport:
 
     @property
     def excess_ms(self) -> float:
-        """Sum of first-call excess over every request (ms)."""
-        return sum(r["excess_ms"] for r in self.requests)
+        """Sum of first-call excess over every request (ms), those whose
+        slow first run was noise (:meth:`noise`) left out."""
+        return sum(r["excess_ms"] for r in self.requests if not self.noise(r))
 
     @property
     def exit_code(self) -> int:
@@ -151,6 +153,7 @@ class CoverageReport:
         d = asdict(self)
         for r in d["requests"]:  # each line's own verdict ("" = passed)
             r["verdict"] = self.flagged(r)
+            r["noise"] = self.noise(r)  # why a passed slow first run was noise, or ""
         d["summary"] = {"traffic_compiles": self.traffic_compiles,
                         "excess_ms": round(self.excess_ms, 1),
                         "startup_compiles": self.startup_compile_count,
@@ -211,7 +214,8 @@ def group_startup(attributed: list[tuple[CompileEvent, Where]], t0: float) -> li
 # -- printing -----------------------------------------------------------------
 
 def _sampling_text(s: dict[str, Any]) -> str:
-    shown = {k: v for k, v in s.items() if k not in ("ignore_eos", "max_tokens")}
+    shown = {k: v for k, v in s.items() if k != "ignore_eos"
+             and not (k == "max_tokens" and v == SAMPLING_DEFAULTS["max_tokens"])}
     return " ".join(f"{k}={v}" for k, v in shown.items()) or "-"
 
 

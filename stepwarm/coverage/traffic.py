@@ -56,6 +56,7 @@ from pydantic import (
     ValidationError,
 )
 
+from stepwarm.files import FileTooLarge, NotUtf8, read_text_capped
 from stepwarm.scenario.errors import joined
 
 #: Name of the traffic file shipped with stepwarm (``stepwarm coverage`` with no TRAFFIC).
@@ -306,6 +307,12 @@ def parse_line(text: str, file: str, line: int) -> TrafficRequest:
         raise _error(file, line, "prefix.tokens",
                      f"{request.prefix.tokens} must be less than the prompt's "
                      f"{request.prompt_len} tokens (the request adds tokens of its own)")
+    if request.prefix is not None and isinstance(request.prompt, list):
+        raise _error(file, line, "prefix", "a prompt of token ids is sent as given, with no "
+                     "shared prefix made up or primed; allowed: a prompt length with a prefix")
+    if request.prefix is not None and request.sampling.get("prompt_logprobs") is not None:
+        raise _error(file, line, "prefix", "vLLM skips the prefix cache for a request with "
+                     "prompt_logprobs, so it would not be a prefix hit; allowed: one or the other")
     for key in MAX_FIELDS:
         value = request.sampling.get(key)
         if isinstance(value, str) and value != "max":
@@ -401,12 +408,14 @@ def load_traffic(path: str | Path | None, limits: TrafficLimits | None = None) -
     """
     p = builtin_path() if path is None or str(path) == BUILTIN else Path(path)
     try:
-        if p.stat().st_size > MAX_FILE_BYTES:
-            raise TrafficError(f"{p}: traffic file of {p.stat().st_size} bytes; allowed: at "
-                               f"most {MAX_FILE_BYTES} bytes (MAX_FILE_BYTES, see docs/traffic.md)")
-        text = p.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is dropped
-    except UnicodeDecodeError as e:
-        raise TrafficError(f"{p}: not UTF-8 (byte {e.start})") from None
+        text = read_text_capped(p, MAX_FILE_BYTES)  # a BOM (Windows editors) is dropped
+    except FileTooLarge:
+        raise TrafficError(f"{p}: traffic file of more than {MAX_FILE_BYTES} bytes; allowed: at "
+                           f"most {MAX_FILE_BYTES} bytes (MAX_FILE_BYTES, see docs/traffic.md)"
+                           ) from None
+    except NotUtf8 as e:
+        raise TrafficError(f"{p}:{e.line}: not UTF-8 (byte {e.byte:#04x} at offset "
+                           f"{e.offset})") from None
     except OSError as e:
         raise TrafficError(f"{p}: cannot read: {e.strerror or e}") from None
     return loads_traffic(text, str(p), limits)
@@ -436,6 +445,13 @@ def _limit_errors(tl: TrafficLine, file: str, limits: TrafficLimits) -> list[Tra
         errors.append(_error(*where, "prompt", f"{req.prompt_len} tokens + max_tokens "
                              f"{kwargs.get('max_tokens')} = {total} > {src} max_model_len "
                              f"{limits.max_model_len}"))
+    if limits.vocab_size is not None:
+        for key, ids in (("allowed_token_ids", kwargs.get("allowed_token_ids") or []),
+                         ("logit_bias", [int(k) for k in (kwargs.get("logit_bias") or {})
+                                         if str(k).lstrip("-").isdigit()])):
+            if ids and max(ids) >= limits.vocab_size:
+                errors.append(_error(*where, f"sampling.{key}", f"token id {max(ids)} >= the "
+                                     f"model's vocab_size {limits.vocab_size}"))
     if (limits.vocab_size is not None and isinstance(req.prompt, list)
             and max(req.prompt) >= limits.vocab_size):
         errors.append(_error(*where, "prompt", f"token id {max(req.prompt)} >= the model's "

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from stepwarm.files import FileTooLarge, NotUtf8, read_text_capped
 from stepwarm.scenario.errors import ScenarioError
 from stepwarm.scenario.sampling import SamplingTable
 from stepwarm.scenario.format import (
@@ -126,18 +127,18 @@ def load(name_or_path: str) -> LoadedScenario:
                             file=name_or_path)
     if looks_like_path or path.is_file():
         try:
-            if path.stat().st_size > MAX_FILE_BYTES:
-                raise ScenarioError(
-                    f"{name_or_path}: scenario file of {path.stat().st_size} bytes; allowed: at "
-                    f"most {MAX_FILE_BYTES} bytes (MAX_FILE_BYTES, see scenarios/README.md)",
-                    file=name_or_path)
-            text = path.read_text(encoding="utf-8-sig")  # a BOM (Windows editors) is dropped
+            text = read_text_capped(path, MAX_FILE_BYTES)  # a BOM (Windows editors) is dropped
+        except FileTooLarge:
+            raise ScenarioError(
+                f"{name_or_path}: scenario file of more than {MAX_FILE_BYTES} bytes; allowed: "
+                f"at most {MAX_FILE_BYTES} bytes (MAX_FILE_BYTES, see scenarios/README.md)",
+                file=name_or_path) from None
         except OSError as e:
             raise ScenarioError(f"{name_or_path}: cannot read scenario file: "
                                 f"{e.strerror or e}", file=name_or_path) from None
-        except UnicodeDecodeError as e:
-            raise ScenarioError(f"{name_or_path}: cannot read scenario file: not UTF-8 "
-                                f"(byte {e.object[e.start]:#04x} at offset {e.start}); "
+        except NotUtf8 as e:
+            raise ScenarioError(f"{name_or_path}:{e.line}: cannot read scenario file: not UTF-8 "
+                                f"(byte {e.byte:#04x} at offset {e.offset}); "
                                 "allowed: TOML in UTF-8", file=name_or_path) from None
         return loads(text, str(path), path.stem)
     known = builtin_names()

@@ -102,8 +102,17 @@ def test_an_oversized_scenario_file_is_not_read(tmp_path):
     f.write_text("# " + "x" * MAX_FILE_BYTES + "\n")
     code, out, err = _check(f)
     assert code == 2 and "ok " not in out
-    assert err == (f"error: {f}: scenario file of {MAX_FILE_BYTES + 3} bytes; allowed: at most "
-                   f"{MAX_FILE_BYTES} bytes (MAX_FILE_BYTES, see scenarios/README.md)\n")
+    assert err == (f"error: {f}: scenario file of more than {MAX_FILE_BYTES} bytes; allowed: at "
+                   f"most {MAX_FILE_BYTES} bytes (MAX_FILE_BYTES, see scenarios/README.md)\n")
+
+
+def test_an_endless_file_is_read_no_further_than_the_cap():
+    # a device reports size 0 to stat(); /dev/zero never ends
+    code, out, err = _check("/dev/zero")
+    assert code == 2 and "ok " not in out
+    assert err == (f"error: /dev/zero: scenario file of more than {MAX_FILE_BYTES} bytes; "
+                   f"allowed: at most {MAX_FILE_BYTES} bytes (MAX_FILE_BYTES, see "
+                   "scenarios/README.md)\n")
 
 
 def test_a_million_requests_are_refused_at_the_cap(tmp_path):
@@ -521,3 +530,10 @@ def test_every_bad_scenario_named_is_listed_not_the_first(tmp_path):
         "declared under [requests]: a")]
     assert [(x.file, x.step) for x in e.value.errors] == [
         (str(one), 0), (str(one), 1), (str(one), 2), (str(two), 0)]
+
+
+def test_coverage_baseline_with_scenarios_is_refused_before_any_engine():
+    r = runner.invoke(app, ["coverage", "--baseline", "-s", "default"], env=ENV)
+    assert r.exit_code == 2 and "starting vLLM engine" not in r.stdout
+    assert r.stderr == ("error: -s default: --baseline runs vLLM's warmup alone, no scenario; "
+                        "allowed: one or the other (--compare runs both)\n")

@@ -310,7 +310,12 @@ def test_a_slow_first_run_that_a_later_run_matched_is_noise_not_flagged():
     fine["steady_ms"] = [40.0]
     assert rep.noise(fine) == "" and rep.flagged(fine) == ""
     rep.requests = [slow, real]
-    assert rep.to_dict()["summary"]["flagged"] == {"prefix hit, batch 5": "ratio > 1.2: unexplained"}
+    d = rep.to_dict()
+    assert d["summary"]["flagged"] == {"prefix hit, batch 5": "ratio > 1.2: unexplained"}
+    assert [(r["verdict"], r["noise"]) for r in d["requests"]] == [
+        ("", "noise: a later run took 36.0 ms"), ("ratio > 1.2: unexplained", "")]
+    # the noise line's 16 ms are not first-call excess
+    assert rep.excess_ms == 16.0 and d["summary"]["excess_ms"] == 16.0
 
 
 def test_an_unexplained_outlier_names_the_worker_step_that_paid_it():
@@ -319,14 +324,14 @@ def test_an_unexplained_outlier_names_the_worker_step_that_paid_it():
     r["first_steps"] = [[1450, 5, 24.5, 0], [5, 5, 3.1, 0], [5, 5, 3.0, 0], [5, 5, 2.9, 0]]
     r["second_steps"] = [[1450, 5, 10.3, 0], [5, 5, 3.0, 0], [5, 5, 3.1, 0], [5, 5, 2.8, 0]]
     assert rep.flagged(r) == ("ratio > 1.2: unexplained; step 1 of 4 (1450 tokens, 5 requests) "
-                              "+14.2 ms of +14.3 ms in the worker's steps")
+                              "+14.2 ms (all the worker's steps +14.3 ms)")
     r["first_steps"][0][1] = r["second_steps"][0][1] = 1
     assert "(1450 tokens, 1 request) +14.2 ms" in rep.flagged(r)
     r["first_steps"][0][1] = r["second_steps"][0][1] = 5
     r["first_steps"][0][3] = 1  # no traffic step before it had 1450 tokens
     assert rep.flagged(r) == ("ratio > 1.2: unexplained; step 1 of 4 (1450 tokens, 5 requests, "
-                              "the first traffic step of that size) +14.2 ms of +14.3 ms in the "
-                              "worker's steps")
+                              "the first traffic step of that size) +14.2 ms (all the worker's "
+                              "steps +14.3 ms)")
     # scheduled differently (a chunk split elsewhere): said so, with the time in the steps
     r["second_steps"] = [[1024, 5, 8.0, 1], [426, 5, 4.0, 1], [5, 5, 3.0, 0], [5, 5, 3.1, 0],
                          [5, 5, 2.8, 0]]

@@ -94,8 +94,15 @@ def test_files_that_cannot_be_read(tmp_path):
         load_traffic(tmp_path / "missing.jsonl")
     bad = tmp_path / "latin1.jsonl"
     bad.write_bytes(b'{"name": "caf\xe9", "prompt": 3}\n')
-    with pytest.raises(TrafficError, match=r"latin1\.jsonl: not UTF-8 \(byte 13\)"):
+    with pytest.raises(TrafficError, match=r"latin1\.jsonl:1: not UTF-8 \(byte 0xe9 at offset 13\)"):
         load_traffic(bad)
+    # after a byte-order mark, on line 2: the offset counts the mark
+    bad.write_bytes(b'\xef\xbb\xbf{"prompt": 3}\n{"name": "caf\xff"}\n')
+    with pytest.raises(TrafficError, match=r"latin1\.jsonl:2: not UTF-8 \(byte 0xff at offset 30\)"):
+        load_traffic(bad)
+    # a device reports size 0 to stat(): the cap is on the bytes read
+    with pytest.raises(TrafficError, match=r"^/dev/zero: traffic file of more than 67108864 bytes"):
+        load_traffic("/dev/zero")
 
 
 def test_sampling_defaults_max_and_json_keys_reach_vllm():
@@ -202,3 +209,25 @@ def test_a_server_defaults_line_takes_the_generation_config_under_its_own_keys(t
     with pytest.raises(TrafficError) as e:
         load_traffic(str(path))
     assert f"{path}:1: server_defaults: " in str(e.value)
+
+
+def test_lines_that_would_not_be_what_they_say_are_refused(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        '{"prompt": [5, 6, 7, 8], "prefix": {"group": "g", "tokens": 2}}\n'
+        '{"prompt": 40, "prefix": {"group": "g", "tokens": 16}, '
+        '"sampling": {"prompt_logprobs": 2}}\n'
+        '{"prompt": 5, "sampling": {"allowed_token_ids": [3, 600]}}\n'
+        '{"prompt": 5, "sampling": {"logit_bias": {"700": 1.0, "4": -1.0}}}\n'
+        '{"prompt": 5, "sampling": {"allowed_token_ids": [3, 511]}}\n')
+    limits = TrafficLimits(max_model_len=512, vocab_size=512, max_logprobs=20)
+    with pytest.raises(TrafficError) as e:
+        load_traffic(str(path), limits)
+    assert e.value.errors == (
+        f"{path}:1: prefix: a prompt of token ids is sent as given, with no shared prefix made "
+        "up or primed; allowed: a prompt length with a prefix",
+        f"{path}:2: prefix: vLLM skips the prefix cache for a request with prompt_logprobs, so "
+        "it would not be a prefix hit; allowed: one or the other",
+        f"{path}:3: sampling.allowed_token_ids: token id 600 >= the model's vocab_size 512",
+        f"{path}:4: sampling.logit_bias: token id 700 >= the model's vocab_size 512",
+    )

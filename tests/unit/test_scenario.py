@@ -559,7 +559,7 @@ def test_messages_name_requests_as_the_file_does():
 def test_a_scenario_that_is_not_utf8_is_a_scenario_error(tmp_path):
     f = tmp_path / "latin1.toml"
     f.write_bytes(b'[requests.a]\nprompt = 24\n# caf\xe9\n[[steps]]\nkind = "prefill"\nrequests = ["a"]\n')
-    with pytest.raises(ScenarioError, match=r"latin1.toml: cannot read scenario file: not UTF-8 "
+    with pytest.raises(ScenarioError, match=r"latin1.toml:3: cannot read scenario file: not UTF-8 "
                                             r"\(byte 0xe9 at offset 30\); allowed: TOML in UTF-8"):
         load(str(f))
 
