@@ -334,6 +334,17 @@ class _TomlIndex:
                 return next((i + 1 for i, raw in enumerate(self.lines) if header.match(raw)),
                             None)
             return first + 1 if section != ("top",) else (1 if key is None else None)
+        if section[0] == "steps" and len(section) == 2:  # steps = [{ ... }, { ... }]
+            span = self._inline_step(section[1])
+            if span is None:
+                return None
+            first, last = span
+            if key is not None:
+                pat = re.compile(rf"(?:^|[{{,\s])[\"']?{re.escape(key)}[\"']?\s*=")
+                for i in range(first, last + 1):
+                    if pat.search(self.lines[i]):
+                        return i + 1
+            return first + 1
         if section[0] == "requests" and len(section) == 2:
             # inline: [requests] NAME = { ... }
             found = self.line(("requests",), section[1])
@@ -343,6 +354,42 @@ class _TomlIndex:
                 found = next((i + 1 for i, raw in enumerate(self.lines) if dotted.match(raw)),
                              None)
             return found
+        return None
+
+
+    def _inline_step(self, n: int) -> tuple[int, int] | None:
+        """0-based first and last line of the ``n``-th inline table of a
+        top-level ``steps = [ ... ]`` array (None: no such array or entry)."""
+        start = next((i for i, raw in enumerate(self.lines)
+                      if re.match(r"^\s*steps\s*=\s*\[", raw)), None)
+        if start is None:
+            return None
+        depth, entry, first, quote = 0, -1, 0, ""
+        for i in range(start, len(self.lines)):
+            line = self.lines[i]
+            j = line.index("[") if i == start else 0
+            while j < len(line):
+                c = line[j]
+                if quote:
+                    if c == "\\":
+                        j += 1
+                    elif c == quote:
+                        quote = ""
+                elif c in "\"'":
+                    quote = c
+                elif c == "#":
+                    break
+                elif c in "[{":
+                    depth += 1
+                    if c == "{" and depth == 2:
+                        entry, first = entry + 1, i
+                elif c in "]}":
+                    depth -= 1
+                    if depth == 1 and c == "}" and entry == n:
+                        return first, i
+                    if depth == 0:
+                        return None
+                j += 1
         return None
 
 
