@@ -552,3 +552,14 @@ def hash_lookahead_tokens_hashed() -> bool | None:
     except Exception as e:  # noqa: BLE001 - a release with other signatures
         logger.debug("stepwarm: hash lookahead not probed: %s", e)
         return None
+
+
+def default_max_logprobs() -> int | None:
+    """vLLM's ``max_logprobs`` where no engine argument sets it
+    (``EngineArgs.max_logprobs``' default: 20 in 0.26 - 0.33; -1 would mean
+    the vocabulary), None where this vLLM does not say."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    field = getattr(EngineArgs, "__dataclass_fields__", {}).get("max_logprobs")
+    default = getattr(field, "default", None)
+    return default if isinstance(default, int) else None

@@ -35,6 +35,7 @@ the line and the field; a file's errors are reported together (at most
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import re
@@ -504,7 +505,8 @@ def limits_before_start(model: str | None, engine_args: Mapping[str, Any]) -> Tr
     """:func:`config_limits` of what ``--model`` names (a directory, a zoo
     model, or None: the embedded tiny Llama with its small limits), with
     the ``-e`` engine arguments; all unknown where there is no readable
-    ``config.json`` (the engine start then says why)."""
+    ``config.json`` (the engine start then says why), but ``max_logprobs``:
+    ``-e max_logprobs`` or vLLM's default (20)."""
     from stepwarm.engine import TINY_MODEL_ENGINE_ARGS
     from stepwarm.zoo import ZOO, resolve, write_model
 
@@ -514,13 +516,19 @@ def limits_before_start(model: str | None, engine_args: Mapping[str, Any]) -> Tr
     else:
         found, args = resolve(model)
         path = found or Path(model)
+    from stepwarm.vllm_facts import default_max_logprobs
+
+    max_logprobs = {**args, **engine_args}.get("max_logprobs", default_max_logprobs())
+    if not isinstance(max_logprobs, int) or isinstance(max_logprobs, bool) or max_logprobs < 0:
+        max_logprobs = None  # -1 (the vocabulary) or a value vLLM will refuse itself
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return TrafficLimits(max_model_len=None, vocab_size=None, max_logprobs=None)
+        return TrafficLimits(max_model_len=None, vocab_size=None, max_logprobs=max_logprobs)
     if not isinstance(config, dict):
-        return TrafficLimits(max_model_len=None, vocab_size=None, max_logprobs=None)
-    return config_limits(config, {**args, **engine_args})
+        return TrafficLimits(max_model_len=None, vocab_size=None, max_logprobs=max_logprobs)
+    return dataclasses.replace(config_limits(config, {**args, **engine_args}),
+                               max_logprobs=max_logprobs)
 
 
 def prompts_for(tl: TrafficLine, round_: int, vocab_size: int) -> tuple[list[list[int]], list[int] | None]:

@@ -210,18 +210,24 @@ def test_config_limits_are_never_stricter_than_vllm():
                          {}).max_model_len == 32
     assert config_limits({}, {}).vocab_size is None
     tiny = limits_before_start(None, {})
-    assert (tiny.vocab_size, tiny.max_model_len) == (512, 512)
+    assert (tiny.vocab_size, tiny.max_model_len, tiny.max_logprobs) == (512, 512, 20)
+    # max_logprobs: -e, else vLLM's default; -1 (the vocabulary) is not checked before
+    assert limits_before_start(None, {"max_logprobs": 30}).max_logprobs == 30
+    assert limits_before_start(None, {"max_logprobs": -1}).max_logprobs is None
 
 
 def test_coverage_refuses_traffic_beyond_the_model_before_the_engine_starts(tmp_path):
     t = tmp_path / "t.jsonl"
-    t.write_text('{"prompt": 7}\n{"prompt": [3, 600]}\n{"prompt": 510}\n')
+    t.write_text('{"prompt": 7}\n{"prompt": [3, 600]}\n{"prompt": 510}\n'
+                 '{"prompt": 5, "sampling": {"logprobs": 25}}\n')
     r = runner.invoke(app, ["coverage", str(t), "-s", "default", "-e", "max_model_len=512"],
                       env=ENV)
     assert r.exit_code == 2 and "starting vLLM engine" not in r.stdout
     assert r.stderr == (f"error: {t}:2: prompt: token id 600 >= the model's vocab_size 512\n"
                         f"{t}:3: prompt: 510 tokens + max_tokens 4 = 514 > the model's "
-                        "max_model_len 512\n")
+                        "max_model_len 512\n"
+                        f"{t}:4: sampling.logprobs: 25 > the model's max_logprobs 20 (use "
+                        '"max", or -e max_logprobs=N)\n')
 
 
 def test_coverage_refuses_deep_traffic_before_the_engine_starts(tmp_path):
