@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Iterable
 import functools
 import math
+from operator import itemgetter
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -678,7 +679,10 @@ class BlockLedger:
         slow = [i for i, q in enumerate(qs)
                 if q is None or rows[i][1] > q[0] or rows[i][3] >= q[1]]
         # quick rows need no block: the need of the others is the step's
-        if self._token_range_need([rows[i] for i in slow]) > self.num_free:
+        slow_rows = rows if len(slow) == len(rows) else [rows[i] for i in slow]
+        free_now = self.num_free
+        if self._token_range_bound(slow_rows) > free_now and \
+                self._token_range_need(slow_rows) > free_now:
             return None
         self._cached_this_step.clear()
         if free:
@@ -774,6 +778,20 @@ class BlockLedger:
             self._ref.update(dict.fromkeys(range(start, nxt), 1))
             self._next = nxt
         return out
+
+    def _token_range_bound(self, rows: list[StepAllocation]) -> int:
+        """At least :meth:`_token_range_need` of ``rows``, without reading a
+        table: a row takes at most ``cdiv(tokens + lookahead, block_size)``
+        blocks per group, and the rows' floors sum to at most the floor of
+        their sum. On a pool far larger than the step (a GPU's), this
+        answers for the walk over the rows.
+
+        Example (one group of 16-token blocks, no lookahead): 1,024 rows of
+        17 tokens take at most 17,408 // 16 + 1,024 = 2,112 blocks (in fact
+        1,024 or 2,048, by what they hold)."""
+        n = len(rows)
+        tokens = sum(map(itemgetter(1), rows)) + n * self.ctx.num_lookahead_tokens
+        return sum(tokens // bs + n for bs in self._block_sizes())
 
     def _token_range_need(self, rows: list[StepAllocation]) -> int:
         """The new blocks ``rows`` take in every group together (the

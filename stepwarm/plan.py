@@ -387,6 +387,11 @@ class _Live:
     """A request's state across steps (scheduler's side)."""
 
     decl: PlannedRequest
+    #: ``decl.prompt_len`` and whether ``decl.kind`` is "pool", kept here:
+    #: a decode row reads them and nothing else of ``decl``, so the loop
+    #: over a step's rows does not reach one more object (and its dict).
+    prompt_len: int
+    pooling: bool
     num_computed_tokens: int = 0
     num_output_tokens: int = 0
     state: Literal["waiting", "running", "preempted", "finished"] = "waiting"
@@ -548,7 +553,7 @@ class PlanBuilder:
             )
         if req.images:
             self._check_images(req)
-        self._requests[req.req_id] = _Live(req)
+        self._requests[req.req_id] = _Live(req, req.prompt_len, req.kind == "pool")
         if req.structured_output:
             self._structured.add(req.req_id)
 
@@ -721,7 +726,7 @@ class PlanBuilder:
         """
         finishing = set(ask.finish)
         finish = ask.finish + tuple(r for r in self._pooled if r not in finishing)
-        names = self._check_membership(ask, finish)
+        scheduled = self._check_membership(ask, finish)
         draft = _Draft()
         # Requests in the caller's order: prefill chunks (waiting requests'
         # first chunks, running ones' later chunks), decodes of RUNNING
@@ -729,7 +734,7 @@ class PlanBuilder:
         self._schedule_prefills(ask.prefill, draft)
         self._schedule_decodes(ask.decode, draft)
         self._schedule_resumptions(ask.resume, draft)
-        self._check_budgets(names, finish, ask.preempt, draft)
+        self._check_budgets(scheduled, finish, ask.preempt, draft)
         waiting = self._allocate(finish + ask.preempt, draft, wait_for_mamba)
         if waiting and relabel:
             label = relabel([rid for rid in ask.prefill if rid not in waiting])
@@ -737,24 +742,26 @@ class PlanBuilder:
         step = self._scheduler_output(kind, label + suffix, draft, finish, ask.preempt, grammar)
         return step, waiting
 
-    def _check_membership(self, ask: _Ask, finish: tuple[str, ...]) -> list[str]:
+    def _check_membership(self, ask: _Ask, finish: tuple[str, ...]) -> set[str]:
         """Every request once, a known one, at most ``max_num_seqs``; the
         finished and preempted ones running and not scheduled.
 
         Returns:
-            The scheduled request ids, in order.
+            The scheduled request ids.
         """
         p = self.profile
-        names = list(ask.prefill) + list(ask.decode) + list(ask.resume)
-        scheduled = set(names)
-        if len(scheduled) < len(names):
+        scheduled = set(ask.prefill)
+        scheduled.update(ask.decode, ask.resume)
+        num_scheduled = len(ask.prefill) + len(ask.decode) + len(ask.resume)
+        if len(scheduled) < num_scheduled:
+            names = [*ask.prefill, *ask.decode, *ask.resume]
             dup = {n for i, n in enumerate(names) if n in names[:i]}
             raise self._err(f"request(s) {sorted(dup)} scheduled twice", "requests")
-        if len(names) > p.max_num_seqs:
-            raise self._err(too_many_seqs(len(names), p), "requests")
+        if num_scheduled > p.max_num_seqs:
+            raise self._err(too_many_seqs(num_scheduled, p), "requests")
         pooled = set(self._pooled)
         if pooled:
-            for rid in names:
+            for rid in [*ask.prefill, *ask.decode, *ask.resume]:
                 if rid in pooled:
                     raise self._err(
                         f"request {rid!r} is a pooling request: it samples no token and "
@@ -776,7 +783,7 @@ class PlanBuilder:
             if rid in preempting and live.decl.images:
                 raise self._err(f"request {rid!r} carries images; stepwarm does not preempt "
                                 "such requests", "preempt", rid)
-        return names
+        return scheduled
 
     def _schedule_prefills(self, prefill: dict[str, int], draft: _Draft) -> None:
         """Prefill chunks: a waiting request's first (after any prefix hit) or
@@ -787,8 +794,8 @@ class PlanBuilder:
         chunk) goes to :meth:`_refuse_prefill`, which raises."""
         p = self.profile
         requests, align_mamba = self._requests, self._align_mamba
-        rows, updates, allocs, growths = draft.rows, draft.updates, draft.allocs, draft.growths
-        total, most = 0, draft.most_tokens
+        rows, updates, allocs = draft.rows, draft.updates, draft.allocs
+        most = draft.most_tokens
         new = tuple.__new__
         for rid, n in prefill.items():
             live = requests.get(rid)
@@ -820,14 +827,12 @@ class PlanBuilder:
             allocs.append(new(StepAllocation, (
                 decl.req_id, end, c, end if end < num_tokens else num_tokens, pl,
                 decl.encoder_len, num_tokens)))
-            growths.append(None)
-            total += n
+            # (the chunk ends within the prompt: c + n <= num_tokens <= after)
             after = num_tokens + dout if decl.kind == "sample" else num_tokens
-            if c + n > most:
-                most = c + n
             if after > most:
                 most = after
-        draft.total += total
+        draft.growths += [None] * len(prefill)  # every row goes to the ledger
+        draft.total += sum(prefill.values())
         draft.most_tokens = most
         if draft.encoder_tokens > p.encoder_budget:
             raise self._err(f"{draft.encoder_tokens} encoder tokens scheduled but the encoder "
@@ -869,19 +874,19 @@ class PlanBuilder:
         add_row, add_decoded, add_alloc, add_growth = draft.rows.append, draft.decoded.append, \
             draft.allocs.append, draft.growths.append
         add_pair = draft.held_pairs.append
-        total, most = 0, draft.most_tokens
+        most = draft.most_tokens
         new = tuple.__new__
         # A row that grows no table and caches no block is answered from the
-        # ledger's quick entry here, without a StepAllocation.
+        # ledger's quick entry here, without a StepAllocation. (A running
+        # request has been seen: no row here is new.)
         quick = self.ledger.quick_entries()
         qget = quick.get if quick else None
         for rid, k in decode.items():
             live = get(rid)
             if k or live is None:
                 live = self._check_decode(rid, k)
-            decl = live.decl
-            c, pl = live.num_computed_tokens, decl.prompt_len
-            if c < pl or live.state != "running" or decl.kind == "pool":
+            c, pl = live.num_computed_tokens, live.prompt_len
+            if c < pl or live.state != "running" or live.pooling:
                 live = self._check_decode(rid, k)  # raises
             n = 1 + k
             out = live.num_output_tokens
@@ -894,7 +899,7 @@ class PlanBuilder:
             else:
                 spec = ()
             q = qget(rid) if qget else None
-            if q is not None and end <= q[0] and cached < q[1] and live.seen:
+            if q is not None and end <= q[0] and cached < q[1]:
                 # answered: its Growth is the entry's (a _QuickRow: the
                 # ScheduledRequest is built when the step is read, _Rows)
                 g = q[2]
@@ -905,14 +910,14 @@ class PlanBuilder:
                     pair = live.held_pair = (rid, g[2])
                 add_pair(pair)
             else:
-                add_row((rid, c, n, spec, not live.seen, False, out, True, ()))
+                add_row((rid, c, n, spec, False, False, out, True, ()))
                 add_growth(None)
                 add_alloc(new(StepAllocation, (
-                    rid, end, c, cached, pl, decl.encoder_len, num_tokens)))
-            total += n
-            if end > most or num_tokens + n > most:
-                most = max(end, num_tokens + n)
-        draft.total += total
+                    rid, end, c, cached, pl, live.decl.encoder_len, num_tokens)))
+            # (c <= num_tokens: the row ends at most n past the request's tokens)
+            if num_tokens + n > most:
+                most = num_tokens + n
+        draft.total += len(decode) + sum(decode.values())  # 1 + drafts each
         draft.most_tokens = most
 
     def _check_decode(self, rid: str, k: int) -> _Live:
@@ -965,7 +970,7 @@ class PlanBuilder:
                       1 if done else 0)
             draft.resuming.append((live, not done))
 
-    def _check_budgets(self, names: list[str], finish: tuple[str, ...],
+    def _check_budgets(self, scheduled: set[str], finish: tuple[str, ...],
                        preempt: tuple[str, ...], draft: _Draft) -> None:
         """The token budget (``max_num_batched_tokens``), the running queue
         (``max_num_seqs`` after this step's finishes and preemptions) and
@@ -974,9 +979,12 @@ class PlanBuilder:
         if draft.total > p.max_num_batched_tokens:
             raise self._err(over_token_budget(draft.total, p), "tokens")
         # The scheduler's running queue holds at most max_num_seqs requests:
-        # count those running after this step (finished and preempted leave).
-        # (names are distinct: those running, and the others scheduled now)
-        running = len(self._running.union(names).difference(finish, preempt))
+        # count those running after this step: those running now, those
+        # scheduled now that were not, less the finished and preempted ones
+        # (running and not scheduled: _check_membership). No set of them all.
+        now = self._running
+        running = len(now) + len(scheduled.difference(now)) - \
+            len(now.intersection(finish + preempt))
         if running > p.max_num_seqs:
             raise self._err(
                 f"{running} requests would be running after this step but "
@@ -1037,9 +1045,11 @@ class PlanBuilder:
             # A new or resumed row is sent its whole table: what was appended
             # when it held none before (no token computed: no prefix hit);
             # the others' tables are read now, as the rows are built later.
-            tables = {} if num_answered == len(rows) else {
-                row[0]: ledger.held(row[0]) for row in rows
-                if len(row) == 9 and (row[4] or row[5]) and row[1]}  # type: ignore[misc]
+            # (the prefill and resume rows: a decode row is neither)
+            ds, de = draft.decode_start, draft.decode_start + len(draft.decoded)
+            others = rows[:ds] + rows[de:] if ds < de else rows
+            tables = {row[0]: ledger.held(row[0]) for row in others
+                      if (row[4] or row[5]) and row[1]}  # type: ignore[misc]
             draft.scheduled = _Rows(rows, growths, tables)  # type: ignore[assignment]
             return waiting
         out: list[ScheduledRequest] = []

@@ -10,6 +10,8 @@ different number.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from stepwarm.blocks import (
@@ -17,6 +19,7 @@ from stepwarm.blocks import (
     BlockLedger,
     OutOfBlocksError,
     ReservationContext,
+    StepAllocation,
     cdiv,
     reserved_blocks,
     reserved_blocks_per_group,
@@ -257,6 +260,41 @@ def test_ledger_out_of_blocks_hands_out_nothing() -> None:
     assert led.held("a") == ((1, 2),) and led.num_free == 1
     assert led.grow("a", 12).appended == ((3,),)  # exactly num_blocks - 1 held
     assert led.num_free == 0
+
+
+def test_token_range_bound_is_never_below_the_need() -> None:
+    # A token-range step skips the walk over its rows' tables
+    # (_token_range_need) when the bound, read off their token counts alone,
+    # fits the pool; so the bound must never be below the walk's count.
+    rng = random.Random(0)
+    for groups, lookahead in (((spec("full_attention", 16),), 0),
+                              ((spec("full_attention", 16), spec("mla_attention", 7)), 3)):
+        led = BlockLedger(groups, 100_000, ReservationContext(num_lookahead_tokens=lookahead,
+                                                              max_model_len=300))
+        for trial in range(50):
+            rows = []
+            for i in range(rng.randint(1, 20)):
+                rid, held = f"r{trial}-{i}", rng.randint(0, 200)
+                if held:
+                    led.grow(rid, held)
+                n = held + rng.randint(0, 150)
+                rows.append(StepAllocation(rid, n, held, n, n))
+            assert led._token_range_need(rows) <= led._token_range_bound(rows)
+
+
+def test_a_step_the_bound_refuses_is_decided_by_the_need() -> None:
+    # 10 usable blocks; a and b hold 4 each; growing both to 65 tokens
+    # needs 2 (the 2 free), though the bound says 130 // 16 + 2 = 10.
+    led = BlockLedger((spec("full_attention", 16),), num_blocks=11)
+    led.grow("a", 64)
+    led.grow("b", 64)
+    rows = [StepAllocation(rid, 65, 64, 65, 65) for rid in ("a", "b")]
+    assert led._token_range_bound(rows) == 10 > led.num_free == 2
+    got = led.allocate_step((), rows)
+    assert [g.appended for g in got] == [((9,),), ((10,),)] and led.num_free == 0
+    with pytest.raises(OutOfBlocksError):
+        led.allocate_step((), [StepAllocation("a", 81, 65, 81, 81)])
+    assert led.held_counts("a") == (5,)
 
 
 def test_ledger_remembers_encoder_len() -> None:
