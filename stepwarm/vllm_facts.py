@@ -307,6 +307,9 @@ def _recording_runner(num_spec: int = 1, num_reqs: int = 2, block_size: int = 16
         speculative_config=spec_config,
         num_speculative_steps=num_spec, decode_query_len=1 + num_spec,
         is_pooling_model=False, is_encoder_decoder=False,
+        # vLLM 0.28's ``warmup_kernels`` returns early on ``model_runner.
+        # is_encoder_only`` (0.29 on: ``vllm_config.is_mm_encoder_only``).
+        is_encoder_only=False,
         kv_cache_config=KVCacheConfig(num_blocks=64, kv_cache_tensors=[],
                                       kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)]),
         model_state=SimpleNamespace(max_encoder_len=0),
