@@ -18,7 +18,8 @@ logger = logging.getLogger("stepwarm")
 
 #: The releases stepwarm is checked against (``tests/compat/release.py``'s
 #: ``RELEASES`` runs them); a newer one is logged with its probed facts.
-CHECKED_RELEASES = ("0.26.0", "0.30.0", "0.32.0", "0.33.0")
+CHECKED_RELEASES = ("0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0",
+                    "0.32.0", "0.33.0")
 
 #: ``SchedulerOutput`` / ``NewRequestData`` fields stepwarm knows (the union
 #: over :data:`CHECKED_RELEASES`). A field outside these with no default
