@@ -49,11 +49,13 @@ KNOWN_FIELDS: dict[str, frozenset[str]] = {
 #: indices. ``_topk_topp_kernel`` masks logits in place (V1 and V2 runners,
 #: batches of 8 or more: ``apply_top_k_top_p``); ``_topk_log_softmax_kernel``
 #: writes logprob values into a fresh tensor (V2 runner). Same modules and
-#: the same in-place / fresh-tensor writes in 0.26.0, 0.30.0, 0.32.0 and
-#: 0.33.0. 0.33.0 also registers ``_topk_topp_kernel`` with its own JIT
-#: warmup (``triton_kernel_dispatcher_with_warmup``; ``kernel_config.enable_jit_warmup``,
-#: on by default), which compiles the variants it lists at vLLM's start-up:
-#: a launch of one of those finds it compiled, and nothing is deferred.
+#: the same in-place / fresh-tensor writes in every release of
+#: :data:`CHECKED_RELEASES` (0.26.0 - 0.33.0). From 0.30.0 on vLLM also
+#: registers ``_topk_topp_kernel`` with its own JIT warmup (``_topk_topp`` in
+#: ``topk_topp_triton.py`` is a ``triton_kernel_dispatcher_with_warmup``;
+#: ``kernel_config.enable_jit_warmup``, on by default), which compiles the
+#: variants it lists at vLLM's start-up: a launch of one of those finds it
+#: compiled, and nothing is deferred.
 DEFERRABLE_TRITON_KERNELS: frozenset[str] = frozenset({
     "vllm.v1.sample.ops.topk_topp_triton:_topk_topp_kernel",
     "vllm.v1.worker.gpu.sample.logprob:_topk_log_softmax_kernel",
@@ -152,13 +154,13 @@ def records_new_block_ids(spec: Any) -> bool | None:
 def fine_grained_hits(spec: Any) -> bool | None:
     """``supports_fine_grained_hash_lookup`` of the installed vLLM's manager
     class for ``spec`` (vLLM >= 0.30), or None when that vLLM has no such
-    attribute (0.26: partial hash hits do not ask the other managers) or no
-    manager for the spec."""
+    attribute, no manager for the spec, or a registry whose
+    ``get_manager_class`` takes no role (0.26 - 0.29)."""
     try:
         from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
         manager = KVCacheSpecRegistry.get_manager_class(spec, None)
-    except Exception:  # vLLM 0.26 has no registry (and no such check)
+    except Exception:  # vLLM 0.26 - 0.29: get_manager_class(spec) takes no role
         return None
     flag = getattr(manager, "supports_fine_grained_hash_lookup", None)
     return None if flag is None else bool(flag)
