@@ -112,13 +112,15 @@ def eagle_groups(specs: list[Any], flagged: set[int], use_eagle: bool) -> tuple[
 
 
 def _eagle_groups(spec: Any, kv_cache_config: Any, hash_lookahead: int) -> tuple[int, ...]:
-    """:func:`eagle_groups` of a live runner's config (``use_eagle_block_drop()``
-    and the groups' ``is_eagle_group``)."""
-    drop = getattr(spec, "use_eagle_block_drop", None)
+    """:func:`eagle_groups` of a live runner's config (the scheduler's drop
+    flag, :func:`stepwarm.vllm_facts.eagle_block_drop`, and the groups'
+    ``is_eagle_group``)."""
+    from stepwarm.vllm_facts import eagle_block_drop
+
     groups = kv_cache_config.kv_cache_groups
     return eagle_groups([g.kv_cache_spec for g in groups],
                         {i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False)},
-                        callable(drop) and bool(drop()) and not hash_lookahead)
+                        eagle_block_drop(spec) and not hash_lookahead)
 
 
 def read_drafter(runner: Any, kv_cache_config: Any) -> Drafter | None:
@@ -128,6 +130,8 @@ def read_drafter(runner: Any, kv_cache_config: Any) -> Drafter | None:
         runner: a V1 or V2 model runner after ``initialize_kv_cache``.
         kv_cache_config: its ``KVCacheConfig``.
     """
+    from stepwarm.vllm_facts import prefill_lookahead_tokens
+
     cfg = runner.vllm_config
     spec = getattr(cfg, "speculative_config", None)
     if spec is None:
@@ -146,6 +150,6 @@ def read_drafter(runner: Any, kv_cache_config: Any) -> Drafter | None:
                       for i in groups),
         num_lookahead_tokens=int(getattr(cfg, "num_lookahead_tokens", 0) or 0),
         num_hash_lookahead_tokens=_hash_lookahead(cfg),
-        num_prefill_lookahead_tokens=int(getattr(cfg, "num_prefill_lookahead_tokens", 0) or 0),
+        num_prefill_lookahead_tokens=prefill_lookahead_tokens(cfg),
         eagle_groups=_eagle_groups(spec, kv_cache_config, _hash_lookahead(cfg)),
     )

@@ -558,3 +558,48 @@ def hash_lookahead_tokens_hashed() -> bool | None:
     except Exception as e:  # noqa: BLE001 - a release with other signatures
         logger.debug("stepwarm: hash lookahead not probed: %s", e)
         return None
+
+
+# --- What the scheduler hands KVCacheManager for a drafter -------------------
+
+@functools.cache
+def manager_takes_prefill_lookahead() -> bool:
+    """Whether the installed vLLM's ``KVCacheManager`` takes
+    ``num_prefill_lookahead`` (vLLM 0.28 on: the coordinator keeps the last
+    ``num_prefill_lookahead - 1`` computed tokens of a multi-module MTP
+    request re-prefillable, uncached, ``num_reprefillable_tokens`` in
+    ``vllm/v1/core/kv_cache_coordinator.py``). 0.26 / 0.27 have no such
+    argument: every computed token is cached alike."""
+    import inspect
+
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    return "num_prefill_lookahead" in inspect.signature(KVCacheManager.__init__).parameters
+
+
+def prefill_lookahead_tokens(vllm_config: Any) -> int:
+    """The ``num_prefill_lookahead`` the installed vLLM's scheduler gives
+    ``KVCacheManager`` (``Scheduler.__init__``, ``vllm/v1/core/sched/scheduler.py``):
+    ``VllmConfig.num_prefill_lookahead_tokens`` where the config has it (0.31
+    on); where only the manager takes it (0.28 - 0.30) the scheduler derives
+    the same value itself: ``num_speculative_tokens`` for multi-module MTP
+    (``use_multi_module_mtp()``), 1 for another ``use_eagle()`` drafter, else
+    0; 0 where the manager takes none (0.26, 0.27)."""
+    value = getattr(vllm_config, "num_prefill_lookahead_tokens", None)
+    if value is not None:
+        return int(value or 0)
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None or not manager_takes_prefill_lookahead() or not spec.use_eagle():
+        return 0
+    return int(spec.num_speculative_tokens) if spec.use_multi_module_mtp() else 1
+
+
+def eagle_block_drop(spec: Any) -> bool:
+    """What the installed vLLM's scheduler passes ``KVCacheManager`` as
+    ``use_eagle`` (the last-block drop of a prefix hit) for the
+    ``SpeculativeConfig`` ``spec`` (``Scheduler.__init__``): its
+    ``use_eagle_block_drop()`` (0.30 on: ``use_eagle()`` unless
+    ``disable_eagle_block_drop``), or ``use_eagle()`` where the config has no
+    such method (0.26 - 0.29)."""
+    drop = getattr(spec, "use_eagle_block_drop", None) or getattr(spec, "use_eagle", None)
+    return callable(drop) and bool(drop())
