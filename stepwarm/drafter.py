@@ -96,7 +96,7 @@ def eagle_groups(specs: list[Any], flagged: set[int], use_eagle: bool) -> tuple[
 
     Args:
         specs: the groups' vLLM ``KVCacheSpec`` (a ``UniformTypeKVCacheSpecs``
-            stands for its first spec, as the scheduler has it).
+            stands for its first layer's spec, as the scheduler has it).
         flagged: indices of the groups flagged ``is_eagle_group``.
         use_eagle: the scheduler's ``use_eagle`` (``use_eagle_block_drop()``,
             cleared by hash lookahead on vLLM 0.33).
@@ -106,7 +106,11 @@ def eagle_groups(specs: list[Any], flagged: set[int], use_eagle: bool) -> tuple[
     flagged = flagged or set(range(len(specs)))
     if len(specs) == 1:
         return tuple(sorted(flagged))
-    sched = [getattr(s, "first_spec", s) for s in specs]
+    # The scheduler's spec of a UniformTypeKVCacheSpecs group is its first
+    # layer's (generate_scheduler_kv_cache_config, vllm/v1/core/kv_cache_utils.py,
+    # every release); ``first_spec`` says so from vLLM 0.29 only.
+    sched = [next(iter(s.kv_cache_specs.values())) if type(s).__name__ == "UniformTypeKVCacheSpecs"
+             else s for s in specs]
     return tuple(i for i, s in enumerate(sched)
                  if i in flagged or any(s == sched[j] for j in flagged))
 

@@ -252,3 +252,29 @@ def test_eagle_block_drop_is_the_schedulers():
     assert vllm_facts.eagle_block_drop(_speculative_config("ngram", 2)) is False
     assert vllm_facts.eagle_block_drop(_speculative_config("eagle", 1, no_drop=True)) is (
         not hasattr(SpeculativeConfig, "use_eagle_block_drop"))
+
+
+def test_eagle_groups_are_the_coordinators_with_a_uniform_type_drafter_group():
+    """A drafter group of its own whose worker spec is a
+    ``UniformTypeKVCacheSpecs`` equal (first layer) to a target group's spec:
+    the scheduler's ``HybridKVCacheCoordinator`` puts both in one spec group
+    and drops the last hit block in both (``generate_scheduler_kv_cache_config``
+    gives the scheduler the first layer's spec). ``eagle_groups`` read it
+    through ``first_spec``, which vLLM 0.26 - 0.28 lack: the target group was
+    left out there (a 1-block difference in the property suite's drafter
+    tables on 0.26 - 0.28)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, UniformTypeKVCacheSpecs
+
+    from stepwarm.drafter import eagle_groups
+    from tests.property.oracle import Oracle
+
+    full = dict(block_size=2, num_kv_heads=1, head_size=8, dtype=torch.float16)
+    specs = (MLAAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype=torch.float16),
+             FullAttentionSpec(**full),
+             UniformTypeKVCacheSpecs(block_size=2, kv_cache_specs={"d0": FullAttentionSpec(**full)}))
+    oracle = Oracle(specs, num_blocks=64, max_model_len=32, num_lookahead_tokens=1,
+                    enable_caching=True, drafter_groups=(2,), use_eagle=True)
+    vllms = tuple(i for i, m in enumerate(oracle.manager.coordinator.single_type_managers)
+                  if m.use_eagle)
+    assert vllms == (1, 2)
+    assert eagle_groups(list(specs), {2}, True) == vllms
