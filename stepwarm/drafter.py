@@ -96,7 +96,7 @@ def eagle_groups(specs: list[Any], flagged: set[int], use_eagle: bool) -> tuple[
 
     Args:
         specs: the groups' vLLM ``KVCacheSpec`` (a ``UniformTypeKVCacheSpecs``
-            stands for its first spec, as the scheduler has it).
+            stands for its first layer's spec, as the scheduler has it).
         flagged: indices of the groups flagged ``is_eagle_group``.
         use_eagle: the scheduler's ``use_eagle`` (``use_eagle_block_drop()``,
             cleared by hash lookahead on vLLM 0.33).
@@ -106,19 +106,25 @@ def eagle_groups(specs: list[Any], flagged: set[int], use_eagle: bool) -> tuple[
     flagged = flagged or set(range(len(specs)))
     if len(specs) == 1:
         return tuple(sorted(flagged))
-    sched = [getattr(s, "first_spec", s) for s in specs]
+    # The scheduler's spec of a UniformTypeKVCacheSpecs group is its first
+    # layer's (generate_scheduler_kv_cache_config, vllm/v1/core/kv_cache_utils.py,
+    # every release); ``first_spec`` says so from vLLM 0.29 only.
+    sched = [next(iter(s.kv_cache_specs.values())) if type(s).__name__ == "UniformTypeKVCacheSpecs"
+             else s for s in specs]
     return tuple(i for i, s in enumerate(sched)
                  if i in flagged or any(s == sched[j] for j in flagged))
 
 
 def _eagle_groups(spec: Any, kv_cache_config: Any, hash_lookahead: int) -> tuple[int, ...]:
-    """:func:`eagle_groups` of a live runner's config (``use_eagle_block_drop()``
-    and the groups' ``is_eagle_group``)."""
-    drop = getattr(spec, "use_eagle_block_drop", None)
+    """:func:`eagle_groups` of a live runner's config (the scheduler's drop
+    flag, :func:`stepwarm.vllm_facts.eagle_block_drop`, and the groups'
+    ``is_eagle_group``)."""
+    from stepwarm.vllm_facts import eagle_block_drop
+
     groups = kv_cache_config.kv_cache_groups
     return eagle_groups([g.kv_cache_spec for g in groups],
                         {i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False)},
-                        callable(drop) and bool(drop()) and not hash_lookahead)
+                        eagle_block_drop(spec) and not hash_lookahead)
 
 
 def read_drafter(runner: Any, kv_cache_config: Any) -> Drafter | None:
@@ -128,6 +134,8 @@ def read_drafter(runner: Any, kv_cache_config: Any) -> Drafter | None:
         runner: a V1 or V2 model runner after ``initialize_kv_cache``.
         kv_cache_config: its ``KVCacheConfig``.
     """
+    from stepwarm.vllm_facts import prefill_lookahead_tokens
+
     cfg = runner.vllm_config
     spec = getattr(cfg, "speculative_config", None)
     if spec is None:
@@ -146,6 +154,6 @@ def read_drafter(runner: Any, kv_cache_config: Any) -> Drafter | None:
                       for i in groups),
         num_lookahead_tokens=int(getattr(cfg, "num_lookahead_tokens", 0) or 0),
         num_hash_lookahead_tokens=_hash_lookahead(cfg),
-        num_prefill_lookahead_tokens=int(getattr(cfg, "num_prefill_lookahead_tokens", 0) or 0),
+        num_prefill_lookahead_tokens=prefill_lookahead_tokens(cfg),
         eagle_groups=_eagle_groups(spec, kv_cache_config, _hash_lookahead(cfg)),
     )

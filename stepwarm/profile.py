@@ -73,7 +73,7 @@ class CacheSpec(BaseModel):
     #: cached in *every* step whose cacheable prefix ends there, not only in
     #: the step that first caches it (vLLM 0.32). A hit ending on that state
     #: then waits for the next step. False / None: only newly cached states
-    #: (0.26, 0.30, 0.33; probed by behaviour, ``vllm_facts.checkpoint_recached``).
+    #: (0.26 - 0.31, 0.33; probed by behaviour, ``vllm_facts.checkpoint_recached``).
     checkpoint_recached: bool | None = None
 
 
@@ -95,7 +95,7 @@ class ImageClass(BaseModel):
     prompt_tokens: int = Field(gt=0)
 
 
-#: vLLM 0.30 - 0.33's ``warmup_kernels`` decode steps (``RunnerProfile.
+#: vLLM 0.27 - 0.33's ``warmup_kernels`` decode steps (``RunnerProfile.
 #: warmup_decodes``' default): every request, then [0, 1] and [0], each with
 #: and without drafts under a speculator.
 WARMUP_DECODES_0_32: dict[str, tuple[str, ...]] = {
@@ -196,7 +196,7 @@ class RunnerProfile(BaseModel):
     #: vLLM's warmup sends them (:func:`stepwarm.vllm_facts.decode_steps`):
     #: ``"spec<n>"`` / ``"plain<n>"`` (with / without a speculator, ``n``
     #: requests, 1..4; more than 4 use ``n = 4``) -> step codes such as
-    #: ``"all:S"`` or ``"0,1:SN"``. Default: vLLM 0.30 - 0.33's sequence.
+    #: ``"all:S"`` or ``"0,1:SN"``. Default: vLLM 0.27 - 0.33's sequence.
     warmup_decodes: dict[str, tuple[str, ...]] = Field(
         default_factory=lambda: dict(WARMUP_DECODES_0_32))
     #: Whether top-k / top-p requests can be sampled on this runner with a

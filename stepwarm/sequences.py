@@ -40,7 +40,7 @@ def warmup_kernels_plan(profile: RunnerProfile, builder: PlanBuilder | None = No
 
     Steps: prefill every request with ``decode_query_len + 1`` tokens (sampled
     with an all-ones bitmask on the last PP rank); the decode steps the
-    installed vLLM's warmup sends (``profile.warmup_decodes``; vLLM 0.30 -
+    installed vLLM's warmup sends (``profile.warmup_decodes``; vLLM 0.27 -
     0.33: decode all; then, with two or more requests, decode [0, 1] with
     spec and non-spec mixed (and both non-spec under a speculator); decode
     [0] alone (and [0] without drafts under a speculator); vLLM 0.26: decode
@@ -75,7 +75,7 @@ def _warmup_pass(b: PlanBuilder, profile: RunnerProfile, sampling: str | tuple[t
     prompt_len = dql + 1
     # vLLM sizes the blocks for every request advancing decode_query_len on
     # each of the pass's decode steps (the longest pass of the release: 5
-    # under a speculator on vLLM 0.32, 3 without; 1 on 0.26).
+    # under a speculator on vLLM 0.27 - 0.33, 3 without; 1 on 0.26).
     num_decode_steps = 1 if profile.is_pooling_model else max(
         len(profile.warmup_decode_steps(n)) for n in range(1, 5))
     decode_len = prompt_len + num_decode_steps * dql

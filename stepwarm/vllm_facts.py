@@ -18,7 +18,8 @@ logger = logging.getLogger("stepwarm")
 
 #: The releases stepwarm is checked against (``tests/compat/release.py``'s
 #: ``RELEASES`` runs them); a newer one is logged with its probed facts.
-CHECKED_RELEASES = ("0.26.0", "0.30.0", "0.32.0", "0.33.0")
+CHECKED_RELEASES = ("0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0",
+                    "0.32.0", "0.33.0")
 
 #: ``SchedulerOutput`` / ``NewRequestData`` fields stepwarm knows (the union
 #: over :data:`CHECKED_RELEASES`). A field outside these with no default
@@ -48,11 +49,13 @@ KNOWN_FIELDS: dict[str, frozenset[str]] = {
 #: indices. ``_topk_topp_kernel`` masks logits in place (V1 and V2 runners,
 #: batches of 8 or more: ``apply_top_k_top_p``); ``_topk_log_softmax_kernel``
 #: writes logprob values into a fresh tensor (V2 runner). Same modules and
-#: the same in-place / fresh-tensor writes in 0.26.0, 0.30.0, 0.32.0 and
-#: 0.33.0. 0.33.0 also registers ``_topk_topp_kernel`` with its own JIT
-#: warmup (``triton_kernel_dispatcher_with_warmup``; ``kernel_config.enable_jit_warmup``,
-#: on by default), which compiles the variants it lists at vLLM's start-up:
-#: a launch of one of those finds it compiled, and nothing is deferred.
+#: the same in-place / fresh-tensor writes in every release of
+#: :data:`CHECKED_RELEASES` (0.26.0 - 0.33.0). From 0.30.0 on vLLM also
+#: registers ``_topk_topp_kernel`` with its own JIT warmup (``_topk_topp`` in
+#: ``topk_topp_triton.py`` is a ``triton_kernel_dispatcher_with_warmup``;
+#: ``kernel_config.enable_jit_warmup``, on by default), which compiles the
+#: variants it lists at vLLM's start-up: a launch of one of those finds it
+#: compiled, and nothing is deferred.
 DEFERRABLE_TRITON_KERNELS: frozenset[str] = frozenset({
     "vllm.v1.sample.ops.topk_topp_triton:_topk_topp_kernel",
     "vllm.v1.worker.gpu.sample.logprob:_topk_log_softmax_kernel",
@@ -151,13 +154,13 @@ def records_new_block_ids(spec: Any) -> bool | None:
 def fine_grained_hits(spec: Any) -> bool | None:
     """``supports_fine_grained_hash_lookup`` of the installed vLLM's manager
     class for ``spec`` (vLLM >= 0.30), or None when that vLLM has no such
-    attribute (0.26: partial hash hits do not ask the other managers) or no
-    manager for the spec."""
+    attribute, no manager for the spec, or a registry whose
+    ``get_manager_class`` takes no role (0.26 - 0.29)."""
     try:
         from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
         manager = KVCacheSpecRegistry.get_manager_class(spec, None)
-    except Exception:  # vLLM 0.26 has no registry (and no such check)
+    except Exception:  # vLLM 0.26 - 0.29: get_manager_class(spec) takes no role
         return None
     flag = getattr(manager, "supports_fine_grained_hash_lookup", None)
     return None if flag is None else bool(flag)
@@ -307,6 +310,9 @@ def _recording_runner(num_spec: int = 1, num_reqs: int = 2, block_size: int = 16
         speculative_config=spec_config,
         num_speculative_steps=num_spec, decode_query_len=1 + num_spec,
         is_pooling_model=False, is_encoder_decoder=False,
+        # vLLM 0.28's ``warmup_kernels`` returns early on ``model_runner.
+        # is_encoder_only`` (0.29 on: ``vllm_config.is_mm_encoder_only``).
+        is_encoder_only=False,
         kv_cache_config=KVCacheConfig(num_blocks=64, kv_cache_tensors=[],
                                       kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)]),
         model_state=SimpleNamespace(max_encoder_len=0),
@@ -552,6 +558,51 @@ def hash_lookahead_tokens_hashed() -> bool | None:
     except Exception as e:  # noqa: BLE001 - a release with other signatures
         logger.debug("stepwarm: hash lookahead not probed: %s", e)
         return None
+
+
+# --- What the scheduler hands KVCacheManager for a drafter -------------------
+
+@functools.cache
+def manager_takes_prefill_lookahead() -> bool:
+    """Whether the installed vLLM's ``KVCacheManager`` takes
+    ``num_prefill_lookahead`` (vLLM 0.28 on: the coordinator keeps the last
+    ``num_prefill_lookahead - 1`` computed tokens of a multi-module MTP
+    request re-prefillable, uncached, ``num_reprefillable_tokens`` in
+    ``vllm/v1/core/kv_cache_coordinator.py``). 0.26 / 0.27 have no such
+    argument: every computed token is cached alike."""
+    import inspect
+
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    return "num_prefill_lookahead" in inspect.signature(KVCacheManager.__init__).parameters
+
+
+def prefill_lookahead_tokens(vllm_config: Any) -> int:
+    """The ``num_prefill_lookahead`` the installed vLLM's scheduler gives
+    ``KVCacheManager`` (``Scheduler.__init__``, ``vllm/v1/core/sched/scheduler.py``):
+    ``VllmConfig.num_prefill_lookahead_tokens`` where the config has it (0.31
+    on); where only the manager takes it (0.28 - 0.30) the scheduler derives
+    the same value itself: ``num_speculative_tokens`` for multi-module MTP
+    (``use_multi_module_mtp()``), 1 for another ``use_eagle()`` drafter, else
+    0; 0 where the manager takes none (0.26, 0.27)."""
+    value = getattr(vllm_config, "num_prefill_lookahead_tokens", None)
+    if value is not None:
+        return int(value or 0)
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None or not manager_takes_prefill_lookahead() or not spec.use_eagle():
+        return 0
+    return int(spec.num_speculative_tokens) if spec.use_multi_module_mtp() else 1
+
+
+def eagle_block_drop(spec: Any) -> bool:
+    """What the installed vLLM's scheduler passes ``KVCacheManager`` as
+    ``use_eagle`` (the last-block drop of a prefix hit) for the
+    ``SpeculativeConfig`` ``spec`` (``Scheduler.__init__``): its
+    ``use_eagle_block_drop()`` (0.30 on: ``use_eagle()`` unless
+    ``disable_eagle_block_drop``), or ``use_eagle()`` where the config has no
+    such method (0.26 - 0.29)."""
+    drop = getattr(spec, "use_eagle_block_drop", None) or getattr(spec, "use_eagle", None)
+    return callable(drop) and bool(drop())
 
 
 def default_max_logprobs() -> int | None:

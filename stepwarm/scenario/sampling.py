@@ -212,6 +212,21 @@ class _ModelFacts:
         return None
 
 
+class _SpeculatorFacts:
+    """What ``SamplingParams.verify`` reads off ``SpeculativeConfig``, from a
+    profile: its drafts, every other field unset (falsy). vLLM 0.28's
+    ``_validate_spec_decode`` (``vllm/sampling_params.py``) reads
+    ``enable_adaptive_verification`` (DSpark's confidence-based verification,
+    refusing logprobs; ``SpeculativeConfig``'s default False, and a profile
+    does not record it), so it reads as off here."""
+
+    def __init__(self, profile: RunnerProfile):
+        self.num_speculative_tokens = profile.num_speculative_steps
+
+    def __getattr__(self, name: str) -> Any:
+        return None
+
+
 def refusal(args: SamplingArgs, profile: RunnerProfile) -> tuple[str, str] | None:
     """Why vLLM would refuse a request with these sampling args on this
     runner, as (the field, vLLM's message), or None when it accepts them.
@@ -244,8 +259,8 @@ def refusal(args: SamplingArgs, profile: RunnerProfile) -> tuple[str, str] | Non
                           f"(vocab_size {profile.vocab_size})")
     try:
         params = sampling_params(args, profile)
-        params.verify(_ModelFacts(profile), object() if profile.has_speculator else None,
-                      None, None)
+        params.verify(_ModelFacts(profile),
+                      _SpeculatorFacts(profile) if profile.has_speculator else None, None, None)
     except Exception as e:  # noqa: BLE001 - VLLMValidationError (0.32) is no ValueError
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         field = getattr(e, "parameter", None)

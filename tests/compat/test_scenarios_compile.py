@@ -53,13 +53,13 @@ def _bitmask_rows_expected(step, profile: RunnerProfile) -> int:
     Its mapping needs CUDA streams and pinned memory, so it cannot run here;
     the release's own rule, by what the release has:
 
-    - ``_build_grammar_mapping`` (vLLM 0.30 - 0.32, ``vllm/v1/worker/gpu/
+    - ``_build_grammar_mapping`` (vLLM 0.28 - 0.32, ``vllm/v1/worker/gpu/
       structured_outputs.py``): called; one row per logit position a grammar
       request has in the step (1 + its drafts).
     - a ``mask_stride`` argument to ``StructuredOutputsWorker`` (vLLM 0.33,
       the runner passes ``decode_query_len``): ``mask_stride`` rows per
       grammar request, mirrored (the mapping is inline there).
-    - neither (vLLM 0.26): the ``cu_num_logits`` range of each grammar
+    - neither (vLLM 0.26 - 0.27): the ``cu_num_logits`` range of each grammar
       request, 1 + its drafts (``num_new_sampled_tokens_per_step`` is 1 for
       the tiny profiles), mirrored (inline there too).
     """

@@ -352,6 +352,10 @@ def drafter_configs(draw, methods: tuple[str, ...] = ("eagle", "mtp", "draft_mod
       last ``k - 1`` computed tokens are not cached;
     - ``draft_model``: neither (no drop, nothing flagged).
 
+    Where the installed ``KVCacheManager`` takes no ``num_prefill_lookahead``
+    (:func:`stepwarm.vllm_facts.manager_takes_prefill_lookahead`, vLLM 0.26 /
+    0.27), ``eagle`` and ``mtp`` draw none (the drop only).
+
     Where the installed vLLM hashes lookahead tokens
     (:func:`stepwarm.vllm_facts.hash_lookahead_tokens_hashed`, vLLM 0.33),
     ``num_hash_lookahead_tokens`` = ``num_prefill_lookahead`` half the time
@@ -378,7 +382,10 @@ def drafter_configs(draw, methods: tuple[str, ...] = ("eagle", "mtp", "draft_mod
         groups = (draw(st.integers(0, len(specs) - 1), label="drafter's group"),)
     else:
         groups = ()
-    prefill = {"eagle": 1, "mtp": k, "draft_model": 0}[method]
+    # vLLM 0.26 / 0.27's KVCacheManager takes no num_prefill_lookahead (their
+    # scheduler keeps no re-prefillable tail): none is drawn there.
+    prefill = ({"eagle": 1, "mtp": k, "draft_model": 0}[method]
+               if vllm_facts.manager_takes_prefill_lookahead() else 0)
     hashed = 0
     if prefill and base.enable_caching and vllm_facts.hash_lookahead_tokens_hashed():
         on = draw(st.booleans(), label="hash lookahead") if hash_lookahead is None else hash_lookahead

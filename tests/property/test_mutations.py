@@ -226,6 +226,9 @@ def test_property_e_kills_drafter_mutant(name: str, monkeypatch: pytest.MonkeyPa
     field, kwargs = DRAFTER_MUTANTS[name]
     if kwargs.get("hash_lookahead") and not vllm_facts.hash_lookahead_tokens_hashed():
         pytest.skip("the installed vLLM hashes no lookahead tokens (num_hash_lookahead_tokens: 0.33)")
+    if field == "reprefill_tokens" and not vllm_facts.manager_takes_prefill_lookahead():
+        pytest.skip(f"vLLM {vllm_facts.version()}'s KVCacheManager takes no num_prefill_lookahead: "
+                    "it keeps no re-prefillable tail (num_reprefillable_tokens: 0.28)")
     monkeypatch.setattr(blocks.DrafterCaching, "of", _drafter_without(field))
     with pytest.raises(AssertionError, match="stepwarm|new_block_ids_to_zero"):
         _drafter_run(drafter_configs(**kwargs))

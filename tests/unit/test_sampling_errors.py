@@ -208,3 +208,28 @@ def test_bad_sampling_or_sweep_names_file_line_field(tmp_path, name):
     e = bad(tmp_path, text, profile(**kw))
     assert (e.line, e.field) == (line, field)
     assert str(e) == f"{tmp_path / 'bad.toml'}{message}"
+
+
+def test_logprobs_with_a_speculator_are_accepted_as_vllms_defaults_accept_them():
+    """vLLM 0.28's ``SamplingParams._validate_spec_decode`` reads the
+    speculator's ``enable_adaptive_verification`` (logprobs refused with
+    DSpark's confidence-based verification); ``SpeculativeConfig`` leaves it
+    off by default, and stepwarm's stand-in reads it as off on every release
+    (it was a bare ``object()``: every speculator request refused on 0.28,
+    "'object' object has no attribute 'enable_adaptive_verification'"). The
+    check that needs the speculator still refuses (``min_p_spec`` above)."""
+    import dataclasses
+
+    from vllm.config import SpeculativeConfig
+
+    from stepwarm.scenario.sampling import refusal
+
+    fields = {f.name: f for f in dataclasses.fields(SpeculativeConfig)}
+    if "enable_adaptive_verification" in fields:
+        assert fields["enable_adaptive_verification"].default is False
+    spec = profile(**SPEC)
+    assert refusal((("logprobs", 1), ("temperature", 0.0)), spec) is None
+    assert refusal((("top_k", 5), ("top_p", 0.9)), spec) is None
+    assert refusal((("min_p", 0.1),), spec) == (
+        "min_p", "The min_p and logit_bias sampling parameters are not yet supported with "
+        "speculative decoding. (this runner has a speculator: num_speculative_steps 2)")

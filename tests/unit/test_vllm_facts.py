@@ -201,3 +201,80 @@ def test_checkpoint_rule_is_the_managers():
     full = FullAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype=torch.float32)
     assert cache_spec_from_vllm(mamba).checkpoint_recached is recached
     assert cache_spec_from_vllm(full).checkpoint_recached is None
+
+
+def _speculative_config(method: str, k: int, mtp_layers: int = 1, no_drop: bool = False):
+    """A stand-in carrying what the installed vLLM's ``SpeculativeConfig``
+    methods read, with those methods (the release's own) bound to it."""
+    from types import SimpleNamespace
+
+    from vllm.config import SpeculativeConfig
+
+    spec = SimpleNamespace(method=method, num_speculative_tokens=k, disable_eagle_block_drop=no_drop,
+                           draft_model_config=SimpleNamespace(
+                               hf_config=SimpleNamespace(num_nextn_predict_layers=mtp_layers)))
+    for name in ("use_eagle", "use_eagle_block_drop", "needs_eagle_block_drop", "use_dflash",
+                 "use_dspark", "use_multi_module_mtp"):
+        fn = getattr(SpeculativeConfig, name, None)
+        if fn is not None:
+            setattr(spec, name, fn.__get__(spec))
+    return spec
+
+
+@pytest.mark.parametrize("method,k,layers,expected", [
+    ("mtp", 3, 3, 3), ("mtp", 3, 1, 1), ("eagle", 2, 1, 1), ("ngram", 2, 1, 0)])
+def test_prefill_lookahead_is_the_schedulers(method, k, layers, expected):
+    """``num_prefill_lookahead`` as ``Scheduler.__init__`` gives it to
+    ``KVCacheManager``: ``VllmConfig.num_prefill_lookahead_tokens`` (0.31 on;
+    the same value derived where only the manager takes it, 0.28 - 0.30), 0
+    where the manager takes none (0.26, 0.27)."""
+    from types import SimpleNamespace
+
+    from vllm.config import VllmConfig
+
+    spec = _speculative_config(method, k, layers)
+    cfg = SimpleNamespace(speculative_config=spec, num_speculative_tokens=k)
+    got = vllm_facts.prefill_lookahead_tokens(cfg)
+    assert got == (expected if vllm_facts.manager_takes_prefill_lookahead() else 0)
+    prop = getattr(VllmConfig, "num_prefill_lookahead_tokens", None)
+    if isinstance(prop, property):  # vLLM's own rule, on the same stand-in
+        assert prop.fget(cfg) == got
+
+
+def test_eagle_block_drop_is_the_schedulers():
+    """``use_eagle`` as ``Scheduler.__init__`` gives it to ``KVCacheManager``:
+    ``use_eagle_block_drop()`` (0.30 on: off with ``disable_eagle_block_drop``),
+    ``use_eagle()`` where the config has no such method (0.26 - 0.29)."""
+    from vllm.config import SpeculativeConfig
+
+    assert vllm_facts.eagle_block_drop(_speculative_config("eagle", 1)) is True
+    assert vllm_facts.eagle_block_drop(_speculative_config("mtp", 2, 2)) is True
+    assert vllm_facts.eagle_block_drop(_speculative_config("ngram", 2)) is False
+    assert vllm_facts.eagle_block_drop(_speculative_config("eagle", 1, no_drop=True)) is (
+        not hasattr(SpeculativeConfig, "use_eagle_block_drop"))
+
+
+def test_eagle_groups_are_the_coordinators_with_a_uniform_type_drafter_group():
+    """A drafter group of its own whose worker spec is a
+    ``UniformTypeKVCacheSpecs`` equal (first layer) to a target group's spec:
+    the scheduler's ``HybridKVCacheCoordinator`` puts both in one spec group
+    and drops the last hit block in both (``generate_scheduler_kv_cache_config``
+    gives the scheduler the first layer's spec). ``eagle_groups`` read it
+    through ``first_spec``, which vLLM 0.26 - 0.28 lack: the target group was
+    left out there (a 1-block difference in the property suite's drafter
+    tables on 0.26 - 0.28)."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec, UniformTypeKVCacheSpecs
+
+    from stepwarm.drafter import eagle_groups
+    from tests.property.oracle import Oracle
+
+    full = dict(block_size=2, num_kv_heads=1, head_size=8, dtype=torch.float16)
+    specs = (MLAAttentionSpec(block_size=4, num_kv_heads=1, head_size=8, dtype=torch.float16),
+             FullAttentionSpec(**full),
+             UniformTypeKVCacheSpecs(block_size=2, kv_cache_specs={"d0": FullAttentionSpec(**full)}))
+    oracle = Oracle(specs, num_blocks=64, max_model_len=32, num_lookahead_tokens=1,
+                    enable_caching=True, drafter_groups=(2,), use_eagle=True)
+    vllms = tuple(i for i, m in enumerate(oracle.manager.coordinator.single_type_managers)
+                  if m.use_eagle)
+    assert vllms == (1, 2)
+    assert eagle_groups(list(specs), {2}, True) == vllms
