@@ -153,17 +153,45 @@ def records_new_block_ids(spec: Any) -> bool | None:
 
 def fine_grained_hits(spec: Any) -> bool | None:
     """``supports_fine_grained_hash_lookup`` of the installed vLLM's manager
-    class for ``spec`` (vLLM >= 0.30), or None when that vLLM has no such
-    attribute, no manager for the spec, or a registry whose
-    ``get_manager_class`` takes no role (0.26 - 0.29)."""
+    class for ``spec``, where vLLM's coordinator asks the managers for it
+    (0.28 on); None when that vLLM has no such attribute, no manager for the
+    spec, or a coordinator that does not ask (0.26, 0.27: their
+    ``HybridKVCacheCoordinator.__init__`` enables partial hash hits without
+    looking at the other managers)."""
     try:
         from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
-
+    except ImportError:
+        return None
+    try:
         manager = KVCacheSpecRegistry.get_manager_class(spec, None)
-    except Exception:  # vLLM 0.26 - 0.29: get_manager_class(spec) takes no role
+    except TypeError:  # 0.26 - 0.29: get_manager_class(spec) takes no role
+        if not _coordinator_asks_managers():
+            return None
+        try:
+            manager = KVCacheSpecRegistry.get_manager_class(spec)
+        except Exception:  # no manager for this spec
+            return None
+    except Exception:  # no manager for this spec
         return None
     flag = getattr(manager, "supports_fine_grained_hash_lookup", None)
     return None if flag is None else bool(flag)
+
+
+@functools.cache
+def _coordinator_asks_managers() -> bool:
+    """Whether the installed vLLM's ``HybridKVCacheCoordinator.__init__``
+    turns fine-grained hash hits off for a manager without
+    ``supports_fine_grained_hash_lookup`` (``vllm/v1/core/kv_cache_coordinator.py``,
+    0.28 and 0.29 among the releases whose registry takes no role)."""
+    import inspect
+
+    from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
+
+    try:
+        return "supports_fine_grained_hash_lookup" in inspect.getsource(
+            HybridKVCacheCoordinator.__init__)
+    except (OSError, TypeError):  # no source shipped
+        return False
 
 
 @functools.cache

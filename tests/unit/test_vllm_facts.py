@@ -121,10 +121,19 @@ def test_fine_grained_hits_are_the_registrys():
     try:
         manager = KVCacheSpecRegistry.get_manager_class(full, None)
     except TypeError:
-        # vLLM 0.26: get_manager_class(spec) takes no role; the fact stays
-        # None there (stepwarm's 0.26 rule: partial hits do not ask the
-        # other managers), although 0.26's managers carry the attribute.
-        assert vllm_facts.fine_grained_hits(full) is None
+        # vLLM 0.26 - 0.29: get_manager_class(spec) takes no role. 0.26 and
+        # 0.27's coordinator does not ask the managers (the fact stays None:
+        # stepwarm's rule there, partial hits do not ask the other managers,
+        # although the managers carry the attribute); 0.28 and 0.29's does.
+        import inspect
+
+        from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
+
+        asks = "supports_fine_grained_hash_lookup" in inspect.getsource(
+            HybridKVCacheCoordinator.__init__)
+        manager = KVCacheSpecRegistry.get_manager_class(full)
+        assert vllm_facts.fine_grained_hits(full) == (
+            bool(manager.supports_fine_grained_hash_lookup) if asks else None)
         return
     flag = getattr(manager, "supports_fine_grained_hash_lookup", None)
     assert vllm_facts.fine_grained_hits(full) == (None if flag is None else bool(flag))
