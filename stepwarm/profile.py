@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from stepwarm.drafter import Drafter
+from stepwarm.files import FileTooLarge, NotUtf8, read_text_capped
 
 #: The KV cache spec kinds stepwarm knows, named after vLLM's spec classes.
 SpecKind = Literal[
@@ -28,6 +29,9 @@ SpecKind = Literal[
     "encoder_only_attention",  # EncoderOnlyAttentionSpec
 ]
 
+
+#: Largest profile file read (bytes); ``stepwarm profile`` writes a few kB.
+MAX_PROFILE_BYTES = 1 << 20
 
 class CacheSpec(BaseModel):
     """One KV cache group's spec, as block accounting needs it.
@@ -303,12 +307,15 @@ class RunnerProfile(BaseModel):
         """
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_text_capped(path, MAX_PROFILE_BYTES)
         except OSError as e:
             raise ProfileError(f"{path}: cannot read profile: {e.strerror}") from None
-        except UnicodeDecodeError as e:
+        except FileTooLarge:
+            raise ProfileError(f"{path}: cannot read profile: more than {MAX_PROFILE_BYTES} "
+                               "bytes (a saved profile is a few kB)") from None
+        except NotUtf8 as e:
             raise ProfileError(f"{path}: cannot read profile: not UTF-8 (byte "
-                               f"{e.object[e.start]:#04x} at offset {e.start})") from None
+                               f"{e.byte:#04x} at offset {e.offset})") from None
         if path.suffix == ".toml":
             tomllib = _tomllib()
 

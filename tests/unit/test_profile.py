@@ -82,6 +82,13 @@ def test_a_profile_that_is_not_utf8_is_a_profile_error(tmp_path):
         RunnerProfile.load(p)
 
 
+def test_an_endless_profile_file_is_read_no_further_than_its_cap():
+    # a device reports size 0 to stat(); /dev/zero never ends
+    with pytest.raises(ProfileError, match=r"^/dev/zero: cannot read profile: more than 1048576 "
+                                           r"bytes \(a saved profile is a few kB\)$"):
+        RunnerProfile.load("/dev/zero")
+
+
 def test_a_scenario_file_given_as_profile_is_named_so(tmp_path):
     """``check FILE --profile SCENARIO.toml`` (the arguments swapped) says so, and
     every profile error says what is allowed."""
