@@ -31,19 +31,27 @@ RUNS = (("baseline", True, "baseline", False), ("baseline_restart", True, "basel
         ("stepwarm", False, "stepwarm", False), ("stepwarm_restart", False, "stepwarm", True))
 
 
-def child_args(args: list[str]) -> list[str]:
+#: The scenario options, which a baseline child does not get (it runs none).
+SCENARIO_OPTIONS = ("--scenario", "-s")
+
+
+def child_args(args: list[str], baseline: bool = False) -> list[str]:
     """The ``coverage`` arguments a child run gets: ``args`` without
     :data:`PARENT_FLAGS` and :data:`PARENT_VALUED` options (and the values of
-    those, as ``--json OUT`` or ``--json=OUT``)."""
+    those, as ``--json OUT`` or ``--json=OUT``); for a ``baseline`` child,
+    without :data:`SCENARIO_OPTIONS` either."""
+    dropped = PARENT_VALUED + (SCENARIO_OPTIONS if baseline else ())
     out, skip = [], False
     for a in args:
         if skip:
             skip = False
         elif a in PARENT_FLAGS:
             pass
-        elif a in PARENT_VALUED:
+        elif a in dropped:
             skip = True
-        elif not any(a.startswith(f"{opt}=") for opt in PARENT_VALUED):
+        elif baseline and a.startswith("-s") and not a.startswith("--"):
+            pass  # -sNAME
+        elif not any(a.startswith(f"{opt}=") for opt in dropped if opt.startswith("--")):
             out.append(a)
     return out
 
@@ -53,8 +61,8 @@ def run_child(args: list[str], baseline: bool, json_out: Path, cache_dir: Path,
     """``python -m stepwarm coverage ARGS [--baseline] --cache-dir DIR
     [--warm-cache] --json JSON_OUT``; its output goes to this process's
     stdout/stderr. Returns its exit status."""
-    cmd = [sys.executable, "-m", "stepwarm", "coverage", *args, "--json", str(json_out),
-           "--cache-dir", str(cache_dir)]
+    cmd = [sys.executable, "-m", "stepwarm", "coverage", *child_args(args, baseline),
+           "--json", str(json_out), "--cache-dir", str(cache_dir)]
     if baseline:
         cmd.append("--baseline")
     if warm:
