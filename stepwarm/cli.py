@@ -513,9 +513,10 @@ def coverage(
         _check_filled_cache(cache_dir)
     if no_restart and not compare:
         _fail("--no-restart: only with --compare", 2)
-    if baseline and scenario:
-        _fail(f"-s {' -s '.join(scenario)}: --baseline runs vLLM's warmup alone, no scenario; "
-              "allowed: one or the other (--compare runs both)", 2)
+    if baseline and scenario:  # kept working for scripts that pass both; said, not silent
+        err_console.print(f"note: -s {' -s '.join(scenario)} ignored: --baseline runs vLLM's "
+                          "warmup alone, no scenario (--compare runs both)",
+                          markup=False, highlight=False, soft_wrap=True)
     if (not warm_cache and cache_dir is not None and cache_dir.exists()
             and any(cache_dir.iterdir())):
         _fail(f"--cache-dir {cache_dir}: not empty; compiles are found as new files there", 2)

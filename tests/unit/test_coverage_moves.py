@@ -183,7 +183,7 @@ def test_a_restart_counts_only_what_the_filled_caches_lack(tmp_path):
 def test_compare_runs_each_fresh_run_then_its_restart_on_its_own_caches(tmp_path, monkeypatch):
     assert compare.child_args(["t.jsonl", "--compare", "--no-restart", "--cache-dir", "/c",
                                "--json=o.json", "-s", "default"]) == ["t.jsonl", "-s", "default"]
-    # a baseline child runs no scenario: -s / --scenario are not passed (--baseline -s is exit 2)
+    # a baseline child runs no scenario: -s / --scenario are not passed
     assert compare.child_args(["t.jsonl", "-s", "default", "--scenario=prefix-hit", "-sall",
                                "--scenario", "x.toml", "-e", "max_num_seqs=4"],
                               baseline=True) == ["t.jsonl", "-e", "max_num_seqs=4"]
