@@ -40,6 +40,22 @@ NO_ROOM_PREFIX = "requires max_model_len >= lcm_block_size + 4"
 #: Mamba align mode (128-token blocks) leaves no room for three chunks.
 NO_ROOM_CHUNKS = "requires max_model_len >= 4 * prefill_chunk_align + 6"
 
+#: The same in align mode, where a prefill chunk ends on a Mamba block.
+NO_ROOM_PREFIX_ALIGN = "requires max_model_len >= lcm_block_size + prefill_chunk_align + 3"
+
+
+def _prefix_hit_fits(profile: dict) -> bool:
+    """prefix-hit's own ``requires`` over the runner's facts (scenarios/prefix-hit.toml)."""
+    from math import lcm
+
+    token = [g["block_size"] for g in profile["kv_cache_groups"]
+             if g["kind"] != "cross_attention"] or [1]
+    align = [g["block_size"] for g in profile["kv_cache_groups"]
+             if g["kind"] == "mamba" and g["mamba_cache_mode"] == "align"
+             and g["block_size"] <= profile["max_num_batched_tokens"]] or [1]
+    return profile["max_model_len"] >= lcm(*token) + lcm(*align) + 3
+
+
 #: A decoder-only generate runner without Mamba, encoder or speculator.
 _PLAIN = {"cross-attention": NOT_ENC_DEC, "mamba-align": NO_ALIGN, "pooling": NOT_POOLING,
           "spec-decode": NO_SPECULATOR, "sampler-spec-decode": NO_SPECULATOR,
@@ -109,6 +125,10 @@ def test_every_builtin_ran_or_was_skipped_with_its_reason(zoo_run, name):
     assert sorted(got) == builtin_names()
     for scenario, outcome in got.items():
         want = EXPECTED[name].get(scenario, RAN)
+        if scenario == "prefix-hit" and want == RAN and not _prefix_hit_fits(result["profile"]):
+            # vLLM picks a hybrid's attention block to match the Mamba page,
+            # which differs between CPUs (256 tokens on an AVX-512 host here)
+            want = NO_ROOM_PREFIX_ALIGN
         if want == RAN:
             assert outcome == RAN, (scenario, outcome)
         elif isinstance(want, tuple):
