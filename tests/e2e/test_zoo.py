@@ -46,14 +46,11 @@ NO_ROOM_PREFIX_ALIGN = "requires max_model_len >= lcm_block_size + prefill_chunk
 
 def _prefix_hit_fits(profile: dict) -> bool:
     """prefix-hit's own ``requires`` over the runner's facts (scenarios/prefix-hit.toml)."""
-    from math import lcm
+    from stepwarm.expressions import facts_of
+    from stepwarm.profile import RunnerProfile
 
-    token = [g["block_size"] for g in profile["kv_cache_groups"]
-             if g["kind"] != "cross_attention"] or [1]
-    align = [g["block_size"] for g in profile["kv_cache_groups"]
-             if g["kind"] == "mamba" and g["mamba_cache_mode"] == "align"
-             and g["block_size"] <= profile["max_num_batched_tokens"]] or [1]
-    return profile["max_model_len"] >= lcm(*token) + lcm(*align) + 3
+    f = facts_of(RunnerProfile.model_validate(profile))
+    return f["max_model_len"] >= f["lcm_block_size"] + f["prefill_chunk_align"] + 3
 
 
 #: A decoder-only generate runner without Mamba, encoder or speculator.
