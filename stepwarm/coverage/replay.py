@@ -11,9 +11,20 @@ A line whose first run looks like an outlier without a compile (first /
 second above the gate, see :class:`Gate`) is run :data:`STEADY_RUNS` more
 times: a first run within the gate's ratio of one of the later runs was
 noise (another process on the device, the collector), not a first-call cost
-(``CoverageReport.noise``). Each
-run's worker time is kept per step (:attr:`RequestResult.first_steps`), so
-an excess that stays can be traced to the step that paid it.
+(``CoverageReport.noise``).
+
+A first-call cost that stays after them gets one more question: is it a cost
+of this line's shapes, which a warmup step could pay instead, or one that
+steady traffic pays at every token count it has not seen (cuBLAS picks and
+loads a GEMM kernel per new token count on the H200: docs/findings.md)? The
+new-size control answers it: the same requests with one prompt token more
+each (one less where that would not fit), run :data:`NEW_SIZE_RUNS` times
+after the line. Its steps have token counts no step had, while every shape
+class the line reached is warm by then; when its first run is as slow as the
+line's first (:meth:`Gate.same_cost`), the line's excess is what any new size
+costs, not a gap in warmup (``CoverageReport.new_size``). Each run's worker
+time is kept per step (:attr:`RequestResult.first_steps`), so an excess that
+stays can be traced to the step that paid it.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from stepwarm.coverage.traffic import (
     TrafficLimits,
     TrafficLine,
     make_sampling_params,
+    new_size_delta,
     prompts_for,
     server_sampling,
 )
@@ -39,6 +51,8 @@ from stepwarm.runner import WorkerClock
 #: Runs of a line after the second, when its first run looks like an outlier
 #: without a compile: enough to see the device's spread between runs.
 STEADY_RUNS = 3
+#: Runs of the new-size control (the line with one prompt token more or less).
+NEW_SIZE_RUNS = 2
 
 
 @dataclass(frozen=True)
@@ -54,6 +68,22 @@ class Gate:
         when ``second_ms`` is 0: no second run to compare with)."""
         return (second_ms > 0 and first_ms > self.ratio * second_ms
                 and first_ms - second_ms > self.min_excess_ms)
+
+    def noise(self, first_ms: float, later_ms: list[float]) -> bool:
+        """Whether a first run that passed the gate against the first of
+        ``later_ms`` was noise: within ``ratio`` of the slowest later run
+        (the floor plays no part: a first run 1.9 times every later one is
+        no noise because it is 9 ms)."""
+        return (len(later_ms) > 1 and self.passed(first_ms, later_ms[0])
+                and first_ms <= self.ratio * max(later_ms))
+
+    def same_cost(self, first_ms: float, control_ms: list[float]) -> bool:
+        """Whether a first-call cost is one every new size pays: the control
+        (the same requests at a token count no step had, run after them,
+        :data:`NEW_SIZE_RUNS` times) also passed the gate on its first run,
+        and ``first_ms`` is within ``ratio`` of that run."""
+        return (len(control_ms) > 1 and self.passed(control_ms[0], control_ms[1])
+                and first_ms <= self.ratio * control_ms[0])
 
 
 @dataclass
@@ -96,6 +126,13 @@ class RequestResult:
     #: Wall times of the runs after the second (ms; :data:`STEADY_RUNS` of
     #: them where the first run passed the gate without a compile, else none).
     steady_ms: list[float] = field(default_factory=list)
+    #: The new-size control, where the steady runs did not call the first
+    #: run noise: prompt tokens added to each request (+1, or -1 where +1
+    #: would not fit), the control's wall times (ms, :data:`NEW_SIZE_RUNS`)
+    #: and each run's worker steps (as :attr:`first_steps`).
+    new_size_delta: int = 0
+    new_size_ms: list[float] = field(default_factory=list)
+    new_size_steps: list[list[list[float]]] = field(default_factory=list)
 
     @property
     def ratio(self) -> float:
@@ -138,10 +175,12 @@ def replay_line(llm: Any, tl: TrafficLine, limits: TrafficLimits,
     prime_params = make_sampling_params({"max_tokens": 1, "temperature": 0.0, "detokenize": False})
     detectors.poll()  # anything left from before belongs to no request
     result.started_at = time.time()
-    round_ = 0
-    while round_ < 2 or (round_ < 2 + STEADY_RUNS and gate is not None and not result.compiled
-                         and gate.passed(result.first_ms, result.second_ms)):
-        prompts, priming = prompts_for(tl, round_, limits.vocab_size)
+
+    def run(round_: int, extra: int = 0) -> tuple[float, float, list[list[float]],
+                                                   dict[str, Any], dict[str, int], int] | None:
+        """One run: wall ms, worker ms, steps, side effects, compiles, tokens
+        (None when it raised: ``result.error`` says what)."""
+        prompts, priming = prompts_for(tl, round_, limits.vocab_size, extra)
         try:
             llm.reset_prefix_cache()
             if priming is not None:
@@ -159,24 +198,53 @@ def replay_line(llm: Any, tl: TrafficLine, limits: TrafficLimits,
         except Exception as e:  # noqa: BLE001 - reported per request
             result.error = f"{type(e).__name__}: {e}"
             result.events += detectors.poll()
-            break
+            return None
         events = detectors.poll()
         result.events += events
+        return (elapsed, worker_ms, steps, effects, merge(events),
+                sum(len(c.token_ids) for o in outs for c in o.outputs))
+
+    def count_later(compiles: dict[str, int]) -> None:
+        # what a later run compiled still counts against the line
+        for name, n in compiles.items():
+            result.compiles_second[name] = result.compiles_second.get(name, 0) + n
+
+    def outlier() -> bool:
+        return (gate is not None and not result.compiled
+                and gate.passed(result.first_ms, result.second_ms))
+
+    round_ = 0
+    while round_ < 2 or (round_ < 2 + STEADY_RUNS and outlier()):
+        got = run(round_)
+        if got is None:
+            return result
+        elapsed, worker_ms, steps, effects, compiles, tokens = got
         if round_ == 0:
             result.first_ms, result.first_worker_ms = elapsed, worker_ms
-            result.compiles_first = merge(events)
+            result.compiles_first = compiles
             result.side_effects_first, result.first_steps = effects, steps
         elif round_ == 1:
             result.second_ms, result.second_worker_ms = elapsed, worker_ms
-            result.compiles_second = merge(events)
+            result.compiles_second = compiles
             result.side_effects_second, result.second_steps = effects, steps
-        else:  # a steady run: what it compiled still counts against the line
+        else:  # a steady run
             result.steady_ms.append(round(elapsed, 2))
-            for name, n in merge(events).items():
-                result.compiles_second[name] = result.compiles_second.get(name, 0) + n
+            count_later(compiles)
         if round_ < 2:  # the steady runs' tokens are not the line's
-            result.tokens.append(sum(len(c.token_ids) for o in outs for c in o.outputs))
+            result.tokens.append(tokens)
         round_ += 1
+    delta = new_size_delta(tl, limits, int(kwargs.get("max_tokens") or 0))
+    if (gate is None or not outlier() or not delta
+            or gate.noise(result.first_ms, [result.second_ms, *result.steady_ms])):
+        return result
+    result.new_size_delta = delta
+    for i in range(NEW_SIZE_RUNS):
+        got = run(round_ + i, delta)
+        if got is None:
+            return result
+        result.new_size_ms.append(round(got[0], 2))
+        result.new_size_steps.append(got[2])
+        count_later(got[4])
     return result
 
 

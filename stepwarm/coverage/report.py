@@ -106,7 +106,7 @@ class CoverageReport:
         if self.threshold is None:
             return ""
         gate = Gate(self.threshold, self.min_excess_ms)
-        if not gate.passed(r["first_ms"], r["second_ms"]) or self.noise(r):
+        if not gate.passed(r["first_ms"], r["second_ms"]) or self.noise(r) or self.new_size(r):
             return ""
         why = explanation(r.get("side_effects_first", {}), r.get("side_effects_second", {}))
         if why:
@@ -120,14 +120,30 @@ class CoverageReport:
         include one within the threshold's ratio of the first (the floor
         plays no part: a first run 1.9 times every later one is no noise
         because it is 9 ms)."""
-        steady = r.get("steady_ms") or []
-        if self.threshold is None or not steady or r["compiles_first"] or r["compiles_second"]:
+        later = [r["second_ms"], *(r.get("steady_ms") or [])]
+        if (self.threshold is None or r["compiles_first"] or r["compiles_second"]
+                or not Gate(self.threshold, self.min_excess_ms).noise(r["first_ms"], later)):
             return ""
-        slowest = max([r["second_ms"], *steady])
-        if (not Gate(self.threshold, self.min_excess_ms).passed(r["first_ms"], r["second_ms"])
-                or r["first_ms"] > self.threshold * slowest):
+        return f"noise: a later run took {max(later):.1f} ms"
+
+    def new_size(self, r: dict[str, Any]) -> str:
+        """Why request ``r``'s slow first run is what steady traffic pays at
+        any new size ('' when it is not): the new-size control
+        (:meth:`~stepwarm.coverage.replay.Gate.same_cost`, the replay
+        module's docstring) was as slow on its first run."""
+        control = r.get("new_size_ms") or []
+        if (self.threshold is None or r["compiles_first"] or r["compiles_second"]
+                or not Gate(self.threshold, self.min_excess_ms).passed(r["first_ms"], r["second_ms"])
+                or self.noise(r)
+                or not Gate(self.threshold, self.min_excess_ms).same_cost(r["first_ms"], control)):
             return ""
-        return f"noise: a later run took {slowest:.1f} ms"
+        delta = r.get("new_size_delta", 1)
+        steps = r.get("new_size_steps") or [[], []]
+        where = slow_step(steps[0], steps[-1])
+        return (f"new size: {'one more' if delta > 0 else 'one less'} prompt token each, "
+                f"run after it, {control[0]:.1f} then {control[1]:.1f} ms"
+                + (f" ({where})" if where else "")
+                + ": steady traffic pays this at every token count it has not had")
 
     @property
     def traffic_compiles(self) -> int:
@@ -138,8 +154,10 @@ class CoverageReport:
     @property
     def excess_ms(self) -> float:
         """Sum of first-call excess over every request (ms), those whose
-        slow first run was noise (:meth:`noise`) left out."""
-        return sum(r["excess_ms"] for r in self.requests if not self.noise(r))
+        slow first run was noise (:meth:`noise`) or a new size's cost
+        (:meth:`new_size`) left out."""
+        return sum(r["excess_ms"] for r in self.requests
+                   if not self.noise(r) and not self.new_size(r))
 
     @property
     def exit_code(self) -> int:
@@ -154,6 +172,7 @@ class CoverageReport:
         for r in d["requests"]:  # each line's own verdict ("" = passed)
             r["verdict"] = self.flagged(r)
             r["noise"] = self.noise(r)  # why a passed slow first run was noise, or ""
+            r["new_size"] = self.new_size(r)  # or what any new size costs, or ""
         d["summary"] = {"traffic_compiles": self.traffic_compiles,
                         "excess_ms": round(self.excess_ms, 1),
                         "startup_compiles": self.startup_compile_count,
@@ -194,6 +213,8 @@ def request_dict(r: RequestResult, t0: float) -> dict[str, Any]:
             "side_effects_second": r.side_effects_second,
             "first_steps": r.first_steps, "second_steps": r.second_steps,
             "steady_ms": r.steady_ms,
+            "new_size_delta": r.new_size_delta, "new_size_ms": r.new_size_ms,
+            "new_size_steps": r.new_size_steps,
             "events": [[e.detector, e.name, e.kind] + ([e.variant] if e.variant else [])
                        for e in r.events],
             "tokens": r.tokens, "error": r.error}
@@ -287,8 +308,8 @@ def print_report(rep: CoverageReport, out: Console) -> None:
 
 
 def _ok(rep: CoverageReport, r: dict[str, Any]) -> str:
-    noise = rep.noise(r)
-    return f"ok ({noise})" if noise else "ok"
+    why = rep.noise(r) or rep.new_size(r)
+    return f"ok ({why})" if why else "ok"
 
 
 def summary_line(rep: CoverageReport) -> str:

@@ -531,7 +531,8 @@ def limits_before_start(model: str | None, engine_args: Mapping[str, Any]) -> Tr
                                max_logprobs=max_logprobs)
 
 
-def prompts_for(tl: TrafficLine, round_: int, vocab_size: int) -> tuple[list[list[int]], list[int] | None]:
+def prompts_for(tl: TrafficLine, round_: int, vocab_size: int,
+                extra: int = 0) -> tuple[list[list[int]], list[int] | None]:
     """The prompt token ids of one replay of a line, and its priming prompt.
 
     Made-up ids are distinct across the line's requests and its two rounds
@@ -544,6 +545,9 @@ def prompts_for(tl: TrafficLine, round_: int, vocab_size: int) -> tuple[list[lis
         tl: the line.
         round_: 0 for the first replay, 1 for the second.
         vocab_size: the model's vocabulary (ids stay below it).
+        extra: tokens added to (or, negative, taken from) the end of every
+            prompt: the same requests at a token count the line's own runs
+            did not have (the new-size control, :func:`new_size_delta`).
 
     Returns:
         (one token id list per request, the priming prompt or None).
@@ -554,12 +558,27 @@ def prompts_for(tl: TrafficLine, round_: int, vocab_size: int) -> tuple[list[lis
     def made_up(n: int, seed: int) -> list[int]:
         return [FIRST_TOKEN_ID + (seed + 11 * i) % span for i in range(n)]
 
-    if isinstance(req.prompt, list):
-        return [list(req.prompt) for _ in range(req.count)], None
     seed = tl.line * 7919 + round_ * 104729
+    if isinstance(req.prompt, list):
+        given = list(req.prompt)
+        ids = given[:len(given) + extra] if extra < 0 else given + made_up(extra, seed)
+        return [list(ids) for _ in range(req.count)], None
     if req.prefix is None:
-        return [made_up(req.prompt, seed + 37 * c) for c in range(req.count)], None
+        return [made_up(req.prompt + extra, seed + 37 * c) for c in range(req.count)], None
     head = made_up(req.prefix.tokens, zlib.crc32(req.prefix.group.encode()))
-    tail = req.prompt - req.prefix.tokens
+    tail = req.prompt + extra - req.prefix.tokens
     prompts = [head + made_up(tail, seed + 37 * c) for c in range(req.count)]
     return prompts, head + made_up(1, seed + 1)
+
+
+def new_size_delta(tl: TrafficLine, limits: TrafficLimits, max_tokens: int) -> int:
+    """Tokens to add to each of the line's prompts so that its steps have a
+    token count its own runs did not (the new-size control): +1 where the
+    prompt and ``max_tokens`` still fit ``max_model_len``, else -1 where a
+    token can go (a prefix line keeps its prefix and one token after it),
+    else 0 (no control for this line)."""
+    req = tl.request
+    if limits.max_model_len is None or req.prompt_len + 1 + max_tokens <= limits.max_model_len:
+        return 1
+    keep = req.prefix.tokens + 1 if req.prefix is not None else 1
+    return -1 if req.prompt_len - 1 >= keep else 0

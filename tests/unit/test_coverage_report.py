@@ -318,6 +318,46 @@ def test_a_slow_first_run_that_a_later_run_matched_is_noise_not_flagged():
     assert rep.excess_ms == 16.0 and d["summary"]["excess_ms"] == 16.0
 
 
+def test_a_first_run_as_slow_as_a_new_size_is_steady_cost_not_flagged():
+    rep = _report()
+    # 60 ms first, 30 second, later runs 31-32: a first-call cost (not noise)
+    r = _request("prefix hit, batch 5", 60.0, 30.0)
+    r["steady_ms"] = [31.0, 32.0, 31.0]
+    r["new_size_delta"] = 1
+    r["second_steps"] = [[1450, 5, 10.3, 0], [5, 5, 3.0, 0]]
+    # the same requests one token longer each, after it: 58 then 31 ms, the
+    # excess in their first step (1455 tokens, no step had that many)
+    r["new_size_ms"] = [58.0, 31.0]
+    r["new_size_steps"] = [[[1455, 5, 38.2, 1], [5, 5, 3.1, 0]],
+                           [[1455, 5, 10.4, 0], [5, 5, 3.0, 0]]]
+    assert rep.noise(r) == "" and rep.flagged(r) == ""
+    assert rep.new_size(r) == (
+        "new size: one more prompt token each, run after it, 58.0 then 31.0 ms (step 1 of 2 "
+        "(1455 tokens, 5 requests, the first traffic step of that size) +27.8 ms (all the "
+        "worker's steps +27.9 ms)): steady traffic pays this at every token count it has not had")
+    rep.requests = [r]
+    d = rep.to_dict()
+    assert d["requests"][0]["verdict"] == "" and d["requests"][0]["new_size"].startswith("new size")
+    assert rep.excess_ms == 0.0 and d["summary"]["flagged"] == {}
+    # 1.2 x 49 = 58.8 < 60: the new size cost less than the line's first run; flagged
+    r["new_size_ms"] = [49.0, 31.0]
+    assert rep.new_size(r) == "" and rep.flagged(r).startswith("ratio > 1.2: unexplained")
+    assert rep.excess_ms == 30.0
+    # the new size's first run was no outlier: the line's cost is its own (a warmup gap)
+    r["new_size_ms"] = [33.0, 31.0]
+    assert rep.new_size(r) == "" and rep.flagged(r).startswith("ratio > 1.2: unexplained")
+    # one run of the control (the second raised): no verdict from it
+    r["new_size_ms"] = [58.0]
+    assert rep.new_size(r) == ""
+    # a compile in any run is a compile, whatever the control says
+    r["new_size_ms"] = [58.0, 31.0]
+    r["compiles_second"] = {"_zero_kv_blocks_kernel": 1}
+    assert rep.new_size(r) == "" and rep.flagged(r) == "compiled"
+    # one token less where one more would not fit
+    r["compiles_second"], r["new_size_delta"] = {}, -1
+    assert rep.new_size(r).startswith("new size: one less prompt token each")
+
+
 def test_an_unexplained_outlier_names_the_worker_step_that_paid_it():
     rep = _report()
     r = _request("prefix hit, batch 5", 35.0, 19.0)

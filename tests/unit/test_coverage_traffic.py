@@ -17,6 +17,7 @@ from stepwarm.coverage.traffic import (
     load_traffic,
     loads_traffic,
     make_sampling_params,
+    new_size_delta,
     prompts_for,
 )
 
@@ -157,6 +158,35 @@ def test_made_up_prompts_are_distinct_and_prefix_lines_share_their_group():
     assert {tuple(p[:32]) for p in a + b} == {tuple(prime_a[:32])} == {tuple(prime_b[:32])}
     assert len(prime_a) == 33 and len({tuple(p[32:]) for p in b}) == 3
     assert prompts_for(ids, 1, 512) == ([[5, 6, 7], [5, 6, 7]], None)
+
+
+def test_the_new_size_control_shifts_every_prompt_by_one_token_and_keeps_the_prefix():
+    traffic = loads_traffic("\n".join([
+        '{"prompt": 9, "count": 3}',
+        '{"prompt": 40, "count": 2, "prefix": {"group": "sys", "tokens": 32}}',
+        '{"prompt": [5, 6, 7], "count": 2}',
+        '{"prompt": 33, "prefix": {"group": "sys", "tokens": 32}, "sampling": {"max_tokens": 31}}',
+        '{"prompt": 1, "sampling": {"max_tokens": 63}}',
+    ]), "t.jsonl")
+    batch, prefix, ids, full_prefix, full_one = traffic.lines
+    longer, _ = prompts_for(batch, 5, 512, extra=1)
+    assert [len(p) for p in longer] == [10, 10, 10]
+    (a, b), prime = prompts_for(prefix, 5, 512, extra=1)
+    head, _ = prompts_for(prefix, 0, 512)
+    assert len(a) == len(b) == 41 and a[:32] == b[:32] == prime[:32] == head[0][:32]
+    (x, y), _ = prompts_for(prefix, 5, 512, extra=-1)
+    assert len(x) == 39 and x[:32] == head[0][:32]
+    more, _ = prompts_for(ids, 5, 512, extra=1)
+    assert [p[:3] for p in more] == [[5, 6, 7]] * 2 and [len(p) for p in more] == [4, 4]
+    assert prompts_for(ids, 5, 512, extra=-1)[0] == [[5, 6], [5, 6]]
+    limits = TrafficLimits(max_model_len=64, vocab_size=512, max_logprobs=20)
+    assert new_size_delta(batch, limits, max_tokens=16) == 1
+    # 33 + 31 = 64 fills max_model_len: one token less, the prefix and one token kept
+    assert new_size_delta(full_prefix, limits, max_tokens=31) == 0
+    assert new_size_delta(prefix, limits, max_tokens=24) == -1
+    assert new_size_delta(full_one, limits, max_tokens=63) == 0  # 1 token: none to take
+    unknown = TrafficLimits(max_model_len=None, vocab_size=512, max_logprobs=20)
+    assert new_size_delta(full_one, unknown, max_tokens=63) == 1
 
 
 def test_the_builtin_traffic_covers_the_classes_it_promises():

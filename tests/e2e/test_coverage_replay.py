@@ -1,0 +1,56 @@
+"""The replay's new-size control on a real engine (CPU, the session's tiny
+Llama): a line whose first run stays an outlier after its steady runs is run
+again with one prompt token more per request, and the worker's steps show
+the token counts the control was meant to have."""
+
+from __future__ import annotations
+
+import pytest
+
+from stepwarm.coverage.detectors import Detectors
+from stepwarm.coverage.replay import NEW_SIZE_RUNS, STEADY_RUNS, Gate, replay_line
+from stepwarm.coverage.traffic import TrafficLimits, loads_traffic
+from stepwarm.runner import WorkerClock
+
+pytestmark = pytest.mark.e2e
+
+#: Passes every first run (no ratio, no floor) and calls none noise: every
+#: line gets its steady runs and the control.
+EVERY_RUN = Gate(ratio=0.0, min_excess_ms=-1e9)
+
+
+@pytest.fixture
+def detectors():
+    d = Detectors.watch()
+    yield d
+    d.stop()
+
+
+def test_an_outlier_line_gets_steady_runs_then_the_same_requests_one_token_longer(
+        engine, profile, detectors):
+    traffic = loads_traffic("\n".join([
+        '{"name": "batch 3", "prompt": 9, "count": 3, "sampling": {"temperature": 0.0}}',
+        '{"name": "prefix hit", "prompt": 300, "count": 2, "sampling": {"temperature": 0.0}, '
+        '"prefix": {"group": "sys", "tokens": 256}}',
+    ]), "t.jsonl")
+    limits = TrafficLimits(profile.max_model_len, profile.vocab_size, profile.max_logprobs)
+    clock = WorkerClock()
+    with clock.attached(engine.worker):
+        batch, prefix = (replay_line(engine.llm, tl, limits, detectors, clock, EVERY_RUN)
+                         for tl in traffic.lines)
+    assert batch.error is None and prefix.error is None
+    assert len(batch.steady_ms) == STEADY_RUNS and batch.new_size_delta == 1
+    assert len(batch.new_size_ms) == len(batch.new_size_steps) == NEW_SIZE_RUNS
+    # the line's prefill step: 3 x 9 tokens; the control's: 3 x 10, then decodes
+    # of 3 (max_tokens 4 by default: the prefill samples the first token)
+    assert [s[:2] for s in batch.first_steps] == [[27, 3]] + [[3, 3]] * 3
+    for steps in batch.new_size_steps:
+        assert [s[:2] for s in steps] == [[30, 3]] + [[3, 3]] * 3
+    assert batch.new_size_steps[0][0][3] == 1  # no step before it had 30 tokens
+    assert batch.tokens == [12, 12]  # the control's tokens are not the line's
+    # a prefix hit: the 256 cached tokens (two blocks of 128) are not
+    # scheduled; the control's prompts are 301 tokens with the same prefix
+    assert [s[:2] for s in prefix.first_steps][0] == [2 * (300 - 256), 2]
+    assert [s[:2] for s in prefix.new_size_steps[0]][0] == [2 * (301 - 256), 2]
+    # the verdict: with this gate the control explains nothing (0 x its first run)
+    assert not EVERY_RUN.same_cost(batch.first_ms, batch.new_size_ms)
