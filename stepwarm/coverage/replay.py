@@ -15,8 +15,8 @@ noise (another process on the device, the collector), not a first-call cost
 
 A first-call cost that stays after them gets one more question: is it a cost
 of this line's shapes, which a warmup step could pay instead, or one that
-steady traffic pays at every token count it has not seen (cuBLAS picks and
-loads a GEMM kernel per new token count on the H200: docs/findings.md)? The
+steady traffic pays at every token count it has not seen (a GEMM's first
+call at a new M, above the CUDA-graph sizes: docs/findings.md)? The
 new-size control answers it: the same requests with one prompt token more
 each (one less where that would not fit), run :data:`NEW_SIZE_RUNS` times
 after the line. Its steps have token counts no step had, while every shape
