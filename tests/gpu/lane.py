@@ -70,6 +70,20 @@ def stepwarm_lines(log: str) -> list[str]:
     return [ln for ln in log.splitlines() if "stepwarm: " in ln or "stepwarm [" in ln]
 
 
+def default_steps() -> int:
+    """Steps of the ``default`` scenario on the installed vLLM for the lane's
+    tiny Llama (8 sequences, no speculator): vLLM's ``warmup_kernels`` pass
+    (the prefill, the decode steps the release sends, read off it by
+    :func:`stepwarm.vllm_facts.warmup_facts`, the cleanup), then the mixed
+    prefill/decode warmup's 3 steps. 8 on vLLM 0.27 - 0.33, 6 on 0.26."""
+    from stepwarm.profile import WARMUP_DECODES_0_32
+    from stepwarm.vllm_facts import warmup_facts
+
+    facts = warmup_facts()
+    decodes = (facts.decode_steps if facts is not None else WARMUP_DECODES_0_32)["plain4"]
+    return 1 + len(decodes) + 1 + 3
+
+
 def scenario_ms(lines: list[str]) -> float:
     """Milliseconds stepwarm's scenarios took, from its ``N steps in M ms`` lines
     (summed over scenarios, the largest over ranks)."""

@@ -21,7 +21,15 @@ import os
 import pytest
 
 from tests.dp_probe import run_dp
-from tests.gpu.lane import FAULT_PLUGIN, lane_env, needs_gpus, record, scenario_ms, stepwarm_lines
+from tests.gpu.lane import (
+    FAULT_PLUGIN,
+    default_steps,
+    lane_env,
+    needs_gpus,
+    record,
+    scenario_ms,
+    stepwarm_lines,
+)
 
 pytestmark = [pytest.mark.gpu, needs_gpus(2)]
 
@@ -71,7 +79,7 @@ def test_dp2_ep_both_ranks_run_the_same_steps_then_serve(scenarios):
         assert _steps(a) == _steps(b) and len(a["steps"]) > 0
     for run, label in zip(runs, LABELS):
         assert f"stepwarm [{label}]: {RULE}" in run.log
-        assert f"stepwarm [{label}]: default: 8 steps in" in run.log
+        assert f"stepwarm [{label}]: default: {default_steps()} steps in" in run.log
 
 
 def test_dp2_ep_failure_after_a_step_on_one_rank_fails_start_up_on_both():

@@ -8,6 +8,7 @@ import pytest
 
 from stepwarm.zoo import write_model
 from tests.gpu.lane import (
+    default_steps,
     lane_env,
     needs_gpus,
     record,
@@ -49,8 +50,9 @@ def test_vllm_serve_starts_logs_the_scenarios_and_answers(tmp_path, layout, scen
     if not scenarios:
         assert lines == []
         return
+    steps = default_steps()
     for rank in ranks:  # every rank ran both scenarios
-        assert any(f"stepwarm{rank}: default: 8 steps in" in ln for ln in lines), log[-6000:]
+        assert any(f"stepwarm{rank}: default: {steps} steps in" in ln for ln in lines), log[-6000:]
         assert any(f"stepwarm{rank}: triton-buckets: " in ln and " steps in " in ln for ln in lines)
     # The lines come before the server says it is ready.
     assert log.index("stepwarm") < log.index("Application startup complete")
