@@ -504,7 +504,9 @@ class BlockLedger:
     back to the pool when they fall out. The pool reuses ids in the order of
     vLLM's ``FreeKVCacheBlockQueue``: blocks freed without a prefix-cache
     entry first (last freed first, ``prepend_n``), then never used ids, then
-    blocks freed with a cache entry (oldest first, ``append_n``).
+    blocks freed with a cache entry (oldest first, ``append_n``); on vLLM 0.27
+    with caching off every freed block goes to the tail
+    (``uncached_frees_append``).
 
     A prefix-cache hit (:meth:`hit`) puts the cached blocks of an earlier
     request's prompt into the new request's table (shared, with a reference
@@ -526,6 +528,9 @@ class BlockLedger:
     cache_alignment: int | None = None
     #: The drafter's prefix-caching rules (:class:`DrafterCaching`).
     drafter: DrafterCaching = field(default_factory=DrafterCaching)
+    #: With caching off, freed blocks go to the queue's tail (vLLM 0.27's
+    #: ``free_blocks``), not its head (:attr:`RunnerProfile.uncached_frees_append`).
+    uncached_frees_append: bool = False
     _tables: dict[str, list[GroupTable]] = field(default_factory=dict, repr=False)
     #: Free queue: _front (deque head first), then ids _next.. never handed
     #: out, then _tail (insertion order). The never-used range is not
@@ -591,7 +596,8 @@ class BlockLedger:
         """A ledger over a runner profile's groups and ``num_blocks``."""
         return cls(profile.kv_cache_groups, profile.num_blocks, ReservationContext.of(profile),
                    enable_caching=profile.enable_prefix_caching,
-                   drafter=DrafterCaching.of(profile))
+                   drafter=DrafterCaching.of(profile),
+                   uncached_frees_append=profile.uncached_frees_append)
 
     # -- a step's transaction ---------------------------------------------------
     def allocate_step(self, free: tuple[str, ...], rows: list[StepAllocation], *,
@@ -965,7 +971,7 @@ class BlockLedger:
             if self._ref[i]:
                 continue
             del self._ref[i]
-            if i in self._cached:
+            if i in self._cached or (self.uncached_frees_append and not self.enable_caching):
                 self._tail[i] = None
             else:
                 front.append(i)
@@ -1255,6 +1261,7 @@ class BlockLedger:
         tables_of, quick, ctx, num_cached, pending = \
             self._tables, self._quick, self._ctx, self._num_cached, self._pending_hit
         ref, cached, tail, queue = self._ref, self._cached, self._tail, self._front
+        to_tail = self.uncached_frees_append and not self.enable_caching
         for rid in req_ids:
             tables = tables_of.pop(rid, None)
             quick.pop(rid, None)
@@ -1274,7 +1281,7 @@ class BlockLedger:
                         ref[i] = n
                         continue
                     del ref[i]
-                    if i in cached:
+                    if to_tail or i in cached:
                         tail[i] = None
                     else:
                         front.append(i)

@@ -165,6 +165,10 @@ class RunnerProfile(BaseModel):
     #: The Mamba cache mode of the cache config ("none" with no Mamba layers).
     mamba_cache_mode: str = "none"
     enable_prefix_caching: bool = False
+    #: With prefix caching off, ``BlockPool.free_blocks`` appends freed blocks
+    #: to the free queue's tail (vLLM 0.27) instead of prepending them
+    #: (:func:`stepwarm.vllm_facts.uncached_frees_append`).
+    uncached_frees_append: bool = False
     #: ``KVCacheConfig.needs_kv_cache_zeroing`` (Mamba layers, mixed-precision
     #: caches): the scheduler sends new attention blocks in
     #: ``SchedulerOutput.new_block_ids_to_zero`` and the worker zeroes them.

@@ -137,6 +137,21 @@ def _manager(spec: Any, enable_caching: bool, **extra: Any) -> Any:
     )
 
 
+@functools.cache
+def uncached_frees_append() -> bool:
+    """Whether ``BlockPool.free_blocks`` puts freed blocks at the free queue's
+    tail (reused after every never-used block) when prefix caching is off:
+    vLLM 0.27 ("When caching is disabled we always append"); 0.26 and 0.28 on
+    prepend them (the last freed is reused first). Probed on a 4-block pool:
+    take 2 blocks, free them, take 1: a fresh id means the frees were appended."""
+    from vllm.v1.core.block_pool import BlockPool
+
+    pool = BlockPool(4, False, 16)
+    taken = pool.get_new_blocks(2)
+    pool.free_blocks(taken)
+    return pool.get_new_blocks(1)[0].block_id not in {b.block_id for b in taken}
+
+
 def records_new_block_ids(spec: Any) -> bool | None:
     """Whether the installed vLLM's scheduler manager for ``spec`` (a
     scheduler-side spec: a uniform-type group's first layer spec) records new

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from hypothesis import assume, event
 from hypothesis import strategies as st
 
+from stepwarm import vllm_facts
 from stepwarm.blocks import cdiv
 from stepwarm.probe import cache_spec_from_vllm
 from stepwarm.profile import CacheSpec, RunnerProfile
@@ -146,6 +147,7 @@ class KVConfig:
             is_encoder_decoder=self.is_encoder_decoder,
             vocab_size=64,
             enable_prefix_caching=self.enable_caching,
+            uncached_frees_append=vllm_facts.uncached_frees_append(),
             zeroes_new_blocks=True,
             mamba_cache_mode=next(
                 (s.mamba_cache_mode for s in self.specs if s.kind == "mamba"), "none"

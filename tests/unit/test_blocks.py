@@ -262,6 +262,25 @@ def test_ledger_out_of_blocks_hands_out_nothing() -> None:
     assert led.num_free == 0
 
 
+@pytest.mark.parametrize("appends", [False, True])
+def test_freed_blocks_are_reused_first_or_after_the_fresh_ones_as_the_release_frees(appends) -> None:
+    # vLLM 0.26 / 0.28 on: free_blocks prepends blocks without a cache entry
+    # (last block of the table freed first, so reused first); 0.27 with
+    # caching off appends them behind the never-used ids.
+    for free in ("free", "free_each"):
+        led = BlockLedger((spec("full_attention", 4),), num_blocks=8, uncached_frees_append=appends)
+        assert led.grow("a", 12).appended == ((1, 2, 3),)
+        getattr(led, free)(*(("a",) if free == "free" else (("a",),)))
+        want = ((4, 5, 6, 7, 3),) if appends else ((3, 2, 1, 4, 5),)
+        assert led.grow("b", 20).appended == want, free
+    # with prefix caching on the rule is the cache's (no entry: prepended), on every release
+    led = BlockLedger((spec("full_attention", 4),), num_blocks=8, enable_caching=True,
+                      uncached_frees_append=True)
+    led.grow("a", 2)
+    led.free("a")
+    assert led.grow("b", 2).appended == ((1,),)
+
+
 def test_token_range_bound_is_never_below_the_need() -> None:
     # A token-range step skips the walk over its rows' tables
     # (_token_range_need) when the bound, read off their token counts alone,

@@ -287,3 +287,18 @@ def test_eagle_groups_are_the_coordinators_with_a_uniform_type_drafter_group():
                   if m.use_eagle)
     assert vllms == (1, 2)
     assert eagle_groups(list(specs), {2}, True) == vllms
+
+
+def test_uncached_frees_append_is_the_pools_own_order():
+    """Read off a real ``BlockPool`` with caching off: the installed vLLM
+    (0.32) prepends freed blocks (reused first); 0.27 appends them
+    (docs/version-matrix.md)."""
+    from vllm.v1.core.block_pool import BlockPool
+
+    pool = BlockPool(8, False, 16)
+    a = pool.get_new_blocks(3)
+    pool.free_blocks(a)
+    reused = pool.get_new_blocks(1)[0].block_id in {b.block_id for b in a}
+    assert vllm_facts.uncached_frees_append() is (not reused)
+    expected = {"0.27.0": True, "0.27.1": True}.get(vllm_facts.version(), False)
+    assert vllm_facts.uncached_frees_append() is expected
