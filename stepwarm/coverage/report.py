@@ -114,6 +114,13 @@ class CoverageReport:
         where = slow_step(r.get("first_steps", []), r.get("second_steps", []))
         return f"ratio > {self.threshold:g}: unexplained" + (f"; {where}" if where else "")
 
+    def flagged_by_name(self) -> dict[str, str]:
+        """Each flagged request's verdict, keyed by its name; a name that
+        several traffic lines share gets `` (line N)`` on each, so none is lost."""
+        names = collections.Counter(r["name"] for r in self.requests)
+        return {(r["name"] if names[r["name"]] == 1 else f"{r['name']} (line {r['line']})"):
+                self.flagged(r) for r in self.requests if self.flagged(r)}
+
     def noise(self, r: dict[str, Any]) -> str:
         """Why request ``r``'s slow first run was noise ('' when it was not):
         the runs after the second (:data:`~stepwarm.coverage.replay.STEADY_RUNS`)
@@ -176,8 +183,7 @@ class CoverageReport:
         d["summary"] = {"traffic_compiles": self.traffic_compiles,
                         "excess_ms": round(self.excess_ms, 1),
                         "startup_compiles": self.startup_compile_count,
-                        "flagged": {r["name"]: self.flagged(r) for r in self.requests
-                                    if self.flagged(r)},
+                        "flagged": self.flagged_by_name(),
                         "exit_code": self.exit_code}
         return d
 

@@ -309,13 +309,27 @@ def test_a_slow_first_run_that_a_later_run_matched_is_noise_not_flagged():
     fine = _request("fine", 20.0, 19.0)
     fine["steady_ms"] = [40.0]
     assert rep.noise(fine) == "" and rep.flagged(fine) == ""
+    real["line"] = 2
     rep.requests = [slow, real]
     d = rep.to_dict()
-    assert d["summary"]["flagged"] == {"prefix hit, batch 5": "ratio > 1.2: unexplained"}
+    assert d["summary"]["flagged"] == {"prefix hit, batch 5 (line 2)": "ratio > 1.2: unexplained"}
     assert [(r["verdict"], r["noise"]) for r in d["requests"]] == [
         ("", "noise: a later run took 36.0 ms"), ("ratio > 1.2: unexplained", "")]
     # the noise line's 16 ms are not first-call excess
     assert rep.excess_ms == 16.0 and d["summary"]["excess_ms"] == 16.0
+
+
+def test_flagged_lines_that_share_a_name_are_each_in_the_summary():
+    rep = _report()
+    a, b, c = (_request("greedy", 35.0, 19.0), _request("greedy", 20.0, 19.0),
+               _request("greedy", 300.0, 20.0))
+    for line, r in enumerate((a, b, c), 1):
+        r["line"] = line
+    rep.requests = [a, b, c, _request("top-k", 50.0, 20.0)]
+    assert rep.to_dict()["summary"]["flagged"] == {
+        "greedy (line 1)": "ratio > 1.2: unexplained",
+        "greedy (line 3)": "ratio > 1.2: unexplained",
+        "top-k": "ratio > 1.2: unexplained"}
 
 
 def test_a_first_run_as_slow_as_a_new_size_is_steady_cost_not_flagged():
