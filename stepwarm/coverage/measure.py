@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from stepwarm.blocks import prefix_cache_alignment
 from stepwarm.coverage.detectors import Detectors
 from stepwarm.coverage.replay import Gate, RequestResult, replay
 from stepwarm.coverage.report import (
@@ -24,7 +25,7 @@ from stepwarm.coverage.report import (
     request_dict,
 )
 from stepwarm.coverage.startup import attribute
-from stepwarm.coverage.traffic import Traffic, TrafficLimits, check_limits
+from stepwarm.coverage.traffic import Traffic, TrafficLimits, check_limits, prefix_notes
 from stepwarm.driver import RunReport
 from stepwarm.settings import ENV_SCENARIOS
 
@@ -122,6 +123,8 @@ def measure(
     )
     limits = engine_limits(profile)
     check_limits(traffic, limits)
+    rep.notes = prefix_notes(traffic, profile.enable_prefix_caching, prefix_cache_alignment(
+        profile.kv_cache_groups, profile.enable_prefix_caching))
     if on_started is not None:
         on_started(rep)
     t_traffic = time.time()

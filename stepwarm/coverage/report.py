@@ -84,6 +84,9 @@ class CoverageReport:
     #: ``fresh`` (empty compile caches) or ``warm`` (a restart on the caches a
     #: fresh run filled; the cache scan alone counts compiles then).
     cache: str = "fresh"
+    #: What the traffic asked that this engine will not do, one line each
+    #: (:func:`~stepwarm.coverage.traffic.prefix_notes`); the lines still ran.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def run_name(self) -> str:
@@ -259,7 +262,7 @@ def skipped_lines(rep: CoverageReport) -> list[str]:
 def print_report(rep: CoverageReport, out: Console) -> None:
     """Skipped scenarios, start-up compiles by phase / step, then one row per
     traffic request, then the verdict."""
-    for line in skipped_lines(rep):
+    for line in skipped_lines(rep) + [f"{rep.run_name}: note: {n}" for n in rep.notes]:
         out.print(line, markup=False, highlight=False)
     if rep.startup_compiles and out.width < TABLE_WIDTH:
         out.print(f"{rep.run_name}: kernels compiled at start-up, by phase / scenario step")

@@ -582,3 +582,24 @@ def new_size_delta(tl: TrafficLine, limits: TrafficLimits, max_tokens: int) -> i
         return 1
     keep = req.prefix.tokens + 1 if req.prefix is not None else 1
     return -1 if req.prompt_len - 1 >= keep else 0
+
+
+def prefix_notes(traffic: Traffic, enable_caching: bool, alignment: int) -> list[str]:
+    """Lines whose ``prefix`` the engine will not hit, one note each (the
+    line still runs: it just measures no prefix hit): prefix caching is off,
+    or the prefix is shorter than ``alignment``, the tokens a hit is counted
+    in (:func:`stepwarm.blocks.prefix_cache_alignment`: the block size, the
+    LCM of a hybrid's block sizes)."""
+    notes = []
+    for tl in traffic.lines:
+        prefix = tl.request.prefix
+        if prefix is None:
+            continue
+        where = f"{traffic.source}:{tl.line}: prefix"
+        if not enable_caching:
+            notes.append(f"{where}: the engine runs without prefix caching: no prefix hit "
+                         "(vLLM: --enable-prefix-caching)")
+        elif prefix.tokens < alignment:
+            notes.append(f"{where}: {prefix.tokens} tokens is less than one prefix-cache "
+                         f"block of this engine ({alignment} tokens): no prefix hit")
+    return notes

@@ -54,3 +54,20 @@ def test_an_outlier_line_gets_steady_runs_then_the_same_requests_one_token_longe
     assert [s[:2] for s in prefix.new_size_steps[0]][0] == [2 * (301 - 256), 2]
     # the verdict: with this gate the control explains nothing (0 x its first run)
     assert not EVERY_RUN.same_cost(batch.first_ms, batch.new_size_ms)
+
+
+def test_a_prefix_shorter_than_the_engines_block_is_named_before_it_runs(profile):
+    """The session engine caches prefixes in blocks of 128 tokens (its
+    profile says so): a 100-token prefix cannot hit, a 256-token one can."""
+    from stepwarm.blocks import prefix_cache_alignment
+    from stepwarm.coverage.traffic import prefix_notes
+
+    traffic = loads_traffic("\n".join([
+        '{"prompt": 300, "prefix": {"group": "sys", "tokens": 256}}',
+        '{"prompt": 300, "prefix": {"group": "short", "tokens": 100}}',
+    ]), "t.jsonl")
+    align = prefix_cache_alignment(profile.kv_cache_groups, profile.enable_prefix_caching)
+    assert profile.enable_prefix_caching and align == 128
+    assert prefix_notes(traffic, profile.enable_prefix_caching, align) == [
+        "t.jsonl:2: prefix: 100 tokens is less than one prefix-cache block of this engine "
+        "(128 tokens): no prefix hit"]

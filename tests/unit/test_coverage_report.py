@@ -284,6 +284,23 @@ def test_each_request_carries_its_verdict_and_skips_are_printed_with_their_reaso
         "stepwarm: skipped spec-decode: needs speculator: runner has num_speculative_steps 0")
 
 
+def test_notes_are_printed_before_the_tables_and_kept_in_the_json():
+    import io
+
+    from rich.console import Console
+
+    from stepwarm.coverage.report import print_report
+
+    rep = _report()
+    rep.requests = [_request("warm", 20.0, 19.0)]
+    rep.notes = ["t.jsonl:2: prefix: 8 tokens is less than one prefix-cache block of this "
+                 "engine (16 tokens): no prefix hit"]
+    buf = io.StringIO()
+    print_report(rep, Console(file=buf, width=200, color_system=None))
+    assert buf.getvalue().splitlines()[0] == "stepwarm: note: " + rep.notes[0]
+    assert CoverageReport.from_dict(rep.to_dict()).notes == rep.notes
+
+
 def test_a_slow_first_run_that_a_later_run_matched_is_noise_not_flagged():
     rep = _report()
     # 35 ms first, 19 ms second: the gate passes (> 1.2x and > 10 ms)...

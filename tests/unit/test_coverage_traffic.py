@@ -18,6 +18,7 @@ from stepwarm.coverage.traffic import (
     loads_traffic,
     make_sampling_params,
     new_size_delta,
+    prefix_notes,
     prompts_for,
 )
 
@@ -187,6 +188,21 @@ def test_the_new_size_control_shifts_every_prompt_by_one_token_and_keeps_the_pre
     assert new_size_delta(full_one, limits, max_tokens=63) == 0  # 1 token: none to take
     unknown = TrafficLimits(max_model_len=None, vocab_size=512, max_logprobs=20)
     assert new_size_delta(full_one, unknown, max_tokens=63) == 1
+
+
+def test_a_prefix_the_engine_cannot_hit_gets_a_note_naming_the_line():
+    traffic = loads_traffic("\n".join([
+        '{"prompt": 40, "prefix": {"group": "sys", "tokens": 32}}',
+        '{"prompt": 40, "prefix": {"group": "short", "tokens": 8}}',
+        '{"prompt": 9}',
+    ]), "t.jsonl")
+    assert prefix_notes(traffic, True, 16) == [
+        "t.jsonl:2: prefix: 8 tokens is less than one prefix-cache block of this engine "
+        "(16 tokens): no prefix hit"]
+    assert prefix_notes(traffic, True, 8) == []
+    assert prefix_notes(traffic, False, 1) == [
+        f"t.jsonl:{n}: prefix: the engine runs without prefix caching: no prefix hit "
+        "(vLLM: --enable-prefix-caching)" for n in (1, 2)]
 
 
 def test_the_builtin_traffic_covers_the_classes_it_promises():
