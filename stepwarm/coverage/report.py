@@ -115,7 +115,14 @@ class CoverageReport:
         if why:
             return f"ratio > {self.threshold:g}: {why}"
         where = slow_step(r.get("first_steps", []), r.get("second_steps", []))
-        return f"ratio > {self.threshold:g}: unexplained" + (f"; {where}" if where else "")
+        control = r.get("new_size_ms") or []
+        klass = ""
+        if len(control) > 1:  # the control ran, and was not as slow (else: new_size)
+            klass = (f"; {'one more' if r.get('new_size_delta', 1) > 0 else 'one less'} prompt "
+                     f"token each, run next: {control[0]:.1f} then {control[1]:.1f} ms")
+            if not gate.passed(*control[:2]):  # as fast as steady traffic
+                klass += " (a kernel class this line reached first, not a cost of every new size)"
+        return f"ratio > {self.threshold:g}: unexplained" + (f"; {where}" if where else "") + klass
 
     def flagged_by_name(self) -> dict[str, str]:
         """Each flagged request's verdict, keyed by its name; a name that
