@@ -1,7 +1,12 @@
 """The replay's new-size control on a real engine (CPU, the session's tiny
 Llama): a line whose first run stays an outlier after its steady runs is run
 again with one prompt token more per request, and the worker's steps show
-the token counts the control was meant to have."""
+the token counts the control was meant to have.
+
+Named to run after ``test_hook.py``: the session engine (in this process)
+must not exist before the earlier files' own in-process engines have come
+and gone (started first, at ``test_coverage_replay.py``, it broke every
+test_hook test that uses it)."""
 
 from __future__ import annotations
 
