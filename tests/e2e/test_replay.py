@@ -3,19 +3,20 @@ Llama): a line whose first run stays an outlier after its steady runs is run
 again with one prompt token more per request, and the worker's steps show
 the token counts the control was meant to have.
 
-Named to run after ``test_hook.py``: the session engine (in this process)
-must not exist before the earlier files' own in-process engines have come
-and gone (started first, at ``test_coverage_replay.py``, it broke every
-test_hook test that uses it)."""
+``LLM.generate`` leaves its finished requests in the runner until the
+scheduler's next step names them; the test sends that step itself, so the
+session engine's runner is idle for the tests after it (left busy, it failed
+every test_hook test that drives it)."""
 
 from __future__ import annotations
 
 import pytest
 
+from stepwarm.compile import cleanup_output
 from stepwarm.coverage.detectors import Detectors
 from stepwarm.coverage.replay import NEW_SIZE_RUNS, STEADY_RUNS, Gate, replay_line
 from stepwarm.coverage.traffic import TrafficLimits, loads_traffic
-from stepwarm.runner import WorkerClock
+from stepwarm.runner import WorkerClock, kv_connector_disabled, live_request_ids
 
 pytestmark = pytest.mark.e2e
 
@@ -59,6 +60,13 @@ def test_an_outlier_line_gets_steady_runs_then_the_same_requests_one_token_longe
     assert [s[:2] for s in prefix.new_size_steps[0]][0] == [2 * (301 - 256), 2]
     # the verdict: with this gate the control explains nothing (0 x its first run)
     assert not EVERY_RUN.same_cost(batch.first_ms, batch.new_size_ms)
+    # the last run's 2 requests stay in the runner until the next step names
+    # them finished: send that step, as the scheduler would
+    leftover = live_request_ids(engine.worker)
+    assert len(leftover) == 2
+    with kv_connector_disabled(engine.worker):
+        engine.worker.execute_model(cleanup_output(leftover))
+    assert live_request_ids(engine.worker) == set()
 
 
 def test_a_prefix_shorter_than_the_engines_block_is_named_before_it_runs(profile):
