@@ -118,8 +118,7 @@ class CoverageReport:
         control = r.get("new_size_ms") or []
         klass = ""
         if len(control) > 1:  # the control ran, and was not as slow (else: new_size)
-            klass = (f"; {'one more' if r.get('new_size_delta', 1) > 0 else 'one less'} prompt "
-                     f"token each, run next: {control[0]:.1f} then {control[1]:.1f} ms")
+            klass = f"; {_shifted(r)}, run next: {control[0]:.1f} then {control[1]:.1f} ms"
             if not gate.passed(*control[:2]):  # as fast as steady traffic
                 klass += " (a kernel class this line reached first, not a cost of every new size)"
         return f"ratio > {self.threshold:g}: unexplained" + (f"; {where}" if where else "") + klass
@@ -154,11 +153,9 @@ class CoverageReport:
                 or self.noise(r)
                 or not Gate(self.threshold, self.min_excess_ms).same_cost(r["first_ms"], control)):
             return ""
-        delta = r.get("new_size_delta", 1)
         steps = r.get("new_size_steps") or [[], []]
         where = slow_step(steps[0], steps[-1])
-        return (f"new size: {'one more' if delta > 0 else 'one less'} prompt token each, "
-                f"run after it, {control[0]:.1f} then {control[1]:.1f} ms"
+        return (f"new size: {_shifted(r)}, run after it, {control[0]:.1f} then {control[1]:.1f} ms"
                 + (f" ({where})" if where else "")
                 + ": steady traffic pays this at every token count it has not had")
 
@@ -213,6 +210,11 @@ class CoverageReport:
         d = {k: v for k, v in d.items() if k != "summary"}
         d["startup_compiles"] = [StartupCompile(**c) for c in d.get("startup_compiles", [])]
         return cls(**d)
+
+
+def _shifted(r: dict[str, Any]) -> str:
+    """What the new-size control changed in request ``r``'s prompts."""
+    return f"one {'more' if r.get('new_size_delta', 1) > 0 else 'less'} prompt token each"
 
 
 def request_dict(r: RequestResult, t0: float) -> dict[str, Any]:

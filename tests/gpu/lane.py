@@ -71,17 +71,19 @@ def stepwarm_lines(log: str) -> list[str]:
 
 
 def default_steps() -> int:
-    """Steps of the ``default`` scenario on the installed vLLM for the lane's
-    tiny Llama (8 sequences, no speculator): vLLM's ``warmup_kernels`` pass
-    (the prefill, the decode steps the release sends, read off it by
-    :func:`stepwarm.vllm_facts.warmup_facts`, the cleanup), then the mixed
-    prefill/decode warmup's 3 steps. 8 on vLLM 0.27 - 0.33, 6 on 0.26."""
-    from stepwarm.profile import WARMUP_DECODES_0_32
-    from stepwarm.vllm_facts import warmup_facts
+    """Steps of the ``default`` scenario for the lane's tiny Llama (8
+    sequences, no speculator) on the installed vLLM: the packaged profile
+    brought to this release (:func:`stepwarm.probe.installed_facts`: the
+    decode steps its ``warmup_kernels`` sends), planned. 8 on vLLM 0.27 -
+    0.33, 6 on 0.26."""
+    from stepwarm.probe import installed_facts
+    from stepwarm.profile import tiny_profile
+    from stepwarm.sequences import default_plan
 
-    facts = warmup_facts()
-    decodes = (facts.decode_steps if facts is not None else WARMUP_DECODES_0_32)["plain4"]
-    return 1 + len(decodes) + 1 + 3
+    profile = tiny_profile()
+    profile = profile.model_copy(update=installed_facts(
+        "v2", profile.kv_cache_groups, profile.enable_prefix_caching))
+    return len(default_plan(profile).steps)
 
 
 def scenario_ms(lines: list[str]) -> float:
