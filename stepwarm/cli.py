@@ -471,6 +471,7 @@ def coverage(
     timeline: Annotated[Optional[Path], typer.Option("--timeline", metavar="FILE", help="Write an SVG timeline of compiles per start-up phase, scenario step and request.")] = None,
     threshold: Annotated[Optional[float], typer.Option(metavar="RATIO", help="First/second latency ratio above which a request fails. Default: 1.2 on GPUs; on vLLM's CPU build none (the ratio is reported, compiles gate).")] = None,
     min_excess_ms: Annotated[Optional[float], typer.Option(metavar="MS", help="...and by how many ms the first run must be slower to fail. Default: 10 on GPUs, 0 on CPUs.")] = None,
+    trace: Annotated[bool, typer.Option("--trace", metavar="", help="Profile every traffic run (torch.profiler: operators, CUDA calls, kernels) and name where a flagged first run's extra time went.")] = False,
     cache_dir: Annotated[Optional[Path], typer.Option(metavar="DIR", help="Where the fresh TRITON_CACHE_DIR / VLLM_CACHE_ROOT / TORCHINDUCTOR_CACHE_DIR go (an empty directory). Default: a new temporary directory.")] = None,
     verbose: Verbose = False,
     quiet: Quiet = False,
@@ -561,7 +562,8 @@ def coverage(
                           f"engine up in {rep.startup_s:.1f} s ({rep.mode}); replaying "
                           f"{plural(len(loaded.lines), 'request')} of {rep.traffic}, each "
                           "twice"), progress.start()),
-                      on_request=progress.request, cache="warm" if warm_cache else "fresh")
+                      on_request=progress.request, cache="warm" if warm_cache else "fresh",
+                      trace=trace)
     except TrafficError as e:
         _fail(str(e), 2)
     finally:

@@ -71,6 +71,7 @@ def measure(
     on_started: Callable[[CoverageReport], None] | None = None,
     on_request: Callable[[RequestResult], None] | None = None,
     cache: str = "fresh",
+    trace: bool = False,
 ) -> CoverageReport:
     """Start the engine, then replay ``traffic``; the report of both.
 
@@ -89,6 +90,7 @@ def measure(
         on_request: called with each request's result as it ran.
         cache: ``fresh`` or ``warm`` (:attr:`CoverageReport.cache`: the
             detectors watch caches a fresh run filled, a restart).
+        trace: profile every traffic run (:mod:`stepwarm.coverage.trace`).
 
     Raises:
         stepwarm.coverage.traffic.TrafficError: a line the engine would refuse
@@ -130,7 +132,7 @@ def measure(
     t_traffic = time.time()
     gate = Gate(rep.threshold, rep.min_excess_ms) if rep.threshold is not None else None
     results = replay(engine.llm, traffic, limits, detectors, on_request, worker=engine.worker,
-                     gate=gate)
+                     gate=gate, trace=trace)
     rep.requests = [request_dict(r, t0) for r in results]
     rep.traffic_s = [round(t_traffic - t0, 3), round(time.time() - t0, 3)]
     return rep

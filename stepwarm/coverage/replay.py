@@ -37,6 +37,7 @@ from typing import Any
 
 from stepwarm.coverage.detectors import CompileEvent, Detectors, merge
 from stepwarm.coverage.explain import side_effects, snapshot
+from stepwarm.coverage.trace import Tracer
 from stepwarm.coverage.traffic import (
     Traffic,
     TrafficLimits,
@@ -133,6 +134,10 @@ class RequestResult:
     new_size_delta: int = 0
     new_size_ms: list[float] = field(default_factory=list)
     new_size_steps: list[list[list[float]]] = field(default_factory=list)
+    #: The profiler's summary of the first and second run (``--trace``,
+    #: :func:`stepwarm.coverage.trace.summarize`; empty without it).
+    trace_first: dict[str, Any] = field(default_factory=dict)
+    trace_second: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ratio(self) -> float:
@@ -157,13 +162,15 @@ def _generate(llm: Any, prompts: list[list[int]], params: Any) -> Any:
 def replay_line(llm: Any, tl: TrafficLine, limits: TrafficLimits,
                 detectors: Detectors, clock: WorkerClock | None = None,
                 gate: Gate | None = None,
-                server: Mapping[str, Any] | None = None) -> RequestResult:
+                server: Mapping[str, Any] | None = None,
+                tracer: Tracer | None = None) -> RequestResult:
     """Run one line twice (see the module docstring) and what the detectors
     saw; with ``clock`` (attached to the worker), the worker's share of each
     run, step by step; with ``gate``, :data:`STEADY_RUNS` more runs of a
     line whose first run passes it without a compile; ``server``: the
     model's generation-config defaults a ``server_defaults`` line starts from
-    (:func:`~stepwarm.coverage.traffic.server_sampling`).
+    (:func:`~stepwarm.coverage.traffic.server_sampling`); with ``tracer``,
+    every run profiled (:mod:`stepwarm.coverage.trace`), the first two kept.
 
     A run that raises is recorded in ``error``; the runs after it are skipped.
     """
@@ -177,9 +184,10 @@ def replay_line(llm: Any, tl: TrafficLine, limits: TrafficLimits,
     result.started_at = time.time()
 
     def run(round_: int, extra: int = 0) -> tuple[float, float, list[list[float]],
-                                                   dict[str, Any], dict[str, int], int] | None:
-        """One run: wall ms, worker ms, steps, side effects, compiles, tokens
-        (None when it raised: ``result.error`` says what)."""
+                                                   dict[str, Any], dict[str, int], int,
+                                                   dict[str, Any]] | None:
+        """One run: wall ms, worker ms, steps, side effects, compiles, tokens,
+        profile (None when it raised: ``result.error`` says what)."""
         prompts, priming = prompts_for(tl, round_, limits.vocab_size, extra)
         try:
             llm.reset_prefix_cache()
@@ -189,9 +197,10 @@ def replay_line(llm: Any, tl: TrafficLine, limits: TrafficLimits,
                 clock.take()
                 clock.take_steps()
             before = snapshot()
-            t0 = time.perf_counter()
-            outs = _generate(llm, prompts, params)
-            elapsed = (time.perf_counter() - t0) * 1e3
+            with tracer.run() if tracer is not None else contextlib.nullcontext({}) as trace:
+                t0 = time.perf_counter()
+                outs = _generate(llm, prompts, params)
+                elapsed = (time.perf_counter() - t0) * 1e3
             effects = side_effects(before, snapshot())
             worker_ms = clock.take() if clock is not None else 0.0
             steps = clock.take_steps() if clock is not None else []
@@ -202,7 +211,7 @@ def replay_line(llm: Any, tl: TrafficLine, limits: TrafficLimits,
         events = detectors.poll()
         result.events += events
         return (elapsed, worker_ms, steps, effects, merge(events),
-                sum(len(c.token_ids) for o in outs for c in o.outputs))
+                sum(len(c.token_ids) for o in outs for c in o.outputs), trace)
 
     def count_later(compiles: dict[str, int]) -> None:
         # what a later run compiled still counts against the line
@@ -218,15 +227,17 @@ def replay_line(llm: Any, tl: TrafficLine, limits: TrafficLimits,
         got = run(round_)
         if got is None:
             return result
-        elapsed, worker_ms, steps, effects, compiles, tokens = got
+        elapsed, worker_ms, steps, effects, compiles, tokens, trace = got
         if round_ == 0:
             result.first_ms, result.first_worker_ms = elapsed, worker_ms
             result.compiles_first = compiles
             result.side_effects_first, result.first_steps = effects, steps
+            result.trace_first = trace
         elif round_ == 1:
             result.second_ms, result.second_worker_ms = elapsed, worker_ms
             result.compiles_second = compiles
             result.side_effects_second, result.second_steps = effects, steps
+            result.trace_second = trace
         else:  # a steady run
             result.steady_ms.append(round(elapsed, 2))
             count_later(compiles)
@@ -250,7 +261,8 @@ def replay_line(llm: Any, tl: TrafficLine, limits: TrafficLimits,
 
 def replay(llm: Any, traffic: Traffic, limits: TrafficLimits, detectors: Detectors,
            on_request: Callable[[RequestResult], None] | None = None,
-           worker: Any = None, gate: Gate | None = None) -> list[RequestResult]:
+           worker: Any = None, gate: Gate | None = None,
+           trace: bool = False) -> list[RequestResult]:
     """Replay every line of ``traffic`` in file order (:func:`replay_line`).
 
     Args:
@@ -263,6 +275,8 @@ def replay(llm: Any, traffic: Traffic, limits: TrafficLimits, detectors: Detecto
         on_request: called with each line's result as soon as it ran.
         gate: when a line's first run is an outlier (:class:`Gate`): such a
             line gets :data:`STEADY_RUNS` more runs; None: every line runs twice.
+        trace: profile every run (``stepwarm coverage --trace``,
+            :mod:`stepwarm.coverage.trace`).
 
     Returns:
         One :class:`RequestResult` per line.
@@ -270,10 +284,13 @@ def replay(llm: Any, traffic: Traffic, limits: TrafficLimits, detectors: Detecto
     results = []
     clock = WorkerClock()
     server = server_sampling(llm) if any(tl.request.server_defaults for tl in traffic.lines) else {}
+    tracer = Tracer() if trace else None
+    if tracer is not None:
+        tracer.prime()
     with clock.attached(worker) if worker is not None else contextlib.nullcontext():
         for tl in traffic.lines:
             result = replay_line(llm, tl, limits, detectors,
-                                 clock if worker is not None else None, gate, server)
+                                 clock if worker is not None else None, gate, server, tracer)
             results.append(result)
             if on_request is not None:
                 on_request(result)

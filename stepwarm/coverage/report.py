@@ -19,6 +19,7 @@ from rich.text import Text
 
 from stepwarm.coverage.detectors import CompileEvent, merge
 from stepwarm.coverage.explain import explanation, slow_step
+from stepwarm.coverage.trace import trace_explanation
 from stepwarm.coverage.replay import Gate, RequestResult
 from stepwarm.coverage.traffic import SAMPLING_DEFAULTS
 from stepwarm.coverage.startup import Where
@@ -114,6 +115,10 @@ class CoverageReport:
         why = explanation(r.get("side_effects_first", {}), r.get("side_effects_second", {}))
         if why:
             return f"ratio > {self.threshold:g}: {why}"
+        traced, covers = trace_explanation(r.get("trace_first"), r.get("trace_second"),
+                                           r["first_ms"] - r["second_ms"])
+        if covers:
+            return f"ratio > {self.threshold:g}: {traced}"
         where = slow_step(r.get("first_steps", []), r.get("second_steps", []))
         control = r.get("new_size_ms") or []
         klass = ""
@@ -121,7 +126,8 @@ class CoverageReport:
             klass = f"; {_shifted(r)}, run next: {control[0]:.1f} then {control[1]:.1f} ms"
             if not gate.passed(*control[:2]):  # as fast as steady traffic
                 klass += " (a kernel class this line reached first, not a cost of every new size)"
-        return f"ratio > {self.threshold:g}: unexplained" + (f"; {where}" if where else "") + klass
+        return (f"ratio > {self.threshold:g}: unexplained" + (f"; {where}" if where else "") + klass
+                + (f"; {traced} (less than half the excess)" if traced else ""))
 
     def flagged_by_name(self) -> dict[str, str]:
         """Each flagged request's verdict, keyed by its name; a name that
@@ -233,6 +239,7 @@ def request_dict(r: RequestResult, t0: float) -> dict[str, Any]:
             "steady_ms": r.steady_ms,
             "new_size_delta": r.new_size_delta, "new_size_ms": r.new_size_ms,
             "new_size_steps": r.new_size_steps,
+            "trace_first": r.trace_first, "trace_second": r.trace_second,
             "events": [[e.detector, e.name, e.kind] + ([e.variant] if e.variant else [])
                        for e in r.events],
             "tokens": r.tokens, "error": r.error}

@@ -84,3 +84,31 @@ def test_a_prefix_shorter_than_the_engines_block_is_named_before_it_runs(profile
     assert prefix_notes(traffic, profile.enable_prefix_caching, align) == [
         "t.jsonl:2: prefix: 100 tokens is less than one prefix-cache block of this engine "
         "(128 tokens): no prefix hit"]
+
+
+def test_a_traced_run_names_the_operators_the_worker_ran(engine, profile, detectors):
+    """``--trace``: each run profiled; the summary holds the real engine's
+    operators with their calls and time, and the kernels seen so far carry
+    over from run to run (on the CPU build none: no device activity)."""
+    from stepwarm.coverage.trace import Tracer
+
+    traffic = loads_traffic(
+        '{"name": "batch 2", "prompt": 17, "count": 2, "sampling": {"temperature": 0.0}}',
+        "t.jsonl")
+    limits = TrafficLimits(profile.max_model_len, profile.vocab_size, profile.max_logprobs)
+    layers = engine.llm.llm_engine.model_config.hf_config.num_hidden_layers
+    tracer = Tracer()
+    tracer.prime()
+    result = replay_line(engine.llm, traffic.lines[0], limits, detectors, tracer=tracer)
+    assert result.error is None and tracer.broken == ""
+    for trace in (result.trace_first, result.trace_second):
+        assert set(trace) == {"cpu", "device", "new_kernels", "slow_calls"}
+        # vLLM's attention op: once per layer and step (a prefill, then 3
+        # decodes: 4 tokens each), with its time
+        calls, total_us, max_us = trace["cpu"]["vllm::unified_attention_with_output"]
+        assert calls == layers * 4 and total_us >= max_us > 0
+        assert trace["device"] == {} and trace["new_kernels"] == [0, []]
+    leftover = live_request_ids(engine.worker)
+    with kv_connector_disabled(engine.worker):
+        engine.worker.execute_model(cleanup_output(leftover))
+    assert live_request_ids(engine.worker) == set()

@@ -1,0 +1,242 @@
+"""What the profiler saw in a traffic run: where a first run's extra time went
+when nothing compiled (``stepwarm coverage --trace``).
+
+The other detectors see compiles, imports, allocator growth, collector
+passes. What they cannot see happens below Python: the first replay of a
+CUDA graph, a kernel whose module the driver loads on its first launch (CUDA
+lazy loading), a first cuBLAS / cuDNN call at a shape class, a custom op's
+first call. ``torch.profiler`` records each of these as an operator or a
+CUDA runtime / driver call with its own time. With ``--trace`` every run of a
+traffic line is profiled (CPU operators and CUDA calls; kernels on the
+device where there is one) and reduced to a :func:`summarize` dict; a flagged
+line's two summaries are then compared by :func:`trace_explanation`: the
+names that took more time in the first run, with the slowest single call
+and, for a launch, the kernel it launched.
+
+A profiled run is slower than an unprofiled one (a few ms per step); both
+runs of a line are profiled, so the comparison holds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger("vllm.stepwarm")
+
+#: Names kept per run (by time): enough for any diff worth naming.
+MAX_NAMES = 60
+#: Kernels first launched in a run, listed at most (the count is whole).
+MAX_NEW_KERNELS = 8
+#: A single CUDA runtime / driver call at least this long (us) is kept with
+#: what it launched.
+SLOW_CALL_US = 1000.0
+#: Calls that wait for the device: their time is the device's, not theirs.
+WAITS = ("Synchronize", "cudaEventQuery", "cudaStreamWaitEvent", "cuStreamWaitEvent")
+#: CUPTI's records of CUDA loading a module or function on first use (lazy loading).
+MODULE_LOADS = ("Module Loading", "Function Loading")
+#: Calls that launch work on the device (their slow first call loads a module).
+LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaGraphLaunch", "cuGraphLaunch",
+            "cudaLaunchCooperativeKernel")
+
+
+def _us(ns: float) -> float:
+    return ns / 1e3
+
+
+@dataclass
+class Tracer:
+    """Profiles runs, one :meth:`run` each, and remembers which kernels the
+    runs before launched (a kernel new to this process's traffic is named in
+    the run that first launched it)."""
+
+    #: Kernel names launched by the runs profiled so far.
+    seen_kernels: set[str] = field(default_factory=set)
+    #: Why profiling is off ("" while it works).
+    broken: str = ""
+
+    def prime(self) -> None:
+        """Start and stop the profiler once, so its own set-up (CUPTI's) is
+        not charged to the first traffic run."""
+        with self.run() as _:
+            pass
+
+    @contextmanager
+    def run(self) -> Iterator[dict[str, Any]]:
+        """Profile the block; the dict it yields is filled with
+        :func:`summarize`'s summary when the block ends (left empty, with an
+        ``error``, when the profiler cannot run)."""
+        out: dict[str, Any] = {}
+        if self.broken:
+            yield out
+            return
+        try:
+            import torch.profiler as tp
+
+            activities = [a for a in (tp.ProfilerActivity.CPU, tp.ProfilerActivity.CUDA)
+                          if a in tp.supported_activities()]
+            prof = tp.profile(activities=activities)
+            prof.__enter__()
+        except Exception as e:  # noqa: BLE001 - tracing must never break coverage
+            self.broken = f"{type(e).__name__}: {e}"
+            out["error"] = self.broken
+            yield out
+            return
+        try:
+            yield out
+        finally:
+            try:
+                prof.__exit__(None, None, None)
+                out.update(summarize(_events(prof), self.seen_kernels))
+            except Exception as e:  # noqa: BLE001
+                self.broken = f"{type(e).__name__}: {e}"
+                out["error"] = self.broken
+                logger.warning("stepwarm coverage --trace: the profiler failed (%s); "
+                               "the runs after this one are not profiled", self.broken)
+
+
+@dataclass(frozen=True)
+class Event:
+    """One profiled event, as :func:`summarize` needs it."""
+
+    name: str
+    #: ``cpu`` (an operator or a CUDA runtime / driver call) or ``device`` (a
+    #: kernel, a copy); ``link-cpu`` / ``link-device``: a Kineto record kept
+    #: only for its correlation (what a slow call launched).
+    where: str
+    #: Time in it, without its children (us; a device event's duration).
+    self_us: float
+    #: A CPU call's correlation id, or the id of the call that launched a device event (0: none).
+    correlation: int = 0
+
+
+def _events(prof: Any) -> list[Event]:
+    """The profile's events: CPU operators and CUDA calls with their self
+    time (torch's event tree), device events with their duration; each CPU
+    event's CUDA correlation id, and each device event's launcher's, from
+    Kineto's raw records where they are there."""
+    out = []
+    for e in prof.events():
+        if getattr(e, "is_user_annotation", False):
+            continue  # record_function ranges: the whole run, not a cause
+        device = "CPU" not in str(e.device_type)
+        out.append(Event(name=e.name, where="device" if device else "cpu",
+                         self_us=float(e.time_range.elapsed_us() if device
+                                       else e.self_cpu_time_total)))
+    links = []
+    try:
+        for k in prof.profiler.kineto_results.events():
+            device = "CPU" not in str(k.device_type())
+            corr = k.linked_correlation_id() if device else k.correlation_id()
+            if corr:
+                links.append(Event(name=k.name(), where="link-device" if device else "link-cpu",
+                                   self_us=_us(k.duration_ns()), correlation=int(corr)))
+    except Exception:  # noqa: BLE001 - the links only name what a slow launch launched
+        links = []
+    return out + links
+
+
+def summarize(events: list[Event], seen_kernels: set[str]) -> dict[str, Any]:
+    """One run's profile as plain data.
+
+    Args:
+        events: the run's events (:class:`Event`; ``link-cpu`` / ``link-device``
+            ones carry only the correlation between a call and what it launched).
+        seen_kernels: kernels earlier runs launched; this run's are added.
+
+    Returns:
+        ``{"cpu": {name: [calls, self_us, max_us]}, "device": {name: [count, us]},
+        "new_kernels": [count, [names...]], "slow_calls": [[name, us, launched], ...]}``;
+        each map keeps the :data:`MAX_NAMES` names with the most time.
+    """
+    cpu: dict[str, list[float]] = {}
+    device: dict[str, list[float]] = {}
+    launched: dict[int, str] = {}
+    calls: list[Event] = []
+    for e in events:
+        if e.where == "cpu":
+            s = cpu.setdefault(e.name, [0, 0.0, 0.0])
+            s[0] += 1
+            s[1] += e.self_us
+            s[2] = max(s[2], e.self_us)
+        elif e.where == "device":
+            d = device.setdefault(e.name, [0, 0.0])
+            d[0] += 1
+            d[1] += e.self_us
+        elif e.where == "link-device":
+            launched.setdefault(e.correlation, e.name)
+        elif e.where == "link-cpu" and e.name.startswith("cu") and e.self_us >= SLOW_CALL_US:
+            calls.append(e)
+    new = sorted(set(device) - seen_kernels)
+    seen_kernels.update(device)
+
+    def top(m: dict[str, list[float]], key: int) -> dict[str, list[float]]:
+        names = sorted(m, key=lambda n: -m[n][key])[:MAX_NAMES]
+        return {n: [int(m[n][0])] + [round(v, 1) for v in m[n][1:]] for n in names}
+
+    calls.sort(key=lambda e: -e.self_us)
+    return {"cpu": top(cpu, 1), "device": top(device, 1),
+            "new_kernels": [len(new), new[:MAX_NEW_KERNELS]],
+            "slow_calls": [[e.name, round(e.self_us, 1), launched.get(e.correlation, "")]
+                           for e in calls[:MAX_NEW_KERNELS]]}
+
+
+def _is(name: str, kinds: tuple[str, ...]) -> bool:
+    return any(k in name for k in kinds)
+
+
+def trace_explanation(first: dict[str, Any] | None, second: dict[str, Any] | None,
+                      excess_ms: float) -> tuple[str, bool]:
+    """Where the first run's extra time went, by the two runs' profiles.
+
+    The CPU names (operators, CUDA calls) whose self time grew the most,
+    those waiting for the device left out (the device's time shows as the
+    kernels' instead), then the kernels whose device time grew: each at
+    least 1 ms and a fifth of ``excess_ms``, three at most.
+
+    Args:
+        first, second: the runs' :func:`summarize` dicts (None / empty: not profiled).
+        excess_ms: first minus second run (ms).
+
+    Returns:
+        The phrase (``""``: nothing to name) and whether the named time
+        covers at least half of ``excess_ms`` (then it explains the outlier).
+        E.g. ``("profiler: cudaGraphLaunch +12.1 ms (slowest call 12.3 ms)", True)``.
+    """
+    if not first or not second or "cpu" not in first or "cpu" not in second:
+        return "", False
+    floor = max(1.0, excess_ms / 5)
+    grown: list[tuple[float, str]] = []
+    for where, idx in (("cpu", 1), ("device", 1)):
+        a, b = first.get(where, {}), second.get(where, {})
+        for name, stats in a.items():
+            if where == "cpu" and _is(name, WAITS):
+                continue
+            ms = (stats[idx] - (b[name][idx] if name in b else 0.0)) / 1e3
+            if ms >= floor:
+                grown.append((ms, f"{name}{' (on the device)' if where == 'device' else ''}"))
+    grown.sort(reverse=True)
+    grown = grown[:3]
+    if not grown:
+        return "", False
+    slow = {c[0]: c for c in first.get("slow_calls", [])}
+    parts = []
+    for ms, label in grown:
+        stats = first.get("cpu", {}).get(label)
+        text = f"{label} +{ms:.1f} ms"
+        if stats is not None and stats[0] > 1:
+            text += f" (slowest of {stats[0]} calls {stats[2] / 1e3:.1f} ms)"
+        call = slow.get(label)
+        if call is not None and _is(label, LAUNCHES) and call[2]:
+            text += f", launching {call[2][:80]}"
+        if _is(label, MODULE_LOADS):
+            text += " (CUDA lazy loading: a kernel's module loaded at its first launch)"
+        parts.append(text)
+    new = first.get("new_kernels", [0, []])
+    if new[0]:
+        parts.append(f"{new[0]} kernel(s) first launched in traffic ({', '.join(n[:60] for n in new[1][:2])})")
+    named = sum(ms for ms, _ in grown)
+    return "profiler: " + "; ".join(parts), named >= excess_ms / 2

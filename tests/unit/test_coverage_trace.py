@@ -1,0 +1,111 @@
+"""``stepwarm coverage --trace``: a run's profile reduced to names and times,
+and the verdict it gives a first-call outlier no other detector explains."""
+
+from __future__ import annotations
+
+import torch
+
+from stepwarm.coverage.report import CoverageReport
+from stepwarm.coverage.trace import Event, Tracer, summarize, trace_explanation
+
+
+def _launch(name, us, corr):
+    return Event(name, "link-cpu", us, corr)
+
+
+def _run(graph_launch_us, *, new_kernel=False):
+    """A decode step as CUPTI sees it: a graph launch, two kernel launches,
+    a sync that waits for the device, the kernels on the device."""
+    events = [
+        Event("cudaGraphLaunch", "cpu", graph_launch_us),
+        Event("cudaLaunchKernel", "cpu", 8.0), Event("cudaLaunchKernel", "cpu", 6.0),
+        Event("cudaStreamSynchronize", "cpu", 9000.0),
+        Event("_topk_topp_kernel", "device", 450.0),
+        Event("flash_fwd_kernel", "device", 300.0),
+        _launch("cudaGraphLaunch", graph_launch_us, 7),
+        Event("graph kernel", "link-device", 300.0, 7),
+        _launch("aten::sort", 2500.0, 9),  # an operator: not a CUDA call, never a slow call
+    ]
+    if new_kernel:
+        events.append(Event("sm90_xmma_gemm_bf16", "device", 40.0))
+    return events
+
+
+def test_a_summary_keeps_calls_self_time_and_the_slowest_call_per_name():
+    seen: set[str] = set()
+    s = summarize(_run(12300.0, new_kernel=True), seen)
+    assert s["cpu"]["cudaLaunchKernel"] == [2, 14.0, 8.0]
+    assert s["cpu"]["cudaGraphLaunch"] == [1, 12300.0, 12300.0]
+    assert s["device"]["_topk_topp_kernel"] == [1, 450.0]
+    assert s["new_kernels"] == [3, ["_topk_topp_kernel", "flash_fwd_kernel", "sm90_xmma_gemm_bf16"]]
+    # a CUDA call over 1 ms, with the kernel it launched (its correlation)
+    assert s["slow_calls"] == [["cudaGraphLaunch", 12300.0, "graph kernel"]]
+    # the next run's kernels are no longer new
+    assert summarize(_run(40.0), seen)["new_kernels"] == [0, []]
+
+
+def test_the_explanation_names_what_grew_without_the_calls_that_wait_for_the_device():
+    seen: set[str] = set()
+    first = summarize(_run(12300.0, new_kernel=True), seen)
+    second = summarize(_run(40.0), seen)
+    phrase, covers = trace_explanation(first, second, excess_ms=14.0)
+    assert phrase == ("profiler: cudaGraphLaunch +12.3 ms, launching graph kernel; 3 kernel(s) "
+                      "first launched in traffic (_topk_topp_kernel, flash_fwd_kernel)")
+    assert covers  # 12.3 of 14.0 ms
+    # the same named time against an excess more than twice as large: named, not covering
+    assert trace_explanation(first, second, excess_ms=30.0) == (
+        "profiler: cudaGraphLaunch +12.3 ms, launching graph kernel; 3 kernel(s) first "
+        "launched in traffic (_topk_topp_kernel, flash_fwd_kernel)", False)
+    # nothing grew by a millisecond: nothing named; no profile: nothing either
+    assert trace_explanation(second, second, excess_ms=14.0) == ("", False)
+    assert trace_explanation({}, second, excess_ms=14.0) == ("", False)
+
+
+def test_cuptis_module_loading_is_named_as_lazy_loading():
+    seen: set[str] = set()
+    first = summarize(_run(40.0) + [Event("Runtime Triggered Module Loading", "cpu", 9900.0)], seen)
+    second = summarize(_run(40.0), seen)
+    assert trace_explanation(first, second, excess_ms=15.0) == (
+        "profiler: Runtime Triggered Module Loading +9.9 ms (CUDA lazy loading: a kernel's "
+        "module loaded at its first launch); 2 kernel(s) first launched in traffic "
+        "(_topk_topp_kernel, flash_fwd_kernel)", True)
+
+
+def test_a_real_profile_of_torch_operators():
+    tracer = Tracer()
+    tracer.prime()
+    x = torch.randn(128, 128)
+    with tracer.run() as first:
+        for _ in range(3):
+            torch.linalg.qr(x)
+    with tracer.run() as second:
+        torch.linalg.qr(x)
+    assert tracer.broken == ""
+    assert first["cpu"]["aten::linalg_qr"][0] == 3 and second["cpu"]["aten::linalg_qr"][0] == 1
+    assert first["device"] == {} and first["slow_calls"] == []  # the CPU build: no CUDA
+
+
+def _report():
+    return CoverageReport(mode="stepwarm", scenarios=["default"], traffic="t.jsonl",
+                          vllm_version="0.26.0", runner="v2", model="m", device="gpu",
+                          detectors=["cache"], threshold=1.2, min_excess_ms=10.0)
+
+
+def test_a_traced_outlier_is_explained_when_the_named_time_covers_half_its_excess():
+    seen: set[str] = set()
+    r = {"line": 1, "name": "top-k, batch 5", "first_ms": 34.0, "second_ms": 20.0,
+         "compiles_first": {}, "compiles_second": {}, "error": None,
+         "first_steps": [[45, 5, 21.0, 0], [5, 5, 3.0, 0]],
+         "second_steps": [[45, 5, 7.0, 0], [5, 5, 3.0, 0]],
+         "trace_first": summarize(_run(12300.0), seen), "trace_second": summarize(_run(40.0), seen)}
+    rep = _report()
+    assert rep.flagged(r) == ("ratio > 1.2: profiler: cudaGraphLaunch +12.3 ms, launching graph "
+                              "kernel; 2 kernel(s) first launched in traffic (_topk_topp_kernel, "
+                              "flash_fwd_kernel)")
+    # the same profile under a larger excess: still unexplained, the profile said after the step
+    r["first_ms"] = 50.0
+    assert rep.flagged(r) == (
+        "ratio > 1.2: unexplained; step 1 of 2 (45 tokens, 5 requests) +14.0 ms (all the "
+        "worker's steps +14.0 ms); profiler: cudaGraphLaunch +12.3 ms, launching graph kernel; "
+        "2 kernel(s) first launched in traffic (_topk_topp_kernel, flash_fwd_kernel) "
+        "(less than half the excess)")
