@@ -179,20 +179,19 @@ def warmup(
     # The random state vLLM's warmup left (set_random_seed) is put back after
     # the scenarios, so that unseeded sampling serves what it serves without.
     record = _idle_record(worker, profile, plans, ranks) if settings.skip_idle else None
-    kernels_seen: set[str] = set()  # launched by the scenarios so far (for the record)
     with random_state_kept():
         for plan in plans:
             if record is not None and _skipped_as_idle(plan.name, record, ranks):
                 report = RunReport(
                     plan=plan.name, runner=profile.runner, model=profile.model,
-                    skipped=f"compiled nothing and launched no kernel first at the last start "
-                            f"with this configuration (STEPWARM_SKIP_IDLE=1; record {record.path})")
+                    skipped=f"compiled nothing at the last start with this configuration "
+                            f"(STEPWARM_SKIP_IDLE=1; record {record.path})")
                 _stamp(report, ranks)
                 logger.info("%s: %s: skipped (%s)", who, plan.name, report.skipped)
                 reports.append(report)
                 continue
             # Counted only for the record: without it no hook is touched.
-            with compile_activity(kernels_seen) if record is not None else \
+            with compile_activity() if record is not None else \
                     contextlib.nullcontext(CompileActivity()) as seen:
                 report = _run_one(worker, plan, profile, settings, ranks, watch,
                                   time.monotonic() - t_start)
@@ -218,7 +217,7 @@ def _idle_record(worker: Any, profile: RunnerProfile, plans: list, ranks: RankGr
 
 
 def _skipped_as_idle(name: str, record: IdleRecord, ranks: RankGroup) -> bool:
-    """Whether every rank's record says ``name`` brought no kernel in (one rank
+    """Whether every rank's record says ``name`` compiled nothing (one rank
     that would run it makes them all run it)."""
     busy_on = ranks.failed_ranks(not record.is_idle(name), f"the idle record of {name}")
     return not busy_on

@@ -1,24 +1,14 @@
-"""Which scenarios brought no kernel into the process at the last start with
-this configuration.
+"""Which scenarios compiled nothing at the last start with this configuration.
 
 A restart on warm caches (a cache volume, a rescheduled pod) still runs every
 scenario, loading from the caches what the fresh start compiled. A scenario
-that brought nothing in when it last ran here - no Triton kernel compiled or
-loaded in the process, no Dynamo frame or Inductor graph, and on a GPU no
-kernel launched that the scenarios before it had not launched - cannot bring
-anything in when it runs again under the same configuration: everything it
-used was already in the process, put there by vLLM's own warmup or by the
+that compiled nothing when it last ran here - no Triton kernel compiled or
+loaded in the process, no Dynamo frame or Inductor graph - cannot compile
+anything when it runs again under the same configuration: everything it used
+was already in the process, put there by vLLM's own warmup or by the
 scenarios before it, and those still run. With ``STEPWARM_SKIP_IDLE=1`` the
 plugin skips such scenarios, so a restart pays only for the scenarios that
 bring kernels into the process.
-
-The kernels launched count because a kernel's first launch in a process
-costs time too, with nothing compiled: CUDA loads its module then (lazy
-loading), and a cuBLAS kernel chosen for a new range of token counts is such
-a kernel (``stepwarm coverage --trace`` showed it: 5-17 ms on first traffic
-after a restart that had skipped the scenario that launched it). They are
-seen through ``torch.profiler``'s CUDA activity (kernel names), only while the
-record is kept.
 
 "The same configuration" is a key over stepwarm's and vLLM's versions, vLLM's
 config and environment hashes (those of its compile cache), the worker's
@@ -71,52 +61,16 @@ class CompileActivity:
     triton: int = 0
     dynamo_before: int = 0
     dynamo_after: int = 0
-    #: Kernels launched that no scenario before had launched (GPU only).
-    new_kernels: int = 0
 
     @property
     def count(self) -> int:
-        return self.triton + max(0, self.dynamo_after - self.dynamo_before) + self.new_kernels
-
-
-def _kernel_profiler() -> Any:
-    """A started ``torch.profiler`` recording CUDA activity alone, or None
-    (no CUDA device, or the profiler will not start: another is running)."""
-    try:
-        import torch
-        import torch.profiler as tp
-
-        if (not torch.cuda.is_available()
-                or tp.ProfilerActivity.CUDA not in tp.supported_activities()):
-            return None
-        prof = tp.profile(activities=[tp.ProfilerActivity.CUDA])
-        prof.__enter__()
-        return prof
-    except Exception as e:  # noqa: BLE001 - the kernels then go uncounted
-        logger.info("stepwarm: kernels launched not watched (%s: %s)", type(e).__name__, e)
-        return None
-
-
-def kernel_names(prof: Any) -> set[str]:
-    """The names of the device kernels a stopped profiler recorded."""
-    return {e.name() for e in prof.profiler.kineto_results.events()
-            if "CPU" not in str(e.device_type()) and "kernel" in str(e.activity_type()).lower()}
-
-
-def new_kernels(launched: set[str], kernels_seen: set[str]) -> int:
-    """How many of ``launched`` are not in ``kernels_seen``; adds them to it."""
-    new = launched - kernels_seen
-    kernels_seen.update(new)
-    return len(new)
+        return self.triton + max(0, self.dynamo_after - self.dynamo_before)
 
 
 @contextmanager
-def compile_activity(kernels_seen: set[str] | None = None) -> Iterator[CompileActivity]:
-    """Count compiles inside the ``with`` block (see :class:`CompileActivity`);
-    with ``kernels_seen`` (the kernels the blocks before launched), on a GPU,
-    the kernels it launched first too."""
+def compile_activity() -> Iterator[CompileActivity]:
+    """Count compiles inside the ``with`` block (see :class:`CompileActivity`)."""
     seen = CompileActivity(dynamo_before=_dynamo_activity())
-    prof = _kernel_profiler() if kernels_seen is not None else None
     runtime: Any = None
     try:
         from triton import knobs
@@ -137,13 +91,6 @@ def compile_activity(kernels_seen: set[str] | None = None) -> Iterator[CompileAc
         if runtime is not None:
             runtime.jit_post_compile_hook = previous
         seen.dynamo_after = _dynamo_activity()
-        if prof is not None and kernels_seen is not None:
-            try:
-                prof.__exit__(None, None, None)
-                seen.new_kernels = new_kernels(kernel_names(prof), kernels_seen)
-            except Exception as e:  # noqa: BLE001 - counted as launching: it runs again
-                logger.info("stepwarm: kernels launched not read (%s: %s)", type(e).__name__, e)
-                seen.new_kernels = 1
 
 
 def record_dir() -> Path:
@@ -166,7 +113,7 @@ def configuration_key(parts: Sequence[str]) -> str:
 
 @dataclass
 class IdleRecord:
-    """The scenarios that brought no kernel into the process at the last start with ``key``."""
+    """The scenarios that compiled nothing at the last start with ``key``."""
 
     key: str
     path: Path

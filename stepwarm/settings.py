@@ -172,9 +172,8 @@ class HookSettings:
         step_timeout_s: seconds after which a step that is still running
             fails start-up, under either ``on_error`` (a running step cannot
             be cancelled safely); None: no limit.
-        skip_idle: skip the scenarios that compiled nothing and launched no
-            kernel first at the last start with the same configuration
-            (:mod:`stepwarm.idle_record`).
+        skip_idle: skip the scenarios that compiled nothing at the last start
+            with the same configuration (:mod:`stepwarm.idle_record`).
         compile_threads: threads compiling the sampler's Triton kernel
             variants while the steps go on (:mod:`stepwarm.deferred_compile`);
             None: ``auto`` (the cores shared by the ranks on this host, at most

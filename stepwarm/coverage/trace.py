@@ -22,13 +22,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 logger = logging.getLogger("vllm.stepwarm")
 
 #: Names kept per run (by time): enough for any diff worth naming.
 MAX_NAMES = 60
+#: Characters kept of a name (a kernel's C++ template name runs to thousands).
+NAME_CHARS = 160
 #: Kernels first launched in a run, listed at most (the count is whole).
 MAX_NEW_KERNELS = 8
 #: A single CUDA runtime / driver call at least this long (us) is kept with
@@ -157,6 +159,7 @@ def summarize(events: list[Event], seen_kernels: set[str]) -> dict[str, Any]:
     launched: dict[int, str] = {}
     calls: list[Event] = []
     for e in events:
+        e = replace(e, name=e.name[:NAME_CHARS]) if len(e.name) > NAME_CHARS else e
         if e.where == "cpu":
             s = cpu.setdefault(e.name, [0, 0.0, 0.0])
             s[0] += 1

@@ -109,3 +109,10 @@ def test_a_traced_outlier_is_explained_when_the_named_time_covers_half_its_exces
         "worker's steps +14.0 ms); profiler: cudaGraphLaunch +12.3 ms, launching graph kernel; "
         "2 kernel(s) first launched in traffic (_topk_topp_kernel, flash_fwd_kernel) "
         "(less than half the excess)")
+
+
+def test_long_kernel_names_are_cut_and_still_counted_together():
+    long = "void cutlass::device_kernel<" + "flash::FlashAttnFwdSm90<" * 40 + ">"
+    s = summarize([Event(long, "device", 10.0), Event(long, "device", 12.0)], set())
+    assert s["device"] == {long[:160]: [2, 22.0]}
+    assert s["new_kernels"] == [1, [long[:160]]]
