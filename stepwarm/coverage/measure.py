@@ -134,6 +134,9 @@ def measure(
     results = replay(engine.llm, traffic, limits, detectors, on_request, worker=engine.worker,
                      gate=gate, trace=trace)
     rep.requests = [request_dict(r, t0) for r in results]
+    errors = {r.trace_first.get("error") for r in results if r.trace_first.get("error")}
+    rep.notes += [f"--trace: the profiler failed ({e}): the runs from then on were not profiled"
+                  for e in sorted(errors)]
     rep.traffic_s = [round(t_traffic - t0, 3), round(time.time() - t0, 3)]
     return rep
 

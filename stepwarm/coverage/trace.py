@@ -20,6 +20,7 @@ runs of a line are profiled, so the comparison holds.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -38,6 +39,12 @@ MAX_NEW_KERNELS = 8
 SLOW_CALL_US = 1000.0
 #: Calls that wait for the device: their time is the device's, not theirs.
 WAITS = ("Synchronize", "cudaEventQuery", "cudaStreamWaitEvent", "cuStreamWaitEvent")
+#: A name counts in the run-wide slowdown once it took this long in the second run (us)...
+SCALE_MIN_US = 50.0
+#: ...and the slowdown is taken over at least this many names (else none is assumed).
+SCALE_MIN_NAMES = 5
+#: A run-wide slowdown this large is said in the phrase.
+UNIFORM_SLOWDOWN = 1.2
 #: CUPTI's records of CUDA loading a module or function on first use (lazy loading).
 MODULE_LOADS = ("Module Loading", "Function Loading")
 #: Calls that launch work on the device (their slow first call loads a module).
@@ -62,9 +69,13 @@ class Tracer:
 
     def prime(self) -> None:
         """Start and stop the profiler once, so its own set-up (CUPTI's) is
-        not charged to the first traffic run."""
+        not charged to the first traffic run; logs a warning when it cannot
+        run (every run's summary then carries the ``error``)."""
         with self.run() as _:
             pass
+        if self.broken:
+            logger.warning("stepwarm coverage --trace: the profiler does not run here (%s); "
+                           "no run is profiled", self.broken)
 
     @contextmanager
     def run(self) -> Iterator[dict[str, Any]]:
@@ -73,6 +84,7 @@ class Tracer:
         ``error``, when the profiler cannot run)."""
         out: dict[str, Any] = {}
         if self.broken:
+            out["error"] = self.broken
             yield out
             return
         try:
@@ -81,7 +93,8 @@ class Tracer:
             activities = [a for a in (tp.ProfilerActivity.CPU, tp.ProfilerActivity.CUDA)
                           if a in tp.supported_activities()]
             prof = tp.profile(activities=activities)
-            prof.__enter__()
+            with _stderr_muted():
+                prof.__enter__()
         except Exception as e:  # noqa: BLE001 - tracing must never break coverage
             self.broken = f"{type(e).__name__}: {e}"
             out["error"] = self.broken
@@ -91,13 +104,37 @@ class Tracer:
             yield out
         finally:
             try:
-                prof.__exit__(None, None, None)
+                with _stderr_muted():
+                    prof.__exit__(None, None, None)
                 out.update(summarize(_events(prof), self.seen_kernels))
             except Exception as e:  # noqa: BLE001
                 self.broken = f"{type(e).__name__}: {e}"
                 out["error"] = self.broken
                 logger.warning("stepwarm coverage --trace: the profiler failed (%s); "
                                "the runs after this one are not profiled", self.broken)
+
+
+@contextmanager
+def _stderr_muted() -> Iterator[None]:
+    """File descriptor 2 to /dev/null while the profiler starts or stops:
+    Kineto writes a ``profiler_start`` / ``profiler_stop`` line to it each
+    time, two per traffic run, that no log level silences. An exception
+    raised meanwhile still reaches the caller."""
+    import sys
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no descriptor 2 to mute
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 @dataclass(frozen=True)
@@ -191,14 +228,33 @@ def _is(name: str, kinds: tuple[str, ...]) -> bool:
     return any(k in name for k in kinds)
 
 
+def slowdown(first: dict[str, list[float]], second: dict[str, list[float]]) -> tuple[float, int]:
+    """How much slower the first run ran every name: the median of
+    first / second self time over the names with the same calls in both and
+    at least :data:`SCALE_MIN_US` in the second (calls that wait for the
+    device left out), and how many names that is; 1.0 (no slowdown) with
+    fewer than :data:`SCALE_MIN_NAMES` of them or a median under 1."""
+    ratios = sorted(a[1] / b[1] for name, a in first.items()
+                    if (b := second.get(name)) is not None and not _is(name, WAITS)
+                    and a[0] == b[0] and b[1] >= SCALE_MIN_US)
+    if len(ratios) < SCALE_MIN_NAMES:
+        return 1.0, len(ratios)
+    mid = len(ratios) // 2
+    median = ratios[mid] if len(ratios) % 2 else (ratios[mid - 1] + ratios[mid]) / 2
+    return max(1.0, median), len(ratios)
+
+
 def trace_explanation(first: dict[str, Any] | None, second: dict[str, Any] | None,
                       excess_ms: float) -> tuple[str, bool]:
     """Where the first run's extra time went, by the two runs' profiles.
 
-    The CPU names (operators, CUDA calls) whose self time grew the most,
-    those waiting for the device left out (the device's time shows as the
-    kernels' instead), then the kernels whose device time grew: each at
-    least 1 ms and a fifth of ``excess_ms``, three at most.
+    A first run can be slower everywhere (a cold process, a busy host): every
+    name's time is first scaled by that run-wide slowdown (:func:`slowdown`),
+    and a name is named for what it grew beyond it. The CPU names
+    (operators, CUDA calls) whose self time grew the most, those waiting for
+    the device left out (the device's time shows as the kernels' instead),
+    then the kernels whose device time grew: each at least 1 ms and a fifth
+    of ``excess_ms``, three at most.
 
     Args:
         first, second: the runs' :func:`summarize` dicts (None / empty: not profiled).
@@ -213,18 +269,24 @@ def trace_explanation(first: dict[str, Any] | None, second: dict[str, Any] | Non
         return "", False
     floor = max(1.0, excess_ms / 5)
     grown: list[tuple[float, str]] = []
-    for where, idx in (("cpu", 1), ("device", 1)):
+    scales = {}
+    for where in ("cpu", "device"):
         a, b = first.get(where, {}), second.get(where, {})
+        scales[where] = slowdown(a, b)
+        scale = scales[where][0]
         for name, stats in a.items():
             if where == "cpu" and _is(name, WAITS):
                 continue
-            ms = (stats[idx] - (b[name][idx] if name in b else 0.0)) / 1e3
+            ms = (stats[1] - (b[name][1] * scale if name in b else 0.0)) / 1e3
             if ms >= floor:
                 grown.append((ms, f"{name}{' (on the device)' if where == 'device' else ''}"))
     grown.sort(reverse=True)
     grown = grown[:3]
+    scale, names = scales["cpu"]
+    uniform = (f"every operator slower, median x{scale:.2f} over {names} names"
+               if scale >= UNIFORM_SLOWDOWN else "")
     if not grown:
-        return "", False
+        return (f"profiler: no single cause; {uniform}", False) if uniform else ("", False)
     slow = {c[0]: c for c in first.get("slow_calls", [])}
     parts = []
     for ms, label in grown:
@@ -241,5 +303,7 @@ def trace_explanation(first: dict[str, Any] | None, second: dict[str, Any] | Non
     new = first.get("new_kernels", [0, []])
     if new[0]:
         parts.append(f"{new[0]} kernel(s) first launched in traffic ({', '.join(n[:60] for n in new[1][:2])})")
+    if uniform:
+        parts.append(f"beyond {uniform}")
     named = sum(ms for ms, _ in grown)
     return "profiler: " + "; ".join(parts), named >= excess_ms / 2

@@ -116,3 +116,56 @@ def test_long_kernel_names_are_cut_and_still_counted_together():
     s = summarize([Event(long, "device", 10.0), Event(long, "device", 12.0)], set())
     assert s["device"] == {long[:160]: [2, 22.0]}
     assert s["new_kernels"] == [1, [long[:160]]]
+
+
+def test_the_profilers_own_start_and_stop_lines_stay_off_stderr(capfd):
+    tracer = Tracer()
+    with tracer.run() as got:
+        torch.randn(8, 8) @ torch.randn(8, 8)
+    out, err = capfd.readouterr()
+    assert "aten::mm" in got["cpu"]
+    assert "profiler_start" not in err and "profiler_stop" not in err
+    import sys
+    print("still here", file=sys.stderr)  # descriptor 2 is back
+    assert capfd.readouterr().err == "still here\n"
+
+
+def test_a_profiler_that_cannot_start_is_said_once_and_in_every_run(monkeypatch, caplog):
+    import torch.profiler as tp
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("Can't disable Kineto profiler when it's not running")
+
+    monkeypatch.setattr(tp, "profile", refuse)
+    tracer = Tracer()
+    with caplog.at_level("WARNING", logger="vllm.stepwarm"):
+        tracer.prime()
+    assert [r.getMessage() for r in caplog.records] == [
+        "stepwarm coverage --trace: the profiler does not run here (RuntimeError: Can't disable "
+        "Kineto profiler when it's not running); no run is profiled"]
+    with tracer.run() as got:
+        pass
+    assert got == {"error": "RuntimeError: Can't disable Kineto profiler when it's not running"}
+    assert trace_explanation(got, got, 20.0) == ("", False)
+
+
+def test_a_run_slower_everywhere_names_no_single_operator():
+    """Every operator 1.5x slower (a busy host, a cold process): nothing is
+    named as the cause, the slowdown is said; one operator growing beyond it
+    is named for what it grew beyond it."""
+    ops = {f"aten::op{i}": 1000.0 * (i + 1) for i in range(8)}
+
+    def run(scale, extra=0.0):
+        return summarize([Event(n, "cpu", us * scale + (extra if n == "aten::op0" else 0.0))
+                          for n, us in ops.items()], set())
+
+    second = run(1.0)
+    assert trace_explanation(run(1.5), second, excess_ms=18.0) == (
+        "profiler: no single cause; every operator slower, median x1.50 over 8 names", False)
+    # aten::op0 took 10 ms more on top: named for those 10 (not 10.5)
+    assert trace_explanation(run(1.5, extra=10000.0), second, excess_ms=28.0) == (
+        "profiler: aten::op0 +10.0 ms; beyond every operator slower, median x1.50 over 8 names",
+        False)
+    # 1.1x everywhere: still taken out (op0's 1.1 ms of it), not said; +10 ms of 14 explains it
+    assert trace_explanation(run(1.1, extra=10000.0), second, excess_ms=14.0) == (
+        "profiler: aten::op0 +10.0 ms", True)
