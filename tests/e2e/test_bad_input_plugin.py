@@ -18,6 +18,7 @@ pytestmark = pytest.mark.e2e
 SCRIPT = textwrap.dedent(
     """
     import json
+
     from stepwarm.engine import start_engine
 
     if __name__ == "__main__":

@@ -36,3 +36,12 @@ def test_run_help_lists_every_default():
                 "gpu_memory_utilization=0.3", "max_model_len=512", "max_num_seqs=8",
                 "max_num_batched_tokens=512", "skip_tokenizer_init=true"):
         assert arg in text, arg
+
+
+def test_the_amx_state_is_granted_exactly_where_the_cpu_has_amx():
+    import torch
+
+    from stepwarm.engine import ask_amx_state
+
+    assert ask_amx_state() is torch.cpu._is_amx_tile_supported()
+    assert ask_amx_state() is torch.cpu._is_amx_tile_supported()  # asking again is no error
