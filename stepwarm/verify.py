@@ -284,7 +284,8 @@ def reference_prompt(worker: Any, req: PlannedRequest, ids: list[int]) -> Any:
     rate)}}, "decoder_prompt": {"prompt_token_ids": ids}}``."""
     from vllm.inputs import TokensPrompt
 
-    if req.encoder_len and not req.images and audio_inputs(worker, req, ids) is not None:
+    if req.encoder_len and not req.images and not req.encoder_cached and \
+            audio_inputs(worker, req, ids) is not None:
         rate = audio_sampling_rate(processor_of(runner_of(worker)))
         return {"encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": dummy_audio(rate)}},
                 "decoder_prompt": TokensPrompt(prompt_token_ids=list(ids))}
@@ -404,6 +405,8 @@ def _without_audio(worker: Any, plan: Plan, profile: RunnerProfile,
         req = plan.request(r)
         if not req.encoder_len:
             out[r] = "no encoder input"
+        elif req.encoder_cached:
+            out[r] = "a dummy encoder input taken as encoded (vLLM's warmup_kernels' kind)"
         elif audio_inputs(worker, req, prompt_token_ids(req, profile)) is None:
             out[r] = (f"a {req.encoder_len}-token encoder input, not the processor's "
                       "audio length")

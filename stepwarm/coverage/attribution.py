@@ -87,6 +87,11 @@ def baseline_indexes(base: CoverageReport) -> tuple[KernelIndex, KernelIndex]:
     return startup, traffic
 
 
+#: The name the linear GEMMs per token count (:mod:`stepwarm.gemm_sizes`) have
+#: among the scenarios' costs.
+GEMM_SIZES = "(linear GEMMs per token count)"
+
+
 @dataclass
 class ScenarioCost:
     """One scenario of the stepwarm run: what it cost and what it moved."""
@@ -163,6 +168,8 @@ def attribute_moves(base: CoverageReport, sw: CoverageReport) -> Attribution:
                 cost.compiles[label] += 1
                 cost.kernels.append([name, label])
         out.append(cost)
+    if sw.gemm_s:  # stepwarm's cost too, though it compiles nothing (stepwarm.gemm_sizes)
+        out.append(ScenarioCost(GEMM_SIZES, 0, sw.gemm_s))
     return Attribution(out, sum(s.seconds for s in out), moved_time_ms(base, sw, moved_lines),
                        sorted(moved_lines))
 

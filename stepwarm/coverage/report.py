@@ -71,8 +71,11 @@ class CoverageReport:
     min_excess_ms: float
     #: Seconds in ``LLM(...)`` (import of vLLM included).
     startup_s: float = 0.0
-    #: Seconds stepwarm's scenarios took inside start-up (sum of their wall times).
+    #: Seconds stepwarm took inside start-up: its scenarios' wall times and
+    #: the linear GEMMs per token count (``gemm_s``).
     stepwarm_s: float = 0.0
+    #: Of which the linear GEMMs per token count (:mod:`stepwarm.gemm_sizes`).
+    gemm_s: float = 0.0
     #: ``[phase, seconds after the engine start]``.
     phases: list[list[Any]] = field(default_factory=list)
     startup_compiles: list[StartupCompile] = field(default_factory=list)

@@ -112,7 +112,8 @@ def test_planned_request_init_takes_the_fields_in_order_with_their_defaults():
         inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default
         for f in fields]
     req = PlannedRequest("r", 3, "pool", True, 2, "greedy", (0,), True, "n", 1)
-    assert dataclasses.astuple(req) == ("r", 3, "pool", True, 2, "greedy", (0,), True, "n", 1)
+    assert dataclasses.astuple(req) == ("r", 3, "pool", True, 2, "greedy", (0,), True, "n", 1,
+                                        False)
     assert dataclasses.replace(req, prompt_len=4).prompt_len == 4
     assert req == PlannedRequest("r", 3, "pool", True, 2, "greedy", (0,), True, "n", 1)
     assert hash(req) == hash(dataclasses.replace(req))

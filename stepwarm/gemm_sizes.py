@@ -1,0 +1,143 @@
+"""cuBLAS's GEMM kernels for the token counts that steps run eagerly.
+
+A step above the CUDA-graph sizes runs its linear layers eagerly, and cuBLAS
+picks a GEMM kernel by the shape, the token count (M) included. The first
+launch of a kernel in a process costs milliseconds (CUDA loads its module,
+cuBLAS sets it up: 5-15 ms each on an H200, ``benchmarks/gpu_probe_gemm_ladder.py``),
+compiles nothing, and falls to the first request whose prefill reaches a new
+kernel: the restart outliers that ``stepwarm coverage --trace`` names
+(docs/findings.md). Scenario steps at every token count would cost a deep
+model more than they move; the GEMMs alone cost one layer per distinct shape.
+
+:func:`warm_gemm_sizes` runs each distinct unquantized linear-layer shape of
+the model once (through the layer's own ``quant_method.apply``, the call the
+model makes) at every count of :func:`token_counts`: eight counts per octave
+(``ceil(2 ** (k / 8))``), above the largest CUDA-graph size (those steps
+replay captured graphs, whose kernels were loaded at capture) up to
+``max_num_batched_tokens``. On the probe, that ladder left 5 of 79 random
+counts with a first-call cost over 1 ms (at most 3 ms), against 21 (up to
+14 ms) without and 20 after the powers of two alone.
+
+Inputs are zeros; outputs are dropped. Nothing random is drawn and nothing
+is written to the model or the KV cache. On CPU, and for quantized layers
+(their kernels are not cuBLAS's), it does nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepwarm.memory import MemoryReport, measured
+
+#: Token counts per octave of the ladder.
+PER_OCTAVE = 8
+
+
+def token_counts(low: int, high: int, per_octave: int = PER_OCTAVE) -> list[int]:
+    """The ladder: ``low`` (the first eager count), every
+    ``ceil(2 ** (k / per_octave))`` in ``[low, high]``, and ``high`` itself
+    (``max_num_batched_tokens``), ascending; empty when ``low > high``."""
+    low = max(1, low)
+    if low > high:
+        return []
+    out = {low, high}
+    k = max(0, math.floor(per_octave * math.log2(low)) - 1)
+    while True:
+        m = math.ceil(2 ** (k / per_octave))
+        if m > high:
+            break
+        if m >= low:
+            out.add(m)
+        k += 1
+    return sorted(out)
+
+
+@dataclass
+class GemmReport:
+    """What :func:`warm_gemm_sizes` ran."""
+
+    #: Distinct (out, in, dtype, bias) shapes run.
+    shapes: int = 0
+    #: The token counts each shape ran at.
+    counts: list[int] = field(default_factory=list)
+    wall_ms: float = 0.0
+    #: Why nothing ran ("" when it ran).
+    skipped: str = ""
+    memory: MemoryReport | None = None
+
+
+def _eager_floor(vllm_config: Any) -> int:
+    """The smallest token count a step runs eagerly: one above the largest
+    CUDA-graph size, 1 when the engine captures none."""
+    model_config = getattr(vllm_config, "model_config", None)
+    if getattr(model_config, "enforce_eager", False):
+        return 1
+    cc = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(cc, "cudagraph_mode", None)
+    if mode is not None and str(getattr(mode, "name", mode)) == "NONE":
+        return 1
+    sizes = list(getattr(cc, "cudagraph_capture_sizes", None) or ())
+    top = getattr(cc, "max_cudagraph_capture_size", None) or (max(sizes) if sizes else 0)
+    return int(top) + 1
+
+
+def linear_layers(model: Any, device_type: str = "cuda") -> list[Any]:
+    """One linear layer per distinct GEMM: unquantized (``quant_method`` an
+    ``UnquantizedLinearMethod``), a 2-D weight on a ``device_type`` device,
+    keyed by the weight's shape and dtype and whether it has a bias."""
+    seen: dict[tuple[Any, ...], Any] = {}
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        weight = getattr(module, "weight", None)
+        if method is None or type(method).__name__ != "UnquantizedLinearMethod":
+            continue
+        if weight is None or getattr(weight, "dim", lambda: 0)() != 2 or \
+                weight.device.type != device_type:
+            continue
+        bias = getattr(module, "bias", None)
+        key = (tuple(weight.shape), weight.dtype, bias is not None)
+        seen.setdefault(key, module)
+    return list(seen.values())
+
+
+def warm_gemm_sizes(worker: Any) -> GemmReport:
+    """Run the model's linear GEMMs at every eager token count of the ladder
+    (module docstring)."""
+    import torch
+
+    from stepwarm.runner import runner_of
+
+    report = GemmReport()
+    if not torch.cuda.is_available():
+        report.skipped = "no CUDA device"
+        return report
+    runner = runner_of(worker)
+    model = getattr(runner, "model", None)
+    if model is None and hasattr(runner, "get_model"):
+        model = runner.get_model()
+    layers = linear_layers(model) if model is not None else []
+    if not layers:
+        report.skipped = "no unquantized linear layer on a CUDA device"
+        return report
+    config = runner.vllm_config
+    high = int(config.scheduler_config.max_num_batched_tokens)
+    counts = token_counts(_eager_floor(config), high)
+    if not counts:
+        report.skipped = "every token count replays a CUDA graph"
+        return report
+    t0 = time.perf_counter()
+    with torch.inference_mode(), measured() as report.memory:
+        for layer in layers:
+            w = layer.weight
+            x = torch.zeros(counts[-1], w.shape[1], dtype=w.dtype, device=w.device)
+            bias = getattr(layer, "bias", None)
+            for m in counts:
+                layer.quant_method.apply(layer, x[:m], bias)
+            del x
+        torch.cuda.synchronize()
+    report.shapes, report.counts = len(layers), counts
+    report.wall_ms = (time.perf_counter() - t0) * 1e3
+    return report

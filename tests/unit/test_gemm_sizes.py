@@ -1,0 +1,88 @@
+"""The linear GEMMs per token count (stepwarm.gemm_sizes): the ladder, the
+layers it picks, the setting. What it does on a GPU is measured on the H200
+(benchmarks/results/README.md); on CPU it runs nothing."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from stepwarm.gemm_sizes import _eager_floor, linear_layers, token_counts, warm_gemm_sizes
+from stepwarm.settings import HookSettings, SettingsError
+
+
+def test_ladder_small_cases():
+    # ceil(2 ** (k / 8)): 1, 2 (k = 1..8), 3 (k = 9..12), 4 (k = 13..16)
+    assert token_counts(1, 4) == [1, 2, 3, 4]
+    # from 100 (the first eager count): 2 ** (54 / 8) = 107.6, 2 ** (55 / 8) = 117.4, 128
+    assert token_counts(100, 128) == [100, 108, 118, 128]
+    # max_num_batched_tokens itself is always run; 2 ** (73 / 8) = 558.4
+    assert token_counts(513, 600) == [513, 559, 600]
+    assert token_counts(700, 600) == []
+    assert token_counts(1, 16384, per_octave=1) == [2 ** i for i in range(15)]
+
+
+def test_ladder_steps_at_most_an_eighth_of_an_octave():
+    counts = token_counts(513, 16384)
+    assert counts[:2] == [513, 559] and counts[-1] == 16384 and len(counts) == 41
+    assert counts == sorted(set(counts))
+    assert all(b / a <= 2 ** (1 / 8) + 1 / a for a, b in zip(counts, counts[1:]))
+    assert math.log2(counts[-1] / counts[1]) == pytest.approx((len(counts) - 2) / 8, abs=0.01)
+
+
+def _config(**cc):
+    return SimpleNamespace(model_config=SimpleNamespace(enforce_eager=cc.pop("eager", False)),
+                           compilation_config=SimpleNamespace(**cc))
+
+
+def test_eager_floor_is_above_the_largest_cuda_graph():
+    assert _eager_floor(_config(max_cudagraph_capture_size=512)) == 513
+    assert _eager_floor(_config(cudagraph_capture_sizes=[1, 2, 4, 8])) == 9
+    assert _eager_floor(_config(max_cudagraph_capture_size=512, eager=True)) == 1
+    mode = SimpleNamespace(name="NONE")
+    assert _eager_floor(_config(max_cudagraph_capture_size=512, cudagraph_mode=mode)) == 1
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, out: int, inp: int, bias: bool, method: object):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(out, inp), requires_grad=False)
+        self.bias = torch.nn.Parameter(torch.zeros(out), requires_grad=False) if bias else None
+        self.quant_method = method
+
+
+def test_linear_layers_one_per_distinct_unquantized_gemm():
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    plain = UnquantizedLinearMethod()
+    model = torch.nn.Sequential(
+        _Layer(8, 4, False, plain), _Layer(8, 4, False, plain),   # the same GEMM
+        _Layer(8, 4, True, plain),                                # with a bias: addmm
+        _Layer(4, 8, False, plain),
+        _Layer(6, 4, False, object()),                            # not unquantized
+    )
+    picked = linear_layers(model, device_type="cpu")
+    assert [(tuple(m.weight.shape), m.bias is not None) for m in picked] == [
+        ((8, 4), False), ((8, 4), True), ((4, 8), False)]
+    assert picked[0] is model[0]
+    # on CUDA only: these weights are on the CPU
+    assert linear_layers(model) == []
+
+
+def test_nothing_runs_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here")
+    report = warm_gemm_sizes(SimpleNamespace())
+    assert report.skipped == "no CUDA device" and report.counts == [] and report.shapes == 0
+
+
+def test_setting():
+    on = {"STEPWARM_SCENARIOS": "default"}
+    assert HookSettings.from_env(on).gemm_sizes is True
+    assert HookSettings.from_env({**on, "STEPWARM_GEMM_SIZES": "off"}).gemm_sizes is False
+    assert HookSettings.from_env({**on, "STEPWARM_GEMM_SIZES": "auto"}).gemm_sizes is True
+    with pytest.raises(SettingsError, match="STEPWARM_GEMM_SIZES='on'"):
+        HookSettings.from_env({**on, "STEPWARM_GEMM_SIZES": "on"})
