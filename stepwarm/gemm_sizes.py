@@ -13,8 +13,8 @@ model more than they move; the GEMMs alone cost one layer per distinct shape.
 the model once (through the layer's own ``quant_method.apply``, the call the
 model makes) at every count of :func:`token_counts`: eight counts per octave
 (``ceil(2 ** (k / 8))``), above the largest CUDA-graph size (those steps
-replay captured graphs, whose kernels were loaded at capture) up to
-``max_num_batched_tokens``. On the probe, that ladder left 5 of 79 random
+replay captured graphs, whose kernels were loaded at capture; from 1 where
+mixed batches get no graph) up to ``max_num_batched_tokens``. On the probe, that ladder left 5 of 79 random
 counts with a first-call cost over 1 ms (at most 3 ms), against 21 (up to
 14 ms) without and 20 after the powers of two alone.
 
@@ -70,13 +70,18 @@ class GemmReport:
 
 
 def _eager_floor(vllm_config: Any) -> int:
-    """The smallest token count a step runs eagerly: one above the largest
-    CUDA-graph size, 1 when the engine captures none."""
+    """The smallest token count a prefill step runs eagerly: one above the
+    largest CUDA-graph size; 1 when the engine captures no graph for mixed
+    batches (``enforce_eager``, ``cudagraph_mode`` ``NONE`` or
+    ``FULL_DECODE_ONLY``: ``CUDAGraphMode.mixed_mode()`` is ``NONE``)."""
     model_config = getattr(vllm_config, "model_config", None)
     if getattr(model_config, "enforce_eager", False):
         return 1
     cc = getattr(vllm_config, "compilation_config", None)
     mode = getattr(cc, "cudagraph_mode", None)
+    mixed = getattr(mode, "mixed_mode", None)
+    if mixed is not None:
+        mode = mixed()
     if mode is not None and str(getattr(mode, "name", mode)) == "NONE":
         return 1
     sizes = list(getattr(cc, "cudagraph_capture_sizes", None) or ())

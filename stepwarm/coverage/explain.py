@@ -15,7 +15,17 @@ is the difference, each cause counted only when it happened:
   cudaMalloc calls, which the second run of the same shapes no longer makes);
 - ``gc_collections``: garbage-collector passes per generation (a generation-2
   pass over a large heap is tens of ms);
-- ``threads``: threads started (a lazily made worker pool).
+- ``threads``: threads started (a lazily made worker pool);
+- ``preempted`` / ``cpu_stall_ms``: the host's CPU taken by others: this
+  process's threads switched out involuntarily (``getrusage``'s
+  ``ru_nivcsw``), and the time runnable tasks waited for a CPU (Linux PSI,
+  ``/proc/pressure/cpu`` ``some total``; where the kernel has it). A first
+  run that every operator ran slower in (``stepwarm coverage --trace``:
+  "every operator slower") while other processes held the cores
+  (other engines compiling beside it) is contention, not a first-call cost:
+  :data:`CONTENTION_RATIO` times the second run's, and
+  :data:`CONTENTION_MIN_PREEMPTED` switches or :data:`CONTENTION_MIN_STALL_MS`
+  ms more.
 
 A flagged request whose first run shows none of these stays ``unexplained``
 (the report says so): first cuBLAS / cuDNN handles, FlashInfer / DeepGEMM JIT
@@ -27,6 +37,7 @@ which step, how many tokens and requests, how much slower.
 from __future__ import annotations
 
 import gc
+import resource
 import sys
 import threading
 from dataclasses import dataclass
@@ -34,6 +45,13 @@ from typing import Any
 
 #: Module names listed per run at most (the count is always whole).
 MAX_NAMES = 5
+#: A first run counts as contended when it was preempted (or stalled) this
+#: many times more than the second run, and by at least the minimum below.
+CONTENTION_RATIO = 2.0
+CONTENTION_MIN_PREEMPTED = 50
+CONTENTION_MIN_STALL_MS = 5.0
+#: Linux's CPU pressure (PSI) file.
+PSI_CPU = "/proc/pressure/cpu"
 
 
 @dataclass(frozen=True)
@@ -47,6 +65,21 @@ class Snapshot:
     device_allocs: int
     gc_collections: tuple[int, ...]
     threads: int
+    #: ``ru_nivcsw`` of this process (all its threads).
+    preempted: int = 0
+    #: PSI ``some total`` of the CPU (µs; 0 where the kernel has none).
+    cpu_stall_us: int = 0
+
+
+def _cpu_stall_us() -> int:
+    try:
+        with open(PSI_CPU) as f:
+            for line in f:
+                if line.startswith("some"):
+                    return int(line.rsplit("total=", 1)[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _dynamo_counts() -> tuple[int, int]:
@@ -73,7 +106,9 @@ def snapshot() -> Snapshot:
                     dynamo_graphs=graphs, reserved_bytes=reserved,
                     device_allocs=allocs,
                     gc_collections=tuple(s["collections"] for s in gc.get_stats()),
-                    threads=threading.active_count())
+                    threads=threading.active_count(),
+                    preempted=resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw,
+                    cpu_stall_us=_cpu_stall_us())
 
 
 def side_effects(before: Snapshot, after: Snapshot) -> dict[str, Any]:
@@ -83,13 +118,16 @@ def side_effects(before: Snapshot, after: Snapshot) -> dict[str, Any]:
     if new:
         out["imports"] = len(new)
         out["imported"] = new[:MAX_NAMES]
-    for key in ("dynamo_frames", "dynamo_graphs", "device_allocs", "threads"):
+    for key in ("dynamo_frames", "dynamo_graphs", "device_allocs", "threads", "preempted"):
         d = getattr(after, key) - getattr(before, key)
         if d > 0:
             out[key] = d
     grown = after.reserved_bytes - before.reserved_bytes
     if grown > 0:
         out["reserved_mib"] = round(grown / (1 << 20), 1)
+    stall = after.cpu_stall_us - before.cpu_stall_us
+    if stall > 0:
+        out["cpu_stall_ms"] = round(stall / 1e3, 1)
     gcs = [a - b for a, b in zip(after.gc_collections, before.gc_collections)]
     if any(gcs):
         out["gc_collections"] = gcs
@@ -113,7 +151,23 @@ def explanation(first: dict[str, Any], second: dict[str, Any]) -> str:
     f_gc, s_gc = first.get("gc_collections", [0, 0, 0]), second.get("gc_collections", [0, 0, 0])
     if len(f_gc) > 2 and f_gc[2] > (s_gc[2] if len(s_gc) > 2 else 0):
         parts.append(f"{f_gc[2]} full gc pass(es)")
+    contended = contention(first, second)
+    if contended:
+        parts.append(contended)
     return "; ".join(parts)
+
+
+def contention(first: dict[str, Any], second: dict[str, Any]) -> str:
+    """``"host CPU contention: ..."`` when the first run lost the host's CPU
+    to others well beyond the second (module docstring), else ``""``."""
+    said = []
+    p1, p2 = first.get("preempted", 0), second.get("preempted", 0)
+    if p1 >= CONTENTION_RATIO * p2 and p1 - p2 >= CONTENTION_MIN_PREEMPTED:
+        said.append(f"{p1} involuntary context switches (second run {p2})")
+    s1, s2 = first.get("cpu_stall_ms", 0.0), second.get("cpu_stall_ms", 0.0)
+    if s1 >= CONTENTION_RATIO * s2 and s1 - s2 >= CONTENTION_MIN_STALL_MS:
+        said.append(f"tasks waited {s1:g} ms for a CPU (second run {s2:g})")
+    return "host CPU contention: " + ", ".join(said) if said else ""
 
 
 def slow_step(first: list[list[float]], second: list[list[float]]) -> str:

@@ -15,7 +15,10 @@ from stepwarm.coverage.explain import explanation, side_effects, snapshot
 
 def test_nothing_happened_is_nothing():
     before = snapshot()
-    assert side_effects(before, snapshot()) == {}
+    fx = side_effects(before, snapshot())
+    # the host's other tasks may take a CPU meanwhile (not this test's doing)
+    fx.pop("preempted", None), fx.pop("cpu_stall_ms", None)
+    assert fx == {}
 
 
 def test_a_lazy_import_a_full_gc_and_a_thread_are_seen(tmp_path, monkeypatch):
@@ -34,6 +37,7 @@ def test_a_lazy_import_a_full_gc_and_a_thread_are_seen(tmp_path, monkeypatch):
     finally:
         done.set()
         t.join()
+    fx.pop("preempted", None), fx.pop("cpu_stall_ms", None)  # the host's doing
     assert fx["imports"] == 1 and fx["imported"] == ["stepwarm_lazy_probe"]
     assert fx["gc_collections"][2] >= 1
     assert fx["threads"] == 1
@@ -54,9 +58,44 @@ def test_torch_compile_graphs_and_recompiles_are_counted():
     before = snapshot()
     f(torch.ones(3))  # a new static shape: guard failure, recompile
     fx = side_effects(before, snapshot())
+    fx.pop("preempted", None), fx.pop("cpu_stall_ms", None)  # the host's doing
     assert fx["dynamo_frames"] == 1 and fx["dynamo_graphs"] == 1
     assert explanation(fx, {}) == "1 torch.compile frame compile(s); 1 torch.compile graph(s)"
     before = snapshot()
     f(torch.ones(3))  # guards hold: nothing compiled
     fx = side_effects(before, snapshot())
     assert "dynamo_frames" not in fx and "dynamo_graphs" not in fx
+
+
+def _snap(preempted: int, stall_us: int):
+    from stepwarm.coverage.explain import Snapshot
+
+    return Snapshot(modules=frozenset(), dynamo_frames=0, dynamo_graphs=0, reserved_bytes=0,
+                    device_allocs=0, gc_collections=(0, 0, 0), threads=1,
+                    preempted=preempted, cpu_stall_us=stall_us)
+
+
+def test_host_contention_is_said_when_the_first_run_lost_the_cpu_well_beyond_the_second():
+    first = side_effects(_snap(100, 1_000_000), _snap(260, 1_021_500))
+    second = side_effects(_snap(300, 2_000_000), _snap(330, 2_003_000))
+    assert first == {"preempted": 160, "cpu_stall_ms": 21.5}
+    assert second == {"preempted": 30, "cpu_stall_ms": 3.0}
+    assert explanation(first, second) == (
+        "host CPU contention: 160 involuntary context switches (second run 30), "
+        "tasks waited 21.5 ms for a CPU (second run 3)")
+    # under twice the second run's, or fewer than 50 switches / 5 ms more: not said
+    assert explanation({"preempted": 59, "cpu_stall_ms": 6.0}, {"preempted": 30, "cpu_stall_ms": 3.1}) == ""
+    assert explanation({"preempted": 70, "cpu_stall_ms": 4.0}, {"preempted": 10}) == \
+        "host CPU contention: 70 involuntary context switches (second run 10)"
+
+
+def test_cpu_pressure_is_read_from_psi(tmp_path, monkeypatch):
+    from stepwarm.coverage import explain
+
+    psi = tmp_path / "cpu"
+    psi.write_text("some avg10=0.00 avg60=0.02 avg300=0.00 total=535770672\n"
+                   "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    monkeypatch.setattr(explain, "PSI_CPU", str(psi))
+    assert snapshot().cpu_stall_us == 535770672
+    monkeypatch.setattr(explain, "PSI_CPU", str(tmp_path / "none"))
+    assert snapshot().cpu_stall_us == 0

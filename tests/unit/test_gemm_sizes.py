@@ -42,8 +42,12 @@ def test_eager_floor_is_above_the_largest_cuda_graph():
     assert _eager_floor(_config(max_cudagraph_capture_size=512)) == 513
     assert _eager_floor(_config(cudagraph_capture_sizes=[1, 2, 4, 8])) == 9
     assert _eager_floor(_config(max_cudagraph_capture_size=512, eager=True)) == 1
-    mode = SimpleNamespace(name="NONE")
-    assert _eager_floor(_config(max_cudagraph_capture_size=512, cudagraph_mode=mode)) == 1
+    from vllm.config.compilation import CUDAGraphMode
+
+    for mode, floor in ((CUDAGraphMode.NONE, 1), (CUDAGraphMode.FULL_DECODE_ONLY, 1),
+                        (CUDAGraphMode.PIECEWISE, 513), (CUDAGraphMode.FULL_AND_PIECEWISE, 513),
+                        (CUDAGraphMode.FULL, 513)):
+        assert _eager_floor(_config(max_cudagraph_capture_size=512, cudagraph_mode=mode)) == floor
 
 
 class _Layer(torch.nn.Module):
