@@ -44,6 +44,7 @@ from stepwarm.idle_record import (
     compile_activity,
     configuration_key,
 )
+from stepwarm.memory import lower_text
 from stepwarm.probe import read_profile
 from stepwarm.profile import RunnerProfile
 from stepwarm.ranks import RankGroup
@@ -232,9 +233,7 @@ def _warm_gemm_sizes(worker: Any, who: str) -> None:
                 len(g.counts), g.counts[0], g.counts[-1], g.wall_ms)
     mem = g.memory
     if mem is not None and mem.lower_after:
-        logger.warning("%s: linear GEMMs left %.0f MiB less free memory on %s than they "
-                       "found (peak %.0f MiB)", who, mem.lost / 2**20, mem.device,
-                       mem.peak / 2**20)
+        logger.warning("%s: linear GEMMs %s", who, lower_text(mem))
 
 
 def _idle_record(worker: Any, profile: RunnerProfile, plans: list, ranks: RankGroup) -> IdleRecord:
@@ -301,9 +300,7 @@ def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSetti
                 else f"{len(report.steps)} steps in {report.wall_ms:.0f} ms")
     mem = report.memory
     if mem is not None and mem.lower_after:
-        logger.warning("%s: %s left %.0f MiB less free memory on %s than it found "
-                       "(peak %.0f MiB; see docs/plugin.md)", who, plan.name,
-                       mem.lost / 2**20, mem.device, mem.peak / 2**20)
+        logger.warning("%s: %s %s (see docs/plugin.md)", who, plan.name, lower_text(mem))
     return report
 
 

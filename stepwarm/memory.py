@@ -36,6 +36,11 @@ class MemoryReport:
     #: ``memory_allocated``, CPU ``VmRSS``.
     used_before: int = 0
     used_after: int = 0
+    #: CUDA: this process's caching allocator (``memory_reserved``) before /
+    #: after: on a device other processes share, free memory moves with
+    #: theirs, this does not. None on CPU.
+    reserved_before: int | None = None
+    reserved_after: int | None = None
     #: Peak during the scenario: CUDA ``max_memory_allocated``, CPU
     #: ``VmHWM`` (since the reset; ``peak_reset`` False: since the process
     #: started).
@@ -51,6 +56,17 @@ class MemoryReport:
         if self.free_before is not None and self.free_after is not None:
             return self.free_before - self.free_after
         return self.used_after - self.used_before
+
+
+def lower_text(report: MemoryReport) -> str:
+    """``"left M MiB less free memory on DEVICE than it found (...; peak P MiB)"``
+    for a flagged report: on CUDA with this process's allocator growth."""
+    mine = ""
+    if report.reserved_before is not None and report.reserved_after is not None:
+        mine = (f"this process's allocator {(report.reserved_after - report.reserved_before) / 2**20:+.0f}"
+                " MiB; ")
+    return (f"left {report.lost / 2**20:.0f} MiB less free memory on {report.device} than it "
+            f"found ({mine}peak {report.peak / 2**20:.0f} MiB)")
 
 
 def flag(report: MemoryReport, tolerance: int = TOLERANCE_BYTES) -> MemoryReport:
@@ -96,7 +112,8 @@ def measured() -> Iterator[MemoryReport]:
         free, _ = torch.cuda.mem_get_info(device)
         torch.cuda.reset_peak_memory_stats(device)
         report = MemoryReport(device=f"cuda:{device}", free_before=free,
-                              used_before=torch.cuda.memory_allocated(device))
+                              used_before=torch.cuda.memory_allocated(device),
+                              reserved_before=torch.cuda.memory_reserved(device))
     else:
         reset = _reset_cpu_peak()
         report = MemoryReport(device="cpu", used_before=_proc_status("VmRSS"), peak_reset=reset)
@@ -107,6 +124,7 @@ def measured() -> Iterator[MemoryReport]:
             torch.cuda.synchronize(device)
             report.free_after, _ = torch.cuda.mem_get_info(device)
             report.used_after = torch.cuda.memory_allocated(device)
+            report.reserved_after = torch.cuda.memory_reserved(device)
             report.peak = torch.cuda.max_memory_allocated(device)
         else:
             report.used_after = _proc_status("VmRSS")

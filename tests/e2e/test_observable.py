@@ -182,8 +182,10 @@ def test_run_json_carries_memory_and_run_v_prints_the_failed_steps_traceback(tmp
         "mixed-prefill-decode", True, None, None)
     for mem in (failed["memory"], passed["memory"]):
         assert set(mem) == {"device", "free_before", "free_after", "used_before", "used_after",
-                            "peak", "peak_reset", "lower_after"}
+                            "reserved_before", "reserved_after", "peak", "peak_reset",
+                            "lower_after"}
         assert mem["device"] == "cpu" and mem["free_before"] is None
+        assert mem["reserved_before"] is None and mem["reserved_after"] is None
         assert 0 < mem["used_before"] <= mem["peak"] and mem["used_after"] <= mem["peak"]
         assert mem["lower_after"] == (mem["used_after"] - mem["used_before"] > 64 << 20)
     print("MEMORY", failed["memory"], passed["memory"])

@@ -154,3 +154,17 @@ def test_register_ends_an_unguarded_program_with_one_line(monkeypatch):
         hook.register()
     assert isinstance(info.value, SystemExit) and isinstance(info.value, SettingsError)
     assert info.value.code == "stepwarm: STEPWARM_ON_ERROR='later': allowed: raise | warn"
+
+
+def test_the_log_line_says_this_processs_allocator_growth_on_cuda():
+    from stepwarm.memory import lower_text
+
+    mib = 1 << 20
+    shared = flag(MemoryReport(device="cuda:0", free_before=9000 * mib, free_after=1000 * mib,
+                               reserved_before=500 * mib, reserved_after=500 * mib,
+                               peak=12256 * mib))
+    assert shared.lower_after and lower_text(shared) == (
+        "left 8000 MiB less free memory on cuda:0 than it found "
+        "(this process's allocator +0 MiB; peak 12256 MiB)")
+    cpu = flag(MemoryReport(device="cpu", used_before=100 * mib, used_after=300 * mib, peak=400 * mib))
+    assert lower_text(cpu) == "left 200 MiB less free memory on cpu than it found (peak 400 MiB)"
