@@ -430,7 +430,7 @@ def drive(
     # step that schedules their first tokens); an encoder_cached one carries
     # a feature without data, as vLLM's warmup_kernels sends.
     audio = {r.req_id: audio_inputs(worker, r, prompt_token_ids(r, profile), shared)
-             for r in plan.requests if r.encoder_len and not r.images and not r.encoder_cached}
+             for r in plan.requests if r.encodes_audio}
     images.update((rid, inputs) for rid, inputs in audio.items() if inputs is not None)
     mask_before = allowed_token_mask(worker)
     params: dict[str, tuple[Any, Any]] = {}

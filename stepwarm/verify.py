@@ -284,8 +284,7 @@ def reference_prompt(worker: Any, req: PlannedRequest, ids: list[int]) -> Any:
     rate)}}, "decoder_prompt": {"prompt_token_ids": ids}}``."""
     from vllm.inputs import TokensPrompt
 
-    if req.encoder_len and not req.images and not req.encoder_cached and \
-            audio_inputs(worker, req, ids) is not None:
+    if req.encodes_audio and audio_inputs(worker, req, ids) is not None:
         rate = audio_sampling_rate(processor_of(runner_of(worker)))
         return {"encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": dummy_audio(rate)}},
                 "decoder_prompt": TokensPrompt(prompt_token_ids=list(ids))}
