@@ -119,7 +119,8 @@ class CoverageReport:
         if why:
             return f"ratio > {self.threshold:g}: {why}"
         traced, covers = trace_explanation(r.get("trace_first"), r.get("trace_second"),
-                                           r["first_ms"] - r["second_ms"])
+                                           r["first_ms"] - r["second_ms"],
+                                           r.get("first_worker_ms"))
         if covers:
             return f"ratio > {self.threshold:g}: {traced}"
         where = slow_step(r.get("first_steps", []), r.get("second_steps", []))

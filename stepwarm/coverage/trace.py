@@ -45,6 +45,10 @@ SCALE_MIN_US = 50.0
 SCALE_MIN_NAMES = 5
 #: A run-wide slowdown this large is said in the phrase.
 UNIFORM_SLOWDOWN = 1.2
+#: A run-wide slowdown explains an outlier (the host ran the same calls
+#: slower, :func:`trace_explanation`) when three names in four grew at least
+#: this much, so the slowdown is spread over the run and not a few names'...
+HOST_QUARTILE = 1.15
 #: CUPTI's records of CUDA loading a module or function on first use (lazy loading).
 MODULE_LOADS = ("Module Loading", "Function Loading")
 #: Calls that launch work on the device (their slow first call loads a module).
@@ -228,15 +232,22 @@ def _is(name: str, kinds: tuple[str, ...]) -> bool:
     return any(k in name for k in kinds)
 
 
+def _ratios(first: dict[str, list[float]], second: dict[str, list[float]]) -> list[float]:
+    """first / second self time, sorted, of the names with the same calls in
+    both and at least :data:`SCALE_MIN_US` in the second, those waiting for
+    the device left out."""
+    return sorted(a[1] / b[1] for name, a in first.items()
+                  if (b := second.get(name)) is not None and not _is(name, WAITS)
+                  and a[0] == b[0] and b[1] >= SCALE_MIN_US)
+
+
 def slowdown(first: dict[str, list[float]], second: dict[str, list[float]]) -> tuple[float, int]:
     """How much slower the first run ran every name: the median of
     first / second self time over the names with the same calls in both and
     at least :data:`SCALE_MIN_US` in the second (calls that wait for the
     device left out), and how many names that is; 1.0 (no slowdown) with
     fewer than :data:`SCALE_MIN_NAMES` of them or a median under 1."""
-    ratios = sorted(a[1] / b[1] for name, a in first.items()
-                    if (b := second.get(name)) is not None and not _is(name, WAITS)
-                    and a[0] == b[0] and b[1] >= SCALE_MIN_US)
+    ratios = _ratios(first, second)
     if len(ratios) < SCALE_MIN_NAMES:
         return 1.0, len(ratios)
     mid = len(ratios) // 2
@@ -244,8 +255,63 @@ def slowdown(first: dict[str, list[float]], second: dict[str, list[float]]) -> t
     return max(1.0, median), len(ratios)
 
 
+def _waits_ms(cpu: dict[str, list[float]]) -> float:
+    return sum(v[1] for name, v in cpu.items() if _is(name, WAITS)) / 1e3
+
+
+def host_slowdown(first: dict[str, Any], second: dict[str, Any], excess_ms: float,
+                  first_worker_ms: float | None) -> str:
+    """The phrase for a first run that ran the same work slower and nothing
+    more, on a CPU or a device other work shared (``""`` when it did not).
+
+    Two parts, each said when it happened:
+
+    - **CPU**: every operator slower by the run-wide median (at least
+      :data:`UNIFORM_SLOWDOWN`), three names in four by at least
+      :data:`HOST_QUARTILE`: the same operators with the same call counts,
+      view and bookkeeping ones (``aten::slice``, ``aten::as_strided``)
+      among them, taking a fixed factor longer is the CPU running slower
+      (other work on its cores, an SMT sibling, a lower clock). Its time:
+      that slowdown over the worker's first-run time less its waits for
+      the device.
+    - **device**: the waits for the device (:data:`WAITS`) grew beyond what
+      the run's own kernels grew: the device ran another process's work.
+
+    Said when no name grew beyond the run-wide slowdown (a first call of a
+    shape concentrates in a few names: a compile, a module load, an
+    allocation, which :func:`trace_explanation` names) and the two parts
+    together are at least half of ``excess_ms``; kernels first launched in
+    the run are listed beside it.
+    """
+    if not first_worker_ms or not first.get("cpu") or not second.get("cpu"):
+        return ""
+    parts, total = [], 0.0
+    scale, names = slowdown(first["cpu"], second["cpu"])
+    ratios = _ratios(first["cpu"], second["cpu"])
+    if scale >= UNIFORM_SLOWDOWN and names >= SCALE_MIN_NAMES:
+        quartile = ratios[len(ratios) // 4]
+        slower = max(0.0, first_worker_ms - _waits_ms(first["cpu"])) * (scale - 1) / scale
+        if quartile >= HOST_QUARTILE and slower >= 0.5:
+            total += slower
+            parts.append(f"every operator slower, median x{scale:.2f} over {names} names, "
+                         f"three in four at least x{quartile:.2f}: +{slower:.1f} ms")
+    kernels = (sum(v[1] for v in first.get("device", {}).values())
+               - sum(v[1] for v in second.get("device", {}).values())) / 1e3
+    waited = _waits_ms(first["cpu"]) - _waits_ms(second["cpu"]) - max(0.0, kernels)
+    if waited >= max(1.0, excess_ms / 5):
+        total += waited
+        parts.append(f"waited for the device +{waited:.1f} ms beyond this run's kernels "
+                     f"({kernels:+.1f} ms)")
+    if not parts or total < excess_ms / 2:
+        return ""
+    new = first.get("new_kernels", [0, []])
+    also = f"; {new[0]} kernel(s) first launched in traffic" if new[0] else ""
+    return (f"host: {'; '.join(parts)}, of the {excess_ms:.1f} ms excess (the same work run "
+            f"slower beside other work on the CPU or device, not a first call){also}")
+
+
 def trace_explanation(first: dict[str, Any] | None, second: dict[str, Any] | None,
-                      excess_ms: float) -> tuple[str, bool]:
+                      excess_ms: float, first_worker_ms: float | None = None) -> tuple[str, bool]:
     """Where the first run's extra time went, by the two runs' profiles.
 
     A first run can be slower everywhere (a cold process, a busy host): every
@@ -259,6 +325,8 @@ def trace_explanation(first: dict[str, Any] | None, second: dict[str, Any] | Non
     Args:
         first, second: the runs' :func:`summarize` dicts (None / empty: not profiled).
         excess_ms: first minus second run (ms).
+        first_worker_ms: the worker's time in the first run's steps (ms), for
+            :func:`host_slowdown`; None: not known, never said.
 
     Returns:
         The phrase (``""``: nothing to name) and whether the named time
@@ -286,6 +354,9 @@ def trace_explanation(first: dict[str, Any] | None, second: dict[str, Any] | Non
     uniform = (f"every operator slower, median x{scale:.2f} over {names} names"
                if scale >= UNIFORM_SLOWDOWN else "")
     if not grown:
+        host = host_slowdown(first, second, excess_ms, first_worker_ms)
+        if host:
+            return f"profiler: {host}", True
         return (f"profiler: no single cause; {uniform}", False) if uniform else ("", False)
     slow = {c[0]: c for c in first.get("slow_calls", [])}
     parts = []

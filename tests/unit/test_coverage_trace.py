@@ -169,3 +169,67 @@ def test_a_run_slower_everywhere_names_no_single_operator():
     # 1.1x everywhere: still taken out (op0's 1.1 ms of it), not said; +10 ms of 14 explains it
     assert trace_explanation(run(1.1, extra=10000.0), second, excess_ms=14.0) == (
         "profiler: aten::op0 +10.0 ms", True)
+
+
+def test_every_operator_slower_and_nothing_beyond_is_the_hosts_not_a_first_call():
+    """The same calls, every one 1.5x slower, nothing beyond (a busy CPU): with
+    the worker's time known, said as the host's and explaining the line; a
+    line whose slowdown sits in a few names (a first call) is not."""
+    ops = {f"aten::op{i}": 1000.0 * (i + 1) for i in range(8)}
+
+    def run(scales, waits=500.0, kernels=2000.0):
+        return summarize([Event(n, "cpu", us * scales.get(n, scales["*"])) for n, us in ops.items()]
+                         + [Event("cudaStreamSynchronize", "cpu", waits),
+                            Event("gemm", "device", kernels)], {"gemm"})  # launched before
+
+    second = run({"*": 1.0})
+    # worker 54 + 0.75 ms waits: (54.75 - 0.75) * 0.5 / 1.5 = 18.0 ms of 18.0
+    assert trace_explanation(run({"*": 1.5}, waits=750.0), second, 18.0, first_worker_ms=54.75) == (
+        "profiler: host: every operator slower, median x1.50 over 8 names, three in four at "
+        "least x1.50: +18.0 ms, of the 18.0 ms excess (the same work run slower beside other "
+        "work on the CPU or device, not a first call)", True)
+    # the same run against twice the excess: not half of it
+    assert trace_explanation(run({"*": 1.5}), second, 40.0, first_worker_ms=54.5)[1] is False
+    # half the names 1.0x, half 2.0x: the median is 1.5 but a quarter of them did not slow
+    half = {"*": 1.0, **{f"aten::op{i}": 2.0 for i in range(4, 8)}}
+    phrase, covers = trace_explanation(run(half), second, 18.0, first_worker_ms=54.5)
+    assert not covers and "host" not in phrase
+    # waits for the device grew 12 ms, this run's kernels 0: the device ran another's work
+    assert trace_explanation(run({"*": 1.0}, waits=12500.0), second, 14.0, first_worker_ms=48.5) == (
+        "profiler: host: waited for the device +12.0 ms beyond this run's kernels (+0.0 ms), of "
+        "the 14.0 ms excess (the same work run slower beside other work on the CPU or device, "
+        "not a first call)", True)
+    # waits that grew with this run's own kernels: the kernel is named, not the host
+    assert trace_explanation(run({"*": 1.0}, waits=12500.0, kernels=14000.0), second, 14.0,
+                             first_worker_ms=48.5) == ("profiler: gemm (on the device) +12.0 ms", True)
+
+
+def test_the_h200_lines_left_unexplained_at_three_engines_a_time_are_the_hosts():
+    """Run s13 (benchmarks/results: five engines, three at a time on one H200,
+    every run profiled): stepwarm's flagged lines, fresh and restart, are
+    explained, the uniform ones as the host's; the baselines' first 1-token
+    step, a real first call, stays what it was (lazily loaded cuBLAS kernels)."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    results = Path(__file__).parents[2] / "benchmarks" / "results"
+    verdicts = {}
+    for path in sorted(results.glob("h200-coverage-1203s13-three-*.json.gz")):
+        both = json.loads(gzip.decompress(path.read_bytes()))
+        engine = path.name.removeprefix("h200-coverage-1203s13-three-").removesuffix(".json.gz")
+        for run in ("baseline", "stepwarm", "baseline_restart", "stepwarm_restart"):
+            report = CoverageReport.from_dict(both[run])
+            for name, why in report.flagged_by_name().items():
+                verdicts[engine, run, name] = why
+    assert len({e for e, _, _ in verdicts}) == 5
+    stepwarm = {k: v for k, v in verdicts.items() if k[1].startswith("stepwarm")}
+    assert stepwarm and not [k for k, v in stepwarm.items() if "unexplained" in v]
+    assert verdicts["qwen3-next-80b-a3b", "stepwarm", "prompt_logprobs 3"].startswith(
+        "ratio > 1.2: profiler: host: every operator slower, median x1.45 over 34 names, "
+        "three in four at least x1.27: +9.8 ms, of the 10.3 ms excess")
+    assert "waited for the device +4.9 ms" in verdicts[
+        "qwen2.5-vl-7b", "stepwarm_restart", "greedy, batch 16"]
+    first_token = verdicts["qwen3-30b-a3b", "baseline", "greedy, prompt 1 (== 1)"]
+    assert "host" not in first_token and "unexplained" in first_token
+    assert "aten::mm +5.8 ms" in first_token
