@@ -46,8 +46,8 @@ SCALE_MIN_NAMES = 5
 #: A run-wide slowdown this large is said in the phrase.
 UNIFORM_SLOWDOWN = 1.2
 #: A run-wide slowdown explains an outlier (the host ran the same calls
-#: slower, :func:`trace_explanation`) when three names in four grew at least
-#: this much, so the slowdown is spread over the run and not a few names'...
+#: slower, :func:`host_slowdown`) when three names in four grew at least this
+#: much: the slowdown spread over the run, not held by a few names.
 HOST_QUARTILE = 1.15
 #: CUPTI's records of CUDA loading a module or function on first use (lazy loading).
 MODULE_LOADS = ("Module Loading", "Function Loading")
