@@ -14,8 +14,14 @@ compiled yet is skipped (Triton's ``jit_cache_hook`` returns True), and the
 variant is compiled in a thread pool (``JITFunction.preload`` with the hook's
 specialization data, Triton's API for compiling a recorded variant): it lands
 in Triton's in-memory and on-disk caches as if the launch had compiled it.
-Leaving the context waits for every compile, so none outlives the scenario
-and the first request finds them all.
+Leaving the context waits for every compile, so none outlives it and the
+first request finds them all. Inside an outer :func:`deferred_compiles` (the
+plugin holds one around all its scenarios and the GEMMs, :mod:`stepwarm.hook`),
+an inner one (each scenario's, :func:`stepwarm.driver.drive`) records its own
+steps' compiles but leaves them to the outer pool and does not wait: a
+scenario's compiles go on while the next scenarios run, and only the end of
+the start-up warmup waits for what is left (on the H200, the sampler
+scenario's last compile, top-k with top-p, took 7-10 s alone).
 
 Only kernels whose skipped launch leaves values, never indices, are listed:
 top-k / top-p masks logits in place (skipped: unmasked logits, still a valid
@@ -37,6 +43,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 logger = logging.getLogger("vllm.stepwarm")
+
+#: The name of every compile thread begins with it.
+THREAD_PREFIX = "stepwarm-compile"
 
 #: Most threads one worker uses (several ranks on one host share its cores).
 MAX_THREADS = 8
@@ -77,15 +86,18 @@ def default_threads(local_ranks: int = 1) -> int:
 class _Deferrer:
     """The ``jit_cache_hook`` and its pool; :attr:`step` is the step running."""
 
-    def __init__(self, kernels: frozenset[str], threads: int, previous: Any):
+    def __init__(self, kernels: frozenset[str], threads: int, previous: Any, runtime: Any):
         self.kernels = kernels
         self.previous = previous
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="stepwarm-compile")
+        self.runtime = runtime
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix=THREAD_PREFIX)
         #: (device, Triton key) of every variant submitted.
         self.pending: set[tuple[Any, str]] = set()
         self.result = DeferredCompiles()
         self.step: int | None = None
         self.local = threading.local()
+        #: Inner contexts open now (the innermost last): each records its own compiles.
+        self.scopes: list[_Scope] = []
 
     def hook(self, *, key: Any, repr: Any, fn: Any, compile: dict[str, Any],
              is_manual_warmup: bool, already_compiled: bool) -> Any:
@@ -97,6 +109,9 @@ class _Deferrer:
                 return answer
         if getattr(self.local, "compiling", False) or is_manual_warmup:
             return None  # this pool's own compile, or someone's warmup()
+        scope = self.scopes[-1] if self.scopes else None
+        if scope is not None and not scope.defer:
+            return None  # an inner context with threads 0 (--verify): compiled in the step
         name = f"{fn.module}:{fn.name}"
         if name not in self.kernels:
             return None
@@ -104,8 +119,10 @@ class _Deferrer:
         pending_key = (device, str(key))
         if pending_key not in self.pending:
             self.pending.add(pending_key)
-            record = DeferredCompile(kernel=fn.name, step=self.step, key=str(key))
+            record = DeferredCompile(kernel=fn.name, step=(scope or self).step, key=str(key))
             self.result.compiles.append(record)
+            if scope is not None:
+                scope.result.compiles.append(record)
             self.pool.submit(self._compile, fn.jit_function, compile["specialization_data"],
                              device, record)
         return True  # skip this launch: the variant compiles in the pool
@@ -164,7 +181,22 @@ def deferred_compiles(threads: int, kernels: frozenset[str] | None = None, *,
     compiles in threads, nothing changes and ``result`` stays empty.
     ``runtime``: the object holding ``jit_cache_hook`` (default
     ``triton.knobs.runtime``).
+
+    Inside an outer one (same runtime and kernels), it neither installs a
+    hook nor waits: its steps' compiles go to the outer pool, its ``result``
+    lists them (``seconds`` None while one still runs) and ``waited_s`` stays
+    0; with ``threads`` 0 its steps compile their own launches.
     """
+    outer = _active
+    if outer is not None and (runtime is None or runtime is outer.runtime) \
+            and (kernels is None or kernels == outer.kernels):
+        scope = _Scope(defer=threads > 0)
+        outer.scopes.append(scope)
+        try:
+            yield scope
+        finally:
+            outer.scopes.remove(scope)
+        return
     if threads <= 0:
         runtime = None
     elif runtime is None:
@@ -177,13 +209,41 @@ def deferred_compiles(threads: int, kernels: frozenset[str] | None = None, *,
         from stepwarm.vllm_facts import DEFERRABLE_TRITON_KERNELS
 
         kernels = DEFERRABLE_TRITON_KERNELS
-    deferrer = _Deferrer(kernels, threads, runtime.jit_cache_hook)
+    deferrer = _Deferrer(kernels, threads, runtime.jit_cache_hook, runtime)
     runtime.jit_cache_hook = deferrer.hook
+    _set_active(deferrer)
     try:
         yield deferrer
     finally:
+        _set_active(None)
         runtime.jit_cache_hook = deferrer.previous
         deferrer.wait()
+
+
+#: The outermost :func:`deferred_compiles` open now in this process (None: none).
+_active: _Deferrer | None = None
+
+
+def _set_active(deferrer: _Deferrer | None) -> None:
+    global _active
+    _active = deferrer
+
+
+def in_compile_thread() -> bool:
+    """Whether the caller runs in a thread of a :func:`deferred_compiles` pool."""
+    return threading.current_thread().name.startswith(THREAD_PREFIX)
+
+
+class _Scope:
+    """What an inner :func:`deferred_compiles` yields: the step its caller
+    runs and the compiles its steps asked for (the outer pool compiles them;
+    their ``seconds`` are set when they end). ``defer`` False (threads 0):
+    its steps compile their own launches."""
+
+    def __init__(self, defer: bool) -> None:
+        self.defer = defer
+        self.step: int | None = None
+        self.result = DeferredCompiles()
 
 
 class _Off:

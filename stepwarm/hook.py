@@ -36,7 +36,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from stepwarm.deferred_compile import default_threads
+from stepwarm.deferred_compile import DeferredCompiles, default_threads, deferred_compiles
 from stepwarm.driver import RunnerBusyError, RunReport, StepFailed, drive
 from stepwarm.idle_record import (
     CompileActivity,
@@ -184,7 +184,9 @@ def warmup(
     # The random state vLLM's warmup left (set_random_seed) is put back after
     # the scenarios, so that unseeded sampling serves what it serves without.
     record = _idle_record(worker, profile, plans, ranks) if settings.skip_idle else None
-    with random_state_kept():
+    # One pool for every scenario's sampler compiles: a scenario's go on
+    # while the next ones (and the GEMMs) run; the end waits for what is left.
+    with random_state_kept(), deferred_compiles(_compile_threads(settings, ranks)) as deferred:
         for plan in plans:
             if record is not None and _skipped_as_idle(plan.name, record, ranks):
                 report = RunReport(
@@ -202,12 +204,23 @@ def warmup(
                                   time.monotonic() - t_start)
             reports.append(report)
             if record is not None and plan.steps and report.ok and not report.skipped:
-                record.idle[plan.name] = seen.count == 0
-    if record is not None:
-        record.save()
-    if settings.gemm_sizes and plans:
-        _warm_gemm_sizes(worker, who)
+                record.idle[plan.name] = seen.count == 0 and not report.deferred_compiles
+        if record is not None:
+            record.save()
+        if settings.gemm_sizes and plans:
+            _warm_gemm_sizes(worker, who)
+    _log_deferred(worker, who, deferred.result)
     return reports
+
+
+def _log_deferred(worker: Any, who: str, result: DeferredCompiles) -> None:
+    """Say how long the end of the warmup waited for compiles still running in
+    threads; kept on the worker as ``worker.stepwarm_deferred``."""
+    with contextlib.suppress(Exception):
+        worker.stepwarm_deferred = result
+    if result.compiles:
+        logger.info("%s: %d sampler kernel variant(s) compiled in threads; waited %.0f ms "
+                    "for the last at the end", who, len(result.compiles), result.waited_s * 1e3)
 
 
 def _warm_gemm_sizes(worker: Any, who: str) -> None:

@@ -90,6 +90,8 @@ def baseline_indexes(base: CoverageReport) -> tuple[KernelIndex, KernelIndex]:
 #: The name the linear GEMMs per token count (:mod:`stepwarm.gemm_sizes`) have
 #: among the scenarios' costs.
 GEMM_SIZES = "(linear GEMMs per token count)"
+#: ... and the end's wait for sampler compiles still running in threads.
+COMPILE_WAIT = "(sampler compiles in threads, waited for at the end)"
 
 
 @dataclass
@@ -170,6 +172,8 @@ def attribute_moves(base: CoverageReport, sw: CoverageReport) -> Attribution:
         out.append(cost)
     if sw.gemm_s:  # stepwarm's cost too, though it compiles nothing (stepwarm.gemm_sizes)
         out.append(ScenarioCost(GEMM_SIZES, 0, sw.gemm_s))
+    if sw.compile_wait_s:  # the scenarios' compiles are theirs; this is the time left over
+        out.append(ScenarioCost(COMPILE_WAIT, 0, sw.compile_wait_s))
     return Attribution(out, sum(s.seconds for s in out), moved_time_ms(base, sw, moved_lines),
                        sorted(moved_lines))
 

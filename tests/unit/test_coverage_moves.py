@@ -120,6 +120,25 @@ def test_a_kernel_is_its_name_and_where_both_runs_know_one_its_variant():
     assert attribute_moves(base, sw).to_dict()["ratio"] is None
 
 
+def test_the_ends_wait_for_compiles_in_threads_is_a_cost_of_its_own(tmp_path):
+    """The plugin's compiles in threads outlive their scenario; what the end
+    of the warmup waited for them is stepwarm's time too, its own line (and
+    in the ratio), kept through the saved report."""
+    from stepwarm.coverage.attribution import COMPILE_WAIT, GEMM_SIZES
+
+    base = _rep("baseline")
+    base.requests = [_req(1, 2600.0, 100.0, [["triton-hook", "topk", "triton", "V1"]])]
+    sw = _rep("stepwarm", stepwarm_s=2.75, gemm_s=0.25, compile_wait_s=1.0,
+              startup_compiles=[_part("a", 0, {"topk": 1}, [("topk", "V1")])])
+    sw.scenario_runs = [_run("a", 2, 1500.0)]
+    sw = CoverageReport.load(_saved(tmp_path, sw))
+    assert sw.compile_wait_s == 1.0
+    moves = attribute_moves(base, sw)
+    assert [(c.scenario, c.seconds) for c in moves.scenarios] == [
+        ("a", 1.5), (GEMM_SIZES, 0.25), (COMPILE_WAIT, 1.0)]
+    assert (moves.scenario_s, moves.moved_ms, moves.ratio) == (2.75, 2500.0, 1.1)
+
+
 def _restart(tmp_path, rep, startup_s, scenario_s):
     warm = CoverageReport.load(_saved(tmp_path, rep))
     warm.cache, warm.startup_s, warm.stepwarm_s = "warm", startup_s, scenario_s

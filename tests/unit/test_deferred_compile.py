@@ -137,6 +137,45 @@ def test_hook_put_back_when_the_body_raises():
     assert runtime.jit_cache_hook is None and kernel.preloaded == ["spec-k"]
 
 
+def test_inner_contexts_share_the_outer_pool_and_only_the_outer_waits():
+    """The plugin's one pool around every scenario: each scenario's context
+    records its own steps' compiles and returns while they still run; the
+    outer one waits for them all and puts the hook back."""
+    runtime = types.SimpleNamespace(jit_cache_hook=None)
+    kernel = Kernel()
+    gate = threading.Event()
+    slow = Kernel()
+    slow.preload = lambda data: (gate.wait(10), Kernel.preload(slow, data))  # type: ignore[method-assign]
+    with deferred_compiles(2, runtime=runtime) as outer:
+        hook = runtime.jit_cache_hook
+        with deferred_compiles(2, runtime=runtime) as first:
+            assert runtime.jit_cache_hook is hook  # no second hook
+            first.step = 4
+            assert call(runtime, slow, "topktopp17") is True
+        assert first.result.waited_s == 0.0 and slow.preloaded == []  # left running
+        with deferred_compiles(2, runtime=runtime) as second:
+            second.step = 1
+            assert call(runtime, kernel, "topktopp17") is True  # pending: not again
+            assert call(runtime, kernel, "topk16") is True
+        with deferred_compiles(0, runtime=runtime) as verify:
+            verify.step = 0
+            assert call(runtime, kernel, "topk17") is None  # threads 0: the step compiles it
+        gate.set()
+    assert runtime.jit_cache_hook is None
+    assert slow.preloaded == ["spec-topktopp17"] and kernel.preloaded == ["spec-topk16"]
+    assert [(c.key, c.step) for c in first.result.compiles] == [("topktopp17", 4)]
+    assert [(c.key, c.step) for c in second.result.compiles] == [("topk16", 1)]
+    assert verify.result.compiles == []
+    assert [c.key for c in outer.result.compiles] == ["topktopp17", "topk16"]
+    assert all(c.seconds is not None for c in outer.result.compiles)
+    assert outer.result.waited_s > 0.0
+    with deferred_compiles(1, runtime=runtime) as alone:  # no outer left: its own hook again
+        assert runtime.jit_cache_hook is not None and runtime.jit_cache_hook is not hook
+        assert call(runtime, kernel, "k1") is True
+    assert [c.key for c in alone.result.compiles] == ["k1"] and kernel.preloaded[-1] == "spec-k1"
+    assert runtime.jit_cache_hook is None
+
+
 def test_listed_kernels_are_the_sampler_leaves():
     assert vllm_facts.DEFERRABLE_TRITON_KERNELS == {
         TOPK, "vllm.v1.worker.gpu.sample.logprob:_topk_log_softmax_kernel"}

@@ -75,6 +75,30 @@ def test_compile_activity_counts_triton_hook_calls_and_chains_the_previous_hook(
         knobs.runtime.jit_post_compile_hook = before
 
 
+def test_compile_activity_leaves_out_compiles_in_stepwarm_threads():
+    """A sampler variant compiled in a deferred-compile thread may end while a
+    later scenario runs: it is its own scenario's (its report lists it), not
+    the running one's."""
+    import threading
+
+    knobs = pytest.importorskip("triton").knobs
+    before = knobs.runtime.jit_post_compile_hook
+    knobs.runtime.jit_post_compile_hook = None
+    try:
+        with compile_activity() as seen:
+            t = threading.Thread(target=lambda: knobs.runtime.jit_post_compile_hook(key="t"),
+                                 name="stepwarm-compile_0")
+            t.start()
+            t.join()
+            assert seen.triton == 0
+            other = threading.Thread(target=lambda: knobs.runtime.jit_post_compile_hook(key="o"))
+            other.start()
+            other.join()
+        assert seen.triton == 1
+    finally:
+        knobs.runtime.jit_post_compile_hook = before
+
+
 def test_compile_activity_counts_dynamo_frames_and_inductor_graphs():
     from torch._dynamo.utils import counters
 
