@@ -281,3 +281,25 @@ def test_a_compile_on_the_second_run_counts_as_moved_time():
     assert line["line"] in moves.moved_lines
     assert round(moves.moved_ms) == 15224 and round(moves.ratio, 2) == 1.16
     assert sum(r["excess_ms"] for r in base.requests if r["line"] in moves.moved_lines) < 5100
+
+
+def test_the_h200_run_with_one_pool_counts_the_ends_wait_in_the_ratio():
+    """Run s14 (benchmarks/results: 11 engines, 4 at a time on one H200, one
+    pool of sampler compiles for every scenario): the end's wait is a line of
+    its own, and the ratio made again from the stored reports is the stored one."""
+    import gzip
+
+    from stepwarm.coverage.attribution import COMPILE_WAIT, GEMM_SIZES
+
+    path = RESULTS / "h200-coverage-1203s14-one-pool-granite-4.0-h-tiny.json.gz"
+    both = json.loads(gzip.decompress(path.read_bytes()))
+    base, sw = (CoverageReport.from_dict(both[k]) for k in ("baseline", "stepwarm"))
+    moves = attribute_moves(base, sw)
+    seconds = {c.scenario: c.seconds for c in moves.scenarios}
+    assert (seconds["sampler-matrix"], seconds[GEMM_SIZES], seconds[COMPILE_WAIT]) == (
+        2.923, 0.376, 2.13)
+    assert round(moves.scenario_s, 3) == 14.09 and sw.stepwarm_s == 14.092  # per-line rounding
+    assert round(moves.ratio, 3) == both["attribution"]["ratio"] == 0.561
+    assert sw.traffic_compiles == 0 and base.traffic_compiles == 13
+    # Restarts wait for nothing: every variant loads from Triton's disk cache in the steps.
+    assert CoverageReport.from_dict(both["stepwarm_restart"]).compile_wait_s == 0.0
