@@ -23,6 +23,7 @@ kernel name, the most occurrences any detector saw.
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import os
 import re
@@ -43,8 +44,10 @@ TRITON_GROUP = re.compile(r"^__grp__(?P<name>.+)\.json$")
 INDUCTOR_KERNEL = re.compile(r"^(?P<name>\w+) = async_compile\.(?P<how>\w+)\(", re.M)
 #: vLLM's JIT monitor warning (``vllm/utils/jit_monitor.py::_handle_jit_event``).
 MONITOR_LINE = re.compile(r"^(?P<backend>\S+) (?P<event>.+?) during inference: (?P<name>[^\s(.]+)")
-#: The most characters of a variant key kept.
+#: The most characters of a variant key kept (:func:`variant_text`).
 MAX_VARIANT = 400
+#: Hex digits of the digest that ends a cut variant key.
+VARIANT_DIGEST = 16
 #: Logger of vLLM's JIT monitor.
 MONITOR_LOGGER = "vllm.utils.jit_monitor"
 
@@ -176,6 +179,19 @@ class CacheScan:
         return sorted(events, key=lambda e: (e.at, e.name))
 
 
+def variant_text(key: Any) -> str:
+    """A Triton variant key as reports keep it: whole up to
+    :data:`MAX_VARIANT` characters; a longer one cut, ending in ``#`` and a
+    digest of the whole key, so that keys differing only past the cut stay
+    apart (``fused_moe_kernel``'s block sizes come after 400 characters of
+    argument types)."""
+    text = str(key)
+    if len(text) <= MAX_VARIANT:
+        return text
+    digest = hashlib.blake2b(text.encode(), digest_size=VARIANT_DIGEST // 2).hexdigest()
+    return f"{text[:MAX_VARIANT - VARIANT_DIGEST - 1]}#{digest}"
+
+
 class TritonHook:
     """``triton.knobs.runtime.jit_post_compile_hook``: every ``@triton.jit``
     compile in this process."""
@@ -204,7 +220,7 @@ class TritonHook:
             name = getattr(fn, "name", None) or getattr(fn, "__name__", None) or repr(fn)
             key = kwargs.get("key")
             self.events.append(CompileEvent(self.name, str(name), "triton", time.time(),
-                                            "" if key is None else str(key)[:MAX_VARIANT]))
+                                            "" if key is None else variant_text(key)))
             return previous(**kwargs) if previous is not None else None
 
         runtime.jit_post_compile_hook = hook

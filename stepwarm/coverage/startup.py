@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from stepwarm.coverage.detectors import MAX_VARIANT, CompileEvent
+from stepwarm.coverage.detectors import CompileEvent, variant_text
 from stepwarm.driver import RunReport
 
 #: Slack around a step's window (s): a cache file's mtime comes from the
@@ -62,7 +62,7 @@ def attribute(events: Iterable[CompileEvent], phases: Sequence[tuple[str, float]
     """
     # A variant compiled in a thread (stepwarm.deferred_compile) belongs to
     # the step whose launch it skipped, not to the step running when it ended.
-    deferred = {d.key[:MAX_VARIANT]: (r, d.step) for r in reports
+    deferred = {variant_text(d.key): (r, d.step) for r in reports
                 for d in r.deferred_compiles if d.key and d.step is not None}
     events = list(events)
     asked = {i: deferred[e.variant] for i, e in enumerate(events)

@@ -138,6 +138,30 @@ def test_a_variant_compiled_in_a_thread_goes_to_the_step_whose_launch_it_skipped
         ("default step 1 (decode: decode [0])", {"_topk_topp_kernel": 1})]
 
 
+def test_long_variant_keys_that_differ_past_the_cut_stay_apart():
+    """fused_moe_kernel's key is over 400 characters of argument types before
+    its block sizes: two of its variants, cut at 400, would be one, and a
+    variant stepwarm compiled would pass for the one vLLM's warmup compiled."""
+    from stepwarm.coverage.detectors import MAX_VARIANT, variant_text
+    from stepwarm.deferred_compile import DeferredCompile
+
+    args = "[" + ", ".join(["('i32', 'D')"] * 40) + "]"
+    m64 = args + "{'BLOCK_SIZE_M': 64, 'num_warps': 4}"
+    m16 = args + "{'BLOCK_SIZE_M': 16, 'num_warps': 4}"
+    a, b = variant_text(m64), variant_text(m16)
+    assert len(args) > MAX_VARIANT and a != b and len(a) == len(b) == MAX_VARIANT
+    assert a[:MAX_VARIANT - 17] == b[:MAX_VARIANT - 17] == m64[:MAX_VARIANT - 17]
+    assert a[MAX_VARIANT - 17] == "#" and a == variant_text(m64)
+    assert variant_text("KEY16") == "KEY16"  # short keys as they are
+    # A compile in a thread finds its step by the same text.
+    reports = _reports()
+    reports[0].deferred_compiles = [DeferredCompile("fused_moe_kernel", 1, key=m16)]
+    ev = [CompileEvent("triton-hook", "fused_moe_kernel", "triton", 52.0, variant_text(m16)),
+          CompileEvent("triton-hook", "fused_moe_kernel", "triton", 52.0, variant_text(m64))]
+    assert [str(w) for _, w in attribute(ev, [("engine ready", 51.0)], reports)] == [
+        "default step 1 (decode: decode [0])", "engine ready"]
+
+
 def _request(name, first, second, compiles=None, error=None):
     return {"line": 1, "name": name, "at_s": 60.0, "count": 1, "prompt_len": 7,
             "sampling": {"temperature": 0.0}, "first_ms": first, "second_ms": second,
