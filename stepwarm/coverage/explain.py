@@ -198,3 +198,19 @@ def slow_step(first: list[list[float]], second: list[list[float]]) -> str:
     return (f"step {i + 1} of {len(first)} ({int(tokens)} tokens, {int(reqs)} "
             f"request{'s' if reqs != 1 else ''}{new}) +{ms - second[i][2]:.1f} ms "
             f"(all the worker's steps {extra:+.1f} ms)")
+
+
+def outside_worker(first_ms: float, second_ms: float, first_worker_ms: float | None,
+                   second_worker_ms: float | None) -> str:
+    """``"outside the worker +X ms of the E ms excess"`` when at least half of
+    a first run's excess over the second was spent outside the worker's
+    ``execute_model`` / ``sample_tokens`` (vLLM's scheduling, output
+    processing and front end, where neither the step clock nor the profiler's
+    device work looks), else ``""``."""
+    if not first_worker_ms or not second_worker_ms:
+        return ""
+    excess = first_ms - second_ms
+    outside = excess - (first_worker_ms - second_worker_ms)
+    if excess <= 0 or outside < excess / 2:
+        return ""
+    return f"outside the worker +{outside:.1f} ms of the {excess:.1f} ms excess"

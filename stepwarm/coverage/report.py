@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stepwarm.coverage.detectors import CompileEvent, merge
-from stepwarm.coverage.explain import explanation, slow_step
+from stepwarm.coverage.explain import explanation, outside_worker, slow_step
 from stepwarm.coverage.trace import trace_explanation
 from stepwarm.coverage.replay import Gate, RequestResult
 from stepwarm.coverage.traffic import SAMPLING_DEFAULTS
@@ -134,7 +134,10 @@ class CoverageReport:
             klass = f"; {_shifted(r)}, run next: {control[0]:.1f} then {control[1]:.1f} ms"
             if not gate.passed(*control[:2]):  # as fast as steady traffic
                 klass += " (a kernel class this line reached first, not a cost of every new size)"
-        return (f"ratio > {self.threshold:g}: unexplained" + (f"; {where}" if where else "") + klass
+        outside = outside_worker(r["first_ms"], r["second_ms"], r.get("first_worker_ms"),
+                                 r.get("second_worker_ms"))
+        return (f"ratio > {self.threshold:g}: unexplained" + (f"; {where}" if where else "")
+                + (f"; {outside}" if outside else "") + klass
                 + (f"; {traced} (less than half the excess)" if traced else ""))
 
     def flagged_by_name(self) -> dict[str, str]:

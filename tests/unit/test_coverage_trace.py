@@ -249,8 +249,21 @@ def test_the_one_line_left_unexplained_in_run_s14_stays_so():
     verdicts = CoverageReport.from_dict(both["stepwarm"]).flagged_by_name()
     assert verdicts["top-p + top-k, batch 17"] == (
         "ratio > 1.2: unexplained; step 1 of 5 (153 tokens, 17 requests) +11.6 ms (all the "
-        "worker's steps +12.2 ms); one more prompt token each, run next: 47.4 then 44.7 ms "
+        "worker's steps +12.2 ms); outside the worker +68.1 ms of the 80.3 ms excess; one "
+        "more prompt token each, run next: 47.4 then 44.7 ms "
         "(a kernel class this line reached first, not a cost of every new size)")
     assert verdicts["top-p + top-k, batch 40"].startswith(
         "ratio > 1.2: profiler: host: waited for the device +119.9 ms beyond this run's kernels")
     assert len(verdicts) == 3
+
+
+def test_outside_the_worker_is_said_where_half_the_excess_was_spent_there():
+    from stepwarm.coverage.explain import outside_worker
+
+    assert outside_worker(123.79, 43.48, 47.4, 35.2) == (
+        "outside the worker +68.1 ms of the 80.3 ms excess")
+    assert outside_worker(60.0, 40.0, 40.0, 30.0) == (  # exactly half
+        "outside the worker +10.0 ms of the 20.0 ms excess")
+    assert outside_worker(60.0, 40.0, 41.0, 30.0) == ""  # the worker's 11 of 20 ms
+    assert outside_worker(60.0, 40.0, None, 30.0) == ""  # no step clock: nothing said
+    assert outside_worker(40.0, 40.0, 20.0, 30.0) == ""  # no excess
