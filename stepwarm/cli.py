@@ -651,6 +651,9 @@ def _profile_for(model: Optional[str], profile: Optional[Path],
 
     if model is not None and profile is not None:
         _fail("give --model or --profile, not both", 2)
+    if profile is not None and engine_arg:
+        _fail("-e sets an engine argument, and --profile starts no engine: give -e with "
+              "--model (or none), or save a profile with them (stepwarm profile -e ...)", 2)
     if profile is not None:
         try:
             return RunnerProfile.load(profile)

@@ -268,10 +268,13 @@ def unknown_names(env: Mapping[str, str] | None = None) -> list[str]:
     for name in sorted(n for n in env if n.upper().startswith("STEPWARM_")):
         if name in KNOWN_NAMES:
             continue
-        close = difflib.get_close_matches(name.upper(), KNOWN_NAMES, n=1, cutoff=0.8)
+        # compared past the shared prefix (else STEPWARM_FOO is "close" to STEPWARM_ROLE)
+        tails = {k.removeprefix("STEPWARM_"): k for k in KNOWN_NAMES}
+        close = [tails[t] for t in difflib.get_close_matches(
+            name.upper().removeprefix("STEPWARM_"), list(tails), n=1, cutoff=0.75)]
         out.append(f"{name} is not a stepwarm variable (ignored)"
                    + (f"; did you mean {close[0]}?" if close else
-                      f"; known: {', '.join(KNOWN_NAMES[:8])}"))
+                      f"; the plugin's: {', '.join(KNOWN_NAMES[:10])}"))
     return out
 
 

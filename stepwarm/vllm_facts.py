@@ -61,6 +61,21 @@ DEFERRABLE_TRITON_KERNELS: frozenset[str] = frozenset({
     "vllm.v1.worker.gpu.sample.logprob:_topk_log_softmax_kernel",
 })
 
+#: The seeds a request may carry: vLLM's OpenAI server's bounds
+#: (``seed: int | None = Field(ge=_LONG_INFO.min, le=_LONG_INFO.max)``, torch's
+#: int64). ``SamplingParams`` takes any int, but a larger one fails the
+#: worker's ``torch.Generator.manual_seed`` mid-step.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+
+
+def seed_refusal(seed: object) -> str | None:
+    """Why ``seed`` is no seed vLLM's server would take, or None."""
+    if isinstance(seed, int) and not isinstance(seed, bool) and not SEED_MIN <= seed <= SEED_MAX:
+        return f"{seed} is outside -2**63 .. 2**63 - 1 (vLLM's OpenAI server's bounds; " \
+               "torch.Generator.manual_seed refuses it)"
+    return None
+
+
 
 class VllmFactsError(ValueError):
     """The installed vLLM needs something stepwarm cannot give (a required

@@ -38,7 +38,9 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import re
+import sys
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -264,6 +266,15 @@ def _check_sampling(table: dict[str, Any], file: str, line: int) -> None:
     defaults, ``"max"`` as 1) and turn its refusal into a located error."""
     kwargs = {**SAMPLING_DEFAULTS, **{k: (1 if k in MAX_FIELDS and v == "max" else v)
                                       for k, v in table.items()}}
+    from stepwarm.vllm_facts import seed_refusal
+
+    if (why := seed_refusal(table.get("seed"))) is not None:
+        raise _error(file, line, "sampling.seed", why)
+    bias = table.get("logit_bias")
+    if isinstance(bias, dict) and any(isinstance(b, float) and not math.isfinite(b)
+                                      for b in bias.values()):
+        raise _error(file, line, "sampling.logit_bias", "a bias that is not a finite number; "
+                     "allowed: finite numbers (vLLM's server clamps them to -100 .. 100)")
     try:
         make_sampling_params(kwargs)
     except KeyError as e:
@@ -297,6 +308,11 @@ def parse_line(text: str, file: str, line: int) -> TrafficRequest:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise TrafficError(f"{file}:{line}:{e.colno}: invalid JSON: {e.msg}") from None
+    except ValueError:  # an integer past Python's digit limit (int_max_str_digits)
+        raise TrafficError(f"{file}:{line}: an integer of more than "
+                           f"{sys.get_int_max_str_digits() or 4300} digits; allowed: "
+                           f"integers of up to {sys.get_int_max_str_digits() or 4300} "
+                           "digits") from None
     if not isinstance(data, dict):
         raise _error(file, line, None, f"expected a JSON object (one request a line), "
                                        f"got {type(data).__name__}")

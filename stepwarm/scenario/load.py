@@ -113,6 +113,9 @@ def load(name_or_path: str) -> LoadedScenario:
         ScenarioError: unknown name, unreadable file, malformed TOML, or a
             file the format rejects (file, line, step, field, what is allowed).
     """
+    if not name_or_path.strip():
+        raise ScenarioError("empty scenario name; allowed: a path to a .toml file or a built-in "
+                            f"name: {', '.join(builtin_names())}", file=name_or_path)
     path = Path(name_or_path)
     if path.is_dir():
         raise ScenarioError(f"{name_or_path!r} is a directory, not a scenario file (*.toml); "
@@ -145,6 +148,9 @@ def load(name_or_path: str) -> LoadedScenario:
     if name_or_path not in known:
         close = difflib.get_close_matches(name_or_path, known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
+        if "," in name_or_path:  # STEPWARM_SCENARIOS's form given to -s
+            hint = " (one scenario a name: give them as separate names; a comma list is " \
+                   "STEPWARM_SCENARIOS's form)"
         raise ScenarioError(f"unknown scenario {name_or_path!r}{hint}; allowed: a path to a "
                             f".toml file, a built-in name: {', '.join(known)}, or a set: "
                             + ", ".join(SETS),
@@ -201,6 +207,10 @@ def _nesting_error(text: str, file: str) -> ScenarioError | None:
     return None
 
 
+#: Python's limit on the digits of an integer read from text (``int_max_str_digits``).
+_MAX_DIGITS = sys.get_int_max_str_digits() or 4300
+
+
 @functools.lru_cache(maxsize=64)
 def loads(text: str, file: str, name: str) -> LoadedScenario:
     """Parse and validate scenario TOML ``text`` (``file`` for messages).
@@ -229,6 +239,12 @@ def loads(text: str, file: str, name: str) -> LoadedScenario:
             f"{file}:{line or '?'}: malformed TOML{col}: {msg}; allowed: TOML 1.0 "
             "(key = value, [requests.NAME] and [[steps]] tables, see scenarios/README.md)",
             file=file, line=line) from None
+    except ValueError:  # an integer past Python's digit limit (int_max_str_digits)
+        long_int = re.search(r"\d{%d,}" % _MAX_DIGITS, text)
+        line = text.count("\n", 0, long_int.start()) + 1 if long_int else None
+        raise ScenarioError(f"{file}:{line or '?'}: an integer of more than {_MAX_DIGITS} "
+                            f"digits; allowed: integers of up to {_MAX_DIGITS} digits",
+                            file=file, line=line) from None
     index = _TomlIndex(text)
     errors: list[ScenarioError] = []
     reqs = data.get("requests")
@@ -427,6 +443,9 @@ _TYPE_ALLOWED = {
     "dict_type": "a table", "model_type": "a table", "int_type": "an integer",
     "model_attributes_type": "a table",
 }
+#: Sampling fields whose lists hold token ids, not strings.
+_LISTS_OF_IDS = {"bad_words": "a list of token-id lists", "stop_token_ids": "a list of token ids",
+                 "allowed_token_ids": "a list of token ids"}
 #: What a section must be, where a wrong type there has a better answer.
 _SECTION_ALLOWED = {
     ("steps",): "[[steps]] tables (an array of tables, each with a kind), not a [steps] table",
@@ -497,6 +516,8 @@ def _validation_error(err: Any, file: str, index: _TomlIndex) -> tuple[ScenarioE
         what = f"{got}{hint}; allowed kinds: {tags}"
     elif typ in _TYPE_ALLOWED or typ == "literal_error":
         allowed = _TYPE_ALLOWED.get(typ) or err["msg"].removeprefix("Input should be ")
+        if typ == "list_type" and key in _LISTS_OF_IDS:
+            allowed = _LISTS_OF_IDS[key]
         if sec == ("top",) and fld == "steps":
             allowed = _SECTION_ALLOWED[("steps",)]
         elif sec[0] == "steps" and fld is None:

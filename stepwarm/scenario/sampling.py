@@ -27,6 +27,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    FiniteFloat,
     StrictInt,
     Tag,
     field_validator,
@@ -100,7 +101,7 @@ class SamplingTable(BaseModel):
         "after tokenization)."))
     allowed_token_ids: list[StrictInt] | None = Field(default=None, description=(
         "Only these token ids may be sampled."))
-    logit_bias: dict[str, float] | None = Field(default=None, description=(
+    logit_bias: dict[str, FiniteFloat] | None = Field(default=None, description=(
         "Token id -> bias added to its logit, e.g. { 0 = -1.0, 7 = 0.5 }; vLLM refuses "
         "it with a speculator."))
 
@@ -249,6 +250,10 @@ def refusal(args: SamplingArgs, profile: RunnerProfile) -> tuple[str, str] | Non
     except ImportError:  # pragma: no cover - stepwarm without vLLM
         return None
     fields = dict(args)
+    from stepwarm.vllm_facts import seed_refusal
+
+    if (why := seed_refusal(fields.get("seed"))) is not None:
+        return "seed", why
     # vLLM checks these against the tokenizer (bad_words after tokenizing;
     # allowed_token_ids in 0.26), which check-time validation does not have.
     for name, ids in [("bad_words", t) for t in fields.get("bad_words", ())] + [

@@ -548,3 +548,69 @@ def test_coverage_baseline_with_scenarios_says_it_ignores_them(tmp_path):
         "note: -s default ignored: --baseline runs vLLM's warmup alone, no scenario "
         "(--compare runs both)")
     assert r.stderr.splitlines()[1].startswith(f"error: {t}:1: promt: unknown field")
+
+
+def test_an_integer_past_pythons_digit_limit_is_located_not_a_traceback(tmp_path):
+    f = tmp_path / "long.toml"
+    f.write_text("[requests.a]\n# a comment\nprompt = " + "9" * 5000 + "\n" + STEP)
+    code, out, err = _check(f)
+    assert (code, err.strip()) == (2, f"error: {f}:3: an integer of more than 4300 digits; "
+                                      "allowed: integers of up to 4300 digits")
+    with pytest.raises(TrafficError) as e:
+        loads_traffic('{"prompt": 5}\n{"prompt": 5, "count": ' + "9" * 5000 + "}\n", "t.jsonl")
+    assert str(e.value) == ("t.jsonl:2: an integer of more than 4300 digits; allowed: integers "
+                            "of up to 4300 digits")
+
+
+def test_a_seed_past_int64_and_a_bias_that_is_no_number_are_refused(tmp_path):
+    """vLLM's SamplingParams takes both; the worker's torch.Generator refuses
+    the seed mid-step, and vLLM's server refuses it, and clamps biases."""
+    f = tmp_path / "s.toml"
+    f.write_text("[requests.a]\nprompt = 4\nsampling = { seed = 9223372036854775808 }\n" + STEP)
+    code, out, err = _check(f)
+    assert code == 2 and f"{f}:3: request 'a', field 'sampling.seed': " in err
+    assert "9223372036854775808 is outside -2**63 .. 2**63 - 1" in err
+    f.write_text("[requests.b]\nprompt = 4\nsampling = { logit_bias = { 1 = nan } }\n"
+                 + STEP.replace('"a"', '"b"'))
+    code, out, err = _check(f)
+    assert code == 2 and f"{f}:3: request 'b', field 'sampling.logit_bias': Input should be a " \
+                         "finite number (got nan)" in err
+    f.write_text("[requests.a]\nprompt = 4\nsampling = { seed = -9223372036854775808 }\n" + STEP)
+    assert _check(f)[0] == 0  # int64's own bounds pass
+    with pytest.raises(TrafficError) as e:
+        loads_traffic('{"prompt": 5, "sampling": {"seed": 18446744073709551616}}\n'
+                      '{"prompt": 5, "sampling": {"logit_bias": {"1": Infinity}}}\n', "t.jsonl")
+    assert str(e.value).splitlines() == [
+        "t.jsonl:1: sampling.seed: 18446744073709551616 is outside -2**63 .. 2**63 - 1 (vLLM's "
+        "OpenAI server's bounds; torch.Generator.manual_seed refuses it)",
+        "t.jsonl:2: sampling.logit_bias: a bias that is not a finite number; allowed: finite "
+        "numbers (vLLM's server clamps them to -100 .. 100)"]
+
+
+def test_names_that_are_no_scenario_get_what_was_meant():
+    for args, want in (
+            (["check", ""], "error: empty scenario name; allowed: a path to a .toml file or a "
+                            "built-in name: "),
+            (["check", "default,triton-buckets"],
+             "error: unknown scenario 'default,triton-buckets' (one scenario a name: give them "
+             "as separate names; a comma list is STEPWARM_SCENARIOS's form); allowed: ")):
+        r = runner.invoke(app, args, env=ENV)
+        assert r.exit_code == 2 and r.stderr.startswith(want), r.output
+
+
+def test_engine_args_with_a_saved_profile_are_refused_not_dropped(tmp_path):
+    p = tmp_path / "p.json"
+    p.write_text(tiny_profile().model_dump_json())
+    r = runner.invoke(app, ["check", "default", "--profile", str(p), "-e", "max_num_seqs=2"],
+                      env=ENV)
+    assert r.exit_code == 2 and r.stderr == (
+        "error: -e sets an engine argument, and --profile starts no engine: give -e with "
+        "--model (or none), or save a profile with them (stepwarm profile -e ...)\n")
+
+
+def test_a_list_of_token_ids_is_asked_for_as_such(tmp_path):
+    f = tmp_path / "bw.toml"
+    f.write_text("[requests.a]\nprompt = 4\nsampling = { bad_words = ['foo'] }\n" + STEP)
+    code, _, err = _check(f)
+    assert code == 2 and "field 'sampling.bad_words': wrong type or value 'foo'; allowed: a " \
+                         "list of token-id lists (" in err

@@ -67,10 +67,14 @@ def test_unknown_names_get_a_did_you_mean():
         "STEPWARM_ONERROR is not a stepwarm variable (ignored); did you mean STEPWARM_ON_ERROR?",
         "STEPWARM_STEP_TIMEOUT is not a stepwarm variable (ignored); did you mean "
         "STEPWARM_STEP_TIMEOUT_S?",
-        "STEPWARM_ZZZ is not a stepwarm variable (ignored); known: STEPWARM_SCENARIOS, "
+        "STEPWARM_ZZZ is not a stepwarm variable (ignored); the plugin's: STEPWARM_SCENARIOS, "
         "STEPWARM_ON_ERROR, STEPWARM_TIME_LIMIT_S, STEPWARM_ROLE, STEPWARM_RANK_TIMEOUT_S, "
-        "STEPWARM_STEP_WARN_S, STEPWARM_STEP_TIMEOUT_S, STEPWARM_SKIP_IDLE",
+        "STEPWARM_STEP_WARN_S, STEPWARM_STEP_TIMEOUT_S, STEPWARM_SKIP_IDLE, "
+        "STEPWARM_COMPILE_THREADS, STEPWARM_GEMM_SIZES",
     ]
+    # the shared prefix makes no match (STEPWARM_FOO was "close" to STEPWARM_ROLE)
+    assert unknown_names({"STEPWARM_FOO": "1"})[0].startswith(
+        "STEPWARM_FOO is not a stepwarm variable (ignored); the plugin's: ")
 
 
 def test_step_watch_settings():
