@@ -459,7 +459,8 @@ class _Expander:
         failed: int | None = self.sc.invalid_from
         numbers = self.sc.step_numbers or range(len(self.sc.model.steps))
         for i, st in zip(numbers, self.sc.model.steps):
-            if failed is not None and not isinstance(self.b, _ProgressUnknown):
+            # after a refused entry (the format's, or one that failed here)
+            if failed is not None and i > failed and not isinstance(self.b, _ProgressUnknown):
                 # duck-typed: the builder methods the step handlers call
                 self.b = cast(PlanBuilder, _ProgressUnknown(self.b))
             try:
@@ -469,7 +470,7 @@ class _Expander:
                 continue  # what it schedules is unknown: declare_and_expand_steps says so
             except ScenarioError as e:
                 errors.extend(e.errors)
-                failed = i if failed is None else failed
+                failed = i if failed is None else min(failed, i)
                 if self.steps_capped:  # every later entry would say the same
                     break
         self.step_i = self.kind = self.st = None

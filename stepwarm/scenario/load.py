@@ -28,6 +28,7 @@ from stepwarm.scenario.format import (
     ScenarioFile,
     _NAME_HELP,
     _REQUEST_NAME,
+    _SELECTOR,
 )
 
 if sys.version_info >= (3, 11):
@@ -262,6 +263,10 @@ def loads(text: str, file: str, name: str) -> LoadedScenario:
     if errors:
         raise ScenarioError.of(errors, partial=_without_bad_steps(
             data, errors, LoadedScenario(name, file, text, ScenarioFile(), index)))
+    unknown = _unknown_requests(model, file, index)
+    if unknown:  # told before any runner is known (check, run and the plugin alike)
+        raise ScenarioError.of(unknown, partial=_without_bad_steps(
+            data, unknown, LoadedScenario(name, file, text, ScenarioFile(), index)))
     if model.sequence is not None and (model.requests or model.steps):
         raise ScenarioError(
             f"{file}:{index.line(('top',), 'sequence')}: field 'sequence': a scenario "
@@ -273,6 +278,33 @@ def loads(text: str, file: str, name: str) -> LoadedScenario:
             "table with a kind (or sequence = \"vllm-default\")", file=file, line=1,
             field="steps")
     return LoadedScenario(name=name, file=file, text=text, model=model, index=index)
+
+
+#: The step fields that select requests (:data:`~stepwarm.scenario.format.Selectors`).
+SELECTOR_FIELDS = ("requests", "spec", "non_spec", "partial", "prefill", "decode")
+
+
+def _unknown_requests(model: ScenarioFile, file: str, index: _TomlIndex) -> list[ScenarioError]:
+    """A located error per step field that selects a request no
+    ``[requests.NAME]`` declares (the expander's message, told without a runner)."""
+    declared = list(model.requests)
+    errors = []
+    for i, st in enumerate(model.steps):
+        for field in SELECTOR_FIELDS:
+            for selector in getattr(st, field, None) or []:
+                m = _SELECTOR.match(selector)
+                name = m.group(1) if m else None
+                if name is None or name in model.requests:
+                    continue
+                close = difflib.get_close_matches(name, declared, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                line = index.line(("steps", i), field)
+                errors.append(ScenarioError(
+                    f"{_where(file, line, ('steps', i), field, st.kind)}: unknown request "
+                    f"{name!r}{hint}; allowed: names declared under [requests]: "
+                    f"{', '.join(declared) or 'none'}", file=file, line=line, step=i, field=field))
+                break  # one a field, as the expander says it
+    return errors
 
 
 def _without_bad_steps(data: dict, errors: list[ScenarioError],

@@ -372,7 +372,7 @@ def test_steps_are_checked_too_when_a_request_entry_fails(tmp_path):
         f"{f}:5: request 'b', field 'prompt': prompt of 600 tokens exceeds 511, the longest "
         "prompt vLLM takes (max_model_len 512 less the token sampled after it); allowed: 1..511",
         f"{f}:10: step 0 (prefill), field 'requests': unknown request 'c'; allowed: names "
-        "declared under [requests]: ok, a, b",
+        "declared under [requests]: a, b, ok",
         f"{f}:17: step 2 (decode), field 'repeat': repeat 0 is out of range; allowed: 1..4096",
         f"{f}:21: step 3 (decode), field 'batch': range [10, 5] step 1 is empty or backwards "
         "(start 10, stop 5, step 1); allowed: start <= stop and step >= 1",
@@ -614,3 +614,27 @@ def test_a_list_of_token_ids_is_asked_for_as_such(tmp_path):
     code, _, err = _check(f)
     assert code == 2 and "field 'sampling.bad_words': wrong type or value 'foo'; allowed: a " \
                          "list of token-id lists (" in err
+
+
+def test_an_undeclared_request_is_told_before_any_runner_is_known(tmp_path, monkeypatch):
+    """`run` and the plugin load a file before the engine starts: a step that
+    selects no declared request is refused there, not after a model loads;
+    `check` says it even where the runner would skip the scenario."""
+    f = tmp_path / "pre.toml"
+    f.write_text('needs = ["speculator"]\n[requests.a]\nprompt = 4\n'
+                 '[[steps]]\nkind = "prefill"\nrequests = ["a", "zz"]\n'
+                 '[[steps]]\nkind = "mixed_prefill_decode"\nprefill = ["a"]\ndecode = ["aa[0]"]\n')
+    want = [f"{f}:6: step 0 (prefill), field 'requests': unknown request 'zz'; allowed: names "
+            "declared under [requests]: a",
+            f"{f}:10: step 1 (mixed_prefill_decode), field 'decode': unknown request 'aa' (did "
+            "you mean 'a'?); allowed: names declared under [requests]: a"]
+    code, out, err = _check(f)  # the tiny Llama has no speculator: would be skipped
+    assert code == 2 and err.splitlines()[:2] == ["error: " + want[0], want[1]]
+    r = runner.invoke(app, ["run", "-s", str(f)], env=ENV)
+    assert r.exit_code == 2 and "starting vLLM engine" not in r.output
+    assert r.stderr.splitlines()[:2] == ["error: " + want[0], want[1]]
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setenv("STEPWARM_SCENARIOS", str(f))
+    with pytest.raises(ScenarioError) as e:
+        hook.register()
+    assert str(e.value).splitlines()[:2] == want
