@@ -9,6 +9,7 @@ the worker's runner profile, drives them through ``execute_model`` /
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -151,6 +152,9 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
         else:
             console.print(line)
 
+    unknown = _engine_arg_errors(engine_arg)  # before a line says an engine starts
+    if unknown:
+        _fail("\nerror: ".join(unknown), 2)
     if status is None:
         console.print("starting vLLM engine: importing vLLM")
     else:
@@ -158,11 +162,6 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
     from stepwarm import console as console_module
 
     console_module.phase_listener = phase
-    unknown = _engine_arg_errors(engine_arg)
-    if unknown:
-        if status is not None:
-            status.stop()
-        _fail("\nerror: ".join(unknown), 2)
     try:
         return start_engine(model, weights_seed=weights_seed, **overrides)
     except Exception as e:  # noqa: BLE001 - vLLM rejects configs with many types
@@ -174,6 +173,18 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
         console_module.phase_listener = None
         if status is not None:
             status.stop()
+
+
+def _plugin_scenarios_off() -> None:
+    """Unset ``STEPWARM_SCENARIOS`` for an engine this command starts (``run``
+    runs its scenarios itself; ``check``, ``show`` and ``profile`` read the
+    runner): else vLLM's plugin loader would have the start-up hook run them
+    too, in this process, first."""
+    from stepwarm.settings import ENV_SCENARIOS
+
+    if os.environ.pop(ENV_SCENARIOS, None):
+        console.print(f"note: {ENV_SCENARIOS} is set: ignored by this command (it is for "
+                      "vllm serve's workers)", soft_wrap=True)
 
 
 def _engine_arg_errors(engine_arg: Optional[list[str]]) -> list[str]:
@@ -288,6 +299,7 @@ def run(
                           allow_skip, engine_started=False)
     loaded = [(name, sc) for name, sc in loaded if name not in early]
     t0 = time.perf_counter()
+    _plugin_scenarios_off()
     engine = _start_engine(model, engine_arg, weights=weights, checked=checked)
     startup_s = time.perf_counter() - t0
     profile = read_profile(engine.worker)
@@ -507,7 +519,10 @@ def coverage(
     for value, option in ((threshold, "--threshold"), (min_excess_ms, "--min-excess-ms")):
         if value is not None and not value >= 0:
             _fail(f"{option} {value}: allowed: a number >= 0", 2)
-    if warm_cache and (compare or cache_dir is None or not cache_dir.is_dir()):
+    if warm_cache and cache_dir is not None and not compare and not cache_dir.is_dir():
+        _fail(f"--warm-cache: --cache-dir {cache_dir}: no such directory; allowed: a directory "
+              "a coverage run filled", 2)
+    if warm_cache and (compare or cache_dir is None):
         _fail("--warm-cache: give --cache-dir DIR, a directory a coverage run filled "
               "(and not --compare)", 2)
     if warm_cache and cache_dir is not None:
@@ -661,6 +676,7 @@ def _profile_for(model: Optional[str], profile: Optional[Path],
             _fail(str(e), 2)
     if model is None and not engine_arg:
         return tiny_profile()
+    _plugin_scenarios_off()
     engine = _start_engine(model, engine_arg)
     try:
         return read_profile(engine.worker)
@@ -808,6 +824,7 @@ def profile_cmd(
     from stepwarm.profile import ProfileError
 
     _check_output_path(output, "--output")
+    _plugin_scenarios_off()
     engine = _start_engine(model, engine_arg)
     try:
         prof = read_profile(engine.worker)

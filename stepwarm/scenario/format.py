@@ -104,7 +104,7 @@ class PrefillStep(_Scheduling):
 
     kind: Literal["prefill"]
     tokens: Size | None = Field(default=None, description="Prompt tokens per request "
-                                "(default: the rest of the prompt). " + SIZE_HELP)
+                                "(default: the rest of the prompt): " + SIZE_HELP)
     each: StrictBool = Field(default=False, description="One step per selected request.")
     finish_previous: StrictBool = Field(default=False, description=(
         "With each = true: each step also finishes the request the step before it "
@@ -117,7 +117,7 @@ class ChunkedPrefillStep(_Scheduling):
     """One chunk of a prefill, continuing from ``num_computed_tokens``."""
 
     kind: Literal["chunked_prefill"]
-    tokens: Size = Field(description="Chunk length per request. " + SIZE_HELP)
+    tokens: Size = Field(description="Chunk length per request: " + SIZE_HELP)
     each: StrictBool = Field(default=False, description="One step per selected request.")
     repeat: Expr = Field(default=1, description=_REPEAT_HELP)
 
@@ -129,7 +129,7 @@ class PrefixHitStep(_Scheduling):
     cached: Expr = Field(description="Tokens already cached: a multiple of lcm_block_size, "
                          "below the prompt length.")
     tokens: Size | None = Field(default=None, description="Tokens to compute per request "
-                                "(default: the rest of the prompt). " + SIZE_HELP)
+                                "(default: the rest of the prompt): " + SIZE_HELP)
     each: StrictBool = Field(default=False, description="One step per selected request.")
     repeat: Expr = Field(default=1, description=_REPEAT_HELP)
 
@@ -178,7 +178,7 @@ class MixedPrefillDecodeStep(_Step):
     kind: Literal["mixed_prefill_decode"]
     prefill: Selectors = Field(description="Requests prefilled. " + _SEL_HELP)
     tokens: Size | None = Field(default=None, description="Prefill tokens per request "
-                                "(default: the rest of the prompt). " + SIZE_HELP)
+                                "(default: the rest of the prompt): " + SIZE_HELP)
     decode: Selectors = Field(description="Running requests decoded. " + _SEL_HELP)
     spec_tokens: Size = Field(default=0, description="Draft tokens per decoded request." + _SPEC_SWEEP)
     cached: Expr | None = Field(default=None, description=(
@@ -200,7 +200,7 @@ class ResumeStep(_Scheduling):
 
     kind: Literal["resume"]
     tokens: Size | None = Field(default=None, description="Tokens per request (default: all "
-                                "of prompt + outputs). " + SIZE_HELP)
+                                "of prompt + outputs): " + SIZE_HELP)
     repeat: Expr = Field(default=1, description=_REPEAT_HELP)
 
 

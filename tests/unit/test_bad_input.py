@@ -638,3 +638,37 @@ def test_an_undeclared_request_is_told_before_any_runner_is_known(tmp_path, monk
     with pytest.raises(ScenarioError) as e:
         hook.register()
     assert str(e.value).splitlines()[:2] == want
+
+
+@pytest.mark.parametrize("args", [["run", "-s", "default"], ["check", "default", "--model",
+                                                              "tiny-llama"],
+                                  ["profile", "-o", "p.json"]])
+def test_commands_that_start_an_engine_keep_the_plugin_from_running_scenarios(
+        monkeypatch, tmp_path, args):
+    """An exported STEPWARM_SCENARIOS (set for vllm serve) would have vLLM's
+    plugin loader run those scenarios in the engine these commands start."""
+    import typer
+
+    from stepwarm import cli
+
+    seen = []
+
+    def start(*a, **k):
+        import os
+
+        seen.append(os.environ.get("STEPWARM_SCENARIOS"))
+        raise typer.Exit(3)
+
+    monkeypatch.setattr(cli, "_start_engine", start)
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, args, env={**ENV, "STEPWARM_SCENARIOS": "all"})
+    assert (r.exit_code, seen) == (3, [None]), r.output
+    assert "note: STEPWARM_SCENARIOS is set: ignored by this command (it is for vllm serve's " \
+           "workers)" in r.stdout
+
+
+def test_a_bad_engine_arg_is_told_before_any_line_says_an_engine_starts(tmp_path):
+    r = runner.invoke(app, ["profile", "-o", str(tmp_path / "p.json"), "-e", "max_num_seq=3"],
+                      env=ENV)
+    assert r.exit_code == 2 and "starting vLLM engine" not in r.output
+    assert r.stderr.startswith("error: -e max_num_seq: ")

@@ -230,6 +230,9 @@ def test_compare_runs_each_fresh_run_then_its_restart_on_its_own_caches(tmp_path
     (["--no-restart"], "--no-restart: only with --compare"),
     (["--warm-cache"], "--warm-cache: give --cache-dir DIR, a directory a coverage run filled"),
     (["--compare", "--warm-cache", "--cache-dir", "."], "--warm-cache: give --cache-dir DIR"),
+    (["--warm-cache", "--cache-dir", "/nonexistent/cache"],
+     "--warm-cache: --cache-dir /nonexistent/cache: no such directory; allowed: a directory a "
+     "coverage run filled"),
 ])
 def test_the_restart_options_are_refused_out_of_place_before_any_engine(args, message):
     from typer.testing import CliRunner
