@@ -342,12 +342,37 @@ class RunnerProfile(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as e:
-            first = e.errors()[0]
-            loc = ".".join(str(p) for p in first["loc"])
-            raise ProfileError(
-                f"{path}: field {loc!r}: {first['msg']} "
-                f"({len(e.errors())} error(s) in all); {allowed}"
-            ) from None
+            raise ProfileError("\n".join(_field_errors(e, path)) + f"\n{path}: {allowed}") \
+                from None
+
+
+def _field_errors(e: ValidationError, path: Path) -> list[str]:
+    """Every field pydantic refused, a line each, unknown keys first with the
+    known key they were probably meant to be (at most 20, then how many more)."""
+    import difflib
+
+    errors = sorted(e.errors(), key=lambda x: x["type"] != "extra_forbidden")
+    lines = []
+    meant: set[tuple] = set()  # keys a did-you-mean names: their "missing" goes unsaid
+    for err in errors:
+        loc = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "missing" and tuple(err["loc"]) in meant:
+            continue
+        if err["type"] == "extra_forbidden":
+            model: Any = RunnerProfile
+            for part in err["loc"][:-1]:  # the nested model the key sits in, where one is
+                field = getattr(model, "model_fields", {}).get(part)
+                model = getattr(field, "annotation", None) if field else None
+            known = list(getattr(model, "model_fields", {}) or [])
+            close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
+            meant.update((*err["loc"][:-1], c) for c in close)
+            lines.append(f"{path}: field {loc!r}: unknown key"
+                         + (f" (did you mean {close[0]!r}?)" if close else ""))
+        else:
+            lines.append(f"{path}: field {loc!r}: {err['msg']}")
+    if len(lines) > 20:
+        lines = lines[:20] + [f"{path}: {len(lines) - 20} more error(s) not shown"]
+    return lines
 
 
 def _tomllib() -> Any:

@@ -35,7 +35,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 ENV_SCENARIOS = "STEPWARM_SCENARIOS"
 ENV_ON_ERROR = "STEPWARM_ON_ERROR"
@@ -91,14 +91,14 @@ class SettingsExit(SettingsError, SystemExit):
     vLLM's ``load_general_plugins`` calls ``register()`` without a ``try``, so
     an exception from it ends ``vllm serve`` / ``vllm.LLM(...)`` with its
     traceback. Being a ``SystemExit`` too, this one ends an unguarded program
-    with its one line on stderr (``stepwarm: STEPWARM_ON_ERROR='x': allowed:
-    raise | warn``) and exit status 1, no traceback; code that catches
+    with its line on stderr, one a bad variable (``stepwarm: STEPWARM_ON_ERROR='x':
+    allowed: raise | warn``), and exit status 1, no traceback; code that catches
     ``ValueError`` or ``SettingsError`` still catches it.
     """
 
     def __init__(self, error: SettingsError):
         super().__init__(str(error))
-        self.code = f"stepwarm: {error}"
+        self.code = "\n".join(f"stepwarm: {line}" for line in str(error).splitlines())
 
 
 #: The longest time a variable may give (one day, seconds): timedelta and
@@ -227,19 +227,31 @@ class HookSettings:
         if not scenarios:
             # The plugin is off: the other variables are not read.
             return cls()
-        return cls(
-            scenarios=scenarios,
-            on_error=_choice(env, ENV_ON_ERROR, ON_ERROR_VALUES, "raise"),  # type: ignore[arg-type]
-            time_limit_s=_seconds(env, ENV_TIME_LIMIT_S),
-            role=_choice(env, ENV_ROLE, ROLE_VALUES, "auto"),  # type: ignore[arg-type]
-            rank_timeout_s=_seconds(env, ENV_RANK_TIMEOUT_S) or DEFAULT_RANK_TIMEOUT_S,
-            step_warn_s=(None if env.get(ENV_STEP_WARN_S, "").strip().lower() == "off"
-                         else _seconds(env, ENV_STEP_WARN_S, off=True) or DEFAULT_STEP_WARN_S),
-            step_timeout_s=_seconds(env, ENV_STEP_TIMEOUT_S, off=True),
-            skip_idle=_choice(env, ENV_SKIP_IDLE, SKIP_IDLE_VALUES, "0") == "1",
-            compile_threads=_threads(env, ENV_COMPILE_THREADS),
-            gemm_sizes=_choice(env, ENV_GEMM_SIZES, GEMM_SIZES_VALUES, "auto") == "auto",
+        errors: list[str] = []
+
+        def read(parse: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return parse(*args, **kwargs)
+            except SettingsError as e:  # every bad variable told at once
+                errors.append(str(e))
+                return None
+
+        warn_off = env.get(ENV_STEP_WARN_S, "").strip().lower() == "off"
+        values = dict(
+            on_error=read(_choice, env, ENV_ON_ERROR, ON_ERROR_VALUES, "raise"),
+            time_limit_s=read(_seconds, env, ENV_TIME_LIMIT_S),
+            role=read(_choice, env, ENV_ROLE, ROLE_VALUES, "auto"),
+            rank_timeout_s=read(_seconds, env, ENV_RANK_TIMEOUT_S) or DEFAULT_RANK_TIMEOUT_S,
+            step_warn_s=(None if warn_off else read(_seconds, env, ENV_STEP_WARN_S, off=True)
+                         or DEFAULT_STEP_WARN_S),
+            step_timeout_s=read(_seconds, env, ENV_STEP_TIMEOUT_S, off=True),
+            skip_idle=read(_choice, env, ENV_SKIP_IDLE, SKIP_IDLE_VALUES, "0") == "1",
+            compile_threads=read(_threads, env, ENV_COMPILE_THREADS),
+            gemm_sizes=read(_choice, env, ENV_GEMM_SIZES, GEMM_SIZES_VALUES, "auto") == "auto",
         )
+        if errors:
+            raise SettingsError("\n".join(errors))
+        return cls(scenarios=scenarios, **values)
 
 
 def compile_threads(env: Mapping[str, str] | None = None) -> int:

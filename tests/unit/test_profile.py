@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from stepwarm.profile import CacheSpec, ProfileError, RunnerProfile
+from stepwarm.profile import CacheSpec, ProfileError, RunnerProfile, tiny_profile
 from tests.helpers import make_profile
 
 PROFILE = make_profile(
@@ -103,6 +105,20 @@ def test_a_scenario_file_given_as_profile_is_named_so(tmp_path):
     other.write_text('{"max_num_seqs": 4}')
     with pytest.raises(ProfileError) as e:
         RunnerProfile.load(other)
-    assert str(e.value).startswith(f"{other}: field 'runner': Field required (")
-    assert str(e.value).endswith("error(s) in all); allowed: a runner profile as "
-                                 "`stepwarm profile -o FILE` writes it")
+    lines = str(e.value).splitlines()
+    assert lines[0] == f"{other}: field 'runner': Field required"
+    assert len(lines) > 3 and lines[-1] == (f"{other}: allowed: a runner profile as "
+                                            "`stepwarm profile -o FILE` writes it")
+    # every field at once, a misspelt key first with what it was meant to be (whose
+    # "missing" goes unsaid)
+    good = tiny_profile().model_dump(mode="json")
+    good["max_num_sqs"] = good.pop("max_num_seqs")
+    good["max_model_len"] = "x"
+    other.write_text(json.dumps(good))
+    with pytest.raises(ProfileError) as e:
+        RunnerProfile.load(other)
+    assert str(e.value).splitlines() == [
+        f"{other}: field 'max_num_sqs': unknown key (did you mean 'max_num_seqs'?)",
+        f"{other}: field 'max_model_len': Input should be a valid integer, unable to parse "
+        "string as an integer",
+        f"{other}: allowed: a runner profile as `stepwarm profile -o FILE` writes it"]

@@ -158,6 +158,18 @@ def test_register_ends_an_unguarded_program_with_one_line(monkeypatch):
         hook.register()
     assert isinstance(info.value, SystemExit) and isinstance(info.value, SettingsError)
     assert info.value.code == "stepwarm: STEPWARM_ON_ERROR='later': allowed: raise | warn"
+    # every bad variable at once, a line each, in the order the plugin reads them
+    monkeypatch.setenv("STEPWARM_ROLE", "bogus")
+    monkeypatch.setenv("STEPWARM_TIME_LIMIT_S", "x")
+    monkeypatch.setenv("STEPWARM_GEMM_SIZES", "on")
+    with pytest.raises(SettingsExit) as info:
+        hook.register()
+    assert info.value.code.splitlines() == [
+        "stepwarm: STEPWARM_ON_ERROR='later': allowed: raise | warn",
+        "stepwarm: STEPWARM_TIME_LIMIT_S='x': not a number of seconds; allowed: a number > 0 "
+        "and <= 86400 (e.g. 60), or unset",
+        "stepwarm: STEPWARM_ROLE='bogus': allowed: auto | prefill | decode | both",
+        "stepwarm: STEPWARM_GEMM_SIZES='on': allowed: auto | off"]
 
 
 def test_the_log_line_says_this_processs_allocator_growth_on_cuda():
