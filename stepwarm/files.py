@@ -5,7 +5,12 @@ to ``stat``, so the cap is on the bytes read, never more than ``cap + 1``."""
 from __future__ import annotations
 
 import codecs
+import sys
 from pathlib import Path
+
+#: The most digits Python reads into one integer (``int_max_str_digits``): a
+#: longer integer literal makes ``tomllib`` and ``json`` raise ``ValueError``.
+MAX_INT_DIGITS = sys.get_int_max_str_digits() or 4300
 
 
 class FileTooLarge(ValueError):

@@ -40,7 +40,6 @@ import difflib
 import json
 import math
 import re
-import sys
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -59,7 +58,7 @@ from pydantic import (
     ValidationError,
 )
 
-from stepwarm.files import FileTooLarge, NotUtf8, read_text_capped
+from stepwarm.files import MAX_INT_DIGITS, FileTooLarge, NotUtf8, read_text_capped
 from stepwarm.scenario.errors import joined
 
 #: Name of the traffic file shipped with stepwarm (``stepwarm coverage`` with no TRAFFIC).
@@ -309,10 +308,8 @@ def parse_line(text: str, file: str, line: int) -> TrafficRequest:
     except json.JSONDecodeError as e:
         raise TrafficError(f"{file}:{line}:{e.colno}: invalid JSON: {e.msg}") from None
     except ValueError:  # an integer past Python's digit limit (int_max_str_digits)
-        raise TrafficError(f"{file}:{line}: an integer of more than "
-                           f"{sys.get_int_max_str_digits() or 4300} digits; allowed: "
-                           f"integers of up to {sys.get_int_max_str_digits() or 4300} "
-                           "digits") from None
+        raise TrafficError(f"{file}:{line}: an integer of more than {MAX_INT_DIGITS} digits; "
+                           f"allowed: integers of up to {MAX_INT_DIGITS} digits") from None
     if not isinstance(data, dict):
         raise _error(file, line, None, f"expected a JSON object (one request a line), "
                                        f"got {type(data).__name__}")

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from stepwarm.files import FileTooLarge, NotUtf8, read_text_capped
+from stepwarm.files import MAX_INT_DIGITS, FileTooLarge, NotUtf8, read_text_capped
 from stepwarm.scenario.errors import ScenarioError
 from stepwarm.scenario.sampling import SamplingTable
 from stepwarm.scenario.format import (
@@ -208,10 +208,6 @@ def _nesting_error(text: str, file: str) -> ScenarioError | None:
     return None
 
 
-#: Python's limit on the digits of an integer read from text (``int_max_str_digits``).
-_MAX_DIGITS = sys.get_int_max_str_digits() or 4300
-
-
 @functools.lru_cache(maxsize=64)
 def loads(text: str, file: str, name: str) -> LoadedScenario:
     """Parse and validate scenario TOML ``text`` (``file`` for messages).
@@ -241,10 +237,10 @@ def loads(text: str, file: str, name: str) -> LoadedScenario:
             "(key = value, [requests.NAME] and [[steps]] tables, see scenarios/README.md)",
             file=file, line=line) from None
     except ValueError:  # an integer past Python's digit limit (int_max_str_digits)
-        long_int = re.search(r"\d{%d,}" % _MAX_DIGITS, text)
+        long_int = re.search(r"\d{%d,}" % MAX_INT_DIGITS, text)
         line = text.count("\n", 0, long_int.start()) + 1 if long_int else None
-        raise ScenarioError(f"{file}:{line or '?'}: an integer of more than {_MAX_DIGITS} "
-                            f"digits; allowed: integers of up to {_MAX_DIGITS} digits",
+        raise ScenarioError(f"{file}:{line or '?'}: an integer of more than {MAX_INT_DIGITS} "
+                            f"digits; allowed: integers of up to {MAX_INT_DIGITS} digits",
                             file=file, line=line) from None
     index = _TomlIndex(text)
     errors: list[ScenarioError] = []
