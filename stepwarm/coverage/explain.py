@@ -13,8 +13,13 @@ is the difference, each cause counted only when it happened:
 - ``reserved_mib`` / ``device_allocs``: the CUDA caching allocator growing
   (``torch.cuda.memory_reserved``, ``memory_stats()["num_device_alloc"]``:
   cudaMalloc calls, which the second run of the same shapes no longer makes);
-- ``gc_collections``: garbage-collector passes per generation (a generation-2
-  pass over a large heap is tens of ms);
+- ``gc_collections`` / ``gc_ms``: garbage-collector passes per generation (a
+  generation-2 pass over a large heap is tens of ms) and the time they took
+  (``gc.callbacks``, while :func:`gc_clock` is on: :func:`replay
+  <stepwarm.coverage.replay.replay>` turns it on);
+- ``thread_cpu_ms``: the CPU time of the thread that ran the request (always
+  there): a run whose excess outside the worker came with as much more CPU
+  time did work there; one without it waited;
 - ``threads``: threads started (a lazily made worker pool);
 - ``preempted`` / ``cpu_stall_ms``: the host's CPU taken by others: this
   process's threads switched out involuntarily (``getrusage``'s
@@ -40,6 +45,9 @@ import gc
 import resource
 import sys
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +58,8 @@ MAX_NAMES = 5
 CONTENTION_RATIO = 2.0
 CONTENTION_MIN_PREEMPTED = 50
 CONTENTION_MIN_STALL_MS = 5.0
+#: The collector's extra time explains an outlier from this many ms on.
+GC_MIN_MS = 1.0
 #: Linux's CPU pressure (PSI) file.
 PSI_CPU = "/proc/pressure/cpu"
 
@@ -69,6 +79,35 @@ class Snapshot:
     preempted: int = 0
     #: PSI ``some total`` of the CPU (µs; 0 where the kernel has none).
     cpu_stall_us: int = 0
+    #: Nanoseconds the collector ran, while :func:`gc_clock` is on.
+    gc_ns: int = 0
+    #: The calling thread's CPU time (``time.thread_time_ns``).
+    thread_cpu_ns: int = 0
+
+
+#: Nanoseconds of collector passes counted by :func:`_gc_callback`, and when
+#: the pass under way began.
+_GC = {"ns": 0, "start": 0}
+
+
+def _gc_callback(phase: str, info: dict[str, int]) -> None:
+    now = time.perf_counter_ns()
+    if phase == "start":
+        _GC["start"] = now
+    elif _GC["start"]:
+        _GC["ns"] += now - _GC["start"]
+        _GC["start"] = 0
+
+
+@contextmanager
+def gc_clock() -> Iterator[None]:
+    """Count the collector's time (``gc.callbacks``) for the block: the
+    snapshots taken in it carry it (``gc_ms`` of :func:`side_effects`)."""
+    gc.callbacks.append(_gc_callback)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(_gc_callback)
 
 
 def _cpu_stall_us() -> int:
@@ -108,7 +147,8 @@ def snapshot() -> Snapshot:
                     gc_collections=tuple(s["collections"] for s in gc.get_stats()),
                     threads=threading.active_count(),
                     preempted=resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw,
-                    cpu_stall_us=_cpu_stall_us())
+                    cpu_stall_us=_cpu_stall_us(), gc_ns=_GC["ns"],
+                    thread_cpu_ns=time.thread_time_ns())
 
 
 def side_effects(before: Snapshot, after: Snapshot) -> dict[str, Any]:
@@ -128,15 +168,21 @@ def side_effects(before: Snapshot, after: Snapshot) -> dict[str, Any]:
     stall = after.cpu_stall_us - before.cpu_stall_us
     if stall > 0:
         out["cpu_stall_ms"] = round(stall / 1e3, 1)
+    gc_ms = round((after.gc_ns - before.gc_ns) / 1e6, 1)
+    if gc_ms > 0:
+        out["gc_ms"] = gc_ms
+    out["thread_cpu_ms"] = round((after.thread_cpu_ns - before.thread_cpu_ns) / 1e6, 1)
     gcs = [a - b for a, b in zip(after.gc_collections, before.gc_collections)]
     if any(gcs):
         out["gc_collections"] = gcs
     return out
 
 
-def explanation(first: dict[str, Any], second: dict[str, Any]) -> str:
+def explanation(first: dict[str, Any], second: dict[str, Any], excess_ms: float = 0.0) -> str:
     """The causes the first run had and the second did not, as one phrase
-    (``""``: none, the outlier is unexplained)."""
+    (``""``: none, the outlier is unexplained); the collector's time
+    (``gc_ms``) counts where it grew by half of ``excess_ms`` (the first
+    run's ms over the second's) and at least :data:`GC_MIN_MS`."""
     parts = []
     if first.get("imports", 0) > second.get("imports", 0):
         parts.append(f"{first['imports']} module(s) imported ({', '.join(first['imported'][:2])})")
@@ -151,6 +197,11 @@ def explanation(first: dict[str, Any], second: dict[str, Any]) -> str:
     f_gc, s_gc = first.get("gc_collections", [0, 0, 0]), second.get("gc_collections", [0, 0, 0])
     if len(f_gc) > 2 and f_gc[2] > (s_gc[2] if len(s_gc) > 2 else 0):
         parts.append(f"{f_gc[2]} full gc pass(es)")
+    elif excess_ms > 0:
+        gc_ms = first.get("gc_ms", 0.0) - second.get("gc_ms", 0.0)
+        if gc_ms >= max(GC_MIN_MS, excess_ms / 2):
+            parts.append(f"garbage collector +{gc_ms:.1f} ms ({first.get('gc_ms', 0.0):g} ms, "
+                         f"second run {second.get('gc_ms', 0.0):g} ms)")
     contended = contention(first, second)
     if contended:
         parts.append(contended)
@@ -201,16 +252,22 @@ def slow_step(first: list[list[float]], second: list[list[float]]) -> str:
 
 
 def outside_worker(first_ms: float, second_ms: float, first_worker_ms: float | None,
-                   second_worker_ms: float | None) -> str:
+                   second_worker_ms: float | None, thread_cpu_ms: float | None = None) -> str:
     """``"outside the worker +X ms of the E ms excess"`` when at least half of
     a first run's excess over the second was spent outside the worker's
     ``execute_model`` / ``sample_tokens`` (vLLM's scheduling, output
     processing and front end, where neither the step clock nor the profiler's
-    device work looks), else ``""``."""
+    device work looks), else ``""``; with ``thread_cpu_ms`` (how much more
+    CPU time the request's thread had in the first run), whether that time
+    went on work (at least half of it on the CPU) or on waiting."""
     if not first_worker_ms or not second_worker_ms:
         return ""
     excess = first_ms - second_ms
     outside = excess - (first_worker_ms - second_worker_ms)
     if excess <= 0 or outside < excess / 2:
         return ""
-    return f"outside the worker +{outside:.1f} ms of the {excess:.1f} ms excess"
+    said = f"outside the worker +{outside:.1f} ms of the {excess:.1f} ms excess"
+    if thread_cpu_ms is None:
+        return said
+    how = "on the CPU" if thread_cpu_ms >= outside / 2 else "mostly waiting, off the CPU"
+    return f"{said} ({how}: the thread's CPU time {thread_cpu_ms:+.1f} ms)"

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepwarm.coverage.detectors import CompileEvent, Detectors, merge
-from stepwarm.coverage.explain import side_effects, snapshot
+from stepwarm.coverage.explain import gc_clock, side_effects, snapshot
 from stepwarm.coverage.trace import Tracer
 from stepwarm.coverage.traffic import (
     Traffic,
@@ -287,7 +287,8 @@ def replay(llm: Any, traffic: Traffic, limits: TrafficLimits, detectors: Detecto
     tracer = Tracer() if trace else None
     if tracer is not None:
         tracer.prime()
-    with clock.attached(worker) if worker is not None else contextlib.nullcontext():
+    with (clock.attached(worker) if worker is not None else contextlib.nullcontext(),
+          gc_clock()):
         for tl in traffic.lines:
             result = replay_line(llm, tl, limits, detectors,
                                  clock if worker is not None else None, gate, server, tracer)

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from stepwarm.coverage.detectors import CompileEvent, merge
 from stepwarm.coverage.explain import explanation, outside_worker, slow_step
+from stepwarm.coverage.stacks import stacks_explanation
 from stepwarm.coverage.trace import trace_explanation
 from stepwarm.coverage.replay import Gate, RequestResult
 from stepwarm.coverage.traffic import SAMPLING_DEFAULTS
@@ -119,7 +120,8 @@ class CoverageReport:
         gate = Gate(self.threshold, self.min_excess_ms)
         if not gate.passed(r["first_ms"], r["second_ms"]) or self.noise(r) or self.new_size(r):
             return ""
-        why = explanation(r.get("side_effects_first", {}), r.get("side_effects_second", {}))
+        first, second = r.get("side_effects_first", {}), r.get("side_effects_second", {})
+        why = explanation(first, second, r["first_ms"] - r["second_ms"])
         if why:
             return f"ratio > {self.threshold:g}: {why}"
         traced, covers = trace_explanation(r.get("trace_first"), r.get("trace_second"),
@@ -134,10 +136,15 @@ class CoverageReport:
             klass = f"; {_shifted(r)}, run next: {control[0]:.1f} then {control[1]:.1f} ms"
             if not gate.passed(*control[:2]):  # as fast as steady traffic
                 klass += " (a kernel class this line reached first, not a cost of every new size)"
+        cpu = (first["thread_cpu_ms"] - second["thread_cpu_ms"]
+               if "thread_cpu_ms" in first and "thread_cpu_ms" in second else None)
         outside = outside_worker(r["first_ms"], r["second_ms"], r.get("first_worker_ms"),
-                                 r.get("second_worker_ms"))
+                                 r.get("second_worker_ms"), cpu)
+        stacks = stacks_explanation((r.get("trace_first") or {}).get("stacks"),
+                                    (r.get("trace_second") or {}).get("stacks"),
+                                    r["first_ms"] - r["second_ms"])
         return (f"ratio > {self.threshold:g}: unexplained" + (f"; {where}" if where else "")
-                + (f"; {outside}" if outside else "") + klass
+                + (f"; {outside}" if outside else "") + (f"; {stacks}" if stacks else "") + klass
                 + (f"; {traced} (less than half the excess)" if traced else ""))
 
     def flagged_by_name(self) -> dict[str, str]:

@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from stepwarm.coverage.stacks import StackSampler
+
 logger = logging.getLogger("vllm.stepwarm")
 
 #: Names kept per run (by time): enough for any diff worth naming.
@@ -70,6 +72,8 @@ class Tracer:
     seen_kernels: set[str] = field(default_factory=set)
     #: Why profiling is off ("" while it works).
     broken: str = ""
+    #: Samples the calling thread's stack in every run.
+    sampler: StackSampler = field(default_factory=StackSampler)
 
     def prime(self) -> None:
         """Start and stop the profiler once, so its own set-up (CUPTI's) is
@@ -85,7 +89,16 @@ class Tracer:
     def run(self) -> Iterator[dict[str, Any]]:
         """Profile the block; the dict it yields is filled with
         :func:`summarize`'s summary when the block ends (left empty, with an
-        ``error``, when the profiler cannot run)."""
+        ``error``, when the profiler cannot run), and under ``stacks`` where
+        the calling thread was outside the worker
+        (:class:`~stepwarm.coverage.stacks.StackSampler`)."""
+        with self._profiled() as out:
+            with self.sampler.run() as stacks:
+                yield out
+        out["stacks"] = stacks
+
+    @contextmanager
+    def _profiled(self) -> Iterator[dict[str, Any]]:
         out: dict[str, Any] = {}
         if self.broken:
             out["error"] = self.broken

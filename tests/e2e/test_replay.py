@@ -102,12 +102,17 @@ def test_a_traced_run_names_the_operators_the_worker_ran(engine, profile, detect
     result = replay_line(engine.llm, traffic.lines[0], limits, detectors, tracer=tracer)
     assert result.error is None and tracer.broken == ""
     for trace in (result.trace_first, result.trace_second):
-        assert set(trace) == {"cpu", "device", "new_kernels", "slow_calls"}
+        assert set(trace) == {"cpu", "device", "new_kernels", "slow_calls", "stacks"}
+        # the thread's stack outside the worker: vLLM's engine, never its runner
+        assert set(trace["stacks"]) == {"outside_ms", "samples", "sites"}
+        assert not any("model_runner" in site for site in trace["stacks"]["sites"])
         # vLLM's attention op: once per layer and step (a prefill, then 3
         # decodes: 4 tokens each), with its time
         calls, total_us, max_us = trace["cpu"]["vllm::unified_attention_with_output"]
         assert calls == layers * 4 and total_us >= max_us > 0
         assert trace["device"] == {} and trace["new_kernels"] == [0, []]
+    sites = {**result.trace_first["stacks"]["sites"], **result.trace_second["stacks"]["sites"]}
+    assert any(site.startswith("vllm.") for site in sites)
     leftover = live_request_ids(engine.worker)
     with kv_connector_disabled(engine.worker):
         engine.worker.execute_model(cleanup_output(leftover))

@@ -18,6 +18,7 @@ def test_nothing_happened_is_nothing():
     fx = side_effects(before, snapshot())
     # the host's other tasks may take a CPU meanwhile (not this test's doing)
     fx.pop("preempted", None), fx.pop("cpu_stall_ms", None)
+    assert 0.0 <= fx.pop("thread_cpu_ms") < 50.0
     assert fx == {}
 
 
@@ -38,6 +39,7 @@ def test_a_lazy_import_a_full_gc_and_a_thread_are_seen(tmp_path, monkeypatch):
         done.set()
         t.join()
     fx.pop("preempted", None), fx.pop("cpu_stall_ms", None)  # the host's doing
+    assert fx.pop("thread_cpu_ms") >= 0.0
     assert fx["imports"] == 1 and fx["imported"] == ["stepwarm_lazy_probe"]
     assert fx["gc_collections"][2] >= 1
     assert fx["threads"] == 1
@@ -78,8 +80,8 @@ def _snap(preempted: int, stall_us: int):
 def test_host_contention_is_said_when_the_first_run_lost_the_cpu_well_beyond_the_second():
     first = side_effects(_snap(100, 1_000_000), _snap(260, 1_021_500))
     second = side_effects(_snap(300, 2_000_000), _snap(330, 2_003_000))
-    assert first == {"preempted": 160, "cpu_stall_ms": 21.5}
-    assert second == {"preempted": 30, "cpu_stall_ms": 3.0}
+    assert first == {"preempted": 160, "cpu_stall_ms": 21.5, "thread_cpu_ms": 0.0}
+    assert second == {"preempted": 30, "cpu_stall_ms": 3.0, "thread_cpu_ms": 0.0}
     assert explanation(first, second) == (
         "host CPU contention: 160 involuntary context switches (second run 30), "
         "tasks waited 21.5 ms for a CPU (second run 3)")
@@ -99,3 +101,54 @@ def test_cpu_pressure_is_read_from_psi(tmp_path, monkeypatch):
     assert snapshot().cpu_stall_us == 535770672
     monkeypatch.setattr(explain, "PSI_CPU", str(tmp_path / "none"))
     assert snapshot().cpu_stall_us == 0
+
+
+def test_the_collectors_time_is_counted_while_its_clock_is_on():
+    from stepwarm.coverage.explain import _gc_callback, gc_clock
+
+    garbage = [[i] for i in range(200_000)]
+    with gc_clock():
+        before = snapshot()
+        gc.collect(2)
+        fx = side_effects(before, snapshot())
+    assert _gc_callback not in gc.callbacks
+    assert fx["gc_ms"] > 0.0
+    before = snapshot()
+    gc.collect(2)  # the clock is off: passes counted, their time not
+    fx = side_effects(before, snapshot())
+    assert "gc_ms" not in fx and fx["gc_collections"][2] >= 1
+    del garbage
+
+
+def test_the_collectors_time_explains_an_outlier_where_it_covers_half_the_excess():
+    first, second = {"gc_ms": 42.0}, {"gc_ms": 2.0}
+    assert explanation(first, second, 60.0) == "garbage collector +40.0 ms (42 ms, second run 2 ms)"
+    assert explanation(first, second, 100.0) == ""  # 40 of 100 ms
+    assert explanation(first, second) == ""  # no excess given
+    assert explanation({"gc_ms": 1.5}, {}, 2.0) == "garbage collector +1.5 ms (1.5 ms, second run 0 ms)"
+    assert explanation({"gc_ms": 0.9}, {}, 1.0) == ""  # under GC_MIN_MS
+
+
+def test_the_threads_cpu_time_tells_work_from_waiting():
+    import time
+
+    before = snapshot()
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < 0.03:
+        pass
+    busy = side_effects(before, snapshot())["thread_cpu_ms"]
+    before = snapshot()
+    time.sleep(0.05)
+    idle = side_effects(before, snapshot())["thread_cpu_ms"]
+    assert busy >= 30.0 and idle < 10.0
+
+
+def test_outside_the_worker_says_whether_the_thread_worked_or_waited():
+    from stepwarm.coverage.explain import outside_worker
+
+    assert outside_worker(123.79, 43.48, 47.4, 35.2, 3.2) == (
+        "outside the worker +68.1 ms of the 80.3 ms excess "
+        "(mostly waiting, off the CPU: the thread's CPU time +3.2 ms)")
+    assert outside_worker(123.79, 43.48, 47.4, 35.2, 40.0) == (
+        "outside the worker +68.1 ms of the 80.3 ms excess "
+        "(on the CPU: the thread's CPU time +40.0 ms)")

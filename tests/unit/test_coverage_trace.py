@@ -145,6 +145,8 @@ def test_a_profiler_that_cannot_start_is_said_once_and_in_every_run(monkeypatch,
         "Kineto profiler when it's not running); no run is profiled"]
     with tracer.run() as got:
         pass
+    # the thread's stack is still sampled
+    assert set(got.pop("stacks")) == {"outside_ms", "samples", "sites"}
     assert got == {"error": "RuntimeError: Can't disable Kineto profiler when it's not running"}
     assert trace_explanation(got, got, 20.0) == ("", False)
 
