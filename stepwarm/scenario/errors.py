@@ -8,6 +8,7 @@ and traffic files use for such a list.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,16 @@ def joined(messages: Sequence[str], file: str) -> str:
         shown.append(f"{file}: {len(messages) - MAX_ERRORS} more error(s) not shown "
                      f"(at most {MAX_ERRORS} are listed)")
     return "\n".join(shown)
+
+
+def unknown_request(name: str, declared: Sequence[str]) -> tuple[str, str]:
+    """What a step selecting an undeclared request is told, and what is
+    allowed: ``("unknown request 'x' (did you mean 'y'?)", "names declared
+    under [requests]: y, z")`` (the loader and the expander say the same)."""
+    close = difflib.get_close_matches(name, list(declared), n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return (f"unknown request {name!r}{hint}",
+            "names declared under [requests]: " + (", ".join(declared) or "none"))
 
 
 class ScenarioError(ValueError):

@@ -11,7 +11,6 @@ named before any of them runs.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from typing import Any, cast
 
 from stepwarm.expressions import (
@@ -34,7 +33,7 @@ from stepwarm.plan import (
     too_many_seqs,
 )
 from stepwarm.profile import RunnerProfile
-from stepwarm.scenario.errors import ScenarioError
+from stepwarm.scenario.errors import ScenarioError, unknown_request
 from stepwarm.scenario.format import (
     ChunkedPrefillStep,
     DecodeStep,
@@ -317,12 +316,8 @@ class _Expander:
         names = [_SELECTOR.match(s).group(1) for s in selectors or []]  # type: ignore[union-attr]
         for name in names:
             if name not in self.groups and name not in self.failed_requests:
-                declared = [*self.groups, *sorted(self.failed_requests)]
-                close = difflib.get_close_matches(name, declared, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise self.err(f"unknown request {name!r}{hint}", field,
-                               allowed="names declared under [requests]: "
-                               + (", ".join(declared) or "none"))
+                what, allowed = unknown_request(name, [*self.groups, *sorted(self.failed_requests)])
+                raise self.err(what, field, allowed=allowed)
         if self.failed_requests.intersection(names):
             raise _SelectsFailedRequest(field)
         for s in selectors or []:

@@ -9,7 +9,7 @@ them (see ``scenarios/README.md``).
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
@@ -223,6 +223,16 @@ STEP_MODELS: dict[str, type[BaseModel]] = {
     for m in (PrefillStep, ChunkedPrefillStep, PrefixHitStep, DecodeStep, SpecDecodeStep,
               MixedDecodeStep, MixedPrefillDecodeStep, PreemptStep, ResumeStep, FinishStep)
 }
+
+
+def _selects(hint: Any) -> bool:
+    return hint == Selectors or Selectors in getattr(hint, "__args__", ())
+
+
+#: The step fields that select requests (typed :data:`Selectors`), over every step kind.
+SELECTOR_FIELDS: tuple[str, ...] = tuple(dict.fromkeys(
+    name for m in STEP_MODELS.values()
+    for name, hint in get_type_hints(m, include_extras=True).items() if _selects(hint)))
 
 
 class ScenarioFile(BaseModel):

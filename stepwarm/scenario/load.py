@@ -18,12 +18,13 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from stepwarm.files import MAX_INT_DIGITS, FileTooLarge, NotUtf8, read_text_capped
-from stepwarm.scenario.errors import ScenarioError
+from stepwarm.scenario.errors import ScenarioError, unknown_request
 from stepwarm.scenario.sampling import SamplingTable
 from stepwarm.scenario.format import (
     MAX_FILE_BYTES,
     MAX_NESTING,
     RequestSpec,
+    SELECTOR_FIELDS,
     STEP_MODELS,
     ScenarioFile,
     _NAME_HELP,
@@ -276,10 +277,6 @@ def loads(text: str, file: str, name: str) -> LoadedScenario:
     return LoadedScenario(name=name, file=file, text=text, model=model, index=index)
 
 
-#: The step fields that select requests (:data:`~stepwarm.scenario.format.Selectors`).
-SELECTOR_FIELDS = ("requests", "spec", "non_spec", "partial", "prefill", "decode")
-
-
 def _unknown_requests(model: ScenarioFile, file: str, index: _TomlIndex) -> list[ScenarioError]:
     """A located error per step field that selects a request no
     ``[requests.NAME]`` declares (the expander's message, told without a runner)."""
@@ -292,13 +289,11 @@ def _unknown_requests(model: ScenarioFile, file: str, index: _TomlIndex) -> list
                 name = m.group(1) if m else None
                 if name is None or name in model.requests:
                     continue
-                close = difflib.get_close_matches(name, declared, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                what, allowed = unknown_request(name, declared)
                 line = index.line(("steps", i), field)
                 errors.append(ScenarioError(
-                    f"{_where(file, line, ('steps', i), field, st.kind)}: unknown request "
-                    f"{name!r}{hint}; allowed: names declared under [requests]: "
-                    f"{', '.join(declared) or 'none'}", file=file, line=line, step=i, field=field))
+                    f"{_where(file, line, ('steps', i), field, st.kind)}: {what}; allowed: "
+                    f"{allowed}", file=file, line=line, step=i, field=field))
                 break  # one a field, as the expander says it
     return errors
 

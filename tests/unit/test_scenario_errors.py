@@ -452,3 +452,13 @@ def test_a_steps_table_instead_of_an_array_of_tables_gives_its_line(tmp_path):
         """)
     assert_parts(e, 4, None, "steps", "[[steps]] tables", "not a [steps] table")
     assert str(e).startswith(f"{e.file}:4: field 'steps': wrong type or value")
+
+
+def test_every_step_field_that_selects_requests_is_checked_at_load():
+    """The loader's list of selector fields is read off the step models: a
+    field typed ``Selectors`` (or ``Selectors | None``) on any step kind."""
+    from stepwarm.scenario.format import SELECTOR_FIELDS, STEP_MODELS
+
+    assert SELECTOR_FIELDS == ("requests", "spec", "non_spec", "partial", "prefill", "decode")
+    assert "requests" in STEP_MODELS["finish"].model_fields  # typed Selectors | None
+    assert "kind" not in SELECTOR_FIELDS and "count" not in SELECTOR_FIELDS
