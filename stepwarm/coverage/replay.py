@@ -196,12 +196,16 @@ def replay_line(llm: Any, tl: TrafficLine, limits: TrafficLimits,
             if clock is not None:
                 clock.take()
                 clock.take_steps()
-            before = snapshot()
             with tracer.run() if tracer is not None else contextlib.nullcontext({}) as trace:
+                # the side effects' window is the timed one: the profiler's
+                # start and its summary after the run (collector passes,
+                # CPU waits of their own) are neither
+                before = snapshot()
                 t0 = time.perf_counter()
                 outs = _generate(llm, prompts, params)
                 elapsed = (time.perf_counter() - t0) * 1e3
-            effects = side_effects(before, snapshot())
+                after = snapshot()
+            effects = side_effects(before, after)
             worker_ms = clock.take() if clock is not None else 0.0
             steps = clock.take_steps() if clock is not None else []
         except Exception as e:  # noqa: BLE001 - reported per request

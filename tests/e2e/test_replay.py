@@ -86,6 +86,39 @@ def test_a_prefix_shorter_than_the_engines_block_is_named_before_it_runs(profile
         "(128 tokens): no prefix hit"]
 
 
+def test_a_traced_runs_side_effects_are_the_timed_runs_not_the_profilers(
+        engine, profile, detectors, monkeypatch):
+    """The profiler's summary after a run makes garbage of its own (and on a
+    busy host waits for a CPU): what it does is not the run's. Here the
+    summary runs three full collector passes; the run's side effects do not
+    count them."""
+    import gc
+
+    from stepwarm.coverage import trace as trace_mod
+    from stepwarm.coverage.trace import Tracer
+
+    real = trace_mod.summarize
+
+    def summarize_with_garbage(*args, **kwargs):
+        for _ in range(3):
+            gc.collect(2)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trace_mod, "summarize", summarize_with_garbage)
+    traffic = loads_traffic('{"name": "one", "prompt": 9, "sampling": {"temperature": 0.0}}',
+                            "t.jsonl")
+    limits = TrafficLimits(profile.max_model_len, profile.vocab_size, profile.max_logprobs)
+    tracer = Tracer()
+    result = replay_line(engine.llm, traffic.lines[0], limits, detectors, tracer=tracer)
+    assert result.error is None and tracer.broken == "" and "cpu" in result.trace_first
+    for fx in (result.side_effects_first, result.side_effects_second):
+        assert fx.get("gc_collections", [0, 0, 0])[2] < 3
+    leftover = live_request_ids(engine.worker)
+    with kv_connector_disabled(engine.worker):
+        engine.worker.execute_model(cleanup_output(leftover))
+    assert live_request_ids(engine.worker) == set()
+
+
 def test_a_traced_run_names_the_operators_the_worker_ran(engine, profile, detectors):
     """``--trace``: each run profiled; the summary holds the real engine's
     operators with their calls and time, and the kernels seen so far carry
