@@ -18,6 +18,15 @@ mixed batches get no graph) up to ``max_num_batched_tokens``. On the probe, that
 counts with a first-call cost over 1 ms (at most 3 ms), against 21 (up to
 14 ms) without and 20 after the powers of two alone.
 
+The logits GEMM (the LM head, ``UnquantizedEmbeddingMethod.apply``: the
+input embedding where the head is tied) runs eagerly in every step, graphed
+or not, at one row per sampled token: :func:`warm_gemm_sizes` runs it at
+every count of the ladder from 1 to ``max_num_seqs`` times one plus
+``num_speculative_tokens``. On the H200 (run s15) the first 40-request
+prefill of Llama-3.1-8B and Gemma-3-12B, and the first 8-request step of
+granite-4.0-h, each paid 5-6 ms in that GEMM's first call
+(``aten::mm``, a cuBLAS kernel first launched) after every scenario had run.
+
 Inputs are zeros; outputs are dropped. Nothing random is drawn and nothing
 is written to the model or the KV cache. On CPU, and for quantized layers
 (their kernels are not cuBLAS's), it does nothing.
@@ -63,10 +72,26 @@ class GemmReport:
     shapes: int = 0
     #: The token counts each shape ran at.
     counts: list[int] = field(default_factory=list)
+    #: Distinct logits GEMMs (LM heads) run, and the row counts they ran at.
+    heads: int = 0
+    head_counts: list[int] = field(default_factory=list)
     wall_ms: float = 0.0
     #: Why nothing ran ("" when it ran).
     skipped: str = ""
     memory: MemoryReport | None = None
+
+
+def gemm_text(g: GemmReport) -> str:
+    """What :func:`warm_gemm_sizes` ran, for the log: ``"7 shapes x 20
+    counts (513-16384 tokens); 1 LM head x 81 counts (1-1024 rows)"``."""
+    said = []
+    if g.counts:
+        said.append(f"{g.shapes} shapes x {len(g.counts)} counts "
+                    f"({g.counts[0]}-{g.counts[-1]} tokens)")
+    if g.head_counts:
+        said.append(f"{g.heads} LM head{'s' if g.heads != 1 else ''} x {len(g.head_counts)} "
+                    f"counts ({g.head_counts[0]}-{g.head_counts[-1]} rows)")
+    return "; ".join(said) or "nothing"
 
 
 def _eager_floor(vllm_config: Any) -> int:
@@ -108,6 +133,44 @@ def linear_layers(model: Any, device_type: str = "cuda") -> list[Any]:
     return list(seen.values())
 
 
+def logits_heads(model: Any, device_type: str = "cuda") -> list[Any]:
+    """One module per distinct logits GEMM: an unquantized vocabulary table
+    (``quant_method`` an ``UnquantizedEmbeddingMethod``: vLLM's LM heads and
+    the input embeddings a tied head is), a 2-D weight on a ``device_type``
+    device, keyed by the weight's shape and dtype (an untied head and its
+    input embedding have the same: one GEMM)."""
+    seen: dict[tuple[Any, ...], Any] = {}
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        weight = getattr(module, "weight", None)
+        if method is None or type(method).__name__ != "UnquantizedEmbeddingMethod":
+            continue
+        if weight is None or getattr(weight, "dim", lambda: 0)() != 2 or \
+                weight.device.type != device_type:
+            continue
+        seen.setdefault((tuple(weight.shape), weight.dtype), module)
+    return list(seen.values())
+
+
+def logits_rows(vllm_config: Any) -> int:
+    """The most rows a step's logits GEMM has: ``max_num_seqs`` times one
+    plus ``num_speculative_tokens`` (the drafts verified in the step)."""
+    seqs = int(vllm_config.scheduler_config.max_num_seqs)
+    spec = getattr(vllm_config, "speculative_config", None)
+    drafts = int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
+    return seqs * (1 + drafts)
+
+
+def _run_ladder(layer: Any, counts: list[int], bias: Any) -> None:
+    import torch
+
+    w = layer.weight
+    x = torch.zeros(counts[-1], w.shape[1], dtype=w.dtype, device=w.device)
+    for m in counts:
+        layer.quant_method.apply(layer, x[:m], bias)
+    del x
+
+
 def warm_gemm_sizes(worker: Any) -> GemmReport:
     """Run the model's linear GEMMs at every eager token count of the ladder
     (module docstring)."""
@@ -124,25 +187,23 @@ def warm_gemm_sizes(worker: Any) -> GemmReport:
     if model is None and hasattr(runner, "get_model"):
         model = runner.get_model()
     layers = linear_layers(model) if model is not None else []
-    if not layers:
-        report.skipped = "no unquantized linear layer on a CUDA device"
+    heads = logits_heads(model) if model is not None else []
+    if not layers and not heads:
+        report.skipped = "no unquantized linear layer or LM head on a CUDA device"
         return report
     config = runner.vllm_config
     high = int(config.scheduler_config.max_num_batched_tokens)
-    counts = token_counts(_eager_floor(config), high)
-    if not counts:
-        report.skipped = "every token count replays a CUDA graph"
-        return report
+    counts = token_counts(_eager_floor(config), high) if layers else []
+    head_counts = token_counts(1, logits_rows(config)) if heads else []
     t0 = time.perf_counter()
     with torch.inference_mode(), measured() as report.memory:
-        for layer in layers:
-            w = layer.weight
-            x = torch.zeros(counts[-1], w.shape[1], dtype=w.dtype, device=w.device)
-            bias = getattr(layer, "bias", None)
-            for m in counts:
-                layer.quant_method.apply(layer, x[:m], bias)
-            del x
+        for layer in layers if counts else []:
+            _run_ladder(layer, counts, getattr(layer, "bias", None))
+        for head in heads:
+            _run_ladder(head, head_counts, None)
         torch.cuda.synchronize()
-    report.shapes, report.counts = len(layers), counts
+    if counts:
+        report.shapes, report.counts = len(layers), counts
+    report.heads, report.head_counts = len(heads), head_counts
     report.wall_ms = (time.perf_counter() - t0) * 1e3
     return report

@@ -228,7 +228,7 @@ def _warm_gemm_sizes(worker: Any, who: str) -> None:
     logged and kept on the worker as ``worker.stepwarm_gemm``; a failure is
     logged and serving goes on (nothing is left: the GEMMs write only their
     own outputs)."""
-    from stepwarm.gemm_sizes import GemmReport, warm_gemm_sizes
+    from stepwarm.gemm_sizes import GemmReport, gemm_text, warm_gemm_sizes
 
     try:
         g = warm_gemm_sizes(worker)
@@ -241,9 +241,8 @@ def _warm_gemm_sizes(worker: Any, who: str) -> None:
     if g.skipped:
         logger.debug("%s: linear GEMMs per token count: skipped (%s)", who, g.skipped)
         return
-    logger.info("%s: linear GEMMs per token count: %d shapes x %d counts (%d-%d tokens) "
-                "in %.0f ms (STEPWARM_GEMM_SIZES=off turns it off)", who, g.shapes,
-                len(g.counts), g.counts[0], g.counts[-1], g.wall_ms)
+    logger.info("%s: linear GEMMs per token count: %s in %.0f ms "
+                "(STEPWARM_GEMM_SIZES=off turns it off)", who, gemm_text(g), g.wall_ms)
     mem = g.memory
     if mem is not None and mem.lower_after:
         logger.warning("%s: linear GEMMs %s", who, lower_text(mem))

@@ -10,7 +10,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from stepwarm.gemm_sizes import _eager_floor, linear_layers, token_counts, warm_gemm_sizes
+from stepwarm.gemm_sizes import (
+    _eager_floor,
+    linear_layers,
+    logits_heads,
+    logits_rows,
+    token_counts,
+    warm_gemm_sizes,
+)
 from stepwarm.settings import HookSettings, SettingsError
 
 
@@ -90,3 +97,40 @@ def test_setting():
     assert HookSettings.from_env({**on, "STEPWARM_GEMM_SIZES": "auto"}).gemm_sizes is True
     with pytest.raises(SettingsError, match="STEPWARM_GEMM_SIZES='on'"):
         HookSettings.from_env({**on, "STEPWARM_GEMM_SIZES": "on"})
+
+
+def test_logits_heads_one_per_distinct_vocabulary_table():
+    """vLLM's own LM head and input embedding (a tied head's table): same
+    shape and dtype, one GEMM; a linear layer is not a head."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    table = UnquantizedEmbeddingMethod()
+    model = torch.nn.Sequential(
+        _Layer(32, 8, False, table),                       # embed_tokens
+        _Layer(8, 8, False, UnquantizedLinearMethod()),
+        _Layer(32, 8, False, table),                       # lm_head: the same GEMM
+        _Layer(48, 8, False, table),                       # another vocabulary
+    )
+    picked = logits_heads(model, device_type="cpu")
+    assert [tuple(m.weight.shape) for m in picked] == [(32, 8), (48, 8)]
+    assert picked[0] is model[0]
+    assert logits_heads(model) == []  # on CUDA only
+
+
+def test_logits_rows_count_the_drafts_verified_in_a_step():
+    config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=64),
+                             speculative_config=None)
+    assert logits_rows(config) == 64
+    config.speculative_config = SimpleNamespace(num_speculative_tokens=3)
+    assert logits_rows(config) == 256
+    assert token_counts(1, 64)[:10] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+
+
+def test_the_log_says_what_ran():
+    from stepwarm.gemm_sizes import GemmReport, gemm_text
+
+    both = GemmReport(shapes=7, counts=[513, 600, 16384], heads=1, head_counts=[1, 2, 1024])
+    assert gemm_text(both) == "7 shapes x 3 counts (513-16384 tokens); 1 LM head x 3 counts (1-1024 rows)"
+    assert gemm_text(GemmReport(heads=2, head_counts=[1, 64])) == "2 LM heads x 2 counts (1-64 rows)"
+    assert gemm_text(GemmReport()) == "nothing"

@@ -1,0 +1,20 @@
+"""The GEMMs ``stepwarm.gemm_sizes`` picks off a real vLLM model (the
+session's CPU engine): its linear layers and its one LM head. What they cost
+on a GPU is measured on the H200; on CPU nothing runs."""
+
+from __future__ import annotations
+
+from stepwarm.gemm_sizes import linear_layers, logits_heads, logits_rows
+from stepwarm.runner import runner_of
+
+
+def test_the_lm_head_is_the_one_logits_gemm(engine):
+    runner = runner_of(engine.worker)
+    model = runner.model if getattr(runner, "model", None) is not None else runner.get_model()
+    hf = engine.llm.llm_engine.model_config.hf_config
+    heads = logits_heads(model, device_type="cpu")
+    assert [tuple(h.weight.shape) for h in heads] == [(hf.vocab_size, hf.hidden_size)]
+    # a head is not among the linear layers (their ladder is another one)
+    assert not {id(h) for h in heads} & {id(m) for m in linear_layers(model, device_type="cpu")}
+    config = runner.vllm_config
+    assert logits_rows(config) == config.scheduler_config.max_num_seqs
