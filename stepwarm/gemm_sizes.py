@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,21 +115,27 @@ def _eager_floor(vllm_config: Any) -> int:
     return int(top) + 1
 
 
+def _unquantized(model: Any, method: str, device_type: str) -> Iterator[Any]:
+    """The modules whose ``quant_method`` is of class ``method``, with a 2-D
+    weight on a ``device_type`` device."""
+    for module in model.modules():
+        quant = getattr(module, "quant_method", None)
+        weight = getattr(module, "weight", None)
+        if quant is None or type(quant).__name__ != method:
+            continue
+        if weight is not None and getattr(weight, "dim", lambda: 0)() == 2 and \
+                weight.device.type == device_type:
+            yield module
+
+
 def linear_layers(model: Any, device_type: str = "cuda") -> list[Any]:
     """One linear layer per distinct GEMM: unquantized (``quant_method`` an
     ``UnquantizedLinearMethod``), a 2-D weight on a ``device_type`` device,
     keyed by the weight's shape and dtype and whether it has a bias."""
     seen: dict[tuple[Any, ...], Any] = {}
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        weight = getattr(module, "weight", None)
-        if method is None or type(method).__name__ != "UnquantizedLinearMethod":
-            continue
-        if weight is None or getattr(weight, "dim", lambda: 0)() != 2 or \
-                weight.device.type != device_type:
-            continue
-        bias = getattr(module, "bias", None)
-        key = (tuple(weight.shape), weight.dtype, bias is not None)
+    for module in _unquantized(model, "UnquantizedLinearMethod", device_type):
+        key = (tuple(module.weight.shape), module.weight.dtype,
+               getattr(module, "bias", None) is not None)
         seen.setdefault(key, module)
     return list(seen.values())
 
@@ -140,15 +147,8 @@ def logits_heads(model: Any, device_type: str = "cuda") -> list[Any]:
     device, keyed by the weight's shape and dtype (an untied head and its
     input embedding have the same: one GEMM)."""
     seen: dict[tuple[Any, ...], Any] = {}
-    for module in model.modules():
-        method = getattr(module, "quant_method", None)
-        weight = getattr(module, "weight", None)
-        if method is None or type(method).__name__ != "UnquantizedEmbeddingMethod":
-            continue
-        if weight is None or getattr(weight, "dim", lambda: 0)() != 2 or \
-                weight.device.type != device_type:
-            continue
-        seen.setdefault((tuple(weight.shape), weight.dtype), module)
+    for module in _unquantized(model, "UnquantizedEmbeddingMethod", device_type):
+        seen.setdefault((tuple(module.weight.shape), module.weight.dtype), module)
     return list(seen.values())
 
 
