@@ -33,7 +33,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from stepwarm.deferred_compile import DeferredCompiles, default_threads, deferred_compiles
@@ -74,6 +74,10 @@ WORKER_CLASSES = (
     "vllm.v1.worker.gpu_worker:Worker",
     "vllm.v1.worker.cpu_worker:CPUWorker",
 )
+#: vLLM's front-end class (the process that admits requests: the API server,
+#: ``LLM``'s process) whose construction the plugin follows with what the
+#: first request would load (:func:`_wrap_front_end`).
+FRONT_END_CLASS = "vllm.v1.engine.input_processor:InputProcessor"
 
 
 class WarmupError(RuntimeError):
@@ -368,6 +372,41 @@ def _wrap(cls: type) -> None:
     cls.compile_or_warm_up_model = compile_or_warm_up_model  # type: ignore[attr-defined]
 
 
+def _wrap_front_end(cls: type) -> None:
+    """Wrap ``cls.__init__`` (vLLM's ``InputProcessor``): once it is built,
+    load the logits-processor classes the first request's validation would
+    load (:func:`stepwarm.vllm_facts.load_logits_processor_classes`), while
+    ``STEPWARM_SCENARIOS`` is set. A failure is vLLM's to report at that
+    request (nothing is cached): it is logged at debug level and start-up
+    goes on. Wrapping twice is a no-op."""
+    original = cls.__dict__.get("__init__")
+    if original is None or getattr(original, "_stepwarm", False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            if not HookSettings.from_env().enabled:
+                return
+            from stepwarm import vllm_facts
+
+            n = vllm_facts.load_logits_processor_classes(self.model_config)
+            logger.debug("stepwarm: front end: %d logits-processor class(es) loaded "
+                         "before the first request", n)
+        except Exception as e:  # noqa: BLE001 - the first request reports it, as without stepwarm
+            logger.debug("stepwarm: front end: logits-processor classes not loaded: %s: %s",
+                         type(e).__name__, e)
+
+    __init__._stepwarm = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__  # type: ignore[misc]
+
+
+#: What :func:`register` wraps: ``module:Class`` -> the wrapper.
+_WRAPPERS: dict[str, Callable[[type], None]] = {
+    **dict.fromkeys(WORKER_CLASSES, _wrap), FRONT_END_CLASS: _wrap_front_end}
+
+
 class _WrapOnImport(importlib.abc.MetaPathFinder):
     """Wraps a worker class right after vLLM imports its module (a
     ``sys.meta_path`` finder that hands the real spec back with a loader
@@ -382,13 +421,14 @@ class _WrapOnImport(importlib.abc.MetaPathFinder):
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _WrappingLoader(spec.loader, self.targets[fullname])
+        spec.loader = _WrappingLoader(spec.loader, self.targets[fullname],
+                                      _WRAPPERS[f"{fullname}:{self.targets[fullname]}"])
         return spec
 
 
 class _WrappingLoader(importlib.abc.Loader):
-    def __init__(self, inner: Any, cls_name: str):
-        self.inner, self.cls_name = inner, cls_name
+    def __init__(self, inner: Any, cls_name: str, wrap: Callable[[type], None]):
+        self.inner, self.cls_name, self.wrap = inner, cls_name, wrap
 
     def create_module(self, spec: Any) -> Any:
         return self.inner.create_module(spec)
@@ -397,7 +437,7 @@ class _WrappingLoader(importlib.abc.Loader):
         self.inner.exec_module(module)
         cls = getattr(module, self.cls_name, None)
         if isinstance(cls, type):
-            _wrap(cls)
+            self.wrap(cls)
 
     def __getattr__(self, name: str) -> Any:  # get_code, get_source, ... for tracebacks
         return getattr(self.inner, name)
@@ -447,9 +487,9 @@ def register() -> None:
     Without ``STEPWARM_SCENARIOS`` it does nothing but warn of misspelt
     ``STEPWARM_*`` names (:func:`~stepwarm.settings.unknown_names`). Otherwise it checks the
     ``STEPWARM_*`` variables and arranges for the worker class of
-    :data:`WORKER_CLASSES` that this process imports to be wrapped: a class
-    whose module is loaded already is wrapped now, the others when (if ever)
-    vLLM imports them. Nothing is imported, no torch or vLLM state changes
+    :data:`WORKER_CLASSES` that this process imports, and the front end's
+    :data:`FRONT_END_CLASS`, to be wrapped: a class whose module is loaded
+    already is wrapped now, the others when (if ever) vLLM imports them. Nothing is imported, no torch or vLLM state changes
     (but for :func:`carry_settings_to_ray_workers`' environment variable).
     Safe to call more than once.
 
@@ -474,13 +514,13 @@ def register() -> None:
     _check_scenario_files(settings)
     carry_settings_to_ray_workers()
     pending: dict[str, str] = {}
-    for path in WORKER_CLASSES:
+    for path, wrap in _WRAPPERS.items():
         module, _, name = path.partition(":")
         loaded = sys.modules.get(module)
         if loaded is not None:
             cls = getattr(loaded, name, None)
             if isinstance(cls, type):
-                _wrap(cls)
+                wrap(cls)
         else:
             pending[module] = name
     finder = next((f for f in sys.meta_path if isinstance(f, _WrapOnImport)), None)

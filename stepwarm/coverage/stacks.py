@@ -10,7 +10,8 @@ thread beside the run that reads the calling thread's stack
 its previous look to where the stack was then, so a stretch the thread held
 the interpreter without letting the sampler in (a long C call) is still
 counted, at its end. A sample whose stack passes through the worker's
-``execute_model`` / ``sample_tokens`` is the worker's and not kept.
+``execute_model`` / ``sample_tokens`` is the worker's and not kept, nor one
+in coverage's own measuring code (its snapshots and clocks).
 
 A site is ``module.function`` of the innermost frame, after the innermost
 vLLM / stepwarm frame where that is a different one
@@ -40,6 +41,10 @@ MAX_NAMED = 3
 WORKER_METHODS = ("execute_model", "sample_tokens")
 #: Packages whose frames say which part of vLLM (or stepwarm) a site is in.
 OURS = ("vllm", "stepwarm")
+#: Where ``stepwarm coverage`` measures a run (its snapshots, clocks and this
+#: sampler): a sample whose innermost vLLM / stepwarm frame is here is the
+#: measurement's, not the request's, and is not kept.
+MEASURING = "stepwarm.coverage."
 
 
 def _module(frame: FrameType) -> str:
@@ -63,13 +68,16 @@ def _in_worker(frame: FrameType) -> bool:
     return False
 
 
-def site(frame: FrameType) -> str:
+def site(frame: FrameType) -> str | None:
     """``module.function`` of ``frame``, after the innermost vLLM / stepwarm
-    frame at or above it when that is another one (module docstring)."""
+    frame at or above it when that is another one (module docstring); None
+    where that frame is the measurement's own (:data:`MEASURING`)."""
     inner = f"{_module(frame)}.{frame.f_code.co_name}"
     f: FrameType | None = frame
     while f is not None and not _ours(f):
         f = f.f_back
+    if f is not None and _module(f).startswith(MEASURING):
+        return None
     if f is None or f is frame:
         return inner
     return f"{_module(f)}.{f.f_code.co_name} > {inner}"
@@ -99,8 +107,8 @@ class StackSampler:
                 now = time.perf_counter()
                 if stop.is_set():  # the thread is ending the block (joining this one)
                     break
-                if frame is not None and not _in_worker(frame):
-                    key = site(frame)
+                key = site(frame) if frame is not None and not _in_worker(frame) else None
+                if key is not None:
                     sites[key] = sites.get(key, 0.0) + (now - last) * 1e3
                     counts[0] += 1
                 last = now

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from stepwarm.coverage.stacks import StackSampler, stacks_explanation
 
 
@@ -38,14 +40,20 @@ def test_a_site_names_the_vllm_function_above_the_innermost_frame():
     assert stacks["sites"][site] >= 40.0
 
 
-def test_the_workers_own_time_is_not_sampled():
-    execute_model = _fake_module("vllm.v1.worker.fake_worker", "execute_model")
+@pytest.mark.parametrize("module, func", [
+    ("vllm.v1.worker.fake_worker", "execute_model"),  # the worker's own time
+    # a snapshot inside the sampled block (the replay takes them around the
+    # timed run): the measurement's time, not the request's
+    ("stepwarm.coverage.fake_explain", "snapshot"),
+])
+def test_time_that_is_not_the_requests_outside_the_worker_is_not_sampled(module, func):
+    call = _fake_module(module, func)
     with StackSampler().run() as stacks:
-        execute_model(_waits_here, 0.1)
+        call(_waits_here, 0.1)
         _waits_here(0.03)
     # the 30 ms after it are (a sampler held off by a busy host charges its
     # wait to where it next finds the thread: at most the whole 130 ms)
-    assert not any("fake_worker" in k for k in stacks["sites"])
+    assert not any(module in k for k in stacks["sites"])
     assert stacks["sites"][f"{__name__}._waits_here"] >= 20.0
 
 
@@ -99,3 +107,4 @@ def test_an_unexplained_verdict_says_where_the_thread_was_and_whether_it_worked(
         "vllm.v1.engine.core.step > threading.wait +61.0 ms (76.0 ms in all, second run "
         "8.1 ms); one more prompt token each, run next: 47.4 then "
         "44.7 ms (a kernel class this line reached first, not a cost of every new size)")
+

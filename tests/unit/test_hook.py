@@ -78,6 +78,8 @@ REGISTER_PROBE = textwrap.dedent(
     out["cpu_wrapped"] = getattr(cls.__dict__["compile_or_warm_up_model"], "_stepwarm", False)
     out["gpu_base_wrapped"] = getattr(Worker.__dict__["compile_or_warm_up_model"], "_stepwarm", False)
     out["event_after_cpu_import_is_placeholder"] = torch.cuda.Event is not before[0]
+    from vllm.v1.engine.input_processor import InputProcessor
+    out["front_end_wrapped"] = getattr(InputProcessor.__dict__["__init__"], "_stepwarm", False)
     print("RESULT " + json.dumps(out))
     """
 )
@@ -103,6 +105,7 @@ def test_register_imports_no_worker_module_and_keeps_torch_cuda_event_and_stream
     # why register() must not.
     assert out["cpu_wrapped"] and out["gpu_base_wrapped"]
     assert out["event_after_cpu_import_is_placeholder"]
+    assert out["front_end_wrapped"]
 
 
 def test_register_without_scenarios_installs_nothing():
@@ -290,3 +293,37 @@ def test_register_hands_the_settings_to_ray_workers_that_copy_known_prefixes():
     off = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=300, env=env)
     assert json.loads(off.stdout.splitlines()[-1]) == [None, False], off.stderr[-2000:]
+
+
+def test_the_front_end_loads_the_logits_processor_classes_before_the_first_request(monkeypatch):
+    """vLLM's own cache (``cached_load_custom_logitsprocs``) is filled when
+    the wrapped front end is built: the first request's validation (vLLM's
+    ``validate_logits_processors_parameters``) then finds it there."""
+    from types import SimpleNamespace
+
+    from vllm import SamplingParams
+    from vllm.v1.sample.logits_processor import (
+        cached_load_custom_logitsprocs,
+        validate_logits_processors_parameters,
+    )
+
+    class FrontEnd:
+        def __init__(self, model_config):
+            self.model_config = model_config
+
+    hook._wrap_front_end(FrontEnd)
+    hook._wrap_front_end(FrontEnd)  # wrapping twice is a no-op
+    assert FrontEnd.__init__._stepwarm and FrontEnd.__init__.__wrapped__.__name__ == "__init__"
+    cached_load_custom_logitsprocs.cache_clear()
+    monkeypatch.delenv("STEPWARM_SCENARIOS", raising=False)
+    FrontEnd(SimpleNamespace(logits_processors=None))  # the plugin off: nothing loaded
+    assert cached_load_custom_logitsprocs.cache_info().currsize == 0
+    monkeypatch.setenv("STEPWARM_SCENARIOS", "default")
+    FrontEnd(SimpleNamespace(logits_processors=None))
+    assert cached_load_custom_logitsprocs.cache_info().misses == 1
+    validate_logits_processors_parameters(None, SamplingParams())
+    info = cached_load_custom_logitsprocs.cache_info()
+    assert (info.hits, info.misses) == (1, 1)
+    # a class vLLM cannot load: left for the first request to report, as without stepwarm
+    FrontEnd(SimpleNamespace(logits_processors=["no_such_module.Proc"]))
+    assert cached_load_custom_logitsprocs.cache_info().currsize == 1
