@@ -376,9 +376,9 @@ def _wrap_front_end(cls: type) -> None:
     """Wrap ``cls.__init__`` (vLLM's ``InputProcessor``): once it is built,
     load the logits-processor classes the first request's validation would
     load (:func:`stepwarm.vllm_facts.load_logits_processor_classes`), while
-    ``STEPWARM_SCENARIOS`` is set. A failure is vLLM's to report at that
-    request (nothing is cached): it is logged at debug level and start-up
-    goes on. Wrapping twice is a no-op."""
+    ``STEPWARM_SCENARIOS`` is set (one line in the log). A failure is vLLM's
+    to report at that request (nothing is cached): it is logged at debug
+    level and start-up goes on. Wrapping twice is a no-op."""
     original = cls.__dict__.get("__init__")
     if original is None or getattr(original, "_stepwarm", False):
         return
@@ -392,8 +392,8 @@ def _wrap_front_end(cls: type) -> None:
             from stepwarm import vllm_facts
 
             n = vllm_facts.load_logits_processor_classes(self.model_config)
-            logger.debug("stepwarm: front end: %d logits-processor class(es) loaded "
-                         "before the first request", n)
+            logger.info("stepwarm: front end: the logits-processor classes (%d) loaded "
+                        "before the first request", n)
         except Exception as e:  # noqa: BLE001 - the first request reports it, as without stepwarm
             logger.debug("stepwarm: front end: logits-processor classes not loaded: %s: %s",
                          type(e).__name__, e)

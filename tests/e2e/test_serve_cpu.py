@@ -58,3 +58,6 @@ def test_api_server_runs_the_scenarios_then_answers_a_completion(tmp_path):
     assert starting.startswith("starting (8 steps)") and ended.startswith("8 steps in "), log[-4000:]
     # The scenarios ran during start-up, before the server took requests.
     assert log.index("stepwarm: default: 8 steps in") < log.index("Application startup complete")
+    # The front end loaded what the first request's validation loads (docs/plugin.md).
+    assert log.index("stepwarm: front end: the logits-processor classes (0) loaded before "
+                     "the first request") < log.index("Application startup complete")
