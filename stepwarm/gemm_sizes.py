@@ -154,19 +154,23 @@ def logits_heads(model: Any, device_type: str = "cuda") -> list[Any]:
 
 def logits_rows(vllm_config: Any) -> int:
     """The most rows a step's logits GEMM has: ``max_num_seqs`` times one
-    plus ``num_speculative_tokens`` (the drafts verified in the step)."""
-    seqs = int(vllm_config.scheduler_config.max_num_seqs)
+    plus ``num_speculative_tokens`` (the drafts verified in the step), and
+    no more than ``max_num_batched_tokens`` (a row per scheduled token at most)."""
+    sched = vllm_config.scheduler_config
     spec = getattr(vllm_config, "speculative_config", None)
     drafts = int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
-    return seqs * (1 + drafts)
+    return min(int(sched.max_num_seqs) * (1 + drafts), int(sched.max_num_batched_tokens))
 
 
 def _run_ladder(layer: Any, counts: list[int], bias: Any) -> None:
+    """``layer``'s GEMM at every count, the largest first: each output after
+    the first fits in the block the caching allocator kept from it (in
+    ascending order every output would be a new, larger block)."""
     import torch
 
     w = layer.weight
     x = torch.zeros(counts[-1], w.shape[1], dtype=w.dtype, device=w.device)
-    for m in counts:
+    for m in reversed(counts):
         layer.quant_method.apply(layer, x[:m], bias)
     del x
 
@@ -195,12 +199,15 @@ def warm_gemm_sizes(worker: Any) -> GemmReport:
     high = int(config.scheduler_config.max_num_batched_tokens)
     counts = token_counts(_eager_floor(config), high) if layers else []
     head_counts = token_counts(1, logits_rows(config)) if heads else []
+    if not counts and not head_counts:
+        report.skipped = "every token count replays a CUDA graph, and no LM head"
+        return report
     t0 = time.perf_counter()
     with torch.inference_mode(), measured() as report.memory:
         for layer in layers if counts else []:
             _run_ladder(layer, counts, getattr(layer, "bias", None))
         for head in heads:
-            _run_ladder(head, head_counts, None)
+            _run_ladder(head, head_counts, getattr(head, "bias", None))
         torch.cuda.synchronize()
     if counts:
         report.shapes, report.counts = len(layers), counts

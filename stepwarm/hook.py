@@ -74,10 +74,15 @@ WORKER_CLASSES = (
     "vllm.v1.worker.gpu_worker:Worker",
     "vllm.v1.worker.cpu_worker:CPUWorker",
 )
-#: vLLM's front-end class (the process that admits requests: the API server,
-#: ``LLM``'s process) whose construction the plugin follows with what the
-#: first request would load (:func:`_wrap_front_end`).
-FRONT_END_CLASS = "vllm.v1.engine.input_processor:InputProcessor"
+#: vLLM's front-end engines (the process that admits requests: the API
+#: server's ``AsyncLLM``, ``LLM``'s ``LLMEngine``) whose construction the
+#: plugin follows with what the first request would load
+#: (:func:`_wrap_front_end`): after it, the engine core runs in its own
+#: process already, so nothing loaded here is forked into it.
+FRONT_END_CLASSES = (
+    "vllm.v1.engine.async_llm:AsyncLLM",
+    "vllm.v1.engine.llm_engine:LLMEngine",
+)
 
 
 class WarmupError(RuntimeError):
@@ -373,12 +378,12 @@ def _wrap(cls: type) -> None:
 
 
 def _wrap_front_end(cls: type) -> None:
-    """Wrap ``cls.__init__`` (vLLM's ``InputProcessor``): once it is built,
-    load the logits-processor classes the first request's validation would
-    load (:func:`stepwarm.vllm_facts.load_logits_processor_classes`), while
-    ``STEPWARM_SCENARIOS`` is set (one line in the log). A failure is vLLM's
-    to report at that request (nothing is cached): it is logged at debug
-    level and start-up goes on. Wrapping twice is a no-op."""
+    """Wrap ``cls.__init__`` (vLLM's ``AsyncLLM`` / ``LLMEngine``): once it is
+    built, load the logits-processor classes the first request's validation
+    would load (:func:`stepwarm.vllm_facts.load_logits_processor_classes`),
+    while ``STEPWARM_SCENARIOS`` is set (one line in the log). A failure is
+    vLLM's to report at that request (nothing is cached): it is logged at
+    debug level and start-up goes on. Wrapping twice is a no-op."""
     original = cls.__dict__.get("__init__")
     if original is None or getattr(original, "_stepwarm", False):
         return
@@ -387,13 +392,15 @@ def _wrap_front_end(cls: type) -> None:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         try:
-            if not HookSettings.from_env().enabled:
+            processor = getattr(self, "input_processor", None)
+            if processor is None or not HookSettings.from_env().enabled:
                 return
             from stepwarm import vllm_facts
 
-            n = vllm_facts.load_logits_processor_classes(self.model_config)
-            logger.info("stepwarm: front end: the logits-processor classes (%d) loaded "
-                        "before the first request", n)
+            n = vllm_facts.load_logits_processor_classes(processor)
+            if n is not None:
+                logger.info("stepwarm: front end: the logits-processor classes (%d) loaded "
+                            "before the first request", n)
         except Exception as e:  # noqa: BLE001 - the first request reports it, as without stepwarm
             logger.debug("stepwarm: front end: logits-processor classes not loaded: %s: %s",
                          type(e).__name__, e)
@@ -404,7 +411,7 @@ def _wrap_front_end(cls: type) -> None:
 
 #: What :func:`register` wraps: ``module:Class`` -> the wrapper.
 _WRAPPERS: dict[str, Callable[[type], None]] = {
-    **dict.fromkeys(WORKER_CLASSES, _wrap), FRONT_END_CLASS: _wrap_front_end}
+    **dict.fromkeys(WORKER_CLASSES, _wrap), **dict.fromkeys(FRONT_END_CLASSES, _wrap_front_end)}
 
 
 class _WrapOnImport(importlib.abc.MetaPathFinder):
@@ -488,7 +495,7 @@ def register() -> None:
     ``STEPWARM_*`` names (:func:`~stepwarm.settings.unknown_names`). Otherwise it checks the
     ``STEPWARM_*`` variables and arranges for the worker class of
     :data:`WORKER_CLASSES` that this process imports, and the front end's
-    :data:`FRONT_END_CLASS`, to be wrapped: a class whose module is loaded
+    :data:`FRONT_END_CLASSES`, to be wrapped: a class whose module is loaded
     already is wrapped now, the others when (if ever) vLLM imports them. Nothing is imported, no torch or vLLM state changes
     (but for :func:`carry_settings_to_ray_workers`' environment variable).
     Safe to call more than once.

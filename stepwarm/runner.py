@@ -323,6 +323,8 @@ class WorkerClock:
 
     def __init__(self) -> None:
         self.ms = 0.0
+        #: CPU time of the calling thread inside those calls (ms, ``time.thread_time``).
+        self.cpu_ms = 0.0
         self.steps: list[list[float]] = []
         self._token_counts: set[int] = set()
 
@@ -335,12 +337,13 @@ class WorkerClock:
 
         def timed(name: str, fn: Any) -> Any:
             def call(*args: Any, **kwargs: Any) -> Any:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 try:
                     return fn(*args, **kwargs)
                 finally:
                     ms = (time.perf_counter() - t0) * 1e3
                     self.ms += ms
+                    self.cpu_ms += (time.thread_time() - c0) * 1e3
                     self._count_step(name, args, ms)
             return call
 
@@ -365,8 +368,14 @@ class WorkerClock:
 
     def take(self) -> float:
         """Milliseconds counted since the last take (the steps are kept
-        until :meth:`take_steps`)."""
+        until :meth:`take_steps`, the CPU time until :meth:`take_cpu`)."""
         ms, self.ms = self.ms, 0.0
+        return ms
+
+    def take_cpu(self) -> float:
+        """CPU milliseconds of the calling thread in the worker's calls since
+        the last take."""
+        ms, self.cpu_ms = self.cpu_ms, 0.0
         return ms
 
     def take_steps(self) -> list[list[float]]:

@@ -674,18 +674,43 @@ def default_max_logprobs() -> int | None:
     return default if isinstance(default, int) else None
 
 
-def load_logits_processor_classes(model_config: Any) -> int:
-    """Load the logits-processor classes a request's validation loads, into
-    vLLM's own cache (``cached_load_custom_logitsprocs``, keyed as
-    ``validate_logits_processors_parameters`` keys it: the model config's
-    ``logits_processors``, a tuple, or None): the entry points of the
+def load_logits_processor_classes(input_processor: Any) -> int | None:
+    """Load the logits-processor classes the first request's validation
+    would load, into vLLM's own cache (``cached_load_custom_logitsprocs``,
+    under the key the validation uses): the entry points of the
     ``vllm.logits_processors`` group and the classes named by
-    ``--logits-processors``. vLLM (0.26-0.33) loads them at the first
-    request's validation, in the front end: an entry-point scan of every
-    installed distribution (6 ms on the CPU CI machine). Returns how many
-    classes; raises what vLLM would raise at that first request (not cached:
-    that request still raises it)."""
-    from vllm.v1.sample.logits_processor import cached_load_custom_logitsprocs
+    ``--logits-processors``, an entry-point scan of every installed
+    distribution (6 ms on the CPU CI machine).
 
-    procs = getattr(model_config, "logits_processors", None)
+    Where the request's validation goes through that cache: vLLM 0.26-0.30
+    (``SamplingParams.verify``, keyed by the model config's
+    ``logits_processors``), and 0.31+ with the V1 runner (the input
+    processor's ``validate_logits_processors_params``, a ``partial`` of
+    ``validate_logits_processors_parameters`` over the key). With 0.31+'s V2
+    runner the input processor loaded its classes when it was built: None,
+    nothing to do.
+
+    Args:
+        input_processor: vLLM's ``InputProcessor`` (``LLMEngine`` /
+            ``AsyncLLM``'s ``input_processor``).
+
+    Returns:
+        How many classes; None where nothing was left to load. Raises what
+        vLLM would raise at the first request (not cached: it still does).
+    """
+    import functools
+
+    from vllm.v1.sample.logits_processor import (
+        cached_load_custom_logitsprocs,
+        validate_logits_processors_parameters,
+    )
+
+    validator = getattr(input_processor, "validate_logits_processors_params", None)
+    if validator is None:
+        procs = getattr(input_processor.model_config, "logits_processors", None)
+    elif (isinstance(validator, functools.partial)
+          and validator.func is validate_logits_processors_parameters and validator.args):
+        procs = validator.args[0]
+    else:
+        return None
     return len(cached_load_custom_logitsprocs(tuple(procs) if procs is not None else None))

@@ -18,8 +18,9 @@ is the difference, each cause counted only when it happened:
   (``gc.callbacks``, while :func:`gc_clock` is on: :func:`replay
   <stepwarm.coverage.replay.replay>` turns it on);
 - ``thread_cpu_ms``: the CPU time of the thread that ran the request (always
-  there): a run whose excess outside the worker came with as much more CPU
-  time did work there; one without it waited;
+  there; the replay adds ``worker_cpu_ms``, its share inside the worker's
+  calls): a run whose excess outside the worker came with as much more CPU
+  time there did work; one without it waited;
 - ``threads``: threads started (a lazily made worker pool);
 - ``preempted`` / ``cpu_stall_ms``: the host's CPU taken by others: this
   process's threads switched out involuntarily (``getrusage``'s
@@ -251,6 +252,12 @@ def slow_step(first: list[list[float]], second: list[list[float]]) -> str:
             f"(all the worker's steps {extra:+.1f} ms)")
 
 
+def outside_cpu_ms(effects: dict[str, Any]) -> float:
+    """The request thread's CPU time outside the worker's calls in a run
+    (``thread_cpu_ms`` less ``worker_cpu_ms``, the step clock's share)."""
+    return float(effects.get("thread_cpu_ms", 0.0)) - float(effects.get("worker_cpu_ms", 0.0))
+
+
 def outside_worker(first_ms: float, second_ms: float, first_worker_ms: float | None,
                    second_worker_ms: float | None, thread_cpu_ms: float | None = None) -> str:
     """``"outside the worker +X ms of the E ms excess"`` when at least half of
@@ -258,8 +265,9 @@ def outside_worker(first_ms: float, second_ms: float, first_worker_ms: float | N
     ``execute_model`` / ``sample_tokens`` (vLLM's scheduling, output
     processing and front end, where neither the step clock nor the profiler's
     device work looks), else ``""``; with ``thread_cpu_ms`` (how much more
-    CPU time the request's thread had in the first run), whether that time
-    went on work (at least half of it on the CPU) or on waiting."""
+    CPU time the request's thread had outside the worker in the first run,
+    :func:`outside_cpu_ms`), whether that time went on work (at least half
+    of it on the CPU) or on waiting."""
     if not first_worker_ms or not second_worker_ms:
         return ""
     excess = first_ms - second_ms
@@ -270,4 +278,4 @@ def outside_worker(first_ms: float, second_ms: float, first_worker_ms: float | N
     if thread_cpu_ms is None:
         return said
     how = "on the CPU" if thread_cpu_ms >= outside / 2 else "mostly waiting, off the CPU"
-    return f"{said} ({how}: the thread's CPU time {thread_cpu_ms:+.1f} ms)"
+    return f"{said} ({how}: the thread's CPU time there {thread_cpu_ms:+.1f} ms)"

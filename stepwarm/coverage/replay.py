@@ -195,6 +195,7 @@ def replay_line(llm: Any, tl: TrafficLine, limits: TrafficLimits,
                 _generate(llm, [priming], prime_params)
             if clock is not None:
                 clock.take()
+                clock.take_cpu()
                 clock.take_steps()
             with tracer.run() if tracer is not None else contextlib.nullcontext({}) as trace:
                 # the side effects' window is the timed one: the profiler's
@@ -207,6 +208,8 @@ def replay_line(llm: Any, tl: TrafficLine, limits: TrafficLimits,
                 after = snapshot()
             effects = side_effects(before, after)
             worker_ms = clock.take() if clock is not None else 0.0
+            if clock is not None:  # of the thread's CPU time, the worker's share
+                effects["worker_cpu_ms"] = round(clock.take_cpu(), 1)
             steps = clock.take_steps() if clock is not None else []
         except Exception as e:  # noqa: BLE001 - reported per request
             result.error = f"{type(e).__name__}: {e}"

@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from stepwarm.coverage.detectors import CompileEvent, merge
-from stepwarm.coverage.explain import explanation, outside_worker, slow_step
+from stepwarm.coverage.explain import explanation, outside_cpu_ms, outside_worker, slow_step
 from stepwarm.coverage.stacks import stacks_explanation
 from stepwarm.coverage.trace import trace_explanation
 from stepwarm.coverage.replay import Gate, RequestResult
@@ -136,7 +136,7 @@ class CoverageReport:
             klass = f"; {_shifted(r)}, run next: {control[0]:.1f} then {control[1]:.1f} ms"
             if not gate.passed(*control[:2]):  # as fast as steady traffic
                 klass += " (a kernel class this line reached first, not a cost of every new size)"
-        cpu = (first["thread_cpu_ms"] - second["thread_cpu_ms"]
+        cpu = (outside_cpu_ms(first) - outside_cpu_ms(second)
                if "thread_cpu_ms" in first and "thread_cpu_ms" in second else None)
         outside = outside_worker(r["first_ms"], r["second_ms"], r.get("first_worker_ms"),
                                  r.get("second_worker_ms"), cpu)

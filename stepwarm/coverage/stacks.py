@@ -11,7 +11,7 @@ its previous look to where the stack was then, so a stretch the thread held
 the interpreter without letting the sampler in (a long C call) is still
 counted, at its end. A sample whose stack passes through the worker's
 ``execute_model`` / ``sample_tokens`` is the worker's and not kept, nor one
-in coverage's own measuring code (its snapshots and clocks).
+in coverage's own snapshots of the run.
 
 A site is ``module.function`` of the innermost frame, after the innermost
 vLLM / stepwarm frame where that is a different one
@@ -33,18 +33,19 @@ from typing import Any
 
 #: Seconds between two looks at the stack.
 INTERVAL_S = 0.001
-#: Sites kept per run (by time).
-MAX_SITES = 12
+#: Sites kept per run (by time): enough that a site a first run names is
+#: rarely cut from the second run's list (which would count it as 0 there).
+MAX_SITES = 40
 #: Sites named in a phrase at most.
 MAX_NAMED = 3
 #: Methods whose frames mark the worker's own time (the step clock's).
 WORKER_METHODS = ("execute_model", "sample_tokens")
 #: Packages whose frames say which part of vLLM (or stepwarm) a site is in.
 OURS = ("vllm", "stepwarm")
-#: Where ``stepwarm coverage`` measures a run (its snapshots, clocks and this
-#: sampler): a sample whose innermost vLLM / stepwarm frame is here is the
-#: measurement's, not the request's, and is not kept.
-MEASURING = "stepwarm.coverage."
+#: Where ``stepwarm coverage`` measures a run: a sample whose stack passes
+#: through it (the snapshots the replay takes inside the sampled block) is
+#: the measurement's, not the request's, and is not kept.
+MEASURING = ("stepwarm.coverage.explain", "snapshot")
 
 
 def _module(frame: FrameType) -> str:
@@ -68,16 +69,25 @@ def _in_worker(frame: FrameType) -> bool:
     return False
 
 
+def _measuring(frame: FrameType) -> bool:
+    f: FrameType | None = frame
+    while f is not None:
+        if (_module(f), f.f_code.co_name) == MEASURING:
+            return True
+        f = f.f_back
+    return False
+
+
 def site(frame: FrameType) -> str | None:
     """``module.function`` of ``frame``, after the innermost vLLM / stepwarm
     frame at or above it when that is another one (module docstring); None
-    where that frame is the measurement's own (:data:`MEASURING`)."""
+    where the stack is the measurement's own (:data:`MEASURING`)."""
+    if _measuring(frame):
+        return None
     inner = f"{_module(frame)}.{frame.f_code.co_name}"
     f: FrameType | None = frame
     while f is not None and not _ours(f):
         f = f.f_back
-    if f is not None and _module(f).startswith(MEASURING):
-        return None
     if f is None or f is frame:
         return inner
     return f"{_module(f)}.{f.f_code.co_name} > {inner}"

@@ -148,7 +148,7 @@ def test_outside_the_worker_says_whether_the_thread_worked_or_waited():
 
     assert outside_worker(123.79, 43.48, 47.4, 35.2, 3.2) == (
         "outside the worker +68.1 ms of the 80.3 ms excess "
-        "(mostly waiting, off the CPU: the thread's CPU time +3.2 ms)")
+        "(mostly waiting, off the CPU: the thread's CPU time there +3.2 ms)")
     assert outside_worker(123.79, 43.48, 47.4, 35.2, 40.0) == (
         "outside the worker +68.1 ms of the 80.3 ms excess "
-        "(on the CPU: the thread's CPU time +40.0 ms)")
+        "(on the CPU: the thread's CPU time there +40.0 ms)")

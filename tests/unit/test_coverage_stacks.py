@@ -44,7 +44,7 @@ def test_a_site_names_the_vllm_function_above_the_innermost_frame():
     ("vllm.v1.worker.fake_worker", "execute_model"),  # the worker's own time
     # a snapshot inside the sampled block (the replay takes them around the
     # timed run): the measurement's time, not the request's
-    ("stepwarm.coverage.fake_explain", "snapshot"),
+    ("stepwarm.coverage.explain", "snapshot"),
 ])
 def test_time_that_is_not_the_requests_outside_the_worker_is_not_sampled(module, func):
     call = _fake_module(module, func)
@@ -93,8 +93,9 @@ def test_an_unexplained_verdict_says_where_the_thread_was_and_whether_it_worked(
             / "h200-coverage-1203s14-one-pool-granite-v2.json.gz")
     run = json.loads(gzip.decompress(path.read_bytes()))["stepwarm"]
     line = copy.deepcopy(next(r for r in run["requests"] if r["name"] == "top-p + top-k, batch 17"))
-    line["side_effects_first"]["thread_cpu_ms"] = 40.1
-    line["side_effects_second"]["thread_cpu_ms"] = 36.0
+    # the thread's CPU time, and of it the worker's: 20.1 and 16.0 ms outside it
+    line["side_effects_first"].update(thread_cpu_ms=60.1, worker_cpu_ms=40.0)
+    line["side_effects_second"].update(thread_cpu_ms=46.0, worker_cpu_ms=30.0)
     line["trace_first"]["stacks"] = {"outside_ms": 76.0, "samples": 30, "sites": {
         "vllm.v1.engine.core.step > threading.wait": 61.0, "vllm.v1.engine.llm_engine.step": 9.0}}
     line["trace_second"]["stacks"] = {"outside_ms": 8.1, "samples": 8, "sites": {
@@ -103,7 +104,7 @@ def test_an_unexplained_verdict_says_where_the_thread_was_and_whether_it_worked(
     assert CoverageReport.from_dict(run).flagged(line) == (
         "ratio > 1.2: unexplained; step 1 of 5 (153 tokens, 17 requests) +11.6 ms (all the "
         "worker's steps +12.2 ms); outside the worker +68.1 ms of the 80.3 ms excess (mostly "
-        "waiting, off the CPU: the thread's CPU time +4.1 ms); sampled outside the worker: "
+        "waiting, off the CPU: the thread's CPU time there +4.1 ms); sampled outside the worker: "
         "vllm.v1.engine.core.step > threading.wait +61.0 ms (76.0 ms in all, second run "
         "8.1 ms); one more prompt token each, run next: 47.4 then "
         "44.7 ms (a kernel class this line reached first, not a cost of every new size)")

@@ -119,11 +119,13 @@ def test_logits_heads_one_per_distinct_vocabulary_table():
 
 
 def test_logits_rows_count_the_drafts_verified_in_a_step():
-    config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=64),
-                             speculative_config=None)
+    config = SimpleNamespace(scheduler_config=SimpleNamespace(
+        max_num_seqs=64, max_num_batched_tokens=2048), speculative_config=None)
     assert logits_rows(config) == 64
     config.speculative_config = SimpleNamespace(num_speculative_tokens=3)
     assert logits_rows(config) == 256
+    config.scheduler_config.max_num_batched_tokens = 200  # a row per scheduled token at most
+    assert logits_rows(config) == 200
     assert token_counts(1, 64)[:10] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
 
 
@@ -134,3 +136,21 @@ def test_the_log_says_what_ran():
     assert gemm_text(both) == "7 shapes x 3 counts (513-16384 tokens); 1 LM head x 3 counts (1-1024 rows)"
     assert gemm_text(GemmReport(heads=2, head_counts=[1, 64])) == "2 LM heads x 2 counts (1-64 rows)"
     assert gemm_text(GemmReport()) == "nothing"
+
+
+def test_a_ladder_runs_the_largest_count_first():
+    """The caching allocator keeps the first (largest) output's block, and
+    every later output fits in it; the head's bias goes with its GEMM."""
+    from stepwarm.gemm_sizes import _run_ladder
+
+    class Recording:
+        def __init__(self):
+            self.calls = []
+
+        def apply(self, layer, x, bias=None):
+            self.calls.append((x.shape[0], bias is layer.bias))
+            return x @ layer.weight.t()
+
+    layer = _Layer(8, 4, True, Recording())
+    _run_ladder(layer, [1, 2, 3, 5, 8], layer.bias)
+    assert layer.quant_method.calls == [(8, True), (5, True), (3, True), (2, True), (1, True)]

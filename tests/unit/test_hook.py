@@ -78,8 +78,10 @@ REGISTER_PROBE = textwrap.dedent(
     out["cpu_wrapped"] = getattr(cls.__dict__["compile_or_warm_up_model"], "_stepwarm", False)
     out["gpu_base_wrapped"] = getattr(Worker.__dict__["compile_or_warm_up_model"], "_stepwarm", False)
     out["event_after_cpu_import_is_placeholder"] = torch.cuda.Event is not before[0]
-    from vllm.v1.engine.input_processor import InputProcessor
-    out["front_end_wrapped"] = getattr(InputProcessor.__dict__["__init__"], "_stepwarm", False)
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.llm_engine import LLMEngine
+    out["front_end_wrapped"] = [getattr(c.__dict__["__init__"], "_stepwarm", False)
+                                for c in (AsyncLLM, LLMEngine)]
     print("RESULT " + json.dumps(out))
     """
 )
@@ -105,7 +107,7 @@ def test_register_imports_no_worker_module_and_keeps_torch_cuda_event_and_stream
     # why register() must not.
     assert out["cpu_wrapped"] and out["gpu_base_wrapped"]
     assert out["event_after_cpu_import_is_placeholder"]
-    assert out["front_end_wrapped"]
+    assert out["front_end_wrapped"] == [True, True]
 
 
 def test_register_without_scenarios_installs_nothing():
@@ -295,10 +297,13 @@ def test_register_hands_the_settings_to_ray_workers_that_copy_known_prefixes():
     assert json.loads(off.stdout.splitlines()[-1]) == [None, False], off.stderr[-2000:]
 
 
-def test_the_front_end_loads_the_logits_processor_classes_before_the_first_request(monkeypatch):
+def test_the_front_end_loads_the_logits_processor_classes_before_the_first_request(
+        monkeypatch, caplog):
     """vLLM's own cache (``cached_load_custom_logitsprocs``) is filled when
-    the wrapped front end is built: the first request's validation (vLLM's
+    the wrapped front end is built, under the key its input processor's
+    validation uses: the first request's validation (vLLM's
     ``validate_logits_processors_parameters``) then finds it there."""
+    from functools import partial
     from types import SimpleNamespace
 
     from vllm import SamplingParams
@@ -307,23 +312,35 @@ def test_the_front_end_loads_the_logits_processor_classes_before_the_first_reque
         validate_logits_processors_parameters,
     )
 
-    class FrontEnd:
-        def __init__(self, model_config):
-            self.model_config = model_config
+    class Engine:
+        def __init__(self, input_processor):
+            self.input_processor = input_processor
 
-    hook._wrap_front_end(FrontEnd)
-    hook._wrap_front_end(FrontEnd)  # wrapping twice is a no-op
-    assert FrontEnd.__init__._stepwarm and FrontEnd.__init__.__wrapped__.__name__ == "__init__"
+    hook._wrap_front_end(Engine)
+    hook._wrap_front_end(Engine)  # wrapping twice is a no-op
+    assert Engine.__init__._stepwarm and Engine.__init__.__wrapped__.__name__ == "__init__"
+    # vLLM 0.31+ with the V1 runner (this CPU build): a partial over the key
+    v1 = SimpleNamespace(validate_logits_processors_params=partial(
+        validate_logits_processors_parameters, None), model_config=None)
     cached_load_custom_logitsprocs.cache_clear()
     monkeypatch.delenv("STEPWARM_SCENARIOS", raising=False)
-    FrontEnd(SimpleNamespace(logits_processors=None))  # the plugin off: nothing loaded
+    Engine(v1)  # the plugin off: nothing loaded
     assert cached_load_custom_logitsprocs.cache_info().currsize == 0
     monkeypatch.setenv("STEPWARM_SCENARIOS", "default")
-    FrontEnd(SimpleNamespace(logits_processors=None))
-    assert cached_load_custom_logitsprocs.cache_info().misses == 1
-    validate_logits_processors_parameters(None, SamplingParams())
+    with caplog.at_level("INFO", logger="vllm.stepwarm"):
+        Engine(v1)
+    assert [r.getMessage() for r in caplog.records] == [
+        "stepwarm: front end: the logits-processor classes (0) loaded before the first request"]
+    v1.validate_logits_processors_params(SamplingParams())
     info = cached_load_custom_logitsprocs.cache_info()
     assert (info.hits, info.misses) == (1, 1)
-    # a class vLLM cannot load: left for the first request to report, as without stepwarm
-    FrontEnd(SimpleNamespace(logits_processors=["no_such_module.Proc"]))
-    assert cached_load_custom_logitsprocs.cache_info().currsize == 1
+    # vLLM 0.26-0.30: no validator; SamplingParams.verify keys by the model config
+    Engine(SimpleNamespace(model_config=SimpleNamespace(logits_processors=["a.B"])))
+    Engine(SimpleNamespace(model_config=SimpleNamespace(logits_processors=None)))
+    info = cached_load_custom_logitsprocs.cache_info()
+    assert (info.hits, info.misses, info.currsize) == (2, 2, 1)  # a.B cannot load: not cached
+    # vLLM 0.31+'s V2 runner loaded its classes when the input processor was built
+    caplog.clear()
+    with caplog.at_level("INFO", logger="vllm.stepwarm"):
+        Engine(SimpleNamespace(validate_logits_processors_params=lambda params: None))
+    assert caplog.records == [] and cached_load_custom_logitsprocs.cache_info().misses == 2

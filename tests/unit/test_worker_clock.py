@@ -49,3 +49,21 @@ def test_steps_are_kept_apart_with_tokens_requests_and_both_halves():
         worker.execute_model(_step({"c": 580}))
         worker.execute_model(_step({"c": 7}))
     assert [s[:2] + s[3:] for s in clock.take_steps()] == [[580, 1, 0], [7, 1, 1]]
+
+
+def test_the_threads_cpu_time_in_the_workers_calls_is_kept_apart():
+    """Sleeping in the worker is wall time, not CPU time; spinning is both."""
+
+    class Spinning(_Worker):
+        def execute_model(self, scheduler_output):
+            t0 = time.thread_time()
+            while time.thread_time() - t0 < 0.03:
+                pass
+
+    clock, spinning = WorkerClock(), Spinning()
+    with clock.attached(spinning):
+        spinning.execute_model(_step({"a": 1}))
+        spinning.sample_tokens(None)  # sleeps 10 ms
+    cpu, wall = clock.take_cpu(), clock.take()
+    assert 30.0 <= cpu < wall and wall >= 40.0
+    assert clock.take_cpu() == 0.0
