@@ -121,12 +121,12 @@ class CoverageReport:
         if not gate.passed(r["first_ms"], r["second_ms"]) or self.noise(r) or self.new_size(r):
             return ""
         first, second = r.get("side_effects_first", {}), r.get("side_effects_second", {})
-        why = explanation(first, second, r["first_ms"] - r["second_ms"])
+        excess = r["first_ms"] - r["second_ms"]
+        why = explanation(first, second, excess)
         if why:
             return f"ratio > {self.threshold:g}: {why}"
         traced, covers = trace_explanation(r.get("trace_first"), r.get("trace_second"),
-                                           r["first_ms"] - r["second_ms"],
-                                           r.get("first_worker_ms"))
+                                           excess, r.get("first_worker_ms"))
         if covers:
             return f"ratio > {self.threshold:g}: {traced}"
         where = slow_step(r.get("first_steps", []), r.get("second_steps", []))
@@ -141,8 +141,7 @@ class CoverageReport:
         outside = outside_worker(r["first_ms"], r["second_ms"], r.get("first_worker_ms"),
                                  r.get("second_worker_ms"), cpu)
         stacks = stacks_explanation((r.get("trace_first") or {}).get("stacks"),
-                                    (r.get("trace_second") or {}).get("stacks"),
-                                    r["first_ms"] - r["second_ms"])
+                                    (r.get("trace_second") or {}).get("stacks"), excess)
         return (f"ratio > {self.threshold:g}: unexplained" + (f"; {where}" if where else "")
                 + (f"; {outside}" if outside else "") + (f"; {stacks}" if stacks else "") + klass
                 + (f"; {traced} (less than half the excess)" if traced else ""))

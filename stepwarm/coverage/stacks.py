@@ -52,45 +52,33 @@ def _module(frame: FrameType) -> str:
     return str(frame.f_globals.get("__name__", "?"))
 
 
-def _ours(frame: FrameType) -> bool:
-    return _module(frame).split(".", 1)[0] in OURS
-
-
-def _in_worker(frame: FrameType) -> bool:
-    """Whether the stack passes through a worker's ``execute_model`` /
-    ``sample_tokens`` (a method of that name in a vLLM ``worker`` module)."""
-    f: FrameType | None = frame
-    while f is not None:
-        if f.f_code.co_name in WORKER_METHODS:
-            mod = _module(f)
-            if mod.startswith("vllm.") and ".worker" in mod:
-                return True
-        f = f.f_back
-    return False
-
-
-def _measuring(frame: FrameType) -> bool:
-    f: FrameType | None = frame
-    while f is not None:
-        if (_module(f), f.f_code.co_name) == MEASURING:
-            return True
-        f = f.f_back
-    return False
+def _skipped(module: str, function: str) -> bool:
+    """Whether a frame makes its stack's sample not the request's outside
+    the worker: a worker's ``execute_model`` / ``sample_tokens`` (a method of
+    that name in a vLLM ``worker`` module), or coverage's own snapshot
+    (:data:`MEASURING`)."""
+    return ((module, function) == MEASURING
+            or (function in WORKER_METHODS and module.startswith("vllm.") and ".worker" in module))
 
 
 def site(frame: FrameType) -> str | None:
     """``module.function`` of ``frame``, after the innermost vLLM / stepwarm
     frame at or above it when that is another one (module docstring); None
-    where the stack is the measurement's own (:data:`MEASURING`)."""
-    if _measuring(frame):
-        return None
-    inner = f"{_module(frame)}.{frame.f_code.co_name}"
+    where the stack passes through the worker's calls or coverage's own
+    snapshot (:func:`_skipped`). One walk up the stack."""
+    ours: FrameType | None = None
     f: FrameType | None = frame
-    while f is not None and not _ours(f):
+    while f is not None:
+        module = _module(f)
+        if _skipped(module, f.f_code.co_name):
+            return None
+        if ours is None and module.split(".", 1)[0] in OURS:
+            ours = f
         f = f.f_back
-    if f is None or f is frame:
+    inner = f"{_module(frame)}.{frame.f_code.co_name}"
+    if ours is None or ours is frame:
         return inner
-    return f"{_module(f)}.{f.f_code.co_name} > {inner}"
+    return f"{_module(ours)}.{ours.f_code.co_name} > {inner}"
 
 
 class StackSampler:
@@ -117,7 +105,7 @@ class StackSampler:
                 now = time.perf_counter()
                 if stop.is_set():  # the thread is ending the block (joining this one)
                     break
-                key = site(frame) if frame is not None and not _in_worker(frame) else None
+                key = site(frame) if frame is not None else None
                 if key is not None:
                     sites[key] = sites.get(key, 0.0) + (now - last) * 1e3
                     counts[0] += 1
