@@ -19,6 +19,10 @@ collect what finished while the rest still run.
 
 Only ``name`` and ``model`` are required. Engine arguments are passed as
 ``-e KEY=JSON``; ``args`` are more ``stepwarm coverage`` options.
+``"baseline": false`` leaves vLLM's own runs out: stepwarm with fresh caches,
+then restarted on the caches it filled (two engine starts, not four), both in
+``NAME.json`` under the keys ``--compare`` uses (``stepwarm``,
+``stepwarm_restart``) so one reader takes either.
 """
 
 from __future__ import annotations
@@ -28,13 +32,15 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 #: Fields a job line may carry.
-FIELDS = {"name", "model", "env", "engine_args", "traffic", "scenarios", "timeout_s", "args"}
+FIELDS = {"name", "model", "env", "engine_args", "traffic", "scenarios", "timeout_s", "args",
+          "baseline"}
 
 
 @dataclass
@@ -47,10 +53,35 @@ class Job:
     scenarios: list[str] = field(default_factory=list)
     timeout_s: float = 900.0
     args: list[str] = field(default_factory=list)
+    baseline: bool = True
 
-    def command(self, results: Path) -> list[str]:
-        cmd = [sys.executable, "-m", "stepwarm", "coverage", "--compare",
-               "--model", self.model, "--json", str(results / f"{self.name}.json")]
+    def commands(self, results: Path) -> list[list[str]]:
+        """The coverage runs of this job, one after another: one ``--compare``;
+        or, without the baseline, a fresh run into a new cache directory and its
+        restart (``--warm-cache``) on it."""
+        if self.baseline:
+            return [self._command(["--compare", "--json", str(results / f"{self.name}.json")])]
+        cache = Path(tempfile.mkdtemp(prefix=f"stepwarm-job-{self.name}-")) / "cache"
+        return [self._command(["--cache-dir", str(cache), "--json", str(self._part(results, run))]
+                              + (["--warm-cache"] if run == "stepwarm_restart" else []))
+                for run in ("stepwarm", "stepwarm_restart")]
+
+    def _part(self, results: Path, run: str) -> Path:
+        return results / f"{self.name}.{run}.json"
+
+    def collect(self, results: Path) -> None:
+        """Without the baseline: the runs' reports merged into ``NAME.json``."""
+        if self.baseline:
+            return
+        parts = {run: self._part(results, run) for run in ("stepwarm", "stepwarm_restart")}
+        merged = {run: json.loads(p.read_text()) for run, p in parts.items() if p.is_file()}
+        if merged:
+            (results / f"{self.name}.json").write_text(json.dumps(merged))
+        for p in parts.values():
+            p.unlink(missing_ok=True)
+
+    def _command(self, run_args: list[str]) -> list[str]:
+        cmd = [sys.executable, "-m", "stepwarm", "coverage", "--model", self.model, *run_args]
         for key, value in self.engine_args.items():
             cmd += ["-e", f"{key}={json.dumps(value)}"]
         for s in self.scenarios:
@@ -94,8 +125,14 @@ def read_jobs(path: Path) -> list[Job]:
 def run(jobs: list[Job], results: Path, parallel: int) -> dict[str, dict]:
     results.mkdir(parents=True, exist_ok=True)
     state = {j.name: {"state": "waiting", "model": j.model} for j in jobs}
-    running: dict[str, tuple[subprocess.Popen, float, Job, Any]] = {}
+    running: dict[str, tuple[subprocess.Popen, float, Job, Any, list[list[str]]]] = {}
     waiting = list(jobs)
+    rcs: dict[str, Any] = {}
+
+    def spawn(job: Job, cmd: list[str], log: Any) -> subprocess.Popen:
+        env = {**os.environ, **job.env, "PYTHONUNBUFFERED": "1"}
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
 
     def save() -> None:
         tmp = results / "progress.json.tmp"
@@ -107,15 +144,13 @@ def run(jobs: list[Job], results: Path, parallel: int) -> dict[str, dict]:
         while waiting and len(running) < parallel:
             job = waiting.pop(0)
             log = open(results / f"{job.name}.log", "w")  # noqa: SIM115 (closed below)
-            env = {**os.environ, **job.env, "PYTHONUNBUFFERED": "1"}
-            proc = subprocess.Popen(job.command(results), stdout=log, stderr=subprocess.STDOUT,
-                                    env=env, start_new_session=True)
-            running[job.name] = (proc, time.monotonic(), job, log)
+            first, *rest = job.commands(results)
+            running[job.name] = (spawn(job, first, log), time.monotonic(), job, log, rest)
             state[job.name] = {"state": "running", "model": job.model,
                                "started": time.strftime("%H:%M:%S")}
             save()
         time.sleep(2)
-        for name, (proc, t0, job, log) in list(running.items()):
+        for name, (proc, t0, job, log, rest) in list(running.items()):
             took = time.monotonic() - t0
             rc = proc.poll()
             if rc is None and took > job.timeout_s:
@@ -124,8 +159,14 @@ def run(jobs: list[Job], results: Path, parallel: int) -> dict[str, dict]:
                 rc = "timeout"
             if rc is None:
                 continue
+            rcs.setdefault(name, rc)  # the job's status: its first run's, as --compare's
+            if rc in (0, 1) and rest:  # 1: the run flagged a request; its restart still runs
+                running[name] = (spawn(job, rest[0], log), t0, job, log, rest[1:])
+                continue
+            rc = rcs[name] if rc in (0, 1) else rc
             log.close()
             del running[name]
+            job.collect(results)
             state[name] = {"state": "done", "model": job.model, "rc": rc, "s": round(took, 1),
                            "json": (results / f"{name}.json").is_file()}
             save()
