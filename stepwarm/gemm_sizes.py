@@ -152,6 +152,15 @@ def logits_heads(model: Any, device_type: str = "cuda") -> list[Any]:
     return list(seen.values())
 
 
+def runner_logits_heads(runner: Any, model: Any, device_type: str = "cuda") -> list[Any]:
+    """:func:`logits_heads` of ``runner``'s ``model`` where it computes logits:
+    on the last pipeline-parallel rank only (a first rank's input embedding is
+    the same kind of table and never multiplies)."""
+    from stepwarm.probe import is_last_pp_rank
+
+    return logits_heads(model, device_type) if is_last_pp_rank(runner) else []
+
+
 def logits_rows(vllm_config: Any) -> int:
     """The most rows a step's logits GEMM has: ``max_num_seqs`` times one
     plus ``num_speculative_tokens`` (the drafts verified in the step), and
@@ -191,7 +200,7 @@ def warm_gemm_sizes(worker: Any) -> GemmReport:
     if model is None and hasattr(runner, "get_model"):
         model = runner.get_model()
     layers = linear_layers(model) if model is not None else []
-    heads = logits_heads(model) if model is not None else []
+    heads = runner_logits_heads(runner, model) if model is not None else []
     if not layers and not heads:
         report.skipped = "no unquantized linear layer or LM head on a CUDA device"
         return report

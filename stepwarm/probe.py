@@ -79,7 +79,9 @@ def cache_spec_from_vllm(spec: Any) -> CacheSpec:
     )
 
 
-def _is_last_pp_rank(runner: Any) -> bool:
+def is_last_pp_rank(runner: Any) -> bool:
+    """Whether ``runner`` is on the last pipeline-parallel rank (the one that
+    computes logits and samples; True without distributed state)."""
     if hasattr(runner, "is_last_pp_rank"):
         return bool(runner.is_last_pp_rank)
     try:
@@ -178,7 +180,7 @@ def read_profile(worker: Any) -> RunnerProfile:
         is_encoder_decoder=bool(model_config.is_encoder_decoder),
         decoder_start_token_id=_decoder_start_token_id(model_config),
         is_encoder_only=bool(getattr(cfg, "is_mm_encoder_only", False)),
-        is_last_pp_rank=_is_last_pp_rank(runner),
+        is_last_pp_rank=is_last_pp_rank(runner),
         vocab_size=int(model_config.get_vocab_size()),
         max_logprobs=_max_logprobs(model_config),
         null_block_writes=null_block_writes,

@@ -4,7 +4,7 @@ on a GPU is measured on the H200; on CPU nothing runs."""
 
 from __future__ import annotations
 
-from stepwarm.gemm_sizes import linear_layers, logits_heads, logits_rows
+from stepwarm.gemm_sizes import linear_layers, logits_heads, logits_rows, runner_logits_heads
 from stepwarm.runner import runner_of
 
 
@@ -18,3 +18,12 @@ def test_the_lm_head_is_the_one_logits_gemm(engine):
     assert not {id(h) for h in heads} & {id(m) for m in linear_layers(model, device_type="cpu")}
     config = runner.vllm_config
     assert logits_rows(config) == config.scheduler_config.max_num_seqs
+
+
+def test_only_the_last_pipeline_rank_warms_the_lm_head(engine, monkeypatch):
+    runner = runner_of(engine.worker)
+    model = runner.model if getattr(runner, "model", None) is not None else runner.get_model()
+    (head,) = logits_heads(model, device_type="cpu")
+    assert runner_logits_heads(runner, model, device_type="cpu") == [head]  # one rank: the last
+    monkeypatch.setattr(runner, "is_last_pp_rank", False, raising=False)
+    assert runner_logits_heads(runner, model, device_type="cpu") == []
