@@ -128,12 +128,20 @@ def _unquantized(model: Any, method: str, device_type: str) -> Iterator[Any]:
             yield module
 
 
+def _is_vocab_table(module: Any) -> bool:
+    """Whether ``module`` is a vocabulary table (vLLM's
+    ``VocabParallelEmbedding``: input embeddings and ``ParallelLMHead``)."""
+    return any(c.__name__ == "VocabParallelEmbedding" for c in type(module).__mro__)
+
+
 def linear_layers(model: Any, device_type: str = "cuda") -> list[Any]:
     """One linear layer per distinct GEMM: unquantized (``quant_method`` an
     ``UnquantizedLinearMethod``), a 2-D weight on a ``device_type`` device,
     keyed by the weight's shape and dtype and whether it has a bias."""
     seen: dict[tuple[Any, ...], Any] = {}
     for module in _unquantized(model, "UnquantizedLinearMethod", device_type):
+        if _is_vocab_table(module):
+            continue  # an LM head left unquantized: logits_heads' ladder
         key = (tuple(module.weight.shape), module.weight.dtype,
                getattr(module, "bias", None) is not None)
         seen.setdefault(key, module)
@@ -145,9 +153,13 @@ def logits_heads(model: Any, device_type: str = "cuda") -> list[Any]:
     (``quant_method`` an ``UnquantizedEmbeddingMethod``: vLLM's LM heads and
     the input embeddings a tied head is), a 2-D weight on a ``device_type``
     device, keyed by the weight's shape and dtype (an untied head and its
-    input embedding have the same: one GEMM)."""
+    input embedding have the same: one GEMM). A quant config that leaves the
+    head out (ModelOpt's exclusions) gives the ``ParallelLMHead`` an
+    ``UnquantizedLinearMethod``: a head all the same, not a linear layer."""
     seen: dict[tuple[Any, ...], Any] = {}
-    for module in _unquantized(model, "UnquantizedEmbeddingMethod", device_type):
+    tables = [m for m in _unquantized(model, "UnquantizedLinearMethod", device_type)
+              if _is_vocab_table(m)]
+    for module in [*_unquantized(model, "UnquantizedEmbeddingMethod", device_type), *tables]:
         seen.setdefault((tuple(module.weight.shape), module.weight.dtype), module)
     return list(seen.values())
 

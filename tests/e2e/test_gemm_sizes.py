@@ -27,3 +27,21 @@ def test_only_the_last_pipeline_rank_warms_the_lm_head(engine, monkeypatch):
     assert runner_logits_heads(runner, model, device_type="cpu") == [head]  # one rank: the last
     monkeypatch.setattr(runner, "is_last_pp_rank", False, raising=False)
     assert runner_logits_heads(runner, model, device_type="cpu") == []
+
+
+def test_an_lm_head_a_quant_config_leaves_unquantized_is_still_the_head(engine, monkeypatch):
+    """ModelOpt's exclusions give ``ParallelLMHead`` vLLM's
+    ``UnquantizedLinearMethod``: it stays on the head's ladder (rows 1 up to
+    ``logits_rows``), not the linear layers' (tokens above the graph sizes)."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    runner = runner_of(engine.worker)
+    model = runner.model if getattr(runner, "model", None) is not None else runner.get_model()
+    layers = linear_layers(model, device_type="cpu")
+    head = model.lm_head
+    (table,) = logits_heads(model, device_type="cpu")  # the embedding: same shape, one GEMM
+    monkeypatch.setattr(head, "quant_method", UnquantizedLinearMethod())
+    assert linear_layers(model, device_type="cpu") == layers
+    assert logits_heads(model, device_type="cpu") == [table]
+    monkeypatch.setattr(table, "quant_method", UnquantizedLinearMethod())
+    assert logits_heads(model, device_type="cpu") in ([table], [head])  # one of the two
