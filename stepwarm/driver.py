@@ -138,6 +138,9 @@ class RunReport:
     #: them after its last step (included in ``wall_ms``).
     deferred_compiles: list[DeferredCompile] = field(default_factory=list)
     deferred_wait_ms: float = 0.0
+    #: Steps of the plan left out because their segments compiled nothing at
+    #: the last start (``STEPWARM_SKIP_IDLE``, :mod:`stepwarm.idle_record`).
+    idle_steps_skipped: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of the report."""
@@ -345,6 +348,12 @@ def _run_step(worker: Any, step: PlannedStep, plan: Plan, profile: RunnerProfile
     return output, wall_ms
 
 
+def _step_of(plan: Plan, index: int | None) -> PlannedStep | None:
+    """The step of ``plan`` with ``index`` (a plan of some segments keeps
+    its steps' indices: :meth:`~stepwarm.plan.Plan.only`)."""
+    return next((st for st in plan.steps if st.index == index), None)
+
+
 def drive(
     worker: Any,
     plan: Plan,
@@ -466,7 +475,7 @@ def drive(
                     on_step(result)
             failed_at = None
         except Exception as e:  # noqa: BLE001 - reported with the step, re-raised below
-            step = plan.steps[failed_at] if failed_at is not None else None
+            step = _step_of(plan, failed_at)
             report.ok = False
             report.error = plan.with_display_names(
                 f"step {failed_at} ({step.kind}: {step.label}) failed on the "
@@ -495,10 +504,10 @@ def drive(
             synchronize()
             if _is_oom(cause):
                 _empty_cache()
+                failed = _step_of(plan, failed_at)
                 report.error = plan.with_display_names(
-                    f"step {failed_at} ({plan.steps[failed_at].kind}: "
-                    f"{plan.steps[failed_at].label}) failed on the {profile.runner} runner: "
-                ) + _oom_text(cause)
+                    f"step {failed_at} ({failed.kind}: {failed.label}) failed on the "
+                    f"{profile.runner} runner: ") + _oom_text(cause)
     report.deferred_compiles = deferred.result.compiles
     report.deferred_wait_ms = deferred.result.waited_s * 1e3
     report.wall_ms = (time.perf_counter() - t_run) * 1e3

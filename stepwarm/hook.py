@@ -41,6 +41,8 @@ from stepwarm.driver import RunnerBusyError, RunReport, StepFailed, drive
 from stepwarm.idle_record import (
     CompileActivity,
     IdleRecord,
+    StepCompiles,
+    busy_segments,
     compile_activity,
     configuration_key,
 )
@@ -197,7 +199,8 @@ def warmup(
     # while the next ones (and the GEMMs) run; the end waits for what is left.
     with random_state_kept(), deferred_compiles(_compile_threads(settings, ranks)) as deferred:
         for plan in plans:
-            if record is not None and _skipped_as_idle(plan.name, record, ranks):
+            busy = _busy_segments(plan, record, ranks) if record is not None else None
+            if busy is not None and not busy:
                 report = RunReport(
                     plan=plan.name, runner=profile.runner, model=profile.model,
                     skipped=f"compiled nothing at the last start with this configuration "
@@ -206,14 +209,20 @@ def warmup(
                 logger.info("%s: %s: skipped (%s)", who, plan.name, report.skipped)
                 reports.append(report)
                 continue
+            # The segments that compiled at the last start, where not all did.
+            run = plan.only(busy) if busy is not None else plan
             # Counted only for the record: without it no hook is touched.
             with compile_activity() if record is not None else \
                     contextlib.nullcontext(CompileActivity()) as seen:
-                report = _run_one(worker, plan, profile, settings, ranks, watch,
-                                  time.monotonic() - t_start)
+                compiled = StepCompiles(seen)
+                report = _run_one(worker, run, profile, settings, ranks, watch,
+                                  time.monotonic() - t_start, compiled,
+                                  idle_steps=len(plan.steps) - len(run.steps))
             reports.append(report)
             if record is not None and plan.steps and report.ok and not report.skipped:
-                record.idle[plan.name] = seen.count == 0 and not report.deferred_compiles
+                steps = compiled.steps | {d.step for d in report.deferred_compiles
+                                          if d.step is not None}
+                record.note(plan.name, len(plan.segments()), busy_segments(plan, steps))
         if record is not None:
             record.save()
         if settings.gemm_sizes and plans:
@@ -270,15 +279,31 @@ def _idle_record(worker: Any, profile: RunnerProfile, plans: list, ranks: RankGr
     return IdleRecord.load(key, f"rank{ranks.rank}")
 
 
-def _skipped_as_idle(name: str, record: IdleRecord, ranks: RankGroup) -> bool:
-    """Whether every rank's record says ``name`` compiled nothing (one rank
-    that would run it makes them all run it)."""
-    busy_on = ranks.failed_ranks(not record.is_idle(name), f"the idle record of {name}")
-    return not busy_on
+def _busy_segments(plan: Any, record: IdleRecord, ranks: RankGroup) -> frozenset[int] | None:
+    """The segments of ``plan`` (:meth:`~stepwarm.plan.Plan.segments`) that
+    some rank's record says compiled at the last start: empty when no rank's
+    did (the scenario is skipped), None when they all run (a rank's record
+    does not know the plan, or the plan has more segments than a mask holds).
+    Every rank calls this for every plan, in the same order."""
+    n = len(plan.segments())
+    mine = record.busy(plan.name, n)
+    if n > _MASK_BITS:  # one bit: "this rank's record says the plan compiled, or not known"
+        busy_here = mine is None or bool(mine)
+        return None if ranks.union(int(busy_here), f"the idle record of {plan.name}") else \
+            frozenset()
+    everything = (1 << n) - 1
+    mask = everything if mine is None else sum(1 << i for i in mine)
+    union = ranks.union(mask, f"the idle record of {plan.name}")
+    return None if union == everything else frozenset(i for i in range(n) if union >> i & 1)
+
+
+#: The most segments :func:`_busy_segments` tells apart (bits of an int64).
+_MASK_BITS = 62
 
 
 def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSettings,
-             ranks: RankGroup, watch: StepWatch, elapsed: float) -> RunReport:
+             ranks: RankGroup, watch: StepWatch, elapsed: float,
+             compiled: StepCompiles | None = None, idle_steps: int = 0) -> RunReport:
     """One scenario of :func:`warmup`: skipped past the time limit, else
     driven and logged.
 
@@ -302,7 +327,10 @@ def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSetti
         logger.info("%s: %s: starting (%d steps)", who, plan.name, len(plan.steps))
     try:
         report = drive(worker, plan, profile, ranks=ranks, watch=watch,
-                       compile_threads=_compile_threads(settings, ranks))
+                       compile_threads=_compile_threads(settings, ranks),
+                       on_step_start=compiled.start if compiled else None,
+                       on_step=compiled.end if compiled else None)
+        report.idle_steps_skipped = idle_steps
     except (StepFailed, RunnerBusyError) as e:
         report = getattr(e, "report", None) or RunReport(
             plan=plan.name, runner=profile.runner, model=profile.model, ok=False,
@@ -318,7 +346,10 @@ def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSetti
     _stamp(report, ranks)
     logger.info("%s: %s: %s", who, plan.name,
                 f"skipped ({report.skipped})" if report.skipped
-                else f"{len(report.steps)} steps in {report.wall_ms:.0f} ms")
+                else f"{len(report.steps)} steps in {report.wall_ms:.0f} ms" + (
+                    f" ({idle_steps} steps skipped: their segments compiled nothing at the "
+                    "last start with this configuration, STEPWARM_SKIP_IDLE=1)"
+                    if idle_steps else ""))
     mem = report.memory
     if mem is not None and mem.lower_after:
         logger.warning("%s: %s %s (see docs/plugin.md)", who, plan.name, lower_text(mem))

@@ -16,8 +16,9 @@ step and the request.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, NoReturn
 
@@ -279,6 +280,49 @@ class Plan:
             lines.append(f"{st.index} {st.kind} sample={st.sample} [{reqs}] "
                          f"fin={sorted(st.finished_req_ids)} pre={sorted(st.preempted_req_ids)}")
         return "\n".join(lines)
+
+    def segments(self) -> tuple[range, ...]:
+        """The plan cut where no request is left in the runner: positions in
+        :attr:`steps`, each range ending after a step that leaves none of
+        the plan's requests started and not finished (a preempted request
+        still counts: the runner keeps it for its resumption). A plan with
+        images or an encoder input is one segment (a later request may read an earlier
+        one's encoder output from the runner's encoder cache).
+
+        A segment runs the same without the ones before it: the runner holds
+        nothing of theirs, and the block ids it is given are only memory
+        (a prefix hit reads blocks whose contents a warmup does not check)."""
+        cached = self.__dict__.get("_segments_cache")
+        if cached is None:
+            cached = self._segments()
+            object.__setattr__(self, "_segments_cache", cached)
+        return cached
+
+    def _segments(self) -> tuple[range, ...]:
+        if not self.steps:
+            return ()
+        if any(r.images or r.encoder_len for r in self.requests):
+            return (range(len(self.steps)),)
+        cuts: list[range] = []
+        live: set[str] = set()
+        start = 0
+        for pos, step in enumerate(self.steps):
+            live.difference_update(step.finished_req_ids)
+            live.update(r.req_id for r in step.scheduled if r.new)
+            if not live:
+                cuts.append(range(start, pos + 1))
+                start = pos + 1
+        if start < len(self.steps):
+            cuts.append(range(start, len(self.steps)))
+        return tuple(cuts)
+
+    def only(self, segments: Iterable[int]) -> Plan:
+        """This plan with the steps of the :meth:`segments` numbered
+        ``segments`` alone (the steps keep their indices)."""
+        keep = sorted(set(segments))
+        parts = self.segments()
+        steps = tuple(self.steps[pos] for i in keep for pos in parts[i])
+        return dataclasses.replace(self, steps=steps)
 
     def display_name(self, req_id: str) -> str:
         """A request of this plan as its scenario names it

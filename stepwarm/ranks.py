@@ -277,6 +277,16 @@ class RankGroup:
         flags = self._gather(int(failed), what)
         return [i for i, f in enumerate(flags) if f]
 
+    def union(self, mask: int, what: str) -> int:
+        """The bitwise OR of every rank's ``mask`` (at most 62 bits; all ranks
+        must call this at the same point)."""
+        if self.size == 1:
+            return mask
+        out = 0
+        for m in self._gather(mask, what):
+            out |= m
+        return out
+
     def differing_ranks(self, text: str, what: str) -> list[int]:
         """Grid slots whose ``text`` differs from slot 0's (compared by a
         60-bit SHA-256 digest)."""

@@ -146,6 +146,7 @@ def measure(
 
 def _scenario_run(r: RunReport, t0: float) -> dict[str, Any]:
     return {"plan": r.plan, "ok": r.ok, "skipped": r.skipped, "wall_ms": round(r.wall_ms, 2),
+            "idle_steps_skipped": r.idle_steps_skipped,
             "start_s": round(r.started_at - t0, 3) if r.started_at else None,
             "end_s": round(r.ended_at - t0, 3) if r.ended_at else None,
             "steps": [[s.index, f"{s.kind}: {s.label}", round(s.started_at - t0, 3),

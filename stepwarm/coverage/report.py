@@ -287,9 +287,14 @@ def _kernels(k: dict[str, int]) -> str:
 
 
 def skipped_lines(rep: CoverageReport) -> list[str]:
-    """One line per scenario the start-up hook skipped, with its reason."""
-    return [f"{rep.run_name}: skipped {r['plan']}: {r['skipped']}"
-            for r in rep.scenario_runs if r.get("skipped")]
+    """One line per scenario the start-up hook skipped, with its reason, and
+    per scenario it ran in part (``STEPWARM_SKIP_IDLE``: the segments that
+    compiled at the last start)."""
+    return [f"{rep.run_name}: skipped {r['plan']}: {r['skipped']}" if r.get("skipped") else
+            f"{rep.run_name}: {r['plan']}: skipped {r['idle_steps_skipped']} of "
+            f"{r['idle_steps_skipped'] + len(r['steps'])} steps: their segments compiled "
+            "nothing at the last start with this configuration (STEPWARM_SKIP_IDLE=1)"
+            for r in rep.scenario_runs if r.get("skipped") or r.get("idle_steps_skipped")]
 
 
 def print_report(rep: CoverageReport, out: Console) -> None:

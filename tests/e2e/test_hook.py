@@ -146,15 +146,16 @@ def test_skip_idle_skips_what_compiled_nothing_at_the_last_start(engine, tmp_pat
     assert [(r.plan, r.ok, r.skipped) for r in first] == [("default", True, ""),
                                                           ("prefix-hit", True, "")]
     (path,) = tmp_path.glob("idle-*-rank0.json")
-    first_idle = json.loads(path.read_text())["idle"]
-    assert set(first_idle) == set(names)
+    first_busy = {n: e["busy"] for n, e in json.loads(path.read_text())["scenarios"].items()}
+    assert set(first_busy) == set(names)
     # What compiled (the session's first `default` traces vLLM's compiled
     # helpers) runs again; what did not is skipped.
     second = warmup(engine.worker, names, settings=on)
     assert [(r.plan, bool(r.skipped), bool(r.steps)) for r in second] == [
-        (n, first_idle[n], not first_idle[n]) for n in names]
+        (n, not first_busy[n], bool(first_busy[n])) for n in names]
     # By now everything both use is in the process: both are idle, both skipped.
-    assert json.loads(path.read_text())["idle"] == {"default": True, "prefix-hit": True}
+    assert json.loads(path.read_text())["scenarios"] == {
+        "default": {"segments": 2, "busy": []}, "prefix-hit": {"segments": 3, "busy": []}}
     third = warmup(engine.worker, names, settings=on)
     assert [(r.plan, r.steps) for r in third] == [("default", []), ("prefix-hit", [])]
     assert all(r.skipped == "compiled nothing at the last start with this configuration "
@@ -171,30 +172,61 @@ def test_skip_idle_skips_what_compiled_nothing_at_the_last_start(engine, tmp_pat
     assert live_request_ids(engine.worker) == set()
 
 
-def test_skip_idle_reruns_a_scenario_that_compiled(engine, tmp_path, monkeypatch):
-    import contextlib
+def _compiles_in_steps(monkeypatch, plan_name: str, steps: set[int]) -> list[int]:
+    """Make the steps ``steps`` of ``plan_name`` count as compiling a kernel
+    (what a fresh GPU start sees), through the counter the hook reads; the
+    steps are run by the real driver. Returns the indices of the steps run."""
+    import stepwarm.driver as driver
 
-    import stepwarm.hook as hook
+    real = driver._run_step
+    ran: list[int] = []
+
+    def run_step(worker, step, plan, *args, **kwargs):
+        out = real(worker, step, plan, *args, **kwargs)
+        if plan.name == plan_name:
+            ran.append(step.index)
+            if step.index in steps:
+                counters["inductor"]["stepwarm_test_compile"] += 1
+        return out
+
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(driver, "_run_step", run_step)
+    return ran
+
+
+def test_skip_idle_reruns_only_the_segments_that_compiled(engine, tmp_path, monkeypatch):
+    """prefix-hit has three segments (each request finished before the next
+    starts); a compile in step 4 (the second) makes a restart run that
+    segment alone, its steps with their own indices, and nothing left."""
+    import json
+
+    from stepwarm.probe import read_profile
+    from stepwarm.scenario import expand, load
 
     monkeypatch.setenv("STEPWARM_CACHE_DIR", str(tmp_path))
-    real = hook.compile_activity
-    runs: list[str] = []
-
-    @contextlib.contextmanager
-    def default_compiles():
-        # What a fresh GPU start sees: `default` compiles a kernel.
-        with real() as seen:
-            yield seen
-        runs.append("x")
-        if len(runs) == 1:
-            seen.triton += 1
-
     names = ["default", "prefix-hit"]
     warmup(engine.worker, names, settings=HookSettings())  # all in the process now
-    monkeypatch.setattr(hook, "compile_activity", default_compiles)
-    warmup(engine.worker, names, settings=HookSettings(skip_idle=True))
-    monkeypatch.setattr(hook, "compile_activity", real)
+    plan = expand(load("prefix-hit"), read_profile(engine.worker))
+    parts = plan.segments()
+    assert [list(p) for p in parts] == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
+    ran = _compiles_in_steps(monkeypatch, "prefix-hit", {4})
+    first = warmup(engine.worker, names, settings=HookSettings(skip_idle=True))
+    assert ran == list(range(10)) and first[1].idle_steps_skipped == 0
+    (path,) = tmp_path.glob("idle-*-rank0.json")
+    assert json.loads(path.read_text())["scenarios"]["prefix-hit"] == {
+        "segments": 3, "busy": [1]}
+    ran.clear()
     again = warmup(engine.worker, names, settings=HookSettings(skip_idle=True))
-    assert [(r.plan, bool(r.steps), bool(r.skipped)) for r in again] == [
-        ("default", True, False), ("prefix-hit", False, True)]
+    assert [(r.plan, bool(r.skipped)) for r in again] == [("default", True),
+                                                          ("prefix-hit", False)]
+    hit = again[1]
+    assert ran == [3, 4, 5] and [s.index for s in hit.steps] == [3, 4, 5]
+    assert hit.ok and hit.idle_steps_skipped == 7 and hit.left_in_runner == []
+    # it compiled again in step 4: still busy; once it does not, all skipped
+    assert json.loads(path.read_text())["scenarios"]["prefix-hit"]["busy"] == [1]
+    monkeypatch.undo()
+    monkeypatch.setenv("STEPWARM_CACHE_DIR", str(tmp_path))
+    warmup(engine.worker, names, settings=HookSettings(skip_idle=True))
+    assert json.loads(path.read_text())["scenarios"]["prefix-hit"]["busy"] == []
     assert live_request_ids(engine.worker) == set()

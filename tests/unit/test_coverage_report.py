@@ -438,3 +438,19 @@ def test_an_unexplained_outlier_names_the_worker_step_that_paid_it():
     # a cause the side effects show comes first; no step is named then
     r["side_effects_first"] = {"device_allocs": 2}
     assert rep.flagged(r) == "ratio > 1.2: 2 cudaMalloc call(s)"
+
+
+def test_skipped_lines_name_whole_and_partly_skipped_scenarios():
+    from stepwarm.coverage.report import skipped_lines
+
+    rep = _report()
+    rep.scenario_runs += [
+        {"plan": "prefix-hit", "ok": True, "skipped": "compiled nothing at the last start",
+         "wall_ms": 0.0, "start_s": None, "end_s": None, "steps": []},
+        {"plan": "sampler-matrix", "ok": True, "skipped": "", "wall_ms": 90.0,
+         "idle_steps_skipped": 40, "start_s": 51.0, "end_s": 51.09,
+         "steps": [[i, "decode: d", 51.0, 51.01] for i in range(31)]}]
+    assert skipped_lines(rep) == [
+        f"{rep.run_name}: skipped prefix-hit: compiled nothing at the last start",
+        f"{rep.run_name}: sampler-matrix: skipped 40 of 71 steps: their segments compiled "
+        "nothing at the last start with this configuration (STEPWARM_SKIP_IDLE=1)"]

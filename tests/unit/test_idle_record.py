@@ -7,7 +7,13 @@ import json
 
 import pytest
 
-from stepwarm.idle_record import FORMAT, IdleRecord, compile_activity, configuration_key
+from stepwarm.idle_record import (
+    FORMAT,
+    IdleRecord,
+    busy_segments,
+    compile_activity,
+    configuration_key,
+)
 from stepwarm.settings import HookSettings, SettingsError
 
 
@@ -16,36 +22,70 @@ def test_record_round_trip_is_per_key_and_rank(tmp_path):
     assert len(key) == 64 and key != configuration_key(["0.1.0", "0.32.0", "cfg", "env",
                                                         "profile", "default\nsig2"])
     rec = IdleRecord.load(key, "rank0", tmp_path)
-    assert rec.idle == {} and not rec.is_idle("default")
+    assert rec.scenarios == {} and not rec.is_idle("default")
+    assert rec.busy("default", 2) is None
     assert rec.path == tmp_path / f"idle-{key[:24]}-rank0.json"
-    rec.idle.update({"default": True, "sampler-matrix": False})
+    rec.note("default", 2, [])
+    rec.note("sampler-matrix", 12, {3, 11, 4})
     assert rec.save()
     assert json.loads(rec.path.read_text()) == {
-        "format": FORMAT, "key": key, "idle": {"default": True, "sampler-matrix": False}}
+        "format": FORMAT, "key": key,
+        "scenarios": {"default": {"segments": 2, "busy": []},
+                      "sampler-matrix": {"segments": 12, "busy": [3, 4, 11]}}}
     again = IdleRecord.load(key, "rank0", tmp_path)
     assert again.is_idle("default") and not again.is_idle("sampler-matrix")
+    assert (again.busy("default", 2), again.busy("sampler-matrix", 12)) == (
+        frozenset(), frozenset({3, 4, 11}))
+    # Another segment count (another plan) or scenario: not known, all of it runs.
+    assert again.busy("sampler-matrix", 13) is None and again.busy("prefix-hit", 3) is None
     assert not again.is_idle("prefix-hit")
     # Another rank has its own file; no leftover temporary files.
-    assert IdleRecord.load(key, "rank1", tmp_path).idle == {}
+    assert IdleRecord.load(key, "rank1", tmp_path).scenarios == {}
     assert sorted(p.name for p in tmp_path.iterdir()) == [rec.path.name]
 
 
 def test_record_of_another_key_or_format_or_broken_file_is_ignored(tmp_path):
     key = configuration_key(["a"])
     rec = IdleRecord.load(key, "rank0", tmp_path)
-    rec.path.write_text(json.dumps({"format": FORMAT, "key": "other", "idle": {"default": True}}))
-    assert IdleRecord.load(key, "rank0", tmp_path).idle == {}
-    rec.path.write_text(json.dumps({"format": FORMAT + 1, "key": key, "idle": {"default": True}}))
-    assert IdleRecord.load(key, "rank0", tmp_path).idle == {}
+    entry = {"default": {"segments": 2, "busy": []}}
+    rec.path.write_text(json.dumps({"format": FORMAT, "key": "other", "scenarios": entry}))
+    assert IdleRecord.load(key, "rank0", tmp_path).scenarios == {}
+    rec.path.write_text(json.dumps({"format": FORMAT + 1, "key": key, "scenarios": entry}))
+    assert IdleRecord.load(key, "rank0", tmp_path).scenarios == {}
+    # format 1 (idle per scenario, no segments): read as nothing known
+    rec.path.write_text(json.dumps({"format": 1, "key": key, "idle": {"default": True}}))
+    assert IdleRecord.load(key, "rank0", tmp_path).scenarios == {}
     rec.path.write_text("{not json")
-    assert IdleRecord.load(key, "rank0", tmp_path).idle == {}
+    assert IdleRecord.load(key, "rank0", tmp_path).scenarios == {}
+    # an entry that cannot be read, or names a segment the plan does not have,
+    # is left out; the others are kept
+    rec.path.write_text(json.dumps({"format": FORMAT, "key": key, "scenarios": {
+        **entry, "a": {"segments": 2, "busy": [2]}, "b": {"busy": []}, "c": []}}))
+    assert IdleRecord.load(key, "rank0", tmp_path).scenarios == {"default": (2, frozenset())}
+
+
+def test_busy_segments_are_those_holding_a_step_that_compiled():
+    from stepwarm.plan import PlanBuilder, PlannedRequest
+    from tests.helpers import make_profile
+
+    b = PlanBuilder(make_profile(max_num_seqs=4))
+    for rid in ("_stepwarm_a_", "_stepwarm_b_", "_stepwarm_c_"):
+        b.add_request(PlannedRequest(rid, 8))
+        b.step("prefill", rid, prefill={rid: 8})
+        b.step("finish", rid, finish=(rid,))
+    plan = b.build()
+    assert plan.segments() == (range(2), range(2, 4), range(4, 6))
+    assert busy_segments(plan, {1, 4}) == {0, 2}
+    assert busy_segments(plan, set()) == set()
+    # a plan of some segments: its steps keep their indices
+    assert busy_segments(plan.only([2]), {4}) == {0}
 
 
 def test_unwritable_directory_is_not_an_error(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     rec = IdleRecord.load(configuration_key(["a"]), "rank0", blocker / "sub")
-    rec.idle["default"] = True
+    rec.note("default", 1, [])
     assert rec.save() is False
 
 

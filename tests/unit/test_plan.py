@@ -203,3 +203,50 @@ def test_a_refused_step_leaves_the_ledger_as_it_was():
         b.step("prefill", "q", prefill={"_stepwarm_b_": 20})
     assert e.value.field == "blocks"
     assert (b.ledger.held(A), b.ledger.num_free, b.ledger.live_requests()) == before
+
+
+def test_segments_cut_where_no_request_is_left_in_the_runner():
+    b = _builder()
+    for rid in ("_stepwarm_a_", "_stepwarm_b_", "_stepwarm_c_"):
+        b.add_request(PlannedRequest(rid, 8))
+    b.step("prefill", "a", prefill={"_stepwarm_a_": 8})                    # 0
+    b.step("decode", "a", decode={"_stepwarm_a_": 0})                      # 1
+    b.step("finish", "a", finish=("_stepwarm_a_",))                        # 2: none left
+    b.step("prefill", "b", prefill={"_stepwarm_b_": 8})                    # 3
+    b.step("preempt", "b", preempt=("_stepwarm_b_",))                      # 4: b still held
+    b.step("resume", "b", resume={"_stepwarm_b_": 1})                      # 5
+    b.step("prefill", "c", prefill={"_stepwarm_c_": 8}, finish=("_stepwarm_b_",))  # 6
+    b.cleanup()                                                            # 7: none left
+    plan = b.build()
+    assert [st.kind for st in plan.steps] == [
+        "prefill", "decode", "finish", "prefill", "preempt", "resume", "prefill", "cleanup"]
+    assert plan.segments() == (range(3), range(3, 8))
+    only = plan.only([1])
+    assert [st.index for st in only.steps] == [3, 4, 5, 6, 7]
+    assert only.steps == plan.steps[3:] and only.requests == plan.requests
+    assert plan.only([]).steps == () and plan.only([1, 0]).steps == plan.steps
+
+
+def test_a_plan_left_with_live_requests_ends_in_one_more_segment():
+    b = _builder()
+    b.add_request(PlannedRequest(A, 8))
+    b.add_request(PlannedRequest("_stepwarm_b_", 8))
+    b.step("prefill", "a", prefill={A: 8})
+    b.step("finish", "a", finish=(A,))
+    b.step("prefill", "b", prefill={"_stepwarm_b_": 8})
+    assert b.build().segments() == (range(2), range(2, 3))
+    assert PlanBuilder(b.profile).build().segments() == ()
+
+
+def test_a_plan_with_an_encoder_input_is_one_segment():
+    """A later request may read an earlier one's encoder output from the
+    runner's encoder cache: no cut."""
+    b = _builder(max_model_len=448, max_num_batched_tokens=512, num_blocks=256,
+                 is_encoder_decoder=True, max_encoder_len=1500, decoder_start_token_id=3)
+    for rid in (A, "_stepwarm_b_"):
+        b.add_request(PlannedRequest(rid, 4, encoder_len=1500))
+    b.step("prefill", "a", prefill={A: 4})
+    b.step("finish", "a", finish=(A,))
+    b.step("prefill", "b", prefill={"_stepwarm_b_": 4})
+    b.cleanup()
+    assert b.build().segments() == (range(4),)

@@ -115,6 +115,7 @@ def _member(rank: int, port: int, coupled: bool, results) -> None:
     out: dict = {"rank": rank, "size": group.size, "index": group.index}
     out["failed"] = group.failed_ranks(rank == 3, "step 0")
     out["differing"] = group.differing_ranks("plan" + ("x" if rank == 2 else ""), "plans")
+    out["union"] = group.union((1 << rank) | (1 << 61 if rank == 1 else 0), "busy segments")
     # Rank 3 stops answering: the others give up in bounded time.
     if rank == 3:
         time.sleep(15)
@@ -157,6 +158,7 @@ def test_coupled_dp_ranks_agree_as_one_grid_and_time_out_in_bounded_time():
     # A failure on DP rank 1's second TP rank stops all four.
     assert [got[r]["failed"] for r in range(4)] == [[3]] * 4
     assert [got[r]["differing"] for r in range(4)] == [[2]] * 4
+    assert [got[r]["union"] for r in range(4)] == [0b1111 | 1 << 61] * 4
     for r in range(3):
         assert got[r]["timeout"] and "the other ranks did not reach step 1 within 4 s" in got[r]["timeout"]
         assert got[r]["on_timeout"] == [got[r]["timeout"]]
@@ -171,6 +173,7 @@ def test_independent_dp_engines_agree_within_each_engine_only():
     # engine sees its slot 1 fail.
     assert [got[r]["failed"] for r in range(4)] == [[], [], [1], [1]]
     assert [got[r]["differing"] for r in range(4)] == [[], [], [1], [1]]
+    assert [got[r]["union"] for r in range(4)] == [0b11 | 1 << 61] * 2 + [0b1100] * 2
     # Rank 3 silent: only its engine peer (rank 2) waits; DP rank 0's engine
     # is not held.
     assert got[0]["timeout"] is None and got[1]["timeout"] is None
