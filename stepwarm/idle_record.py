@@ -16,7 +16,7 @@ the same without the segments before it. The record keeps, per scenario,
 the segments whose steps compiled (a compile in a thread counts for the step
 that asked for it); a restart runs those alone, and skips the scenario when
 there are none. On the Llama-3.1-8B shape the fresh start's ``sampler-matrix``
-compiled in 9 of its 71 steps.
+compiled in 9 of its 71 steps, in 7 of its 23 segments (22 steps).
 
 "The same configuration" is a key over stepwarm's and vLLM's versions, vLLM's
 config and environment hashes (those of its compile cache), the worker's

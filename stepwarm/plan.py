@@ -283,15 +283,17 @@ class Plan:
 
     def segments(self) -> tuple[range, ...]:
         """The plan cut where no request is left in the runner: positions in
-        :attr:`steps`, each range ending after a step that leaves none of
-        the plan's requests started and not finished (a preempted request
-        still counts: the runner keeps it for its resumption). A plan with
-        images or an encoder input is one segment (a later request may read an earlier
-        one's encoder output from the runner's encoder cache).
+        :attr:`steps`. A segment starts at a step that schedules a new
+        request while none of the plan's earlier requests is left once the
+        step's ``finished_req_ids`` are removed (a preempted request still
+        counts: the runner keeps it for its resumption). A plan with images
+        or an encoder input is one segment (a later request may read an
+        earlier one's encoder output from the runner's encoder cache).
 
-        A segment runs the same without the ones before it: the runner holds
-        nothing of theirs, and the block ids it is given are only memory
-        (a prefix hit reads blocks whose contents a warmup does not check)."""
+        A segment runs the same without the ones before it (:meth:`only`):
+        the runner holds nothing of theirs, and the block ids it is given
+        are only memory (a prefix hit reads blocks whose contents a warmup
+        does not check)."""
         cached = self.__dict__.get("_segments_cache")
         if cached is None:
             cached = self._segments()
@@ -308,21 +310,36 @@ class Plan:
         start = 0
         for pos, step in enumerate(self.steps):
             live.difference_update(step.finished_req_ids)
-            live.update(r.req_id for r in step.scheduled if r.new)
-            if not live:
-                cuts.append(range(start, pos + 1))
-                start = pos + 1
-        if start < len(self.steps):
-            cuts.append(range(start, len(self.steps)))
+            new = [r.req_id for r in step.scheduled if r.new]
+            if new and not live and pos > start:
+                cuts.append(range(start, pos))
+                start = pos
+            live.update(new)
+        cuts.append(range(start, len(self.steps)))
         return tuple(cuts)
 
     def only(self, segments: Iterable[int]) -> Plan:
         """This plan with the steps of the :meth:`segments` numbered
-        ``segments`` alone (the steps keep their indices)."""
-        keep = sorted(set(segments))
-        parts = self.segments()
-        steps = tuple(self.steps[pos] for i in keep for pos in parts[i])
-        return dataclasses.replace(self, steps=steps)
+        ``segments`` alone; the steps keep their indices. A request a left-out
+        step would have finished is finished by the next step kept (else by
+        the driver's cleanup), and a kept step finishes no request the kept
+        steps never started."""
+        keep = {pos for i in set(segments) for pos in self.segments()[i]}
+        steps: list[PlannedStep] = []
+        live: set[str] = set()
+        owed: set[str] = set()
+        for pos, step in enumerate(self.steps):
+            if pos not in keep:
+                owed |= step.finished_req_ids & live
+                continue
+            finished = (step.finished_req_ids | owed) & live
+            owed = set()
+            if finished != step.finished_req_ids:
+                step = dataclasses.replace(step, finished_req_ids=frozenset(finished))
+            live -= finished
+            live.update(r.req_id for r in step.scheduled if r.new)
+            steps.append(step)
+        return dataclasses.replace(self, steps=tuple(steps))
 
     def display_name(self, req_id: str) -> str:
         """A request of this plan as its scenario names it

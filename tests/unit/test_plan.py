@@ -207,24 +207,53 @@ def test_a_refused_step_leaves_the_ledger_as_it_was():
 
 def test_segments_cut_where_no_request_is_left_in_the_runner():
     b = _builder()
-    for rid in ("_stepwarm_a_", "_stepwarm_b_", "_stepwarm_c_"):
+    for rid in ("_stepwarm_a_", "_stepwarm_b_", "_stepwarm_c_", "_stepwarm_d_"):
         b.add_request(PlannedRequest(rid, 8))
     b.step("prefill", "a", prefill={"_stepwarm_a_": 8})                    # 0
     b.step("decode", "a", decode={"_stepwarm_a_": 0})                      # 1
     b.step("finish", "a", finish=("_stepwarm_a_",))                        # 2: none left
-    b.step("prefill", "b", prefill={"_stepwarm_b_": 8})                    # 3
+    b.step("prefill", "b", prefill={"_stepwarm_b_": 8})                    # 3: cut before
     b.step("preempt", "b", preempt=("_stepwarm_b_",))                      # 4: b still held
     b.step("resume", "b", resume={"_stepwarm_b_": 1})                      # 5
+    # c starts as b finishes: nothing of b's is left once the step begins
     b.step("prefill", "c", prefill={"_stepwarm_c_": 8}, finish=("_stepwarm_b_",))  # 6
-    b.cleanup()                                                            # 7: none left
+    b.step("prefill", "d", prefill={"_stepwarm_d_": 8})                    # 7: c still held
+    b.cleanup()                                                            # 8
     plan = b.build()
     assert [st.kind for st in plan.steps] == [
-        "prefill", "decode", "finish", "prefill", "preempt", "resume", "prefill", "cleanup"]
-    assert plan.segments() == (range(3), range(3, 8))
+        "prefill", "decode", "finish", "prefill", "preempt", "resume", "prefill", "prefill",
+        "cleanup"]
+    assert plan.segments() == (range(3), range(3, 6), range(6, 9))
+    assert plan.only([0, 1, 2]).steps == plan.steps and plan.only([]).steps == ()
+    # b's segment alone: its steps, their indices; nobody finishes b but the
+    # driver's cleanup (the step that did is left out)
     only = plan.only([1])
-    assert [st.index for st in only.steps] == [3, 4, 5, 6, 7]
-    assert only.steps == plan.steps[3:] and only.requests == plan.requests
-    assert plan.only([]).steps == () and plan.only([1, 0]).steps == plan.steps
+    assert [st.index for st in only.steps] == [3, 4, 5]
+    assert only.steps == plan.steps[3:6] and only.requests == plan.requests
+    # c's without b's: step 6 finishes nothing the kept steps started
+    only = plan.only([2])
+    assert [(st.index, st.finished_req_ids) for st in only.steps] == [
+        (6, frozenset()), (7, frozenset()),
+        (8, frozenset({"_stepwarm_c_", "_stepwarm_d_"}))]
+    assert plan.steps[6].finished_req_ids == {"_stepwarm_b_"}  # the plan itself unchanged
+    # a's and c's: the finish of b is dropped, a's own finish kept
+    assert [sorted(st.finished_req_ids) for st in plan.only([0, 2]).steps] == [
+        [], [], ["_stepwarm_a_"], [], [], ["_stepwarm_c_", "_stepwarm_d_"]]
+
+
+def test_a_finish_a_left_out_segment_owed_goes_with_the_next_step_kept():
+    b = _builder()
+    for rid in ("_stepwarm_a_", "_stepwarm_b_", "_stepwarm_c_"):
+        b.add_request(PlannedRequest(rid, 8))
+    b.step("prefill", "a", prefill={"_stepwarm_a_": 8})
+    b.step("prefill", "b", prefill={"_stepwarm_b_": 8}, finish=("_stepwarm_a_",))
+    b.step("prefill", "c", prefill={"_stepwarm_c_": 8}, finish=("_stepwarm_b_",))
+    b.cleanup()
+    plan = b.build()
+    assert plan.segments() == (range(1), range(1, 2), range(2, 4))
+    # a kept, b left out, c kept: a is finished as c starts
+    assert [(st.index, sorted(st.finished_req_ids)) for st in plan.only([0, 2]).steps] == [
+        (0, []), (2, ["_stepwarm_a_"]), (3, ["_stepwarm_c_"])]
 
 
 def test_a_plan_left_with_live_requests_ends_in_one_more_segment():
