@@ -21,11 +21,13 @@ counts with a first-call cost over 1 ms (at most 3 ms), against 21 (up to
 The logits GEMM (the LM head, ``UnquantizedEmbeddingMethod.apply``: the
 input embedding where the head is tied) runs eagerly in every step, graphed
 or not, at one row per sampled token: :func:`warm_gemm_sizes` runs it at
-every count of the ladder from 1 to ``max_num_seqs`` times one plus
-``num_speculative_tokens``. On the H200 (run s15) the first 40-request
-prefill of Llama-3.1-8B and Gemma-3-12B, and the first 8-request step of
-granite-4.0-h, each paid 5-6 ms in that GEMM's first call
-(``aten::mm``, a cuBLAS kernel first launched) after every scenario had run.
+every row count from 1 to 256, then eight an octave, up to ``max_num_seqs``
+times one plus ``num_speculative_tokens`` (:func:`head_row_counts`). On the
+H200 (run s15) the first 40-request prefill of Llama-3.1-8B and Gemma-3-12B,
+and the first 8-request step of granite-4.0-h, each paid 5-6 ms in that
+GEMM's first call (``aten::mm``, a cuBLAS kernel first launched) after every
+scenario had run; with eight counts an octave (run s16) the tiny Llama's
+40-row call still did.
 
 Inputs are zeros; outputs are dropped. Nothing random is drawn and nothing
 is written to the model or the KV cache. On CPU, and for quantized layers
@@ -183,6 +185,21 @@ def logits_rows(vllm_config: Any) -> int:
     return min(int(sched.max_num_seqs) * (1 + drafts), int(sched.max_num_batched_tokens))
 
 
+#: Up to this many rows the LM head's ladder runs every count (above it,
+#: :func:`token_counts`' eight an octave).
+HEAD_EVERY_ROWS = 256
+
+
+def head_row_counts(rows: int) -> list[int]:
+    """The LM head's ladder: every row count from 1 to ``rows`` up to
+    :data:`HEAD_EVERY_ROWS`, then eight an octave. At a few rows cuBLAS picks
+    a kernel whose tile follows the row count (``nvjet_..._64x40_...`` at 40
+    rows): run s16 found the tiny Llama's first 40-request step loading
+    ``..._64x40_...`` and ``..._64x24_...`` after a ladder of 39 and 42."""
+    every = list(range(1, min(rows, HEAD_EVERY_ROWS) + 1))
+    return every + [m for m in token_counts(HEAD_EVERY_ROWS, rows) if m > HEAD_EVERY_ROWS]
+
+
 def _run_ladder(layer: Any, counts: list[int], bias: Any) -> None:
     """``layer``'s GEMM at every count, the largest first: each output after
     the first fits in the block the caching allocator kept from it (in
@@ -219,7 +236,7 @@ def warm_gemm_sizes(worker: Any) -> GemmReport:
     config = runner.vllm_config
     high = int(config.scheduler_config.max_num_batched_tokens)
     counts = token_counts(_eager_floor(config), high) if layers else []
-    head_counts = token_counts(1, logits_rows(config)) if heads else []
+    head_counts = head_row_counts(logits_rows(config)) if heads else []
     if not counts and not head_counts:
         report.skipped = "every token count replays a CUDA graph, and no LM head"
         return report

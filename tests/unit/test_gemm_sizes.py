@@ -129,6 +129,17 @@ def test_logits_rows_count_the_drafts_verified_in_a_step():
     assert token_counts(1, 64)[:10] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
 
 
+def test_the_heads_ladder_runs_every_row_count_up_to_256_then_eight_an_octave():
+    from stepwarm.gemm_sizes import head_row_counts
+
+    assert head_row_counts(64) == list(range(1, 65))
+    assert head_row_counts(256) == list(range(1, 257))
+    # 1024 sequences: 2 ** (65 / 8) = 279.2, ..., 2 ** (79 / 8) = 939.7, 1024
+    assert head_row_counts(1024) == list(range(1, 257)) + [
+        280, 305, 332, 363, 395, 431, 470, 512, 559, 609, 664, 725, 790, 862, 940, 1024]
+    assert head_row_counts(300) == list(range(1, 257)) + [280, 300]
+
+
 def test_the_log_says_what_ran():
     from stepwarm.gemm_sizes import GemmReport, gemm_text
 
