@@ -198,8 +198,8 @@ def warmup(
     # One pool for every scenario's sampler compiles: a scenario's go on
     # while the next ones (and the GEMMs) run; the end waits for what is left.
     with random_state_kept(), deferred_compiles(_compile_threads(settings, ranks)) as deferred:
-        for plan in plans:
-            busy = _busy_segments(plan, record, ranks) if record is not None else None
+        for plan, entry in zip(plans, record_names(plans)):
+            busy = _busy_segments(plan, entry, record, ranks) if record is not None else None
             if busy is not None and not busy:
                 report = RunReport(
                     plan=plan.name, runner=profile.runner, model=profile.model,
@@ -222,7 +222,7 @@ def warmup(
             if record is not None and plan.steps and report.ok and not report.skipped:
                 steps = compiled.steps | {d.step for d in report.deferred_compiles
                                           if d.step is not None}
-                record.note(plan.name, len(plan.segments()), busy_segments(plan, steps))
+                record.note(entry, len(plan.segments()), busy_segments(plan, steps))
         if record is not None:
             record.save()
         if settings.gemm_sizes and plans:
@@ -275,18 +275,39 @@ def _idle_record(worker: Any, profile: RunnerProfile, plans: list, ranks: RankGr
     key = configuration_key([
         stepwarm.__version__, vllm_facts.version(), *vllm_facts.compile_hashes(worker),
         profile.model_dump_json(),
-        *(f"{p.name}\n{p.lockstep_signature()}" for p in plans)])
+        *(_plan_text(p) for p in plans)])
     return IdleRecord.load(key, f"rank{ranks.rank}")
 
 
-def _busy_segments(plan: Any, record: IdleRecord, ranks: RankGroup) -> frozenset[int] | None:
+def _plan_text(plan: Any) -> str:
+    """Everything of ``plan`` that can change what it compiles, as text: its
+    name, its steps (:meth:`~stepwarm.plan.Plan.lockstep_signature`), its
+    requests with their sampling and structured output, and the grammar
+    rows of each step."""
+    return "\n".join([plan.name, plan.lockstep_signature(), repr(plan.requests),
+                      repr([st.grammar_req_ids for st in plan.steps])])
+
+
+def record_names(plans: list) -> list[str]:
+    """Each plan's entry in the idle record: its name, or ``NAME#k`` for the
+    k-th plan (k >= 2) of a name used before (two scenario files of one name)."""
+    seen: dict[str, int] = {}
+    out = []
+    for p in plans:
+        seen[p.name] = seen.get(p.name, 0) + 1
+        out.append(p.name if seen[p.name] == 1 else f"{p.name}#{seen[p.name]}")
+    return out
+
+
+def _busy_segments(plan: Any, entry: str, record: IdleRecord,
+                   ranks: RankGroup) -> frozenset[int] | None:
     """The segments of ``plan`` (:meth:`~stepwarm.plan.Plan.segments`) that
-    some rank's record says compiled at the last start: empty when no rank's
+    some rank's record (its ``entry``) says compiled at the last start: empty when no rank's
     did (the scenario is skipped), None when they all run (a rank's record
     does not know the plan, or the plan has more segments than a mask holds).
     Every rank calls this for every plan, in the same order."""
     n = len(plan.segments())
-    mine = record.busy(plan.name, n)
+    mine = record.busy(entry, n)
     if n > _MASK_BITS:  # one bit: "this rank's record says the plan compiled, or not known"
         busy_here = mine is None or bool(mine)
         return None if ranks.union(int(busy_here), f"the idle record of {plan.name}") else \
@@ -346,14 +367,18 @@ def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSetti
     _stamp(report, ranks)
     logger.info("%s: %s: %s", who, plan.name,
                 f"skipped ({report.skipped})" if report.skipped
-                else f"{len(report.steps)} steps in {report.wall_ms:.0f} ms" + (
-                    f" ({idle_steps} steps skipped: their segments compiled nothing at the "
-                    "last start with this configuration, STEPWARM_SKIP_IDLE=1)"
+                else f"{_steps(len(report.steps))} in {report.wall_ms:.0f} ms" + (
+                    f" ({_steps(idle_steps)} skipped: their segments compiled nothing "
+                    "at the last start with this configuration, STEPWARM_SKIP_IDLE=1)"
                     if idle_steps else ""))
     mem = report.memory
     if mem is not None and mem.lower_after:
         logger.warning("%s: %s %s (see docs/plugin.md)", who, plan.name, lower_text(mem))
     return report
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
 
 
 def _compile_threads(settings: HookSettings, ranks: RankGroup) -> int:

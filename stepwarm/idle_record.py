@@ -29,6 +29,7 @@ that fails, makes the scenario run again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -171,18 +172,15 @@ class IdleRecord:
         record = cls(key=key, path=path)
         try:
             data = json.loads(path.read_text())
-        except (OSError, ValueError):
+        except Exception:  # noqa: BLE001 - unreadable, not JSON, too deep: nothing known
             return record
         if not (isinstance(data, dict) and data.get("format") == FORMAT
                 and data.get("key") == key and isinstance(data.get("scenarios"), dict)):
             return record
         for name, entry in data["scenarios"].items():
-            try:
-                n, busy = int(entry["segments"]), frozenset(int(i) for i in entry["busy"])
-            except (TypeError, KeyError, ValueError):
-                continue  # an entry that cannot be read: that scenario runs whole
-            if all(0 <= i < n for i in busy):
-                record.scenarios[str(name)] = (n, busy)
+            read = _entry(entry)
+            if read is not None:  # an entry that cannot be read: that scenario runs whole
+                record.scenarios[str(name)] = read
         return record
 
     def busy(self, scenario: str, segments: int) -> frozenset[int] | None:
@@ -201,18 +199,44 @@ class IdleRecord:
         self.scenarios[scenario] = (segments, frozenset(busy))
 
     def save(self) -> bool:
-        """Write the record atomically; False (logged) when the directory
-        cannot be written."""
+        """Write the record atomically, readable by all (a cache volume that
+        pods of other users share); False (logged) when it cannot be written.
+        A process writes a key's record once: its start-up's, not what a
+        later warmup in the same process found already loaded."""
+        if self.path in _SAVED:
+            return True
         data = {"format": FORMAT, "key": self.key,
                 "scenarios": {name: {"segments": n, "busy": sorted(busy)}
                               for name, (n, busy) in self.scenarios.items()}}
+        tmp = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".idle-", suffix=".tmp")
             with os.fdopen(fd, "w") as f:
                 json.dump(data, f, indent=1, sort_keys=True)
+            os.chmod(tmp, 0o644)
             os.replace(tmp, self.path)
+            _SAVED.add(self.path)
             return True
         except OSError as e:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
             logger.info("stepwarm: idle record not written (%s): %s", self.path, e)
             return False
+
+
+#: The records this process wrote (:meth:`IdleRecord.save`).
+_SAVED: set[Path] = set()
+
+
+def _entry(entry: Any) -> tuple[int, frozenset[int]] | None:
+    """A record entry ``{"segments": N, "busy": [i, ...]}`` with every
+    ``0 <= i < N``, integers all; None for anything else."""
+    if not isinstance(entry, dict):
+        return None
+    n, busy = entry.get("segments"), entry.get("busy")
+    if type(n) is not int or n < 0 or not isinstance(busy, list) or \
+            not all(type(i) is int and 0 <= i < n for i in busy):
+        return None
+    return n, frozenset(busy)

@@ -104,12 +104,17 @@ class CacheScan:
     @classmethod
     def use_fresh_dirs(cls, root: Path | None = None) -> CacheScan:
         """Point :data:`CACHE_VARIABLES` at new empty directories under
-        ``root`` (default: a new temporary directory) in ``os.environ``."""
+        ``root`` (default: a new temporary directory) in ``os.environ``, and
+        leave ``STEPWARM_CACHE_DIR`` out (the idle record then lives under
+        the fresh ``VLLM_CACHE_ROOT``)."""
         scan = cls(Path(root), owned=False) if root is not None else cls(
             Path(tempfile.mkdtemp(prefix="stepwarm-coverage-")), owned=True)
         for var, d in scan.dirs.items():
             d.mkdir(parents=True, exist_ok=True)
             os.environ[var] = str(d)
+        # STEPWARM_SKIP_IDLE's record goes with vLLM's cache, not a fixed
+        # directory that a run before this one filled
+        os.environ.pop("STEPWARM_CACHE_DIR", None)
         return scan
 
     @classmethod

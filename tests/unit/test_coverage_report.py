@@ -36,7 +36,10 @@ def _touch(path, text="{}", mtime=None):
 def test_cache_scan_sees_new_triton_and_inductor_kernels_once(tmp_path, monkeypatch):
     for var in ("TRITON_CACHE_DIR", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR"):
         monkeypatch.delenv(var, raising=False)
+    # a fixed idle-record directory a run before filled is not this run's
+    monkeypatch.setenv("STEPWARM_CACHE_DIR", str(tmp_path / "old-record"))
     scan = CacheScan.use_fresh_dirs(tmp_path)
+    assert "STEPWARM_CACHE_DIR" not in os.environ
     assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "triton_cache_dir")
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "torchinductor_cache_dir")
     triton = tmp_path / "triton_cache_dir"

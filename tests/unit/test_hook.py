@@ -344,3 +344,32 @@ def test_the_front_end_loads_the_logits_processor_classes_before_the_first_reque
     with caplog.at_level("INFO", logger="vllm.stepwarm"):
         Engine(SimpleNamespace(validate_logits_processors_params=lambda params: None))
     assert caplog.records == [] and cached_load_custom_logitsprocs.cache_info().misses == 2
+
+
+def _one_request_plan(name: str, sampling, structured: bool = False):
+    from stepwarm.plan import PlanBuilder, PlannedRequest
+    from tests.helpers import make_profile
+
+    b = PlanBuilder(make_profile(max_num_seqs=4), name=name)
+    b.add_request(PlannedRequest("_stepwarm_a_", 8, sampling=sampling,
+                                 structured_output=structured))
+    b.step("prefill", "a", prefill={"_stepwarm_a_": 8}, grammar=structured or None)
+    b.cleanup()
+    return b.build()
+
+
+def test_the_idle_records_key_changes_with_a_scenarios_sampling():
+    """Same steps, other sampling (other sampler kernels): another
+    configuration, so the edited scenario runs again."""
+    greedy = _one_request_plan("samp", "greedy")
+    topk = _one_request_plan("samp", (("temperature", 0.8), ("top_k", 5)))
+    grammar = _one_request_plan("samp", "greedy", structured=True)
+    assert greedy.lockstep_signature() == topk.lockstep_signature()
+    texts = {hook._plan_text(p) for p in (greedy, topk, grammar)}
+    assert len(texts) == 3
+    assert hook._plan_text(greedy) == hook._plan_text(_one_request_plan("samp", "greedy"))
+
+
+def test_two_scenarios_of_one_name_get_their_own_record_entries():
+    plans = [_one_request_plan(n, "greedy") for n in ("x", "default", "x", "x")]
+    assert hook.record_names(plans) == ["x", "default", "x#2", "x#3"]

@@ -60,8 +60,19 @@ def test_record_of_another_key_or_format_or_broken_file_is_ignored(tmp_path):
     # an entry that cannot be read, or names a segment the plan does not have,
     # is left out; the others are kept
     rec.path.write_text(json.dumps({"format": FORMAT, "key": key, "scenarios": {
-        **entry, "a": {"segments": 2, "busy": [2]}, "b": {"busy": []}, "c": []}}))
+        **entry, "a": {"segments": 2, "busy": [2]}, "b": {"busy": []}, "c": [],
+        "d": {"segments": 3.9, "busy": []}, "e": {"segments": True, "busy": []},
+        "f": {"segments": 4, "busy": "12"}, "g": {"segments": -1, "busy": []},
+        "h": {"segments": 4, "busy": [1.0]}, "i": {"segments": 2, "busy": [-1]}}}))
     assert IdleRecord.load(key, "rank0", tmp_path).scenarios == {"default": (2, frozenset())}
+    # numbers Python's json reads but int() cannot take, and JSON too deep to
+    # read: nothing known, no error (a start-up never stops on its record)
+    for text in ('{"format": %d, "key": "%s", "scenarios": {"a": {"segments": Infinity, '
+                 '"busy": []}, "b": {"segments": 1e400, "busy": []}, "c": {"segments": 2, '
+                 '"busy": [1e400]}, "d": {"segments": NaN, "busy": []}}}' % (FORMAT, key),
+                 "[" * 100_000 + "]" * 100_000):
+        rec.path.write_text(text)
+        assert IdleRecord.load(key, "rank0", tmp_path).scenarios == {}
 
 
 def test_busy_segments_are_those_holding_a_step_that_compiled():
@@ -79,6 +90,28 @@ def test_busy_segments_are_those_holding_a_step_that_compiled():
     assert busy_segments(plan, set()) == set()
     # a plan of some segments: its steps keep their indices
     assert busy_segments(plan.only([2]), {4}) == {0}
+
+
+def test_a_process_writes_a_records_once_readable_by_all(tmp_path):
+    """A second warmup in one process finds everything loaded; its idle
+    segments are not the start-up's, so it does not overwrite the record."""
+    rec = IdleRecord.load(configuration_key(["once"]), "rank0", tmp_path)
+    rec.note("default", 2, [0])
+    assert rec.save()
+    assert rec.path.stat().st_mode & 0o777 == 0o644  # a cache volume shared by other users
+    later = IdleRecord.load(rec.key, "rank0", tmp_path)
+    assert later.busy("default", 2) == {0}
+    later.note("default", 2, [])
+    assert later.save()
+    assert IdleRecord.load(rec.key, "rank0", tmp_path).busy("default", 2) == {0}
+
+
+def test_a_record_path_taken_by_a_directory_leaves_no_temporary_file(tmp_path):
+    rec = IdleRecord.load(configuration_key(["dir"]), "rank0", tmp_path)
+    rec.path.mkdir()
+    rec.note("default", 1, [])
+    assert rec.save() is False and rec.save() is False
+    assert sorted(p.name for p in tmp_path.iterdir()) == [rec.path.name]
 
 
 def test_unwritable_directory_is_not_an_error(tmp_path):
