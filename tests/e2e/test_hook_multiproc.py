@@ -114,3 +114,33 @@ def test_tp2_rank_failing_before_a_collective_fails_start_up_in_bounded_time(tmp
             "failed it: RuntimeError: injected fault before step 1 on rank 1) within 15 s") in log
     assert "died unexpectedly" in log  # vLLM's executor saw it and shut down
     assert wall_s < 240
+
+
+def test_tp2_skip_idle_runs_a_segment_that_one_ranks_record_calls_busy_on_both(tmp_path):
+    """STEPWARM_SKIP_IDLE under TP=2: each rank keeps its own record; a
+    restart runs the union of the ranks' busy segments, in lockstep."""
+    env = dict(STEPWARM_SCENARIOS="default,prefix-hit", STEPWARM_SKIP_IDLE="1",
+               STEPWARM_CACHE_DIR=str(tmp_path / "records"))
+    proc, result, _ = _start(tmp_path, 2, **env)
+    assert result is not None and result["started"], proc.stderr[-4000:]
+    (rank0,) = (tmp_path / "records").glob("idle-*-rank0.json")
+    (rank1,) = (tmp_path / "records").glob("idle-*-rank1.json")
+    # What rank 1 alone says: prefix-hit's third segment (steps 6-9) compiled.
+    records = [json.loads(p.read_text()) for p in (rank0, rank1)]
+    assert all(r["scenarios"]["prefix-hit"]["segments"] == 3 for r in records)
+    for r, busy in zip(records, ([], [2])):
+        r["scenarios"]["prefix-hit"]["busy"] = busy
+    rank0.write_text(json.dumps(records[0]))
+    rank1.write_text(json.dumps(records[1]))
+    proc, result, _ = _start(tmp_path, 2, **env)
+    assert result is not None and result["started"], proc.stderr[-4000:]
+    for rank_reports in result["reports"]:
+        hit = next(r for r in rank_reports if r["plan"] == "prefix-hit")
+        assert hit["ok"] and not hit["skipped"] and hit["left_in_runner"] == []
+        assert [s["index"] for s in hit["steps"]] == [6, 7, 8, 9]
+        assert hit["idle_steps_skipped"] == 6
+    assert result["live"] == [[], []] and result["tokens"] == [4, 4, 4]
+    log = proc.stdout + proc.stderr
+    for rank in ("rank 0 (tp 0/2, pp 0/1)", "rank 1 (tp 1/2, pp 0/1)"):
+        assert (f"stepwarm [{rank}]: prefix-hit: 4 steps in" in log
+                and "(6 steps skipped: their segments compiled nothing" in log)
