@@ -33,7 +33,9 @@ case "${1:-}" in
     ;;
   wait)
     END=$(( $(date +%s) + ${2:-500} ))
-    while [ "$(date +%s)" -lt "$END" ] && pgrep -f coverage_jobs.py >/dev/null; do sleep 5; done
+    # the bracket keeps pgrep from matching a calling shell's own command line
+    # (one that names the runner, e.g. `wait 400; pgrep ... || probe`)
+    while [ "$(date +%s)" -lt "$END" ] && pgrep -f '[c]overage_jobs\.py' >/dev/null; do sleep 5; done
     cat $RESULTS/out/progress.json; tail -3 $RESULTS/runner.log
     nvidia-smi --query-gpu=memory.used,memory.total --format=csv
     mkdir -p "${OUT:-/tmp/out}"
