@@ -214,15 +214,19 @@ def warmup(
             # Counted only for the record: without it no hook is touched.
             with compile_activity() if record is not None else \
                     contextlib.nullcontext(CompileActivity()) as seen:
-                compiled = StepCompiles(seen)
+                compiled = StepCompiles(seen) if record is not None else None
                 report = _run_one(worker, run, profile, settings, ranks, watch,
                                   time.monotonic() - t_start, compiled,
                                   idle_steps=len(plan.steps) - len(run.steps))
             reports.append(report)
-            if record is not None and plan.steps and report.ok and not report.skipped:
-                steps = compiled.steps | {d.step for d in report.deferred_compiles
-                                          if d.step is not None}
-                record.note(entry, len(plan.segments()), busy_segments(plan, steps))
+            if record is not None and compiled is not None and plan.steps and \
+                    not report.skipped:
+                if report.ok:
+                    steps = compiled.steps | {d.step for d in report.deferred_compiles
+                                              if d.step is not None}
+                    record.note(entry, len(plan.segments()), busy_segments(plan, steps))
+                else:  # a scenario that failed runs whole at the next start
+                    record.scenarios.pop(entry, None)
         if record is not None:
             record.save()
         if settings.gemm_sizes and plans:

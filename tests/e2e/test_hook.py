@@ -238,3 +238,33 @@ def test_skip_idle_reruns_only_the_segments_that_compiled(engine, tmp_path, monk
     _start(engine, names, HookSettings(skip_idle=True))
     assert json.loads(path.read_text())["scenarios"]["prefix-hit"]["busy"] == []
     assert live_request_ids(engine.worker) == set()
+
+
+def test_skip_idle_a_scenario_that_failed_runs_whole_at_the_next_start(engine, tmp_path,
+                                                                      monkeypatch):
+    import json
+
+    import stepwarm.driver as driver
+
+    monkeypatch.setenv("STEPWARM_CACHE_DIR", str(tmp_path))
+    names = ["prefix-hit"]
+    _compiles_in_steps(monkeypatch, "prefix-hit", {4})
+    _start(engine, names, HookSettings(skip_idle=True))
+    (path,) = tmp_path.glob("idle-*-rank0.json")
+    assert json.loads(path.read_text())["scenarios"] == {
+        "prefix-hit": {"segments": 3, "busy": [1]}}
+    real = driver._run_step
+
+    def fails_in_step_4(worker, step, plan, *args, **kwargs):
+        if step.index == 4:
+            raise RuntimeError("injected")
+        return real(worker, step, plan, *args, **kwargs)
+
+    monkeypatch.setattr(driver, "_run_step", fails_in_step_4)
+    (failed,) = _start(engine, names, HookSettings(skip_idle=True, on_error="warn"))
+    assert not failed.ok and [s.index for s in failed.steps] == [3] and failed.cleanup_ran
+    assert json.loads(path.read_text())["scenarios"] == {}
+    monkeypatch.setattr(driver, "_run_step", real)
+    (whole,) = _start(engine, names, HookSettings(skip_idle=True))
+    assert [s.index for s in whole.steps] == list(range(10)) and whole.idle_steps_skipped == 0
+    assert live_request_ids(engine.worker) == set()
