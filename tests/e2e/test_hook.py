@@ -136,7 +136,7 @@ def test_unknown_release_and_unknown_required_field_fail_soft(engine, monkeypatc
                and "NewRequestData.lora_request" in r.getMessage() for r in caplog.records)
 
 
-def _start(engine, names, settings):
+def _new_start(engine, names, settings):
     """``warmup`` as a new process's start-up would run it (a process writes
     its idle record once: :meth:`stepwarm.idle_record.IdleRecord.save`)."""
     from stepwarm import idle_record
@@ -151,7 +151,7 @@ def test_skip_idle_skips_what_compiled_nothing_at_the_last_start(engine, tmp_pat
     monkeypatch.setenv("STEPWARM_CACHE_DIR", str(tmp_path))
     names = ["default", "prefix-hit"]
     on = HookSettings(skip_idle=True)
-    first = _start(engine, names, on)
+    first = _new_start(engine, names, on)
     assert [(r.plan, r.ok, r.skipped) for r in first] == [("default", True, ""),
                                                           ("prefix-hit", True, "")]
     (path,) = tmp_path.glob("idle-*-rank0.json")
@@ -159,23 +159,23 @@ def test_skip_idle_skips_what_compiled_nothing_at_the_last_start(engine, tmp_pat
     assert set(first_busy) == set(names)
     # What compiled (the session's first `default` traces vLLM's compiled
     # helpers) runs again; what did not is skipped.
-    second = _start(engine, names, on)
+    second = _new_start(engine, names, on)
     assert [(r.plan, bool(r.skipped), bool(r.steps)) for r in second] == [
         (n, not first_busy[n], bool(first_busy[n])) for n in names]
     # By now everything both use is in the process: both are idle, both skipped.
     assert json.loads(path.read_text())["scenarios"] == {
         "default": {"segments": 2, "busy": []}, "prefix-hit": {"segments": 3, "busy": []}}
-    third = _start(engine, names, on)
+    third = _new_start(engine, names, on)
     assert [(r.plan, r.steps) for r in third] == [("default", []), ("prefix-hit", [])]
     assert all(r.skipped == "compiled nothing at the last start with this configuration "
                f"(STEPWARM_SKIP_IDLE=1; record {path})" for r in third)
     # Another order is another configuration: both run, in a second record.
-    reordered = _start(engine, names[::-1], on)
+    reordered = _new_start(engine, names[::-1], on)
     assert all(r.ok and not r.skipped and r.steps for r in reordered)
     assert len(list(tmp_path.glob("idle-*.json"))) == 2
     # Off (the default), the record is neither read nor written.
     path.unlink()
-    assert all(not r.skipped and r.steps for r in _start(engine, names, HookSettings()))
+    assert all(not r.skipped and r.steps for r in _new_start(engine, names, HookSettings()))
     assert not path.exists()
     assert live_request_ids(engine.worker) == set()
 
@@ -214,18 +214,18 @@ def test_skip_idle_reruns_only_the_segments_that_compiled(engine, tmp_path, monk
 
     monkeypatch.setenv("STEPWARM_CACHE_DIR", str(tmp_path))
     names = ["default", "prefix-hit"]
-    _start(engine, names, HookSettings())  # all in the process now
+    _new_start(engine, names, HookSettings())  # all in the process now
     plan = expand(load("prefix-hit"), read_profile(engine.worker))
     parts = plan.segments()
     assert [list(p) for p in parts] == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
     ran = _compiles_in_steps(monkeypatch, "prefix-hit", {4})
-    first = _start(engine, names, HookSettings(skip_idle=True))
+    first = _new_start(engine, names, HookSettings(skip_idle=True))
     assert ran == list(range(10)) and first[1].idle_steps_skipped == 0
     (path,) = tmp_path.glob("idle-*-rank0.json")
     assert json.loads(path.read_text())["scenarios"]["prefix-hit"] == {
         "segments": 3, "busy": [1]}
     ran.clear()
-    again = _start(engine, names, HookSettings(skip_idle=True))
+    again = _new_start(engine, names, HookSettings(skip_idle=True))
     assert [(r.plan, bool(r.skipped)) for r in again] == [("default", True),
                                                           ("prefix-hit", False)]
     hit = again[1]
@@ -235,7 +235,7 @@ def test_skip_idle_reruns_only_the_segments_that_compiled(engine, tmp_path, monk
     assert json.loads(path.read_text())["scenarios"]["prefix-hit"]["busy"] == [1]
     monkeypatch.undo()
     monkeypatch.setenv("STEPWARM_CACHE_DIR", str(tmp_path))
-    _start(engine, names, HookSettings(skip_idle=True))
+    _new_start(engine, names, HookSettings(skip_idle=True))
     assert json.loads(path.read_text())["scenarios"]["prefix-hit"]["busy"] == []
     assert live_request_ids(engine.worker) == set()
 
@@ -249,7 +249,7 @@ def test_skip_idle_a_scenario_that_failed_runs_whole_at_the_next_start(engine, t
     monkeypatch.setenv("STEPWARM_CACHE_DIR", str(tmp_path))
     names = ["prefix-hit"]
     _compiles_in_steps(monkeypatch, "prefix-hit", {4})
-    _start(engine, names, HookSettings(skip_idle=True))
+    _new_start(engine, names, HookSettings(skip_idle=True))
     (path,) = tmp_path.glob("idle-*-rank0.json")
     assert json.loads(path.read_text())["scenarios"] == {
         "prefix-hit": {"segments": 3, "busy": [1]}}
@@ -261,10 +261,10 @@ def test_skip_idle_a_scenario_that_failed_runs_whole_at_the_next_start(engine, t
         return real(worker, step, plan, *args, **kwargs)
 
     monkeypatch.setattr(driver, "_run_step", fails_in_step_4)
-    (failed,) = _start(engine, names, HookSettings(skip_idle=True, on_error="warn"))
+    (failed,) = _new_start(engine, names, HookSettings(skip_idle=True, on_error="warn"))
     assert not failed.ok and [s.index for s in failed.steps] == [3] and failed.cleanup_ran
     assert json.loads(path.read_text())["scenarios"] == {}
     monkeypatch.setattr(driver, "_run_step", real)
-    (whole,) = _start(engine, names, HookSettings(skip_idle=True))
+    (whole,) = _new_start(engine, names, HookSettings(skip_idle=True))
     assert [s.index for s in whole.steps] == list(range(10)) and whole.idle_steps_skipped == 0
     assert live_request_ids(engine.worker) == set()
