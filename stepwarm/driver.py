@@ -454,7 +454,7 @@ def drive(
                 deferred.step = step.index
                 started_at = time.time()
                 what = plan.with_display_names(
-                    f"{plan.name} step {step.index}/{len(plan.steps)} "
+                    f"{plan.name} step {step.index}/{len(plan.steps) + plan.left_out} "
                     f"({step.kind}, {step.label})")
                 if on_step_start is not None:
                     on_step_start(step, what)

@@ -29,6 +29,14 @@ GEMM's first call (``aten::mm``, a cuBLAS kernel first launched) after every
 scenario had run; with eight counts an octave (run s16) the tiny Llama's
 40-row call still did.
 
+A restart needs the kernels again (they are loaded per process), but not
+the whole ladder: most calls reuse a kernel an earlier one loaded. Each call
+is timed on the host; one of :data:`FIRST_LAUNCH_MS` or more loaded a kernel
+(:attr:`GemmReport.loads`). With ``STEPWARM_SKIP_IDLE=1`` the idle record
+keeps those calls (:mod:`stepwarm.idle_record`), the ladder runs before the
+scenarios (so that what it loads does not depend on which segments ran), and
+a restart with the same ladder on the same device runs those calls alone.
+
 Inputs are zeros; outputs are dropped. Nothing random is drawn and nothing
 is written to the model or the KV cache. On CPU, and for quantized layers
 (their kernels are not cuBLAS's), it does nothing.
@@ -78,6 +86,13 @@ class GemmReport:
     #: Distinct logits GEMMs (LM heads) run, and the row counts they ran at.
     heads: int = 0
     head_counts: list[int] = field(default_factory=list)
+    #: The ``(GEMM number, count)`` calls that took :data:`FIRST_LAUNCH_MS`
+    #: or more on the host: they loaded a kernel (GEMM numbers:
+    #: :meth:`GemmLadder.rungs`).
+    loads: list[tuple[int, int]] = field(default_factory=list)
+    #: The calls run, of the ladder's.
+    calls_run: int = 0
+    calls_total: int = 0
     wall_ms: float = 0.0
     #: Why nothing ran ("" when it ran).
     skipped: str = ""
@@ -94,7 +109,10 @@ def gemm_text(g: GemmReport) -> str:
     if g.head_counts:
         said.append(f"{g.heads} LM head{'s' if g.heads != 1 else ''} x {len(g.head_counts)} "
                     f"counts ({g.head_counts[0]}-{g.head_counts[-1]} rows)")
-    return "; ".join(said) or "nothing"
+    text = "; ".join(said) or "nothing"
+    if g.calls_run < g.calls_total:
+        text += f"; ran {g.calls_run} of its {g.calls_total} calls"
+    return text
 
 
 def _eager_floor(vllm_config: Any) -> int:
@@ -200,30 +218,77 @@ def head_row_counts(rows: int) -> list[int]:
     return every + [m for m in token_counts(HEAD_EVERY_ROWS, rows) if m > HEAD_EVERY_ROWS]
 
 
-def _run_ladder(layer: Any, counts: list[int], bias: Any) -> None:
-    """``layer``'s GEMM at every count, the largest first: each output after
-    the first fits in the block the caching allocator kept from it (in
-    ascending order every output would be a new, larger block)."""
+#: A GEMM call that takes this long on the host loaded a kernel (a launch
+#: takes microseconds; CUDA's lazy module load and cuBLAS's set-up of a
+#: kernel first launched in the process take 5-15 ms on the H200).
+FIRST_LAUNCH_MS = 0.5
+
+
+def _run_ladder(layer: Any, counts: list[int], bias: Any,
+                only: frozenset[int] | None = None) -> list[int]:
+    """``layer``'s GEMM at every count (those in ``only`` where given), the
+    largest first: each output after the first fits in the block the caching
+    allocator kept from it (in ascending order every output would be a new,
+    larger block). Returns the counts whose call took
+    :data:`FIRST_LAUNCH_MS` or more on the host: those that loaded a kernel."""
     import torch
 
+    run = [m for m in counts if only is None or m in only]
+    if not run:
+        return []
     w = layer.weight
-    x = torch.zeros(counts[-1], w.shape[1], dtype=w.dtype, device=w.device)
-    for m in reversed(counts):
+    x = torch.zeros(run[-1], w.shape[1], dtype=w.dtype, device=w.device)
+    slow = []
+    for m in reversed(run):
+        t0 = time.perf_counter()
         layer.quant_method.apply(layer, x[:m], bias)
+        if (time.perf_counter() - t0) * 1e3 >= FIRST_LAUNCH_MS:
+            slow.append(m)
     del x
+    return sorted(slow)
 
 
-def warm_gemm_sizes(worker: Any) -> GemmReport:
-    """Run the model's linear GEMMs at every eager token count of the ladder
-    (module docstring)."""
+@dataclass
+class GemmLadder:
+    """The GEMMs :func:`warm_gemm_sizes` runs: each distinct linear layer at
+    the eager token counts, each LM head at its row counts."""
+
+    layers: list[Any] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    heads: list[Any] = field(default_factory=list)
+    head_counts: list[int] = field(default_factory=list)
+    #: Why nothing runs ("" when something does).
+    skipped: str = ""
+
+    def rungs(self) -> list[tuple[Any, list[int]]]:
+        """Each GEMM with its counts; a GEMM's number in :attr:`GemmReport.loads`
+        is its place here."""
+        return [*((m, self.counts) for m in self.layers if self.counts),
+                *((h, self.head_counts) for h in self.heads)]
+
+    def signature(self) -> str:
+        """What decides the kernels the ladder loads, as text: the device,
+        torch's and CUDA's versions, and each GEMM's weight shape, dtype,
+        bias and counts."""
+        import torch
+
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+        parts = [device, torch.__version__, str(torch.version.cuda)]
+        for module, counts in self.rungs():
+            w = module.weight
+            parts.append(f"{tuple(w.shape)} {w.dtype} bias={getattr(module, 'bias', None) is not None} "
+                         f"{counts}")
+        return "\n".join(parts)
+
+
+def gemm_ladder(worker: Any) -> GemmLadder:
+    """The ladder for ``worker``'s model and settings (module docstring)."""
     import torch
 
     from stepwarm.runner import runner_of
 
-    report = GemmReport()
     if not torch.cuda.is_available():
-        report.skipped = "no CUDA device"
-        return report
+        return GemmLadder(skipped="no CUDA device")
     runner = runner_of(worker)
     model = getattr(runner, "model", None)
     if model is None and hasattr(runner, "get_model"):
@@ -231,24 +296,49 @@ def warm_gemm_sizes(worker: Any) -> GemmReport:
     layers = linear_layers(model) if model is not None else []
     heads = runner_logits_heads(runner, model) if model is not None else []
     if not layers and not heads:
-        report.skipped = "no unquantized linear layer or LM head on a CUDA device"
-        return report
+        return GemmLadder(skipped="no unquantized linear layer or LM head on a CUDA device")
     config = runner.vllm_config
     high = int(config.scheduler_config.max_num_batched_tokens)
     counts = token_counts(_eager_floor(config), high) if layers else []
     head_counts = head_row_counts(logits_rows(config)) if heads else []
     if not counts and not head_counts:
-        report.skipped = "every token count replays a CUDA graph, and no LM head"
+        return GemmLadder(skipped="every token count replays a CUDA graph, and no LM head")
+    return GemmLadder(layers=layers if counts else [], counts=counts,
+                      heads=heads, head_counts=head_counts)
+
+
+def run_gemm_ladder(ladder: GemmLadder,
+                    only: frozenset[tuple[int, int]] | None = None) -> GemmReport:
+    """Run ``ladder``: every call, or only the ``(GEMM number, count)`` pairs
+    in ``only`` (those that loaded a kernel at the last start, from the idle
+    record: a restart in a new process loads the same kernels with them)."""
+    import torch
+
+    report = GemmReport(skipped=ladder.skipped)
+    if ladder.skipped:
         return report
+    rungs = ladder.rungs()
+    report.calls_total = sum(len(c) for _, c in rungs)
     t0 = time.perf_counter()
     with torch.inference_mode(), measured() as report.memory:
-        for layer in layers if counts else []:
-            _run_ladder(layer, counts, getattr(layer, "bias", None))
-        for head in heads:
-            _run_ladder(head, head_counts, getattr(head, "bias", None))
-        torch.cuda.synchronize()
-    if counts:
-        report.shapes, report.counts = len(layers), counts
-    report.heads, report.head_counts = len(heads), head_counts
+        for i, (module, counts) in enumerate(rungs):
+            mine = None if only is None else frozenset(m for g, m in only if g == i)
+            if mine is not None:
+                report.calls_run += sum(1 for m in counts if m in mine)
+            report.loads += [(i, m) for m in
+                             _run_ladder(module, counts, getattr(module, "bias", None), mine)]
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    if only is None:
+        report.calls_run = report.calls_total
+    report.shapes, report.counts = len(ladder.layers), ladder.counts
+    report.heads, report.head_counts = len(ladder.heads), ladder.head_counts
     report.wall_ms = (time.perf_counter() - t0) * 1e3
     return report
+
+
+def warm_gemm_sizes(worker: Any,
+                    only: frozenset[tuple[int, int]] | None = None) -> GemmReport:
+    """Run the model's GEMMs at every count of the ladder (module docstring),
+    or the calls in ``only`` (:func:`run_gemm_ladder`)."""
+    return run_gemm_ladder(gemm_ladder(worker), only)

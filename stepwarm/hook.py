@@ -197,7 +197,10 @@ def warmup(
     record = _idle_record(worker, profile, plans, ranks) if settings.skip_idle else None
     # One pool for every scenario's sampler compiles: a scenario's go on
     # while the next ones (and the GEMMs) run; the end waits for what is left.
+    gemms = settings.gemm_sizes and bool(plans)
     with random_state_kept(), deferred_compiles(_compile_threads(settings, ranks)) as deferred:
+        if gemms and record is not None:  # what it loads, not what skipped segments left
+            _warm_gemm_sizes(worker, who, record)
         for plan, entry in zip(plans, record_names(plans)):
             busy = _busy_segments(plan, entry, record, ranks) if record is not None else None
             if busy is not None and not busy:
@@ -226,11 +229,11 @@ def warmup(
                                               if d.step is not None}
                     record.note(entry, len(plan.segments()), busy_segments(plan, steps))
                 else:  # a scenario that failed runs whole at the next start
-                    record.scenarios.pop(entry, None)
+                    record.forget(entry)
         if record is not None:
             record.save()
-        if settings.gemm_sizes and plans:
-            _warm_gemm_sizes(worker, who)
+        elif gemms:  # while the scenarios' sampler compiles go on in threads
+            _warm_gemm_sizes(worker, who, None)
     _log_deferred(worker, who, deferred.result)
     return reports
 
@@ -245,15 +248,22 @@ def _log_deferred(worker: Any, who: str, result: DeferredCompiles) -> None:
                     "for the last at the end", who, len(result.compiles), result.waited_s * 1e3)
 
 
-def _warm_gemm_sizes(worker: Any, who: str) -> None:
+def _warm_gemm_sizes(worker: Any, who: str, record: IdleRecord | None) -> None:
     """cuBLAS's kernels for the eager token counts (:mod:`stepwarm.gemm_sizes`),
-    logged and kept on the worker as ``worker.stepwarm_gemm``; a failure is
-    logged and serving goes on (nothing is left: the GEMMs write only their
-    own outputs)."""
-    from stepwarm.gemm_sizes import GemmReport, gemm_text, warm_gemm_sizes
+    logged and kept on the worker as ``worker.stepwarm_gemm``; with the idle
+    ``record``, only the calls that loaded a kernel at the last start with
+    this ladder, and the ones that did this time noted. A failure is logged
+    and serving goes on (nothing is left: the GEMMs write only their own
+    outputs)."""
+    from stepwarm.gemm_sizes import GemmReport, gemm_ladder, gemm_text, run_gemm_ladder
 
     try:
-        g = warm_gemm_sizes(worker)
+        ladder = gemm_ladder(worker)
+        only = record.gemm_loads(ladder.signature()) \
+            if record is not None and not ladder.skipped else None
+        g = run_gemm_ladder(ladder, only)
+        if record is not None and not g.skipped:
+            record.note_gemms(ladder.signature(), {*g.loads, *(only or ())})
     except Exception as e:  # noqa: BLE001 - never fails start-up
         logger.warning("%s: linear GEMMs per token count not run: %s: %s", who,
                        type(e).__name__, e)
@@ -263,8 +273,10 @@ def _warm_gemm_sizes(worker: Any, who: str) -> None:
     if g.skipped:
         logger.debug("%s: linear GEMMs per token count: skipped (%s)", who, g.skipped)
         return
-    logger.info("%s: linear GEMMs per token count: %s in %.0f ms "
-                "(STEPWARM_GEMM_SIZES=off turns it off)", who, gemm_text(g), g.wall_ms)
+    said = (f", those that loaded a kernel at the last start (STEPWARM_SKIP_IDLE=1; record "
+            f"{record.path})" if record is not None and g.calls_run < g.calls_total else "")
+    logger.info("%s: linear GEMMs per token count: %s%s in %.0f ms "
+                "(STEPWARM_GEMM_SIZES=off turns it off)", who, gemm_text(g), said, g.wall_ms)
     mem = g.memory
     if mem is not None and mem.lower_after:
         logger.warning("%s: linear GEMMs %s", who, lower_text(mem))

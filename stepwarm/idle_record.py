@@ -18,6 +18,11 @@ that asked for it); a restart runs those alone, and skips the scenario when
 there are none. On the Llama-3.1-8B shape the fresh start's ``sampler-matrix``
 compiled in 9 of its 71 steps, in 7 of its 23 segments (22 steps).
 
+The record also keeps the calls of the GEMM ladder that loaded a kernel
+(:mod:`stepwarm.gemm_sizes`), with a signature of the ladder (device,
+versions, shapes, counts): a restart with the same one runs those calls
+alone.
+
 "The same configuration" is a key over stepwarm's and vLLM's versions, vLLM's
 config and environment hashes (those of its compile cache), the worker's
 runner profile, and the scenarios' planned steps in their order (a
@@ -46,7 +51,7 @@ from stepwarm.deferred_compile import in_compile_thread
 logger = logging.getLogger("vllm.stepwarm")
 
 #: The record's format version (a different one is ignored).
-FORMAT = 2
+FORMAT = 3
 
 
 def _dynamo_activity() -> int:
@@ -71,14 +76,10 @@ class CompileActivity:
 
     triton: int = 0
     dynamo_before: int = 0
-    dynamo_after: int = 0
-
-    @property
-    def count(self) -> int:
-        return self.triton + max(0, self.dynamo_after - self.dynamo_before)
 
     def so_far(self) -> int:
-        """The compiles counted until now (inside the ``with`` block)."""
+        """The compiles counted until now (Dynamo's: in any thread, also after
+        the ``with`` block)."""
         return self.triton + max(0, _dynamo_activity() - self.dynamo_before)
 
 
@@ -132,7 +133,6 @@ def compile_activity() -> Iterator[CompileActivity]:
     finally:
         if runtime is not None:
             runtime.jit_post_compile_hook = previous
-        seen.dynamo_after = _dynamo_activity()
 
 
 def record_dir() -> Path:
@@ -161,6 +161,9 @@ class IdleRecord:
     key: str
     path: Path
     scenarios: dict[str, tuple[int, frozenset[int]]] = field(default_factory=dict)
+    #: The GEMM ladder's signature (SHA-256 of :meth:`GemmLadder.signature
+    #: <stepwarm.gemm_sizes.GemmLadder.signature>`) and its calls that loaded a kernel.
+    gemms: tuple[str, frozenset[tuple[int, int]]] | None = None
 
     @classmethod
     def load(cls, key: str, rank_label: str, directory: Path | None = None) -> IdleRecord:
@@ -181,6 +184,7 @@ class IdleRecord:
             read = _entry(entry)
             if read is not None:  # an entry that cannot be read: that scenario runs whole
                 record.scenarios[str(name)] = read
+        record.gemms = _gemms(data.get("gemms"))
         return record
 
     def busy(self, scenario: str, segments: int) -> frozenset[int] | None:
@@ -189,14 +193,24 @@ class IdleRecord:
         entry = self.scenarios.get(scenario)
         return entry[1] if entry is not None and entry[0] == segments else None
 
-    def is_idle(self, scenario: str) -> bool:
-        """Whether ``scenario`` compiled nothing at the last start."""
-        entry = self.scenarios.get(scenario)
-        return entry is not None and not entry[1]
-
     def note(self, scenario: str, segments: int, busy: Iterable[int]) -> None:
         """Keep ``scenario``'s busy segments for the next start."""
         self.scenarios[scenario] = (segments, frozenset(busy))
+
+    def forget(self, scenario: str) -> None:
+        """Drop ``scenario``'s entry: it runs whole at the next start."""
+        self.scenarios.pop(scenario, None)
+
+    def gemm_loads(self, signature: str) -> frozenset[tuple[int, int]] | None:
+        """The GEMM ladder's calls that loaded a kernel at the last start,
+        when its ladder had this ``signature``; None when not known."""
+        if self.gemms is None or self.gemms[0] != _sha(signature):
+            return None
+        return self.gemms[1]
+
+    def note_gemms(self, signature: str, loads: Iterable[tuple[int, int]]) -> None:
+        """Keep the ladder's calls that loaded a kernel for the next start."""
+        self.gemms = (_sha(signature), frozenset((int(g), int(m)) for g, m in loads))
 
     def save(self) -> bool:
         """Write the record atomically, readable by all (a cache volume that
@@ -208,6 +222,9 @@ class IdleRecord:
         data = {"format": FORMAT, "key": self.key,
                 "scenarios": {name: {"segments": n, "busy": sorted(busy)}
                               for name, (n, busy) in self.scenarios.items()}}
+        if self.gemms is not None:
+            data["gemms"] = {"ladder": self.gemms[0],
+                             "loads": [list(c) for c in sorted(self.gemms[1])]}
         tmp = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -240,3 +257,20 @@ def _entry(entry: Any) -> tuple[int, frozenset[int]] | None:
             not all(type(i) is int and 0 <= i < n for i in busy):
         return None
     return n, frozenset(busy)
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _gemms(entry: Any) -> tuple[str, frozenset[tuple[int, int]]] | None:
+    """The record's ``{"ladder": SHA, "loads": [[g, m], ...]}`` (non-negative
+    integers); None for anything else (the whole ladder runs)."""
+    if not isinstance(entry, dict):
+        return None
+    ladder, loads = entry.get("ladder"), entry.get("loads")
+    if not isinstance(ladder, str) or not isinstance(loads, list) or not all(
+            isinstance(c, list) and len(c) == 2 and all(type(v) is int and v >= 0 for v in c)
+            for c in loads):
+        return None
+    return ladder, frozenset((g, m) for g, m in loads)

@@ -264,6 +264,8 @@ class Plan:
     #: Why the plan is empty when it was skipped (a scenario whose needs the
     #: runner does not meet), else "".
     skipped: str = ""
+    #: Steps :meth:`only` left out (the plan had ``len(steps) + left_out``).
+    left_out: int = 0
 
     def lockstep_signature(self) -> str:
         """What every tensor / pipeline parallel rank must run identically, as
@@ -339,7 +341,8 @@ class Plan:
             live -= finished
             live.update(r.req_id for r in step.scheduled if r.new)
             steps.append(step)
-        return dataclasses.replace(self, steps=tuple(steps))
+        return dataclasses.replace(self, steps=tuple(steps),
+                                   left_out=self.left_out + len(self.steps) - len(steps))
 
     def display_name(self, req_id: str) -> str:
         """A request of this plan as its scenario names it

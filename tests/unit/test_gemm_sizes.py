@@ -165,3 +165,59 @@ def test_a_ladder_runs_the_largest_count_first():
     layer = _Layer(8, 4, True, Recording())
     _run_ladder(layer, [1, 2, 3, 5, 8], layer.bias)
     assert layer.quant_method.calls == [(8, True), (5, True), (3, True), (2, True), (1, True)]
+
+
+class _FirstLaunches:
+    """A GEMM whose first call at a count in ``loading`` takes 60 ms on the
+    host, as a kernel's first launch does (past the test's threshold of 30
+    ms, far from a busy CI machine's noise); every call recorded."""
+
+    def __init__(self, loading):
+        self.loading, self.loaded, self.calls = set(loading), set(), []
+
+    def apply(self, layer, x, bias=None):
+        import time
+
+        m = x.shape[0]
+        self.calls.append(m)
+        if m in self.loading and m not in self.loaded:
+            self.loaded.add(m)
+            time.sleep(0.06)
+
+
+def test_a_ladder_names_the_calls_that_loaded_a_kernel_and_a_restart_runs_those_alone(monkeypatch):
+    from stepwarm import gemm_sizes
+    from stepwarm.gemm_sizes import GemmLadder, gemm_text, run_gemm_ladder
+
+    assert gemm_sizes.FIRST_LAUNCH_MS <= 1  # a launch: microseconds; a load: 5-15 ms
+    monkeypatch.setattr(gemm_sizes, "FIRST_LAUNCH_MS", 30)
+    linear, head = _Layer(8, 4, False, _FirstLaunches({600, 513})), \
+        _Layer(32, 4, False, _FirstLaunches({40}))
+    ladder = GemmLadder(layers=[linear], counts=[513, 559, 600], heads=[head],
+                        head_counts=[1, 2, 39, 40, 41])
+    fresh = run_gemm_ladder(ladder)
+    assert sorted(fresh.loads) == [(0, 513), (0, 600), (1, 40)]
+    assert (fresh.calls_run, fresh.calls_total) == (8, 8)
+    assert linear.quant_method.calls == [600, 559, 513] and head.quant_method.calls == [41, 40, 39, 2, 1]
+    # a new process: the kernels load again, at the calls the record kept
+    for layer in (linear, head):
+        layer.quant_method.loaded.clear()
+        layer.quant_method.calls.clear()
+    restart = run_gemm_ladder(ladder, frozenset(fresh.loads))
+    assert linear.quant_method.calls == [600, 513] and head.quant_method.calls == [40]
+    assert sorted(restart.loads) == sorted(fresh.loads)
+    assert (restart.calls_run, restart.calls_total) == (3, 8)
+    assert gemm_text(restart) == ("1 shapes x 3 counts (513-600 tokens); 1 LM head x 5 counts "
+                                  "(1-41 rows); ran 3 of its 8 calls")
+    # nothing loaded at the last start: nothing runs
+    assert run_gemm_ladder(ladder, frozenset()).calls_run == 0
+
+
+def test_a_ladders_signature_names_the_shapes_and_counts():
+    from stepwarm.gemm_sizes import GemmLadder
+
+    a = GemmLadder(layers=[_Layer(8, 4, False, None)], counts=[513, 600])
+    assert a.signature().splitlines()[-1] == "(8, 4) torch.float32 bias=False [513, 600]"
+    assert a.signature() != GemmLadder(layers=[_Layer(8, 4, True, None)], counts=[513, 600]).signature()
+    assert a.signature() != GemmLadder(layers=[_Layer(8, 4, False, None)], counts=[513]).signature()
+    assert GemmLadder(layers=a.layers, counts=[]).rungs() == []

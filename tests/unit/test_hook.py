@@ -373,3 +373,52 @@ def test_the_idle_records_key_changes_with_a_scenarios_sampling():
 def test_two_scenarios_of_one_name_get_their_own_record_entries():
     plans = [_one_request_plan(n, "greedy") for n in ("x", "default", "x", "x")]
     assert hook.record_names(plans) == ["x", "default", "x#2", "x#3"]
+
+
+def test_a_restart_runs_the_gemm_calls_that_loaded_a_kernel_at_the_fresh_start(
+        monkeypatch, tmp_path, caplog):
+    """Under STEPWARM_SKIP_IDLE the record keeps the ladder's calls that took
+    a first launch's time, and the next process with the same ladder runs
+    those alone; another ladder (another device or shapes) runs whole."""
+    from types import SimpleNamespace
+
+    from stepwarm import gemm_sizes
+    from stepwarm.gemm_sizes import GemmLadder
+    from stepwarm.idle_record import IdleRecord, configuration_key
+    from tests.unit.test_gemm_sizes import _FirstLaunches, _Layer
+
+    monkeypatch.setattr(gemm_sizes, "FIRST_LAUNCH_MS", 30)
+    linear = _Layer(8, 4, False, _FirstLaunches({600}))
+    head = _Layer(32, 4, False, _FirstLaunches({40, 2}))
+    ladder = GemmLadder(layers=[linear], counts=[513, 559, 600], heads=[head],
+                        head_counts=[1, 2, 39, 40])
+    monkeypatch.setattr(gemm_sizes, "gemm_ladder", lambda worker: ladder)
+    key = configuration_key(["gemm restart"])
+
+    def start():
+        for layer in (linear, head):
+            layer.quant_method.loaded.clear()
+            layer.quant_method.calls.clear()
+        worker = SimpleNamespace()
+        record = IdleRecord.load(key, "rank0", tmp_path)
+        with caplog.at_level("INFO", logger="vllm.stepwarm"):
+            hook._warm_gemm_sizes(worker, "rank 0", record)
+        assert record.save()
+        _SAVED.discard(record.path)  # the next start is another process
+        return worker.stepwarm_gemm
+
+    from stepwarm.idle_record import _SAVED
+
+    fresh = start()
+    assert sorted(fresh.loads) == [(0, 600), (1, 2), (1, 40)] and fresh.calls_run == 7
+    assert linear.quant_method.calls == [600, 559, 513] and head.quant_method.calls == [40, 39, 2, 1]
+    caplog.clear()
+    again = start()
+    assert linear.quant_method.calls == [600] and head.quant_method.calls == [40, 2]
+    assert (again.calls_run, again.calls_total) == (3, 7)
+    assert "ran 3 of its 7 calls, those that loaded a kernel at the last start" in caplog.text
+    # the same kernels loaded again: the record keeps the same calls
+    assert IdleRecord.load(key, "rank0", tmp_path).gemm_loads(ladder.signature()) == {
+        (0, 600), (1, 2), (1, 40)}
+    ladder.head_counts = [1, 2, 39, 40, 41]  # another ladder: all of it runs
+    assert start().calls_run == 8

@@ -22,7 +22,7 @@ def test_record_round_trip_is_per_key_and_rank(tmp_path):
     assert len(key) == 64 and key != configuration_key(["0.1.0", "0.32.0", "cfg", "env",
                                                         "profile", "default\nsig2"])
     rec = IdleRecord.load(key, "rank0", tmp_path)
-    assert rec.scenarios == {} and not rec.is_idle("default")
+    assert rec.scenarios == {} and rec.gemms is None
     assert rec.busy("default", 2) is None
     assert rec.path == tmp_path / f"idle-{key[:24]}-rank0.json"
     rec.note("default", 2, [])
@@ -33,12 +33,10 @@ def test_record_round_trip_is_per_key_and_rank(tmp_path):
         "scenarios": {"default": {"segments": 2, "busy": []},
                       "sampler-matrix": {"segments": 12, "busy": [3, 4, 11]}}}
     again = IdleRecord.load(key, "rank0", tmp_path)
-    assert again.is_idle("default") and not again.is_idle("sampler-matrix")
     assert (again.busy("default", 2), again.busy("sampler-matrix", 12)) == (
         frozenset(), frozenset({3, 4, 11}))
     # Another segment count (another plan) or scenario: not known, all of it runs.
     assert again.busy("sampler-matrix", 13) is None and again.busy("prefix-hit", 3) is None
-    assert not again.is_idle("prefix-hit")
     # Another rank has its own file; no leftover temporary files.
     assert IdleRecord.load(key, "rank1", tmp_path).scenarios == {}
     assert sorted(p.name for p in tmp_path.iterdir()) == [rec.path.name]
@@ -73,6 +71,39 @@ def test_record_of_another_key_or_format_or_broken_file_is_ignored(tmp_path):
                  "[" * 100_000 + "]" * 100_000):
         rec.path.write_text(text)
         assert IdleRecord.load(key, "rank0", tmp_path).scenarios == {}
+
+
+def test_record_keeps_the_gemm_calls_that_loaded_a_kernel_for_one_ladder(tmp_path):
+    key = configuration_key(["gemms"])
+    rec = IdleRecord.load(key, "rank0", tmp_path)
+    assert rec.gemm_loads("H200\n(4096, 4096)") is None
+    rec.note_gemms("H200\n(4096, 4096)", [(1, 40), (0, 16384), (1, 40)])
+    rec.note("default", 2, [])
+    assert rec.save()
+    data = json.loads(rec.path.read_text())
+    assert data["gemms"]["loads"] == [[0, 16384], [1, 40]] and len(data["gemms"]["ladder"]) == 64
+    again = IdleRecord.load(key, "rank0", tmp_path)
+    assert again.gemm_loads("H200\n(4096, 4096)") == {(0, 16384), (1, 40)}
+    # another ladder (device, shapes, counts): not known, the whole ladder runs
+    assert again.gemm_loads("H100\n(4096, 4096)") is None
+    assert again.busy("default", 2) == frozenset()
+    # a gemms entry that cannot be read: not known; the scenarios' entries stand
+    for bad in ({"ladder": 3, "loads": []}, {"ladder": "x", "loads": [[1, -2]]},
+                {"ladder": "x", "loads": [[1, 2, 3]]}, {"ladder": "x", "loads": [[1.0, 2]]},
+                {"ladder": "x"}, [], "x"):
+        again.path.write_text(json.dumps({**data, "gemms": bad}))
+        broken = IdleRecord.load(key, "rank0", tmp_path)
+        assert broken.gemms is None and broken.busy("default", 2) == frozenset()
+
+
+def test_a_scenario_forgotten_runs_whole():
+    from pathlib import Path
+
+    rec = IdleRecord(key="k", path=Path("/nonexistent/x.json"))
+    rec.note("default", 2, [1])
+    rec.forget("default")
+    rec.forget("never-there")
+    assert rec.busy("default", 2) is None and rec.scenarios == {}
 
 
 def test_busy_segments_are_those_holding_a_step_that_compiled():
@@ -141,9 +172,9 @@ def test_compile_activity_counts_triton_hook_calls_and_chains_the_previous_hook(
         with compile_activity() as seen:
             knobs.runtime.jit_post_compile_hook(key="k1")
             knobs.runtime.jit_post_compile_hook(key="k2")
-        assert seen.triton == 2 and seen.count == 2 and calls == ["k1", "k2"]
+        assert seen.triton == 2 and seen.so_far() == 2 and calls == ["k1", "k2"]
         knobs.runtime.jit_post_compile_hook(key="k3")  # restored: not counted
-        assert seen.count == 2 and calls == ["k1", "k2", "k3"]
+        assert seen.so_far() == 2 and calls == ["k1", "k2", "k3"]
     finally:
         knobs.runtime.jit_post_compile_hook = before
 
@@ -176,12 +207,11 @@ def test_compile_activity_counts_dynamo_frames_and_inductor_graphs():
     from torch._dynamo.utils import counters
 
     with compile_activity() as idle:
-        pass
-    assert idle.count == 0
+        assert idle.so_far() == 0
     with compile_activity() as seen:
         counters["frames"]["ok"] += 1
         counters["inductor"]["fxgraph_cache_hit"] += 1
-    assert seen.count == 2 and seen.triton == 0
+        assert seen.so_far() == 2 and seen.triton == 0
 
 
 def test_skip_idle_setting():

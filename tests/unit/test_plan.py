@@ -230,6 +230,8 @@ def test_segments_cut_where_no_request_is_left_in_the_runner():
     only = plan.only([1])
     assert [st.index for st in only.steps] == [3, 4, 5]
     assert only.steps == plan.steps[3:6] and only.requests == plan.requests
+    # the steps left out are counted (the driver's "step 4/9")
+    assert (plan.left_out, only.left_out, plan.only([]).left_out) == (0, 6, 9)
     # c's without b's: step 6 finishes nothing the kept steps started
     only = plan.only([2])
     assert [(st.index, st.finished_req_ids) for st in only.steps] == [
