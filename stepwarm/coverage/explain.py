@@ -252,6 +252,22 @@ def slow_step(first: list[list[float]], second: list[list[float]]) -> str:
             f"(all the worker's steps {extra:+.1f} ms)")
 
 
+def extra_steps(first: list[list[float]], second: list[list[float]], threshold: float) -> str:
+    """``"scheduled differently: ..."`` when the first run took more worker
+    steps than the second (a speculative drafter's acceptance or a chunk
+    split that differed) and its steps were no slower on average (within
+    ``threshold`` of the second's): its excess is the extra steps' time, not
+    a first-call cost; ``""`` otherwise."""
+    if not first or not second or len(first) <= len(second):
+        return ""
+    per_first = sum(s[2] for s in first) / len(first)
+    per_second = sum(s[2] for s in second) / len(second)
+    if per_first > threshold * per_second:
+        return ""
+    return (f"scheduled differently: {len(first)} vs {len(second)} steps, {per_first:.1f} vs "
+            f"{per_second:.1f} ms a step: the extra steps' time, not a first-call cost")
+
+
 def outside_cpu_ms(effects: dict[str, Any]) -> float:
     """The request thread's CPU time outside the worker's calls in a run
     (``thread_cpu_ms`` less ``worker_cpu_ms``, the step clock's share)."""

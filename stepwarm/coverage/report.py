@@ -18,7 +18,13 @@ from rich.table import Table
 from rich.text import Text
 
 from stepwarm.coverage.detectors import CompileEvent, merge
-from stepwarm.coverage.explain import explanation, outside_cpu_ms, outside_worker, slow_step
+from stepwarm.coverage.explain import (
+    explanation,
+    extra_steps,
+    outside_cpu_ms,
+    outside_worker,
+    slow_step,
+)
 from stepwarm.coverage.stacks import stacks_explanation
 from stepwarm.coverage.trace import trace_explanation
 from stepwarm.coverage.replay import Gate, RequestResult
@@ -129,6 +135,9 @@ class CoverageReport:
                                            excess, r.get("first_worker_ms"))
         if covers:
             return f"ratio > {self.threshold:g}: {traced}"
+        more = extra_steps(r.get("first_steps", []), r.get("second_steps", []), self.threshold)
+        if more:
+            return f"ratio > {self.threshold:g}: {more}"
         where = slow_step(r.get("first_steps", []), r.get("second_steps", []))
         control = r.get("new_size_ms") or []
         klass = ""

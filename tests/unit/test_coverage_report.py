@@ -438,6 +438,15 @@ def test_an_unexplained_outlier_names_the_worker_step_that_paid_it():
                          [5, 5, 2.8, 0]]
     assert rep.flagged(r) == ("ratio > 1.2: unexplained; scheduled differently: 4 vs 5 steps, "
                               "33.5 vs 20.9 ms in them")
+    # more steps than the second (a drafter accepted fewer), none slower: the extra steps
+    r["first_steps"] = [[12, 1, 8.3, 0], [1, 1, 6.2, 0], [1, 1, 5.4, 0], [3, 1, 7.5, 0],
+                        [3, 1, 7.9, 0]]
+    r["second_steps"] = [[12, 1, 8.5, 0], [1, 1, 6.5, 0], [3, 1, 7.6, 0], [3, 1, 7.5, 0]]
+    assert rep.flagged(r) == ("ratio > 1.2: scheduled differently: 5 vs 4 steps, 7.1 vs 7.5 ms "
+                              "a step: the extra steps' time, not a first-call cost")
+    # more steps and slower ones (7.1 against 5.0 ms a step): unexplained still
+    r["second_steps"] = [[12, 1, 6.0, 0], [1, 1, 4.5, 0], [3, 1, 5.0, 0], [3, 1, 4.5, 0]]
+    assert rep.flagged(r).startswith("ratio > 1.2: unexplained; scheduled differently: 5 vs 4 steps")
     # a cause the side effects show comes first; no step is named then
     r["side_effects_first"] = {"device_allocs": 2}
     assert rep.flagged(r) == "ratio > 1.2: 2 cudaMalloc call(s)"
