@@ -105,7 +105,9 @@ def measure(
     startup_s = time.time() - t0
     startup_events = detectors.poll()
     reports: list[RunReport] = list(getattr(engine.worker, "stepwarm_reports", None) or [])
-    gemm_s = getattr(getattr(engine.worker, "stepwarm_gemm", None), "wall_ms", 0.0) / 1e3
+    gemm = getattr(engine.worker, "stepwarm_gemm", None)
+    gemm_s = getattr(gemm, "wall_ms", 0.0) / 1e3
+    gemm_calls = [gemm.calls_run, gemm.calls_total] if getattr(gemm, "calls_total", 0) else []
     wait_s = getattr(getattr(engine.worker, "stepwarm_deferred", None), "waited_s", 0.0)
     profile = read_profile(engine.worker)
     device = _device()
@@ -121,7 +123,7 @@ def measure(
         min_excess_ms=default_floor if min_excess_ms is None else min_excess_ms,
         startup_s=round(startup_s, 3),
         stepwarm_s=round(sum(r.wall_ms for r in reports) / 1e3 + gemm_s + wait_s, 3),
-        gemm_s=round(gemm_s, 3), compile_wait_s=round(wait_s, 3),
+        gemm_s=round(gemm_s, 3), gemm_calls=gemm_calls, compile_wait_s=round(wait_s, 3),
         phases=[[name, round(at - t0, 3)] for name, at in phases],
         startup_compiles=group_startup(attribute(startup_events, phases, reports), t0),
         scenario_runs=[_scenario_run(r, t0) for r in reports],

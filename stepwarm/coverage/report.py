@@ -84,6 +84,9 @@ class CoverageReport:
     stepwarm_s: float = 0.0
     #: Of which the linear GEMMs per token count (:mod:`stepwarm.gemm_sizes`).
     gemm_s: float = 0.0
+    #: The GEMM calls run and the ladder's (fewer on a ``STEPWARM_SKIP_IDLE``
+    #: restart: those that loaded a kernel at the last start); ``[]`` when none.
+    gemm_calls: list[int] = field(default_factory=list)
     #: Of which the end's wait for sampler compiles in threads
     #: (:mod:`stepwarm.deferred_compile`).
     compile_wait_s: float = 0.0
