@@ -10,7 +10,7 @@ one LADDER, then times the first and second call at fixed random counts that
 the ladder did not run. One process per ladder (module loading is per
 process):
 
-    for l in none pow2 half quarter eighth m256; do
+    for l in none pow2 half quarter eighth sixteenth m256; do
         python benchmarks/gpu_probe_gemm_ladder.py $l; done   # JSON lines
 """
 
@@ -36,7 +36,7 @@ def ladder(name: str, low: int = 1) -> list[int]:
     if name.startswith("m"):
         step = int(name[1:])
         return sorted({low, *range(step, LIMIT + 1, step)})
-    per_octave = {"pow2": 1, "half": 2, "quarter": 4, "eighth": 8}[name]
+    per_octave = {"pow2": 1, "half": 2, "quarter": 4, "eighth": 8, "sixteenth": 16}[name]
     out = set()
     k = 0
     while True:
@@ -71,7 +71,7 @@ def main() -> None:
         run(m)
     ladder_ms = (time.perf_counter() - t0) * 1e3
     rng = random.Random(7)
-    probes = sorted({rng.randint(2, LIMIT) for _ in range(80)} - set(counts))
+    probes = sorted(({rng.randint(2, LIMIT) for _ in range(80)} | {2400}) - set(counts))
     rows = []
     for m in probes:
         first, second, third = run(m), run(m), run(m)
