@@ -337,8 +337,6 @@ def run_gemm_ladder(ladder: GemmLadder,
     return report
 
 
-def warm_gemm_sizes(worker: Any,
-                    only: frozenset[tuple[int, int]] | None = None) -> GemmReport:
-    """Run the model's GEMMs at every count of the ladder (module docstring),
-    or the calls in ``only`` (:func:`run_gemm_ladder`)."""
-    return run_gemm_ladder(gemm_ladder(worker), only)
+def warm_gemm_sizes(worker: Any) -> GemmReport:
+    """Run the model's GEMMs at every count of the ladder (module docstring)."""
+    return run_gemm_ladder(gemm_ladder(worker))

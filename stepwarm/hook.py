@@ -259,11 +259,11 @@ def _warm_gemm_sizes(worker: Any, who: str, record: IdleRecord | None) -> None:
 
     try:
         ladder = gemm_ladder(worker)
-        only = record.gemm_loads(ladder.signature()) \
-            if record is not None and not ladder.skipped else None
+        signature = ladder.signature() if record is not None and not ladder.skipped else ""
+        only = record.gemm_loads(signature) if record is not None and signature else None
         g = run_gemm_ladder(ladder, only)
-        if record is not None and not g.skipped:
-            record.note_gemms(ladder.signature(), {*g.loads, *(only or ())})
+        if record is not None and signature:
+            record.note_gemms(signature, {*g.loads, *(only or ())})
     except Exception as e:  # noqa: BLE001 - never fails start-up
         logger.warning("%s: linear GEMMs per token count not run: %s: %s", who,
                        type(e).__name__, e)

@@ -181,9 +181,10 @@ class HookSettings:
             variants while the steps go on (:mod:`stepwarm.deferred_compile`);
             None: ``auto`` (the cores shared by the ranks on this host, at most
             8); 0: off.
-        gemm_sizes: after the scenarios, run the model's linear GEMMs at
-            the token counts steps run eagerly (:mod:`stepwarm.gemm_sizes`;
-            ``auto``: on a CUDA device); False: ``off``.
+        gemm_sizes: after the scenarios (before them with ``skip_idle``),
+            run the model's linear GEMMs at the token counts steps run
+            eagerly (:mod:`stepwarm.gemm_sizes`; ``auto``: on a CUDA device);
+            False: ``off``.
     """
 
     scenarios: tuple[str, ...] = ()
