@@ -220,7 +220,7 @@ def warmup(
                 compiled = StepCompiles(seen) if record is not None else None
                 report = _run_one(worker, run, profile, settings, ranks, watch,
                                   time.monotonic() - t_start, compiled,
-                                  idle_steps=len(plan.steps) - len(run.steps))
+                                  idle_steps=run.left_out)
             reports.append(report)
             if record is not None and compiled is not None and plan.steps and \
                     not report.skipped:

@@ -204,13 +204,13 @@ class IdleRecord:
     def gemm_loads(self, signature: str) -> frozenset[tuple[int, int]] | None:
         """The GEMM ladder's calls that loaded a kernel at the last start,
         when its ladder had this ``signature``; None when not known."""
-        if self.gemms is None or self.gemms[0] != _sha(signature):
+        if self.gemms is None or self.gemms[0] != configuration_key([signature]):
             return None
         return self.gemms[1]
 
     def note_gemms(self, signature: str, loads: Iterable[tuple[int, int]]) -> None:
         """Keep the ladder's calls that loaded a kernel for the next start."""
-        self.gemms = (_sha(signature), frozenset((int(g), int(m)) for g, m in loads))
+        self.gemms = (configuration_key([signature]), frozenset((int(g), int(m)) for g, m in loads))
 
     def save(self) -> bool:
         """Write the record atomically, readable by all (a cache volume that
@@ -257,10 +257,6 @@ def _entry(entry: Any) -> tuple[int, frozenset[int]] | None:
             not all(type(i) is int and 0 <= i < n for i in busy):
         return None
     return n, frozenset(busy)
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _gemms(entry: Any) -> tuple[str, frozenset[tuple[int, int]]] | None:
