@@ -11,17 +11,24 @@ model more than they move; the GEMMs alone cost one layer per distinct shape.
 
 :func:`warm_gemm_sizes` runs each distinct unquantized linear-layer shape of
 the model once (through the layer's own ``quant_method.apply``, the call the
-model makes) at every count of :func:`token_counts`: eight counts per octave
-(``ceil(2 ** (k / 8))``), above the largest CUDA-graph size (those steps
-replay captured graphs, whose kernels were loaded at capture; from 1 where
-mixed batches get no graph) up to ``max_num_batched_tokens``. On the probe, that ladder left 5 of 79 random
-counts with a first-call cost over 1 ms (at most 3 ms), against 21 (up to
-14 ms) without and 20 after the powers of two alone.
+model makes) at every count of :func:`gemm_token_counts`, above the largest
+CUDA-graph size (those steps replay captured graphs, whose kernels were
+loaded at capture; from 1 where mixed batches get no graph) up to
+``max_num_batched_tokens``. cuBLAS's choice follows the count's size and its
+alignment: ``benchmarks/gpu_probe_gemm_choice.py`` ran Llama-3.1-8B's four
+projections at every count from 1 to 16,384 on the H200 and saw 88-119
+kernels per GEMM, the choice changing about every 8 counts, often at a
+multiple of 8, 16 or 32 alone (2,400 = 32 x 75 ran ``..._256x160_...``,
+2,399 and 2,401 ``..._256x152_...``). Sixteen counts an octave
+(``ceil(2 ** (k / 16))``), each with the next odd multiple of 8, of 16 and
+of 32 above it (:data:`ALIGNMENTS`), leave 0.5 % of the counts above 512
+picking a kernel no count of the ladder loaded, on that map (305 counts);
+eight an octave alone left 13 % (41 counts).
 
 The logits GEMM (the LM head, ``UnquantizedEmbeddingMethod.apply``: the
 input embedding where the head is tied) runs eagerly in every step, graphed
 or not, at one row per sampled token: :func:`warm_gemm_sizes` runs it at
-every row count from 1 to 256, then eight an octave, up to ``max_num_seqs``
+every row count from 1 to 256, then as the linear layers, up to ``max_num_seqs``
 times one plus ``num_speculative_tokens`` (:func:`head_row_counts`). On the
 H200 (run s15) the first 40-request prefill of Llama-3.1-8B and Gemma-3-12B,
 and the first 8-request step of granite-4.0-h, each paid 5-6 ms in that
@@ -52,11 +59,15 @@ from typing import Any
 
 from stepwarm.memory import MemoryReport, measured
 
-#: Token counts per octave of the ladder.
-PER_OCTAVE = 8
+#: Token counts per octave of the ladder (:func:`gemm_token_counts`).
+PER_OCTAVE = 16
+#: Each count of the ladder also runs at the next odd multiple of each of
+#: these above it: cuBLAS picks kernels for counts with these factors alone
+#: (module docstring).
+ALIGNMENTS = (8, 16, 32)
 
 
-def token_counts(low: int, high: int, per_octave: int = PER_OCTAVE) -> list[int]:
+def token_counts(low: int, high: int, per_octave: int = 8) -> list[int]:
     """The ladder: ``low`` (the first eager count), every
     ``ceil(2 ** (k / per_octave))`` in ``[low, high]``, and ``high`` itself
     (``max_num_batched_tokens``), ascending; empty when ``low > high``."""
@@ -72,6 +83,24 @@ def token_counts(low: int, high: int, per_octave: int = PER_OCTAVE) -> list[int]
         if m >= low:
             out.add(m)
         k += 1
+    return sorted(out)
+
+
+def next_odd_multiple(m: int, a: int) -> int:
+    """The smallest count ``>= m`` that is an odd multiple of ``a``
+    (divisible by ``a``, not by ``2 * a``)."""
+    k = -(-m // a)
+    return (k + (k % 2 == 0)) * a
+
+
+def gemm_token_counts(low: int, high: int) -> list[int]:
+    """The GEMM ladder: :func:`token_counts` at :data:`PER_OCTAVE` counts an
+    octave, and for each count the next odd multiple of each of
+    :data:`ALIGNMENTS` at or above it, within ``[low, high]``; ascending."""
+    base = token_counts(low, high, PER_OCTAVE)
+    out = set(base)
+    for m in base:
+        out.update(a for a in (next_odd_multiple(m, k) for k in ALIGNMENTS) if a <= high)
     return sorted(out)
 
 
@@ -204,24 +233,28 @@ def logits_rows(vllm_config: Any) -> int:
 
 
 #: Up to this many rows the LM head's ladder runs every count (above it,
-#: :func:`token_counts`' eight an octave).
+#: :func:`gemm_token_counts`).
 HEAD_EVERY_ROWS = 256
 
 
 def head_row_counts(rows: int) -> list[int]:
     """The LM head's ladder: every row count from 1 to ``rows`` up to
-    :data:`HEAD_EVERY_ROWS`, then eight an octave. At a few rows cuBLAS picks
+    :data:`HEAD_EVERY_ROWS`, then :func:`gemm_token_counts`. At a few rows cuBLAS picks
     a kernel whose tile follows the row count (``nvjet_..._64x40_...`` at 40
     rows): run s16 found the tiny Llama's first 40-request step loading
     ``..._64x40_...`` and ``..._64x24_...`` after a ladder of 39 and 42."""
     every = list(range(1, min(rows, HEAD_EVERY_ROWS) + 1))
-    return every + [m for m in token_counts(HEAD_EVERY_ROWS, rows) if m > HEAD_EVERY_ROWS]
+    return every + [m for m in gemm_token_counts(HEAD_EVERY_ROWS, rows) if m > HEAD_EVERY_ROWS]
 
 
 #: A GEMM call that takes this long on the host loaded a kernel (a launch
 #: takes microseconds; CUDA's lazy module load and cuBLAS's set-up of a
 #: kernel first launched in the process take 5-15 ms on the H200).
 FIRST_LAUNCH_MS = 0.5
+#: The ladder waits for the device (untimed) every this many calls, so that
+#: no launch waits for room in the launch queue (1,024 entries) and reads as
+#: a load.
+SYNC_EVERY = 64
 
 
 def _run_ladder(layer: Any, counts: list[int], bias: Any,
@@ -239,7 +272,11 @@ def _run_ladder(layer: Any, counts: list[int], bias: Any,
     w = layer.weight
     x = torch.zeros(run[-1], w.shape[1], dtype=w.dtype, device=w.device)
     slow = []
-    for m in reversed(run):
+    for i, m in enumerate(reversed(run)):
+        if i % SYNC_EVERY == 0 and x.is_cuda:
+            # untimed: launches queued behind a long queue would block and
+            # read as loads
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         layer.quant_method.apply(layer, x[:m], bias)
         if (time.perf_counter() - t0) * 1e3 >= FIRST_LAUNCH_MS:
@@ -299,7 +336,7 @@ def gemm_ladder(worker: Any) -> GemmLadder:
         return GemmLadder(skipped="no unquantized linear layer or LM head on a CUDA device")
     config = runner.vllm_config
     high = int(config.scheduler_config.max_num_batched_tokens)
-    counts = token_counts(_eager_floor(config), high) if layers else []
+    counts = gemm_token_counts(_eager_floor(config), high) if layers else []
     head_counts = head_row_counts(logits_rows(config)) if heads else []
     if not counts and not head_counts:
         return GemmLadder(skipped="every token count replays a CUDA graph, and no LM head")

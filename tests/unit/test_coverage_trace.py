@@ -272,27 +272,74 @@ def test_outside_the_worker_is_said_where_half_the_excess_was_spent_there():
 
 
 def test_the_lines_left_unexplained_in_run_s15_name_the_lm_heads_first_gemm():
-    """Run s15 (s14's 11 engines again): three stepwarm lines stay
-    unexplained, each naming ``aten::mm``, the first call of the LM head's
-    GEMM at a row count no scenario had, under half the excess."""
+    """Run s15 (s14's 11 engines again): three stepwarm lines name
+    ``aten::mm``, the first call of a GEMM at a row count no scenario had,
+    under half the excess. Two of them ran every other operator slower
+    too (x1.64, x1.39): with that time counted they are explained as the
+    first call they are; Gemma's (x1.20 everywhere, under the 1.2 the rule
+    asks of the rest) stays unexplained."""
     import gzip
     import json
     from pathlib import Path
 
     results = Path(__file__).parents[2] / "benchmarks" / "results"
-    unexplained = {}
+    verdicts = {}
     for path in sorted(results.glob("h200-coverage-1203s15-stacks-*.json.gz")):
         both = json.loads(gzip.decompress(path.read_bytes()))
         engine = path.name.removeprefix("h200-coverage-1203s15-stacks-").removesuffix(".json.gz")
         for run in ("stepwarm", "stepwarm_restart"):
             for name, why in CoverageReport.from_dict(both[run]).flagged_by_name().items():
-                if "unexplained" in why:
-                    unexplained[engine, run, name] = why
-    assert sorted(unexplained) == [
-        ("gemma-3-12b", "stepwarm_restart", "greedy, batch 40"),
-        ("granite-4.0-h-tiny", "stepwarm", "chunked prefill beside decodes, batch 8"),
-        ("llama-3.1-8b", "stepwarm", "greedy, batch 40")]
-    for why in unexplained.values():
-        assert "profiler: aten::mm +" in why and why.endswith("(less than half the excess)")
-    assert "aten::mm +4.7 ms (slowest of 4 calls 4.9 ms)" in unexplained[
-        "llama-3.1-8b", "stepwarm", "greedy, batch 40"]
+                verdicts[engine, run, name] = why
+    unexplained = {k: v for k, v in verdicts.items() if "unexplained" in v}
+    assert sorted(unexplained) == [("gemma-3-12b", "stepwarm_restart", "greedy, batch 40")]
+    gemma = unexplained["gemma-3-12b", "stepwarm_restart", "greedy, batch 40"]
+    assert "profiler: aten::mm +5.4 ms" in gemma and gemma.endswith("(less than half the excess)")
+    llama = verdicts["llama-3.1-8b", "stepwarm", "greedy, batch 40"]
+    assert llama.startswith("ratio > 1.2: profiler: aten::mm +4.7 ms (slowest of 4 calls 4.9 ms); "
+                            "5 kernel(s) first launched in traffic")
+    assert ("; and the rest: every operator slower, median x1.39 over 27 names, three in four "
+            "at least x1.24: +7.1 ms;") in llama
+    granite = verdicts["granite-4.0-h-tiny", "stepwarm", "chunked prefill beside decodes, batch 8"]
+    assert "aten::mm +6.1 ms" in granite and "median x1.64 over 45 names" in granite
+    assert "unexplained" not in granite
+
+
+def test_named_first_calls_and_the_rest_run_slower_explain_a_line_together():
+    """s19's Qwen3-Next `chunked prefill beside decodes`: aten::mm +9.6 ms
+    (six cuBLAS kernels first launched at 2,400 tokens) is under half of the
+    30.2 ms excess; every other operator ran x1.60 slower, 19.8 ms more
+    over the worker's 62.5 ms less its waits and the 9.6 named. A synthetic
+    run: one operator 10 ms beyond a 1.5x slowdown of all."""
+    ops = {f"aten::op{i}": 1000.0 * (i + 1) for i in range(8)}
+
+    def run(scale, extra=0.0):
+        return summarize([Event(n, "cpu", us * scale + (extra if n == "aten::op0" else 0.0))
+                          for n, us in ops.items()], set())
+
+    # worker 64 ms: (64 - 0 waits - 10 named) * 0.5 / 1.5 = 18.0 ms; 28 of 28 together
+    phrase, covers = trace_explanation(run(1.5, extra=10000.0), run(1.0), excess_ms=28.0,
+                                       first_worker_ms=64.0)
+    assert covers and phrase == (
+        "profiler: aten::op0 +10.0 ms; and the rest: every operator slower, median x1.50 over "
+        "8 names, three in four at least x1.50: +18.0 ms; 28.0 of the 28.0 ms excess together")
+    # op0 12 ms beyond, against an excess of 60 ms: 12 + (64 - 12) / 3 = 29.3 is
+    # under half; the rest is said as before
+    phrase, covers = trace_explanation(run(1.5, extra=12000.0), run(1.0), excess_ms=60.0,
+                                       first_worker_ms=64.0)
+    assert not covers and phrase.endswith("beyond every operator slower, median x1.50 over 8 names")
+    # the rest 1.1x slower: under the 1.2 asked, nothing added
+    assert trace_explanation(run(1.1, extra=10000.0), run(1.0), excess_ms=28.0,
+                             first_worker_ms=50.0) == ("profiler: aten::op0 +10.0 ms", False)
+
+    import gzip
+    import json
+    from pathlib import Path
+
+    path = (Path(__file__).parents[2] / "benchmarks" / "results"
+            / "h200-coverage-1203s19-rerun-qwen3-next-80b-a3b.json.gz")
+    both = json.loads(gzip.decompress(path.read_bytes()))
+    why = CoverageReport.from_dict(both["stepwarm"]).flagged_by_name()[
+        "chunked prefill beside decodes, batch 8"]
+    assert why.startswith("ratio > 1.2: profiler: aten::mm +9.6 ms (slowest of 31 calls 4.4 ms); "
+                          "6 kernel(s) first launched in traffic")
+    assert why.endswith("+19.8 ms; 29.4 of the 30.2 ms excess together")

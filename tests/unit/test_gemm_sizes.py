@@ -11,10 +11,13 @@ import pytest
 import torch
 
 from stepwarm.gemm_sizes import (
+    ALIGNMENTS,
     _eager_floor,
+    gemm_token_counts,
     linear_layers,
     logits_heads,
     logits_rows,
+    next_odd_multiple,
     token_counts,
     warm_gemm_sizes,
 )
@@ -38,6 +41,30 @@ def test_ladder_steps_at_most_an_eighth_of_an_octave():
     assert counts == sorted(set(counts))
     assert all(b / a <= 2 ** (1 / 8) + 1 / a for a, b in zip(counts, counts[1:]))
     assert math.log2(counts[-1] / counts[1]) == pytest.approx((len(counts) - 2) / 8, abs=0.01)
+
+
+def test_next_odd_multiple():
+    assert [next_odd_multiple(m, 8) for m in (1, 8, 9, 16, 17, 24)] == [8, 8, 24, 24, 24, 24]
+    assert [next_odd_multiple(m, 32) for m in (2400, 2401, 2465)] == [2400, 2464, 2528]
+    assert next_odd_multiple(513, 16) == 528 and next_odd_multiple(535, 16) == 560
+
+
+def test_gemm_ladder_adds_the_aligned_counts_of_each_rung():
+    # sixteen an octave: 513, ceil(2 ** (145 / 16)) = 535, 559 (k = 146), 584 (k = 147), 600;
+    # then each rung's next odd multiple of 8, 16, 32: 513 -> 520, 528, 544;
+    # 535 -> 536, 560, 544; 559 -> 568, 560 (608 > 600); 584 -> 584, 592; 600 -> 600
+    assert gemm_token_counts(513, 600) == [513, 520, 528, 535, 536, 544, 559, 560, 568,
+                                           584, 592, 600]
+    counts = gemm_token_counts(513, 16384)
+    base = token_counts(513, 16384, per_octave=16)
+    assert set(base) <= set(counts) and counts == sorted(set(counts))
+    assert counts[0] == 513 and counts[-1] == 16384 and len(counts) == 305
+    for m in base:
+        for a in ALIGNMENTS:
+            aligned = next_odd_multiple(m, a)
+            assert aligned > 16384 or aligned in counts
+            assert aligned % a == 0 and (aligned // a) % 2 == 1 and aligned - m < 2 * a
+    assert gemm_token_counts(700, 600) == []
 
 
 def _config(**cc):
@@ -129,15 +156,17 @@ def test_logits_rows_count_the_drafts_verified_in_a_step():
     assert token_counts(1, 64)[:10] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
 
 
-def test_the_heads_ladder_runs_every_row_count_up_to_256_then_eight_an_octave():
+def test_the_heads_ladder_runs_every_row_count_up_to_256_then_the_gemm_ladder():
     from stepwarm.gemm_sizes import head_row_counts
 
     assert head_row_counts(64) == list(range(1, 65))
     assert head_row_counts(256) == list(range(1, 257))
-    # 1024 sequences: 2 ** (65 / 8) = 279.2, ..., 2 ** (79 / 8) = 939.7, 1024
-    assert head_row_counts(1024) == list(range(1, 257)) + [
-        280, 305, 332, 363, 395, 431, 470, 512, 559, 609, 664, 725, 790, 862, 940, 1024]
-    assert head_row_counts(300) == list(range(1, 257)) + [280, 300]
+    # 300 rows: 2 ** (129 / 16) = 267.9 -> 268, 280 (k = 130), 292 (k = 131), 300;
+    # odd multiples of 8, 16, 32 above 268: 280, 272, 288; 280: 280, 304 > 300; 292: 296
+    assert head_row_counts(300) == list(range(1, 257)) + [
+        264, 268, 272, 280, 288, 292, 296, 300]
+    rows = head_row_counts(1024)
+    assert rows[:256] == list(range(1, 257)) and rows[256:] == gemm_token_counts(257, 1024)[1:]
 
 
 def test_the_log_says_what_ran():
