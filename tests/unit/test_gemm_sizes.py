@@ -250,3 +250,36 @@ def test_a_ladders_signature_names_the_shapes_and_counts():
     assert a.signature() != GemmLadder(layers=[_Layer(8, 4, True, None)], counts=[513, 600]).signature()
     assert a.signature() != GemmLadder(layers=[_Layer(8, 4, False, None)], counts=[513]).signature()
     assert GemmLadder(layers=a.layers, counts=[]).rungs() == []
+
+
+def test_the_ladder_reaches_cublass_kernels_on_the_h200_map():
+    """The map ``benchmarks/gpu_probe_gemm_choice.py`` took on the H200 (run
+    s20's session): the kernels cuBLAS ran for Llama-3.1-8B's four
+    projections at every count from 1 to 16,384. Of the counts above 512,
+    those that pick a kernel no count of the ladder loaded: 0.5 % with the
+    ladder, 13.2 % with eight counts an octave alone."""
+    import bisect
+    import gzip
+    import json
+    from pathlib import Path
+
+    path = (Path(__file__).parents[2] / "benchmarks" / "results"
+            / "h200-gemm-choice-1203s20-llama-3.1-8b.json.gz")
+    choice = json.loads(gzip.decompress(path.read_bytes()))
+    limit = choice["limit"]
+    assert limit == 16384 and len(choice["shapes"]) == 4
+
+    def missed(counts: list[int]) -> float:
+        misses = 0
+        for shape in choice["shapes"]:
+            kernels = [frozenset(k) for k in shape["sets"]]
+            runs = shape["runs"]  # [first count, last count, kernel set], in order
+            starts = [first for first, _, _ in runs]
+            loaded = frozenset().union(*(kernels[runs[bisect.bisect(starts, m) - 1][2]]
+                                         for m in counts))
+            misses += sum(min(last, limit) - max(first, 513) + 1 for first, last, i in runs
+                          if last >= 513 and not kernels[i] <= loaded)
+        return misses / (4 * (limit - 512))
+
+    assert round(100 * missed(gemm_token_counts(513, limit)), 2) == 0.50
+    assert round(100 * missed(token_counts(513, limit)), 2) == 13.23
