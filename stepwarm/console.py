@@ -24,6 +24,7 @@ from rich.text import Text
 
 from stepwarm.driver import StepResult
 from stepwarm.plan import Plan, PlannedStep
+from stepwarm.words import plural
 
 #: Tables are ~115 columns wide; when output is not a terminal (CI logs, nox),
 #: rich would wrap them at 80. Markup is off: labels, file names and messages
@@ -53,11 +54,6 @@ class Spinner:
 
     def stop(self) -> None:
         self._live.stop()
-
-
-def plural(n: int, noun: str) -> str:
-    """``1 request``, ``2 requests`` (nouns that take an s)."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 #: -q, default, -v -> the level of vLLM's log on stderr.

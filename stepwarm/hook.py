@@ -60,6 +60,7 @@ from stepwarm.settings import (
     unknown_names,
 )
 from stepwarm.watchdog import StepTimedOut, StepWatch
+from stepwarm.words import plural
 
 __all__ = ["ENV_SCENARIOS", "WORKER_CLASSES", "SettingsError", "WarmupError", "register",
            "warmup"]
@@ -383,18 +384,14 @@ def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSetti
     _stamp(report, ranks)
     logger.info("%s: %s: %s", who, plan.name,
                 f"skipped ({report.skipped})" if report.skipped
-                else f"{_steps(len(report.steps))} in {report.wall_ms:.0f} ms" + (
-                    f" ({_steps(idle_steps)} skipped: their segments compiled nothing "
+                else f"{plural(len(report.steps), 'step')} in {report.wall_ms:.0f} ms" + (
+                    f" ({plural(idle_steps, 'step')} skipped: their segments compiled nothing "
                     "at the last start with this configuration, STEPWARM_SKIP_IDLE=1)"
                     if idle_steps else ""))
     mem = report.memory
     if mem is not None and mem.lower_after:
         logger.warning("%s: %s %s (see docs/plugin.md)", who, plan.name, lower_text(mem))
     return report
-
-
-def _steps(n: int) -> str:
-    return f"{n} step" if n == 1 else f"{n} steps"
 
 
 def _compile_threads(settings: HookSettings, ranks: RankGroup) -> int:
