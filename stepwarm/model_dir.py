@@ -234,10 +234,24 @@ def _vllm_version() -> str:
         return "vllm"
 
 
+def _first_sentence(text: str) -> str:
+    """The first line of ``text``, with the lines after it while each one so
+    far ends with a colon (``Validation error for field 'hidden_size':`` is
+    followed by its cause)."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    out = lines[:1]
+    for line in lines[1:]:
+        if not out[-1].endswith(":"):
+            break
+        out.append(line)
+    return " ".join(out)
+
+
 def vllm_rejection(e: BaseException, model: Path | None) -> str:
     """One paragraph for an exception vLLM raised while starting: for a
     pydantic ``ValidationError`` the first error's field and message, else
-    the exception's first line; at most :data:`MAX_REASON` characters."""
+    the exception's first line (and its cause where that line ends with a
+    colon); at most :data:`MAX_REASON` characters."""
     errors = getattr(e, "errors", None)
     if callable(errors):
         try:
@@ -249,7 +263,7 @@ def vllm_rejection(e: BaseException, model: Path | None) -> str:
             reason = str(e)
     else:
         reason = str(e)
-    reason = re.sub(r"\s+", " ", reason.strip().splitlines()[0] if reason.strip() else "")
+    reason = re.sub(r"\s+", " ", _first_sentence(reason))
     if len(reason) > MAX_REASON:
         reason = reason[:MAX_REASON - 3] + "..."
     where = f" (--model {model})" if model is not None else ""

@@ -316,7 +316,10 @@ class _Expander:
         names = [_SELECTOR.match(s).group(1) for s in selectors or []]  # type: ignore[union-attr]
         for name in names:
             if name not in self.groups and name not in self.failed_requests:
-                what, allowed = unknown_request(name, [*self.groups, *sorted(self.failed_requests)])
+                declared = [n for n in self.sc.model.requests
+                            if n in self.groups or n in self.failed_requests]  # file order
+                declared += [n for n in self.groups if n not in declared]
+                what, allowed = unknown_request(name, declared)
                 raise self.err(what, field, allowed=allowed)
         if self.failed_requests.intersection(names):
             raise _SelectsFailedRequest(field)
@@ -818,7 +821,9 @@ def load_and_expand(name: str, profile: RunnerProfile) -> Plan:
         more, note = _rest_of(e.partial, profile) if e.partial is not None else ([], "")
         if not more and not note:
             raise
-        errors = sorted([*e.errors, *more], key=lambda x: x.line or 1 << 30)
+        said = {str(x) for x in e.errors}  # an expression's names: the format's and ours
+        errors = sorted([*e.errors, *(x for x in more if str(x) not in said)],
+                        key=lambda x: x.line or 1 << 30)
         raise ScenarioError.of(errors, note=note) from None
     return expand(sc, profile)
 

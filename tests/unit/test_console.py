@@ -413,3 +413,21 @@ def test_verify_lines_fit_80_columns_and_keep_every_token():
     assert lines[-3:] == ["  mamba-align: skipped: vLLM's own scheduler failed",
                           "  pooling: equal (1 embedded, LLM.embed, max |diff| 0.00e+00)",
                           "  x: error: StepFailed: step 2 failed"]
+
+
+def test_piped_output_takes_columns_where_set():
+    """Piped, tables are 160 columns wide, or as wide as ``COLUMNS`` says (a
+    new user's `COLUMNS=80 stepwarm list | less`)."""
+    import os
+    import subprocess
+    import sys
+
+    def widest(env: dict[str, str]) -> int:
+        out = subprocess.run([sys.executable, "-m", "stepwarm", "list"], capture_output=True,
+                             text=True, timeout=120, env=env).stdout
+        return max(len(line) for line in out.splitlines())
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    assert widest(env) == 160
+    assert widest({**env, "COLUMNS": "80"}) == 80
+    assert widest({**env, "COLUMNS": "wide"}) == 160  # not a width: ignored

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -184,3 +186,23 @@ def test_prefill_chunk_align_is_the_mamba_align_block_within_the_budget():
     for mode in ("none", "all"):
         assert facts_of(_prof(kv_cache_groups=(full, mamba(mode)), max_num_batched_tokens=512,
                               mamba_cache_mode=mode))["prefill_chunk_align"] == 1
+
+
+def test_the_names_checked_before_a_runner_are_the_facts_of_any_runner():
+    from stepwarm.expressions import FACT_NAMES, check_names, facts_of
+    from tests.helpers import make_profile
+
+    assert sorted(facts_of(make_profile())) == sorted(FACT_NAMES)
+    # names and form: checked; values: the runner's (no division by zero said here)
+    for ok in ("max_num_seqs // (num_kv_groups - 1)", "block_size(7) * 2", "kv_seqs(16)",
+               "min(max_model_len, 4096) - 1", "-3"):
+        check_names(ok)
+    for bad, said in (("twenty", "unknown fact 'twenty'"),
+                      ("max_num_seqs ** 2", "operator Pow is not allowed"),
+                      ("max_num_seqs / 2", "'/' is not allowed"),
+                      ("open(1)", "function 'open' is not allowed"),
+                      ("max_num_seqs >= 2", "a comparison is not a size"),
+                      ("max_num_seqs.real", "Attribute is not allowed"),
+                      ("", "empty expression")):
+        with pytest.raises(ExpressionError, match=re.escape(said)):
+            check_names(bad)

@@ -228,6 +228,26 @@ def test_a_misspelt_scenario_name_ends_register_with_one_line_and_no_traceback()
                            "allowed: a path to a .toml file, a built-in name: ")
 
 
+def test_an_unknown_fact_in_a_scenario_file_ends_register_before_the_model_loads(tmp_path):
+    """A new user's `prompt = "twenty"` (run s20's session) was found only once
+    the worker was up, with a traceback: it is the file's format, so
+    register() says it, one paragraph, exit 1."""
+    import os
+    import subprocess
+    import sys
+
+    f = tmp_path / "t1.toml"
+    f.write_text('[requests.a]\nprompt = "twenty"\n[[steps]]\nkind = "prefill"\n'
+                 'requests = ["a"]\n')
+    env = {**os.environ, "STEPWARM_SCENARIOS": f"{f},default"}
+    proc = subprocess.run([sys.executable, "-c", "from stepwarm.hook import register; register()"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"stepwarm: {f}:2: request 'a', field 'prompt': 'twenty': unknown "
+                           "fact 'twenty'; allowed facts: decode_query_len, ")
+
+
 @pytest.mark.parametrize("value", [" ", ",", " , "])
 def test_a_blank_scenarios_variable_is_refused_with_one_line(value):
     with pytest.raises(SettingsError) as e:

@@ -97,3 +97,25 @@ def test_a_config_without_architectures_or_model_type_is_refused_before_vllm(tmp
         f"cannot tell the model from the directory's name (Unrecognized model in {d}. Should "
         "have a `model_type` key in its config.json.); allowed: a config.json with "
         "'model_type' (and 'architectures')")
+
+
+def test_a_rejection_keeps_the_cause_after_a_line_ending_in_a_colon(tmp_path):
+    """transformers' strict config check says the field on one line and the
+    cause on the next: both are kept (a new user's `hidden_size: "big"`)."""
+    import json
+
+    from transformers import AutoConfig
+
+    from stepwarm.model_dir import vllm_rejection
+
+    config = json.loads((write_model("tiny-llama", tokenizer=False) / "config.json").read_text())
+    config["hidden_size"] = "big"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(Exception) as caught:
+        AutoConfig.from_pretrained(tmp_path)
+    assert vllm_rejection(caught.value, tmp_path) == (
+        f"StrictDataclassFieldValidationError (--model {tmp_path}): Validation error for field "
+        "'hidden_size': TypeError: Field 'hidden_size' expected int, got str (value: 'big')")
+    # a first line that ends otherwise stands alone
+    assert vllm_rejection(ValueError("bad value\nTraceback follows:\n  x"), None) == (
+        "ValueError: bad value")
