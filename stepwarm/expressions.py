@@ -122,7 +122,7 @@ def check_names(expr: str) -> None:
     """
     facts = dict.fromkeys(FACT_NAMES, 1)
     text, tree = _size_tree(expr, facts)
-    _Names(text, facts, ()).visit(tree.body)
+    _Eval(text, facts, (), values=False).visit(tree.body)
 
 
 def functions_of(profile: RunnerProfile) -> dict[str, Callable[[int], int]]:
@@ -282,12 +282,16 @@ def _allowed(facts: Mapping[str, int]) -> str:
 
 class _Eval:
     """Whitelisted walk of a parsed expression (every node type not handled
-    here is refused)."""
+    here is refused). ``values=False``: the names and form alone
+    (:func:`check_names`): no value is judged (divisors, group indexes) and
+    a call stands for 1."""
 
     def __init__(self, text: str, facts: Mapping[str, int], block_sizes: tuple[int, ...],
-                 functions: Mapping[str, Callable[[int], int]] | None = None):
+                 functions: Mapping[str, Callable[[int], int]] | None = None, *,
+                 values: bool = True):
         self.text, self.facts, self.block_sizes = text, facts, block_sizes
         self.functions = functions or {}
+        self.values = values
 
     def fail(self, why: str) -> ExpressionError:
         return ExpressionError(f"{self.text!r}: {why}")
@@ -317,7 +321,7 @@ class _Eval:
                 raise self.fail(f"operator {type(node.op).__name__} is not allowed; "
                                 "allowed: + - * // %")
             a, b = self.visit(node.left), self.visit(node.right)
-            if op in ("//", "%") and b == 0:
+            if op in ("//", "%") and b == 0 and self.values:
                 raise self.fail(f"division by zero ({ast.unparse(node.right)} is 0); "
                                 "allowed: a divisor that is not 0 on this runner")
             return {"+": a + b, "-": a - b, "*": a * b, "//": a // b if b else 0,
@@ -328,6 +332,8 @@ class _Eval:
                 raise self.fail(f"function {name!r} is not allowed; allowed: block_size, "
                                 "kv_seqs, kv_tokens, min, max")
             args = [self.visit(a) for a in node.args]
+            if not self.values:
+                return 1
             if name in KV_FUNCS:
                 if len(args) != 1:
                     raise self.fail(f"{name} takes one argument")
@@ -354,29 +360,6 @@ class _Eval:
                             "kv_seqs, kv_tokens, min, max")
         raise self.fail(f"{type(node).__name__} is not allowed here; allowed: "
                         f"{_allowed(self.facts)}")
-
-
-class _Names(_Eval):
-    """:class:`_Eval`'s checks of the expression's form alone: every name
-    stands for 1 and every call for its check of names (no value is judged)."""
-
-    def visit(self, node: ast.AST) -> int:
-        if isinstance(node, ast.BinOp):
-            if isinstance(node.op, ast.Div):
-                raise self.fail("'/' is not allowed: sizes are integers, use '//'")
-            if type(node.op) not in _BINOPS:
-                raise self.fail(f"operator {type(node.op).__name__} is not allowed; "
-                                "allowed: + - * // %")
-            self.visit(node.left), self.visit(node.right)
-            return 1
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
-            if node.func.id not in ("block_size", *_FUNCS, *KV_FUNCS):
-                raise self.fail(f"function {node.func.id!r} is not allowed; allowed: "
-                                "block_size, kv_seqs, kv_tokens, min, max")
-            for a in node.args:
-                self.visit(a)
-            return 1
-        return super().visit(node)
 
 
 def buckets(limit: int, low: int = 1) -> tuple[int, ...]:
