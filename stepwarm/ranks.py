@@ -48,6 +48,13 @@ logger = logging.getLogger("vllm.stepwarm")
 #: stepwarm's own gloo groups, by member ranks (made once per process).
 _GROUPS: dict[tuple[int, ...], Any] = {}
 
+#: The least time joining a group may take (seconds), whatever ``timeout_s``.
+#: Joining connects to each peer's gloo listener; on a loaded host a peer that
+#: is alive and joining can answer late (two CPU DP engines on 2 cores: gloo's
+#: connect refused for over 10 s, then connected). A short
+#: ``STEPWARM_RANK_TIMEOUT_S`` bounds the agreements, not this.
+JOIN_TIMEOUT_FLOOR_S = 120.0
+
 
 def _own_group(ranks: list[int], timeout_s: float) -> Any:
     """A gloo process group of ``ranks`` for stepwarm's agreements alone.
@@ -65,9 +72,14 @@ def _own_group(ranks: list[int], timeout_s: float) -> Any:
         import torch.distributed as dist
 
         _GROUPS[key] = dist.new_group(list(key), backend="gloo",
-                                      timeout=timedelta(seconds=timeout_s),
+                                      timeout=timedelta(seconds=join_timeout_s(timeout_s)),
                                       use_local_synchronization=True)
     return _GROUPS[key]
+
+
+def join_timeout_s(timeout_s: float) -> float:
+    """How long joining stepwarm's group waits for its peers (seconds)."""
+    return max(timeout_s, JOIN_TIMEOUT_FLOOR_S)
 
 
 def _dp_group() -> Any:
@@ -241,9 +253,27 @@ class RankGroup:
         )
         group.rule = agreement_rule(Layout(dp_size, group.tp_size, group.pp_size, coupled, why))
         if group.size > 1:
-            group._groups = (_own_group(tp.ranks, timeout_s), _own_group(pp.ranks, timeout_s),
-                             _own_group(dp.ranks, timeout_s) if coupled and dp else None)
+            group.join(list(tp.ranks), list(pp.ranks), list(dp.ranks) if coupled and dp else None)
         return group
+
+    def join(self, tp_ranks: list[int], pp_ranks: list[int],
+             dp_ranks: list[int] | None = None) -> None:
+        """Make (or find) stepwarm's gloo groups of these world ranks, the
+        agreements' route: TP, then PP, then DP where it is coupled. Every
+        member must call this; each join waits :func:`join_timeout_s`.
+
+        Raises:
+            RankTimeout: a peer did not join in time (after ``on_timeout``).
+        """
+        try:
+            self._groups = (_own_group(tp_ranks, self.timeout_s), _own_group(pp_ranks, self.timeout_s),
+                            _own_group(dp_ranks, self.timeout_s) if dp_ranks else None)
+        except Exception as e:  # noqa: BLE001 - gloo raises RuntimeError on timeout
+            message = (f"stepwarm: {self.label}: the other ranks did not join stepwarm's "
+                       f"agreement group within {join_timeout_s(self.timeout_s):g} s "
+                       f"({type(e).__name__}: {e})")
+            self.on_timeout(message)
+            raise RankTimeout(message) from e
 
     def _gather(self, value: int, what: str) -> list[int]:
         """Every rank's ``value``, indexed by grid slot (sum of one-hot vectors,

@@ -106,12 +106,8 @@ def _member(rank: int, port: int, coupled: bool, results) -> None:
     timeouts: list[str] = []
     group = RankGroup(rank=rank, tp_rank=tp, tp_size=2, dp_rank=dp, dp_size=2,
                       dp_coupled=coupled, timeout_s=4, on_timeout=timeouts.append)
-    group._groups = (
-        ranks_mod._own_group([layout.world_rank(dp, pp, t) for t in range(2)], 4),
-        None,
-        ranks_mod._own_group([layout.world_rank(d, pp, tp) for d in range(2)], 4)
-        if coupled else None,
-    )
+    group.join([layout.world_rank(dp, pp, t) for t in range(2)], [rank],
+               [layout.world_rank(d, pp, tp) for d in range(2)] if coupled else None)
     out: dict = {"rank": rank, "size": group.size, "index": group.index}
     out["failed"] = group.failed_ranks(rank == 3, "step 0")
     out["differing"] = group.differing_ranks("plan" + ("x" if rank == 2 else ""), "plans")
@@ -131,16 +127,18 @@ def _member(rank: int, port: int, coupled: bool, results) -> None:
     results.put(out)
 
 
-def _run(coupled: bool) -> dict[int, dict]:
+def _spawn(target, size: int, *args) -> dict[int, dict]:
+    """Run ``target(rank, port, *args, results)`` in ``size`` processes; each
+    puts one dict with its ``rank``."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_member, args=(r, port, coupled, results)) for r in range(4)]
+    procs = [ctx.Process(target=target, args=(r, port, *args, results)) for r in range(size)]
     for p in procs:
         p.start()
     try:
         got = {}
-        for _ in range(4):
+        for _ in range(size):
             out = results.get(timeout=120)
             got[out["rank"]] = out
     finally:
@@ -149,6 +147,10 @@ def _run(coupled: bool) -> dict[int, dict]:
             if p.is_alive():
                 p.kill()
     return got
+
+
+def _run(coupled: bool) -> dict[int, dict]:
+    return _spawn(_member, 4, coupled)
 
 
 def test_coupled_dp_ranks_agree_as_one_grid_and_time_out_in_bounded_time():
@@ -179,3 +181,51 @@ def test_independent_dp_engines_agree_within_each_engine_only():
     assert got[0]["timeout"] is None and got[1]["timeout"] is None
     assert got[0]["waited_s"] < 4
     assert "did not reach step 1 within 4 s" in got[2]["timeout"]
+
+
+def _joiner(rank: int, port: int, late_s: float | None, floor_s: float, results) -> None:
+    import torch.distributed as dist
+
+    from stepwarm import ranks as ranks_mod
+
+    ranks_mod.JOIN_TIMEOUT_FLOOR_S = floor_s
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    timeouts: list[str] = []
+    group = RankGroup(rank=rank, tp_rank=rank, tp_size=2, timeout_s=1, on_timeout=timeouts.append)
+    out: dict = {"rank": rank}
+    if rank == 1:
+        if late_s is None:  # never joins
+            time.sleep(floor_s + 10)
+            results.put(out)
+            return
+        time.sleep(late_s)
+    t0 = time.monotonic()
+    try:
+        group.join([0, 1], [rank])
+        out["failed"] = group.failed_ranks(rank == 1, "step 0")
+    except ranks_mod.RankTimeout as e:
+        out["timeout"], out["on_timeout"] = str(e), timeouts
+    out["waited_s"] = time.monotonic() - t0
+    results.put(out)
+
+
+def _join(late_s: float | None, floor_s: float) -> dict[int, dict]:
+    return _spawn(_joiner, 2, late_s, floor_s)
+
+
+def test_a_peer_joining_later_than_the_rank_timeout_is_waited_for():
+    # STEPWARM_RANK_TIMEOUT_S=1 bounds agreements; joining waits the floor.
+    got = _join(late_s=3, floor_s=30)
+    assert got[0]["failed"] == got[1]["failed"] == [1]
+    assert 2 < got[0]["waited_s"] < 30
+
+
+def test_a_peer_that_never_joins_ends_the_join_at_the_floor():
+    got = _join(late_s=None, floor_s=4)
+    message = got[0]["timeout"]
+    assert message.startswith("stepwarm: rank 0 (tp 0/2, pp 0/1): the other ranks did not join "
+                              "stepwarm's agreement group within 4 s ("), message
+    assert "timeout" in message  # torch's own words after the type: the store wait's
+    assert got[0]["on_timeout"] == [message]
+    assert 3.5 < got[0]["waited_s"] < 15
