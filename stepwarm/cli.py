@@ -22,7 +22,8 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from stepwarm.console import ScenarioProgress, console, err_console, plural, route_vllm_log
+from stepwarm.console import (ScenarioProgress, console, err_console, plural, print_labelled,
+                              route_vllm_log)
 from stepwarm.driver import RunReport, StepFailed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -81,7 +82,7 @@ def _fail(message: str, code: int = 1) -> None:
     # The message is plain text: "NAME[i]" must not be read as rich markup.
     if _verbose and sys.exc_info()[0] is not None:
         err_console.print_exception()
-    err_console.print(Text.assemble(("error:", "bold red"), " ", message), soft_wrap=True)
+    print_labelled("error:", message)
     raise typer.Exit(code)
 
 
@@ -347,8 +348,7 @@ def run(
                 report = e.report
         reports.append(report)
         if failures and failures[-1].report is report:
-            err_console.print(Text.assemble(("failed:", "bold red"), " ", _failure_line(failures[-1])),
-                              soft_wrap=True)
+            print_labelled("failed:", _failure_line(failures[-1]))
             if _verbose and report.traceback:
                 err_console.print(f"raised by {report.raised_by}'s code:\n{report.traceback}",
                                   soft_wrap=True, markup=False, highlight=False)
@@ -756,7 +756,7 @@ def check(
     for name, result in check_all(files, prof):
         if isinstance(result, ScenarioError):
             bad += 1
-            err_console.print(Text.assemble(("error:", "bold red"), f" {result}"), soft_wrap=True)
+            print_labelled("error:", str(result))
         elif result.skipped:
             console.print(f"skipped {name}: {result.skipped}", highlight=False)
         else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +46,28 @@ def _width(stream: Any) -> int | None:
 
 console = Console(width=_width(sys.stdout), markup=False, highlight=False)
 err_console = Console(stderr=True, markup=False, highlight=False, width=_width(sys.stderr))
+
+
+def print_labelled(label: str, message: str, out: Console | None = None) -> None:
+    """``label`` in bold red, then ``message`` (plain text, never markup).
+
+    On a terminal each line is wrapped at spaces to the terminal's width, the
+    continuation indented under the message; a word longer than a line (a
+    path) is left whole. Piped (CI logs, ``grep``), each line stays one line.
+    A line of ``message`` that starts with ``label`` is labelled the same.
+    """
+    out = out if out is not None else err_console
+    indent = " " * (len(label) + 1)
+    for i, line in enumerate(message.split("\n")):
+        body = line[len(label) + 1:] if i and line.startswith(label + " ") else line
+        if i and body is line:  # a line of its own, not another label's
+            out.print(line, soft_wrap=True, highlight=False, markup=False)
+            continue
+        if out.is_terminal:
+            body = textwrap.fill(body, width=max(out.width, len(indent) + 20),
+                                 initial_indent=indent, subsequent_indent=indent,
+                                 break_long_words=False, break_on_hyphens=False)[len(indent):]
+        out.print(Text.assemble((label, "bold red"), " ", body), soft_wrap=True)
 
 class Spinner:
     """A one-line status on a terminal (rich's ``Console.status``) that leaves

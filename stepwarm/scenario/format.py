@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union, get_type_hints
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from stepwarm.scenario.sampling import PRESET_HELP, Sampling
-from stepwarm.scenario.sweeps import MAX_SWEEP, SIZE_HELP, Expr, Size
+from stepwarm.scenario.sweeps import MAX_SWEEP, SIZE_HELP, Expr, Size, bounded
 
 
 #: Most requests one ``[requests.NAME]`` entry may declare with ``count``
@@ -28,6 +28,9 @@ MAX_REQUESTS = 4 * MAX_SWEEP
 #: Most plan steps one scenario may expand to, all ``[[steps]]`` entries together
 #: (the built-ins expand to at most ~70; planning takes ~1 ms a step).
 MAX_STEPS = MAX_SWEEP
+#: ``repeat`` and ``count``: a literal outside these limits is a format error.
+Repeat = bounded(1, MAX_EXPANDED)
+Count = bounded(1, MAX_COUNT)
 #: Largest scenario file read, in bytes (the built-ins are under 8 KiB).
 MAX_FILE_BYTES = 1 << 20
 #: Deepest nesting of arrays, inline tables and dotted keys in a scenario file
@@ -64,7 +67,7 @@ class RequestSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     prompt: Size = Field(description="Prompt length in tokens: " + SIZE_HELP
                          + ". A sweep declares one request per value.")
-    count: Expr = Field(default=1, description=f"How many such requests (1..{MAX_COUNT}).")
+    count: Count = Field(default=1, description=f"How many such requests (1..{MAX_COUNT}).")
     kind: Literal["sample", "pool"] = Field(
         default="sample", description="\"sample\" (SamplingParams) or \"pool\" (PoolingParams; needs pooling).")
     sampling: Sampling = Field(
@@ -110,7 +113,7 @@ class PrefillStep(_Scheduling):
         "With each = true: each step also finishes the request the step before it "
         "prefilled (its finished_req_ids), so one request slot suffices; the last "
         "stays running."))
-    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
+    repeat: Repeat = Field(default=1, description=_REPEAT_HELP)
 
 
 class ChunkedPrefillStep(_Scheduling):
@@ -119,7 +122,7 @@ class ChunkedPrefillStep(_Scheduling):
     kind: Literal["chunked_prefill"]
     tokens: Size = Field(description="Chunk length per request: " + SIZE_HELP)
     each: StrictBool = Field(default=False, description="One step per selected request.")
-    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
+    repeat: Repeat = Field(default=1, description=_REPEAT_HELP)
 
 
 class PrefixHitStep(_Scheduling):
@@ -131,7 +134,7 @@ class PrefixHitStep(_Scheduling):
     tokens: Size | None = Field(default=None, description="Tokens to compute per request "
                                 "(default: the rest of the prompt): " + SIZE_HELP)
     each: StrictBool = Field(default=False, description="One step per selected request.")
-    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
+    repeat: Repeat = Field(default=1, description=_REPEAT_HELP)
 
 
 _SPEC_SWEEP = (" An expression, or a sweep ({ values = [...] }, { range = [...] }, "
@@ -143,7 +146,7 @@ class DecodeStep(_Scheduling):
 
     kind: Literal["decode"]
     spec_tokens: Size = Field(default=0, description="Draft tokens per request (needs speculator if > 0)." + _SPEC_SWEEP)
-    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
+    repeat: Repeat = Field(default=1, description=_REPEAT_HELP)
 
 
 class SpecDecodeStep(_Scheduling):
@@ -151,7 +154,7 @@ class SpecDecodeStep(_Scheduling):
 
     kind: Literal["spec_decode"]
     spec_tokens: Size = Field(default="num_spec_steps", description="Draft tokens per request." + _SPEC_SWEEP)
-    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
+    repeat: Repeat = Field(default=1, description=_REPEAT_HELP)
 
 
 class MixedDecodeStep(_Step):
@@ -167,7 +170,7 @@ class MixedDecodeStep(_Step):
         "sends a request fewer drafts when its proposer found fewer). " + _SEL_HELP))
     partial_tokens: Expr = Field(default="max(1, num_spec_steps - 1)",
                                  description="Draft tokens per partial request.")
-    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
+    repeat: Repeat = Field(default=1, description=_REPEAT_HELP)
 
     _check = field_validator("spec", "non_spec", "partial")(_check_selectors)
 
@@ -184,7 +187,7 @@ class MixedPrefillDecodeStep(_Step):
     cached: Expr | None = Field(default=None, description=(
         "New prefilled requests whose first `cached` tokens hit the prefix cache: a multiple "
         "of lcm_block_size, below the prompt length (a prefix hit beside decodes)."))
-    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
+    repeat: Repeat = Field(default=1, description=_REPEAT_HELP)
 
     _check = field_validator("prefill", "decode")(_check_selectors)
 
@@ -201,7 +204,7 @@ class ResumeStep(_Scheduling):
     kind: Literal["resume"]
     tokens: Size | None = Field(default=None, description="Tokens per request (default: all "
                                 "of prompt + outputs): " + SIZE_HELP)
-    repeat: Expr = Field(default=1, description=_REPEAT_HELP)
+    repeat: Repeat = Field(default=1, description=_REPEAT_HELP)
 
 
 class FinishStep(_Step):

@@ -566,8 +566,9 @@ def _validation_error(err: Any, file: str, index: _TomlIndex) -> tuple[ScenarioE
         if model and key in model.model_fields and "allowed" not in msg:
             desc = model.model_fields[key].description or ""
             desc = f"; allowed: {desc}" if desc else ""
-        said = "got" in msg or (isinstance(err["input"], str)
-                                and msg.startswith(repr(err["input"].strip())))
+        said = ("got" in msg or (isinstance(err["input"], str)
+                                 and msg.startswith(repr(err["input"].strip())))
+                or (isinstance(err["input"], int) and f" {err['input']} " in f" {msg} "))
         what = msg + desc if said else f"{msg} (got {err['input']!r}){desc}"
         if "allowed" not in what:
             what += "; allowed: see scenarios/README.md"

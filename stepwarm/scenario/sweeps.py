@@ -29,7 +29,8 @@ import contextvars
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool,
+                      ValidationError, ValidationInfo)
 
 from stepwarm.expressions import ExpressionError, buckets, check_names
 
@@ -74,6 +75,18 @@ def check_expr(v: Any) -> Any:
 
 
 Expr = Annotated[Union[int, str], BeforeValidator(check_expr)]
+
+
+def bounded(low: int, high: int) -> Any:
+    """:data:`Expr` whose integer literals are checked against ``low..high``
+    with the file's format (limits that no runner changes: ``repeat``,
+    ``count``); an expression's value is still checked by the expander."""
+    def check(v: Any, info: ValidationInfo) -> Any:
+        if isinstance(v, int) and not low <= v <= high:  # the expander's words
+            raise ValueError(f"{info.field_name} {v} is out of range; allowed: {low}..{high}")
+        return v
+
+    return Annotated[Union[int, str], BeforeValidator(check_expr), AfterValidator(check)]
 
 
 class Buckets(BaseModel):

@@ -32,6 +32,7 @@ from stepwarm.scenario import (
     plans_for,
     tiny_profile,
 )
+from stepwarm.scenario.sweeps import MAX_SWEEP
 
 runner = CliRunner()
 ENV = {"COLUMNS": "400"}
@@ -158,6 +159,29 @@ def test_every_format_error_in_a_scenario_at_once(tmp_path):
         [f"{f}:5", "request 'b', field 'prompt'"],
         [f"{f}:7", "step 0, field 'kind'"],
         [f"{f}:12", "step 1 (decode), field 'repeat'"]]
+
+
+def test_literal_repeat_and_count_out_of_range_are_format_errors_run_names_before_an_engine(
+        tmp_path):
+    f = tmp_path / "range.toml"
+    f.write_text('[requests.a]\nprompt = 4\ncount = 0\n[[steps]]\nkind = "prefill"\n'
+                 'requests = ["a"]\nrepeat = -1\n[[steps]]\nkind = "decode"\nrequests = ["a"]\n'
+                 'repeat = "max_num_seqs * 0"\n')
+    with pytest.raises(ScenarioError) as e:
+        load(str(f))  # no runner: the literals only
+    assert str(e.value).splitlines() == [
+        f"{f}:3: request 'a', field 'count': count 0 is out of range; allowed: 1..{MAX_SWEEP}",
+        f"{f}:7: step 0 (prefill), field 'repeat': repeat -1 is out of range; allowed: "
+        f"1..{MAX_SWEEP}"]
+    r = runner.invoke(app, ["run", "-s", str(f)], env={"COLUMNS": "300"})
+    assert r.exit_code == 2 and "engine up" not in r.stdout, r.output
+    assert f"{f}:7: step 0 (prefill), field 'repeat': repeat -1 is out of range" in r.stderr
+    # An expression's value needs the runner: the expander says it, in the same words.
+    f.write_text('[requests.a]\nprompt = 4\n' + STEP + 'repeat = "max_num_seqs * 0"\n')
+    load(str(f))
+    code, _, err = _check(f)
+    assert code == 2 and err == (f"error: {f}:6: step 0 (prefill), field 'repeat': repeat "
+                                 f"'max_num_seqs * 0' = 0 is out of range; allowed: 1..{MAX_SWEEP}\n")
 
 
 def test_at_most_max_errors_are_listed(tmp_path):

@@ -9,7 +9,7 @@ import re
 import pytest
 from rich.console import Console
 
-from stepwarm.console import ScenarioProgress, route_vllm_log
+from stepwarm.console import ScenarioProgress, print_labelled, route_vllm_log
 from stepwarm.driver import StepResult
 from stepwarm.profile import tiny_profile
 from stepwarm.scenario import expand, load
@@ -431,3 +431,27 @@ def test_piped_output_takes_columns_where_set():
     assert widest(env) == 160
     assert widest({**env, "COLUMNS": "80"}) == 80
     assert widest({**env, "COLUMNS": "wide"}) == 160  # not a width: ignored
+
+
+MESSAGE = ("/tmp/a-rather-long-directory-name/scenario.toml: steps[2].requests: unknown request "
+           "'b'; allowed: the [requests] tables a, c\nerror: /tmp/x.toml: prompt: not a number")
+
+
+def test_error_lines_wrap_at_spaces_under_their_label_on_a_terminal():
+    buf = io.StringIO()
+    print_labelled("error:", MESSAGE, Console(file=buf, width=40, force_terminal=True,
+                                              color_system=None, markup=False))
+    assert buf.getvalue().splitlines() == [
+        "error: /tmp/a-rather-long-directory-name/scenario.toml:",  # a path is left whole
+        "       steps[2].requests: unknown",
+        "       request 'b'; allowed: the",
+        "       [requests] tables a, c",
+        "error: /tmp/x.toml: prompt: not a number",  # 40 columns: fits
+    ]
+
+
+def test_error_lines_stay_one_line_each_when_piped():
+    buf = io.StringIO()
+    print_labelled("error:", MESSAGE, Console(file=buf, width=40, force_terminal=False,
+                                              markup=False))
+    assert buf.getvalue() == "error: " + MESSAGE + "\n"
