@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union, get_type_hints
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from stepwarm.scenario.sampling import PRESET_HELP, Sampling
-from stepwarm.scenario.sweeps import MAX_SWEEP, SIZE_HELP, Expr, Size, bounded
+from stepwarm.scenario.sweeps import MAX_SWEEP, SIZE_HELP, Expr, Size, within
 
 
 #: Most requests one ``[requests.NAME]`` entry may declare with ``count``
@@ -29,8 +29,8 @@ MAX_REQUESTS = 4 * MAX_SWEEP
 #: (the built-ins expand to at most ~70; planning takes ~1 ms a step).
 MAX_STEPS = MAX_SWEEP
 #: ``repeat`` and ``count``: a literal outside these limits is a format error.
-Repeat = bounded(1, MAX_EXPANDED)
-Count = bounded(1, MAX_COUNT)
+Repeat = Annotated[Expr, within(1, MAX_EXPANDED)]
+Count = Annotated[Expr, within(1, MAX_COUNT)]
 #: Largest scenario file read, in bytes (the built-ins are under 8 KiB).
 MAX_FILE_BYTES = 1 << 20
 #: Deepest nesting of arrays, inline tables and dotted keys in a scenario file

@@ -77,16 +77,17 @@ def check_expr(v: Any) -> Any:
 Expr = Annotated[Union[int, str], BeforeValidator(check_expr)]
 
 
-def bounded(low: int, high: int) -> Any:
-    """:data:`Expr` whose integer literals are checked against ``low..high``
-    with the file's format (limits that no runner changes: ``repeat``,
-    ``count``); an expression's value is still checked by the expander."""
+def within(low: int, high: int) -> AfterValidator:
+    """For :data:`Expr` fields whose integer literals are checked against
+    ``low..high`` with the file's format (limits that no runner changes:
+    ``repeat``, ``count``); an expression's value is still checked by the
+    expander, in the same words."""
     def check(v: Any, info: ValidationInfo) -> Any:
-        if isinstance(v, int) and not low <= v <= high:  # the expander's words
+        if isinstance(v, int) and not low <= v <= high:
             raise ValueError(f"{info.field_name} {v} is out of range; allowed: {low}..{high}")
         return v
 
-    return Annotated[Union[int, str], BeforeValidator(check_expr), AfterValidator(check)]
+    return AfterValidator(check)
 
 
 class Buckets(BaseModel):
