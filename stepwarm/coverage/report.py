@@ -134,8 +134,10 @@ class CoverageReport:
         why = explanation(first, second, excess)
         if why:
             return f"ratio > {self.threshold:g}: {why}"
+        # runs that took different worker steps compare each operator's time a call
+        per_call = len(r.get("first_steps") or []) != len(r.get("second_steps") or [])
         traced, covers = trace_explanation(r.get("trace_first"), r.get("trace_second"),
-                                           excess, r.get("first_worker_ms"))
+                                           excess, r.get("first_worker_ms"), per_call)
         if covers:
             return f"ratio > {self.threshold:g}: {traced}"
         more = extra_steps(r.get("first_steps", []), r.get("second_steps", []), self.threshold)

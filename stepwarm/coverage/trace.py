@@ -245,22 +245,32 @@ def _is(name: str, kinds: tuple[str, ...]) -> bool:
     return any(k in name for k in kinds)
 
 
-def _ratios(first: dict[str, list[float]], second: dict[str, list[float]]) -> list[float]:
+def _ratios(first: dict[str, list[float]], second: dict[str, list[float]],
+            per_call: bool = False) -> list[float]:
     """first / second self time, sorted, of the names with the same calls in
     both and at least :data:`SCALE_MIN_US` in the second, those waiting for
-    the device left out."""
-    return sorted(a[1] / b[1] for name, a in first.items()
+    the device left out; ``per_call``: of every name called in both, time
+    per call (two runs scheduled differently, :func:`slowdown`)."""
+    return sorted((a[1] / a[0]) / (b[1] / b[0]) if per_call else a[1] / b[1]
+                  for name, a in first.items()
                   if (b := second.get(name)) is not None and not _is(name, WAITS)
-                  and a[0] == b[0] and b[1] >= SCALE_MIN_US)
+                  and (a[0] == b[0] or (per_call and a[0] > 0 and b[0] > 0))
+                  and b[1] >= SCALE_MIN_US)
 
 
-def slowdown(first: dict[str, list[float]], second: dict[str, list[float]]) -> tuple[float, int]:
+def slowdown(first: dict[str, list[float]], second: dict[str, list[float]],
+             per_call: bool = False) -> tuple[float, int]:
     """How much slower the first run ran every name: the median of
     first / second self time over the names with the same calls in both and
     at least :data:`SCALE_MIN_US` in the second (calls that wait for the
     device left out), and how many names that is; 1.0 (no slowdown) with
-    fewer than :data:`SCALE_MIN_NAMES` of them or a median under 1."""
-    ratios = _ratios(first, second)
+    fewer than :data:`SCALE_MIN_NAMES` of them or a median under 1.
+
+    ``per_call``: the runs took different worker steps (a drafter's
+    acceptance, a chunk split), so no name has the same calls in both:
+    compare each name's time per call instead (EAGLE on V1, s21: 13 against
+    12 steps, every name x1.5 a call)."""
+    ratios = _ratios(first, second, per_call)
     if len(ratios) < SCALE_MIN_NAMES:
         return 1.0, len(ratios)
     mid = len(ratios) // 2
@@ -273,21 +283,24 @@ def _waits_ms(cpu: dict[str, list[float]]) -> float:
 
 
 def _host_parts(first: dict[str, Any], second: dict[str, Any], excess_ms: float,
-                first_worker_ms: float, named_cpu_ms: float = 0.0) -> tuple[list[str], float]:
+                first_worker_ms: float, named_cpu_ms: float = 0.0,
+                per_call: bool = False) -> tuple[list[str], float]:
     """:func:`host_slowdown`'s two parts, each phrase with its time, and the
     time together. ``named_cpu_ms``: CPU time already named beyond the
-    run-wide slowdown (:func:`trace_explanation`), left out of the CPU part."""
+    run-wide slowdown (:func:`trace_explanation`), left out of the CPU part;
+    ``per_call``: as :func:`slowdown`."""
     parts, total = [], 0.0
-    scale, names = slowdown(first["cpu"], second["cpu"])
-    ratios = _ratios(first["cpu"], second["cpu"])
+    scale, names = slowdown(first["cpu"], second["cpu"], per_call)
+    ratios = _ratios(first["cpu"], second["cpu"], per_call)
     if scale >= UNIFORM_SLOWDOWN and names >= SCALE_MIN_NAMES:
         quartile = ratios[len(ratios) // 4]
         base = first_worker_ms - _waits_ms(first["cpu"]) - named_cpu_ms
         slower = max(0.0, base) * (scale - 1) / scale
         if quartile >= HOST_QUARTILE and slower >= 0.5:
             total += slower
-            parts.append(f"every operator slower, median x{scale:.2f} over {names} names, "
-                         f"three in four at least x{quartile:.2f}: +{slower:.1f} ms")
+            parts.append(f"every operator slower{' a call' if per_call else ''}, median "
+                         f"x{scale:.2f} over {names} names, three in four at least "
+                         f"x{quartile:.2f}: +{slower:.1f} ms")
     kernels = (sum(v[1] for v in first.get("device", {}).values())
                - sum(v[1] for v in second.get("device", {}).values())) / 1e3
     waited = _waits_ms(first["cpu"]) - _waits_ms(second["cpu"]) - max(0.0, kernels)
@@ -299,7 +312,7 @@ def _host_parts(first: dict[str, Any], second: dict[str, Any], excess_ms: float,
 
 
 def host_slowdown(first: dict[str, Any], second: dict[str, Any], excess_ms: float,
-                  first_worker_ms: float | None) -> str:
+                  first_worker_ms: float | None, per_call: bool = False) -> str:
     """The phrase for a first run that ran the same work slower and nothing
     more, on a CPU or a device other work shared (``""`` when it did not).
 
@@ -320,11 +333,11 @@ def host_slowdown(first: dict[str, Any], second: dict[str, Any], excess_ms: floa
     shape concentrates in a few names: a compile, a module load, an
     allocation, which :func:`trace_explanation` names) and the two parts
     together are at least half of ``excess_ms``; kernels first launched in
-    the run are listed beside it.
+    the run are listed beside it. ``per_call``: as :func:`slowdown`.
     """
     if not first_worker_ms or not first.get("cpu") or not second.get("cpu"):
         return ""
-    parts, total = _host_parts(first, second, excess_ms, first_worker_ms)
+    parts, total = _host_parts(first, second, excess_ms, first_worker_ms, per_call=per_call)
     if not parts or total < excess_ms / 2:
         return ""
     new = first.get("new_kernels", [0, []])
@@ -334,7 +347,8 @@ def host_slowdown(first: dict[str, Any], second: dict[str, Any], excess_ms: floa
 
 
 def trace_explanation(first: dict[str, Any] | None, second: dict[str, Any] | None,
-                      excess_ms: float, first_worker_ms: float | None = None) -> tuple[str, bool]:
+                      excess_ms: float, first_worker_ms: float | None = None,
+                      per_call: bool = False) -> tuple[str, bool]:
     """Where the first run's extra time went, by the two runs' profiles.
 
     A first run can be slower everywhere (a cold process, a busy host): every
@@ -358,6 +372,9 @@ def trace_explanation(first: dict[str, Any] | None, second: dict[str, Any] | Non
         excess_ms: first minus second run (ms).
         first_worker_ms: the worker's time in the first run's steps (ms), for
             :func:`host_slowdown`; None: not known, never said.
+        per_call: the runs took different worker steps: names are compared
+            by time per call (:func:`slowdown`), a name's expected time being
+            the second run's scaled by the first run's calls.
 
     Returns:
         The phrase (``""``: nothing to name) and whether the named time
@@ -371,21 +388,22 @@ def trace_explanation(first: dict[str, Any] | None, second: dict[str, Any] | Non
     scales = {}
     for where in ("cpu", "device"):
         a, b = first.get(where, {}), second.get(where, {})
-        scales[where] = slowdown(a, b)
+        scales[where] = slowdown(a, b, per_call)
         scale = scales[where][0]
         for name, stats in a.items():
             if where == "cpu" and _is(name, WAITS):
                 continue
-            ms = (stats[1] - (b[name][1] * scale if name in b else 0.0)) / 1e3
+            calls = stats[0] / b[name][0] if per_call and name in b and b[name][0] else 1.0
+            ms = (stats[1] - (b[name][1] * scale * calls if name in b else 0.0)) / 1e3
             if ms >= floor:
                 grown.append((ms, f"{name}{' (on the device)' if where == 'device' else ''}"))
     grown.sort(reverse=True)
     grown = grown[:3]
     scale, names = scales["cpu"]
-    uniform = (f"every operator slower, median x{scale:.2f} over {names} names"
-               if scale >= UNIFORM_SLOWDOWN else "")
+    uniform = (f"every operator slower{' a call' if per_call else ''}, median x{scale:.2f} "
+               f"over {names} names" if scale >= UNIFORM_SLOWDOWN else "")
     if not grown:
-        host = host_slowdown(first, second, excess_ms, first_worker_ms)
+        host = host_slowdown(first, second, excess_ms, first_worker_ms, per_call)
         if host:
             return f"profiler: {host}", True
         return (f"profiler: no single cause; {uniform}", False) if uniform else ("", False)
@@ -411,7 +429,8 @@ def trace_explanation(first: dict[str, Any] | None, second: dict[str, Any] | Non
     if named < excess_ms / 2 and first_worker_ms and uniform:
         # the named first-call costs and the same work run slower beside them
         cpu_named = sum(ms for ms, label in grown if not label.endswith("(on the device)"))
-        host, slower = _host_parts(first, second, excess_ms, first_worker_ms, cpu_named)
+        host, slower = _host_parts(first, second, excess_ms, first_worker_ms, cpu_named,
+                                   per_call)
         if host and named + slower >= excess_ms / 2:
             parts[-1] = (f"and the rest: {'; '.join(host)}; {named + slower:.1f} of the "
                          f"{excess_ms:.1f} ms excess together")

@@ -343,3 +343,61 @@ def test_named_first_calls_and_the_rest_run_slower_explain_a_line_together():
     assert why.startswith("ratio > 1.2: profiler: aten::mm +9.6 ms (slowest of 31 calls 4.4 ms); "
                           "6 kernel(s) first launched in traffic")
     assert why.endswith("+19.8 ms; 29.4 of the 30.2 ms excess together")
+
+
+def test_runs_scheduled_differently_compare_each_operator_a_call():
+    """A drafter accepted fewer tokens in the first run: 13 steps against 12,
+    so no name has the same calls in both. Every operator 1.5x slower a call
+    is the host's (per_call); compared by total time, no name qualifies."""
+    ops = {f"aten::op{i}": 100.0 * (i + 1) for i in range(8)}
+
+    def run(steps, scale):
+        return summarize([Event(n, "cpu", us * scale) for n, us in ops.items() for _ in range(steps)],
+                         set())
+
+    first, second = run(13, 1.5), run(12, 1.0)
+    # worker 46.8 ms (13 steps x 3.6 ms x 1.5) less no waits: 46.8 * 0.5 / 1.5 = 15.6 ms
+    assert trace_explanation(first, second, 20.0, first_worker_ms=46.8, per_call=True) == (
+        "profiler: host: every operator slower a call, median x1.50 over 8 names, three in four "
+        "at least x1.50: +15.6 ms, of the 20.0 ms excess (the same work run slower beside other "
+        "work on the CPU or device, not a first call)", True)
+    # by total time no slowdown can be measured: the largest names are said to
+    # have grown, as if each paid a first call
+    assert trace_explanation(first, second, 20.0, first_worker_ms=46.8) == (
+        "profiler: aten::op7 +6.0 ms (slowest of 13 calls 1.2 ms); aten::op6 +5.2 ms (slowest "
+        "of 13 calls 1.1 ms); aten::op5 +4.5 ms (slowest of 13 calls 0.9 ms)", True)
+    # the extra step's calls are not a name grown beyond the slowdown: one name 3x a call is
+    first = summarize([Event(n, "cpu", us * (4.5 if n == "aten::op7" else 1.5))
+                       for n, us in ops.items() for _ in range(13)], set())
+    # (46.8 ms against 12 x 0.8 ms x 1.5 x 13/12 = 15.6 ms)
+    assert trace_explanation(first, second, 40.0, first_worker_ms=80.0, per_call=True) == (
+        "profiler: aten::op7 +31.2 ms (slowest of 13 calls 3.6 ms); beyond every operator "
+        "slower a call, median x1.50 over 8 names", True)
+
+
+def test_eagle_on_v1s_top_p_line_in_run_s21_is_the_hosts_a_call():
+    """Run s21 (the seven model-based speculators, 4 at a time on one H200):
+    EAGLE on V1's `top-p, batch 1` took 13 steps in its first run and 12 in its
+    second, every operator about x1.4 slower a call, fresh and restart; MTP on
+    V2's `greedy, batch 1` (a faster prefill, slower decodes) stays unexplained."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    results = Path(__file__).parents[2] / "benchmarks" / "results"
+    verdicts = {}
+    for engine in ("eagle-v1", "mtp-dsv3-v2"):
+        both = json.loads(gzip.decompress(
+            (results / f"h200-coverage-1204s21-speculators-{engine}.json.gz").read_bytes()))
+        for run in ("stepwarm", "stepwarm_restart"):
+            for name, why in CoverageReport.from_dict(both[run]).flagged_by_name().items():
+                verdicts[engine, run, name] = why
+    assert verdicts["eagle-v1", "stepwarm", "top-p, batch 1"] == (
+        "ratio > 1.2: profiler: host: every operator slower a call, median x1.39 over 55 names, "
+        "three in four at least x1.32: +33.3 ms, of the 40.6 ms excess (the same work run slower "
+        "beside other work on the CPU or device, not a first call); 12 kernel(s) first launched "
+        "in traffic")
+    assert verdicts["eagle-v1", "stepwarm_restart", "top-p, batch 1"].startswith(
+        "ratio > 1.2: profiler: host: every operator slower a call, median x1.38 over 56 names")
+    unexplained = sorted(k for k, v in verdicts.items() if "unexplained" in v)
+    assert unexplained == [("mtp-dsv3-v2", "stepwarm", "greedy, batch 1")]
