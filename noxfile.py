@@ -74,7 +74,7 @@ def lint(session: nox.Session) -> None:
 
 #: The release CI runs in the matrix besides the installed build (the newest
 #: of ``tests/compat/release.py``'s ``RELEASES``).
-COMPAT_CI_RELEASE = "0.33.0"
+COMPAT_CI_RELEASE = "0.34.0"
 
 
 def compat_releases(session: nox.Session, releases: list[str]) -> None:
@@ -94,7 +94,7 @@ def compat_releases(session: nox.Session, releases: list[str]) -> None:
 
 @nox.session
 def compat(session: nox.Session) -> None:
-    """The version matrix: `nox -s compat -- 0.33.0` (no release: every
+    """The version matrix: `nox -s compat -- 0.34.0` (no release: every
     release of ``tests/compat/release.py``'s ``RELEASES``)."""
     install(session, "test")
     if session.posargs:

@@ -228,9 +228,9 @@ def to_scheduler_output(
         tokens: the tokens sampled so far (and expected, when verifying):
             resumed requests carry prompt + their real outputs
             (``CachedRequestData.all_token_ids``, or ``prefill_token_ids`` on
-            a V2 runner), as does a running request that was not scheduled
-            in the previous step (``Scheduler._make_cached_request_data``,
-            V1); drafts are the expected tokens where known. None: outputs
+            a V2 runner and on every runner of vLLM 0.34), as does a running
+            request that was not scheduled in the previous step
+            (``Scheduler._make_cached_request_data``, V1 before 0.34); drafts are the expected tokens where known. None: outputs
             unknown, sent as 0.
         images: req_id -> processed encoder inputs: images
             (:func:`stepwarm.encoder_inputs.request_inputs`) for the requests
@@ -239,7 +239,8 @@ def to_scheduler_output(
 
     Returns:
         A ``SchedulerOutput`` with ``scheduled_new_reqs`` for new requests
-        (and, on a V2 runner, resumed ones, as vLLM's scheduler sends them),
+        (and, on a V2 runner or vLLM 0.34, resumed ones, as vLLM's scheduler
+        sends them),
         ``scheduled_cached_reqs`` for running ones (and V1 resumed ones),
         ``num_scheduled_tokens``, ``total_num_scheduled_tokens``,
         ``scheduled_spec_decode_tokens``, ``finished_req_ids``,
@@ -250,6 +251,10 @@ def to_scheduler_output(
     """
     from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
 
+    from stepwarm.vllm_facts import resumed_requests_sent_as_new
+
+    # vLLM 0.34 sends every runner a resumed request in full, as a new one
+    resumed_as_new = profile.runner == "v2" or resumed_requests_sent_as_new()
     params = {} if params is None else params
     tokens = tokens or OutputHistory()
     previous = set(plan.steps[step.index - 1].req_ids) if 0 < step.index <= len(plan.steps) else set()
@@ -262,7 +267,7 @@ def to_scheduler_output(
                 (None, _pooling_params(profile)) if req.kind == "pool"
                 else (sampling_params(req.sampling, profile), None)
             )
-        if row.new or (row.resumed and profile.runner == "v2"):
+        if row.new or (row.resumed and resumed_as_new):
             out.scheduled_new_reqs.append(
                 _new_request_data(req, row.block_ids, row.num_computed_tokens, profile,
                                   params[row.req_id],
@@ -284,7 +289,8 @@ def to_scheduler_output(
             )
             if row.resumed:
                 cached.resumed_req_ids.add(row.req_id)
-            if row.resumed or row.req_id not in previous:
+            if (row.resumed or row.req_id not in previous) and hasattr(cached, "all_token_ids"):
+                # V1 before 0.34 (0.34 sends no tokens for such a request)
                 cached.all_token_ids[row.req_id] = prompt_token_ids(
                     req, profile) + tokens.outputs(row.req_id, row.num_output_tokens - lag)
         out.num_scheduled_tokens[row.req_id] = row.num_scheduled_tokens

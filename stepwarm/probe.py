@@ -192,8 +192,21 @@ def read_profile(worker: Any) -> RunnerProfile:
         encoder_budget=encoder_budget,
         max_images_per_prompt=max_images,
         drafter=read_drafter(runner, kv_cache_config),
+        warmup_draft_slots=warmup_draft_slots(cfg),
         **installed_facts(kind, groups, enable_caching),
     )
+
+
+def warmup_draft_slots(cfg: Any) -> int:
+    """The draft slots per request vLLM's warmup keeps out of the token
+    budget (:attr:`RunnerProfile.warmup_draft_slots`): the speculative
+    config's ``max_num_new_slots_for_drafting`` where the installed warmup
+    counts them (vLLM 0.34), else 0."""
+    warm = vllm_facts.warmup_facts()
+    spec = getattr(cfg, "speculative_config", None)
+    if spec is None or not (warm and warm.caps_draft_slots):
+        return 0
+    return int(getattr(spec, "max_num_new_slots_for_drafting", 0) or 0)
 
 
 def installed_facts(runner: str, groups: tuple[CacheSpec, ...], enable_caching: bool) -> dict[str, Any]:
@@ -207,6 +220,7 @@ def installed_facts(runner: str, groups: tuple[CacheSpec, ...], enable_caching: 
     return {
         "grammar_rows_per_position": runner == "v2" and bool(warm and warm.bitmask_rows_per_request > 1),
         "warmup_greedy_pass": bool(warm and warm.greedy_pass),
+        "mixed_warmup_drafts": bool(warm and warm.mixed_drafts),
         "top_k_top_p_with_drafts": vllm_facts.samples_top_k_top_p_with_drafts(),
         **({"warmup_decodes": dict(warm.decode_steps)} if warm and warm.decode_steps else {}),
         "unsupported": unsupported(groups, enable_caching),

@@ -200,6 +200,16 @@ class RunnerProfile(BaseModel):
     #: ``SamplingParams(temperature=0)`` under a speculator (vLLM 0.33), so
     #: ``default`` does too.
     warmup_greedy_pass: bool = False
+    #: Draft slots per request that vLLM's warmup keeps free of the token
+    #: budget when it caps its requests (vLLM 0.34: ``_cap_num_warmup_reqs``,
+    #: ``max_num_new_slots_for_drafting``: 1 for a draft model, else 0);
+    #: 0 where the installed release does not count them.
+    warmup_draft_slots: int = Field(default=0, ge=0)
+    #: Whether ``run_mixed_prefill_decode_warmup``'s decode request verifies a
+    #: full set of drafts (``decode_query_len`` tokens) and its prefill tokens
+    #: are split across requests of at most ``max_model_len - 1`` (vLLM 0.34),
+    #: instead of one decode token beside one prefill request.
+    mixed_warmup_drafts: bool = False
     #: The decode steps of one ``warmup_kernels`` pass, as the installed
     #: vLLM's warmup sends them (:func:`stepwarm.vllm_facts.decode_steps`):
     #: ``"spec<n>"`` / ``"plain<n>"`` (with / without a speculator, ``n``

@@ -17,15 +17,17 @@ from stepwarm.profile import RunnerProfile
 def max_warmup_requests(profile: RunnerProfile, prompt_len: int, decode_len: int) -> int:
     """How many requests vLLM's warmup sends at once.
 
-    ``min(max_num_seqs, max_num_batched_tokens // max(prompt_len,
-    decode_query_len), (num_blocks - 1) // blocks_per_request)``, where
+    ``min(max_num_seqs, max_num_batched_tokens // (max(prompt_len,
+    decode_query_len) + warmup_draft_slots), (num_blocks - 1) //
+    blocks_per_request)`` (the draft slots: vLLM 0.34), where
     ``blocks_per_request`` is the worst case over the warmup (all groups, at
     ``decode_len`` tokens); the block cap is skipped when the request holds
     no blocks or the runner redirects writes to the null block. At least 1.
     """
     n = min(
         profile.max_num_seqs,
-        profile.max_num_batched_tokens // max(prompt_len, profile.decode_query_len),
+        profile.max_num_batched_tokens
+        // (max(prompt_len, profile.decode_query_len) + profile.warmup_draft_slots),
     )
     per_req = sum(
         reserved_blocks_per_group(decode_len, profile.kv_cache_groups, ReservationContext.of(profile))
@@ -131,10 +133,16 @@ def mixed_prefill_decode_plan(
 ) -> Plan:
     """vLLM's ``run_mixed_prefill_decode_warmup`` for ``profile``.
 
-    A request is prefilled with 2 tokens and sampled; then one step decodes it
-    (1 token) beside a new request prefilling ``num_tokens - 1`` tokens;
+    A decode request is prefilled with 2 tokens and sampled; then one step
+    decodes it beside new requests prefilling the rest of ``num_tokens``;
     cleanup. ``num_tokens`` is capped at ``max_num_batched_tokens`` and
-    ``max_model_len`` as ``mixed_batch_attention_warmup`` does.
+    ``max_model_len`` as ``mixed_batch_attention_warmup`` does. vLLM 0.26 -
+    0.33: the decode is 1 token, beside one prefill of ``num_tokens - 1``.
+    vLLM 0.34 (``profile.mixed_warmup_drafts``): the decode verifies a full
+    set of drafts (``decode_query_len`` tokens), the prefill tokens are split
+    across requests of at most ``max_model_len - 1`` (one slot per request
+    of ``max_num_seqs``), the budget keeps every request's draft slots free,
+    and prefills the blocks cannot hold are dropped, the last first.
 
     Returns:
         The plan, or an empty plan with ``skipped`` set where vLLM skips it
@@ -143,6 +151,15 @@ def mixed_prefill_decode_plan(
     """
     b = builder or PlanBuilder(profile, name="mixed_prefill_decode")
     num_tokens = min(num_tokens, profile.max_num_batched_tokens, profile.max_model_len)
+    drafts = profile.num_speculative_steps if profile.mixed_warmup_drafts else 0
+    decode_tokens = 1 + drafts
+    max_prefill = profile.max_model_len - 1 if profile.mixed_warmup_drafts else num_tokens
+    if profile.mixed_warmup_drafts and profile.max_num_seqs >= 2:
+        num_prefills = min(-(-(num_tokens - decode_tokens) // max_prefill), profile.max_num_seqs - 1)
+        num_tokens = min(num_tokens, decode_tokens + num_prefills * max_prefill)
+        if profile.has_speculator:
+            num_tokens = min(num_tokens, profile.max_num_batched_tokens
+                             - (1 + num_prefills) * profile.warmup_draft_slots)
     why = ""
     if profile.is_pooling_model:
         why = "pooling model"
@@ -150,22 +167,30 @@ def mixed_prefill_decode_plan(
         why = "max_num_seqs < 2"
     elif num_tokens < 3:
         why = f"num_tokens {num_tokens} < 3"
-    else:
-        ctx = ReservationContext.of(profile)
-        need = sum(reserved_blocks_per_group(3, profile.kv_cache_groups, ctx)) + sum(
-            reserved_blocks_per_group(num_tokens - 1, profile.kv_cache_groups, ctx)
-        )
+    ctx = ReservationContext.of(profile)
+    rest = num_tokens - decode_tokens
+    prefills = [min(max_prefill, rest - i) for i in range(0, rest, max_prefill)] if not why else []
+    if not why:
+        blocks = [sum(reserved_blocks_per_group(n, profile.kv_cache_groups, ctx)) for n in prefills]
+        need = sum(reserved_blocks_per_group(2 + decode_tokens, profile.kv_cache_groups, ctx)) + sum(blocks)
+        while profile.num_blocks <= need and len(prefills) > 1:  # vLLM 0.34 drops the last
+            prefills.pop()
+            need -= blocks.pop()
         if profile.num_blocks <= need:
             why = f"only {profile.num_blocks} KV blocks for {need} required"
     if why:
         return Plan(name=b.name, requests=(), steps=(), skipped=why)
-    dec, pre = f"{REQ_ID_PREFIX}mixed_decode_", f"{REQ_ID_PREFIX}mixed_prefill_"
+    dec = f"{REQ_ID_PREFIX}mixed_decode_"
+    pre = [f"{REQ_ID_PREFIX}mixed_prefill_" + (f"{i}_" if profile.mixed_warmup_drafts else "")
+           for i in range(len(prefills))]
     b.add_request(PlannedRequest(dec, 2, sampling="greedy", name="mixed_decode"))
-    b.add_request(PlannedRequest(pre, num_tokens - 1, sampling="greedy", name="mixed_prefill"))
+    for rid, n in zip(pre, prefills):
+        b.add_request(PlannedRequest(rid, n, sampling="greedy", name="mixed_prefill"))
     b.step("prefill", "prefill decode request (2)", prefill={dec: 2})
-    b.step("mixed_prefill_decode", f"decode 1 + prefill {num_tokens - 1}",
-           decode={dec: 0}, prefill={pre: num_tokens - 1})
-    b.step("cleanup", "cleanup", finish=(dec, pre))
+    label = " + ".join(map(str, prefills))
+    b.step("mixed_prefill_decode", f"decode {decode_tokens} + prefill {label}",
+           decode={dec: drafts}, prefill=dict(zip(pre, prefills)))
+    b.step("cleanup", "cleanup", finish=(dec, *pre))
     return b.build()
 
 

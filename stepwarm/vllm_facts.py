@@ -8,10 +8,12 @@ docs/version-matrix.md lists each fact per release and the test pinning it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import os
+from collections.abc import Iterator
 from typing import Any
 
 logger = logging.getLogger("stepwarm")
@@ -19,7 +21,7 @@ logger = logging.getLogger("stepwarm")
 #: The releases stepwarm is checked against (``tests/compat/release.py``'s
 #: ``RELEASES`` runs them); a newer one is logged with its probed facts.
 CHECKED_RELEASES = ("0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0",
-                    "0.32.0", "0.33.0")
+                    "0.32.0", "0.33.0", "0.34.0")
 
 #: ``SchedulerOutput`` / ``NewRequestData`` fields stepwarm knows (the union
 #: over :data:`CHECKED_RELEASES`). A field outside these with no default
@@ -351,9 +353,16 @@ class WarmupFacts:
     #: 0.26 covers the scheduled tokens only, where stepwarm keeps the
     #: scheduler's tables).
     reserves_lookahead: bool = True
+    #: Whether the request cap keeps each request's draft slots out of the
+    #: token budget (0.34: ``_cap_num_warmup_reqs``).
+    caps_draft_slots: bool = False
+    #: Whether ``run_mixed_prefill_decode_warmup`` decodes with a full set of
+    #: drafts and splits its prefill at ``max_model_len - 1`` (0.34).
+    mixed_drafts: bool = False
 
 
-def _recording_runner(num_spec: int = 1, num_reqs: int = 2, block_size: int = 16) -> Any:
+def _recording_runner(num_spec: int = 1, num_reqs: int = 2, block_size: int = 16,
+                      draft_slots: int = 0, max_model_len: int = 128) -> Any:
     """The attributes ``warmup_kernels`` reads off a V2 ``GPUModelRunner``."""
     from types import SimpleNamespace
 
@@ -361,10 +370,16 @@ def _recording_runner(num_spec: int = 1, num_reqs: int = 2, block_size: int = 16
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
     spec = FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=64, dtype=torch.float32)
-    spec_config = SimpleNamespace(num_speculative_tokens=num_spec) if num_spec else None
+    # vLLM 0.34 caps the requests by the token budget less each one's draft
+    # slots (``_cap_num_warmup_reqs``) and sizes blocks per DCP rank.
+    spec_config = (SimpleNamespace(num_speculative_tokens=num_spec,
+                                   max_num_new_slots_for_drafting=draft_slots) if num_spec else None)
     return SimpleNamespace(
         vllm_config=SimpleNamespace(is_mm_encoder_only=False, num_lookahead_tokens=num_spec,
-                                    speculative_config=spec_config),
+                                    speculative_config=spec_config,
+                                    parallel_config=SimpleNamespace(
+                                        decode_context_parallel_size=1)),
+        max_num_tokens=64, speculator=None, extensible_kv_cache=None,
         speculative_config=spec_config,
         num_speculative_steps=num_spec, decode_query_len=1 + num_spec,
         is_pooling_model=False, is_encoder_decoder=False,
@@ -375,7 +390,7 @@ def _recording_runner(num_spec: int = 1, num_reqs: int = 2, block_size: int = 16
                                       kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)]),
         model_state=SimpleNamespace(max_encoder_len=0),
         scheduler_config=SimpleNamespace(max_num_seqs=num_reqs, max_num_batched_tokens=64),
-        max_model_len=128, max_num_reqs=num_reqs, block_tables=None, kv_block_zeroer=None,
+        max_model_len=max_model_len, max_num_reqs=num_reqs, block_tables=None, kv_block_zeroer=None,
         model_config=SimpleNamespace(get_vocab_size=lambda: 64), is_last_pp_rank=True,
         kv_connector=SimpleNamespace(set_disabled=lambda disabled: None),
         adaptive_verification=None, rejection_sampler=None,
@@ -386,17 +401,26 @@ def record_warmup(runner: Any) -> list[Any]:
     """Every ``SchedulerOutput`` / ``GrammarOutput`` vLLM's V2
     ``warmup_kernels`` sends for ``runner`` (a recording runner), in order.
     Its closing ``torch.accelerator.synchronize()`` is skipped."""
-    import torch
     from vllm.v1.worker.gpu import warmup
 
     calls: list[Any] = []
+    with _no_device_sync():
+        warmup.warmup_kernels(runner, calls.append, calls.append)
+    return calls
+
+
+@contextlib.contextmanager
+def _no_device_sync() -> Iterator[None]:
+    """``torch.accelerator.synchronize`` a no-op (vLLM's warmup waits for the
+    device after its steps; a recording runner has none)."""
+    import torch
+
     sync = torch.accelerator.synchronize
     torch.accelerator.synchronize = lambda *a, **k: None
     try:
-        warmup.warmup_kernels(runner, calls.append, calls.append)
+        yield
     finally:
         torch.accelerator.synchronize = sync
-    return calls
 
 
 @functools.cache
@@ -428,12 +452,37 @@ def warmup_facts() -> WarmupFacts | None:
         first = next(c for c in record_warmup(_recording_runner(num_spec=1, block_size=1))
                      if isinstance(c, SchedulerOutput) and c.scheduled_new_reqs)
         lookahead = len(first.scheduled_new_reqs[0].block_ids[0]) > 3
+        # 64 tokens, 3-token prompts and one draft slot: 21 requests, or 16
+        # where the cap keeps the slot free (0.34)
+        capped = next(c for c in record_warmup(_recording_runner(num_reqs=64, draft_slots=1))
+                      if isinstance(c, SchedulerOutput) and c.scheduled_new_reqs)
+        caps_slots = len(capped.scheduled_new_reqs) < 64 // 3
+        mixed = _mixed_warmup_drafts()
     except Exception as e:  # noqa: BLE001 - a release whose warmup reads more
         logger.debug("stepwarm: vLLM's warmup decode steps not probed: %s", e)
         return None
     return WarmupFacts(passes=len(prefills), greedy_pass=greedy,
                        bitmask_rows_per_request=rows, sets_num_spec_tokens_to_schedule=sets,
-                       decode_steps=decodes, reserves_lookahead=lookahead)
+                       decode_steps=decodes, reserves_lookahead=lookahead,
+                       caps_draft_slots=caps_slots, mixed_drafts=mixed)
+
+
+def _mixed_warmup_drafts() -> bool:
+    """Whether the installed ``run_mixed_prefill_decode_warmup``'s mixed step
+    decodes with drafts (one speculative step: 2 tokens, 1 draft) and splits
+    a 16-token budget over prefills of at most ``max_model_len - 1`` = 7
+    tokens, 4 requests allowed (0.34); 0.26 - 0.33 decode 1 token beside
+    one 15-token prefill."""
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.worker.gpu import warmup
+
+    calls: list[Any] = []
+    with _no_device_sync():
+        runner = _recording_runner(num_reqs=4, max_model_len=8)
+        warmup.run_mixed_prefill_decode_warmup(runner, calls.append, calls.append, 16)
+    step = next(c for c in calls if isinstance(c, SchedulerOutput)
+                and c.scheduled_new_reqs and c.scheduled_cached_reqs.req_ids)
+    return bool(step.scheduled_spec_decode_tokens) and len(step.scheduled_new_reqs) > 1
 
 
 def decode_steps(calls: list[Any]) -> tuple[str, ...]:
@@ -618,6 +667,22 @@ def hash_lookahead_tokens_hashed() -> bool | None:
         return None
 
 
+# --- How a resumed request reaches the worker (vLLM 0.34) --------------------
+
+@functools.cache
+def resumed_requests_sent_as_new() -> bool:
+    """Whether the installed vLLM's scheduler re-sends a resumed (preempted)
+    request in full, as a ``NewRequestData`` with ``prefill_token_ids`` the
+    prompt and its outputs, to every runner (vLLM 0.34: "A resumed request is
+    re-sent in full, like a new one", ``Scheduler.schedule``;
+    ``CachedRequestData`` has no ``resumed_req_ids`` / ``all_token_ids``).
+    Before 0.34 only a V2 runner got it so; a V1 runner got it among the
+    cached requests, its tokens in ``all_token_ids``."""
+    from vllm.v1.core.sched.output import CachedRequestData
+
+    return "resumed_req_ids" not in {f.name for f in dataclasses.fields(CachedRequestData)}
+
+
 # --- What the scheduler hands KVCacheManager for a drafter -------------------
 
 @functools.cache
@@ -687,8 +752,9 @@ def load_logits_processor_classes(input_processor: Any) -> int | None:
     ``logits_processors``), and 0.31+ with the V1 runner (the input
     processor's ``validate_logits_processors_params``, a ``partial`` of
     ``validate_logits_processors_parameters`` over the key). With 0.31+'s V2
-    runner the input processor loaded its classes when it was built: None,
-    nothing to do.
+    runner, and with vLLM 0.34 (no ``vllm.v1.sample.logits_processor``: its
+    input processor loads them once when it is built), nothing is left to
+    load: None.
 
     Args:
         input_processor: vLLM's ``InputProcessor`` (``LLMEngine`` /
@@ -700,10 +766,13 @@ def load_logits_processor_classes(input_processor: Any) -> int | None:
     """
     import functools
 
-    from vllm.v1.sample.logits_processor import (
-        cached_load_custom_logitsprocs,
-        validate_logits_processors_parameters,
-    )
+    try:
+        from vllm.v1.sample.logits_processor import (
+            cached_load_custom_logitsprocs,
+            validate_logits_processors_parameters,
+        )
+    except ImportError:  # vLLM 0.34: loaded when the input processor was built
+        return None
 
     validator = getattr(input_processor, "validate_logits_processors_params", None)
     if validator is None:

@@ -18,6 +18,8 @@ the oracle leaves them out of the manager and reports 0.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -91,7 +93,10 @@ def kv_cache_config(specs: tuple[Any, ...], num_blocks: int, eagle: frozenset[in
         def needs_kv_cache_zeroing(self) -> bool:
             return True
 
-    return ZeroingKVCacheConfig(
+    # vLLM 0.34: a field set in __post_init__ (resolved across workers), not
+    # a property: set it on the config itself
+    is_field = "needs_kv_cache_zeroing" in {f.name for f in dataclasses.fields(KVCacheConfig)}
+    config = (KVCacheConfig if is_field else ZeroingKVCacheConfig)(
         num_blocks=num_blocks,
         kv_cache_tensors=[],
         kv_cache_groups=[
@@ -100,6 +105,9 @@ def kv_cache_config(specs: tuple[Any, ...], num_blocks: int, eagle: frozenset[in
             for i, s in enumerate(specs)
         ],
     )
+    if is_field:
+        config.needs_kv_cache_zeroing = True
+    return config
 
 
 def scheduler_block_sizes(groups: list[Any], enable_caching: bool) -> tuple[int, int]:

@@ -41,11 +41,19 @@ SCHEDULED_KINDS = tuple(k for k in ALL_KINDS if k != "encoder_only_attention")
 
 
 def _vllm_count(n: int, spec, cfg: KVConfig) -> int:
+    import inspect
+    from types import SimpleNamespace
+
     from vllm.v1.worker.gpu.warmup import _reserved_block_count
 
+    # vLLM 0.34 caps the count at the spec's block-table row
+    # (max_num_blocks_per_req), which reads the config's DCP size
+    extra = ({"vllm_config": SimpleNamespace(parallel_config=SimpleNamespace(
+        decode_context_parallel_size=1))}
+        if "vllm_config" in inspect.signature(_reserved_block_count).parameters else {})
     return _reserved_block_count(
         n, spec, num_lookahead_tokens=cfg.num_lookahead_tokens,
-        max_model_len=cfg.max_model_len, max_encoder_len=cfg.max_encoder_len,
+        max_model_len=cfg.max_model_len, max_encoder_len=cfg.max_encoder_len, **extra,
     )
 
 

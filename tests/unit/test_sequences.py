@@ -53,12 +53,18 @@ def _vllm_spec(spec: CacheSpec) -> Any:
 def _runner(p: RunnerProfile) -> SimpleNamespace:
     """The facts vLLM's warmup functions read off a V2 GPUModelRunner."""
     groups = [KVCacheGroupSpec([f"layer{i}"], _vllm_spec(s)) for i, s in enumerate(p.kv_cache_groups)]
-    spec_config = (SimpleNamespace(num_speculative_tokens=p.num_speculative_steps)
+    spec_config = (SimpleNamespace(num_speculative_tokens=p.num_speculative_steps,
+                                   max_num_new_slots_for_drafting=p.warmup_draft_slots)
                    if p.num_speculative_steps else None)
     return SimpleNamespace(
         vllm_config=SimpleNamespace(is_mm_encoder_only=False,
                                     num_lookahead_tokens=p.num_lookahead_tokens,
-                                    speculative_config=spec_config),
+                                    speculative_config=spec_config,
+                                    # vLLM 0.34: blocks per DCP rank
+                                    parallel_config=SimpleNamespace(decode_context_parallel_size=1)),
+        # vLLM 0.34: the token budget (_cap_num_warmup_reqs), the drafter,
+        # an extensible cache
+        max_num_tokens=p.max_num_batched_tokens, speculator=None, extensible_kv_cache=None,
         speculative_config=spec_config,
         num_speculative_steps=p.num_speculative_steps,
         decode_query_len=p.decode_query_len,
@@ -90,6 +96,7 @@ def _profile(**kw: Any) -> RunnerProfile:
     return make_profile(**{**dict(runner="v2", max_num_batched_tokens=64,
                                   grammar_rows_per_position=WARMUP.bitmask_rows_per_request > 1,
                                   warmup_greedy_pass=WARMUP.greedy_pass,
+                                  mixed_warmup_drafts=WARMUP.mixed_drafts,
                                   warmup_decodes=WARMUP.decode_steps), **kw})
 
 
@@ -100,6 +107,11 @@ PROFILES = {
     "one-request": _profile(max_num_seqs=1),
     "block-capped": _profile(num_blocks=4, kv_cache_groups=(CacheSpec(kind="full_attention", block_size=2),)),
     "token-capped": _profile(max_num_batched_tokens=5, num_speculative_steps=1, decode_query_len=2),
+    # a draft model's extra slot a request: vLLM 0.34 keeps it out of the
+    # budget when it caps the requests (10 // (3 + 1) = 2, not 10 // 3 = 3)
+    "draft-slot-capped": _profile(max_num_batched_tokens=10, max_num_seqs=8, num_speculative_steps=1,
+                                  decode_query_len=2, num_lookahead_tokens=1,
+                                  warmup_draft_slots=int(WARMUP.caps_draft_slots)),
     "hybrid": _profile(
         num_speculative_steps=3, decode_query_len=4, num_lookahead_tokens=3, max_model_len=28,
         kv_cache_groups=(

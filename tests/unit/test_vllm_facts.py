@@ -219,14 +219,22 @@ def _speculative_config(method: str, k: int, mtp_layers: int = 1, no_drop: bool 
 
     from vllm.config import SpeculativeConfig
 
+    # n_predict: vLLM 0.34's num_mtp_modules() reads the draft config's
     spec = SimpleNamespace(method=method, num_speculative_tokens=k, disable_eagle_block_drop=no_drop,
+                           index_share_for_mtp_iteration=None, custom_method=None,
                            draft_model_config=SimpleNamespace(
-                               hf_config=SimpleNamespace(num_nextn_predict_layers=mtp_layers)))
+                               hf_config=SimpleNamespace(num_nextn_predict_layers=mtp_layers,
+                                                         n_predict=mtp_layers,
+                                                         model_type="deepseek_mtp")))
     for name in ("use_eagle", "use_eagle_block_drop", "needs_eagle_block_drop", "use_dflash",
-                 "use_dspark", "use_multi_module_mtp"):
+                 "use_dspark", "use_multi_module_mtp", "num_mtp_modules", "use_ngram"):
         fn = getattr(SpeculativeConfig, name, None)
         if fn is not None:
             setattr(spec, name, fn.__get__(spec))
+    # vLLM 0.34: each speculator's own config answers (speculator_config)
+    prop = getattr(SpeculativeConfig, "speculator_config", None)
+    if isinstance(prop, property):
+        spec.speculator_config = prop.fget(spec)
     return spec
 
 
