@@ -34,6 +34,7 @@ from stepwarm.runner import (
     allowed_token_mask,
     discard_pending_step,
     eplb_recording_suppressed,
+    kv_blocks_backed,
     kv_connector_disabled,
     drop_finished_state,
     live_request_ids,
@@ -447,7 +448,8 @@ def drive(
     failed_at: int | None = None
     cause: BaseException | None = None
     with deferred_compiles(compile_threads) as deferred, kv_connector_disabled(worker), \
-            eplb_recording_suppressed(worker), measured() as report.memory:
+            eplb_recording_suppressed(worker), kv_blocks_backed(worker, 1 + plan.max_block_id), \
+            measured() as report.memory:
         try:
             for step in plan.steps:
                 failed_at = step.index

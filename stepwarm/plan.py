@@ -368,6 +368,13 @@ class Plan:
             object.__setattr__(self, "_by_id_cache", by_id)
         return by_id
 
+    @property
+    def max_block_id(self) -> int:
+        """The highest KV block id a step hands a request (0: none): the
+        blocks the worker's cache must back for this plan."""
+        return max((i for st in self.steps for row in st.scheduled for ids in row.block_ids
+                    for i in ids), default=0)
+
     def request(self, req_id: str) -> PlannedRequest:
         """The declared request ``req_id``.
 

@@ -167,7 +167,7 @@ def read_profile(worker: Any) -> RunnerProfile:
         vllm_version=vllm.__version__,
         model=str(model_config.model),
         kv_cache_groups=groups,
-        num_blocks=int(kv_cache_config.num_blocks),
+        num_blocks=vllm_facts.usable_kv_blocks(runner, kv_cache_config),
         max_model_len=int(runner.max_model_len),
         max_num_seqs=int(cfg.scheduler_config.max_num_seqs),
         max_num_batched_tokens=int(cfg.scheduler_config.max_num_batched_tokens),

@@ -253,6 +253,28 @@ def kv_connector_disabled(worker: Any) -> Iterator[None]:
 
 
 @contextmanager
+def kv_blocks_backed(worker: Any, num_blocks: int) -> Iterator[None]:
+    """Run the block with the KV cache's first ``num_blocks`` blocks backed
+    by memory, where the runner's cache commits memory as it grows (vLLM
+    0.34's extensible KV cache: after ``compile_or_warm_up_model`` only its
+    null block is backed, until the engine commits the measured size, as
+    vLLM's own warmups do with ``ensure_kv_cache_blocks``); on exit, also
+    when the block raises, shrink it back to what was committed before, so
+    the engine's sizing finds it as vLLM left it. A no-op on other runners
+    (no ``extensible_kv_cache``) or when the blocks are backed already."""
+    cache = getattr(runner_of(worker), "extensible_kv_cache", None)
+    before = getattr(cache, "num_committed_blocks", 0)
+    if cache is None or num_blocks <= before:
+        yield
+        return
+    cache.commit(num_blocks)
+    try:
+        yield
+    finally:
+        cache.commit(before, shrink=True)
+
+
+@contextmanager
 def eplb_recording_suppressed(worker: Any) -> Iterator[None]:
     """Run the block with EPLB's expert-load recording and rebalancing steps
     off, where the installed vLLM suppresses them around its own warmup: the

@@ -683,6 +683,19 @@ def resumed_requests_sent_as_new() -> bool:
     return "resumed_req_ids" not in {f.name for f in dataclasses.fields(CachedRequestData)}
 
 
+def usable_kv_blocks(runner: Any, kv_cache_config: Any) -> int:
+    """The KV blocks stepwarm's plans may address on ``runner``: the
+    config's ``num_blocks``; under vLLM 0.34's extensible KV cache (on by
+    default on CUDA and ROCm) no more than its warmup may back
+    (``num_committable_kv_blocks``: agreed across ranks, so every rank plans
+    the same tables)."""
+    try:
+        from vllm.v1.worker.extensible_kv_cache import num_committable_kv_blocks
+    except ImportError:  # before 0.34
+        return int(kv_cache_config.num_blocks)
+    return int(min(kv_cache_config.num_blocks, num_committable_kv_blocks(runner)))
+
+
 # --- What the scheduler hands KVCacheManager for a drafter -------------------
 
 @functools.cache
