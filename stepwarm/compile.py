@@ -230,7 +230,8 @@ def to_scheduler_output(
             (``CachedRequestData.all_token_ids``, or ``prefill_token_ids`` on
             a V2 runner and on every runner of vLLM 0.34), as does a running
             request that was not scheduled in the previous step
-            (``Scheduler._make_cached_request_data``, V1 before 0.34); drafts are the expected tokens where known. None: outputs
+            (``Scheduler._make_cached_request_data``, V1 before 0.34);
+            drafts are the expected tokens where known. None: outputs
             unknown, sent as 0.
         images: req_id -> processed encoder inputs: images
             (:func:`stepwarm.encoder_inputs.request_inputs`) for the requests
@@ -253,8 +254,10 @@ def to_scheduler_output(
 
     from stepwarm.vllm_facts import resumed_requests_sent_as_new
 
-    # vLLM 0.34 sends every runner a resumed request in full, as a new one
-    resumed_as_new = profile.runner == "v2" or resumed_requests_sent_as_new()
+    # vLLM 0.34 sends every runner a resumed request in full, as a new one,
+    # and no all_token_ids (CachedRequestData lost the field)
+    sent_as_new = resumed_requests_sent_as_new()
+    resumed_as_new = profile.runner == "v2" or sent_as_new
     params = {} if params is None else params
     tokens = tokens or OutputHistory()
     previous = set(plan.steps[step.index - 1].req_ids) if 0 < step.index <= len(plan.steps) else set()
@@ -289,8 +292,7 @@ def to_scheduler_output(
             )
             if row.resumed:
                 cached.resumed_req_ids.add(row.req_id)
-            if (row.resumed or row.req_id not in previous) and hasattr(cached, "all_token_ids"):
-                # V1 before 0.34 (0.34 sends no tokens for such a request)
+            if (row.resumed or row.req_id not in previous) and not sent_as_new:
                 cached.all_token_ids[row.req_id] = prompt_token_ids(
                     req, profile) + tokens.outputs(row.req_id, row.num_output_tokens - lag)
         out.num_scheduled_tokens[row.req_id] = row.num_scheduled_tokens

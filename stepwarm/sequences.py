@@ -167,10 +167,11 @@ def mixed_prefill_decode_plan(
         why = "max_num_seqs < 2"
     elif num_tokens < 3:
         why = f"num_tokens {num_tokens} < 3"
-    ctx = ReservationContext.of(profile)
-    rest = num_tokens - decode_tokens
-    prefills = [min(max_prefill, rest - i) for i in range(0, rest, max_prefill)] if not why else []
+    prefills: list[int] = []
     if not why:
+        ctx = ReservationContext.of(profile)
+        rest = num_tokens - decode_tokens
+        prefills = [min(max_prefill, rest - i) for i in range(0, rest, max_prefill)]
         blocks = [sum(reserved_blocks_per_group(n, profile.kv_cache_groups, ctx)) for n in prefills]
         need = sum(reserved_blocks_per_group(2 + decode_tokens, profile.kv_cache_groups, ctx)) + sum(blocks)
         while profile.num_blocks <= need and len(prefills) > 1:  # vLLM 0.34 drops the last

@@ -477,8 +477,8 @@ def _mixed_warmup_drafts() -> bool:
     from vllm.v1.worker.gpu import warmup
 
     calls: list[Any] = []
+    runner = _recording_runner(num_reqs=4, max_model_len=8)
     with _no_device_sync():
-        runner = _recording_runner(num_reqs=4, max_model_len=8)
         warmup.run_mixed_prefill_decode_warmup(runner, calls.append, calls.append, 16)
     step = next(c for c in calls if isinstance(c, SchedulerOutput)
                 and c.scheduled_new_reqs and c.scheduled_cached_reqs.req_ids)

@@ -19,7 +19,6 @@ the oracle leaves them out of the manager and reports 0.
 from __future__ import annotations
 
 import dataclasses
-
 import math
 from dataclasses import dataclass, field
 from types import SimpleNamespace
