@@ -46,7 +46,7 @@ from stepwarm.idle_record import (
     compile_activity,
     configuration_key,
 )
-from stepwarm.memory import lower_text
+from stepwarm.memory import MemoryReport, give_back, lower_text, measured
 from stepwarm.probe import read_profile
 from stepwarm.profile import RunnerProfile
 from stepwarm.ranks import RankGroup
@@ -199,7 +199,10 @@ def warmup(
     # One pool for every scenario's sampler compiles: a scenario's go on
     # while the next ones (and the GEMMs) run; the end waits for what is left.
     gemms = settings.gemm_sizes and bool(plans)
-    with random_state_kept(), deferred_compiles(_compile_threads(settings, ranks)) as deferred:
+    if plans:  # before the scenarios' compile pool: vLLM's own threads compile these
+        _warm_sampler_kernels(worker, who, record, _compile_threads(settings, ranks))
+    with measured() as memory, random_state_kept(), \
+            deferred_compiles(_compile_threads(settings, ranks)) as deferred:
         if gemms and record is not None:  # what it loads, not what skipped segments left
             _warm_gemm_sizes(worker, who, record)
         for plan, entry in zip(plans, record_names(plans)):
@@ -236,7 +239,23 @@ def warmup(
         elif gemms:  # while the scenarios' sampler compiles go on in threads
             _warm_gemm_sizes(worker, who, None)
     _log_deferred(worker, who, deferred.result)
+    _give_back_memory(worker, who, memory)
     return reports
+
+
+def _give_back_memory(worker: Any, who: str, memory: MemoryReport) -> None:
+    """Release what the allocator cached for stepwarm's steps beyond what
+    vLLM had sized the KV cache with (:func:`stepwarm.memory.give_back`),
+    and say what stepwarm keeps."""
+    released = give_back(memory)
+    with contextlib.suppress(Exception):
+        worker.stepwarm_memory = memory
+    if memory.free_before is None:
+        return
+    said = f" (released {released / 2**20:.0f} MiB its steps had cached)" if released else ""
+    log = logger.warning if memory.lower_after else logger.info
+    log("%s: after stepwarm's warmup %s has %.0f MiB %s free memory than vLLM left it%s",
+        who, memory.device, abs(memory.lost) / 2**20, "less" if memory.lost > 0 else "more", said)
 
 
 def _log_deferred(worker: Any, who: str, result: DeferredCompiles) -> None:
@@ -281,6 +300,36 @@ def _warm_gemm_sizes(worker: Any, who: str, record: IdleRecord | None) -> None:
     mem = g.memory
     if mem is not None and mem.lower_after:
         logger.warning("%s: linear GEMMs %s", who, lower_text(mem))
+
+
+#: The idle record's entry for :mod:`stepwarm.sampler_jit` (one segment).
+SAMPLER_JIT_ENTRY = "(sampler Triton kernels)"
+
+
+def _warm_sampler_kernels(worker: Any, who: str, record: IdleRecord | None,
+                          threads: int) -> None:
+    """The sampler's Triton variants vLLM's JIT warmup left out, compiled by
+    its rules (:mod:`stepwarm.sampler_jit`); skipped on a restart whose record
+    says they compiled nothing at the last start (``STEPWARM_SKIP_IDLE=1``)."""
+    from stepwarm.sampler_jit import warm_sampler_kernels
+
+    if record is not None and record.busy(SAMPLER_JIT_ENTRY, 1) == frozenset():
+        logger.info("%s: sampler Triton kernels: skipped (compiled nothing at the last start "
+                    "with this configuration, STEPWARM_SKIP_IDLE=1)", who)
+        return
+    with compile_activity() as seen:
+        done = warm_sampler_kernels(worker, threads)
+    if done.skipped:
+        logger.debug("%s: sampler Triton kernels: not compiled ahead (%s)", who, done.skipped)
+        return
+    compiles = seen.so_far()
+    logger.info("%s: sampler Triton kernels vLLM's JIT warmup leaves out (FlashInfer's sampler "
+                "off): %s by vLLM's warmup rules compiled in %.1f s (%d threads)", who,
+                plural(done.keys, "variant"), done.wall_s, max(1, threads))
+    with contextlib.suppress(Exception):
+        worker.stepwarm_sampler_jit = done
+    if record is not None:
+        record.note(SAMPLER_JIT_ENTRY, 1, {0} if compiles else ())
 
 
 def _idle_record(worker: Any, profile: RunnerProfile, plans: list, ranks: RankGroup) -> IdleRecord:

@@ -141,3 +141,35 @@ def free_text() -> str:
 
     free, total = torch.cuda.mem_get_info(device)
     return f"cuda:{device} has {free / 2**30:.2f} GiB free of {total / 2**30:.2f} GiB"
+
+
+def give_back(report: MemoryReport, tolerance: int = TOLERANCE_BYTES) -> int:
+    """After stepwarm's whole warmup (``report`` measured around it): vLLM
+    sized the KV cache before stepwarm ran (0.26: allocated it; 0.34: measured
+    what its extensible cache may commit), so blocks the torch allocator
+    reserved for stepwarm's steps and kept cached are memory vLLM's budget
+    does not hold. When this process's allocator grew by more than
+    ``tolerance``, release its unused cached blocks (``torch.cuda.empty_cache``,
+    as vLLM does after CUDA-graph capture) and measure again. Returns the bytes
+    released (0 on CPU or when nothing grew); ``report`` then says what
+    stepwarm keeps (:attr:`MemoryReport.lost`: lazily made buffers, loaded
+    kernels)."""
+    if report.reserved_before is None or report.reserved_after is None:
+        return 0
+    if report.reserved_after - report.reserved_before <= tolerance:
+        return 0
+    import gc
+
+    import torch
+
+    device = int(report.device.split(":")[1])
+    gc.collect()
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    reserved = torch.cuda.memory_reserved(device)
+    released = report.reserved_after - reserved
+    report.free_after, _ = torch.cuda.mem_get_info(device)
+    report.used_after = torch.cuda.memory_allocated(device)
+    report.reserved_after = reserved
+    flag(report, tolerance)
+    return released

@@ -796,3 +796,117 @@ def load_logits_processor_classes(input_processor: Any) -> int | None:
     else:
         return None
     return len(cached_load_custom_logitsprocs(tuple(procs) if procs is not None else None))
+
+
+# --- The sampler's Triton kernels that vLLM's own JIT warmup leaves out ------
+
+def sampler_jit_registration(runner: Any) -> tuple[Any, str]:
+    """``(register, why)``: vLLM's own registration of its sampler's Triton
+    top-k / top-p warmups (``register_top_k_top_p_warmups``,
+    ``vllm/v1/sample/ops/topk_topp_sampler.py``; 0.32 - 0.34) when ``runner``'s
+    sampler will launch those kernels and vLLM's JIT warmup did not register
+    them; else ``(None, why not)``.
+
+    vLLM 0.34's V2 runner (on CUDA, 0.34's only runner) registers them with its ``jit_warmup_registry``
+    only with a speculator (or on ROCm), assuming the FlashInfer sampler
+    otherwise (``GPUModelRunner.__init__``). Where FlashInfer's sampler is
+    not used (``VLLM_USE_FLASHINFER_SAMPLER=0``, FlashInfer not installed,
+    16 SMs or fewer: the sampler's ``use_flashinfer`` False), top-k / top-p
+    requests launch ``_topk_topp_kernel`` and, for batches up to 64, the
+    split top-p kernels ``_topp_sb_stats/step/mask_kernel``, whose split
+    count ``S`` (``_topp_split_count``: 1 to 32 by batch, vocabulary and
+    SMs) is a ``constexpr``: on an H200 a top-p batch of 40 (``S = 2``)
+    compiled 4 kernels on first traffic."""
+    registry = getattr(runner, "jit_warmup_registry", None)
+    if registry is None:
+        return None, "this runner has no JIT warmup registry (vLLM < 0.30 or the V1 runner)"
+    try:
+        from vllm.v1.sample.ops.topk_topp_sampler import register_top_k_top_p_warmups
+        from vllm.v1.sample.ops.topk_topp_triton import _topk_topp
+    except ImportError:
+        return None, "this vLLM registers no sampler warmups (before 0.32)"
+    sampler = getattr(runner, "sampler", None)
+    if sampler is None:
+        return None, "the runner has no sampler (a pooling model or not the last PP rank)"
+    if getattr(sampler, "use_flashinfer", False):
+        return None, "FlashInfer's sampler is in use"
+    if any(kernel is _topk_topp for kernel in getattr(registry, "_registrations", {})):
+        return None, "vLLM's JIT warmup registered them"
+    return register_top_k_top_p_warmups, ""
+
+
+def compile_registered(vllm_config: Any, register: Any, threads: int = 0) -> int:
+    """Compile the keys of what ``register()`` registers, as vLLM's
+    ``kernel_warmup`` compiles its own registry (``JitWarmupRegistry.warmup``:
+    the keys each kernel's ``warmup_inputs`` enumerate, deduplicated by
+    Triton's JIT key), leaving out those whose logits row stride is in the
+    other Triton class than the sampler's (vLLM warms both, 16 and 2; the V2
+    sampler's logits are a float32 copy, ``[num_reqs, vocab]``, so their row
+    stride is the vocabulary: :func:`sampler_logits_stride`). ``threads``
+    (> 1) compile at once in one pool (Triton's ``AsyncCompileMode``), as
+    vLLM's own warmup does with ``VLLM_TRITON_JIT_WARMUP_NUM_THREADS``.
+    Returns the number of keys compiled."""
+    from vllm.model_executor.warmup.jit_warmup import JitWarmupRegistry
+
+    registry = JitWarmupRegistry(vllm_config)
+    with registry.activate():
+        register()
+    stride = sampler_logits_stride(vllm_config)
+    items = []
+    for kernel, registrations in registry._registrations.items():
+        keys: dict[Any, None] = {}
+        for args, kwargs in registrations:
+            if not args and not kwargs:
+                kwargs = {"vllm_config": vllm_config}
+            for key in kernel.get_warmup_keys(*args, **kwargs):
+                if _stride_class_matches(key, stride):
+                    keys[key] = None
+        items.append((kernel, list(keys)))
+    total = sum(len(keys) for _, keys in items)
+
+    def compile_all() -> None:
+        for kernel, keys in items:
+            kernel.compile_many(keys)
+
+    if threads > 1 and total > 1:
+        _in_one_pool(compile_all, min(threads, total))
+    else:
+        compile_all()
+    return total
+
+
+def sampler_logits_stride(vllm_config: Any) -> int:
+    """The row stride of the logits vLLM's V2 sampler hands its top-k /
+    top-p kernels: a float32 copy (``torch.empty_like(logits,
+    dtype=torch.float32)`` in ``Sampler.apply_sampling_params``) of logits cut
+    to the vocabulary (``LogitsProcessor``), so the vocabulary size."""
+    return int(vllm_config.model_config.get_vocab_size())
+
+
+def _stride_class_matches(key: Any, stride: int) -> bool:
+    """Whether a compile key's ``logits`` input (a ``TritonWarmupTensor``)
+    has a row stride in ``stride``'s Triton class (a multiple of 16, or
+    not; 1 is never a logits stride). Keys without one are kept."""
+    for name, value in getattr(key, "inputs", ()):
+        strides = getattr(value, "strides", None)
+        if name == "logits" and strides:
+            return (strides[0] % 16 == 0) == (stride % 16 == 0)
+    return True
+
+
+def _in_one_pool(compile_all: Any, threads: int) -> None:
+    """Run ``compile_all`` with every Triton compile it starts in one pool of
+    ``threads`` threads (vLLM's ``compile_triton_warmup``, with stepwarm's
+    thread count instead of ``VLLM_TRITON_JIT_WARMUP_NUM_THREADS``)."""
+    from concurrent.futures import ThreadPoolExecutor
+    from contextvars import copy_context
+
+    import triton
+    from vllm.model_executor.warmup import jit_warmup_triton_helper as helper
+
+    def run() -> None:
+        helper._shared_compile_pool.set(True)  # each kernel's compile_many joins this pool
+        with ThreadPoolExecutor(max_workers=threads) as pool, triton.AsyncCompileMode(pool):
+            compile_all()
+
+    copy_context().run(run)

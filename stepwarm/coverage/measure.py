@@ -109,6 +109,9 @@ def measure(
     gemm_s = getattr(gemm, "wall_ms", 0.0) / 1e3
     gemm_calls = [gemm.calls_run, gemm.calls_total] if getattr(gemm, "calls_total", 0) else []
     wait_s = getattr(getattr(engine.worker, "stepwarm_deferred", None), "waited_s", 0.0)
+    sampler_jit = getattr(engine.worker, "stepwarm_sampler_jit", None)
+    window = getattr(sampler_jit, "window", None)
+    jit_s = getattr(sampler_jit, "wall_s", 0.0) if window else 0.0
     profile = read_profile(engine.worker)
     device = _device()
     default_ratio, default_floor = DEFAULT_THRESHOLDS[device]
@@ -122,10 +125,11 @@ def measure(
         threshold=default_ratio if threshold is None else threshold,
         min_excess_ms=default_floor if min_excess_ms is None else min_excess_ms,
         startup_s=round(startup_s, 3),
-        stepwarm_s=round(sum(r.wall_ms for r in reports) / 1e3 + gemm_s + wait_s, 3),
+        stepwarm_s=round(sum(r.wall_ms for r in reports) / 1e3 + gemm_s + wait_s + jit_s, 3),
         gemm_s=round(gemm_s, 3), gemm_calls=gemm_calls, compile_wait_s=round(wait_s, 3),
         phases=[[name, round(at - t0, 3)] for name, at in phases],
-        startup_compiles=group_startup(attribute(startup_events, phases, reports), t0),
+        startup_compiles=group_startup(
+            attribute(startup_events, phases, reports, [window] if window else []), t0),
         scenario_runs=[_scenario_run(r, t0) for r in reports],
     )
     limits = engine_limits(profile)

@@ -45,17 +45,20 @@ class Where:
         if self.owner == "vllm":
             return self.phase
         return f"{self.phase} step {self.step} ({self.label})" if self.step is not None \
-            else f"{self.phase} {self.label}"
+            else f"{self.phase} {self.label}".rstrip()
 
 
 def attribute(events: Iterable[CompileEvent], phases: Sequence[tuple[str, float]],
-              reports: Sequence[RunReport]) -> list[tuple[CompileEvent, Where]]:
+              reports: Sequence[RunReport],
+              windows: Sequence[tuple[str, float, float]] = ()) -> list[tuple[CompileEvent, Where]]:
     """Attribute each start-up compile to a vLLM phase or a stepwarm step.
 
     Args:
         events: compiles seen during start-up.
         phases: ``(phase, time.time() when it began)``, in order.
         reports: the scenarios' reports (steps with ``started_at`` / ``ended_at``).
+        windows: other parts of stepwarm's start-up, ``(label, began, ended)``
+            (:attr:`stepwarm.sampler_jit.SamplerJit.window`).
 
     Returns:
         ``(event, where)`` per event, in the events' order.
@@ -76,7 +79,7 @@ def attribute(events: Iterable[CompileEvent], phases: Sequence[tuple[str, float]
                    key=lambda j: abs(events[j].at - e.at), default=None)
         if near is not None and abs(events[near].at - e.at) <= DEFERRED_SLACK_S:
             asked[i] = asked[near]
-    return [(e, _step_where(*asked[i]) if i in asked else _where(e.at, phases, reports))
+    return [(e, _step_where(*asked[i]) if i in asked else _where(e.at, phases, reports, windows))
             for i, e in enumerate(events)]
 
 
@@ -86,7 +89,8 @@ def _step_where(report: RunReport, index: int) -> Where:
                  f"{step.kind}: {step.label}" if step is not None else "")
 
 
-def _where(t: float, phases: Sequence[tuple[str, float]], reports: Sequence[RunReport]) -> Where:
+def _where(t: float, phases: Sequence[tuple[str, float]], reports: Sequence[RunReport],
+           windows: Sequence[tuple[str, float, float]] = ()) -> Where:
     for r in reports:
         for s in r.steps:
             if s.started_at - SLACK_S <= t <= s.ended_at + SLACK_S:
@@ -94,6 +98,9 @@ def _where(t: float, phases: Sequence[tuple[str, float]], reports: Sequence[RunR
     for r in reports:
         if r.started_at and r.started_at - SLACK_S <= t <= r.ended_at + SLACK_S:
             return Where("stepwarm", r.plan, None, "cleanup")
+    for label, began, ended in windows:
+        if began - SLACK_S <= t <= ended + SLACK_S:
+            return Where("stepwarm", label)
     phase = START
     for name, begun in phases:
         if begun <= t:

@@ -27,7 +27,10 @@ def test_jit_monitor_error_mode_starts_with_stepwarm_and_still_catches_later_com
     # stepwarm's compiles at start-up are warmup: with --jit-monitor-mode error
     # the engine starts. A prompt_logprobs request afterwards compiles a kernel
     # no warmup covers, and the monitor (switched on after stepwarm) catches it.
-    spec = {**SPEC, "engine": {**SPEC["engine"], "jit_monitor_mode": "error"},
+    # enforce_eager off: vLLM 0.34 turns its JIT warmup, and the monitor with
+    # it, off under enforce_eager (the lane's default; VllmConfig.__post_init__).
+    spec = {**SPEC, "engine": {**SPEC["engine"], "jit_monitor_mode": "error",
+                               "enforce_eager": False},
             "then_prompt_logprobs": 3}
     proc, result = probe(spec, lane_env(STEPWARM_SCENARIOS="default,triton-buckets"))
     log = proc.stdout + proc.stderr
