@@ -8,7 +8,8 @@ as one ``RESULT {json}`` line on stdout:
 * ``tokens``: tokens generated per prompt; ``generate_error`` if generation raised;
 * ``then_tokens`` / ``then_error``: a second request with ``prompt_logprobs =
   then_prompt_logprobs`` (when the spec gives it);
-* ``nodes``: each worker's Ray node id, under the Ray executor.
+* ``nodes``: each worker's Ray node id, under the Ray executor;
+* ``facts``: each worker's release facts as stepwarm read them (``"facts": true``).
 
 With ``"headless": true`` it is instead a node of a multi-node engine of
 vLLM's multiprocessing executor that is not node 0 (the spec's engine has
@@ -38,6 +39,21 @@ def live(worker):
     from stepwarm.runner import live_request_ids
 
     return sorted(live_request_ids(worker))
+
+
+def facts(worker):
+    """The release facts stepwarm read off this worker (``"facts": true``)."""
+    from stepwarm import vllm_facts
+    from stepwarm.probe import read_profile
+
+    profile = read_profile(worker)
+    config = getattr(worker.model_runner, "kv_cache_config", None)
+    return {"vllm": vllm_facts.version(), "num_blocks": getattr(config, "num_blocks", None),
+            "usable_kv_blocks": profile.num_blocks,
+            "extensible": getattr(worker.model_runner, "extensible_kv_cache", None) is not None,
+            "resumed_sent_as_new": vllm_facts.resumed_requests_sent_as_new(),
+            "warmup_draft_slots": profile.warmup_draft_slots,
+            "num_speculative_steps": profile.num_speculative_steps}
 
 
 def ray_node(worker):
@@ -77,6 +93,10 @@ def main(spec: dict) -> int:
               "max_model_len": 512, "max_num_seqs": 8, "max_num_batched_tokens": 512,
               "enforce_eager": True, **spec.get("engine", {})}
     model = write_model(spec.get("model", "tiny-llama"), tokenizer=tokenizer)
+    if spec.get("zoo_args"):  # the zoo model's own engine arguments (a drafter's speculative_config)
+        from stepwarm.zoo import ZOO
+
+        engine = {**engine, **ZOO[spec["model"]].engine_args_for(model), **spec.get("engine", {})}
     if spec.get("headless"):
         return headless(str(model), engine)
     t0 = time.monotonic()
@@ -88,6 +108,8 @@ def main(spec: dict) -> int:
         return 3
     out = {"started": True, "start_s": time.monotonic() - t0}
     out["reports"] = llm.collective_rpc(reports)
+    if spec.get("facts"):
+        out["facts"] = llm.collective_rpc(facts)
     if engine.get("distributed_executor_backend") == "ray":
         out["nodes"] = llm.collective_rpc(ray_node)
     params = SamplingParams(max_tokens=spec.get("max_tokens", 4), ignore_eos=True,
