@@ -846,6 +846,89 @@ def profile_cmd(
     console.print(f"saved {output}")
 
 
+@app.command()
+def bench(
+    scenario: Annotated[str, typer.Argument(metavar="NAME|FILE", help="A built-in scenario or a TOML file.")],
+    model: ModelOption = None,
+    engine_arg: EngineArgs = None,
+    repeat: Annotated[int, typer.Option("--repeat", min=1, max=100000, metavar="N", help="Measured repeats of the whole scenario.")] = 20,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, max=100000, metavar="K", help="Unmeasured repeats first.")] = 3,
+    json_out: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", help="Every sample, the statistics and the ratios as JSON.")] = None,
+    csv_out: Annotated[Optional[Path], typer.Option("--csv", metavar="FILE", help="One row a step and configuration.")] = None,
+    against_e: Annotated[Optional[list[str]], typer.Option("--against-e", metavar="KEY=VALUE", help="Compare with B: these engine arguments on top of -e.")] = None,
+    against_env: Annotated[Optional[list[str]], typer.Option("--against-env", metavar="VAR=VALUE", help="Compare with B: this environment variable set.")] = None,
+    against_python: Annotated[Optional[str], typer.Option("--against-python", metavar="PATH", help="Compare with B: run under this Python (another vLLM build).")] = None,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, max=1000, metavar="R", help="A/B rounds the repeats are split into, interleaved.")] = 4,
+    gate_pct: Annotated[Optional[float], typer.Option("--gate", metavar="PCT", help="Exit 4 when a step of B is slower than A by more than PCT % beyond the noise.")] = None,
+    child: Annotated[bool, typer.Option("--child", hidden=True)] = False,
+    verbose: Verbose = False,
+    quiet: Quiet = False,
+) -> None:
+    """Time each step of a scenario as the scheduler sends it; compare two configurations.
+
+    The scenario is planned once and driven --warmup + --repeat times (each
+    repeat ends with the cleanup step: same shapes every time, nothing left in
+    the runner). Per step: p50 / p90 / p99 (device time by CUDA events on a GPU,
+    host time on the CPU), spread and tokens/s. With --against-e / --against-env
+    / --against-python, A (the options as given) and B run in two child
+    processes, their rounds interleaved; per step B / A with a 95 % bootstrap
+    interval. Exit status: 0 measured; 1 a step failed; 2 bad input; 4 --gate.
+    """
+    _setup(verbose, quiet)
+    from stepwarm import bench_command as bc
+    from stepwarm.driver import StepFailed
+
+    _check_output_path(json_out, "--json")
+    _check_output_path(csv_out, "--csv")
+    env_b, errors = bc.parse_env(against_env or [])
+    errors += bc.check_python(against_python)
+    comparing = bool(against_e or against_env or against_python)
+    if comparing and not child:
+        errors += _engine_arg_errors(against_e)
+    (_, loaded), = _loaded_or_exit([scenario], engine_arg, errors)
+    if comparing and not child:
+        base = ["-m", "stepwarm", "bench", scenario, "--child", "--repeat", str(repeat),
+                *(["--model", model] if model else []), *(a for e in engine_arg or [] for a in ("-e", e))]
+        try:
+            reports = bc.run_compare(base, base + [a for e in against_e or [] for a in ("-e", e)],
+                                     env_b, against_python, rounds, repeat, warmup)
+        except Exception as e:  # noqa: BLE001 - a child's failure, said in one line
+            _fail(f"bench: {e}", 1)
+        from stepwarm.bench import ShapeDrift, compare
+
+        described = {"A": bc.describe(engine_arg or [], {}, None),
+                     "B": bc.describe(against_e or [], env_b, against_python)}
+        for name, rep in reports.items():
+            console.print(f"{name}: {described[name]}", soft_wrap=True)
+            bc.print_report(rep)
+        try:
+            ratios = compare(reports["A"], reports["B"])
+        except ShapeDrift as e:
+            _fail(f"bench: {e}", 2)
+        bc.print_ratios(ratios, described["A"], described["B"])
+        bc.write_outputs(reports, ratios, json_out, csv_out)
+        raise typer.Exit(bc.gate_exit(ratios, gate_pct))
+    _plugin_scenarios_off()
+    engine = _start_engine(model, engine_arg)
+    from stepwarm.scenario import ScenarioError
+
+    try:
+        profile, plan = bc.plan_for(engine.worker, loaded)
+    except ScenarioError as e:
+        _fail(str(e), 2)
+    if child:
+        bc.run_child(engine.worker, plan, profile)
+        return
+    from stepwarm.bench import measure
+
+    try:
+        rep = measure(engine.worker, plan, profile, repeat, warmup)
+    except StepFailed as e:
+        _fail(_failure_line(e), 1)
+    bc.print_report(rep)
+    bc.write_outputs({"A": rep}, None, json_out, csv_out)
+
+
 class _HelpWithoutType:
     """Help without typer's Python-type placeholders: no ``<bool>`` on the
     ``--help`` row (typer gives its help option no metavar; a flag needs

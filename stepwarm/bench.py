@@ -1,0 +1,305 @@
+"""Step-level latency of a scenario: each step as the scheduler sends it, timed.
+
+``stepwarm bench SCENARIO`` plans the scenario once against the worker's
+profile and drives the whole plan ``warmup + repeat`` times
+(:func:`stepwarm.driver.drive`: every repeat ends with the cleanup step, so the
+runner holds no request between repeats and each repeat sends the same
+``SchedulerOutput`` shapes). Per step it keeps the host time of
+``execute_model`` + ``sample_tokens`` (``perf_counter``) and, on CUDA, the device
+time between two CUDA events recorded around the step (the end event waited
+for). The repeats' shapes (requests, scheduled tokens, drafts per step) are
+checked equal: a plan that drifted would compare different work.
+
+Two configurations are compared in one run (:func:`interleave`): each is a
+child process (``python -m stepwarm bench ... --child``) holding its own engine
+and plan, told over stdin to run one round of repeats at a time, A and B in
+turn, so drift on the host or device falls on both. Per step the ratio of the
+medians (B / A) gets a bootstrap confidence interval (:func:`compare`);
+``--gate PCT`` fails when a step's whole interval lies above ``1 + PCT/100``
+(:func:`gate`): slower beyond the noise.
+
+Pure statistics and the report need no engine; :func:`measure` needs a worker.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+#: Spread (p90 - p10) / p50 above which a step's samples are too noisy to compare.
+WIDE_SPREAD = 0.25
+#: Bootstrap resamples for a ratio's confidence interval, and its level.
+BOOTSTRAP = 2000
+CONFIDENCE = 0.95
+
+
+@dataclass
+class StepSamples:
+    """One planned step's shape and its measured times (ms), one per repeat."""
+
+    index: int
+    kind: str
+    label: str
+    num_reqs: int
+    num_tokens: int
+    num_spec_tokens: int
+    host_ms: list[float] = field(default_factory=list)
+    #: CUDA event time (None off CUDA).
+    device_ms: list[float] | None = None
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.num_reqs, self.num_tokens, self.num_spec_tokens)
+
+    def times(self) -> list[float]:
+        """The times compared: the device's where measured, else the host's."""
+        return self.device_ms if self.device_ms else self.host_ms
+
+
+@dataclass
+class BenchReport:
+    """A scenario benchmarked on one configuration."""
+
+    scenario: str
+    repeat: int
+    warmup: int
+    steps: list[StepSamples]
+    #: device, vLLM, torch, attention backend, runner, model.
+    setup: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"scenario": self.scenario, "repeat": self.repeat, "warmup": self.warmup,
+                "setup": self.setup, "steps": [dict(asdict(s), stats=stats(s.times()),
+                                                    tokens_per_s=tokens_per_s(s))
+                                               for s in self.steps]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> BenchReport:
+        steps = [StepSamples(**{k: v for k, v in s.items() if k not in ("stats", "tokens_per_s")})
+                 for s in d["steps"]]
+        return cls(d["scenario"], d["repeat"], d["warmup"], steps, d.get("setup", {}))
+
+
+class ShapeDrift(RuntimeError):
+    """A repeat sent another shape than the first at some step."""
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) by linear interpolation between ranks
+    (NumPy's default): ``percentile([1, 2, 3, 4], 50) == 2.5``."""
+    if not values:
+        raise ValueError("no samples")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def stats(values: Sequence[float]) -> dict[str, float]:
+    """p50 / p90 / p99, min, and the spread ``(p90 - p10) / p50``."""
+    p50 = percentile(values, 50)
+    return {"p50": p50, "p90": percentile(values, 90), "p99": percentile(values, 99),
+            "min": min(values),
+            "spread": (percentile(values, 90) - percentile(values, 10)) / p50 if p50 else 0.0}
+
+
+def tokens_per_s(step: StepSamples) -> float:
+    """Scheduled tokens a second at the step's median time."""
+    p50 = percentile(step.times(), 50)
+    return step.num_tokens / (p50 / 1e3) if p50 > 0 else 0.0
+
+
+@dataclass
+class Ratio:
+    """Step ``index``'s median time under B over A, with a bootstrap interval."""
+
+    index: int
+    label: str
+    ratio: float
+    low: float
+    high: float
+    #: Either side's spread is above :data:`WIDE_SPREAD`.
+    noisy: bool
+
+
+def compare(a: BenchReport, b: BenchReport, seed: int = 0) -> list[Ratio]:
+    """Per step, ``median(B) / median(A)`` and its ``CONFIDENCE`` interval
+    (each side resampled with replacement :data:`BOOTSTRAP` times, seeded).
+
+    Raises:
+        ShapeDrift: the two plans differ (another step count or shape).
+    """
+    if [s.shape for s in a.steps] != [s.shape for s in b.steps]:
+        raise ShapeDrift("the two configurations planned different steps "
+                         "(requests, tokens, drafts per step): their times do not compare")
+    rng = random.Random(seed)
+    out = []
+    for sa, sb in zip(a.steps, b.steps):
+        ta, tb = sa.times(), sb.times()
+        ratios = sorted(percentile(rng.choices(tb, k=len(tb)), 50)
+                        / percentile(rng.choices(ta, k=len(ta)), 50) for _ in range(BOOTSTRAP))
+        tail = (1 - CONFIDENCE) / 2 * 100
+        out.append(Ratio(sa.index, sa.label, percentile(tb, 50) / percentile(ta, 50),
+                         percentile(ratios, tail), percentile(ratios, 100 - tail),
+                         stats(ta)["spread"] > WIDE_SPREAD or stats(tb)["spread"] > WIDE_SPREAD))
+    return out
+
+
+def gate(ratios: Sequence[Ratio], pct: float) -> list[Ratio]:
+    """The steps slower beyond the noise: the whole interval above ``1 + pct/100``."""
+    return [r for r in ratios if r.low > 1 + pct / 100]
+
+
+def merge(rounds: Sequence[BenchReport]) -> BenchReport:
+    """Several rounds of one configuration as one report (samples concatenated)."""
+    first = rounds[0]
+    steps = [StepSamples(s.index, s.kind, s.label, s.num_reqs, s.num_tokens, s.num_spec_tokens,
+                         [t for r in rounds for t in r.steps[i].host_ms],
+                         None if s.device_ms is None else
+                         [t for r in rounds for t in (r.steps[i].device_ms or [])])
+             for i, s in enumerate(first.steps)]
+    return BenchReport(first.scenario, sum(r.repeat for r in rounds), first.warmup, steps,
+                       first.setup)
+
+
+# --- On a worker ------------------------------------------------------------
+
+def measure(worker: Any, plan: Any, profile: Any, repeat: int, warmup: int = 1,
+            *, cuda: bool | None = None,
+            on_repeat: Callable[[int], None] | None = None) -> BenchReport:
+    """Drive ``plan`` ``warmup + repeat`` times on ``worker``; keep the last
+    ``repeat``. Every repeat ends with the driver's cleanup (the runner holds
+    no stepwarm request after it, also after a failure, which is raised).
+
+    Raises:
+        stepwarm.driver.StepFailed: a step failed (the runner was cleaned up).
+        ShapeDrift: a repeat sent another shape than the first.
+    """
+    from stepwarm.driver import drive
+    from stepwarm.random_state import random_state_kept
+
+    if cuda is None:
+        cuda = _on_cuda()
+    steps: dict[int, StepSamples] = {}
+    starts: dict[int, Any] = {}
+
+    def started(step: Any, what: str) -> None:
+        if cuda:
+            import torch
+
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            starts[step.index] = event
+
+    for r in range(warmup + repeat):
+        keep = r >= warmup
+        seen: list[tuple[int, tuple[int, int, int]]] = []
+
+        def done(result: Any, keep: bool = keep, seen: list = seen) -> None:
+            shape = (result.num_reqs, result.num_scheduled_tokens, result.num_spec_tokens)
+            seen.append((result.index, shape))
+            device = None
+            if cuda and result.index in starts:
+                import torch
+
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                end.synchronize()
+                device = starts.pop(result.index).elapsed_time(end)
+            if not keep:
+                return
+            s = steps.setdefault(result.index, StepSamples(
+                result.index, result.kind, result.label, *shape,
+                device_ms=[] if cuda else None))
+            if s.shape != shape:
+                raise ShapeDrift(f"step {result.index} ({result.kind}: {result.label}) sent "
+                                 f"{shape} (requests, tokens, drafts), the first repeat {s.shape}")
+            s.host_ms.append(result.wall_ms)
+            if s.device_ms is not None and device is not None:
+                s.device_ms.append(device)
+
+        with random_state_kept():  # as the plugin's warmup: serving draws what it would
+            drive(worker, plan, profile, on_step=done, on_step_start=started)
+        if on_repeat is not None:
+            on_repeat(r)
+    return BenchReport(plan.name, repeat, warmup, [steps[i] for i in sorted(steps)],
+                       setup(worker, profile))
+
+
+def _on_cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def setup(worker: Any, profile: Any) -> dict[str, Any]:
+    """What the numbers were measured on: device, vLLM, torch, attention backend."""
+    import torch
+
+    device = "cpu"
+    if _on_cuda():
+        device = torch.cuda.get_device_name()
+    backend = ""
+    try:
+        cfg = worker.vllm_config
+        backend = str(getattr(cfg.attention_config, "backend", "") or "") if hasattr(
+            cfg, "attention_config") else ""
+    except Exception:  # noqa: BLE001
+        backend = ""
+    return {"device": device, "vllm": profile.vllm_version, "torch": torch.__version__,
+            "attention_backend": backend or "vLLM's default", "runner": profile.runner,
+            "model": profile.model}
+
+
+# --- Two configurations, interleaved ---------------------------------------
+
+def child_loop(worker: Any, plan: Any, profile: Any, read: Callable[[], str],
+               write: Callable[[str], None]) -> None:
+    """A ``--child``'s protocol: ``warm K`` runs K repeats unkept; ``run N``
+    runs N and writes one JSON line (a :class:`BenchReport`); ``quit`` ends.
+    Every reply is one line; an error is ``{"error": ...}``."""
+    while True:
+        line = read().strip()
+        if not line or line == "quit":
+            return
+        cmd, _, n = line.partition(" ")
+        try:
+            if cmd == "warm":
+                measure(worker, plan, profile, repeat=0, warmup=int(n))
+                write(json.dumps({"warmed": int(n)}))
+            elif cmd == "run":
+                write(json.dumps(measure(worker, plan, profile, repeat=int(n), warmup=0).to_dict()))
+            else:
+                write(json.dumps({"error": f"unknown command {line!r}"}))
+        except Exception as e:  # noqa: BLE001 - reported to the parent
+            write(json.dumps({"error": f"{type(e).__name__}: {e}"}))
+
+
+def interleave(send: dict[str, Callable[[str], dict[str, Any]]], rounds: int, per_round: int,
+               warmup: int) -> dict[str, BenchReport]:
+    """Warm each configuration, then run ``rounds`` rounds of ``per_round``
+    repeats, A then B then A ... (B first in odd rounds, so neither is always
+    second). ``send[name](command)`` returns the child's reply."""
+    names = list(send)
+    for name in names:
+        reply = send[name](f"warm {warmup}")
+        if "error" in reply:
+            raise RuntimeError(f"{name}: {reply['error']}")
+    got: dict[str, list[BenchReport]] = {n: [] for n in names}
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            reply = send[name](f"run {per_round}")
+            if "error" in reply:
+                raise RuntimeError(f"{name}: {reply['error']}")
+            got[name].append(BenchReport.from_dict(reply))
+    return {n: merge(got[n]) for n in names}
+
+

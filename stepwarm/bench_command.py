@@ -1,0 +1,174 @@
+"""``stepwarm bench``: one configuration in this process, or two interleaved in children.
+
+The statistics and the protocol are :mod:`stepwarm.bench`'s; this module starts
+engines, prints and writes the report, and decides the exit status: 0 measured;
+1 a step failed (the runner was cleaned up); 2 bad input, nothing ran; 4 a step
+slower beyond the noise under ``--gate``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from stepwarm.bench import WIDE_SPREAD, BenchReport, Ratio, child_loop, gate, interleave, stats, \
+    tokens_per_s
+from stepwarm.console import console, err_console
+
+#: Exit status of ``--gate``: a step slower beyond the noise.
+GATE_FAILED = 4
+#: The prefix of the children's protocol lines on stdout (vLLM may print there too).
+PREFIX = "STEPWARM-BENCH "
+
+
+def plan_for(worker: Any, scenario: Any) -> tuple[Any, Any]:
+    """The worker's profile and ``scenario``'s plan for it."""
+    from stepwarm.probe import read_profile
+    from stepwarm.scenario import expand
+
+    profile = read_profile(worker)
+    return profile, expand(scenario, profile)
+
+
+def print_report(rep: BenchReport) -> None:
+    """One line a step (p50 / p90 / p99 ms, spread, tokens/s), then a summary."""
+    s = rep.setup
+    console.print(f"{rep.scenario}: {rep.repeat} repeats after {rep.warmup} warm-up; "
+                  f"{s.get('device')}, vLLM {s.get('vllm')}, torch {s.get('torch')}, "
+                  f"{s.get('attention_backend')}, {s.get('runner')} runner", soft_wrap=False)
+    which = "device" if rep.steps and rep.steps[0].device_ms else "host"
+    console.print(f"{'step':>4}  {'kind: label':<28} {'reqs':>4} {'tokens':>6} "
+                  f"{'p50':>7} {'p90':>7} {'p99':>7} {'spread':>6} {'tok/s':>8}  ({which} ms)")
+    total = 0.0
+    for step in rep.steps:
+        st = stats(step.times())
+        total += st["p50"]
+        label = f"{step.kind}: {step.label}"
+        console.print(f"{step.index:>4}  {label[:28]:<28} {step.num_reqs:>4} {step.num_tokens:>6} "
+                      f"{st['p50']:>7.2f} {st['p90']:>7.2f} {st['p99']:>7.2f} "
+                      f"{st['spread']:>6.2f} {tokens_per_s(step):>8.0f}"
+                      + ("  spread too wide to compare" if st["spread"] > WIDE_SPREAD else ""))
+    tokens = sum(s.num_tokens for s in rep.steps)
+    console.print(f"{rep.scenario}: {len(rep.steps)} steps, {total:.2f} ms at the medians, "
+                  f"{tokens / (total / 1e3) if total else 0:.0f} tokens/s")
+
+
+def print_ratios(ratios: Sequence[Ratio], a: str, b: str) -> None:
+    console.print(f"B / A per step (A: {a}; B: {b}), median ratio [95% interval]")
+    for r in ratios:
+        console.print(f"{r.index:>4}  {r.label[:34]:<34} {r.ratio:6.3f} [{r.low:.3f}, {r.high:.3f}]"
+                      + ("  noisy" if r.noisy else ""))
+
+
+def write_outputs(reports: dict[str, BenchReport], ratios: Sequence[Ratio] | None,
+                  json_out: Path | None, csv_out: Path | None) -> None:
+    if json_out is not None:
+        json_out.write_text(json.dumps({"configurations": {k: v.to_dict() for k, v in reports.items()},
+                                        "ratios": [r.__dict__ for r in ratios or []]}, indent=1))
+    if csv_out is not None:
+        with csv_out.open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["configuration", "step", "kind", "label", "reqs", "tokens", "p50_ms",
+                        "p90_ms", "p99_ms", "spread", "tokens_per_s"])
+            for name, rep in reports.items():
+                for s in rep.steps:
+                    st = stats(s.times())
+                    w.writerow([name, s.index, s.kind, s.label, s.num_reqs, s.num_tokens,
+                                f"{st['p50']:.4f}", f"{st['p90']:.4f}", f"{st['p99']:.4f}",
+                                f"{st['spread']:.4f}", f"{tokens_per_s(s):.1f}"])
+
+
+def run_child(worker: Any, plan: Any, profile: Any) -> None:
+    """The ``--child`` side: announce, then serve the parent's commands."""
+    print(PREFIX + json.dumps({"ready": len(plan.steps)}), flush=True)
+    child_loop(worker, plan, profile, sys.stdin.readline,
+               lambda line: print(PREFIX + line, flush=True))
+
+
+class Child:
+    """A ``stepwarm bench --child`` process and its protocol."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str]):
+        self.name = name
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=sys.stderr, env=env, text=True, bufsize=1)
+        self.reply()  # ready, or the reason it is not
+
+    def reply(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith(PREFIX):
+                return json.loads(line[len(PREFIX):])
+        raise RuntimeError(f"{self.name}: the child exited ({self.proc.wait()}) before answering")
+
+    def send(self, command: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.reply()
+
+    def close(self) -> None:
+        try:
+            if self.proc.poll() is None and self.proc.stdin is not None:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+            self.proc.wait(timeout=120)
+        except Exception:  # noqa: BLE001
+            self.proc.kill()
+
+
+def run_compare(argv_a: list[str], argv_b: list[str], env_b: dict[str, str], python_b: str | None,
+                rounds: int, repeat: int, warmup: int) -> dict[str, BenchReport]:
+    """Start A and B as children and interleave their rounds."""
+    env_a = dict(os.environ)
+    children = {"A": Child("A", [sys.executable, *argv_a], env_a)}
+    try:
+        children["B"] = Child("B", [python_b or sys.executable, *argv_b], {**env_a, **env_b})
+        per_round = max(1, repeat // rounds)
+        return interleave({n: c.send for n, c in children.items()}, rounds, per_round, warmup)
+    finally:
+        for c in children.values():
+            c.close()
+
+
+def gate_exit(ratios: Sequence[Ratio], pct: float | None) -> int:
+    if pct is None:
+        return 0
+    slower = gate(ratios, pct)
+    for r in slower:
+        err_console.print(f"gate: step {r.index} ({r.label}) is {r.ratio:.3f}x A "
+                          f"[{r.low:.3f}, {r.high:.3f}]: slower than {1 + pct / 100:.3f}x beyond "
+                          "the noise", soft_wrap=True)
+    return GATE_FAILED if slower else 0
+
+
+def describe(engine_args: list[str], env: dict[str, str], python: str | None) -> str:
+    parts = [*(f"-e {e}" for e in engine_args), *(f"{k}={v}" for k, v in env.items())]
+    if python:
+        parts.append(f"python {python}")
+    return " ".join(parts) or "as given"
+
+
+def parse_env(pairs: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    env, errors = {}, []
+    for p in pairs:
+        k, sep, v = p.partition("=")
+        if not sep or not k:
+            errors.append(f"--against-env {p!r}: expected VAR=VALUE")
+        else:
+            env[k] = v
+    return env, errors
+
+
+def check_python(python: str | None) -> list[str]:
+    if python is None:
+        return []
+    path = Path(python)
+    return [] if path.is_file() and os.access(path, os.X_OK) else \
+        [f"--against-python {python}: not an executable file"]

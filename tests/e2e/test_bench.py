@@ -1,0 +1,82 @@
+"""``stepwarm bench`` on the CPU engine: the same planned shapes every repeat, nothing
+left in the runner, the random state kept; and ``--gate``'s exit status when B is
+made slower (a ``sitecustomize`` on B's path delays the worker's ``execute_model``)."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import textwrap
+
+from stepwarm.bench import measure
+from stepwarm.runner import live_request_ids
+from stepwarm.scenario import expand, load
+
+
+def test_every_repeat_sends_the_planned_shapes_and_leaves_nothing(engine, profile):
+    plan = expand(load("default"), profile)
+    random.seed(5)
+    before = random.random()
+    random.seed(5)
+    rep = measure(engine.worker, plan, profile, repeat=3, warmup=1, cuda=False)
+    assert random.random() == before
+    assert [s.index for s in rep.steps] == [s.index for s in plan.steps]
+    for got, planned in zip(rep.steps, plan.steps):
+        assert (got.num_reqs, got.num_tokens) == (len(planned.req_ids),
+                                                  planned.total_num_scheduled_tokens)
+        assert len(got.host_ms) == 3 and all(t > 0 for t in got.host_ms) and got.device_ms is None
+    assert live_request_ids(engine.worker) == set()
+    assert rep.setup["runner"] == profile.runner and rep.setup["device"] == "cpu"
+
+
+SLOW = textwrap.dedent('''
+    import importlib.abc, importlib.util, sys, time
+
+    class _Slow(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "vllm.v1.worker.cpu_worker":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                original = module.CPUWorker.execute_model
+
+                def slow(self, *args, **kwargs):
+                    time.sleep(0.05)
+                    return original(self, *args, **kwargs)
+
+                module.CPUWorker.execute_model = slow
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _Slow())
+''')
+
+
+def test_the_gate_fails_a_b_slower_beyond_the_noise(tmp_path):
+    (tmp_path / "sitecustomize.py").write_text(SLOW)
+    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    out = tmp_path / "ab.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "stepwarm", "bench", "default", "--repeat", "4", "--warmup", "1",
+         "--rounds", "2", "--against-env", f"PYTHONPATH={path}", "--gate", "20", "--json", str(out)],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "120"})
+    assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-3000:]
+    gated = [ln for ln in proc.stderr.splitlines() if ln.startswith("gate: step ")]
+    assert gated and all("beyond the noise" in ln for ln in gated)
+    assert "B / A per step" in proc.stdout
+    import json
+
+    data = json.loads(out.read_text())
+    a, b = data["configurations"]["A"], data["configurations"]["B"]
+    assert a["repeat"] == b["repeat"] == 4
+    assert [s["num_tokens"] for s in a["steps"]] == [s["num_tokens"] for s in b["steps"]]
+    # the cleanup steps (0.2 ms under A) carry B's 50 ms delay whole
+    cleanups = [r for r in data["ratios"] if r["label"] == "cleanup"]
+    assert len(cleanups) == 2 and all(r["low"] > 10 for r in cleanups)
