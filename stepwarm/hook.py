@@ -585,6 +585,12 @@ def register() -> None:
         raise SettingsExit(e) from None
     for warning in unknown_names():  # also while off: STEPWARM_SCENARIO=all turns nothing on
         logger.warning("stepwarm: %s", warning)
+    from stepwarm.record import install as record_steps
+
+    try:  # STEPWARM_RECORD (stepwarm.record): on or off whatever the scenarios
+        record_steps()
+    except SettingsError as e:
+        raise SettingsExit(e) from None
     if not settings.enabled:
         return
     _check_scenario_files(settings)
