@@ -192,12 +192,11 @@ class Recorder:
         line = self.pending.pop(id(out), None)
         if line is None or self.stopped:
             return
+        drafted = [row for row in line["reqs"] if "drafts" in row]
         index = getattr(runner_output, "req_id_to_index", None) or {}
         sampled = getattr(runner_output, "sampled_token_ids", None) or []
-        by_ordinal = {o: rid for rid, o in self.ordinals.items()}
-        for row in line["reqs"]:
-            if "drafts" not in row:
-                continue
+        by_ordinal = {o: rid for rid, o in self.ordinals.items()} if drafted else {}
+        for row in drafted:
             i = index.get(by_ordinal.get(row["r"], ""))
             if i is not None and i < len(sampled):
                 row["accepted"] = max(0, len(sampled[i]) - 1)

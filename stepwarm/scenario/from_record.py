@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from stepwarm.scenario.recording import Recording, RecordedRequest, RecordedStep, SamplerClassModel
 from stepwarm.scenario.sweeps import next_power_of_2
@@ -195,8 +196,12 @@ class _Segment:
         self.steps.append(text)
 
 
-def _group(rows: list[Row], key: Any) -> list[tuple[Any, list[Row]]]:
-    groups: dict[Any, list[Row]] = {}
+T = TypeVar("T")
+
+
+def _group(rows: list[T], key: Callable[[T], Any]) -> list[tuple[Any, list[T]]]:
+    """``rows`` grouped by ``key``, in the order each key first shows."""
+    groups: dict[Any, list[T]] = {}
     for r in rows:
         groups.setdefault(key(r), []).append(r)
     return list(groups.items())
@@ -311,13 +316,13 @@ def segment(step: RecordedStep, rows: list[Row], block_size: int, line: int,
 
 def _ranges(numbers: list[int]) -> str:
     """``0-3, 7, 9-10``."""
-    out: list[str] = []
+    runs: list[list[int]] = []
     for n in sorted(set(numbers)):
-        if out and out[-1][1] == n - 1:
-            out[-1] = (out[-1][0], n)
+        if runs and runs[-1][1] == n - 1:
+            runs[-1][1] = n
         else:
-            out.append((n, n))  # type: ignore[arg-type]
-    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)  # type: ignore[misc]
+            runs.append([n, n])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def _class_text(c: tuple) -> str:

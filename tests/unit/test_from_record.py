@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from stepwarm.cli import app
 from stepwarm.scenario import plans_for, tiny_profile
-from stepwarm.scenario.from_record import reduce_steps, scenario_text, step_classes, rows_of
+from stepwarm.scenario.from_record import reduce_steps, rows_of, step_classes
 from stepwarm.scenario.recording import RecordError, load_recording
 
 vllm = pytest.importorskip("vllm")
