@@ -22,7 +22,6 @@ import os
 import statistics
 import tempfile
 import time
-from typing import Any
 
 from plan_speed import cpu_scheduler  # benchmarks/, run as a script
 
