@@ -140,7 +140,7 @@ def reduce_steps(rec: Recording) -> Reduction:
 def sampling_of(s: SamplerClassModel | None) -> tuple[str, bool]:
     """A sampler class as the scenario's ``sampling`` value (TOML text) and
     whether the request has structured output."""
-    if s is None or s.kind == "pool":
+    if s is None or s.kind == "pool":  # a pooling request: no sampling
         return '"greedy"', False
     fields: dict[str, Any] = {}
     if s.kind == "greedy":
@@ -182,7 +182,10 @@ class _Segment:
         text = f"[requests.{name}]\nprompt = {prompt}\n"
         if count > 1:
             text += f"count = {count}\n"
-        text += f"sampling = {sampling}\n"
+        if row.sampler is not None and row.sampler.kind == "pool":
+            text += 'kind = "pool"\n'
+        else:
+            text += f"sampling = {sampling}\n"
         if structured:
             text += "structured_output = true\n"
         self.requests.append(text)

@@ -196,3 +196,24 @@ def test_errors_are_data(rec: Path) -> None:
         load_recording(rec)
     assert e.value.errors == [f"{rec}:3: reqs[0].computed: Input should be greater than or "
                               "equal to 0 (got -5)"]
+
+
+def test_two_sessions_of_one_engine(rec: Path, tmp_path: Path) -> None:
+    rec.write_text(session() + session())
+    red = reduce_steps(load_recording(rec))
+    assert [st.step for _, _, st, _ in red.kept] == [4, 5, 3, 1, 0]
+    assert red.stands_for[0] == [4, 6, 4, 6]
+    other = session().replace('"max_num_seqs":8', '"max_num_seqs":16', 1)
+    code, err = bad(tmp_path, session() + other)
+    assert code == 2
+    assert ("bad.jsonl:9: a second session whose header differs from the first's (another "
+            "model, release or engine limits)") in err
+
+
+def test_a_pooling_request_is_declared_as_one(rec: Path) -> None:
+    from stepwarm.scenario.from_record import scenario_text
+
+    rec.write_text(session().replace('"sampler":' + _G, '"sampler":' + _G.replace(
+        '"greedy"', '"pool"'), 1))
+    data = tomllib.loads(scenario_text(load_recording(rec), "rec.jsonl"))
+    assert data["requests"]["s0_0"] == {"prompt": 5, "kind": "pool"}
