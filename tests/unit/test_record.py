@@ -221,3 +221,16 @@ def test_settings() -> None:
     assert RecordSettings.from_env({}) == RecordSettings(None, 256 << 20)
     assert RecordSettings.from_env({"STEPWARM_RECORD": "r", "STEPWARM_RECORD_MAX_MB": "3"}) == \
         RecordSettings("r", 3 << 20)
+
+
+def test_register_refuses_a_bad_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepwarm.hook import register
+    from stepwarm.settings import SettingsExit
+
+    monkeypatch.delenv("STEPWARM_SCENARIOS", raising=False)
+    monkeypatch.setenv("STEPWARM_RECORD", "r.jsonl")
+    monkeypatch.setenv("STEPWARM_RECORD_MAX_MB", "lots")
+    with pytest.raises(SettingsExit) as e:
+        register()
+    assert e.value.code == ("stepwarm: STEPWARM_RECORD_MAX_MB='lots': allowed: a whole number "
+                            "of MiB from 1 to 1048576; unset: 256")
