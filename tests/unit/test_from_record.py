@@ -217,3 +217,55 @@ def test_a_pooling_request_is_declared_as_one(rec: Path) -> None:
         '"greedy"', '"pool"'), 1))
     data = tomllib.loads(scenario_text(load_recording(rec), "rec.jsonl"))
     assert data["requests"]["s0_0"] == {"prompt": 5, "kind": "pool"}
+
+
+def test_chunks_drafts_and_graphs(tmp_path: Path) -> None:
+    """A hand-made recording of a speculator engine with CUDA graphs: a
+    chunked prefill beside a fresh one, its last chunk beside a decode with
+    drafts, then decodes with 2 and 1 drafts."""
+    from tests.helpers import make_profile
+
+    g = json.loads(_G)
+    head = json.loads(session(SESSION[:1]))
+    head.update(num_spec_tokens=2, cudagraph_sizes=[1, 2, 4, 8])
+    top_p = {**g, "kind": "top_p", "penalties": True}
+    steps = [
+        {"step": 0, "batch": 2, "tokens": 261, "finished": 0, "preempted": 0, "reqs": [
+            {"r": 0, "scheduled": 256, "computed": 0, "prompt": 300, "new": True,
+             "hit_blocks": 0, "sampler": g},
+            {"r": 1, "scheduled": 5, "computed": 0, "prompt": 5, "new": True, "hit_blocks": 0,
+             "sampler": top_p}]},
+        {"step": 1, "batch": 2, "tokens": 47, "finished": 0, "preempted": 0, "reqs": [
+            {"r": 0, "scheduled": 44, "computed": 256, "prompt": 300},
+            {"r": 1, "scheduled": 3, "computed": 5, "prompt": 5, "drafts": 2, "accepted": 1}]},
+        {"step": 2, "batch": 2, "tokens": 5, "finished": 0, "preempted": 0, "reqs": [
+            {"r": 0, "scheduled": 3, "computed": 300, "prompt": 300, "drafts": 2,
+             "accepted": 0},
+            {"r": 1, "scheduled": 2, "computed": 7, "prompt": 5, "drafts": 1, "accepted": 1}]},
+    ]
+    rec = tmp_path / "spec.jsonl"
+    rec.write_text("".join(json.dumps(x) + "\n" for x in [head, *steps]))
+    out = tmp_path / "spec.toml"
+    r = runner.invoke(app, ["scenario", "from-record", str(rec), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    data = tomllib.loads(out.read_text())
+    assert data["needs"] == ["speculator"]
+    assert data["steps"] == [
+        {"kind": "prefill", "requests": ["s2_0", "s2_1"]},
+        {"kind": "mixed_decode", "spec": ["s2_0"], "spec_tokens": 2, "partial": ["s2_1"],
+         "partial_tokens": 1},
+        {"kind": "finish", "requests": ["s2_0", "s2_1"]},
+        {"kind": "prefill", "requests": ["s1_0"]},
+        {"kind": "prefill", "requests": ["s1_1"], "tokens": 256},
+        {"kind": "mixed_prefill_decode", "prefill": ["s1_1"], "decode": ["s1_0"],
+         "spec_tokens": 2},
+        {"kind": "finish", "requests": ["s1_0", "s1_1"]},
+        {"kind": "prefill", "requests": ["s0_0", "s0_1"]},  # 256 + 5 tokens
+        {"kind": "finish", "requests": ["s0_0", "s0_1"]}]
+    assert (data["requests"]["s0_0"]["prompt"], data["requests"]["s1_1"]["prompt"]) == (256, 300)
+    assert "# --- segment 1: 1 draft(s); 2 draft(s); CUDA-graph size 8;" in out.read_text()
+    assert "# note: middle chunks written as last chunks" in out.read_text()
+    prof = make_profile(num_speculative_steps=2, decode_query_len=3, num_lookahead_tokens=2,
+                        max_model_len=512, max_num_batched_tokens=512, max_num_seqs=8)
+    plan, = plans_for([str(out)], prof)
+    assert not plan.skipped and len(plan.steps) >= 9
