@@ -852,7 +852,7 @@ app.add_typer(scenario_app, name="scenario")
 
 @scenario_app.command("from-record")
 def scenario_from_record(
-    record: Annotated[Path, typer.Argument(metavar="REC", help="A recording written under STEPWARM_RECORD=REC.")],
+    record: Annotated[str, typer.Argument(metavar="REC", help="A recording written under STEPWARM_RECORD=REC.")],
     output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE.toml", help="Write the scenario here.")],
     model: Annotated[Optional[str], typer.Option("--model", "-m", metavar="DIR|NAME", help="Also check that the recording is of this model (a directory with config.json, or a zoo name).")] = None,
 ) -> None:

@@ -561,7 +561,9 @@ def register() -> None:
     """vLLM general plugin (runs in every vLLM process at start-up).
 
     Without ``STEPWARM_SCENARIOS`` it does nothing but warn of misspelt
-    ``STEPWARM_*`` names (:func:`~stepwarm.settings.unknown_names`). Otherwise it checks the
+    ``STEPWARM_*`` names (:func:`~stepwarm.settings.unknown_names`) and, with
+    ``STEPWARM_RECORD``, arrange for the scheduler's steps to be recorded
+    (:func:`stepwarm.record.install`). Otherwise it checks the
     ``STEPWARM_*`` variables and arranges for the worker class of
     :data:`WORKER_CLASSES` that this process imports, and the front end's
     :data:`FRONT_END_CLASSES`, to be wrapped: a class whose module is loaded
