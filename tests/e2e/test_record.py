@@ -10,13 +10,13 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from stepwarm.cli import app
+from stepwarm.scenario.load import tomllib  # tomli before Python 3.11
 from tests.unit.test_from_record import REQUESTS, SESSION, STEPS, session
 
 pytestmark = pytest.mark.e2e

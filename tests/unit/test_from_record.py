@@ -6,7 +6,6 @@ with its file and line, exit status 2 (no engine)."""
 from __future__ import annotations
 
 import json
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from typer.testing import CliRunner
 from stepwarm.cli import app
 from stepwarm.scenario import plans_for, tiny_profile
 from stepwarm.scenario.from_record import reduce_steps, rows_of, step_classes
+from stepwarm.scenario.load import tomllib  # tomli before Python 3.11
 from stepwarm.scenario.recording import RecordError, load_recording
 
 vllm = pytest.importorskip("vllm")
