@@ -92,6 +92,29 @@ def version() -> str:
     return str(vllm.__version__)
 
 
+def runner_of_config(vllm_config: Any) -> str:
+    """``"v2"`` or ``"v1"``: the model runner a ``VllmConfig`` picks
+    (``VllmConfig.use_v2_model_runner``, vLLM >= 0.31), read where no
+    runner exists (the engine core); ``"v1"`` on a vLLM without the property."""
+    try:
+        return "v2" if getattr(vllm_config, "use_v2_model_runner", False) else "v1"
+    except Exception:  # noqa: BLE001 - the property raises for configs it refuses
+        return "v1"
+
+
+def cudagraph_sizes(vllm_config: Any) -> list[int]:
+    """The token counts the engine captures CUDA graphs for
+    (``CompilationConfig.cudagraph_capture_sizes``, ascending); empty under
+    ``enforce_eager`` or ``cudagraph_mode`` ``NONE`` (every step eager)."""
+    if getattr(getattr(vllm_config, "model_config", None), "enforce_eager", False):
+        return []
+    cc = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(cc, "cudagraph_mode", None)
+    if mode is not None and str(getattr(mode, "name", mode)) == "NONE":
+        return []
+    return sorted(int(s) for s in getattr(cc, "cudagraph_capture_sizes", None) or ())
+
+
 def cache_root() -> str:
     """vLLM's cache directory (``VLLM_CACHE_ROOT``; ``~/.cache/vllm`` by default)."""
     try:
@@ -797,25 +820,3 @@ def load_logits_processor_classes(input_processor: Any) -> int | None:
         return None
     return len(cached_load_custom_logitsprocs(tuple(procs) if procs is not None else None))
 
-
-def runner_of_config(vllm_config: Any) -> str:
-    """``"v2"`` or ``"v1"``: the model runner a ``VllmConfig`` picks
-    (``VllmConfig.use_v2_model_runner``, vLLM >= 0.31), read where no
-    runner exists (the engine core); ``"v1"`` on a vLLM without the property."""
-    try:
-        return "v2" if getattr(vllm_config, "use_v2_model_runner", False) else "v1"
-    except Exception:  # noqa: BLE001 - the property raises for configs it refuses
-        return "v1"
-
-
-def cudagraph_sizes(vllm_config: Any) -> list[int]:
-    """The token counts the engine captures CUDA graphs for
-    (``CompilationConfig.cudagraph_capture_sizes``, ascending); empty under
-    ``enforce_eager`` or ``cudagraph_mode`` ``NONE`` (every step eager)."""
-    if getattr(getattr(vllm_config, "model_config", None), "enforce_eager", False):
-        return []
-    cc = getattr(vllm_config, "compilation_config", None)
-    mode = getattr(cc, "cudagraph_mode", None)
-    if mode is not None and str(getattr(mode, "name", mode)) == "NONE":
-        return []
-    return sorted(int(s) for s in getattr(cc, "cudagraph_capture_sizes", None) or ())
