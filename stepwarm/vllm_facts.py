@@ -819,4 +819,3 @@ def load_logits_processor_classes(input_processor: Any) -> int | None:
     else:
         return None
     return len(cached_load_custom_logitsprocs(tuple(procs) if procs is not None else None))
-
