@@ -31,8 +31,9 @@ PROMPT_LEN = 16
 def one_round(cls: type, num_reqs: int, steps: int) -> float:
     """CPU seconds per step of ``steps`` schedule + update_from_output."""
     from vllm.sampling_params import SamplingParams
-    from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request
+
+    from stepwarm.vllm_facts import model_runner_output
 
     s = cpu_scheduler(num_reqs, num_reqs * PROMPT_LEN, num_reqs * 4 + 16, cls)
     kinds = [dict(temperature=0.0), dict(top_k=5), dict(top_p=0.9, logprobs=2), dict(seed=1)]
@@ -44,9 +45,7 @@ def one_round(cls: type, num_reqs: int, steps: int) -> float:
     for _ in range(steps):
         out = s.schedule()
         ids = list(out.num_scheduled_tokens)
-        s.update_from_output(out, ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-            sampled_token_ids=[[7] for _ in ids]))
+        s.update_from_output(out, model_runner_output(ids, [[7] for _ in ids]))
     return (time.process_time() - c0) / steps
 
 

@@ -192,8 +192,10 @@ class Recorder:
         line = self.pending.pop(id(out), None)
         if line is None or self.stopped:
             return
+        from stepwarm.vllm_facts import sampled_rows
+
         drafted = [row for row in line["reqs"] if "drafts" in row]
-        index = getattr(runner_output, "req_id_to_index", None) or {}
+        index = sampled_rows(runner_output) if drafted else {}
         sampled = getattr(runner_output, "sampled_token_ids", None) or []
         by_ordinal = {o: rid for rid, o in self.ordinals.items()} if drafted else {}
         for row in drafted:

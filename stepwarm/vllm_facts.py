@@ -115,6 +115,29 @@ def cudagraph_sizes(vllm_config: Any) -> list[int]:
     return sorted(int(s) for s in getattr(cc, "cudagraph_capture_sizes", None) or ())
 
 
+def sampled_rows(runner_output: Any) -> dict[str, int]:
+    """Each request's row in a ``ModelRunnerOutput``'s ``sampled_token_ids``:
+    its ``req_id_to_index`` (vLLM <= 0.33), else the position in ``req_ids``
+    (0.34 dropped the map)."""
+    index = getattr(runner_output, "req_id_to_index", None)
+    if index is not None:
+        return dict(index)
+    return {rid: i for i, rid in enumerate(getattr(runner_output, "req_ids", None) or ())}
+
+
+def model_runner_output(req_ids: list[str], sampled_token_ids: list[list[int]]) -> Any:
+    """A ``ModelRunnerOutput`` of these requests and sampled tokens, for
+    driving vLLM's ``Scheduler.update_from_output`` without a worker (tests,
+    benchmarks): with ``req_id_to_index`` where the release has it."""
+    import dataclasses
+
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    extra = {"req_id_to_index": {r: i for i, r in enumerate(req_ids)}} if any(
+        f.name == "req_id_to_index" for f in dataclasses.fields(ModelRunnerOutput)) else {}
+    return ModelRunnerOutput(req_ids=list(req_ids), sampled_token_ids=sampled_token_ids, **extra)
+
+
 def cache_root() -> str:
     """vLLM's cache directory (``VLLM_CACHE_ROOT``; ``~/.cache/vllm`` by default)."""
     try:

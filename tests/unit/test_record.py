@@ -66,13 +66,12 @@ def add(s: Any, rid: str, prompt: int, **sampling: Any) -> None:
 def step(s: Any, sampled: dict[str, list[int]] | None = None) -> Any:
     """One ``schedule()`` and its ``update_from_output`` (token 7 sampled,
     unless ``sampled`` gives a request's tokens)."""
-    from vllm.v1.outputs import ModelRunnerOutput
+    from stepwarm.vllm_facts import model_runner_output
 
     out = s.schedule()
     ids = list(out.num_scheduled_tokens)
-    s.update_from_output(out, ModelRunnerOutput(
-        req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-        sampled_token_ids=[(sampled or {}).get(r, [7]) for r in ids]))
+    s.update_from_output(out, model_runner_output(
+        ids, [(sampled or {}).get(r, [7]) for r in ids]))
     return out
 
 
