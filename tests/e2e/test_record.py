@@ -2,7 +2,7 @@
 the embedded tiny Llama (tests/e2e/record_session.py, the plugin loaded by
 vLLM as under ``vllm serve``) writes exactly the steps vLLM's scheduler sent;
 ``stepwarm scenario from-record`` reduces it, and ``stepwarm run --verify``
-passes on the scenario. Two engine starts (the recording's, run's), about 90 s."""
+passes on the scenario. Two engine starts (the recording's, run's), about 50 s."""
 
 from __future__ import annotations
 
