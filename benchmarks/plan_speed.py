@@ -101,33 +101,42 @@ def plan_all(profile: Any) -> Any:
     return plans_for(["all"], profile)
 
 
-def vllm_scheduler() -> tuple[list[float], list[float], list[float]]:
-    """One round of vLLM's own scheduler on the same steps: per-step
-    ``schedule()`` wall-clock and CPU seconds, and ``update_from_output``
-    wall-clock seconds."""
+def cpu_scheduler(max_num_seqs: int, max_num_batched_tokens: int, num_blocks: int,
+                  cls: Any = None) -> Any:
+    """vLLM's ``Scheduler`` (or ``cls``, a subclass) built on CPU over the
+    embedded tiny Llama's ``config.json``: one full-attention group of
+    ``BLOCK_SIZE``-token blocks, no prefix caching."""
     import torch
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
-    from vllm.sampling_params import SamplingParams
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.outputs import ModelRunnerOutput
-    from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
 
     from stepwarm.zoo import write_model
 
     mc = ModelConfig(model=str(write_model("tiny-llama")), skip_tokenizer_init=True, max_model_len=512)
-    sc = SchedulerConfig(max_num_seqs=NUM_REQS, max_num_batched_tokens=NUM_REQS * PROMPT_LEN,
+    sc = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                          max_model_len=512, is_encoder_decoder=False)
     cc = CacheConfig(block_size=BLOCK_SIZE, enable_prefix_caching=False)
-    cc.num_gpu_blocks = NUM_BLOCKS
+    cc.num_gpu_blocks = num_blocks
     vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
                     device_config=DeviceConfig("cpu"))
     spec = FullAttentionSpec(block_size=BLOCK_SIZE, num_kv_heads=1, head_size=8,
                              dtype=torch.float16)
-    kvc = KVCacheConfig(num_blocks=NUM_BLOCKS, kv_cache_tensors=[],
+    kvc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
                         kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
-    s = Scheduler(vc, kvc, StructuredOutputManager(vc), block_size=BLOCK_SIZE)
+    return (cls or Scheduler)(vc, kvc, StructuredOutputManager(vc), block_size=BLOCK_SIZE)
+
+
+def vllm_scheduler() -> tuple[list[float], list[float], list[float]]:
+    """One round of vLLM's own scheduler on the same steps: per-step
+    ``schedule()`` wall-clock and CPU seconds, and ``update_from_output``
+    wall-clock seconds."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+
+    s = cpu_scheduler(NUM_REQS, NUM_REQS * PROMPT_LEN, NUM_BLOCKS)
     sp = SamplingParams(max_tokens=NUM_STEPS + 1, ignore_eos=True)
     for i in range(NUM_REQS):
         s.add_request(Request(f"r{i}", list(range(PROMPT_LEN)), sp, None))

@@ -816,6 +816,28 @@ def schema() -> None:
     print(json.dumps(json_schema(), indent=2))
 
 
+scenario_app = typer.Typer(no_args_is_help=True, help="Scenarios written from what a deployment saw.")
+app.add_typer(scenario_app, name="scenario")
+
+
+@scenario_app.command("from-record")
+def scenario_from_record(
+    record: Annotated[str, typer.Argument(metavar="REC", help="A recording written under STEPWARM_RECORD=REC.")],
+    output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE.toml", help="Write the scenario here.")],
+    model: Annotated[Optional[str], typer.Option("--model", "-m", metavar="DIR|NAME", help="Also check that the recording is of this model (a directory with config.json, or a zoo name).")] = None,
+) -> None:
+    """Reduce a recording to a scenario reaching every kernel class it reached (exit 2 on a bad recording)."""
+    from stepwarm.scenario.from_record import write_scenario
+    from stepwarm.scenario.recording import RecordError
+
+    _check_output_path(output, "--output")
+    try:
+        summary = write_scenario(record, output, model)
+    except RecordError as e:
+        _fail(str(e), 2)
+    console.print(summary, highlight=False)
+
+
 @app.command("profile")
 def profile_cmd(
     output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE", help="Write the profile here (JSON; TOML if it ends in .toml).")],
@@ -958,8 +980,9 @@ class _Group(_HelpWithoutType, TyperGroup):
 
 
 app.info.cls = _Group
-for _info in app.registered_commands:
+for _info in [*app.registered_commands, *scenario_app.registered_commands]:
     _info.cls = _Command if _info.cls in (None, TyperCommand) else _info.cls
+scenario_app.info.cls = _Group
 
 
 def main() -> None:

@@ -610,7 +610,9 @@ def register() -> None:
     """vLLM general plugin (runs in every vLLM process at start-up).
 
     Without ``STEPWARM_SCENARIOS`` it does nothing but warn of misspelt
-    ``STEPWARM_*`` names (:func:`~stepwarm.settings.unknown_names`). Otherwise it checks the
+    ``STEPWARM_*`` names (:func:`~stepwarm.settings.unknown_names`) and, with
+    ``STEPWARM_RECORD``, arrange for the scheduler's steps to be recorded
+    (:func:`stepwarm.record.install`). Otherwise it checks the
     ``STEPWARM_*`` variables and arranges for the worker class of
     :data:`WORKER_CLASSES` that this process imports, and the front end's
     :data:`FRONT_END_CLASSES`, to be wrapped: a class whose module is loaded
@@ -634,6 +636,12 @@ def register() -> None:
         raise SettingsExit(e) from None
     for warning in unknown_names():  # also while off: STEPWARM_SCENARIO=all turns nothing on
         logger.warning("stepwarm: %s", warning)
+    from stepwarm.record import install as record_steps
+
+    try:  # STEPWARM_RECORD (stepwarm.record): on or off whatever the scenarios
+        record_steps()
+    except SettingsError as e:
+        raise SettingsExit(e) from None
     if not settings.enabled:
         return
     _check_scenario_files(settings)

@@ -55,6 +55,7 @@ KNOWN_NAMES: tuple[str, ...] = (
     ENV_COMPILE_THREADS, ENV_GEMM_SIZES, "STEPWARM_CACHE_DIR", "STEPWARM_CACHE", "STEPWARM_TORCH_INDEX", "STEPWARM_SHARDS", "STEPWARM_SHARD_EXAMPLES",
     "STEPWARM_LANE_DRY_RUN", "STEPWARM_LANE_RECORD", "STEPWARM_TEST_FAULT",
     "STEPWARM_TEST_HANG", "STEPWARM_TEST_RAY_CPU",
+    "STEPWARM_RECORD", "STEPWARM_RECORD_MAX_MB",  # stepwarm.record
 )
 
 OnError = Literal["raise", "warn"]
@@ -296,3 +297,49 @@ def role_of_kv_role(kv_role: str | None) -> Role:
     ``both``). ``kv_consumer`` (a decode-only worker) -> ``decode``,
     ``kv_producer`` -> ``prefill``."""
     return KV_ROLE_TO_ROLE.get(kv_role or "kv_both", "both")
+
+
+ENV_RECORD = "STEPWARM_RECORD"
+ENV_RECORD_MAX_MB = "STEPWARM_RECORD_MAX_MB"
+#: ``STEPWARM_RECORD_MAX_MB``'s default: the size (MiB) at which a recording stops.
+DEFAULT_RECORD_MAX_MB = 256
+
+
+@dataclass(frozen=True)
+class RecordSettings:
+    """``STEPWARM_RECORD=PATH`` (:mod:`stepwarm.record`): where the scheduler's
+    steps are recorded (None: off), and the size in bytes at which recording
+    stops (``STEPWARM_RECORD_MAX_MB``, MiB, default
+    :data:`DEFAULT_RECORD_MAX_MB`). Read apart from ``STEPWARM_SCENARIOS``:
+    recording is on or off whatever the scenarios."""
+
+    path: str | None = None
+    max_bytes: int = DEFAULT_RECORD_MAX_MB << 20
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RecordSettings:
+        """Parse ``STEPWARM_RECORD`` and ``STEPWARM_RECORD_MAX_MB``.
+
+        Raises:
+            SettingsError: a blank path, or a cap that is not a whole number
+                of MiB from 1 to 1048576 (every bad variable, one a line).
+        """
+        env = os.environ if env is None else env
+        path = env.get(ENV_RECORD, "")
+        if path == "":
+            return cls()
+        errors = []
+        if not path.strip():
+            errors.append(f"{ENV_RECORD}={path!r}: blank; allowed: a file path (the "
+                          "recording is appended to it); unset or empty: off")
+        raw = env.get(ENV_RECORD_MAX_MB, "").strip()
+        max_mb = DEFAULT_RECORD_MAX_MB
+        if raw:
+            if raw.isascii() and raw.isdigit() and 1 <= int(raw) <= 1 << 20:
+                max_mb = int(raw)
+            else:
+                errors.append(f"{ENV_RECORD_MAX_MB}={raw!r}: allowed: a whole number of MiB "
+                              f"from 1 to {1 << 20}; unset: {DEFAULT_RECORD_MAX_MB}")
+        if errors:
+            raise SettingsError("\n".join(errors))
+        return cls(path=path, max_bytes=max_mb << 20)

@@ -92,6 +92,52 @@ def version() -> str:
     return str(vllm.__version__)
 
 
+def runner_of_config(vllm_config: Any) -> str:
+    """``"v2"`` or ``"v1"``: the model runner a ``VllmConfig`` picks
+    (``VllmConfig.use_v2_model_runner``, vLLM >= 0.31), read where no
+    runner exists (the engine core); ``"v1"`` on a vLLM without the property."""
+    try:
+        return "v2" if getattr(vllm_config, "use_v2_model_runner", False) else "v1"
+    except Exception:  # noqa: BLE001 - the property raises for configs it refuses
+        return "v1"
+
+
+def cudagraph_sizes(vllm_config: Any) -> list[int]:
+    """The token counts the engine captures CUDA graphs for
+    (``CompilationConfig.cudagraph_capture_sizes``, ascending); empty under
+    ``enforce_eager`` or ``cudagraph_mode`` ``NONE`` (every step eager)."""
+    if getattr(getattr(vllm_config, "model_config", None), "enforce_eager", False):
+        return []
+    cc = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(cc, "cudagraph_mode", None)
+    if mode is not None and str(getattr(mode, "name", mode)) == "NONE":
+        return []
+    return sorted(int(s) for s in getattr(cc, "cudagraph_capture_sizes", None) or ())
+
+
+def sampled_rows(runner_output: Any) -> dict[str, int]:
+    """Each request's row in a ``ModelRunnerOutput``'s ``sampled_token_ids``:
+    its ``req_id_to_index`` (vLLM <= 0.33), else the position in ``req_ids``
+    (0.34 dropped the map)."""
+    index = getattr(runner_output, "req_id_to_index", None)
+    if index is not None:
+        return dict(index)
+    return {rid: i for i, rid in enumerate(getattr(runner_output, "req_ids", None) or ())}
+
+
+def model_runner_output(req_ids: list[str], sampled_token_ids: list[list[int]]) -> Any:
+    """A ``ModelRunnerOutput`` of these requests and sampled tokens, for
+    driving vLLM's ``Scheduler.update_from_output`` without a worker (tests,
+    benchmarks): with ``req_id_to_index`` where the release has it."""
+    import dataclasses
+
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    extra = {"req_id_to_index": {r: i for i, r in enumerate(req_ids)}} if any(
+        f.name == "req_id_to_index" for f in dataclasses.fields(ModelRunnerOutput)) else {}
+    return ModelRunnerOutput(req_ids=list(req_ids), sampled_token_ids=sampled_token_ids, **extra)
+
+
 def cache_root() -> str:
     """vLLM's cache directory (``VLLM_CACHE_ROOT``; ``~/.cache/vllm`` by default)."""
     try:

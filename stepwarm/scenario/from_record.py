@@ -1,0 +1,429 @@
+"""``stepwarm scenario from-record``: a recording reduced to a small scenario
+that reaches every kernel class the recording reached.
+
+A recorded step reaches these classes (:func:`step_classes`), the ones
+stepwarm's built-in scenarios and sweeps cover:
+
+* its token count: within the CUDA-graph range (the header's
+  ``cudagraph_sizes``), the graph size it pads to; past it (or on an eager
+  engine), Triton's integer specialization of the count (1, a multiple of
+  16, neither: :func:`~stepwarm.expressions.buckets`) times its power-of-two
+  class (a ``tl.constexpr`` block of ``next_power_of_2(count)``);
+* each sampler feature present (greedy, random, top-k, top-p, both,
+  penalties, seeded, structured output) at the step's sampled-row count's
+  Triton class, and whether the rows are 8 or more (vLLM's top-k / top-p
+  switch from torch's sort to its own kernel there);
+* logprobs and prompt logprobs: the power-of-two class of ``k + 1`` and its
+  Triton class (``pow2_classes`` with ``triton_int``:
+  :func:`~stepwarm.scenario.sweeps.pow2_class_values`);
+* each draft count sent; a prefix hit; a prefill continuing a chunk.
+
+The steps are taken smallest batch first (then fewest tokens), a step kept
+when it reaches a class no kept step reached: each class at the smallest
+batch that reaches it, and in that order in the scenario, so that each class
+is first reached (and its variant compiled) in one segment only. Each kept
+step becomes a segment: its requests declared, made ready (prefilled for the
+decoders, a first chunk for a chunk's continuation), the step itself, then
+finished. Encoder inputs are recorded but not reproduced (the segment's
+comment says so).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from stepwarm.scenario.recording import Recording, RecordedRequest, RecordedStep, SamplerClassModel
+from stepwarm.scenario.sweeps import next_power_of_2
+
+#: Sampler rows from which vLLM's top-k / top-p run its own kernel, not torch's sort.
+TOPK_KERNEL_ROWS = 8
+
+
+def triton_kind(n: int) -> str:
+    """Triton's specialization of an integer argument: ``1``, ``16x`` (divisible by 16) or ``n``."""
+    return "1" if n == 1 else "16x" if n % 16 == 0 else "n"
+
+
+@dataclass(frozen=True)
+class Row:
+    """A recorded request of a step, with its sampler class."""
+
+    req: RecordedRequest
+    sampler: SamplerClassModel | None
+
+    @property
+    def decoding(self) -> bool:
+        return self.req.computed >= self.req.prompt and not self.req.resumed
+
+    @property
+    def samples(self) -> bool:
+        """Whether the step samples a token for it (a decode, or a prefill's last chunk)."""
+        return self.decoding or self.req.computed + self.req.scheduled >= self.req.prompt
+
+
+def step_classes(step: RecordedStep, rows: list[Row], graph_sizes: list[int]) -> set[tuple]:
+    """The kernel classes a recorded step reaches (see the module's docstring)."""
+    n = step.tokens
+    out: set[tuple] = set()
+    graphed = [g for g in graph_sizes if g >= n]
+    out.add(("graph", graphed[0]) if graphed else ("eager", triton_kind(n), next_power_of_2(n)))
+    sampled = [r for r in rows if r.samples and r.sampler is not None and r.sampler.kind != "pool"]
+    if sampled:
+        size = (triton_kind(len(sampled)), len(sampled) >= TOPK_KERNEL_ROWS)
+        for r in sampled:
+            s = r.sampler
+            assert s is not None
+            feats = [s.kind] + [f for f in ("penalties", "seeded", "structured") if getattr(s, f)]
+            out.update(("sampler", f, *size) for f in feats)
+            if s.logprobs is not None:
+                out.add(_logprob_class("logprobs", s.logprobs))
+    for r in rows:
+        if r.req.new and r.sampler is not None and r.sampler.prompt_logprobs is not None:
+            out.add(_logprob_class("prompt_logprobs", r.sampler.prompt_logprobs))
+        if r.req.drafts:
+            out.add(("drafts", r.req.drafts))
+        if r.req.new and r.req.hit_blocks:
+            out.add(("prefix_hit",))
+        if not r.decoding and not r.req.new and r.req.computed:
+            out.add(("chunk_continued",))
+    return out
+
+
+def _logprob_class(what: str, k: int) -> tuple:
+    if k < 0:
+        return (what, "vocab")
+    return (what, next_power_of_2(k + 1), triton_kind(k + 1))
+
+
+def rows_of(rec: Recording, session: int, step: RecordedStep) -> list[Row]:
+    return [Row(r, rec.samplers.get((session, r.r))) for r in step.reqs]
+
+
+@dataclass
+class Reduction:
+    """The kept steps, each with the classes it was kept for, and what every
+    recorded step was covered by."""
+
+    kept: list[tuple[int, int, RecordedStep, set[tuple]]] = field(default_factory=list)
+    #: kept step index (in ``kept``) -> the recorded step numbers it stands for
+    stands_for: dict[int, list[int]] = field(default_factory=dict)
+    classes: int = 0
+
+
+def reduce_steps(rec: Recording) -> Reduction:
+    """Keep each recorded step that reaches a class no smaller kept step
+    reached, smallest batch (then fewest tokens, then earliest) first."""
+    graphs = rec.header.cudagraph_sizes
+    scored = [(line, sess, st, step_classes(st, rows_of(rec, sess, st), graphs))
+              for line, sess, st in rec.steps]
+    order = sorted(range(len(scored)), key=lambda i: (scored[i][2].batch, scored[i][2].tokens, i))
+    red = Reduction()
+    reached: dict[tuple, int] = {}
+    for i in order:
+        line, sess, st, classes = scored[i]
+        new = classes - set(reached)
+        if new:
+            for c in new:
+                reached[c] = len(red.kept)
+            red.kept.append((line, sess, st, new))
+    for line, sess, st, classes in scored:
+        last = max(reached[c] for c in classes)  # the segment by which all are reached
+        red.stands_for.setdefault(last, []).append(st.step)
+    red.classes = len(reached)
+    return red
+
+
+def sampling_of(s: SamplerClassModel | None) -> tuple[str, bool]:
+    """A sampler class as the scenario's ``sampling`` value (TOML text) and
+    whether the request has structured output."""
+    if s is None or s.kind == "pool":  # a pooling request: no sampling
+        return '"greedy"', False
+    fields: dict[str, Any] = {}
+    if s.kind == "greedy":
+        fields["temperature"] = 0.0
+    if s.kind in ("top_k", "top_k_top_p"):
+        fields["top_k"] = 5
+    if s.kind in ("top_p", "top_k_top_p"):
+        fields["top_p"] = 0.9
+    if s.penalties:
+        fields["presence_penalty"] = 0.5
+        fields["repetition_penalty"] = 1.1
+    if s.seeded:
+        fields["seed"] = 0
+    if s.logprobs is not None:
+        fields["logprobs"] = s.logprobs
+    if s.prompt_logprobs is not None:
+        fields["prompt_logprobs"] = s.prompt_logprobs
+    if list(fields) == ["temperature"]:
+        return '"greedy"', s.structured
+    if not fields:
+        return '"random"', s.structured
+    return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in fields.items()) + " }", \
+        s.structured
+
+
+class _Segment:
+    """The TOML of one kept step: requests, then steps."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.requests: list[str] = []
+        self.steps: list[str] = []
+        self.names: list[str] = []
+        self.notes: list[str] = []
+
+    def request(self, prompt: int, count: int, row: Row) -> str:
+        name = f"{self.prefix}_{len(self.names)}"
+        sampling, structured = sampling_of(row.sampler)
+        text = f"[requests.{name}]\nprompt = {prompt}\n"
+        if count > 1:
+            text += f"count = {count}\n"
+        if row.sampler is not None and row.sampler.kind == "pool":
+            text += 'kind = "pool"\n'
+        else:
+            text += f"sampling = {sampling}\n"
+        if structured:
+            text += "structured_output = true\n"
+        self.requests.append(text)
+        self.names.append(name)
+        return name
+
+    def step(self, kind: str, comment: str = "", **fields: Any) -> None:
+        text = (f"# {comment}\n" if comment else "") + f"[[steps]]\nkind = \"{kind}\"\n"
+        for k, v in fields.items():
+            text += f"{k} = {json.dumps(v)}\n"
+        self.steps.append(text)
+
+
+T = TypeVar("T")
+
+
+def _group(rows: list[T], key: Callable[[T], Any]) -> list[tuple[Any, list[T]]]:
+    """``rows`` grouped by ``key``, in the order each key first shows."""
+    groups: dict[Any, list[T]] = {}
+    for r in rows:
+        groups.setdefault(key(r), []).append(r)
+    return list(groups.items())
+
+
+def _sampler_key(r: Row) -> str:
+    return r.sampler.model_dump_json() if r.sampler is not None else ""
+
+
+def segment(step: RecordedStep, rows: list[Row], block_size: int, line: int,
+            stands_for: list[int]) -> tuple[_Segment, set[str]]:
+    """The scenario text for one kept step, and the ``needs`` it adds.
+
+    The recorded step is sent as one step of the same requests and tokens
+    (its token count, sampled rows and drafts as recorded). Where the format
+    has no such step, the nearest one with the same token count is sent and
+    the difference is reached in a step of its own (the segment's notes say
+    which): prefix hits beside fresh prefills are sent as fresh prefills, then
+    as a ``prefix_hit`` of their own; middle chunks of several lengths as last
+    chunks."""
+    seg = _Segment(f"s{step.step}")
+    needs: set[str] = set()
+    decoders = [r for r in rows if r.decoding]
+    prefills = [r for r in rows if not r.decoding]
+    # Decoders: prompt 1, prefilled in a step before.
+    dec_names: dict[int, list[str]] = {}
+    for (_, drafts), group in _group(decoders, lambda r: (_sampler_key(r), r.req.drafts)):
+        dec_names.setdefault(drafts, []).append(seg.request(1, len(group), group[0]))
+    drafts = sorted(d for d in dec_names if d)
+    hits = [r for r in prefills if r.req.new and r.req.hit_blocks]
+    hit_cached = {r.req.hit_blocks * block_size for r in hits}
+    # Hits go as one step's `cached` when every prefill is a hit of one size.
+    as_hits = bool(hits) and len(hits) == len(prefills) and len(hit_cached) == 1
+    if hits and not as_hits:
+        seg.notes.append("prefix hits beside other prefills sent as fresh prefills of the "
+                         "recorded tokens, then as a prefix_hit step of their own")
+    fresh = prefills if not as_hits else []
+    middle = [r for r in fresh if r.req.computed + r.req.scheduled < r.req.prompt]
+    sizes = {r.req.scheduled for r in middle}
+    # One step sends one chunk length.
+    tokens = sizes.pop() if middle and len(middle) == len(fresh) and len(sizes) == 1 else None
+    if middle and tokens is None:
+        seg.notes.append("middle chunks written as last chunks (the prompt ends with the "
+                         "recorded chunk): one step sends one chunk length")
+    pre_names: list[str] = []
+    continued: list[tuple[int, str]] = []
+    for _, group in _group(fresh, lambda r: (_sampler_key(r), r in hits, r.req.computed,
+                                             r.req.scheduled, r.req.prompt)):
+        r0 = group[0].req
+        computed = 0 if group[0] in hits else r0.computed
+        prompt = r0.prompt if tokens is not None else computed + r0.scheduled
+        name = seg.request(max(prompt, 1), len(group), group[0])
+        pre_names.append(name)
+        if computed:
+            continued.append((computed, name))
+    if as_hits:
+        for _, group in _group(hits, lambda r: (_sampler_key(r), r.req.prompt, r.req.scheduled)):
+            r0 = group[0].req
+            pre_names.append(seg.request(r0.computed + r0.scheduled, len(group), group[0]))
+    if any(r.sampler is not None and r.sampler.structured for r in rows):
+        needs.add("structured_output")
+    if drafts:
+        needs.add("speculator")
+    if any(r.req.encoder_inputs for r in rows):
+        seg.notes.append("encoder inputs were recorded here; not reproduced")
+    # Ready: the decoders prefilled, the continued chunks' first parts computed.
+    all_dec = [n for names in dec_names.values() for n in names]
+    if all_dec:
+        seg.step("prefill", "the decoders' prompts", requests=all_dec)
+    for computed, group_names in _group(continued, lambda c: c[0]):
+        seg.step("prefill", f"the first {computed} tokens of a chunked prefill",
+                 requests=[n for _, n in group_names], tokens=computed)
+    # The step itself.
+    what = (f"recorded step {step.step} (line {line}): batch {step.batch}, {step.tokens} tokens; "
+            f"stands for recorded steps {_ranges(stands_for)}")
+    extra: dict[str, Any] = {} if tokens is None else {"tokens": tokens}
+    if as_hits:
+        extra["cached"] = hit_cached.pop()
+    if len(drafts) > 1 and pre_names:
+        seg.notes.append(f"draft counts {drafts} beside prefills sent as {drafts[-1]} each")
+    if pre_names and all_dec:
+        seg.step("mixed_prefill_decode", what, prefill=pre_names, decode=all_dec, **extra,
+                 **({"spec_tokens": drafts[-1]} if drafts else {}))
+    elif pre_names:
+        seg.step("prefix_hit" if as_hits else "prefill", what, requests=pre_names, **extra)
+    elif not drafts:
+        seg.step("decode", what, requests=all_dec)
+    elif len(drafts) == 1 and 0 not in dec_names:
+        seg.step("spec_decode", what, requests=all_dec, spec_tokens=drafts[0])
+    else:
+        fields: dict[str, Any] = {"spec": dec_names[drafts[-1]], "spec_tokens": drafts[-1]}
+        if len(drafts) > 1:
+            fields.update(partial=dec_names[drafts[0]], partial_tokens=drafts[0])
+        if 0 in dec_names:
+            fields["non_spec"] = dec_names[0]
+        if len(drafts) > 2:
+            seg.notes.append(f"draft counts {drafts[1:-1]} sent as {drafts[0]}")
+            fields["partial"] = [n for d in drafts[:-1] for n in dec_names[d]]
+        seg.step("mixed_decode", what, **fields)
+    if hits and not as_hits:
+        hit_names = []
+        for _, group in _group(hits, lambda r: (_sampler_key(r), r.req.prompt)):
+            r0 = group[0].req
+            hit_names.append((r0.hit_blocks * block_size,
+                              seg.request(r0.computed + r0.scheduled, len(group), group[0])))
+        for cached, group_names in _group(hit_names, lambda h: h[0]):
+            seg.step("prefix_hit", "the same step's prefix hits, on their own",
+                     requests=[n for _, n in group_names], cached=cached)
+    seg.step("finish", requests=seg.names)
+    return seg, needs
+
+
+def _ranges(numbers: list[int]) -> str:
+    """``0-3, 7, 9-10``."""
+    runs: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if runs and runs[-1][1] == n - 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _class_text(c: tuple) -> str:
+    head, *rest = c
+    if head == "graph":
+        return f"CUDA-graph size {rest[0]}"
+    if head == "eager":
+        return f"eager tokens (Triton {rest[0]}, pow2 {rest[1]})"
+    if head == "sampler":
+        return f"sampler {rest[0]} at rows (Triton {rest[1]}{', >= 8' if rest[2] else ''})"
+    if head in ("logprobs", "prompt_logprobs"):
+        return f"{head} " + ("vocab" if rest[0] == "vocab" else f"block {rest[0]} (k+1 Triton {rest[1]})")
+    if head == "drafts":
+        return f"{rest[0]} draft(s)"
+    return head.replace("_", " ")
+
+
+def scenario_text(rec: Recording, source: str) -> str:
+    """The scenario TOML for a checked recording."""
+    red = reduce_steps(rec)
+    h = rec.header
+    segs, needs = [], set()
+    for k, (line, sess, st, classes) in enumerate(red.kept):
+        seg, n = segment(st, rows_of(rec, sess, st), h.block_size, line,
+                         red.stands_for.get(k, []))
+        segs.append((seg, classes))
+        needs |= n
+    kinds = Counter("prefill" if any(not r.decoding for r in rows_of(rec, s, st)) else "decode"
+                    for _, s, st in rec.steps)
+    out = [
+        f"# Written by `stepwarm scenario from-record {source}`: {len(rec.steps)} recorded "
+        f"steps ({kinds['prefill']} with prefills, {kinds['decode']} decodes only) reduced to "
+        f"{len(segs)} segment(s)",
+        f"# reaching the {red.classes} kernel classes the recording reached, each at the "
+        "smallest batch that reached it, smallest first.",
+        f"# Recorded on vLLM {h.vllm} ({h.runner} runner), {h.model.architecture} "
+        f"(config_hash {h.model.config_hash}), block_size {h.block_size}, max_num_seqs "
+        f"{h.max_num_seqs}, max_num_batched_tokens {h.max_num_batched_tokens}, "
+        f"num_spec_tokens {h.num_spec_tokens}, CUDA graphs {h.cudagraph_sizes or 'none'}.",
+        "# Plain TOML: edit freely (scenarios/README.md); check it with `stepwarm check FILE`.",
+        f'description = "from the recording {source}: {red.classes} kernel classes in '
+        f'{len(segs)} segments"',
+    ]
+    if needs:
+        out.append("needs = [" + ", ".join(f'"{n}"' for n in sorted(needs)) + "]")
+    for k, (seg, classes) in enumerate(segs):
+        out.append("")
+        out.append(f"# --- segment {k + 1}: " + "; ".join(sorted(_class_text(c) for c in classes)))
+        for note in seg.notes:
+            out.append(f"# note: {note}")
+        out.extend(seg.requests)
+        out.extend(seg.steps)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def write_scenario(record: Any, output: Any, model: str | None = None) -> str:
+    """Check ``record`` (against the installed vLLM's release and, with
+    ``model``, that model's ``config.json``), reduce it, check the scenario's
+    format and write it to ``output``.
+
+    Returns:
+        One line saying what was written.
+
+    Raises:
+        RecordError: a bad recording, a ``model`` without ``config.json``, or
+            ``output`` cannot be written (each naming the file).
+    """
+    import importlib.util
+    from pathlib import Path
+
+    from stepwarm.scenario.errors import ScenarioError
+    from stepwarm.scenario.load import loads
+    from stepwarm.scenario.recording import RecordError, load_recording
+
+    config = None
+    if model is not None:
+        from stepwarm.zoo import resolve
+
+        path, _ = resolve(model)
+        try:
+            config = json.loads(Path(path or model, "config.json").read_text())
+        except (OSError, ValueError) as e:
+            raise RecordError(f"--model {model}: no readable config.json ({e})") from None
+    version = None
+    if importlib.util.find_spec("vllm") is not None:
+        from stepwarm import vllm_facts
+
+        version = vllm_facts.version()
+    rec = load_recording(record, vllm_version=version, model_config=config)
+    text = scenario_text(rec, Path(record).name)
+    try:  # the format's own check: a fault here is stepwarm's, not the recording's
+        loaded = loads(text, str(output), Path(output).stem)
+    except ScenarioError as e:
+        raise RuntimeError(f"stepwarm wrote a scenario its format refuses: {e}") from e
+    try:
+        Path(output).write_text(text)
+    except OSError as e:
+        raise RecordError(f"{output}: cannot write: {e.strerror or e}") from None
+    n = len(loaded.model.steps)
+    return (f"wrote {output}: {len(rec.steps)} recorded steps -> {n} scenario steps "
+            f"({reduce_steps(rec).classes} kernel classes)")

@@ -1,0 +1,254 @@
+"""Reading a recording (``STEPWARM_RECORD``, :mod:`stepwarm.record`): its
+format as pydantic models and :func:`load_recording`, which checks every line
+before anything is made of it.
+
+Each error names the file and the line (and the field, for a value of the
+wrong type): an empty or binary file, a truncated last line, a line that is
+not JSON or not of the format, a step before any header, a recording from
+another vLLM release or (with ``model``) another model, steps whose counts
+disagree (``batch`` and ``tokens`` against their requests, a request sent
+before it was ``new``). Errors are collected and raised together
+(:class:`RecordError`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+
+from stepwarm.files import FileTooLarge, NotUtf8, read_text_capped
+from stepwarm.scenario.errors import joined
+
+#: Largest recording read, in bytes (a recording's own cap defaults to 256 MiB:
+#: reduce a part of a larger one).
+MAX_RECORD_BYTES = 256 << 20
+
+
+class RecordError(ValueError):
+    """A recording that cannot be reduced; its message has one line per
+    fault, each naming the file and line (``errors``: those lines)."""
+
+    def __init__(self, message: str, errors: list[str] | None = None):
+        super().__init__(message)
+        self.errors = errors or [message]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SamplerClassModel(_Strict):
+    """A request's sampler class (:func:`stepwarm.record.sampler_class`)."""
+
+    kind: Literal["greedy", "random", "top_k", "top_p", "top_k_top_p", "pool"]
+    penalties: StrictBool
+    seeded: StrictBool
+    logprobs: StrictInt | None = Field(ge=-1)
+    prompt_logprobs: StrictInt | None = Field(ge=-1)
+    structured: StrictBool
+
+
+class ModelIdentity(_Strict):
+    architecture: StrictStr
+    config_hash: StrictStr
+
+
+class RecordHeader(_Strict):
+    """The first line of a recording session."""
+
+    stepwarm_record: Literal[1]
+    stepwarm: StrictStr
+    vllm: StrictStr
+    model: ModelIdentity
+    block_size: StrictInt = Field(gt=0)
+    max_num_seqs: StrictInt = Field(gt=0)
+    max_num_batched_tokens: StrictInt = Field(gt=0)
+    num_spec_tokens: StrictInt = Field(ge=0)
+    runner: Literal["v1", "v2"]
+    cudagraph_sizes: list[StrictInt]
+    max_logprobs: StrictInt = Field(ge=-1)
+
+
+class RecordedRequest(_Strict):
+    """One request of a step: ordinal, tokens scheduled, tokens computed
+    before the step, prompt length; on its first step ``new``, the
+    prefix-hit blocks and the sampler class."""
+
+    r: StrictInt = Field(ge=0)
+    scheduled: StrictInt = Field(gt=0)
+    computed: StrictInt = Field(ge=0)
+    prompt: StrictInt = Field(ge=0)
+    new: StrictBool = False
+    hit_blocks: StrictInt = Field(default=0, ge=0)
+    sampler: SamplerClassModel | None = None
+    resumed: StrictBool = False
+    drafts: StrictInt = Field(default=0, ge=0)
+    accepted: StrictInt | None = Field(default=None, ge=0)
+    encoder_inputs: StrictInt = Field(default=0, ge=0)
+
+
+class RecordedStep(_Strict):
+    step: StrictInt = Field(ge=0)
+    batch: StrictInt = Field(gt=0)
+    tokens: StrictInt = Field(gt=0)
+    finished: StrictInt = Field(ge=0)
+    preempted: StrictInt = Field(ge=0)
+    reqs: list[RecordedRequest] = Field(min_length=1)
+
+
+@dataclass
+class Recording:
+    """A checked recording: its header and its steps, each with the line it
+    was read from; ``samplers`` is each request's sampler class by
+    (session, ordinal)."""
+
+    file: str
+    header: RecordHeader
+    steps: list[tuple[int, int, RecordedStep]] = field(default_factory=list)  # (line, session, step)
+    samplers: dict[tuple[int, int], SamplerClassModel] = field(default_factory=dict)
+
+
+def _loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _pydantic_errors(e: ValidationError, where: str) -> list[str]:
+    return [f"{where}: {_loc(err['loc']) or 'line'}: {err['msg']} (got {err['input']!r})"
+            for err in e.errors(include_url=False)]
+
+
+def load_recording(path: str | Path, *, vllm_version: str | None = None,
+                   model_config: Mapping[str, object] | None = None) -> Recording:
+    """Read and check a recording.
+
+    Args:
+        path: the file.
+        vllm_version: the release it must come from (None: not checked).
+        model_config: the ``config.json`` of the model it must come from
+            (None: not checked).
+
+    Raises:
+        RecordError: every fault found, each naming the file and line.
+    """
+    file = str(path)
+    try:
+        text = read_text_capped(Path(path), MAX_RECORD_BYTES)
+    except FileTooLarge:
+        raise RecordError(f"{file}: larger than {MAX_RECORD_BYTES} bytes; allowed: a smaller "
+                          "recording (STEPWARM_RECORD_MAX_MB), or a part of it") from None
+    except NotUtf8 as e:
+        raise RecordError(f"{file}:{e.line}: not a recording: binary data ({e}); a recording "
+                          "is JSON Lines written by STEPWARM_RECORD") from None
+    except OSError as e:
+        raise RecordError(f"{file}: cannot read: {e.strerror or e}") from None
+    if "\x00" in text:
+        line = text[:text.index("\x00")].count("\n") + 1
+        raise RecordError(f"{file}:{line}: not a recording: binary data (a NUL byte); a "
+                          "recording is JSON Lines written by STEPWARM_RECORD")
+    if not text.strip():
+        raise RecordError(f"{file}: empty; a recording starts with a header line written by "
+                          "STEPWARM_RECORD (was the engine stopped before its first step?)")
+    lines = text.split("\n")
+    ends_cut = lines[-1] != ""  # no newline after the last line
+    if not ends_cut:
+        lines.pop()
+    errors: list[str] = []
+    rec: Recording | None = None
+    session = -1
+    seen: set[tuple[int, int]] = set()
+    from stepwarm.record import model_identity
+
+    want_model = model_identity(model_config) if model_config is not None else None
+    for number, raw in enumerate(lines, 1):
+        where = f"{file}:{number}"
+        if not raw.strip():
+            errors.append(f"{where}: blank line; allowed: one JSON object a line")
+            continue
+        try:
+            obj = json.loads(raw)
+        except (json.JSONDecodeError, ValueError) as e:
+            if number == len(lines) and ends_cut:
+                errors.append(f"{where}: truncated: the last line is cut off ({e}); was the "
+                              "file copied while the engine wrote it? remove the line")
+            else:
+                errors.append(f"{where}: not JSON: {e}")
+            continue
+        if not isinstance(obj, dict):
+            errors.append(f"{where}: got {type(obj).__name__}; allowed: a JSON object")
+            continue
+        if "stepwarm_record" in obj:
+            try:
+                head = RecordHeader.model_validate(obj)
+            except ValidationError as e:
+                errors.extend(_pydantic_errors(e, f"{where} (header)"))
+                continue
+            session += 1
+            if rec is None:
+                rec = Recording(file, head)
+                if vllm_version is not None and head.vllm != vllm_version:
+                    errors.append(f"{where}: recorded on vLLM {head.vllm}, this is vLLM "
+                                  f"{vllm_version}; allowed: a recording from the release "
+                                  "that runs the scenario (record again after an upgrade)")
+                if want_model is not None and head.model.model_dump() != want_model:
+                    errors.append(
+                        f"{where}: recorded on another model ({head.model.architecture}, "
+                        f"config_hash {head.model.config_hash}); --model is "
+                        f"{want_model['architecture']}, config_hash {want_model['config_hash']}")
+            elif head.model_dump(exclude={"stepwarm"}) != rec.header.model_dump(exclude={"stepwarm"}):
+                errors.append(f"{where}: a second session whose header differs from the first's "
+                              "(another model, release or engine limits); allowed: the "
+                              "sessions of one engine configuration (one file each)")
+            continue
+        if rec is None:
+            errors.append(f"{where}: a step before any header; a recording starts with the "
+                          "header line STEPWARM_RECORD writes")
+            continue
+        try:
+            step = RecordedStep.model_validate(obj)
+        except ValidationError as e:
+            errors.extend(_pydantic_errors(e, where))
+            continue
+        errors.extend(_step_errors(step, where, session, seen, rec))
+        rec.steps.append((number, session, step))
+    if rec is None and not errors:
+        errors.append(f"{file}: no header line; a recording starts with the header line "
+                      "STEPWARM_RECORD writes")
+    if rec is not None and not rec.steps and not errors:
+        errors.append(f"{file}: no step recorded (a header only); serve some traffic first")
+    if errors:
+        raise RecordError(joined(errors, file), errors)
+    assert rec is not None
+    return rec
+
+
+def _step_errors(step: RecordedStep, where: str, session: int, seen: set[tuple[int, int]],
+                 rec: Recording) -> list[str]:
+    """A step's counts that disagree with its requests (a hand edit)."""
+    out = []
+    if step.batch != len(step.reqs):
+        out.append(f"{where}: batch: {step.batch}, but {len(step.reqs)} request(s) listed in reqs")
+    if step.tokens != sum(r.scheduled for r in step.reqs):
+        out.append(f"{where}: tokens: {step.tokens}, but the requests' scheduled tokens add up "
+                   f"to {sum(r.scheduled for r in step.reqs)}")
+    for i, r in enumerate(step.reqs):
+        key = (session, r.r)
+        if r.new:
+            if r.sampler is None:
+                out.append(f"{where}: reqs[{i}].sampler: missing on a new request")
+            else:
+                rec.samplers[key] = r.sampler
+            seen.add(key)
+        elif key not in seen:
+            out.append(f"{where}: reqs[{i}].r: request {r.r} was never sent as new before")
+        if r.scheduled > rec.header.max_num_batched_tokens:
+            out.append(f"{where}: reqs[{i}].scheduled: {r.scheduled} is above the header's "
+                       f"max_num_batched_tokens {rec.header.max_num_batched_tokens}")
+    return out

