@@ -162,19 +162,23 @@ class StepFailed(RuntimeError):
         self.step = step
 
 
-#: Package directories naming whose code a frame is in.
-_OWNERS = {"stepwarm": "stepwarm", "vllm": "vllm", "torch": "torch"}
+#: Top-level packages naming whose code a frame is in.
+_OWNERS = ("stepwarm", "vllm", "torch")
 
 
 def raised_by(error: BaseException) -> str:
     """Whose code raised ``error``: ``vllm``, ``stepwarm``, ``torch`` or
-    ``other``, from the file of the traceback's innermost frame (the
-    directory nearest the file named ``vllm``, ``stepwarm`` or ``torch``)."""
-    frames = tb.extract_tb(error.__traceback__)
-    if not frames:
+    ``other``, from the module of the traceback's innermost frame (its
+    globals' ``__name__``, e.g. ``vllm.v1.worker.gpu_model_runner``), not
+    its file's path: a checkout in a folder named ``stepwarm`` is not
+    stepwarm's code."""
+    last = error.__traceback__
+    if last is None:
         return "other"
-    parts = frames[-1].filename.replace("\\", "/").split("/")[:-1]
-    return next((_OWNERS[p] for p in reversed(parts) if p in _OWNERS), "other")
+    while last.tb_next is not None:
+        last = last.tb_next
+    package = str(last.tb_frame.f_globals.get("__name__", "")).partition(".")[0]
+    return package if package in _OWNERS else "other"
 
 
 def _oom_text(e: BaseException) -> str:

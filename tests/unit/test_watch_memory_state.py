@@ -148,6 +148,28 @@ def test_raised_by_is_the_innermost_frames_package():
     assert raised_by(info.value) == "vllm"
 
 
+def test_raised_by_reads_the_frames_module_not_its_folders(tmp_path, monkeypatch):
+    """A user's module in folders named stepwarm/vllm/torch is ``other``
+    (as is this suite in a clone named ``stepwarm``); a module named
+    ``vllm.*`` anywhere is vLLM's."""
+    folder = tmp_path / "stepwarm" / "vllm" / "torch"
+    folder.mkdir(parents=True)
+    (folder / "user_code_42.py").write_text("def boom():\n    raise ValueError('user')\n")
+    monkeypatch.syspath_prepend(str(folder))
+    import importlib
+
+    user = importlib.import_module("user_code_42")
+    with pytest.raises(ValueError) as info:
+        user.boom()
+    assert raised_by(info.value) == "other"
+    scope: dict = {"__name__": "vllm.v1.worker.fake"}
+    exec("def boom():\n    raise ValueError('vllm')\n", scope)
+    with pytest.raises(ValueError) as info:
+        scope["boom"]()
+    assert raised_by(info.value) == "vllm"
+    assert raised_by(ValueError("never raised")) == "other"
+
+
 def test_register_ends_an_unguarded_program_with_one_line(monkeypatch):
     from stepwarm import hook
     from stepwarm.settings import SettingsExit
