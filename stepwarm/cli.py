@@ -87,11 +87,17 @@ def _fail(message: str, code: int = 1) -> None:
 
 
 def _check_output_path(path: Optional[Path], option: str) -> None:
-    """Exit 2 before any work when ``path``'s directory does not exist."""
-    if path is not None and not path.parent.is_dir():
-        _fail(f"{option} {path}: directory {path.parent} does not exist", 2)
-    if path is not None and path.is_dir():
-        _fail(f"{option} {path}: is a directory; allowed: a file path", 2)
+    """Exit 2 before any work unless ``path`` can be written: its directory
+    exists (a file on the way is named as one), it is not a directory, and a
+    file can be made beside it (a temporary one, made and removed: a
+    read-only file system, ``/proc``) and, where it exists, opened to append."""
+    if path is None:
+        return
+    from stepwarm.output_path import unwritable
+
+    why = unwritable(path)
+    if why:
+        _fail(f"{option} {path}: {why}", 2)
 
 
 def _checked_model(model: Optional[str], weights: str) -> tuple[Optional[int], Optional[Path]]:
