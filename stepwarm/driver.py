@@ -143,9 +143,17 @@ class RunReport:
     #: the last start (``STEPWARM_SKIP_IDLE``, :mod:`stepwarm.idle_record`).
     idle_steps_skipped: int = 0
 
+    @property
+    def status(self) -> str:
+        """``passed`` (every step ran), ``failed`` (a step raised) or
+        ``skipped`` (nothing ran: the runner cannot run it, ``skipped`` says why)."""
+        return "skipped" if self.skipped else "passed" if self.ok else "failed"
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of the report."""
-        return asdict(self)
+        """JSON-ready dict of the report, with its :attr:`status`; ``ok`` is
+        null for a skipped scenario (it did not run: neither passed nor failed)."""
+        return {"status": self.status, **asdict(self),
+                **({"ok": None} if self.skipped else {})}
 
 
 class RunnerBusyError(RuntimeError):
