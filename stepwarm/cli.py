@@ -515,8 +515,10 @@ def coverage(
     from stepwarm.coverage.report import print_report
     from stepwarm.coverage.traffic import (
         TrafficError,
+        check_json,
         limits_before_start,
-        load_traffic,
+        loads_traffic,
+        read_traffic,
     )
     from stepwarm.scenario import resolve_names
 
@@ -555,11 +557,13 @@ def coverage(
     traffic_errors: list[str] = []
     loaded = None
     try:
-        limits = limits_before_start(model, _parse_engine_args(engine_arg or []))
-    except typer.BadParameter:
-        limits = None  # _loaded_or_exit names the -e error
-    try:
-        loaded = load_traffic(traffic, limits)
+        text, source = read_traffic(traffic)
+        check_json(text, source)  # a junk file: refused before vLLM is imported
+        try:
+            limits = limits_before_start(model, _parse_engine_args(engine_arg or []))
+        except typer.BadParameter:
+            limits = None  # _loaded_or_exit names the -e error
+        loaded = loads_traffic(text, source, limits)
     except TrafficError as e:
         traffic_errors.append(str(e))
     _loaded_or_exit(names, engine_arg, traffic_errors)
