@@ -712,9 +712,15 @@ def _profile_line(p: Any) -> str:
 
 @app.command("list")
 def list_scenarios(
+    name: Annotated[Optional[str], typer.Argument(metavar="NAME", help="With --models --write: the zoo model to write.")] = None,
     models: Annotated[bool, typer.Option("--models", metavar="", help="List the zoo's models (tiny and of real dimensions) instead.")] = False,
+    write: Annotated[Optional[Path], typer.Option("--write", metavar="DIR", help="With --models and NAME: write that zoo model's files (config, tokenizer, a drafter's config; no weights) to DIR/NAME and print the command that serves it.")] = None,
 ) -> None:
-    """List the built-in scenarios with what they need (--models: the zoo's models)."""
+    """List the built-in scenarios with what they need (--models: the zoo's models;
+    --models --write DIR NAME: write one for vllm serve)."""
+    if write is not None or name is not None:
+        _write_zoo_model(models, write, name)
+        return
     if models:
         _list_models()
         return
@@ -732,6 +738,34 @@ def list_scenarios(
         except ScenarioError as e:
             table.add_row(name, "?", Text(f"invalid: {e}", style="red"))
     console.print(table)
+
+
+def _write_zoo_model(models: bool, root: Optional[Path], name: Optional[str]) -> None:
+    """``list --models --write DIR NAME``: the zoo model's directory written
+    under ``DIR``, and the command serving it (exit 2 on bad input)."""
+    import difflib
+
+    from stepwarm.serve_command import serve_command
+    from stepwarm.zoo import ZOO, write_model
+
+    if not models or root is None or name is None:
+        _fail("write a zoo model with: stepwarm list --models --write DIR NAME "
+              "(NAME from stepwarm list --models)", 2)
+    assert root is not None and name is not None
+    if name not in ZOO:
+        close = difflib.get_close_matches(name, list(ZOO), n=1)
+        _fail(f"{name!r} is not a zoo model" + (f" (did you mean {close[0]!r}?)" if close else "")
+              + "; allowed: a name stepwarm list --models lists", 2)
+    if root.exists() and not root.is_dir():
+        _fail(f"--write {root}: is a file; allowed: a directory (made if missing)", 2)
+    try:
+        model_dir = write_model(name, root)
+    except OSError as e:
+        _fail(f"--write {root}: cannot write {name}: {e.strerror or e}", 2)
+    console.print(f"wrote {name} to {model_dir} (no weights: served with --load-format "
+                  "dummy); serve it with its engine arguments:", soft_wrap=True)
+    console.print("  " + serve_command(model_dir, ZOO[name].engine_args_for(model_dir)),
+                  soft_wrap=True)
 
 
 def _list_models() -> None:
