@@ -445,7 +445,8 @@ def _summary_and_exit(reports: list[RunReport], failures: list[StepFailed],
 
 def _show_running(what: str, seconds: float) -> None:
     """The watchdog's line for a step still running (``run``)."""
-    err_console.print(f"running: {what} for {seconds:.0f} s", markup=False, highlight=False)
+    err_console.print(f"running: {what} for {seconds:.1f} s", markup=False, highlight=False,
+                      soft_wrap=True)
 
 
 def _verify(engine: Any, plans: list[Any], profile: Any) -> list[tuple[str, Any]]:
