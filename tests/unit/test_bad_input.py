@@ -447,6 +447,26 @@ def test_an_engine_arg_given_twice_is_refused_naming_both():
            "each key once" in " ".join(r.stderr.split())
 
 
+def test_every_bad_engine_arg_at_once_bad_json_and_a_repeat_hide_nothing():
+    """Bad JSON, a repeated key and a missing ``=`` no longer hide the type
+    error and the typo beside them: one line each, exit 2, no engine
+    (issue 42 item 9)."""
+    r = runner.invoke(app, ["check", "default", "-e", "x={bad", "-e", "max_num_seqs=four",
+                            "-e", "max-num-seqs=4", "-e", "max_num_sqs=3", "-e", "noequals"],
+                      env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == (
+        "error: -e x: VALUE is not valid JSON: Expecting property name enclosed in double "
+        "quotes at column 2 of '{bad'\n"
+        "error: -e max_num_seqs given twice ('max_num_seqs=four', 'max-num-seqs=4'); allowed: "
+        "each key once\n"
+        "error: -e 'noequals': expected KEY=VALUE\n"
+        "error: -e max_num_sqs: not a vllm.LLM or EngineArgs keyword (did you mean "
+        "'max_num_seqs'?)\n"
+        "error: -e max_num_seqs='four': EngineArgs.max_num_seqs takes an integer or null "
+        "(int | None)\n")
+
+
 def test_coverage_timeline_must_be_svg_before_any_engine(tmp_path):
     r = runner.invoke(app, ["coverage", "--timeline", str(tmp_path / "t.png")], env=ENV)
     assert r.exit_code == 2
