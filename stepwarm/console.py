@@ -571,28 +571,89 @@ def verify_lines(results: list[tuple[str, Any]], width: int = LINE_WIDTH) -> lis
     return out
 
 
-def block_tables_view(title: str, steps: list[Any]) -> Table:
+#: ``show --tables``' column headers, and the short ones a narrow terminal gets.
+BLOCK_COLUMNS = ("#", "kind", "request", "row", "g", "block table (runner)",
+                 "hit (prefix cache)", "allocated (pool)", "null", "zeroed")
+SHORT_BLOCK_COLUMNS = ("#", "kind", "request", "row", "g", "table", "hit", "alloc", "null",
+                       "zeroed")
+#: What the short headers stand for (said above the table that uses them).
+SHORT_BLOCK_HELP = ("table: the runner's block table; hit: prefix-cache hits; alloc: "
+                    "allocated from the pool")
+
+
+class BlockTablesView:
     """``show --tables``: one row per step, scheduled request and KV cache
     group (:func:`stepwarm.tables.step_blocks`), block ids with runs
-    shortened (``5-7``); a step that schedules nothing is one row."""
-    from stepwarm.tables import id_ranges
+    shortened (``5-7``); a step that schedules nothing is one row.
 
-    table = Table(title=title, title_justify="left")
-    for col in ("#", "kind", "request", "row", "g", "block table (runner)", "hit (prefix cache)",
-                "allocated (pool)", "null", "zeroed"):
-        table.add_column(col, justify="right" if col in ("#", "g", "null") else "left",
-                         overflow="fold")
-    for st in steps:
-        if not st.requests:
-            table.add_row(str(st.index), st.kind, "-", "", "", "", "", "", "", "")
-        for i, req in enumerate(st.requests):
-            for g in req.groups:
-                first = i == 0 and g.group == 0
-                table.add_row(str(st.index) if first else "", st.kind if first else "",
-                              req.request if g.group == 0 else "", req.row if g.group == 0 else "",
-                              str(g.group), id_ranges(g.table), id_ranges(g.hit),
-                              id_ranges(g.allocated), str(len(g.null)), id_ranges(g.zeroed))
-    return table
+    Each column is at least as wide as its longest word (a header's or a
+    cell's), so no word is split: with the full headers where they fit,
+    else the short ones (:data:`SHORT_BLOCK_COLUMNS`, explained above the
+    table), else one wrapped line per row (``3 prefix_hit hit2 new g0:
+    table 4 2 3, hit 4 2, alloc 3, null 0, zeroed -``).
+    """
+
+    def __init__(self, title: str, steps: list[Any]):
+        from stepwarm.tables import id_ranges
+
+        self.title = title
+        self.rows: list[list[str]] = []
+        for st in steps:
+            if not st.requests:
+                self.rows.append([str(st.index), st.kind, "-", "", "", "", "", "", "", ""])
+            for i, req in enumerate(st.requests):
+                for g in req.groups:
+                    first = i == 0 and g.group == 0
+                    self.rows.append([
+                        str(st.index) if first else "", st.kind if first else "",
+                        req.request if g.group == 0 else "", req.row if g.group == 0 else "",
+                        str(g.group), id_ranges(g.table), id_ranges(g.hit),
+                        id_ranges(g.allocated), str(len(g.null)), id_ranges(g.zeroed)])
+
+    def _min_widths(self, headers: tuple[str, ...]) -> list[int]:
+        return [max(len(w) for text in (h, *(r[i] for r in self.rows)) for w in text.split() or [""])
+                for i, h in enumerate(headers)]
+
+    def table(self, width: int) -> Table | None:
+        """The table at ``width`` columns (None: not even the short headers fit)."""
+        for headers in (BLOCK_COLUMNS, SHORT_BLOCK_COLUMNS):
+            mins = self._min_widths(headers)
+            if sum(mins) + StepTable.EDGE + StepTable.PER_COLUMN * len(mins) > width:
+                continue
+            title = self.title if headers is BLOCK_COLUMNS else f"{self.title} ({SHORT_BLOCK_HELP})"
+            table = Table(title=title, title_justify="left")
+            for col, least in zip(headers, mins):
+                table.add_column(col, justify="right" if col in ("#", "g", "null") else "left",
+                                 overflow="fold", min_width=least)
+            for row in self.rows:
+                table.add_row(*row)
+            return table
+        return None
+
+    def lines(self, width: int) -> list[str]:
+        """Each row as wrapped lines of at most ``width`` columns (no word split)."""
+        out = textwrap.wrap(f"{self.title} ({SHORT_BLOCK_HELP})", width)
+        for row in self.rows:
+            head = [c for c in row[:4] if c]
+            fields = [f"{h} {c}" for h, c in zip(SHORT_BLOCK_COLUMNS[5:], row[5:]) if c]
+            parts = [*head, f"g{row[4]}:" if row[4] else "", *(f"{f}," for f in fields)]
+            parts = [p for p in parts if p]
+            if parts and parts[-1].endswith(","):
+                parts[-1] = parts[-1][:-1]
+            out += _wrap(parts, 4, width, " ") if parts else []
+        return out
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Any:
+        table = self.table(options.max_width)
+        if table is not None:
+            yield table
+        else:
+            yield Text("\n".join(self.lines(options.max_width)))
+
+
+def block_tables_view(title: str, steps: list[Any]) -> BlockTablesView:
+    """:class:`BlockTablesView` of ``steps``."""
+    return BlockTablesView(title, steps)
 
 
 #: The columns of ``stepwarm show``'s plan table (:func:`plan_table`): the
