@@ -23,7 +23,7 @@ from rich.text import Text
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from stepwarm.console import (ScenarioProgress, console, err_console, plural, print_labelled,
-                              route_vllm_log)
+                              print_wrapped, route_vllm_log)
 from stepwarm.driver import RunReport, StepFailed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -315,7 +315,7 @@ def run(
     early = {name: why for name, sc in loaded if (why := unmet_before_engine(sc.model.needs, known))}
     for name, sc in loaded:
         if name in early:
-            console.print(f"scenario {sc.name}: skipped: {early[name]}", soft_wrap=True)
+            print_wrapped(f"scenario {sc.name}: skipped: {early[name]}")
             reports.append(RunReport(plan=sc.name, runner="", model="", skipped=early[name]))
     if early and len(early) == len(loaded):  # nothing would run: no engine
         if json_out is not None:
@@ -330,7 +330,7 @@ def run(
     startup_s = time.perf_counter() - t0
     profile = read_profile(engine.worker)
     groups = ", ".join(f"{g.kind}(block_size={g.block_size})" for g in profile.kv_cache_groups)
-    console.print(f"engine up in {startup_s:.1f} s: {profile.runner} runner, "
+    print_wrapped(f"engine up in {startup_s:.1f} s: {profile.runner} runner, "
                   f"vllm {profile.vllm_version}, {profile.num_blocks} blocks, groups: {groups}")
     plans, errors = [], []
     for name, sc in loaded:  # all checked before any step
@@ -385,7 +385,7 @@ def _drive_all(plans: list[tuple[str, Any]], engine: Any, profile: Any, reports:
     ng = len(profile.kv_cache_groups)
     for name, plan in plans:
         if plan.skipped:
-            console.print(f"scenario {plan.name}: skipped: {plan.skipped}", soft_wrap=True)
+            print_wrapped(f"scenario {plan.name}: skipped: {plan.skipped}")
             reports.append(RunReport(plan=plan.name, runner=profile.runner,
                                      model=profile.model, skipped=plan.skipped))
             if name in named:
@@ -409,7 +409,7 @@ def _drive_all(plans: list[tuple[str, Any]], engine: Any, profile: Any, reports:
                 err_console.print(f"raised by {report.raised_by}'s code:\n{report.traceback}",
                                   soft_wrap=True, markup=False, highlight=False)
         else:
-            console.print(f"scenario {plan.name}: {len(report.steps)} steps in "
+            print_wrapped(f"scenario {plan.name}: {len(report.steps)} steps in "
                           f"{report.wall_ms:.0f} ms, runner left with no warmup request")
 
 
@@ -479,10 +479,9 @@ def _summary_and_exit(reports: list[RunReport], failures: list[StepFailed],
                f"in {sum(r.wall_ms for r in ran):.0f} ms"
                + (f", {skipped} skipped (by reason below)" if skipped else ""))
     if failures:
-        console.print(Text.assemble(("FAILED", "bold red"), f": {summary}; "
-                                    f"{len(failures)} failed"), soft_wrap=True)
+        print_wrapped(f"FAILED: {summary}; {len(failures)} failed", label_style="bold red")
         if skipped:
-            console.print("\n".join(_skip_counts(reports)), soft_wrap=True)
+            print_wrapped("\n".join(_skip_counts(reports)))
         _fail(f"{len(failures)} of {len(ran)} scenario(s) failed on the worker "
               f"({', '.join(f.report.plan for f in failures)}: see 'failed:' above)", 1)
     bad = [n for n, v in checked if isinstance(v, str) or not v.ok]
@@ -491,15 +490,14 @@ def _summary_and_exit(reports: list[RunReport], failures: list[StepFailed],
               f"compared ({', '.join(bad)}: see the table above)", 1)
     tail = "; runner left with no warmup request" if engine_started else "; no engine started"
     if skipped_named and not allow_skip:
-        console.print(Text.assemble(("SKIPPED", "bold yellow"), f": {summary}{tail}"),
-                      soft_wrap=True)
-        console.print("\n".join(_skip_counts(reports)), soft_wrap=True)
+        print_wrapped(f"SKIPPED: {summary}{tail}", label_style="bold yellow")
+        print_wrapped("\n".join(_skip_counts(reports)))
         _fail(f"{len(skipped_named)} scenario(s) named with -s did not run "
               f"({', '.join(skipped_named)}: skipped, see above); pass --allow-skip "
               f"to accept that (exit 0)", 3)
-    console.print(Text.assemble(("ok", "bold green"), f": {summary}{tail}"), soft_wrap=True)
+    print_wrapped(f"ok: {summary}{tail}", label_style="bold green")
     if skipped:
-        console.print("\n".join(_skip_counts(reports)), soft_wrap=True)
+        print_wrapped("\n".join(_skip_counts(reports)))
     raise typer.Exit(0)
 
 

@@ -69,6 +69,38 @@ def print_labelled(label: str, message: str, out: Console | None = None) -> None
                                  break_long_words=False, break_on_hyphens=False)[len(indent):]
         out.print(Text.assemble((label, "bold red"), " ", body), soft_wrap=True)
 
+def print_wrapped(text: str, out: Console | None = None, *, indent: int = 2,
+                  label_style: str | None = None) -> None:
+    """One line of ``run``'s own (a skip, ``engine up in ...``, the summary),
+    each line of ``text`` wrapped at spaces as the step rows are: at the
+    terminal's width, or piped at :data:`LINE_WIDTH` (``COLUMNS`` where set);
+    continuation lines indented ``indent`` spaces past the line's own
+    indent; a word longer than a line is left whole.
+
+    Args:
+        text: plain text (never markup); may hold several lines.
+        out: where to print (default: the stdout console).
+        indent: continuation indent (beyond the line's leading spaces).
+        label_style: style of the first line's first word up to its colon
+            (``ok:``, ``FAILED:``), else None.
+    """
+    out = out if out is not None else console
+    columns = os.environ.get("COLUMNS", "").strip()
+    width = out.width if out.is_terminal or (columns.isdigit() and int(columns) >= 20) \
+        else LINE_WIDTH
+    for n, line in enumerate(text.split("\n")):
+        lead = " " * (len(line) - len(line.lstrip(" ")))
+        rows = textwrap.wrap(line, width=max(width, len(lead) + indent + 20),
+                             initial_indent="", subsequent_indent=lead + " " * indent,
+                             break_long_words=False, break_on_hyphens=False) or [""]
+        for i, row in enumerate(rows):
+            label, colon, rest = row.partition(":")
+            if label_style and n == 0 and i == 0 and colon and " " not in label:
+                out.print(Text.assemble((label + colon, label_style), rest), soft_wrap=True)
+            else:
+                out.print(row, soft_wrap=True, highlight=False, markup=False)
+
+
 class Spinner:
     """A one-line status on a terminal (rich's ``Console.status``) that leaves
     stderr alone: rich's own status redirects ``sys.stderr`` into the

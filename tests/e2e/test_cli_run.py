@@ -247,7 +247,8 @@ def test_named_scenarios_the_runner_cannot_run_exit_3_with_reasons_counted(tmp_p
     the summary counts both reasons; exit 3. With a cold Inductor cache the
     first step compiles, and its line says so."""
     proc = _stepwarm("run", "-s", "spec-decode", "-s", "default", "-s", "mamba-align",
-                     env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+                     env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+                          "COLUMNS": "300"})  # run's own lines unwrapped (80 when piped)
     assert proc.returncode == 3, proc.stderr[-3000:]
     out = proc.stdout
     early = out.index("scenario spec-decode: skipped: needs speculator: no speculative_config")

@@ -455,3 +455,44 @@ def test_error_lines_stay_one_line_each_when_piped():
     print_labelled("error:", MESSAGE, Console(file=buf, width=40, force_terminal=False,
                                               markup=False))
     assert buf.getvalue() == "error: " + MESSAGE + "\n"
+
+
+def test_runs_own_lines_wrap_at_80_columns_when_piped():
+    """Piped with no COLUMNS, the skip lines, the summary and its per-reason
+    lines wrap at 80 columns as the step rows do, continuation lines
+    indented (issue 42 item 4: they reached 145 columns)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    proc = subprocess.run([sys.executable, "-m", "stepwarm", "run", "-s", "spec-decode", "-s",
+                           "sampler-spec-decode", "--allow-skip"], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    assert proc.stdout.splitlines() == [
+        "scenario spec-decode: skipped: needs speculator: no speculative_config in the",
+        "  engine arguments (give one with -e speculative_config=JSON)",
+        "scenario sampler-spec-decode: skipped: needs speculator: no speculative_config",
+        "  in the engine arguments (give one with -e speculative_config=JSON)",
+        "ok: 0 scenario(s), 0 steps in 0 ms, 2 skipped (by reason below); no engine",
+        "  started",
+        "  2 skipped: needs speculator: no speculative_config in the engine arguments",
+        "    (give one with -e speculative_config=JSON)"]
+
+
+def test_print_wrapped_keeps_words_whole_and_styles_the_label(monkeypatch):
+    from stepwarm.console import print_wrapped
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    out, buf = _console(False)  # piped: 80 columns, whatever the console's width
+    print_wrapped("engine up in 41.3 s: v1 runner, vllm 0.32.0, 15154 blocks, groups: "
+                  "full_attention(block_size=128), sliding_window(block_size=128)", out)
+    print_wrapped("ok: " + "x" * 90, out, label_style="bold green")
+    assert buf.getvalue().splitlines() == [
+        "engine up in 41.3 s: v1 runner, vllm 0.32.0, 15154 blocks, groups:",
+        "  full_attention(block_size=128), sliding_window(block_size=128)",
+        "ok:", "  " + "x" * 90]  # a word longer than a line is left whole
+    out, buf = _console(True)  # a terminal: its width (here 160)
+    print_wrapped("a " * 70, out)
+    assert len(buf.getvalue().splitlines()) == 1
