@@ -69,36 +69,69 @@ def print_labelled(label: str, message: str, out: Console | None = None) -> None
                                  break_long_words=False, break_on_hyphens=False)[len(indent):]
         out.print(Text.assemble((label, "bold red"), " ", body), soft_wrap=True)
 
+def wrapped_text(text: str, width: int, *, indent: int = 2, label_style: str | None = None,
+                 tail: str = "", tail_style: str | None = None) -> Text:
+    """``text`` + ``tail`` wrapped at spaces to ``width`` columns, each line of
+    it on its own: continuation lines indented ``indent`` spaces past the
+    line's own leading spaces; a word longer than a line is left whole.
+
+    Args:
+        text: plain text (never markup); may hold several lines.
+        width: the widest line (at least the indent and 20 columns are used).
+        indent: continuation indent (beyond the line's leading spaces).
+        label_style: style of the first line's first word up to its colon
+            (``ok:``, ``FAILED:``), else None.
+        tail: more text after ``text``'s last line, in ``tail_style`` (a
+            verdict), wrapped with it.
+        tail_style: its style.
+    """
+    out = Text()
+    lines = (text + tail).split("\n")
+    plain = len((text + tail).replace(" ", "").replace("\n", "")) - len(tail.replace(" ", ""))
+    seen = 0  # characters other than spaces so far: where the tail starts
+    for n, line in enumerate(lines):
+        lead = " " * (len(line) - len(line.lstrip(" ")))
+        rows = textwrap.wrap(line, width=max(width, len(lead) + indent + 20),
+                             subsequent_indent=lead + " " * indent,
+                             break_long_words=False, break_on_hyphens=False) or [""]
+        for i, row in enumerate(rows):
+            if n or i:
+                out.append("\n")
+            label, colon, rest = row.partition(":")
+            if label_style and n == 0 and i == 0 and colon and " " not in label:
+                out.append(label + colon, label_style)
+                row = rest
+            cut = len(row)  # where the tail starts in this row
+            if tail:
+                count = seen
+                for k, ch in enumerate(row):
+                    if ch != " " and count >= plain:
+                        cut = k
+                        break
+                    count += ch != " "
+            out.append(row[:cut])
+            out.append(row[cut:], tail_style)
+            seen += len(row.replace(" ", ""))
+    return out
+
+
 def print_wrapped(text: str, out: Console | None = None, *, indent: int = 2,
                   label_style: str | None = None) -> None:
-    """One line of ``run``'s own (a skip, ``engine up in ...``, the summary),
-    each line of ``text`` wrapped at spaces as the step rows are: at the
-    terminal's width, or piped at :data:`LINE_WIDTH` (``COLUMNS`` where set);
-    continuation lines indented ``indent`` spaces past the line's own
-    indent; a word longer than a line is left whole.
+    """One line of ``run``'s own (a skip, ``engine up in ...``, the summary)
+    as :func:`wrapped_text`, as the step rows are: at the terminal's width,
+    or piped at :data:`LINE_WIDTH` (``COLUMNS`` where set).
 
     Args:
         text: plain text (never markup); may hold several lines.
         out: where to print (default: the stdout console).
         indent: continuation indent (beyond the line's leading spaces).
-        label_style: style of the first line's first word up to its colon
-            (``ok:``, ``FAILED:``), else None.
+        label_style: style of the first line's first word up to its colon.
     """
     out = out if out is not None else console
     columns = os.environ.get("COLUMNS", "").strip()
     width = out.width if out.is_terminal or (columns.isdigit() and int(columns) >= 20) \
         else LINE_WIDTH
-    for n, line in enumerate(text.split("\n")):
-        lead = " " * (len(line) - len(line.lstrip(" ")))
-        rows = textwrap.wrap(line, width=max(width, len(lead) + indent + 20),
-                             initial_indent="", subsequent_indent=lead + " " * indent,
-                             break_long_words=False, break_on_hyphens=False) or [""]
-        for i, row in enumerate(rows):
-            label, colon, rest = row.partition(":")
-            if label_style and n == 0 and i == 0 and colon and " " not in label:
-                out.print(Text.assemble((label + colon, label_style), rest), soft_wrap=True)
-            else:
-                out.print(row, soft_wrap=True, highlight=False, markup=False)
+    out.print(wrapped_text(text, width, indent=indent, label_style=label_style), soft_wrap=True)
 
 
 class Spinner:
