@@ -273,8 +273,8 @@ class Column:
 #: The columns of :func:`step_row` / :func:`failed_row`, in order. Another
 #: table (a block-table view) passes its own columns to :class:`StepTable`.
 COLUMNS = (Column("#"), Column("kind", numeric=False), Column("step", numeric=False),
-           Column("reqs"), Column("tokens"), Column("spec"), Column("new blk"),
-           Column("sampled"), Column("ms"))
+           Column("reqs"), Column("tokens"), Column("spec"), Column("alloc blk"),
+           Column("hit blk"), Column("sampled"), Column("ms"))
 #: Width the line form (output that is not a terminal) wraps at.
 LINE_WIDTH = 80
 #: The fewest columns the ``step`` label is narrowed to beside a full
@@ -282,19 +282,26 @@ LINE_WIDTH = 80
 MIN_LABEL = 24
 
 
-def step_row(s: StepResult, num_groups: int) -> list[str]:
-    """One table row of a step that ran."""
-    blocks = s.new_blocks or [0] * num_groups
+def step_row(s: StepResult, num_groups: int, planned: PlannedStep | None = None) -> list[str]:
+    """One table row of a step that ran; its blocks per group as ``show``
+    counts them, ``alloc blk`` (from the pool) and ``hit blk`` (prefix-cache
+    hits), from ``planned`` (the step as planned; None: every block counted
+    as allocated, as the driver reports them)."""
+    from stepwarm.tables import alloc_hit
+
+    alloc, hit = (alloc_hit(planned, num_groups) if planned is not None
+                  else (s.new_blocks or [0] * num_groups, [0] * num_groups))
     sampled = "-" if s.sampled is None else str(sum(1 for n in s.sampled.values() if n))
     return [str(s.index), s.kind, s.label, str(s.num_reqs), str(s.num_scheduled_tokens),
-            str(s.num_spec_tokens), "/".join(map(str, blocks)), sampled, f"{s.wall_ms:.1f}"]
+            str(s.num_spec_tokens), "/".join(map(str, alloc)), "/".join(map(str, hit)), sampled,
+            f"{s.wall_ms:.1f}"]
 
 
 def failed_row(step: PlannedStep) -> list[str]:
     """The row of a step that raised (its numbers as planned, ``FAILED`` as time)."""
     return [str(step.index), step.kind, step.label, str(len(step.scheduled)),
             str(step.total_num_scheduled_tokens),
-            str(sum(len(r.spec_token_ids) for r in step.scheduled)), "-", "-", "FAILED"]
+            str(sum(len(r.spec_token_ids) for r in step.scheduled)), "-", "-", "-", "FAILED"]
 
 
 class StepTable:
@@ -393,7 +400,7 @@ def step_lines(row: list[str], of: int | None = None, at_s: float | None = None,
         row: one cell per column of ``columns``, whose first three are the
             step's index, kind and label.
         of: the plan's number of steps (the ``/n`` of ``[i/n]``; ``i`` from 0).
-        at_s: seconds since the scenario started.
+        at_s: seconds since the scenario started (``(at S s)`` after the label).
         width: the widest line (columns).
         columns: the table's columns (default: :data:`COLUMNS`, ``run``'s).
     """
@@ -401,7 +408,8 @@ def step_lines(row: list[str], of: int | None = None, at_s: float | None = None,
     # The step's index, from 0 as in the table, errors and the watchdog's lines.
     head = f"  [{int(idx)}/{of if of is not None else '?'}] "
     indent = " " * len(head)
-    lines = _wrap([head + kind + " ", *label.split()], len(head), width, " ")
+    at = [f"(at {at_s:.1f} s)"] if at_s is not None else []  # on the label's line(s)
+    lines = _wrap([head + kind + " ", *label.split(), *at], len(head), width, " ")
     numbers = []
     for col, cell in zip(columns[3:], row[3:]):
         if not col.numeric:
@@ -410,8 +418,6 @@ def step_lines(row: list[str], of: int | None = None, at_s: float | None = None,
             numbers.append(cell if cell == "FAILED" else f"{cell} ms")
         else:
             numbers.append(f"{col.header} {cell}")
-    if at_s is not None:
-        numbers.append(f"(at {at_s:.1f} s)")
     if not numbers:
         return lines
     numbers[0] = indent + numbers[0]
@@ -424,8 +430,8 @@ class ScenarioProgress:
     Use as a context manager around :func:`stepwarm.driver.drive` and pass
     :meth:`step` as its ``on_step``. On a terminal: a table that grows row by
     row, titled with steps done / planned and elapsed seconds. Otherwise: a
-    header line, then two lines per step (:func:`step_lines`), ending with the
-    seconds since the scenario started. With ``slow``, a slow step gets a line
+    header line, then two lines per step (:func:`step_lines`), the first
+    ending with the seconds since the scenario started. With ``slow``, a slow step gets a line
     saying what compiled in it (:class:`SlowSteps`).
     """
 
@@ -437,6 +443,8 @@ class ScenarioProgress:
         self.live: Live | None = None
         self.t0 = time.perf_counter()
         self.table = StepTable(self._title(), of=len(plan.steps))
+        #: The planned steps by index (their blocks: ``alloc blk``, ``hit blk``).
+        self.planned = {st.index: st for st in plan.steps}
 
     def _title(self) -> str:
         return (f"scenario {self.plan.name} ({self.runner} runner): {self.done}/"
@@ -464,7 +472,7 @@ class ScenarioProgress:
     def step(self, result: StepResult) -> None:
         """A step ran (``drive``'s ``on_step``)."""
         self.done += 1
-        self._add(step_row(result, self.num_groups))
+        self._add(step_row(result, self.num_groups, self.planned.get(result.index)))
         note = self.slow.note(result) if self.slow is not None else None
         if note:  # above a live table, or after the step's lines
             self.out.print("  " + note, soft_wrap=self.live is None)
