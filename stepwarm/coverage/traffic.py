@@ -292,13 +292,12 @@ def _check_sampling(table: dict[str, Any], file: str, line: int) -> None:
                      f"vLLM's SamplingParams refused it: {text}") from None
 
 
-def parse_line(text: str, file: str, line: int) -> TrafficRequest:
-    """One JSON line -> :class:`TrafficRequest`, checked by pydantic and by
-    vLLM's ``SamplingParams``.
+def _json_object(text: str, file: str, line: int) -> dict[str, Any]:
+    """One line's JSON object (no vLLM needed).
 
     Raises:
-        TrafficError: ``FILE:LINE: FIELD: message`` (``FILE:LINE:COLUMN`` for
-            invalid JSON), every field pydantic refuses, one a line.
+        TrafficError: nested too deep, invalid JSON (``FILE:LINE:COLUMN``), an
+            integer past Python's digit limit, or not an object.
     """
     too_deep = _nesting_error(text, file, line)
     if too_deep is not None:
@@ -313,6 +312,18 @@ def parse_line(text: str, file: str, line: int) -> TrafficRequest:
     if not isinstance(data, dict):
         raise _error(file, line, None, f"expected a JSON object (one request a line), "
                                        f"got {type(data).__name__}")
+    return data
+
+
+def parse_line(text: str, file: str, line: int) -> TrafficRequest:
+    """One JSON line -> :class:`TrafficRequest`, checked by pydantic and by
+    vLLM's ``SamplingParams``.
+
+    Raises:
+        TrafficError: ``FILE:LINE: FIELD: message`` (``FILE:LINE:COLUMN`` for
+            invalid JSON), every field pydantic refuses, one a line.
+    """
+    data = _json_object(text, file, line)
     try:
         request = TrafficRequest.model_validate(data)
     except ValidationError as e:
@@ -363,6 +374,42 @@ def _field_errors(e: ValidationError, data: dict[str, Any], file: str,
     return list(out.values())
 
 
+def _request_lines(text: str, file: str) -> list[tuple[int, str]]:
+    """(line number, text) of each line that is not blank (a leading
+    byte-order mark dropped).
+
+    Raises:
+        TrafficError: no such line, or more than :data:`MAX_LINES`.
+    """
+    raw_lines = [(i, raw) for i, raw in enumerate(text.removeprefix("\ufeff").splitlines(), 1)
+                 if raw.strip()]
+    if not raw_lines:
+        raise TrafficError(f"{file}: no request (one JSON object a line)")
+    if len(raw_lines) > MAX_LINES:
+        raise _error(file, raw_lines[MAX_LINES][0], None, f"more than {MAX_LINES} request "
+                     f"lines ({len(raw_lines)}); allowed: at most {MAX_LINES} (MAX_LINES, see "
+                     "docs/traffic.md)")
+    return raw_lines
+
+
+def check_json(text: str, file: str) -> None:
+    """The checks that need neither vLLM nor the model: the file holds
+    request lines, at most :data:`MAX_LINES`, each a JSON object. A junk file
+    (empty, binary, not JSON) is refused by these before vLLM is imported.
+
+    Raises:
+        TrafficError: every line that is not a JSON object (one a line).
+    """
+    errors = []
+    for i, raw in _request_lines(text, file):
+        try:
+            _json_object(raw, file, i)
+        except TrafficError as e:
+            errors.append(e)
+    if errors:
+        raise TrafficError.of(errors, file)
+
+
 def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None) -> Traffic:
     """Parse a whole traffic file (blank lines are skipped; a leading
     byte-order mark is dropped).
@@ -379,14 +426,7 @@ def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None) -> 
             than :data:`MAX_LINES` lines or :data:`MAX_REQUESTS` requests, or
             one that holds no request.
     """
-    raw_lines = [(i, raw) for i, raw in enumerate(text.removeprefix("\ufeff").splitlines(), 1)
-                 if raw.strip()]
-    if not raw_lines:
-        raise TrafficError(f"{file}: no request (one JSON object a line)")
-    if len(raw_lines) > MAX_LINES:
-        raise _error(file, raw_lines[MAX_LINES][0], None, f"more than {MAX_LINES} request "
-                     f"lines ({len(raw_lines)}); allowed: at most {MAX_LINES} (MAX_LINES, see "
-                     "docs/traffic.md)")
+    raw_lines = _request_lines(text, file)
     lines, errors, requests = [], [], 0
     for i, raw in raw_lines:
         try:
@@ -420,6 +460,16 @@ def load_traffic(path: str | Path | None, limits: TrafficLimits | None = None) -
     Raises:
         TrafficError: unreadable file, not UTF-8, or a bad line (file, line, field).
     """
+    return loads_traffic(*read_traffic(path), limits)
+
+
+def read_traffic(path: str | Path | None) -> tuple[str, str]:
+    """A traffic file's text and its name for messages (``None`` or
+    ``"builtin"``: the built-in one), at most :data:`MAX_FILE_BYTES` read.
+
+    Raises:
+        TrafficError: unreadable, too large, or not UTF-8.
+    """
     p = builtin_path() if path is None or str(path) == BUILTIN else Path(path)
     try:
         text = read_text_capped(p, MAX_FILE_BYTES)  # a BOM (Windows editors) is dropped
@@ -432,7 +482,7 @@ def load_traffic(path: str | Path | None, limits: TrafficLimits | None = None) -
                            f"{e.offset})") from None
     except OSError as e:
         raise TrafficError(f"{p}: cannot read: {e.strerror or e}") from None
-    return loads_traffic(text, str(p), limits)
+    return text, str(p)
 
 
 def check_limits(traffic: Traffic, limits: TrafficLimits) -> None:

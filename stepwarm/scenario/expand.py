@@ -205,6 +205,8 @@ class _Expander:
                 all of them: :meth:`ScenarioError.of`).
         """
         errors: list[ScenarioError] = []
+        # entries the format refused (said by the loader): their steps go unchecked
+        self.failed_requests.update(self.sc.refused_requests)
         for name, spec in self.sc.model.requests.items():
             try:
                 self._declare_one(name, spec)
@@ -316,8 +318,10 @@ class _Expander:
         names = [_SELECTOR.match(s).group(1) for s in selectors or []]  # type: ignore[union-attr]
         for name in names:
             if name not in self.groups and name not in self.failed_requests:
-                declared = [n for n in self.sc.model.requests
-                            if n in self.groups or n in self.failed_requests]  # file order
+                declared = sorted(  # file order
+                    (n for n in (*self.sc.model.requests, *self.sc.refused_requests)
+                     if n in self.groups or n in self.failed_requests),
+                    key=lambda n: self.sc.index.line(("requests", n)) or 0)
                 declared += [n for n in self.groups if n not in declared]
                 what, allowed = unknown_request(name, declared)
                 raise self.err(what, field, allowed=allowed)
@@ -428,23 +432,26 @@ class _Expander:
         Returns:
             The request entries' errors, then the steps', and the note line.
         """
+        declared: list[ScenarioError] = []
         try:
             self.declare()
         except ScenarioError as d:
             if self.requests_capped:  # every step would name a capped entry
                 return list(d.errors), ""
-            self.b = cast(PlanBuilder, _ProgressUnknown(self.b))
-            errors, _ = self.expand_steps()
-            if not errors:  # as before: the request errors alone
-                return list(d.errors), ""
-            return [*d.errors, *errors], (
-                f"{self.sc.file}: the steps were checked only as far as they do not depend on "
-                f"the requests above that failed ({', '.join(sorted(self.failed_requests))}); "
-                + (f"not checked: step{'s' if len(self.steps_unchecked) > 1 else ''} "
-                   f"{', '.join(map(str, self.steps_unchecked))}, which select them; "
-                   if self.steps_unchecked else "")
-                + "fix the errors above and check again")
-        return self.expand_steps()
+            declared = list(d.errors)
+        if not self.failed_requests:  # (the format's refused entries count as failed)
+            return self.expand_steps()
+        self.b = cast(PlanBuilder, _ProgressUnknown(self.b))
+        errors, _ = self.expand_steps()
+        if not errors:  # as before: the request errors alone
+            return declared, ""
+        return [*declared, *errors], (
+            f"{self.sc.file}: the steps were checked only as far as they do not depend on "
+            f"the requests above that failed ({', '.join(sorted(self.failed_requests))}); "
+            + (f"not checked: step{'s' if len(self.steps_unchecked) > 1 else ''} "
+               f"{', '.join(map(str, self.steps_unchecked))}, which select them; "
+               if self.steps_unchecked else "")
+            + "fix the errors above and check again")
 
     def expand_steps(self) -> tuple[list[ScenarioError], str]:
         """Expand every ``[[steps]]`` entry, collecting the errors.

@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -107,6 +107,9 @@ class LoadedScenario:
     step_numbers: tuple[int, ...] = ()
     #: The first ``[[steps]]`` entry the format refused (None: none).
     invalid_from: int | None = None
+    #: ``[requests]`` entries the format refused, left out of ``model``:
+    #: the steps that select them cannot be checked (the expander says so).
+    refused_requests: tuple[str, ...] = ()
 
 
 def load(name_or_path: str) -> LoadedScenario:
@@ -259,8 +262,13 @@ def loads(text: str, file: str, name: str) -> LoadedScenario:
     except ValidationError as e:
         errors += _validation_errors(e, file, index, names_reported=bool(errors))
     if errors:
-        raise ScenarioError.of(errors, partial=_without_bad_steps(
-            data, errors, LoadedScenario(name, file, text, ScenarioFile(), index)))
+        partial = _without_bad_steps(data, errors,
+                                     LoadedScenario(name, file, text, ScenarioFile(), index))
+        if partial is not None:  # a step naming no request: told beside the format's errors
+            errors += _unknown_requests(partial.model, file, index, partial.step_numbers,
+                                        partial.refused_requests)
+        raise ScenarioError.of(sorted(errors, key=lambda x: x.line or 1 << 30),
+                               partial=partial)
     unknown = _unknown_requests(model, file, index)
     if unknown:  # told before any runner is known (check, run and the plugin alike)
         raise ScenarioError.of(unknown, partial=_without_bad_steps(
@@ -278,17 +286,23 @@ def loads(text: str, file: str, name: str) -> LoadedScenario:
     return LoadedScenario(name=name, file=file, text=text, model=model, index=index)
 
 
-def _unknown_requests(model: ScenarioFile, file: str, index: _TomlIndex) -> list[ScenarioError]:
+def _unknown_requests(model: ScenarioFile, file: str, index: _TomlIndex,
+                      numbers: Sequence[int] = (), refused: Sequence[str] = ()
+                      ) -> list[ScenarioError]:
     """A located error per step field that selects a request no
-    ``[requests.NAME]`` declares (the expander's message, told without a runner)."""
-    declared = list(model.requests)
+    ``[requests.NAME]`` declares (the expander's message, told without a
+    runner). ``numbers``: each step's index in the file (where the format
+    left some out); ``refused``: entries the format refused (declared, not
+    in ``model``)."""
+    declared = sorted([*model.requests, *refused],
+                      key=lambda n: index.line(("requests", n)) or 0)  # file order
     errors = []
-    for i, st in enumerate(model.steps):
+    for i, st in zip(numbers or range(len(model.steps)), model.steps):
         for field in SELECTOR_FIELDS:
             for selector in getattr(st, field, None) or []:
                 m = _SELECTOR.match(selector)
                 name = m.group(1) if m else None
-                if name is None or name in model.requests:
+                if name is None or name in declared:
                     continue
                 what, allowed = unknown_request(name, declared)
                 line = index.line(("steps", i), field)
@@ -301,25 +315,62 @@ def _unknown_requests(model: ScenarioFile, file: str, index: _TomlIndex) -> list
 
 def _without_bad_steps(data: dict, errors: list[ScenarioError],
                        sc: LoadedScenario) -> LoadedScenario | None:
-    """``sc`` with the ``[[steps]]`` entries the format refused left out, so
-    that the expander can still check the others against a runner; None
-    where an error lies outside the steps (the requests they name, the
-    top-level keys) that is more than an expression's names or form, or
-    nothing valid is left. An expression refused for its names stays in (the
-    expander says the same error, beside the runner's own)."""
+    """``sc`` with the ``[[steps]]`` and ``[requests]`` entries the format
+    refused left out, so that the expander can still check the others
+    against a runner (a refused request is named in ``refused_requests``:
+    the steps that select it are not checked, and a last line says so);
+    None where an error lies elsewhere (the top-level keys) that is more
+    than an expression's names or form, or nothing valid is left. An
+    expression refused for its names stays in (the expander says the same
+    error, beside the runner's own)."""
     bad = {e.step for e in errors}
     steps = data.get("steps")
     if not isinstance(steps, list):
         return None
     keep = [i for i in range(len(steps)) if i not in bad]
+    requests = data.get("requests")
+    kept: dict[str, Any] = {}
+    refused: list[str] = []
+    for name, spec in (requests.items() if isinstance(requests, dict) else ()):
+        ok, usable = _request_parts(name, spec)
+        if not ok and _REQUEST_NAME.fullmatch(name):  # a bad name is no name a step selects
+            refused.append(name)
+        if usable is not None:
+            kept[name] = usable
     try:
         with names_unchecked():
-            model = ScenarioFile.model_validate({**data, "steps": [steps[i] for i in keep]})
+            model = ScenarioFile.model_validate({
+                **data, "steps": [steps[i] for i in keep],
+                **({"requests": kept} if isinstance(requests, dict) else {})})
     except ValidationError:
         return None
     stepped = [i for i in bad if i is not None]
     return dataclasses.replace(sc, model=model, step_numbers=tuple(keep),
-                               invalid_from=min(stepped) if stepped else None)
+                               invalid_from=min(stepped) if stepped else None,
+                               refused_requests=tuple(refused))
+
+
+def _request_parts(name: str, spec: Any) -> tuple[bool, Any]:
+    """Whether the format takes ``[requests.NAME]`` (its name and table; an
+    expression refused for its names alone passes: the expander says it),
+    and the table the expander can still check: the whole of it, or, for a
+    refused one, the keys the format did not refuse where they make a request
+    (``count = 0`` beside ``prompt = -5``: the prompt is still checked), else None."""
+    if not _REQUEST_NAME.fullmatch(name):
+        return False, None
+    try:
+        with names_unchecked():
+            RequestSpec.model_validate(spec)
+    except ValidationError as e:
+        bad = {err["loc"][0] for err in e.errors() if err["loc"]}
+        rest = {k: v for k, v in spec.items() if k not in bad} if isinstance(spec, dict) else None
+        try:
+            with names_unchecked():
+                RequestSpec.model_validate(rest)
+        except ValidationError:
+            return False, None
+        return False, rest
+    return True, spec
 
 
 class _TomlIndex:

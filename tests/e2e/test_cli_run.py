@@ -84,12 +84,12 @@ def test_the_live_table_fits_an_80_column_terminal(tmp_path):
     lines = [ln for ln in final.replace("\r", "\n").splitlines() if ln.startswith("│")]
     rows = [[c.strip() for c in ln.split("│")[1:-1]] for ln in lines]
     firsts = [r for r in rows if r[0]]
-    # #, reqs, tokens, spec, new blk, sampled (the ms vary).
-    assert [[r[0], *r[2:7]] for r in firsts] == [
-        ["0", "3", "6", "0", "3", "3"], ["1", "2", "16", "0", "1", "2"],
-        ["2", "0", "0", "0", "0", "-"], ["3", "4", "512", "0", "4", "4"],
-        ["4", "0", "0", "0", "0", "-"]]
-    assert all(re.fullmatch(r"\d+\.\d", r[7]) for r in firsts)
+    # #, reqs, tokens, spec, alloc blk, hit blk, sampled (the ms vary).
+    assert [[r[0], *r[2:8]] for r in firsts] == [
+        ["0", "3", "6", "0", "3", "0", "3"], ["1", "2", "16", "0", "1", "0", "2"],
+        ["2", "0", "0", "0", "0", "0", "-"], ["3", "4", "512", "0", "4", "0", "4"],
+        ["4", "0", "0", "0", "0", "0", "-"]]
+    assert all(re.fullmatch(r"\d+\.\d", r[8]) for r in firsts)
     assert max(len(ln) for ln in lines) <= 80
     assert "ok: 1 scenario(s)" in text
 
@@ -247,7 +247,8 @@ def test_named_scenarios_the_runner_cannot_run_exit_3_with_reasons_counted(tmp_p
     the summary counts both reasons; exit 3. With a cold Inductor cache the
     first step compiles, and its line says so."""
     proc = _stepwarm("run", "-s", "spec-decode", "-s", "default", "-s", "mamba-align",
-                     env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+                     env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+                          "COLUMNS": "300"})  # run's own lines unwrapped (80 when piped)
     assert proc.returncode == 3, proc.stderr[-3000:]
     out = proc.stdout
     early = out.index("scenario spec-decode: skipped: needs speculator: no speculative_config")
@@ -264,3 +265,46 @@ def test_named_scenarios_the_runner_cannot_run_exit_3_with_reasons_counted(tmp_p
                          r"kernels? \((cpp_\w+)", out, re.M)
     assert compiled, out
     assert any(p.suffix == ".py" for p in (tmp_path / "inductor").rglob("*"))
+
+
+#: A scenario of some 400 steps (a few seconds on the CPU engine), for Ctrl-C to land in.
+LONG_SCENARIO = ('description = "decode one request for a long time"\n'
+                 'requests.a = { prompt = 8 }\n'
+                 'steps = [{ kind = "prefill", requests = ["a"] },\n'
+                 '         { kind = "decode", requests = ["a"], repeat = 400 }]\n')
+
+
+def test_ctrl_c_names_the_step_says_the_runner_was_cleaned_and_what_did_not_run(tmp_path):
+    """SIGINT during a scenario's steps: exit 130, one line on stderr naming
+    the scenario and the step, that cleanup left the runner with no stepwarm
+    request, and the scenarios not run; --json holds those that finished
+    (issue 42 item 10). One engine start."""
+    import os
+    import signal
+
+    long = tmp_path / "long.toml"
+    long.write_text(LONG_SCENARIO)
+    out = tmp_path / "report.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepwarm", "run", "-s", "default", "-s", str(long), "-s",
+         "prefix-hit", "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"})
+    seen = []
+    assert proc.stdout is not None
+    for line in proc.stdout:  # until the long scenario has run a few steps
+        seen.append(line)
+        if line.startswith("  [3/402] decode"):
+            break
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, "".join(seen) + rest + err[-3000:]
+    last = err.strip().splitlines()[-1]
+    m = re.fullmatch(r"interrupted: scenario long step (\d+)/402 \(decode, [^)]*\); cleanup ran, "
+                     r"the runner holds no stepwarm request; not run: prefix-hit\.", last)
+    assert m and 3 <= int(m[1]) <= 400, last
+    assert "Traceback" not in err and "ok:" not in rest
+    report = json.loads(out.read_text())
+    [default] = report["scenarios"]  # what finished
+    assert (default["plan"], default["status"], len(default["steps"])) == ("default", "passed", 8)
+    assert report["interrupted"] == {"at": last.split("; ")[0].removeprefix("interrupted: "),
+                                     "scenario": "long", "not_run": ["prefix-hit"]}

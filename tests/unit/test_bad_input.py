@@ -189,11 +189,45 @@ def test_at_most_max_errors_are_listed(tmp_path):
     f.write_text("".join(f"[requests.r{i}]\nprompt = true\n" for i in range(25)) + STEP)
     with pytest.raises(ScenarioError) as e:
         load(str(f))
-    assert len(e.value.errors) == 25 and (e.value.line, e.value.field) == (2, "prompt")
+    # 25 requests, and the step's unknown request 'a' (told beside them, issue 42 item 9)
+    assert len(e.value.errors) == 26 and (e.value.line, e.value.field) == (2, "prompt")
+    assert str(e.value.errors[-1]) == (f"{f}:53: step 0 (prefill), field 'requests': unknown "
+                                       "request 'a'; allowed: names declared under [requests]: "
+                                       + ", ".join(f"r{i}" for i in range(25)))
     lines = str(e.value).splitlines()
     assert len(lines) == MAX_ERRORS + 1 and lines[-1] == (
-        f"{f}: 5 more error(s) not shown (at most {MAX_ERRORS} are listed)")
+        f"{f}: 6 more error(s) not shown (at most {MAX_ERRORS} are listed)")
     assert lines[19].startswith(f"{f}:40: request 'r19', field 'prompt'")
+
+
+def test_a_refused_request_hides_no_other_error_of_the_file(tmp_path):
+    """A misspelt request key no longer hides a step's unknown request, and
+    a last line names the steps left unchecked; ``prompt = -5`` beside
+    ``count = 0`` is two errors, not one (issue 42 item 9)."""
+    f = tmp_path / "typo.toml"
+    f.write_text('[requests.a]\npromt = 4\n\n[requests.b]\nprompt = 4\n\n'
+                 '[[steps]]\nkind = "prefill"\nrequests = ["a", "b"]\n\n'
+                 '[[steps]]\nkind = "decode"\nrequests = ["c"]\n')
+    code, out, err = _check(f)
+    assert (code, "ok " in out) == (2, False)
+    assert err.splitlines() == [
+        f"error: {f}:2: request 'a', field 'promt': unknown key 'promt' (did you mean "
+        "'prompt'?); allowed keys: count, encoder, image_class, images, kind, prompt, sampling, "
+        "structured_output",
+        f"{f}:13: step 1 (decode), field 'requests': unknown request 'c'; allowed: names "
+        "declared under [requests]: a, b",
+        f"{f}: the steps were checked only as far as they do not depend on the requests above "
+        "that failed (a); not checked: step 0, which select them; fix the errors above and "
+        "check again"]
+    # run reads the file before any engine: the same errors, the runner's checks left out
+    r = runner.invoke(app, ["run", "-s", str(f)], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr.splitlines() == err.splitlines()[:2]
+    f.write_text('[requests.a]\nprompt = -5\ncount = 0\n\n' + STEP)
+    code, out, err = _check(f)
+    assert code == 2 and err.splitlines() == [
+        f"error: {f}:2: request 'a', field 'prompt': prompt -5 is out of range; allowed: >= 1",
+        f"{f}:3: request 'a', field 'count': count 0 is out of range; allowed: 1..4096"]
 
 
 def test_every_traffic_error_at_once_with_its_line_and_field():
@@ -445,6 +479,26 @@ def test_an_engine_arg_given_twice_is_refused_naming_both():
     assert r.exit_code == 2 and "Traceback" not in r.stdout + r.stderr
     assert "max_num_seqs given twice ('max_num_seqs=four', 'max-num-seqs=[1]'); allowed: " \
            "each key once" in " ".join(r.stderr.split())
+
+
+def test_every_bad_engine_arg_at_once_bad_json_and_a_repeat_hide_nothing():
+    """Bad JSON, a repeated key and a missing ``=`` no longer hide the type
+    error and the typo beside them: one line each, exit 2, no engine
+    (issue 42 item 9)."""
+    r = runner.invoke(app, ["check", "default", "-e", "x={bad", "-e", "max_num_seqs=four",
+                            "-e", "max-num-seqs=4", "-e", "max_num_sqs=3", "-e", "noequals"],
+                      env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == (
+        "error: -e x: VALUE is not valid JSON: Expecting property name enclosed in double "
+        "quotes at column 2 of '{bad'\n"
+        "error: -e max_num_seqs given twice ('max_num_seqs=four', 'max-num-seqs=4'); allowed: "
+        "each key once\n"
+        "error: -e 'noequals': expected KEY=VALUE\n"
+        "error: -e max_num_sqs: not a vllm.LLM or EngineArgs keyword (did you mean "
+        "'max_num_seqs'?)\n"
+        "error: -e max_num_seqs='four': EngineArgs.max_num_seqs takes an integer or null "
+        "(int | None)\n")
 
 
 def test_coverage_timeline_must_be_svg_before_any_engine(tmp_path):

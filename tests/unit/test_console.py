@@ -41,13 +41,14 @@ def test_two_lines_per_step_when_not_a_terminal():
         progress.failed(plan.steps[3])
     lines = buf.getvalue().splitlines()
     assert first.splitlines()[0] == "scenario default (v1 runner): 8 steps"
-    assert first.splitlines()[1] == "  [0/8] prefill  prefill 8 x 2"
-    assert re.fullmatch(r"        reqs 8  tokens 16  spec 0  new blk 8  sampled 8  1\.2 ms"
-                        r"  \(at \d+\.\d s\)", first.splitlines()[2])
+    assert re.fullmatch(r"  \[0/8\] prefill  prefill 8 x 2 \(at \d+\.\d s\)",
+                        first.splitlines()[1])
+    # the blocks as show names them: allocated from the pool, prefix-cache hits
+    assert first.splitlines()[2] == (
+        "        reqs 8  tokens 16  spec 0  alloc blk 8  hit blk 0  sampled 8  1.2 ms")
     assert len(lines) == 9 and lines[5].startswith("  [2/8] decode ")
     assert lines[7].startswith("  [3/8] decode ")
-    assert re.fullmatch(r"        reqs 1  tokens 1  spec 0  new blk -  sampled -  FAILED"
-                        r"  \(at \d+\.\d s\)", lines[8])
+    assert lines[8] == "        reqs 1  tokens 1  spec 0  alloc blk -  hit blk -  sampled -  FAILED"
 
 
 def test_live_table_on_a_terminal_holds_every_row_and_the_count():
@@ -103,7 +104,7 @@ def test_the_live_table_fits_the_terminal_and_keeps_every_number(width):
     for r, i, j in zip(recorded, starts, starts[1:] + [len(body)]):
         cells = _cells(body[i])
         row = step_row(r, 1)
-        assert cells[0] == row[0] and cells[-6:] == row[3:]
+        assert cells[0] == row[0] and cells[-7:] == row[3:]
         # Labels wrap at spaces, and a word wider than its column folds:
         # every character is there, in order.
         labels = [_cells(line)[1:2 if merged else 3] for line in body[i:j]]
@@ -126,7 +127,8 @@ def test_too_narrow_for_a_table_the_rows_come_as_lines_that_fit():
     assert max(map(len, lines)) <= 50 and "┃" not in buf.getvalue()
     assert "  [5/?] spec_decode  decode all with 3 drafts each" in lines
     assert "        reqs 256  tokens 8192  spec 768" in lines
-    assert "        new blk 1024/37  sampled 256  38123.4 ms" in lines
+    assert "        alloc blk 1024/37  hit blk 0  sampled 256" in lines
+    assert "        38123.4 ms" in lines
 
 
 def test_the_line_form_fits_80_columns_and_keeps_the_whole_label():
@@ -136,9 +138,9 @@ def test_the_line_form_fits_80_columns_and_keeps_the_whole_label():
     lines = step_lines(step_row(r, 2), of=6, at_s=120.25)
     assert lines == [
         "  [5/6] spec_decode  decode all with 3 drafts each and a long tail of request",
-        "        names r[0..255]",
-        "        reqs 256  tokens 8192  spec 768  new blk 1024/37  sampled 256",
-        "        38123.4 ms  (at 120.2 s)",
+        "        names r[0..255] (at 120.2 s)",
+        "        reqs 256  tokens 8192  spec 768  alloc blk 1024/37  hit blk 0/0",
+        "        sampled 256  38123.4 ms",
     ]
     assert max(map(len, lines)) <= 80
 
@@ -455,3 +457,63 @@ def test_error_lines_stay_one_line_each_when_piped():
     print_labelled("error:", MESSAGE, Console(file=buf, width=40, force_terminal=False,
                                               markup=False))
     assert buf.getvalue() == "error: " + MESSAGE + "\n"
+
+
+def test_runs_own_lines_wrap_at_80_columns_when_piped():
+    """Piped with no COLUMNS, the skip lines, the summary and its per-reason
+    lines wrap at 80 columns as the step rows do, continuation lines
+    indented (issue 42 item 4: they reached 145 columns)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    proc = subprocess.run([sys.executable, "-m", "stepwarm", "run", "-s", "spec-decode", "-s",
+                           "sampler-spec-decode", "--allow-skip"], capture_output=True,
+                          text=True, timeout=120, env=env)
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    assert proc.stdout.splitlines() == [
+        "scenario spec-decode: skipped: needs speculator: no speculative_config in the",
+        "  engine arguments (give one with -e speculative_config=JSON)",
+        "scenario sampler-spec-decode: skipped: needs speculator: no speculative_config",
+        "  in the engine arguments (give one with -e speculative_config=JSON)",
+        "ok: 0 scenario(s), 0 steps in 0 ms, 2 skipped (by reason below); no engine",
+        "  started",
+        "  2 skipped: needs speculator: no speculative_config in the engine arguments",
+        "    (give one with -e speculative_config=JSON)"]
+
+
+def test_print_wrapped_keeps_words_whole_and_styles_the_label(monkeypatch):
+    from stepwarm.console import print_wrapped
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    out, buf = _console(False)  # piped: 80 columns, whatever the console's width
+    print_wrapped("engine up in 41.3 s: v1 runner, vllm 0.32.0, 15154 blocks, groups: "
+                  "full_attention(block_size=128), sliding_window(block_size=128)", out)
+    print_wrapped("ok: " + "x" * 90, out, label_style="bold green")
+    assert buf.getvalue().splitlines() == [
+        "engine up in 41.3 s: v1 runner, vllm 0.32.0, 15154 blocks, groups:",
+        "  full_attention(block_size=128), sliding_window(block_size=128)",
+        "ok:", "  " + "x" * 90]  # a word longer than a line is left whole
+    out, buf = _console(True)  # a terminal: its width (here 160)
+    print_wrapped("a " * 70, out)
+    assert len(buf.getvalue().splitlines()) == 1
+
+
+def test_runs_block_columns_are_shows_by_name_and_value():
+    """``run``'s step rows count blocks as ``show`` does, under its names:
+    ``alloc blk`` (from the pool) and ``hit blk`` (prefix-cache hits), not a
+    ``new blk`` that was their sum (issue 42 item 8)."""
+    from stepwarm.console import COLUMNS, PLAN_COLUMNS, plan_table, step_row
+    from stepwarm.tables import step_blocks
+
+    profile = tiny_profile()
+    plan = expand(load("prefix-hit"), profile)
+    shown = plan_table(plan, 1, step_blocks(plan, profile))
+    at = [c.header for c in PLAN_COLUMNS].index
+    run = [c.header for c in COLUMNS]
+    assert run[6:8] == ["alloc blk", "hit blk"] and "new blk" not in run
+    rows = [step_row(r, 1, st) for r, st in zip(_results(plan), plan.steps)]
+    assert [r[6:8] for r in rows] == [[row[at("alloc blk")], row[at("hit blk")]]
+                                      for row in shown.rows]
+    assert [r[6:8] for r in rows][:4] == [["2", "2"], ["0", "0"], ["0", "0"], ["1", "2"]]

@@ -274,6 +274,38 @@ def test_coverage_in_a_narrow_terminal_is_lines_that_cut_no_number_or_kernel(tmp
     assert not any(ln.lstrip().startswith("│") and "request" in ln for ln in lines[:5])
 
 
+def test_coverage_at_80_columns_indents_continuations_and_labels_the_time(tmp_path):
+    """At 80 columns a wrapped line goes on indented under its own start, not
+    at column 0, and a start-up compile's time says what it is (issue 42
+    item 6); a verdict keeps its colour across the wrap."""
+    import io
+
+    from rich.console import Console
+
+    from stepwarm.coverage.report import print_comparison, print_report
+
+    base, sw = _h200_reports(tmp_path)
+    buf = io.StringIO()
+    out = Console(file=buf, width=80, force_terminal=True, color_system=None)
+    print_report(base, out)
+    print_comparison(base, sw, out)
+    lines = [ln for ln in buf.getvalue().splitlines() if ln[:1] not in "┏┃┡│└"]  # tables
+    starts = ("baseline: ", "stepwarm: ", "baseline (vLLM's warmup) vs", "start-up: ",
+              "baseline start-up: ", "stepwarm's start-up compiles", "totals")
+    assert [ln for ln in lines if not ln.startswith(" ") and not ln.startswith(starts)] == []
+    compiles = [ln for ln in lines if ln.startswith("  at ")]
+    assert [ln.split(",")[0] for ln in compiles] == [
+        f"  at {c.at_s:.1f} s" for c in base.startup_compiles]
+    assert "(at: seconds since the engine started)" in " ".join(" ".join(lines).split())
+    # a request's continuation lines are indented 4 (its own line starts at 2)
+    i = next(i for i, ln in enumerate(lines) if ln.startswith("  13 top-p, batch 16:"))
+    assert lines[i + 1].startswith("    ") and not lines[i + 1].startswith("     ")
+    buf = io.StringIO()
+    print_report(base, Console(file=buf, width=80, force_terminal=True, color_system="standard"))
+    red = buf.getvalue().split("  1 greedy, prompt 1 ", 1)[1].split("\n  2 ", 1)[0]
+    assert "\x1b[1;31mratio > 1.2: unexplained;\x1b[0m\n    \x1b[1;31moutside the worker" in red
+
+
 def test_coverage_in_a_wide_terminal_is_the_table(tmp_path):
     import io
 

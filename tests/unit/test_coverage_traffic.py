@@ -5,6 +5,7 @@ for replay are distinct where they must be and shared where a prefix says so."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -105,6 +106,46 @@ def test_files_that_cannot_be_read(tmp_path):
     # a device reports size 0 to stat(): the cap is on the bytes read
     with pytest.raises(TrafficError, match=r"^/dev/zero: traffic file of more than 67108864 bytes"):
         load_traffic("/dev/zero")
+
+
+#: Runs ``stepwarm coverage ARGS`` in a fresh interpreter, then prints the
+#: exit status and which of vLLM and torch were imported.
+_COVERAGE_IMPORTS = """
+import sys
+from stepwarm.cli import app
+try:
+    app(sys.argv[1:])
+except SystemExit as e:
+    code = e.code
+print("STATUS", code, sorted({m.split(".")[0] for m in sys.modules} & {"vllm", "torch"}))
+"""
+
+
+def test_a_junk_traffic_file_is_refused_before_vllm_is_imported(tmp_path):
+    """Empty, binary, too large or not JSON: exit 2 with the file's error on
+    stderr, and neither vLLM nor torch imported (issue 42 item 7: 28-40 s
+    before, about 2 s now on a 2-core machine)."""
+    import subprocess
+    import sys
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(bytes(range(128, 256)))
+    text = tmp_path / "text.jsonl"
+    text.write_text("hello world\n\n[1, 2]\n")
+    cases = {empty: f"error: {empty}: no request (one JSON object a line)",
+             binary: f"error: {binary}:1: not UTF-8 (byte 0x80 at offset 0)",
+             text: f"error: {text}:1:1: invalid JSON: Expecting value\n"
+                   f"{text}:3: expected a JSON object (one request a line), got list",
+             "/dev/zero": "error: /dev/zero: traffic file of more than 67108864 bytes; allowed: "
+                          "at most 67108864 bytes (MAX_FILE_BYTES, see docs/traffic.md)"}
+    for path, error in cases.items():
+        proc = subprocess.run([sys.executable, "-c", _COVERAGE_IMPORTS, "coverage", str(path)],
+                              capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "COLUMNS": "300"})
+        assert proc.stdout == "STATUS 2 []\n", (path, proc.stdout, proc.stderr)
+        assert proc.stderr == error + "\n"
 
 
 def test_sampling_defaults_max_and_json_keys_reach_vllm():

@@ -237,3 +237,23 @@ def test_show_tables_in_an_80_column_terminal_is_not_cropped():
     view = lines[lines.index(tables[0]):]
     assert all(ln.endswith(("┓", "┃", "│", "┩", "┘")) for ln in view if ln.strip()), view
     assert sum(1 for ln in view if ln.startswith("│ 3 │")) == 1  # step 3's row
+
+
+def test_a_skipped_scenario_has_its_own_status_in_the_json_report(tmp_path):
+    """A skipped scenario is ``status: skipped`` with ``ok: null`` (it did not
+    run), not ``ok: true`` (issue 42 item 18); a run that passed or failed
+    keeps ``ok``."""
+    from stepwarm.driver import RunReport
+
+    out = tmp_path / "report.json"
+    r = runner.invoke(app, ["run", "-s", "spec-decode", "--allow-skip", "--json", str(out)],
+                      env={"COLUMNS": "300"})
+    assert r.exit_code == 0 and r.stderr == "", r.output
+    [sc] = json.loads(out.read_text())["scenarios"]
+    assert (sc["plan"], sc["status"], sc["ok"], sc["steps"]) == ("spec-decode", "skipped", None, [])
+    assert sc["skipped"] == ("needs speculator: no speculative_config in the engine arguments "
+                             "(give one with -e speculative_config=JSON)")
+    passed = RunReport(plan="a", runner="v1", model="m")
+    failed = RunReport(plan="b", runner="v1", model="m", ok=False, error="step 2 raised")
+    assert [(d["status"], d["ok"]) for d in (passed.to_dict(), failed.to_dict())] == [
+        ("passed", True), ("failed", False)]

