@@ -29,16 +29,20 @@ runner profile, and the scenarios' planned steps in their order (a
 scenario's idleness depends on the ones before it). The record is one JSON
 file per key and rank under ``<VLLM_CACHE_ROOT>/stepwarm/`` (or
 ``STEPWARM_CACHE_DIR``): deleting it, changing any of those, or a scenario
-that fails, makes the scenario run again.
+that fails, makes the scenario run again. A record is trusted only as a
+regular file of this user's, of at most :data:`MAX_RECORD_BYTES`, reached
+without following a link (:func:`read_trusted`); it is written the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -173,9 +177,12 @@ class IdleRecord:
         safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in rank_label)
         path = directory / f"idle-{key[:24]}-{safe or 'rank'}.json"
         record = cls(key=key, path=path)
+        text = read_trusted(path)
+        if text is None:
+            return record
         try:
-            data = json.loads(path.read_text())
-        except Exception:  # noqa: BLE001 - unreadable, not JSON, too deep: nothing known
+            data = json.loads(text)
+        except Exception:  # noqa: BLE001 - not JSON, too deep: nothing known
             return record
         if not (isinstance(data, dict) and data.get("format") == FORMAT
                 and data.get("key") == key and isinstance(data.get("scenarios"), dict)):
@@ -213,10 +220,11 @@ class IdleRecord:
         self.gemms = (configuration_key([signature]), frozenset((int(g), int(m)) for g, m in loads))
 
     def save(self) -> bool:
-        """Write the record atomically, readable by all (a cache volume that
-        pods of other users share); False (logged) when it cannot be written.
-        A process writes a key's record once: its start-up's, not what a
-        later warmup in the same process found already loaded."""
+        """Write the record atomically (a new temporary file, mode 0600, renamed
+        over the path: a link there is replaced, never followed); False
+        (logged) when it cannot be written. A process writes a key's record
+        once: its start-up's, not what a later warmup in the same process
+        found already loaded."""
         if self.path in _SAVED:
             return True
         data = {"format": FORMAT, "key": self.key,
@@ -229,9 +237,8 @@ class IdleRecord:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".idle-", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
+            with os.fdopen(fd, "w") as f:  # mkstemp: O_EXCL, mode 0600
                 json.dump(data, f, indent=1, sort_keys=True)
-            os.chmod(tmp, 0o644)
             os.replace(tmp, self.path)
             _SAVED.add(self.path)
             return True
@@ -245,6 +252,56 @@ class IdleRecord:
 
 #: The records this process wrote (:meth:`IdleRecord.save`).
 _SAVED: set[Path] = set()
+
+#: The largest record read (bytes); a larger file is ignored. A record of
+#: every built-in scenario on the Llama-3.1-8B shape is under 8 KiB.
+MAX_RECORD_BYTES = 1 << 20
+
+
+def read_trusted(path: Path) -> str | None:
+    """The text of the record at ``path`` when it is one this process may
+    trust: a regular file (not a link: ``O_NOFOLLOW``), owned by this user,
+    of at most :data:`MAX_RECORD_BYTES` bytes. None when there is no file;
+    None and one log line naming the path and why for anything else (a FIFO
+    is opened with ``O_NONBLOCK`` and refused by its ``fstat``, so it never
+    blocks; a file another user could write in a shared cache directory
+    never decides what runs)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        why = "a symbolic link" if e.errno == errno.ELOOP else f"cannot be opened: {e.strerror}"
+        return _ignored(path, why)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return _ignored(path, f"not a regular file ({_file_type(st.st_mode)})")
+        if st.st_uid != os.geteuid():
+            return _ignored(path, f"owned by uid {st.st_uid}, not this user (uid {os.geteuid()})")
+        if st.st_size > MAX_RECORD_BYTES:
+            return _ignored(path, f"{st.st_size} bytes, more than {MAX_RECORD_BYTES}")
+        try:
+            data = f.read(MAX_RECORD_BYTES + 1)
+        except OSError as e:
+            return _ignored(path, f"cannot be read: {e.strerror}")
+    if len(data) > MAX_RECORD_BYTES:  # grew since the fstat
+        return _ignored(path, f"more than {MAX_RECORD_BYTES} bytes")
+    return data.decode("utf-8", errors="replace")
+
+
+def _ignored(path: Path, why: str) -> None:
+    logger.warning("stepwarm: idle record %s ignored: %s; every scenario runs", path, why)
+    return None
+
+
+def _file_type(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return f"mode {mode:#o}"
 
 
 def _entry(entry: Any) -> tuple[int, frozenset[int]] | None:

@@ -123,13 +123,13 @@ def test_busy_segments_are_those_holding_a_step_that_compiled():
     assert busy_segments(plan.only([2]), {4}) == {0}
 
 
-def test_a_process_writes_a_records_once_readable_by_all(tmp_path):
+def test_a_process_writes_a_records_once_readable_by_its_user_alone(tmp_path):
     """A second warmup in one process finds everything loaded; its idle
     segments are not the start-up's, so it does not overwrite the record."""
     rec = IdleRecord.load(configuration_key(["once"]), "rank0", tmp_path)
     rec.note("default", 2, [0])
     assert rec.save()
-    assert rec.path.stat().st_mode & 0o777 == 0o644  # a cache volume shared by other users
+    assert rec.path.stat().st_mode & 0o777 == 0o600  # another user's record is not trusted
     later = IdleRecord.load(rec.key, "rank0", tmp_path)
     assert later.busy("default", 2) == {0}
     later.note("default", 2, [])
@@ -222,3 +222,65 @@ def test_skip_idle_setting():
     with pytest.raises(SettingsError) as e:
         HookSettings.from_env({**on, "STEPWARM_SKIP_IDLE": "yes"})
     assert str(e.value) == "STEPWARM_SKIP_IDLE='yes': allowed: 0 | 1"
+
+
+def _planted(kind: str, path, tmp_path):
+    """Put what a hostile or careless writer could at a record's path."""
+    import os
+
+    if kind == "fifo":
+        os.mkfifo(path)
+        return "not a regular file (a FIFO)"
+    if kind == "link to /dev/zero":
+        os.symlink("/dev/zero", path)
+        return "a symbolic link"
+    if kind == "400 MB sparse file":
+        with open(path, "wb") as f:
+            f.truncate(400 * 1000 * 1000)
+        return f"400000000 bytes, more than {1 << 20}"
+    if kind == "another user's file":
+        if os.geteuid() != 0:
+            pytest.skip("chown to another uid needs root")
+        path.write_text(json.dumps({"format": FORMAT, "key": "k", "scenarios": {}}))
+        os.chown(path, 4321, 4321)
+        return f"owned by uid 4321, not this user (uid {os.geteuid()})"
+    if kind == "link to my own record":
+        mine = tmp_path / "mine.json"
+        mine.write_text("{}")
+        os.symlink(mine, path)
+        return "a symbolic link"
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero", "400 MB sparse file",
+                                  "another user's file", "link to my own record"])
+def test_a_record_that_is_not_this_users_small_regular_file_is_ignored_with_one_line(
+        kind, tmp_path, caplog):
+    """Every scenario runs (nothing is known), the load returns at once (a
+    FIFO never blocks, /dev/zero is never read), one warning names the path
+    and why; the next save replaces what was there, never writing through a
+    link."""
+    import os
+    import stat
+    import time
+
+    key = configuration_key(["hostile"])
+    path = tmp_path / f"idle-{key[:24]}-rank0.json"
+    why = _planted(kind, path, tmp_path)
+    t0 = time.monotonic()
+    with caplog.at_level("INFO", logger="vllm.stepwarm"):
+        rec = IdleRecord.load(key, "rank0", tmp_path)
+    assert time.monotonic() - t0 < 5
+    assert rec.scenarios == {} and rec.gemms is None and rec.busy("default", 2) is None
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", f"stepwarm: idle record {path} ignored: {why}; every scenario runs")]
+    rec.note("default", 2, [1])
+    assert rec.save()  # (a directory without the sticky bit: its writers may replace it)
+    st = os.lstat(path)
+    assert stat.S_ISREG(st.st_mode) and st.st_mode & 0o777 == 0o600 and st.st_uid == os.geteuid()
+    assert IdleRecord.load(key, "rank0", tmp_path).busy("default", 2) == {1}
+    if kind == "link to my own record":  # the link was replaced, its target left alone
+        assert (tmp_path / "mine.json").read_text() == "{}"
+    from stepwarm.idle_record import _SAVED
+
+    _SAVED.discard(path)
