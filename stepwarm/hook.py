@@ -286,14 +286,36 @@ def _warm_gemm_sizes(worker: Any, who: str, record: IdleRecord | None) -> None:
 def _idle_record(worker: Any, profile: RunnerProfile, plans: list, ranks: RankGroup) -> IdleRecord:
     """This rank's record of idle scenarios for this configuration
     (:mod:`stepwarm.idle_record`)."""
+    return IdleRecord.load(configuration_key(idle_key_parts(worker, profile, plans)),
+                           f"rank{ranks.rank}")
+
+
+#: Runner profile fields left out of the idle record's key: they vary from
+#: start to start without changing a kernel (``num_blocks``: the KV cache is
+#: sized from free memory, 14,305 then 14,307 blocks). A plan they change is
+#: in the key through its steps.
+RUN_TO_RUN_FIELDS = frozenset({"num_blocks"})
+
+
+def idle_key_parts(worker: Any, profile: RunnerProfile, plans: list) -> list[str]:
+    """What the idle record's key is made of, in order: stepwarm's and vLLM's
+    versions, vLLM's config hash and compile factors, the kernel environment
+    (:func:`~stepwarm.idle_record.kernel_environment`: torch, Triton,
+    FlashInfer, CUDA, GPU), the sampler settings ``compute_hash`` leaves out
+    (:func:`~stepwarm.vllm_facts.sampler_settings`), the runner profile less
+    :data:`RUN_TO_RUN_FIELDS`, and each plan's text."""
+    import json
+
     import stepwarm
     from stepwarm import vllm_facts
+    from stepwarm.idle_record import kernel_environment
 
-    key = configuration_key([
-        stepwarm.__version__, vllm_facts.version(), *vllm_facts.compile_hashes(worker),
-        profile.model_dump_json(),
-        *(_plan_text(p) for p in plans)])
-    return IdleRecord.load(key, f"rank{ranks.rank}")
+    return [stepwarm.__version__, vllm_facts.version(), *vllm_facts.compile_hashes(worker),
+            *kernel_environment(),
+            json.dumps(vllm_facts.sampler_settings(vllm_facts.worker_config(worker)),
+                       sort_keys=True),
+            profile.model_dump_json(exclude=set(RUN_TO_RUN_FIELDS)),
+            *(_plan_text(p) for p in plans)]
 
 
 def _plan_text(plan: Any) -> str:

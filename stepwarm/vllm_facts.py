@@ -103,13 +103,19 @@ def cache_root() -> str:
             os.environ.get("XDG_CACHE_HOME", "~/.cache"), "vllm"))
 
 
+def worker_config(worker: Any) -> Any:
+    """The worker's ``VllmConfig`` (its own, or its model runner's); None
+    without one."""
+    return getattr(worker, "vllm_config", None) or getattr(
+        getattr(worker, "model_runner", None), "vllm_config", None)
+
+
 def compile_hashes(worker: Any) -> tuple[str, str]:
     """What vLLM keys its compile cache on: ``VllmConfig.compute_hash()`` and
     the environment's compile factors (``vllm.envs.compile_factors()``, or
     ``compute_hash()`` where that is all a release has); "" for one this vLLM
     lacks or that fails."""
-    config = getattr(worker, "vllm_config", None) or getattr(
-        getattr(worker, "model_runner", None), "vllm_config", None)
+    config = worker_config(worker)
     out = []
     for fn in (getattr(config, "compute_hash", None), _envs_hash):
         try:
@@ -127,6 +133,36 @@ def _envs_hash() -> str:
     if hasattr(envs, "compile_factors"):  # the factors vLLM's compile cache hashes
         return json.dumps(envs.compile_factors(), sort_keys=True, default=str)
     return str(envs.compute_hash())
+
+
+#: Settings that change the sampler's or the rejection sampler's kernels but
+#: that ``VllmConfig.compute_hash()`` leaves out (``ModelConfig.compute_hash``'s
+#: ``ignored_factors`` in vLLM 0.32 and 0.34; ``SpeculativeConfig``'s hash
+#: covers the drafter's model and aux hidden states only in 0.32, and 0.34
+#: lists these in its ``ignored_factors``), as (config attribute, field).
+#: The speculator's method and draft count are the runner profile's.
+SAMPLER_SETTINGS: tuple[tuple[str, str], ...] = (
+    ("model_config", "logprobs_mode"),
+    ("model_config", "use_fp64_gumbel"),
+    ("model_config", "return_sampling_mask"),
+    ("model_config", "logits_processors"),
+    ("model_config", "enable_trace_replay"),
+    ("speculative_config", "rejection_sample_method"),
+    ("speculative_config", "draft_sample_method"),
+    ("speculative_config", "enable_adaptive_verification"),
+    ("speculative_config", "parallel_drafting"),
+)
+
+
+def sampler_settings(config: Any) -> dict[str, str]:
+    """The :data:`SAMPLER_SETTINGS` ``config`` (a ``VllmConfig``) has, as
+    ``"section.field" -> repr(value)``; a setting this release lacks is left out."""
+    out: dict[str, str] = {}
+    for section, name in SAMPLER_SETTINGS:
+        part = getattr(config, section, None)
+        if part is not None and hasattr(part, name):
+            out[f"{section}.{name}"] = repr(getattr(part, name))
+    return out
 
 
 def samples_top_k_top_p_with_drafts() -> bool:
