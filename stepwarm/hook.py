@@ -99,14 +99,19 @@ def _label(ranks: RankGroup) -> str:
 
 
 def _plans(names: Sequence[str], profile: RunnerProfile, ranks: RankGroup) -> list:
-    """Every scenario expanded for ``profile``, identical on every rank.
+    """Every scenario expanded for ``profile``, identical on every rank; a
+    file named twice (two spellings of one path) once, with a log line; at
+    most :data:`~stepwarm.scenario.MAX_STARTUP_STEPS` steps in all.
 
     Raises:
         WarmupError: a scenario is invalid on some rank, or two ranks would
             run different steps (raised on every rank, before any step).
     """
-    from stepwarm.scenario import ScenarioError, plans_for
+    from stepwarm.scenario import ScenarioError, plans_for, same_files
 
+    for left, kept, path in same_files(names):
+        logger.info("%s: scenario %s is %s's file (%s): planned once", _label(ranks), left, kept,
+                    path)
     error: Exception | None = None
     plans: list = []
     try:
