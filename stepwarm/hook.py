@@ -52,6 +52,7 @@ from stepwarm.profile import RunnerProfile
 from stepwarm.ranks import RankGroup
 from stepwarm.random_state import random_state_kept
 from stepwarm.runner import jit_monitor_deferred
+from stepwarm.stop_request import StopRequested, StopSignal, signal_name, stop_at_step_boundary
 from stepwarm.settings import (
     ENV_SCENARIOS,
     HookSettings,
@@ -204,10 +205,15 @@ def warmup(
     # One pool for every scenario's sampler compiles: a scenario's go on
     # while the next ones (and the GEMMs) run; the end waits for what is left.
     gemms = settings.gemm_sizes and bool(plans)
-    with random_state_kept(), deferred_compiles(_compile_threads(settings, ranks)) as deferred:
+    # SIGTERM: the step running finishes, the runner is cleaned up, then the
+    # signal goes to vLLM's handler (stepwarm.stop_request).
+    with stop_at_step_boundary() as stop, random_state_kept(), \
+            deferred_compiles(_compile_threads(settings, ranks)) as deferred:
+        if ranks.size > 1:
+            stop.agree = lambda asked, what: bool(ranks.union(int(asked), f"a stop before {what}"))
         if gemms and record is not None:  # what it loads, not what skipped segments left
             _warm_gemm_sizes(worker, who, record)
-        for plan, entry in zip(plans, record_names(plans)):
+        for n, (plan, entry) in enumerate(zip(plans, record_names(plans))):
             busy = _busy_segments(plan, entry, record, ranks) if record is not None else None
             if busy is not None and not busy:
                 report = RunReport(
@@ -224,9 +230,14 @@ def warmup(
             with compile_activity() if record is not None else \
                     contextlib.nullcontext(CompileActivity()) as seen:
                 compiled = StepCompiles(seen) if record is not None else None
-                report = _run_one(worker, run, profile, settings, ranks, watch,
-                                  time.monotonic() - t_start, compiled,
-                                  idle_steps=run.left_out)
+                try:
+                    report = _run_one(worker, run, profile, settings, ranks, watch,
+                                      time.monotonic() - t_start, compiled,
+                                      idle_steps=run.left_out, stop=stop)
+                except StopRequested as e:
+                    _log_stop(worker, who, e, [p.name for p in plans[n + 1:]])
+                    gemms = False
+                    break
             reports.append(report)
             if record is not None and compiled is not None and plan.steps and \
                     not report.skipped:
@@ -242,6 +253,21 @@ def warmup(
             _warm_gemm_sizes(worker, who, None)
     _log_deferred(worker, who, deferred.result)
     return reports
+
+
+def _log_stop(worker: Any, who: str, stop: StopRequested, not_run: list[str]) -> None:
+    """The one line saying where a stop request ended the warmup and what the
+    runner holds after the driver's cleanup."""
+    from stepwarm.plan import REQ_ID_PREFIX
+    from stepwarm.runner import request_tables
+
+    left = sorted({r for ids in request_tables(worker, REQ_ID_PREFIX).values() for r in ids})
+    logger.warning(
+        "%s: %s: stopped at the step boundary before %s; %s; %s", who,
+        signal_name(stop.signum), stop.before,
+        f"the runner still holds {left}" if left else
+        "the runner was cleaned up (no stepwarm request left)",
+        f"not run: {', '.join(not_run)}" if not_run else "no scenario left to run")
 
 
 def _log_deferred(worker: Any, who: str, result: DeferredCompiles) -> None:
@@ -368,12 +394,15 @@ _MASK_BITS = 62
 
 def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSettings,
              ranks: RankGroup, watch: StepWatch, elapsed: float,
-             compiled: StepCompiles | None = None, idle_steps: int = 0) -> RunReport:
+             compiled: StepCompiles | None = None, idle_steps: int = 0,
+             stop: StopSignal | None = None) -> RunReport:
     """One scenario of :func:`warmup`: skipped past the time limit, else
     driven and logged.
 
     Raises:
         WarmupError: its step failed under ``raise``, or timed out.
+        StopRequested: ``stop`` was asked before a step (the runner was
+            cleaned up).
     """
     who = watch.who
     over = settings.time_limit_s is not None and elapsed > settings.time_limit_s
@@ -393,7 +422,8 @@ def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSetti
     try:
         report = drive(worker, plan, profile, ranks=ranks, watch=watch,
                        compile_threads=_compile_threads(settings, ranks),
-                       on_step_start=compiled.start if compiled else None,
+                       on_step_start=_both(stop.check if stop else None,
+                                           compiled.start if compiled else None),
                        on_step=compiled.end if compiled else None)
         report.idle_steps_skipped = idle_steps
     except (StepFailed, RunnerBusyError) as e:
@@ -419,6 +449,18 @@ def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSetti
     if mem is not None and mem.lower_after:
         logger.warning("%s: %s %s (see docs/plugin.md)", who, plan.name, lower_text(mem))
     return report
+
+
+def _both(first: Callable[[Any, str], None] | None,
+          then: Callable[[Any, str], None] | None) -> Callable[[Any, str], None] | None:
+    """``on_step_start`` calling ``first`` then ``then`` (either may be None)."""
+    if first is None or then is None:
+        return first or then
+
+    def call(step: Any, what: str) -> None:
+        first(step, what)
+        then(step, what)
+    return call
 
 
 def _compile_threads(settings: HookSettings, ranks: RankGroup) -> int:
