@@ -292,7 +292,8 @@ def run(
     """
     _setup(verbose, quiet)
     from stepwarm.probe import read_profile
-    from stepwarm.scenario import SETS, ScenarioError, expand, resolve_names
+    from stepwarm.scenario import MAX_STARTUP_STEPS, SETS, ScenarioError, expand, resolve_names
+    from stepwarm.scenario.expand import too_many_steps
     from stepwarm.scenario.needs import unmet_before_engine
 
     names = resolve_names(scenario or ["all"])
@@ -333,11 +334,17 @@ def run(
     print_wrapped(f"engine up in {startup_s:.1f} s: {profile.runner} runner, "
                   f"vllm {profile.vllm_version}, {profile.num_blocks} blocks, groups: {groups}")
     plans, errors = [], []
+    total = 0
     for name, sc in loaded:  # all checked before any step
         try:
             plans.append((name, expand(sc, profile)))
         except ScenarioError as e:
             errors.append(str(e))
+            continue
+        total += len(plans[-1][1].steps)
+        if total > MAX_STARTUP_STEPS:  # the rest is not expanded
+            errors.append(str(too_many_steps(name, len(plans[-1][1].steps), total)))
+            break
     if errors:
         _fail("\nerror: ".join(errors), 2)
 

@@ -78,6 +78,10 @@ def facts_of(profile: RunnerProfile) -> dict[str, int]:
         "num_spec_steps": profile.num_speculative_steps,
         "max_num_seqs": profile.max_num_seqs,
         "max_num_batched_tokens": profile.max_num_batched_tokens,
+        "draft_slots": profile.draft_slots,
+        # the most tokens one request can be scheduled in a step (vLLM's
+        # scheduler keeps its draft slots out of the budget)
+        "request_budget": profile.max_num_batched_tokens - profile.draft_slots,
         "max_model_len": profile.max_model_len,
         "max_encoder_len": profile.max_encoder_len,
         "num_blocks": profile.num_blocks,
@@ -94,9 +98,10 @@ def facts_of(profile: RunnerProfile) -> dict[str, int]:
         "max_image_tokens": max((c.tokens for c in profile.image_classes), default=0),
         "max_image_prompt_tokens": max((c.prompt_tokens for c in profile.image_classes),
                                        default=0),
-        # the most requests one uniform decode step can hold
-        "max_decode_seqs": max(1, min(profile.max_num_seqs,
-                                      profile.max_num_batched_tokens // profile.decode_query_len)),
+        # the most requests one uniform decode step can hold (each also
+        # keeps its draft slots out of the budget)
+        "max_decode_seqs": max(1, min(profile.max_num_seqs, profile.max_num_batched_tokens
+                                      // (profile.decode_query_len + profile.draft_slots))),
     }
 
 
@@ -107,6 +112,7 @@ FACT_NAMES = (
     "max_model_len", "max_encoder_len", "num_blocks", "num_kv_groups", "max_logprobs",
     "lcm_block_size", "prefill_chunk_align", "num_image_classes", "max_images_per_prompt",
     "encoder_budget", "max_image_tokens", "max_image_prompt_tokens", "max_decode_seqs",
+    "draft_slots", "request_budget",
 )
 
 

@@ -52,6 +52,7 @@ from stepwarm.profile import RunnerProfile
 from stepwarm.ranks import RankGroup
 from stepwarm.random_state import random_state_kept
 from stepwarm.runner import jit_monitor_deferred
+from stepwarm.stop_request import StopRequested, StopSignal, signal_name, stop_at_step_boundary
 from stepwarm.settings import (
     ENV_SCENARIOS,
     HookSettings,
@@ -99,14 +100,19 @@ def _label(ranks: RankGroup) -> str:
 
 
 def _plans(names: Sequence[str], profile: RunnerProfile, ranks: RankGroup) -> list:
-    """Every scenario expanded for ``profile``, identical on every rank.
+    """Every scenario expanded for ``profile``, identical on every rank; a
+    file named twice (two spellings of one path) once, with a log line; at
+    most :data:`~stepwarm.scenario.MAX_STARTUP_STEPS` steps in all.
 
     Raises:
         WarmupError: a scenario is invalid on some rank, or two ranks would
             run different steps (raised on every rank, before any step).
     """
-    from stepwarm.scenario import ScenarioError, plans_for
+    from stepwarm.scenario import ScenarioError, plans_for, same_files
 
+    for left, kept, path in same_files(names):
+        logger.info("%s: scenario %s is %s's file (%s): planned once", _label(ranks), left, kept,
+                    path)
     error: Exception | None = None
     plans: list = []
     try:
@@ -201,11 +207,15 @@ def warmup(
     gemms = settings.gemm_sizes and bool(plans)
     if plans:  # before the scenarios' compile pool: vLLM's own threads compile these
         _warm_sampler_kernels(worker, who, record, _compile_threads(settings, ranks))
-    with measured() as memory, random_state_kept(), \
+    # SIGTERM: the step running finishes, the runner is cleaned up, then the
+    # signal goes to vLLM's handler (stepwarm.stop_request).
+    with measured() as memory, stop_at_step_boundary() as stop, random_state_kept(), \
             deferred_compiles(_compile_threads(settings, ranks)) as deferred:
+        if ranks.size > 1:
+            stop.agree = lambda asked, what: bool(ranks.union(int(asked), f"a stop before {what}"))
         if gemms and record is not None:  # what it loads, not what skipped segments left
             _warm_gemm_sizes(worker, who, record)
-        for plan, entry in zip(plans, record_names(plans)):
+        for n, (plan, entry) in enumerate(zip(plans, record_names(plans))):
             busy = _busy_segments(plan, entry, record, ranks) if record is not None else None
             if busy is not None and not busy:
                 report = RunReport(
@@ -222,9 +232,14 @@ def warmup(
             with compile_activity() if record is not None else \
                     contextlib.nullcontext(CompileActivity()) as seen:
                 compiled = StepCompiles(seen) if record is not None else None
-                report = _run_one(worker, run, profile, settings, ranks, watch,
-                                  time.monotonic() - t_start, compiled,
-                                  idle_steps=run.left_out)
+                try:
+                    report = _run_one(worker, run, profile, settings, ranks, watch,
+                                      time.monotonic() - t_start, compiled,
+                                      idle_steps=run.left_out, stop=stop)
+                except StopRequested as e:
+                    _log_stop(worker, who, e, [p.name for p in plans[n + 1:]])
+                    gemms = False
+                    break
             reports.append(report)
             if record is not None and compiled is not None and plan.steps and \
                     not report.skipped:
@@ -256,6 +271,21 @@ def _give_back_memory(worker: Any, who: str, memory: MemoryReport) -> None:
     log = logger.warning if memory.lower_after else logger.info
     log("%s: after stepwarm's warmup %s has %.0f MiB %s free memory than vLLM left it%s",
         who, memory.device, abs(memory.lost) / 2**20, "less" if memory.lost > 0 else "more", said)
+
+
+def _log_stop(worker: Any, who: str, stop: StopRequested, not_run: list[str]) -> None:
+    """The one line saying where a stop request ended the warmup and what the
+    runner holds after the driver's cleanup."""
+    from stepwarm.plan import REQ_ID_PREFIX
+    from stepwarm.runner import request_tables
+
+    left = sorted({r for ids in request_tables(worker, REQ_ID_PREFIX).values() for r in ids})
+    logger.warning(
+        "%s: %s: stopped at the step boundary before %s; %s; %s", who,
+        signal_name(stop.signum), stop.before,
+        f"the runner still holds {left}" if left else
+        "the runner was cleaned up (no stepwarm request left)",
+        f"not run: {', '.join(not_run)}" if not_run else "no scenario left to run")
 
 
 def _log_deferred(worker: Any, who: str, result: DeferredCompiles) -> None:
@@ -335,14 +365,36 @@ def _warm_sampler_kernels(worker: Any, who: str, record: IdleRecord | None,
 def _idle_record(worker: Any, profile: RunnerProfile, plans: list, ranks: RankGroup) -> IdleRecord:
     """This rank's record of idle scenarios for this configuration
     (:mod:`stepwarm.idle_record`)."""
+    return IdleRecord.load(configuration_key(idle_key_parts(worker, profile, plans)),
+                           f"rank{ranks.rank}")
+
+
+#: Runner profile fields left out of the idle record's key: they vary from
+#: start to start without changing a kernel (``num_blocks``: the KV cache is
+#: sized from free memory, 14,305 then 14,307 blocks). A plan they change is
+#: in the key through its steps.
+RUN_TO_RUN_FIELDS = frozenset({"num_blocks"})
+
+
+def idle_key_parts(worker: Any, profile: RunnerProfile, plans: list) -> list[str]:
+    """What the idle record's key is made of, in order: stepwarm's and vLLM's
+    versions, vLLM's config hash and compile factors, the kernel environment
+    (:func:`~stepwarm.idle_record.kernel_environment`: torch, Triton,
+    FlashInfer, CUDA, GPU), the sampler settings ``compute_hash`` leaves out
+    (:func:`~stepwarm.vllm_facts.sampler_settings`), the runner profile less
+    :data:`RUN_TO_RUN_FIELDS`, and each plan's text."""
+    import json
+
     import stepwarm
     from stepwarm import vllm_facts
+    from stepwarm.idle_record import kernel_environment
 
-    key = configuration_key([
-        stepwarm.__version__, vllm_facts.version(), *vllm_facts.compile_hashes(worker),
-        profile.model_dump_json(),
-        *(_plan_text(p) for p in plans)])
-    return IdleRecord.load(key, f"rank{ranks.rank}")
+    return [stepwarm.__version__, vllm_facts.version(), *vllm_facts.compile_hashes(worker),
+            *kernel_environment(),
+            json.dumps(vllm_facts.sampler_settings(vllm_facts.worker_config(worker)),
+                       sort_keys=True),
+            profile.model_dump_json(exclude=set(RUN_TO_RUN_FIELDS)),
+            *(_plan_text(p) for p in plans)]
 
 
 def _plan_text(plan: Any) -> str:
@@ -390,12 +442,15 @@ _MASK_BITS = 62
 
 def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSettings,
              ranks: RankGroup, watch: StepWatch, elapsed: float,
-             compiled: StepCompiles | None = None, idle_steps: int = 0) -> RunReport:
+             compiled: StepCompiles | None = None, idle_steps: int = 0,
+             stop: StopSignal | None = None) -> RunReport:
     """One scenario of :func:`warmup`: skipped past the time limit, else
     driven and logged.
 
     Raises:
         WarmupError: its step failed under ``raise``, or timed out.
+        StopRequested: ``stop`` was asked before a step (the runner was
+            cleaned up).
     """
     who = watch.who
     over = settings.time_limit_s is not None and elapsed > settings.time_limit_s
@@ -415,7 +470,8 @@ def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSetti
     try:
         report = drive(worker, plan, profile, ranks=ranks, watch=watch,
                        compile_threads=_compile_threads(settings, ranks),
-                       on_step_start=compiled.start if compiled else None,
+                       on_step_start=_both(stop.check if stop else None,
+                                           compiled.start if compiled else None),
                        on_step=compiled.end if compiled else None)
         report.idle_steps_skipped = idle_steps
     except (StepFailed, RunnerBusyError) as e:
@@ -441,6 +497,18 @@ def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSetti
     if mem is not None and mem.lower_after:
         logger.warning("%s: %s %s (see docs/plugin.md)", who, plan.name, lower_text(mem))
     return report
+
+
+def _both(first: Callable[[Any, str], None] | None,
+          then: Callable[[Any, str], None] | None) -> Callable[[Any, str], None] | None:
+    """``on_step_start`` calling ``first`` then ``then`` (either may be None)."""
+    if first is None or then is None:
+        return first or then
+
+    def call(step: Any, what: str) -> None:
+        first(step, what)
+        then(step, what)
+    return call
 
 
 def _compile_threads(settings: HookSettings, ranks: RankGroup) -> int:

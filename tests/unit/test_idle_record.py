@@ -123,13 +123,13 @@ def test_busy_segments_are_those_holding_a_step_that_compiled():
     assert busy_segments(plan.only([2]), {4}) == {0}
 
 
-def test_a_process_writes_a_records_once_readable_by_all(tmp_path):
+def test_a_process_writes_a_records_once_readable_by_its_user_alone(tmp_path):
     """A second warmup in one process finds everything loaded; its idle
     segments are not the start-up's, so it does not overwrite the record."""
     rec = IdleRecord.load(configuration_key(["once"]), "rank0", tmp_path)
     rec.note("default", 2, [0])
     assert rec.save()
-    assert rec.path.stat().st_mode & 0o777 == 0o644  # a cache volume shared by other users
+    assert rec.path.stat().st_mode & 0o777 == 0o600  # another user's record is not trusted
     later = IdleRecord.load(rec.key, "rank0", tmp_path)
     assert later.busy("default", 2) == {0}
     later.note("default", 2, [])
@@ -222,3 +222,197 @@ def test_skip_idle_setting():
     with pytest.raises(SettingsError) as e:
         HookSettings.from_env({**on, "STEPWARM_SKIP_IDLE": "yes"})
     assert str(e.value) == "STEPWARM_SKIP_IDLE='yes': allowed: 0 | 1"
+
+
+def _planted(kind: str, path, tmp_path):
+    """Put what a hostile or careless writer could at a record's path."""
+    import os
+
+    if kind == "fifo":
+        os.mkfifo(path)
+        return "not a regular file (a FIFO)"
+    if kind == "link to /dev/zero":
+        os.symlink("/dev/zero", path)
+        return "a symbolic link"
+    if kind == "400 MB sparse file":
+        with open(path, "wb") as f:
+            f.truncate(400 * 1000 * 1000)
+        return f"400000000 bytes, more than {1 << 20}"
+    if kind == "another user's file":
+        if os.geteuid() != 0:
+            pytest.skip("chown to another uid needs root")
+        path.write_text(json.dumps({"format": FORMAT, "key": "k", "scenarios": {}}))
+        os.chown(path, 4321, 4321)
+        return f"owned by uid 4321, not this user (uid {os.geteuid()})"
+    if kind == "link to my own record":
+        mine = tmp_path / "mine.json"
+        mine.write_text("{}")
+        os.symlink(mine, path)
+        return "a symbolic link"
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero", "400 MB sparse file",
+                                  "another user's file", "link to my own record"])
+def test_a_record_that_is_not_this_users_small_regular_file_is_ignored_with_one_line(
+        kind, tmp_path, caplog):
+    """Every scenario runs (nothing is known), the load returns at once (a
+    FIFO never blocks, /dev/zero is never read), one warning names the path
+    and why; the next save replaces what was there, never writing through a
+    link."""
+    import os
+    import stat
+    import time
+
+    key = configuration_key(["hostile"])
+    path = tmp_path / f"idle-{key[:24]}-rank0.json"
+    why = _planted(kind, path, tmp_path)
+    t0 = time.monotonic()
+    with caplog.at_level("INFO", logger="vllm.stepwarm"):
+        rec = IdleRecord.load(key, "rank0", tmp_path)
+    assert time.monotonic() - t0 < 5
+    assert rec.scenarios == {} and rec.gemms is None and rec.busy("default", 2) is None
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("WARNING", f"stepwarm: idle record {path} ignored: {why}; every scenario runs")]
+    rec.note("default", 2, [1])
+    assert rec.save()  # (a directory without the sticky bit: its writers may replace it)
+    st = os.lstat(path)
+    assert stat.S_ISREG(st.st_mode) and st.st_mode & 0o777 == 0o600 and st.st_uid == os.geteuid()
+    assert IdleRecord.load(key, "rank0", tmp_path).busy("default", 2) == {1}
+    if kind == "link to my own record":  # the link was replaced, its target left alone
+        assert (tmp_path / "mine.json").read_text() == "{}"
+    from stepwarm.idle_record import _SAVED
+
+    _SAVED.discard(path)
+
+
+def test_kernel_environment_is_torch_triton_flashinfer_cuda_and_the_gpu(monkeypatch):
+    """Versions read off the installed distributions (FlashInfer is never
+    imported), CUDA off torch, the GPU's name where CUDA is available."""
+    import sys
+    from importlib import metadata
+
+    import torch
+    import triton
+
+    from stepwarm.idle_record import kernel_environment
+
+    flashinfer_was_imported = "flashinfer" in sys.modules
+    assert kernel_environment() == [
+        f"torch {torch.__version__}", f"triton {triton.__version__}", "flashinfer none",
+        f"cuda {torch.version.cuda or 'none'}", "gpu cpu"]
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda d: "0.6.1" if d == "flashinfer-python"
+                        else "2.14.0" if d == "torch" else real(d))
+    monkeypatch.setattr(torch.version, "cuda", "12.9")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    assert kernel_environment() == [
+        "torch 2.14.0", f"triton {triton.__version__}", "flashinfer 0.6.1", "cuda 12.9",
+        "gpu NVIDIA H200"]
+    assert ("flashinfer" in sys.modules) == flashinfer_was_imported
+
+
+def test_sampler_settings_are_those_vllms_config_hash_leaves_out():
+    """Read off vLLM 0.32's sources (0.34's ignore the same): every model
+    setting listed is in ModelConfig.compute_hash's ignored_factors, and
+    every speculative one is a SpeculativeConfig field its hash does not
+    read (but dspark's adaptive verification)."""
+    import inspect
+
+    from vllm.config import ModelConfig, SpeculativeConfig
+
+    from stepwarm.vllm_facts import SAMPLER_SETTINGS
+
+    model_hash = inspect.getsource(ModelConfig.compute_hash)
+    spec_hash = inspect.getsource(SpeculativeConfig.compute_hash)
+    for section, name in SAMPLER_SETTINGS:
+        if section == "model_config":
+            assert name in ModelConfig.__dataclass_fields__ and f'"{name}",' in model_hash, name
+        else:
+            assert name in SpeculativeConfig.__dataclass_fields__, name
+            assert name not in spec_hash or name == "enable_adaptive_verification", name
+
+
+def _fake_worker(logprobs_mode: str = "raw_logprobs"):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(vllm_config=SimpleNamespace(
+        compute_hash=lambda: "cfg-hash", speculative_config=None,
+        model_config=SimpleNamespace(logprobs_mode=logprobs_mode, use_fp64_gumbel=False)))
+
+
+def test_the_idle_key_is_made_of_what_decides_kernels_not_the_block_count(monkeypatch):
+    import json as js
+
+    import stepwarm
+    from stepwarm import hook, idle_record, vllm_facts
+    from stepwarm.plan import PlanBuilder, PlannedRequest
+    from tests.helpers import make_profile
+
+    profile = make_profile(num_blocks=14305)
+    b = PlanBuilder(profile, name="one")
+    b.add_request(PlannedRequest("_stepwarm_a_", 8, sampling="greedy"))
+    b.step("prefill", "a", prefill={"_stepwarm_a_": 8})
+    b.cleanup()
+    plan = b.build()
+    parts = hook.idle_key_parts(_fake_worker(), profile, [plan])
+    envs = vllm_facts.compile_hashes(_fake_worker())[1]
+    assert parts == [
+        stepwarm.__version__, "0.32.0", "cfg-hash", envs, *idle_record.kernel_environment(),
+        '{"model_config.logprobs_mode": "\'raw_logprobs\'", '
+        '"model_config.use_fp64_gumbel": "False"}',
+        profile.model_dump_json(exclude={"num_blocks"}), hook._plan_text(plan)]
+    assert "num_blocks" not in js.loads(parts[-2])
+
+    def key(worker=None, p=profile):
+        return configuration_key(hook.idle_key_parts(worker or _fake_worker(), p, [plan]))
+
+    # 14,305 then 14,307 blocks (the KV cache sized from free memory): the same key
+    assert key(p=profile.model_copy(update={"num_blocks": 14307})) == key()
+    # the sampler's logprobs kernels: another key
+    assert key(_fake_worker("processed_logprobs")) != key()
+    # a torch upgrade: another key
+    before = key()
+    monkeypatch.setattr(idle_record, "kernel_environment",
+                        lambda: ["torch 2.14.0", "triton 3.9.0", "flashinfer none", "cuda none",
+                                 "gpu cpu"])
+    assert key() != before
+
+
+def test_writing_a_record_keeps_the_newest_of_its_rank(tmp_path, caplog):
+    """KEEP_RECORDS per rank: older records of this user's for that rank are
+    removed; other ranks', other users', links and other names are left."""
+    import os
+
+    from stepwarm.idle_record import _SAVED, KEEP_RECORDS
+
+    old = []
+    for i in range(KEEP_RECORDS + 3):
+        p = tmp_path / f"idle-{i:024x}-rank0.json"
+        p.write_text("{}")
+        os.utime(p, (1_000_000 + i, 1_000_000 + i))
+        old.append(p)
+    others = [tmp_path / f"idle-{0:024x}-rank1.json", tmp_path / "notes.json"]
+    for p in others:
+        p.write_text("{}")
+        os.utime(p, (1, 1))
+    os.symlink(old[0], tmp_path / f"idle-{'f' * 24}-rank0.json")
+    if os.geteuid() == 0:
+        theirs = tmp_path / f"idle-{'e' * 24}-rank0.json"
+        theirs.write_text("{}")
+        os.utime(theirs, (1, 1))
+        os.chown(theirs, 4321, 4321)
+        others.append(theirs)
+    rec = IdleRecord.load(configuration_key(["newest"]), "rank0", tmp_path)
+    rec.note("default", 1, [])
+    with caplog.at_level("INFO", logger="vllm.stepwarm"):
+        assert rec.save()
+    _SAVED.discard(rec.path)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    # the one written and the 15 newest before it; the 4 oldest removed
+    kept = {rec.path.name, *(p.name for p in old[4:])}
+    assert len(kept) == KEEP_RECORDS
+    assert left == sorted(kept | {p.name for p in others} | {f"idle-{'f' * 24}-rank0.json"})
+    assert caplog.messages == [f"stepwarm: 4 stale idle record(s) removed beside {rec.path} "
+                               f"(the newest {KEEP_RECORDS} of a rank are kept)"]
