@@ -57,7 +57,7 @@ def main() -> int:
         req = json.loads(line)
         phase[0] = req["name"]
         params = SamplingParams(ignore_eos=True, **req["sampling"])
-        llm.generate([{"prompt_token_ids": [5 + i] * req["prompt"]} for i in range(req["count"])],
+        llm.generate([{"prompt_token_ids": [5 + i] * req["prompt"]} for i in range(req.get("count", 1))],
                      params, use_tqdm=False)
         if req["name"] == args.upto:
             break

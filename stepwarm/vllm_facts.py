@@ -95,7 +95,16 @@ def version() -> str:
 def runner_of_config(vllm_config: Any) -> str:
     """``"v2"`` or ``"v1"``: the model runner a ``VllmConfig`` picks
     (``VllmConfig.use_v2_model_runner``, vLLM >= 0.31), read where no
-    runner exists (the engine core); ``"v1"`` on a vLLM without the property."""
+    runner exists (the engine core); on a vLLM without the property: ``"v2"``
+    where it has no V1 GPU runner (0.34: ``vllm/v1/worker/gpu_model_runner.py``
+    is gone) and the platform is not the CPU, else ``"v1"``."""
+    if not hasattr(type(vllm_config), "use_v2_model_runner"):
+        import importlib.util
+
+        from vllm.platforms import current_platform
+
+        gone = importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is None
+        return "v2" if gone and not current_platform.is_cpu() else "v1"
     try:
         return "v2" if getattr(vllm_config, "use_v2_model_runner", False) else "v1"
     except Exception:  # noqa: BLE001 - the property raises for configs it refuses
@@ -957,7 +966,8 @@ def compile_registered(vllm_config: Any, register: Any, threads: int = 0) -> int
             if not args and not kwargs:
                 kwargs = {"vllm_config": vllm_config}
             for key in kernel.get_warmup_keys(*args, **kwargs):
-                if _stride_class_matches(key, stride):
+                if getattr(kernel, "__name__", "") in STRIDE_FILTER_EXEMPT or \
+                        _stride_class_matches(key, stride):
                     keys[key] = None
         items.append((kernel, list(keys)))
     total = sum(len(keys) for _, keys in items)
@@ -971,6 +981,13 @@ def compile_registered(vllm_config: Any, register: Any, threads: int = 0) -> int
     else:
         compile_all()
     return total
+
+
+#: Dispatchers whose variants are all compiled, both stride classes: on the H200
+#: (run s23, tiny Llama, vLLM 0.34) the filtered set missed one
+#: ``_topp_sb_mask_kernel`` variant (``default`` step 0 compiled it at start-up),
+#: none of the others'.
+STRIDE_FILTER_EXEMPT = frozenset({"_topp_split_mask"})
 
 
 def sampler_logits_stride(vllm_config: Any) -> int:

@@ -31,4 +31,6 @@ def test_a_drafter_engine_runs_the_lifecycle_scenarios_on_the_facts_read_off_its
     major_minor = tuple(int(x) for x in facts["vllm"].split(".")[:2])
     if major_minor >= (0, 34):
         assert facts["resumed_sent_as_new"] and facts["extensible"]
-        assert facts["usable_kv_blocks"] < facts["num_blocks"]  # its warmup may back fewer
+        # after start-up the cache is committed at its measured size: plans may
+        # address all of it (during vLLM's warmup, fewer: usable_kv_blocks)
+        assert facts["usable_kv_blocks"] == facts["num_blocks"]
