@@ -205,12 +205,13 @@ def warmup(
     # One pool for every scenario's sampler compiles: a scenario's go on
     # while the next ones (and the GEMMs) run; the end waits for what is left.
     gemms = settings.gemm_sizes and bool(plans)
-    if plans:  # before the scenarios' compile pool: vLLM's own threads compile these
-        _warm_sampler_kernels(worker, who, record, _compile_threads(settings, ranks))
+    threads = _compile_threads(settings, ranks)
+    if plans:  # before the scenarios' compile pool
+        _warm_sampler_kernels(worker, who, record, threads)
     # SIGTERM: the step running finishes, the runner is cleaned up, then the
     # signal goes to vLLM's handler (stepwarm.stop_request).
     with measured() as memory, stop_at_step_boundary() as stop, random_state_kept(), \
-            deferred_compiles(_compile_threads(settings, ranks)) as deferred:
+            deferred_compiles(threads) as deferred:
         if ranks.size > 1:
             stop.agree = lambda asked, what: bool(ranks.union(int(asked), f"a stop before {what}"))
         if gemms and record is not None:  # what it loads, not what skipped segments left

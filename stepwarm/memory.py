@@ -121,10 +121,7 @@ def measured() -> Iterator[MemoryReport]:
         yield report
     finally:
         if device is not None:
-            torch.cuda.synchronize(device)
-            report.free_after, _ = torch.cuda.mem_get_info(device)
-            report.used_after = torch.cuda.memory_allocated(device)
-            report.reserved_after = torch.cuda.memory_reserved(device)
+            _read_cuda_after(report, device)
             report.peak = torch.cuda.max_memory_allocated(device)
         else:
             report.used_after = _proc_status("VmRSS")
@@ -163,13 +160,20 @@ def give_back(report: MemoryReport, tolerance: int = TOLERANCE_BYTES) -> int:
     import torch
 
     device = int(report.device.split(":")[1])
+    grown = report.reserved_after
     gc.collect()
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
-    reserved = torch.cuda.memory_reserved(device)
-    released = report.reserved_after - reserved
+    _read_cuda_after(report, device)
+    flag(report, tolerance)
+    return grown - (report.reserved_after or 0)
+
+
+def _read_cuda_after(report: MemoryReport, device: int) -> None:
+    """The ``*_after`` fields off CUDA device ``device``, the device synchronized first."""
+    import torch
+
+    torch.cuda.synchronize(device)
     report.free_after, _ = torch.cuda.mem_get_info(device)
     report.used_after = torch.cuda.memory_allocated(device)
-    report.reserved_after = reserved
-    flag(report, tolerance)
-    return released
+    report.reserved_after = torch.cuda.memory_reserved(device)
