@@ -474,8 +474,10 @@ class ScenarioProgress:
         self.done += 1
         self._add(step_row(result, self.num_groups, self.planned.get(result.index)))
         note = self.slow.note(result) if self.slow is not None else None
-        if note:  # above a live table, or after the step's lines
-            self.out.print("  " + note, soft_wrap=self.live is None)
+        if note and self.live is not None:  # above the live table
+            self.out.print("  " + note)
+        elif note:  # after the step's lines, wrapped as they are
+            print_wrapped("  " + note, self.out, indent=4)
 
     def failed(self, step: PlannedStep) -> None:
         """The step raised: its row, marked FAILED."""

@@ -37,6 +37,6 @@ def test_jit_monitor_error_mode_starts_with_stepwarm_and_still_catches_later_com
     assert result is not None and result["started"], log[-6000:]
     record("jit-monitor[error]", start_s=round(result["start_s"], 1), stepwarm=stepwarm_lines(log),
            then_error=result.get("then_error"))
-    assert result["tokens"] == [4, 4, 4] and all(r["ok"] for r in result["reports"][0])
+    assert result["tokens"] == [4, 4, 4] and all(r["status"] == "passed" for r in result["reports"][0])
     assert log.index("stepwarm: triton-buckets:") < log.index("Kernel JIT monitor activated")
     assert "during inference" in log and result.get("then_error")

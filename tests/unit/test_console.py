@@ -295,13 +295,15 @@ def test_a_slow_step_says_what_compiled_in_it(tmp_path, monkeypatch):
         progress.step(_step(3, "mixed_prefill_decode", 1800.0, t0 + 50))
     lines = buf.getvalue().splitlines()
     where = ", ".join(detectors.available)
-    assert lines[3] == ("  step 0 (prefill) took 31.2 s: compiled 2 inductor kernels "
-                        "(cpp_fused_add_0, cpp_fused_mul_1; seen by cache)")
-    assert lines[4].startswith("  [1/8] decode ") and lines[6].startswith("  [2/8] decode ")
-    assert lines[8] == f"  step 2 (decode) took 2.5 s: no compile seen ({where})"
-    assert lines[11] == (f"  step 3 (mixed_prefill_decode) took 1.8 s: first call: no compile "
-                         f"seen ({where})")
-    assert len(lines) == 12
+    # piped: each note wrapped at 80 columns as the step rows are, continued 4 spaces in
+    assert max(map(len, lines)) <= 80, lines
+    assert lines[3:5] == ["  step 0 (prefill) took 31.2 s: compiled 2 inductor kernels (cpp_fused_add_0,",
+                          "      cpp_fused_mul_1; seen by cache)"]
+    assert lines[5].startswith("  [1/8] decode ") and lines[7].startswith("  [2/8] decode ")
+    notes = [" ".join(x.strip() for x in lines[i:j]) for i, j in ((9, 10), (12, None))]
+    assert notes == [f"step 2 (decode) took 2.5 s: no compile seen ({where})",
+                     f"step 3 (mixed_prefill_decode) took 1.8 s: first call: no compile "
+                     f"seen ({where})"], lines
     detectors.stop()
     assert out_py.exists()  # the user's cache is kept
 
