@@ -166,18 +166,33 @@ def worker_config(worker: Any) -> Any:
 
 
 def compile_hashes(worker: Any) -> tuple[str, str]:
-    """What vLLM keys its compile cache on: ``VllmConfig.compute_hash()`` and
-    the environment's compile factors (``vllm.envs.compile_factors()``, or
-    ``compute_hash()`` where that is all a release has); "" for one this vLLM
-    lacks or that fails."""
+    """What vLLM keys its compile cache on: the config's hash
+    (``VllmConfig.compute_hash()``; from 0.34 ``hash_config(config)``, the
+    hash of ``VllmConfig.compile_factors()``) and the environment's compile
+    factors (``vllm.envs.compile_factors()``, or ``compute_hash()`` where that
+    is all a release has); "" for one this vLLM lacks or that fails."""
     config = worker_config(worker)
     out = []
-    for fn in (getattr(config, "compute_hash", None), _envs_hash):
+    for fn in (_config_hash_reader(config), _envs_hash):
         try:
             out.append(str(fn()) if fn is not None else "")
         except Exception:  # noqa: BLE001 - the hash is a key part, not a requirement
             out.append("")
     return out[0], out[1]
+
+
+def _config_hash_reader(config: Any) -> Any:
+    """``config.compute_hash`` (to 0.33), or a call of vLLM's ``hash_config``
+    on it (0.34 renamed the method ``compile_factors``); None without either."""
+    if config is None:
+        return None
+    if hasattr(config, "compute_hash"):
+        return config.compute_hash
+    if hasattr(config, "compile_factors"):
+        from vllm.config.utils import hash_config
+
+        return lambda: hash_config(config)
+    return None
 
 
 def _envs_hash() -> str:
@@ -191,8 +206,9 @@ def _envs_hash() -> str:
 
 
 #: Settings that change the sampler's or the rejection sampler's kernels but
-#: that ``VllmConfig.compute_hash()`` leaves out (``ModelConfig.compute_hash``'s
-#: ``ignored_factors`` in vLLM 0.32 and 0.34; ``SpeculativeConfig``'s hash
+#: that the config's hash leaves out (the ``ignored_factors`` of
+#: ``ModelConfig.compute_hash`` in vLLM 0.32, of ``compile_factors`` in 0.34;
+#: ``SpeculativeConfig``'s hash
 #: covers the drafter's model and aux hidden states only in 0.32, and 0.34
 #: lists these in its ``ignored_factors``), as (config attribute, field).
 #: The speculator's method and draft count are the runner profile's.

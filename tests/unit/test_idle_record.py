@@ -314,24 +314,31 @@ def test_kernel_environment_is_torch_triton_flashinfer_cuda_and_the_gpu(monkeypa
 
 
 def test_sampler_settings_are_those_vllms_config_hash_leaves_out():
-    """Read off vLLM 0.32's sources (0.34's ignore the same): every model
-    setting listed is in ModelConfig.compute_hash's ignored_factors, and
-    every speculative one is a SpeculativeConfig field its hash does not
-    read (but dspark's adaptive verification)."""
+    """Read off vLLM's sources: every model setting listed is in
+    ModelConfig's hash's ignored_factors, and every speculative one is a
+    SpeculativeConfig field its hash does not read (0.32, but dspark's
+    adaptive verification) or lists in its ignored_factors (0.34)."""
     import inspect
 
     from vllm.config import ModelConfig, SpeculativeConfig
 
     from stepwarm.vllm_facts import SAMPLER_SETTINGS
 
-    model_hash = inspect.getsource(ModelConfig.compute_hash)
-    spec_hash = inspect.getsource(SpeculativeConfig.compute_hash)
+    # 0.34 renamed compute_hash compile_factors (the same ignored_factors)
+    def hash_source(cls):
+        return inspect.getsource(getattr(cls, "compute_hash", None) or cls.compile_factors)
+
+    model_hash = hash_source(ModelConfig)
+    spec_hash = hash_source(SpeculativeConfig)
     for section, name in SAMPLER_SETTINGS:
         if section == "model_config":
             assert name in ModelConfig.__dataclass_fields__ and f'"{name}",' in model_hash, name
         else:
             assert name in SpeculativeConfig.__dataclass_fields__, name
-            assert name not in spec_hash or name == "enable_adaptive_verification", name
+            if hasattr(SpeculativeConfig, "compute_hash"):  # to 0.33: fields it reads
+                assert name not in spec_hash or name == "enable_adaptive_verification", name
+            else:  # 0.34: compile_factors's ignored_factors
+                assert f'"{name}",' in spec_hash, name
 
 
 def _fake_worker(logprobs_mode: str = "raw_logprobs"):
@@ -346,6 +353,7 @@ def test_the_idle_key_is_made_of_what_decides_kernels_not_the_block_count(monkey
     import json as js
 
     import stepwarm
+    import vllm
     from stepwarm import hook, idle_record, vllm_facts
     from stepwarm.plan import PlanBuilder, PlannedRequest
     from tests.helpers import make_profile
@@ -359,7 +367,7 @@ def test_the_idle_key_is_made_of_what_decides_kernels_not_the_block_count(monkey
     parts = hook.idle_key_parts(_fake_worker(), profile, [plan])
     envs = vllm_facts.compile_hashes(_fake_worker())[1]
     assert parts == [
-        stepwarm.__version__, "0.32.0", "cfg-hash", envs, *idle_record.kernel_environment(),
+        stepwarm.__version__, vllm.__version__, "cfg-hash", envs, *idle_record.kernel_environment(),
         '{"model_config.logprobs_mode": "\'raw_logprobs\'", '
         '"model_config.use_fp64_gumbel": "False"}',
         profile.model_dump_json(exclude={"num_blocks"}), hook._plan_text(plan)]
@@ -416,3 +424,29 @@ def test_writing_a_record_keeps_the_newest_of_its_rank(tmp_path, caplog):
     assert left == sorted(kept | {p.name for p in others} | {f"idle-{'f' * 24}-rank0.json"})
     assert caplog.messages == [f"stepwarm: 4 stale idle record(s) removed beside {rec.path} "
                                f"(the newest {KEEP_RECORDS} of a rank are kept)"]
+
+
+def test_the_config_hash_is_vllms_own_on_every_release():
+    """The key's config part is the hash vLLM's compile cache uses: to 0.33
+    ``compute_hash()``, from 0.34 ``hash_config(config)`` (0.34 has no
+    compute_hash); never "" for a real config, and it changes with a field
+    the hash reads. Shown on ``CompilationConfig`` (built without a device;
+    ``VllmConfig`` reads the same method of each of its parts)."""
+    from types import SimpleNamespace
+
+    from vllm.config import CompilationConfig
+
+    from stepwarm import vllm_facts
+
+    def config_hash(config):
+        return vllm_facts.compile_hashes(SimpleNamespace(vllm_config=config))[0]
+
+    config = CompilationConfig()
+    if hasattr(CompilationConfig, "compute_hash"):
+        expected = config.compute_hash()
+    else:
+        from vllm.config.utils import hash_config
+
+        expected = hash_config(config)
+    assert config_hash(config) == expected != ""
+    assert config_hash(CompilationConfig(cudagraph_capture_sizes=[1, 2])) != expected

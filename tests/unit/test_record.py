@@ -96,6 +96,7 @@ def lines(path: Path) -> list[dict]:
 
 def test_a_session_s_lines(wrapped: Path) -> None:
     import vllm
+    from packaging.version import Version
 
     import stepwarm
     from stepwarm.zoo import write_model
@@ -110,7 +111,9 @@ def test_a_session_s_lines(wrapped: Path) -> None:
     assert head == {
         "stepwarm_record": 1, "stepwarm": stepwarm.__version__, "vllm": vllm.__version__,
         "model": record.model_identity(config), "block_size": 16, "max_num_seqs": 8,
-        "max_num_batched_tokens": 64, "num_spec_tokens": 0, "runner": "v1",
+        "max_num_batched_tokens": 64, "num_spec_tokens": 0,
+        # on CPU the V1 runner; 0.34 has no V1 GPU runner: its config says v2
+        "runner": "v1" if Version(vllm.__version__) < Version("0.34") else "v2",
         "cudagraph_sizes": [], "max_logprobs": 20}
     assert head["model"]["architecture"] == "LlamaForCausalLM"
     # b's first two blocks hit a's, cached in the same step: 40 + 8 tokens.
