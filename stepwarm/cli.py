@@ -859,7 +859,7 @@ def check(
     if profile is None and (model is not None or engine_arg):
         _loaded_or_exit(files, engine_arg)  # an engine would start: format and -e errors first
     prof = _profile_for(model, profile, engine_arg)
-    console.print(_profile_line(prof), soft_wrap=not console.is_terminal)  # a terminal: wrapped
+    print_wrapped(_profile_line(prof))
     bad = 0
     for name, result in check_all(files, prof):
         if isinstance(result, ScenarioError):
@@ -900,7 +900,7 @@ def show(
         plan = plans_for([file], prof)[0]
     except ScenarioError as e:
         _fail(str(e), 2)
-    console.print(_profile_line(prof), soft_wrap=not console.is_terminal)  # a terminal: wrapped
+    print_wrapped(_profile_line(prof))
     if plan.skipped:
         console.print(f"scenario {plan.name}: skipped: {plan.skipped}", highlight=False)
         return
@@ -972,7 +972,7 @@ def profile_cmd(
         prof.save(output)
     except OSError as e:
         _fail(f"{output}: cannot write profile: {e.strerror or e}", 2)
-    console.print(_profile_line(prof), soft_wrap=not console.is_terminal)  # a terminal: wrapped
+    print_wrapped(_profile_line(prof))
     console.print(f"saved {output}")
 
 
