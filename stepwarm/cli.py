@@ -43,8 +43,12 @@ _verbose = False
 
 
 def _setup(verbose: bool, quiet: bool) -> None:
-    """Route vLLM's log (stderr; WARNING, -v INFO, -q ERROR) before vLLM is imported."""
+    """Route vLLM's log (stderr; WARNING, -v INFO, -q ERROR) before vLLM is
+    imported; exit 2 when both -v and -q are given (they contradict)."""
     global _verbose
+    if verbose and quiet:
+        _fail("-v (--verbose) and -q (--quiet) contradict each other; allowed: one of "
+              "them, or neither", 2)
     _verbose = verbose
     route_vllm_log(1 if verbose else -1 if quiet else 0)
 

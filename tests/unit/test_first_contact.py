@@ -1,0 +1,22 @@
+"""A new user's trial of main (issue 42, third round): what the CLI says,
+its exit status and stream, for the paths the trial found wrong."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from stepwarm.cli import app
+
+runner = CliRunner()
+ENV = {"COLUMNS": "300"}
+
+
+@pytest.mark.parametrize("command", [["run"], ["check", "default"], ["show", "default"],
+                                     ["coverage"], ["bench", "default"],
+                                     ["profile", "-o", "p.json"]])
+def test_verbose_and_quiet_together_are_refused_before_anything_runs(command):
+    r = runner.invoke(app, [*command, "-v", "-q"], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == ("error: -v (--verbose) and -q (--quiet) contradict each other; "
+                        "allowed: one of them, or neither\n")
