@@ -985,14 +985,14 @@ def bench(
     scenario: Annotated[str, typer.Argument(metavar="NAME|FILE", help="A built-in scenario or a TOML file.")],
     model: ModelOption = None,
     engine_arg: EngineArgs = None,
-    repeat: Annotated[int, typer.Option("--repeat", min=1, max=100000, metavar="N", help="Measured repeats of the whole scenario.")] = 20,
-    warmup: Annotated[int, typer.Option("--warmup", min=0, max=100000, metavar="K", help="Unmeasured repeats first.")] = 3,
+    repeat: Annotated[int, typer.Option("--repeat", metavar="N", help="Measured repeats of the whole scenario (1 to 100000).")] = 20,
+    warmup: Annotated[int, typer.Option("--warmup", metavar="K", help="Unmeasured repeats first (0 to 100000).")] = 3,
     json_out: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", help="Every sample, the statistics and the ratios as JSON.")] = None,
     csv_out: Annotated[Optional[Path], typer.Option("--csv", metavar="FILE", help="One row a step and configuration.")] = None,
     against_e: Annotated[Optional[list[str]], typer.Option("--against-e", metavar="KEY=VALUE", help="Compare with B: these engine arguments on top of -e.")] = None,
     against_env: Annotated[Optional[list[str]], typer.Option("--against-env", metavar="VAR=VALUE", help="Compare with B: this environment variable set.")] = None,
     against_python: Annotated[Optional[str], typer.Option("--against-python", metavar="PATH", help="Compare with B: run under this Python (another vLLM build).")] = None,
-    rounds: Annotated[int, typer.Option("--rounds", min=1, max=1000, metavar="R", help="A/B rounds the repeats are split into, interleaved.")] = 4,
+    rounds: Annotated[int, typer.Option("--rounds", metavar="R", help="A/B rounds the repeats are split into, interleaved (1 to 1000).")] = 4,
     gate_pct: Annotated[Optional[float], typer.Option("--gate", metavar="PCT", help="Exit 4 when a step of B is slower than A by more than PCT % beyond the noise.")] = None,
     child: Annotated[bool, typer.Option("--child", hidden=True)] = False,
     verbose: Verbose = False,
@@ -1015,6 +1015,11 @@ def bench(
     _check_output_path(json_out, "--json")
     _check_output_path(csv_out, "--csv")
     env_b, errors = bc.parse_env(against_env or [])
+    errors += [f"{option} {value}: allowed: a whole number from {low} to {high}"
+               for option, value, low, high in (("--repeat", repeat, 1, 100000),
+                                                ("--warmup", warmup, 0, 100000),
+                                                ("--rounds", rounds, 1, 1000))
+               if not low <= value <= high]  # every bad count at once, not the first only
     errors += bc.check_python(against_python)
     comparing = bool(against_e or against_env or against_python)
     if comparing and not child:

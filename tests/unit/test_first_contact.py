@@ -20,3 +20,12 @@ def test_verbose_and_quiet_together_are_refused_before_anything_runs(command):
     assert (r.exit_code, r.stdout) == (2, "")
     assert r.stderr == ("error: -v (--verbose) and -q (--quiet) contradict each other; "
                         "allowed: one of them, or neither\n")
+
+
+def test_bench_names_every_bad_count_at_once():
+    r = runner.invoke(app, ["bench", "default", "--repeat", "-1", "--warmup", "-3",
+                            "--rounds", "0"], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == ("error: --repeat -1: allowed: a whole number from 1 to 100000\n"
+                        "error: --warmup -3: allowed: a whole number from 0 to 100000\n"
+                        "error: --rounds 0: allowed: a whole number from 1 to 1000\n")
