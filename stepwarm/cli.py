@@ -793,6 +793,7 @@ def list_scenarios(
         _list_models()
         return
     from stepwarm.scenario import ScenarioError, builtin_names, load
+    from stepwarm.scenario.needs import needs_in_words
 
     # Cells wrap, a word wider than its column folds: nothing is cut at any width.
     table = Table(title="built-in scenarios", title_justify="left")
@@ -802,7 +803,7 @@ def list_scenarios(
     for name in builtin_names():
         try:
             sc = load(name)
-            table.add_row(name, ", ".join(sc.model.needs) or "-", sc.model.description)
+            table.add_row(name, needs_in_words(sc.model.needs), sc.model.description)
         except ScenarioError as e:
             table.add_row(name, "?", Text(f"invalid: {e}", style="red"))
     console.print(table)

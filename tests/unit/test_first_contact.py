@@ -29,3 +29,25 @@ def test_bench_names_every_bad_count_at_once():
     assert r.stderr == ("error: --repeat -1: allowed: a whole number from 1 to 100000\n"
                         "error: --warmup -3: allowed: a whole number from 0 to 100000\n"
                         "error: --rounds 0: allowed: a whole number from 1 to 1000\n")
+
+
+def test_list_says_in_words_what_each_scenario_needs():
+    """``default`` needs ``spec_top_k_top_p``: met by every runner without a
+    speculator; with one, a sampler that takes top-k / top-p beside drafts."""
+    import os
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "stepwarm", "list"], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "COLUMNS": "300"})
+    assert (r.returncode, r.stderr) == (0, "")
+    rows = {cells[0]: cells[1:] for line in r.stdout.splitlines()
+            if len(cells := [c.strip() for c in line.strip("│").split("│")]) == 3}
+    assert rows["default"][0] == ("no speculator, or top-k / top-p sampling beside drafts "
+                                  "(not on vLLM's CPU build)")
+    assert rows["sampler-spec-matrix"][0] == (
+        "a speculator (speculative_config); top-k / top-p sampling beside drafts "
+        "(not on vLLM's CPU build)")
+    assert rows["spec-decode"][0] == "a speculator (speculative_config)"
+    assert rows["chunked-prefill"][0] == "-"
+    assert "spec_top_k_top_p" not in r.stdout
