@@ -907,7 +907,7 @@ def show(
         _fail(str(e), 2)
     print_wrapped(_profile_line(prof))
     if plan.skipped:
-        console.print(f"scenario {plan.name}: skipped: {plan.skipped}", highlight=False)
+        print_wrapped(f"scenario {plan.name}: skipped: {plan.skipped}")
         return
     from stepwarm.console import block_tables_view, plan_table
     from stepwarm.tables import step_blocks

@@ -360,7 +360,7 @@ class StepTable:
             room += self.PER_COLUMN
         if room < MIN_LABEL // 2 * max(1, len(labels) - merged):
             return None
-        table = Table(title=self.title or None, title_justify="left")
+        table = Table()  # the title is drawn above it: see _title
         shown = [i for i in range(len(self.columns)) if not (merged and i == labels[0])]
         for i in shown:
             col = self.columns[i]
@@ -378,14 +378,22 @@ class StepTable:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> Any:
         table = self.table(options.max_width)
+        if self.title:
+            yield _title(self.title, options.max_width)
         if table is not None:
             yield table
             return
-        if self.title:
-            yield Text(self.title)
         for row in self.rows:
             yield Text("\n".join(step_lines(row, of=self.of, width=options.max_width,
                                              columns=self.columns)))
+
+
+def _title(title: str, width: int) -> Text:
+    """A table's title above it, wrapped at spaces to ``width`` columns: no
+    line padded (rich pads a ``Table(title=...)`` to the table's width,
+    leaving spaces at the ends of the lines)."""
+    return Text("\n".join(textwrap.wrap(title, width, break_long_words=False,
+                                        break_on_hyphens=False)), end="\n")
 
 
 def _wrap(parts: list[str], indent: int, width: int, sep: str) -> list[str]:
@@ -683,6 +691,8 @@ class BlockTablesView:
         from stepwarm.tables import id_ranges
 
         self.title = title
+        #: the title as the last :meth:`table` drew it (with the short headers' help)
+        self.shown_title = title
         self.rows: list[list[str]] = []
         for st in steps:
             if not st.requests:
@@ -706,8 +716,9 @@ class BlockTablesView:
             mins = self._min_widths(headers)
             if sum(mins) + StepTable.EDGE + StepTable.PER_COLUMN * len(mins) > width:
                 continue
-            title = self.title if headers is BLOCK_COLUMNS else f"{self.title} ({SHORT_BLOCK_HELP})"
-            table = Table(title=title, title_justify="left")
+            self.shown_title = (self.title if headers is BLOCK_COLUMNS
+                                else f"{self.title} ({SHORT_BLOCK_HELP})")
+            table = Table()  # the title is drawn above it: see _title
             for col, least in zip(headers, mins):
                 table.add_column(col, justify="right" if col in ("#", "g", "null") else "left",
                                  overflow="fold", min_width=least)
@@ -732,6 +743,7 @@ class BlockTablesView:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> Any:
         table = self.table(options.max_width)
         if table is not None:
+            yield _title(self.shown_title, options.max_width)
             yield table
         else:
             yield Text("\n".join(self.lines(options.max_width)))

@@ -51,3 +51,29 @@ def test_list_says_in_words_what_each_scenario_needs():
     assert rows["spec-decode"][0] == "a speculator (speculative_config)"
     assert rows["chunked-prefill"][0] == "-"
     assert "spec_top_k_top_p" not in r.stdout
+
+
+@pytest.mark.parametrize("width", [60, 80, 160, 300])
+def test_no_line_of_show_tables_ends_with_a_space(monkeypatch, width):
+    """``show --tables`` of every built-in scenario at 60, 80, 160 (piped)
+    and 300 columns: no line ends with a space (rich padded the tables'
+    titles to the table's width)."""
+    from rich.console import Console
+
+    from stepwarm import cli
+    from stepwarm import console as console_module
+    from stepwarm.scenario import builtin_names, plans_for, tiny_profile
+
+    out = Console(width=width, markup=False, highlight=False)
+    monkeypatch.setattr(cli, "console", out)
+    monkeypatch.setattr(console_module, "console", out)
+    shown = 0
+    for name in builtin_names():
+        r = runner.invoke(app, ["show", name, "--tables"], env={"COLUMNS": str(width)})
+        assert (r.exit_code, r.stderr) == (0, ""), (name, r.stderr)
+        lines = r.stdout.splitlines()
+        assert [ln for ln in lines if ln.endswith(" ")] == [], name
+        assert max(map(len, lines)) <= width, name
+        shown += "block ids per step" in r.stdout
+    # every scenario the tiny Llama's profile runs printed its block tables (the rest: skipped)
+    assert shown == sum(not p.skipped for p in plans_for(builtin_names(), tiny_profile())) == 8
