@@ -231,17 +231,24 @@ def _engine_arg_errors(engine_arg: Optional[list[str]]) -> list[str]:
 
 def _loaded_or_exit(names: list[str], engine_arg: Optional[list[str]],
                     more_errors: Sequence[str] = ()) -> list[tuple[str, Any]]:
-    """Every scenario named loaded (file and format checks), and the ``-e``
-    arguments checked: exit 2 with every error found in them (and
-    ``more_errors``, e.g. a traffic file's) at once, before any engine starts."""
-    from stepwarm.scenario import ScenarioError, load
+    """Every scenario named loaded (file and format checks, and the errors
+    no runner can mend: ``prompt = -5``), and the ``-e`` arguments checked:
+    exit 2 with every error found in them (and ``more_errors``, e.g. a
+    traffic file's) at once, before vLLM is imported or an engine starts."""
+    from stepwarm.scenario import ScenarioError, builtin_names, load
+    from stepwarm.scenario.expand import profile_free_errors
 
     loaded, errors = [], list(more_errors)
+    builtins = set(builtin_names())  # checked against every runner by the test suite
     for name in names:  # files and format first: a typo costs no engine start
         try:
             loaded.append((name, load(name)))
-        except ScenarioError as e:
-            errors.append(str(e))
+        except ScenarioError as e:  # with the rest of the file's errors no runner mends
+            errors.append(str(e if name in builtins else profile_free_errors(e)))
+            continue
+        free = profile_free_errors(loaded[-1][1]) if name not in builtins else None
+        if free is not None:  # as check says it, not after the engine started
+            errors.append(str(free))
     errors += _engine_arg_errors(engine_arg)
     if errors:
         _fail("\nerror: ".join(errors), 2)
@@ -625,17 +632,19 @@ def coverage(
     # its vocabulary and length, beside the scenario and -e errors: all at once,
     # no engine start
     traffic_errors: list[str] = []
-    loaded = None
     try:
         text, source = read_traffic(traffic)
         check_json(text, source)  # a junk file: refused before vLLM is imported
         # (-e errors: _loaded_or_exit names them; the pairs that parse are used)
         limits = limits_before_start(model, _engine_arg_pairs(engine_arg or [])[0])
-        loaded = loads_traffic(text, source, limits)
+        loads_traffic(text, source, limits, sampling=False)  # vLLM not imported yet
     except TrafficError as e:
         traffic_errors.append(str(e))
     _loaded_or_exit(names, engine_arg, traffic_errors)
-    assert loaded is not None
+    try:  # the sampling tables, by vLLM's SamplingParams: vLLM is imported now
+        loaded = loads_traffic(text, source, limits)
+    except TrafficError as e:
+        _fail(str(e), 2)
     if compare:
         _coverage_compare(sys.argv[sys.argv.index("coverage") + 1:], json_out, timeline,
                           restart=not no_restart, cache_root=cache_dir)
@@ -900,6 +909,8 @@ def show(
         _fail(f"show takes one scenario; {file!r} is a set of {len(members)} "
               f"({', '.join(members)}): show them one by one, or check them all "
               f"with 'stepwarm check {file}'", 2)
+    if profile is None and (model is not None or engine_arg):
+        _loaded_or_exit([file], engine_arg)  # an engine would start: format and -e errors first
     prof = _profile_for(model, profile, engine_arg)
     try:
         plan = plans_for([file], prof)[0]

@@ -443,7 +443,8 @@ def _ranges(numbers: list[int]) -> str:
     return ", ".join(out)
 
 
-def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None) -> Traffic:
+def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None,
+                  sampling: bool = True) -> Traffic:
     """Parse a whole traffic file (blank lines are skipped; a leading
     byte-order mark is dropped).
 
@@ -453,6 +454,8 @@ def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None) -> 
         limits: also check every line that parses against these
             (:func:`check_limits`), so that a file's format and limit errors
             are reported together, in line order.
+        sampling: check each ``sampling`` table with vLLM's
+            ``SamplingParams`` (which imports vLLM; False: not checked).
 
     Raises:
         TrafficError: every bad line's errors (one a line), a file of more
@@ -463,7 +466,7 @@ def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None) -> 
     lines, errors, requests = [], [], 0
     for i, raw in raw_lines:
         try:
-            tl = TrafficLine(i, parse_line(raw, file, i))
+            tl = TrafficLine(i, parse_line(raw, file, i, sampling))
         except TrafficError as e:
             errors.append(e)
             continue

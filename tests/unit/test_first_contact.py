@@ -77,3 +77,61 @@ def test_no_line_of_show_tables_ends_with_a_space(monkeypatch, width):
         shown += "block ids per step" in r.stdout
     # every scenario the tiny Llama's profile runs printed its block tables (the rest: skipped)
     assert shown == sum(not p.skipped for p in plans_for(builtin_names(), tiny_profile())) == 8
+
+
+#: Runs ``stepwarm ARGS`` in a fresh interpreter, then prints the exit
+#: status and which of vLLM, torch and Triton were imported.
+_IMPORTS = """
+import sys
+from stepwarm.cli import app
+try:
+    app(sys.argv[1:])
+except SystemExit as e:
+    code = e.code
+print("STATUS", code, sorted({m.split(".")[0] for m in sys.modules} & {"vllm", "torch", "triton"}))
+"""
+
+NEGATIVE = ('description = "a new user\'s"\n[requests.a]\nprompt = -5\ncount = 0\n'
+            '[requests.b]\nprompt = "max_model_len - 600"\n'
+            '[[steps]]\nkind = "prefill"\nrequests = ["a", "b"]\n')
+
+
+@pytest.fixture(scope="module")
+def cache_home(tmp_path_factory):
+    """An empty ``XDG_CACHE_HOME`` for this module: the first command that
+    checks ``-e`` (or needs vLLM's default max_logprobs) reads vLLM's
+    engine-argument facts in a child process, the others from the cache."""
+    return tmp_path_factory.mktemp("xdg")
+
+
+@pytest.mark.parametrize("command", [["run", "-s"], ["bench"],
+                                     ["check", "--model", "tiny-llama"],
+                                     ["show", "--model", "tiny-llama"]])
+def test_errors_check_finds_stop_every_command_before_vllm_is_imported(tmp_path, command,
+                                                                        cache_home):
+    """``prompt = -5`` and ``count = 0`` are wrong on any runner: run, bench,
+    coverage and check / show with an engine refuse them as check does, exit
+    2, before vLLM (or torch, or Triton) is imported; ``max_model_len - 600``
+    depends on the runner and is left to it (a new user's trial: run said it
+    after the engine started, 48 s in)."""
+    import os
+    import subprocess
+    import sys
+
+    f = tmp_path / "neg.toml"
+    f.write_text(NEGATIVE)
+    args = [*command[:1], *command[1:2], str(f)] if command[0] in ("run", "coverage") else [
+        command[0], str(f), *command[1:]]
+    proc = subprocess.run([sys.executable, "-c", _IMPORTS, *args], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "COLUMNS": "300",
+                                                       "XDG_CACHE_HOME": str(cache_home)})
+    assert proc.stdout == "STATUS 2 []\n", proc.stderr
+    assert proc.stderr == (
+        f"error: {f}:3: request 'a', field 'prompt': prompt -5 is out of range; allowed: >= 1\n"
+        f"{f}:4: request 'a', field 'count': count 0 is out of range; allowed: 1..4096\n")
+    check = subprocess.run([sys.executable, "-m", "stepwarm", "check", str(f)],
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "COLUMNS": "300"})
+    assert check.returncode == 2 and check.stderr.startswith(proc.stderr[:-1] + "\n")  # check's words
+    assert check.stderr.endswith("prompt 'max_model_len - 600' = -88 is out of range; "
+                                 "allowed: >= 1\n")  # the tiny Llama's max_model_len 512
