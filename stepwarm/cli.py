@@ -194,7 +194,11 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
 
     console_module.phase_listener = phase
     try:
-        return start_engine(model, weights_seed=weights_seed, **overrides)
+        engine = start_engine(model, weights_seed=weights_seed, **overrides)
+        from stepwarm.engine_args import remember
+
+        remember()  # the next command's -e check reads vLLM's facts from the cache
+        return engine
     except Exception as e:  # noqa: BLE001 - vLLM rejects configs with many types
         if status is not None:
             status.stop()

