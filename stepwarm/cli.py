@@ -342,9 +342,21 @@ def run(
     loaded = [(name, sc) for name, sc in loaded if name not in early]
     t0 = time.perf_counter()
     _plugin_scenarios_off()
-    engine = _start_engine(model, engine_arg, weights=weights, checked=checked)
-    startup_s = time.perf_counter() - t0
-    profile = read_profile(engine.worker)
+    try:
+        engine = _start_engine(model, engine_arg, weights=weights, checked=checked)
+        startup_s = time.perf_counter() - t0
+        profile = read_profile(engine.worker)
+    except KeyboardInterrupt:  # Ctrl-C while vLLM started: said, as during the steps
+        not_run = [sc.name for _, sc in loaded]
+        if json_out is not None:
+            _write_json(json_out, {"profile": None, "startup_s": None,
+                                   "scenarios": [r.to_dict() for r in reports],
+                                   "interrupted": {"at": "engine start", "scenario": "",
+                                                   "not_run": not_run}})
+        print_labelled("interrupted:", f"while the vLLM engine started ({time.perf_counter() - t0:.0f} "
+                       "s in), before any step; no scenario ran; not run: "
+                       + ", ".join(not_run) + ".")
+        raise typer.Exit(130) from None
     groups = ", ".join(f"{g.kind}(block_size={g.block_size})" for g in profile.kv_cache_groups)
     print_wrapped(f"engine up in {startup_s:.1f} s: {profile.runner} runner, "
                   f"vllm {profile.vllm_version}, {profile.num_blocks} blocks, groups: {groups}")

@@ -314,3 +314,33 @@ def test_ctrl_c_names_the_step_says_the_runner_was_cleaned_and_what_did_not_run(
     assert (default["plan"], default["status"], len(default["steps"])) == ("default", "passed", 8)
     assert report["interrupted"] == {"at": last.split("; ")[0].removeprefix("interrupted: "),
                                      "scenario": "long", "not_run": ["prefix-hit"]}
+
+
+def test_ctrl_c_while_the_engine_starts_says_so_and_what_did_not_run(tmp_path):
+    """SIGINT while vLLM starts (a new user's Ctrl-C at 'starting vLLM
+    engine'): exit 130 with one line on stderr saying so and naming the
+    scenarios not run (before: an empty line), --json says the same. The
+    engine is interrupted seconds into its start: cheap."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "report.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepwarm", "run", "-s", "default", "-s", "prefix-hit",
+         "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"})
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    assert first == "starting vLLM engine: importing vLLM\n"
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, rest + err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(r"interrupted: while the vLLM engine started \(\d+ s in\), before any "
+                        r"step; no scenario ran; not run: default, prefix-hit\.", last), last
+    assert "Traceback" not in err and "scenario " not in rest and "ok:" not in rest
+    assert json.loads(out.read_text()) == {
+        "profile": None, "startup_s": None, "scenarios": [],
+        "interrupted": {"at": "engine start", "scenario": "", "not_run": ["default", "prefix-hit"]}}
