@@ -390,8 +390,16 @@ def run(
     finally:
         slow.detectors.stop()
     ran_plans = {r.plan for r in reports if r.ok and not r.skipped}
-    checked = _verify(engine, [p for _, p in plans if p.name in ran_plans],
-                      profile) if verify else []
+    to_verify = [p for _, p in plans if p.name in ran_plans] if verify else []
+    checked: list[tuple[str, Any]] = []
+    interrupted = None
+    try:
+        if verify:
+            _verify(engine, to_verify, profile, checked)
+    except KeyboardInterrupt:  # Ctrl-C while comparing: the warmup's report is kept
+        left = [p.name for p in to_verify[len(checked):]]
+        interrupted = {"at": f"--verify, comparing {left[0]}", "scenario": left[0],
+                       "not_run": [], "not_verified": left}
     if json_out is not None:
         from stepwarm.tables import step_blocks
 
@@ -403,7 +411,13 @@ def run(
                 if r.plan in by_name else {})} for r in reports],
             **({"verify": [{"scenario": n, **(asdict(v) if not isinstance(v, str)
                                               else {"error": v})} for n, v in checked]}
-               if verify else {})})
+               if verify else {}),
+            **({"interrupted": interrupted} if interrupted else {})})
+    if interrupted:
+        print_labelled("interrupted:", f"{interrupted['at']} with vLLM's scheduler; the "
+                       f"warmup had finished ({plural(len(ran_plans), 'scenario')} ran); not "
+                       f"compared: {', '.join(interrupted['not_verified'])}.")
+        raise typer.Exit(130)
     _summary_and_exit(reports, failures, checked, skipped_named, allow_skip)
 
 
@@ -541,12 +555,11 @@ def _show_running(what: str, seconds: float) -> None:
                       soft_wrap=True)
 
 
-def _verify(engine: Any, plans: list[Any], profile: Any) -> list[tuple[str, Any]]:
-    """``run --verify``: :func:`stepwarm.verify.verify` each plan; print the table.
-
-    Returns:
-        (scenario, VerifyReport or the error text) per plan.
-    """
+def _verify(engine: Any, plans: list[Any], profile: Any,
+            results: list[tuple[str, Any]]) -> None:
+    """``run --verify``: :func:`stepwarm.verify.verify` each plan, appending
+    (scenario, VerifyReport or the error text) to ``results`` as each ends
+    (so a Ctrl-C keeps those done); print the table."""
     from stepwarm.console import verify_lines, verify_table
     from stepwarm.verify import verify
 
@@ -556,7 +569,6 @@ def _verify(engine: Any, plans: list[Any], profile: Any) -> list[tuple[str, Any]
     drafter = getattr(profile, "drafter", None)
     reject = 1 if (drafter is not None and drafter.layers
                    and drafter.num_speculative_tokens >= 2) else None
-    results: list[tuple[str, Any]] = []
     for plan in plans:
         console.print(f"verifying {plan.name} against vLLM's scheduler"
                       + (" (drafts from the 2nd on rejected)" if reject else ""))
@@ -571,7 +583,6 @@ def _verify(engine: Any, plans: list[Any], profile: Any) -> list[tuple[str, Any]
         console.print(verify_table(results))
     else:
         console.print("\n".join(verify_lines(results)), soft_wrap=True)
-    return results
 
 
 @app.command()

@@ -344,3 +344,37 @@ def test_ctrl_c_while_the_engine_starts_says_so_and_what_did_not_run(tmp_path):
     assert json.loads(out.read_text()) == {
         "profile": None, "startup_s": None, "scenarios": [],
         "interrupted": {"at": "engine start", "scenario": "", "not_run": ["default", "prefix-hit"]}}
+
+
+def test_ctrl_c_during_verify_keeps_the_warmup_report_and_says_what_was_not_compared(tmp_path):
+    """SIGINT while --verify compares a scenario with vLLM's scheduler: exit
+    130, one line naming the scenario being compared and those not compared;
+    --json holds the warmup's report, the comparisons done (none) and
+    "interrupted" (before: exit 130, nothing said, no --json)."""
+    import os
+    import signal
+
+    long = tmp_path / "long.toml"
+    long.write_text(LONG_SCENARIO)
+    out = tmp_path / "report.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepwarm", "run", "-s", str(long), "-s", "prefix-hit",
+         "--verify", "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"})
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("verifying long against vLLM's scheduler"):
+            break
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, rest + err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        "interrupted: --verify, comparing long with vLLM's scheduler; the warmup had finished "
+        "(2 scenarios ran); not compared: long, prefix-hit.")
+    assert "Traceback" not in err and "ok:" not in rest
+    report = json.loads(out.read_text())
+    assert [(s["plan"], s["status"]) for s in report["scenarios"]] == [
+        ("long", "passed"), ("prefix-hit", "passed")]
+    assert report["verify"] == []
+    assert report["interrupted"] == {"at": "--verify, comparing long", "scenario": "long",
+                                     "not_run": [], "not_verified": ["long", "prefix-hit"]}
