@@ -990,6 +990,9 @@ def bench(
     against_python: Annotated[Optional[str], typer.Option("--against-python", metavar="PATH", help="Compare with B: run under this Python (another vLLM build).")] = None,
     rounds: Annotated[int, typer.Option("--rounds", min=1, max=1000, metavar="R", help="A/B rounds the repeats are split into, interleaved.")] = 4,
     gate_pct: Annotated[Optional[float], typer.Option("--gate", metavar="PCT", help="Exit 4 when a step of B is slower than A by more than PCT % beyond the noise.")] = None,
+    plot_out: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE", help="Draw each step's times and the batch sweeps (.png or .svg; needs matplotlib).")] = None,
+    trace: Annotated[Optional[int], typer.Option("--trace", min=0, metavar="STEP", help="After the measured repeats, one more with the torch profiler on around step STEP (its index).")] = None,
+    trace_out: Annotated[Optional[Path], typer.Option("--trace-file", metavar="FILE", help="Where --trace writes its Chrome trace (default stepwarm-trace-SCENARIO-STEP.json).")] = None,
     child: Annotated[bool, typer.Option("--child", hidden=True)] = False,
     verbose: Verbose = False,
     quiet: Quiet = False,
@@ -1010,9 +1013,14 @@ def bench(
 
     _check_output_path(json_out, "--json")
     _check_output_path(csv_out, "--csv")
+    _check_output_path(plot_out, "--plot")
     env_b, errors = bc.parse_env(against_env or [])
     errors += bc.check_python(against_python)
     comparing = bool(against_e or against_env or against_python)
+    errors += bc.check_plot_and_trace(plot_out, trace, trace_out, comparing)
+    if trace is not None:
+        trace_out = trace_out or Path(f"stepwarm-trace-{Path(scenario).stem}-{trace}.json")
+        _check_output_path(trace_out, "--trace-file")
     if comparing and not child:
         errors += _engine_arg_errors(against_e)
     (_, loaded), = _loaded_or_exit([scenario], engine_arg, errors)
@@ -1036,7 +1044,7 @@ def bench(
         except ShapeDrift as e:
             _fail(f"bench: {e}", 2)
         bc.print_ratios(ratios, described["A"], described["B"])
-        bc.write_outputs(reports, ratios, json_out, csv_out)
+        bc.write_outputs(reports, ratios, json_out, csv_out, plot_out)
         raise typer.Exit(bc.gate_exit(ratios, gate_pct))
     _plugin_scenarios_off()
     engine = _start_engine(model, engine_arg)
@@ -1049,14 +1057,21 @@ def bench(
     if child:
         bc.run_child(engine.worker, plan, profile)
         return
-    from stepwarm.bench import measure
+    from stepwarm.bench import measure, trace_step
 
+    if trace is not None and trace >= len(plan.steps):
+        _fail(f"--trace {trace}: {scenario} plans steps 0 to {len(plan.steps) - 1}", 2)
     try:
         rep = measure(engine.worker, plan, profile, repeat, warmup)
+        if trace is not None:
+            trace_step(engine.worker, plan, profile, trace, trace_out)
     except StepFailed as e:
         _fail(_failure_line(e), 1)
     bc.print_report(rep)
-    bc.write_outputs({"A": rep}, None, json_out, csv_out)
+    bc.write_outputs({"A": rep}, None, json_out, csv_out, plot_out)
+    if trace is not None:
+        console.print(f"trace of step {trace} ({plan.steps[trace].label}) written to {trace_out}",
+                      soft_wrap=True)
 
 
 class _HelpWithoutType:
