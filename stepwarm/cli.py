@@ -1037,7 +1037,7 @@ def bench(
         described = {"A": bc.describe(engine_arg or [], {}, None),
                      "B": bc.describe(against_e or [], env_b, against_python)}
         for name, rep in reports.items():
-            console.print(f"{name}: {described[name]}", soft_wrap=True)
+            print_wrapped(f"{name}: {described[name]}")
             bc.print_report(rep)
         try:
             ratios = compare(reports["A"], reports["B"])
