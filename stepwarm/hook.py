@@ -27,11 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.abc
-import importlib.machinery
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -62,6 +59,7 @@ from stepwarm.settings import (
 )
 from stepwarm.watchdog import StepTimedOut, StepWatch
 from stepwarm.words import plural
+from stepwarm.wrap_on_import import wrap_now_or_on_import
 
 __all__ = ["ENV_SCENARIOS", "WORKER_CLASSES", "SettingsError", "WarmupError", "register",
            "warmup"]
@@ -601,42 +599,6 @@ _WRAPPERS: dict[str, Callable[[type], None]] = {
     **dict.fromkeys(WORKER_CLASSES, _wrap), **dict.fromkeys(FRONT_END_CLASSES, _wrap_front_end)}
 
 
-class _WrapOnImport(importlib.abc.MetaPathFinder):
-    """Wraps a worker class right after vLLM imports its module (a
-    ``sys.meta_path`` finder that hands the real spec back with a loader
-    that wraps after executing the module)."""
-
-    def __init__(self, targets: dict[str, str]):
-        self.targets = dict(targets)  # module -> class name
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in self.targets:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _WrappingLoader(spec.loader, self.targets[fullname],
-                                      _WRAPPERS[f"{fullname}:{self.targets[fullname]}"])
-        return spec
-
-
-class _WrappingLoader(importlib.abc.Loader):
-    def __init__(self, inner: Any, cls_name: str, wrap: Callable[[type], None]):
-        self.inner, self.cls_name, self.wrap = inner, cls_name, wrap
-
-    def create_module(self, spec: Any) -> Any:
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self.inner.exec_module(module)
-        cls = getattr(module, self.cls_name, None)
-        if isinstance(cls, type):
-            self.wrap(cls)
-
-    def __getattr__(self, name: str) -> Any:  # get_code, get_source, ... for tracebacks
-        return getattr(self.inner, name)
-
-
 def _check_scenario_files(settings: HookSettings) -> None:
     """Load every scenario named (format only: the runner's limits are checked
     once the worker is up), so that a misspelled name or a bad file fails
@@ -715,19 +677,5 @@ def register() -> None:
         return
     _check_scenario_files(settings)
     carry_settings_to_ray_workers()
-    pending: dict[str, str] = {}
-    for path, wrap in _WRAPPERS.items():
-        module, _, name = path.partition(":")
-        loaded = sys.modules.get(module)
-        if loaded is not None:
-            cls = getattr(loaded, name, None)
-            if isinstance(cls, type):
-                wrap(cls)
-        else:
-            pending[module] = name
-    finder = next((f for f in sys.meta_path if isinstance(f, _WrapOnImport)), None)
-    if finder is not None:
-        finder.targets = {m: c for m, c in finder.targets.items() if m in pending}
-    elif pending:
-        sys.meta_path.insert(0, _WrapOnImport(pending))
+    wrap_now_or_on_import("hook", _WRAPPERS)
 
