@@ -43,8 +43,12 @@ _verbose = False
 
 
 def _setup(verbose: bool, quiet: bool) -> None:
-    """Route vLLM's log (stderr; WARNING, -v INFO, -q ERROR) before vLLM is imported."""
+    """Route vLLM's log (stderr; WARNING, -v INFO, -q ERROR) before vLLM is
+    imported; exit 2 when both -v and -q are given (they contradict)."""
     global _verbose
+    if verbose and quiet:
+        _fail("-v (--verbose) and -q (--quiet) contradict each other; allowed: one of "
+              "them, or neither", 2)
     _verbose = verbose
     route_vllm_log(1 if verbose else -1 if quiet else 0)
 
@@ -789,6 +793,7 @@ def list_scenarios(
         _list_models()
         return
     from stepwarm.scenario import ScenarioError, builtin_names, load
+    from stepwarm.scenario.needs import needs_in_words
 
     # Cells wrap, a word wider than its column folds: nothing is cut at any width.
     table = Table(title="built-in scenarios", title_justify="left")
@@ -798,7 +803,7 @@ def list_scenarios(
     for name in builtin_names():
         try:
             sc = load(name)
-            table.add_row(name, ", ".join(sc.model.needs) or "-", sc.model.description)
+            table.add_row(name, needs_in_words(sc.model.needs), sc.model.description)
         except ScenarioError as e:
             table.add_row(name, "?", Text(f"invalid: {e}", style="red"))
     console.print(table)
@@ -859,7 +864,7 @@ def check(
     if profile is None and (model is not None or engine_arg):
         _loaded_or_exit(files, engine_arg)  # an engine would start: format and -e errors first
     prof = _profile_for(model, profile, engine_arg)
-    console.print(_profile_line(prof), soft_wrap=not console.is_terminal)  # a terminal: wrapped
+    print_wrapped(_profile_line(prof))
     bad = 0
     for name, result in check_all(files, prof):
         if isinstance(result, ScenarioError):
@@ -900,9 +905,9 @@ def show(
         plan = plans_for([file], prof)[0]
     except ScenarioError as e:
         _fail(str(e), 2)
-    console.print(_profile_line(prof), soft_wrap=not console.is_terminal)  # a terminal: wrapped
+    print_wrapped(_profile_line(prof))
     if plan.skipped:
-        console.print(f"scenario {plan.name}: skipped: {plan.skipped}", highlight=False)
+        print_wrapped(f"scenario {plan.name}: skipped: {plan.skipped}")
         return
     from stepwarm.console import block_tables_view, plan_table
     from stepwarm.tables import step_blocks
@@ -972,7 +977,7 @@ def profile_cmd(
         prof.save(output)
     except OSError as e:
         _fail(f"{output}: cannot write profile: {e.strerror or e}", 2)
-    console.print(_profile_line(prof), soft_wrap=not console.is_terminal)  # a terminal: wrapped
+    print_wrapped(_profile_line(prof))
     console.print(f"saved {output}")
 
 
@@ -981,14 +986,14 @@ def bench(
     scenario: Annotated[str, typer.Argument(metavar="NAME|FILE", help="A built-in scenario or a TOML file.")],
     model: ModelOption = None,
     engine_arg: EngineArgs = None,
-    repeat: Annotated[int, typer.Option("--repeat", min=1, max=100000, metavar="N", help="Measured repeats of the whole scenario.")] = 20,
-    warmup: Annotated[int, typer.Option("--warmup", min=0, max=100000, metavar="K", help="Unmeasured repeats first.")] = 3,
+    repeat: Annotated[int, typer.Option("--repeat", metavar="N", help="Measured repeats of the whole scenario (1 to 100000).")] = 20,
+    warmup: Annotated[int, typer.Option("--warmup", metavar="K", help="Unmeasured repeats first (0 to 100000).")] = 3,
     json_out: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", help="Every sample, the statistics and the ratios as JSON.")] = None,
     csv_out: Annotated[Optional[Path], typer.Option("--csv", metavar="FILE", help="One row a step and configuration.")] = None,
     against_e: Annotated[Optional[list[str]], typer.Option("--against-e", metavar="KEY=VALUE", help="Compare with B: these engine arguments on top of -e.")] = None,
     against_env: Annotated[Optional[list[str]], typer.Option("--against-env", metavar="VAR=VALUE", help="Compare with B: this environment variable set.")] = None,
     against_python: Annotated[Optional[str], typer.Option("--against-python", metavar="PATH", help="Compare with B: run under this Python (another vLLM build).")] = None,
-    rounds: Annotated[int, typer.Option("--rounds", min=1, max=1000, metavar="R", help="A/B rounds the repeats are split into, interleaved.")] = 4,
+    rounds: Annotated[int, typer.Option("--rounds", metavar="R", help="A/B rounds the repeats are split into, interleaved (1 to 1000).")] = 4,
     gate_pct: Annotated[Optional[float], typer.Option("--gate", metavar="PCT", help="Exit 4 when a step of B is slower than A by more than PCT % beyond the noise.")] = None,
     plot_out: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE", help="Draw each step's times and the batch sweeps (.png or .svg; needs matplotlib).")] = None,
     trace: Annotated[Optional[int], typer.Option("--trace", min=0, metavar="STEP", help="After the measured repeats, one more with the torch profiler on around step STEP (its index).")] = None,
@@ -1015,6 +1020,11 @@ def bench(
     _check_output_path(csv_out, "--csv")
     _check_output_path(plot_out, "--plot")
     env_b, errors = bc.parse_env(against_env or [])
+    errors += [f"{option} {value}: allowed: a whole number from {low} to {high}"
+               for option, value, low, high in (("--repeat", repeat, 1, 100000),
+                                                ("--warmup", warmup, 0, 100000),
+                                                ("--rounds", rounds, 1, 1000))
+               if not low <= value <= high]  # every bad count at once, not the first only
     errors += bc.check_python(against_python)
     comparing = bool(against_e or against_env or against_python)
     errors += bc.check_plot_and_trace(plot_out, trace, trace_out, comparing)

@@ -51,23 +51,36 @@ err_console = Console(stderr=True, markup=False, highlight=False, width=_width(s
 def print_labelled(label: str, message: str, out: Console | None = None) -> None:
     """``label`` in bold red, then ``message`` (plain text, never markup).
 
-    On a terminal each line is wrapped at spaces to the terminal's width, the
-    continuation indented under the message; a word longer than a line (a
-    path) is left whole. Piped (CI logs, ``grep``), each line stays one line.
-    A line of ``message`` that starts with ``label`` is labelled the same.
+    Each line is wrapped at spaces, as :func:`print_wrapped` wraps ``run``'s
+    lines: to the terminal's width, or piped to :data:`LINE_WIDTH` columns
+    (``COLUMNS`` where set); the continuation is indented under the message
+    and a word longer than a line (a path) is left whole. A line of
+    ``message`` that starts with ``label`` is labelled the same; another line
+    is wrapped on its own, its continuation indented two spaces.
     """
     out = out if out is not None else err_console
+    width = line_width(out)
     indent = " " * (len(label) + 1)
     for i, line in enumerate(message.split("\n")):
         body = line[len(label) + 1:] if i and line.startswith(label + " ") else line
         if i and body is line:  # a line of its own, not another label's
-            out.print(line, soft_wrap=True, highlight=False, markup=False)
+            out.print(wrapped_text(line, width), soft_wrap=True)
             continue
-        if out.is_terminal:
-            body = textwrap.fill(body, width=max(out.width, len(indent) + 20),
-                                 initial_indent=indent, subsequent_indent=indent,
-                                 break_long_words=False, break_on_hyphens=False)[len(indent):]
+        body = textwrap.fill(body, width=max(width, len(indent) + 20),
+                             initial_indent=indent, subsequent_indent=indent,
+                             break_long_words=False, break_on_hyphens=False)[len(indent):]
         out.print(Text.assemble((label, "bold red"), " ", body), soft_wrap=True)
+
+
+def line_width(out: Console) -> int:
+    """How wide a line of stepwarm's own may be on ``out``: ``COLUMNS`` where
+    it says (an integer, 20 or more), else the terminal's width, or piped
+    :data:`LINE_WIDTH`."""
+    columns = os.environ.get("COLUMNS", "").strip()
+    if columns.isdigit() and int(columns) >= 20:
+        return int(columns)
+    return out.width if out.is_terminal else LINE_WIDTH
+
 
 def wrapped_text(text: str, width: int, *, indent: int = 2, label_style: str | None = None,
                  tail: str = "", tail_style: str | None = None) -> Text:
@@ -128,10 +141,8 @@ def print_wrapped(text: str, out: Console | None = None, *, indent: int = 2,
         label_style: style of the first line's first word up to its colon.
     """
     out = out if out is not None else console
-    columns = os.environ.get("COLUMNS", "").strip()
-    width = out.width if out.is_terminal or (columns.isdigit() and int(columns) >= 20) \
-        else LINE_WIDTH
-    out.print(wrapped_text(text, width, indent=indent, label_style=label_style), soft_wrap=True)
+    out.print(wrapped_text(text, line_width(out), indent=indent, label_style=label_style),
+              soft_wrap=True)
 
 
 class Spinner:
@@ -349,7 +360,7 @@ class StepTable:
             room += self.PER_COLUMN
         if room < MIN_LABEL // 2 * max(1, len(labels) - merged):
             return None
-        table = Table(title=self.title or None, title_justify="left")
+        table = Table()  # the title is drawn above it: see _title
         shown = [i for i in range(len(self.columns)) if not (merged and i == labels[0])]
         for i in shown:
             col = self.columns[i]
@@ -367,14 +378,22 @@ class StepTable:
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> Any:
         table = self.table(options.max_width)
+        if self.title:
+            yield _title(self.title, options.max_width)
         if table is not None:
             yield table
             return
-        if self.title:
-            yield Text(self.title)
         for row in self.rows:
             yield Text("\n".join(step_lines(row, of=self.of, width=options.max_width,
                                              columns=self.columns)))
+
+
+def _title(title: str, width: int) -> Text:
+    """A table's title above it, wrapped at spaces to ``width`` columns: no
+    line padded (rich pads a ``Table(title=...)`` to the table's width,
+    leaving spaces at the ends of the lines)."""
+    return Text("\n".join(textwrap.wrap(title, width, break_long_words=False,
+                                        break_on_hyphens=False)), end="\n")
 
 
 def _wrap(parts: list[str], indent: int, width: int, sep: str) -> list[str]:
@@ -669,6 +688,8 @@ class BlockTablesView:
         from stepwarm.tables import id_ranges
 
         self.title = title
+        #: the title as the last :meth:`table` drew it (with the short headers' help)
+        self.shown_title = title
         self.rows: list[list[str]] = []
         for st in steps:
             if not st.requests:
@@ -692,8 +713,9 @@ class BlockTablesView:
             mins = self._min_widths(headers)
             if sum(mins) + StepTable.EDGE + StepTable.PER_COLUMN * len(mins) > width:
                 continue
-            title = self.title if headers is BLOCK_COLUMNS else f"{self.title} ({SHORT_BLOCK_HELP})"
-            table = Table(title=title, title_justify="left")
+            self.shown_title = (self.title if headers is BLOCK_COLUMNS
+                                else f"{self.title} ({SHORT_BLOCK_HELP})")
+            table = Table()  # the title is drawn above it: see _title
             for col, least in zip(headers, mins):
                 table.add_column(col, justify="right" if col in ("#", "g", "null") else "left",
                                  overflow="fold", min_width=least)
@@ -718,6 +740,7 @@ class BlockTablesView:
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> Any:
         table = self.table(options.max_width)
         if table is not None:
+            yield _title(self.shown_title, options.max_width)
             yield table
         else:
             yield Text("\n".join(self.lines(options.max_width)))

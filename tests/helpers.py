@@ -59,3 +59,16 @@ def in_a_terminal(args: list[str], columns: int, timeout: int = 600,
     _, status = os.waitpid(pid, 0)
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07", "", out.decode(errors="replace"))
     return os.waitstatus_to_exitcode(status), text
+
+
+def unwrapped(text: str) -> str:
+    """stepwarm's own lines as they were before wrapping at 80 columns (or
+    ``COLUMNS``): each continuation line (indented) joined to the line
+    before it with one space."""
+    out: list[str] = []
+    for line in text.splitlines():
+        if out and line[:1] == " ":
+            out[-1] += " " + line.strip()
+        else:
+            out.append(line)
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")

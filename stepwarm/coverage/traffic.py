@@ -315,9 +315,9 @@ def _json_object(text: str, file: str, line: int) -> dict[str, Any]:
     return data
 
 
-def parse_line(text: str, file: str, line: int) -> TrafficRequest:
-    """One JSON line -> :class:`TrafficRequest`, checked by pydantic and by
-    vLLM's ``SamplingParams``.
+def parse_line(text: str, file: str, line: int, sampling: bool = True) -> TrafficRequest:
+    """One JSON line -> :class:`TrafficRequest`, checked by pydantic and (with
+    ``sampling``, which imports vLLM) by vLLM's ``SamplingParams``.
 
     Raises:
         TrafficError: ``FILE:LINE: FIELD: message`` (``FILE:LINE:COLUMN`` for
@@ -342,7 +342,8 @@ def parse_line(text: str, file: str, line: int) -> TrafficRequest:
         value = request.sampling.get(key)
         if isinstance(value, str) and value != "max":
             raise _error(file, line, f"sampling.{key}", f"{value!r}: allowed: a number or \"max\"")
-    _check_sampling(request.sampling, file, line)
+    if sampling:
+        _check_sampling(request.sampling, file, line)
     return request
 
 
@@ -396,18 +397,50 @@ def check_json(text: str, file: str) -> None:
     """The checks that need neither vLLM nor the model: the file holds
     request lines, at most :data:`MAX_LINES`, each a JSON object. A junk file
     (empty, binary, not JSON) is refused by these before vLLM is imported.
+    Where some lines are not JSON objects, the others' fields are checked
+    too (as :func:`parse_line` does, less vLLM's ``SamplingParams``, which
+    would import vLLM), so that every bad line is named at once.
 
     Raises:
-        TrafficError: every line that is not a JSON object (one a line).
+        TrafficError: every line that is not a JSON object and every field
+            error of those that are (one a line, in line order; at most
+            :data:`~stepwarm.scenario.errors.MAX_ERRORS`, then how many more),
+            and a last line naming the lines whose ``sampling`` vLLM checks
+            once the file is JSON.
     """
-    errors = []
+    errors: list[TrafficError] = []
+    unchecked, json_errors = [], 0
     for i, raw in _request_lines(text, file):
         try:
             _json_object(raw, file, i)
         except TrafficError as e:
             errors.append(e)
-    if errors:
-        raise TrafficError.of(errors, file)
+            json_errors += 1
+            continue
+        try:  # its fields too, in case another line is no JSON object
+            if parse_line(raw, file, i, sampling=False).sampling:
+                unchecked.append(i)
+        except TrafficError as e:
+            errors.append(e)
+    if not json_errors:
+        return  # the fields' errors come with the limits' (loads_traffic)
+    err = TrafficError.of(errors, file)
+    if unchecked:
+        note = (f"{file}: the sampling of line(s) {_ranges(unchecked)} is checked by vLLM's "
+                "SamplingParams once every line is a JSON object")
+        err = TrafficError(f"{err}\n{note}", [*err.errors, note])
+    raise err
+
+
+def _ranges(numbers: list[int]) -> str:
+    """``[1, 2, 3, 7]`` -> ``1-3, 7``."""
+    out: list[str] = []
+    for n in numbers:
+        if out and out[-1].split("-")[-1] == str(n - 1):
+            out[-1] = f"{out[-1].split('-')[0]}-{n}"
+        else:
+            out.append(str(n))
+    return ", ".join(out)
 
 
 def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None) -> Traffic:

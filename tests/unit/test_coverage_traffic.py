@@ -318,3 +318,34 @@ def test_lines_that_would_not_be_what_they_say_are_refused(tmp_path):
         f"{path}:3: sampling.allowed_token_ids: token id 600 >= the model's vocab_size 512",
         f"{path}:4: sampling.logit_bias: token id 700 >= the model's vocab_size 512",
     )
+
+
+def test_every_bad_line_is_named_at_once_not_the_json_ones_first(tmp_path):
+    """A traffic file with lines that are not JSON and lines whose fields are
+    wrong: every one named (file:line, field), 20 listed then how many more,
+    exit 2, stdout empty, vLLM and torch not imported (a new user's trial:
+    the JSON errors hid the others)."""
+    import subprocess
+    import sys
+
+    f = tmp_path / "t.jsonl"
+    f.write_text("\n".join(['{"prompt": 4, "sampling": {"temperature": 0}}', '{bad',
+                            '{"prompt": 0}', '[1, 2]', '{"promt": 4}']
+                           + ['{"prompt": -1}' if i % 2 else 'nope' for i in range(20)]) + "\n")
+    prompt = "allowed: a length (an integer > 0) or a list of token ids (integers >= 0, at least one)"
+    expected = [f"error: {f}:2:2: invalid JSON: Expecting property name enclosed in double quotes",
+                f"{f}:3: prompt: 0: {prompt}",
+                f"{f}:4: expected a JSON object (one request a line), got list",
+                f"{f}:5: promt: unknown field (did you mean 'prompt'?); allowed: name, prompt, "
+                "count, sampling, server_defaults, prefix"]
+    for line in range(6, 22):
+        expected.append(f"{f}:{line}:1: invalid JSON: Expecting value" if line % 2 == 0
+                        else f"{f}:{line}: prompt: -1: {prompt}")
+    expected += [f"{f}: 4 more error(s) not shown (at most 20 are listed)",
+                 f"{f}: the sampling of line(s) 1 is checked by vLLM's SamplingParams once "
+                 "every line is a JSON object"]
+    proc = subprocess.run([sys.executable, "-c", _COVERAGE_IMPORTS, "coverage", str(f)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "300"})
+    assert proc.stdout == "STATUS 2 []\n", proc.stderr
+    assert proc.stderr == "\n".join(expected) + "\n"

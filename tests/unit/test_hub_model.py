@@ -11,6 +11,7 @@ from huggingface_hub import constants
 
 from stepwarm.model_dir import HubModel, ModelDirError, parse_hub_id, resolve_hub_model
 from stepwarm.zoo import write_model
+from tests.helpers import unwrapped
 from tests.hub_cache import COMMIT, hub_env, write_hub_cache
 
 REPO = "stepwarm-test/tiny-llama"
@@ -65,7 +66,8 @@ def test_cli_missing_id_exit_2_before_any_engine(tmp_path, command):
     home = tmp_path / "hf"
     proc = _stepwarm(home, *command, "--model", "nobody/no-such-model")
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr == (
+    assert max(map(len, proc.stderr.splitlines())) <= 400  # wrapped at COLUMNS
+    assert unwrapped(proc.stderr) == (
         "error: --model nobody/no-such-model: no such directory, and nobody/no-such-model is "
         f"not in the Hugging Face cache {home / 'hub'} (HF_HOME / HF_HUB_CACHE); "
         "HF_HUB_OFFLINE is set, so the Hub is not asked; fetch its config and tokenizer first "

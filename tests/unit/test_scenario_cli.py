@@ -72,11 +72,15 @@ def test_schema():
     assert json.loads(r.stdout)["title"] == "stepwarm scenario"
 
 
-def test_profile_line_is_one_line_when_not_a_terminal():
+def test_profile_line_wraps_at_columns_when_not_a_terminal():
+    """Piped, the ``profile:`` line wraps at ``COLUMNS`` (80 where unset) as
+    run's own lines do, continuation lines indented two spaces."""
     r = runner.invoke(app, ["check", "default"], env={"COLUMNS": "80"})
     assert r.exit_code == 0, r.output
-    (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("profile:")]
-    assert line.endswith("groups: full_attention(block_size=128)") and "max_model_len 512" in line
+    assert r.stdout.splitlines()[:3] == [
+        "profile: /tmp/stepwarm-models/tiny-llama (v1 runner): max_num_seqs 8,",
+        "  max_num_batched_tokens 512, max_model_len 512, num_spec_steps 0, 15154 blocks,",
+        "  groups: full_attention(block_size=128)"]
 
 
 def test_show_refuses_a_set_exit_2():
@@ -108,7 +112,7 @@ def test_model_errors_name_a_file_and_the_close_zoo_name(tmp_path):
 def test_coverage_options_are_checked_before_anything_starts(tmp_path):
     f = tmp_path / "afile"
     f.write_text("x")
-    r = runner.invoke(app, ["coverage", "--cache-dir", str(f)])
+    r = runner.invoke(app, ["coverage", "--cache-dir", str(f)], env={"COLUMNS": "300"})
     assert r.exit_code == 2 and f"--cache-dir {f}: is a file" in r.stderr
     r = runner.invoke(app, ["coverage", "--threshold", "-1"])
     assert r.exit_code == 2 and "--threshold -1.0: allowed: a number >= 0" in r.stderr
@@ -188,7 +192,7 @@ def test_show_in_an_80_column_terminal_fits_and_names_every_step():
         assert f"  [{st.index}/5] {st.kind}  {st.label}" in lines
     assert "        requests long dec[0..2]" in lines
     assert "        tokens 512  spec 0  alloc blk 4  hit blk 0  null blk 0  held blk 7" in lines
-    assert "groups: full_attention(block_size=128)" in lines  # the profile line, wrapped
+    assert "  groups: full_attention(block_size=128)" in lines  # the profile line, wrapped
 
 
 def test_list_models_in_an_80_column_terminal_keeps_every_engine_arg():
