@@ -80,6 +80,8 @@ def check_plot_and_trace(plot_out: Path | None, trace: int | None, trace_out: Pa
     errors = []
     if plot_out is not None:
         errors += [e for e in (bench_plot.path_error(plot_out), bench_plot.missing()) if e]
+    if trace is not None and trace < 0:
+        errors.append(f"--trace {trace}: allowed: a step's index, from 0")
     if trace is not None and comparing:
         errors.append("--trace traces one configuration: run it without --against-e, "
                       "--against-env or --against-python")

@@ -996,7 +996,7 @@ def bench(
     rounds: Annotated[int, typer.Option("--rounds", metavar="R", help="A/B rounds the repeats are split into, interleaved (1 to 1000).")] = 4,
     gate_pct: Annotated[Optional[float], typer.Option("--gate", metavar="PCT", help="Exit 4 when a step of B is slower than A by more than PCT % beyond the noise.")] = None,
     plot_out: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE", help="Draw each step's times and the batch sweeps (.png or .svg; needs matplotlib).")] = None,
-    trace: Annotated[Optional[int], typer.Option("--trace", min=0, metavar="STEP", help="After the measured repeats, one more with the torch profiler on around step STEP (its index).")] = None,
+    trace: Annotated[Optional[int], typer.Option("--trace", metavar="STEP", help="After the measured repeats, one more with the torch profiler on around step STEP (its index, from 0).")] = None,
     trace_out: Annotated[Optional[Path], typer.Option("--trace-file", metavar="FILE", help="Where --trace writes its Chrome trace (default stepwarm-trace-SCENARIO-STEP.json).")] = None,
     child: Annotated[bool, typer.Option("--child", hidden=True)] = False,
     verbose: Verbose = False,

@@ -63,6 +63,7 @@ def test_a_plan_without_a_sweep_is_one_panel_and_png_is_png(tmp_path):
     ((None, 2, None, True), ["--trace traces one configuration: run it without --against-e, "
                              "--against-env or --against-python"]),
     ((None, None, Path("t.json"), False), ["--trace-file needs --trace STEP"]),
+    ((None, -1, None, False), ["--trace -1: allowed: a step's index, from 0"]),
     ((Path("p.svg"), 0, Path("t.json"), False), []),
 ])
 def test_plot_and_trace_options_are_checked_together(args, errors):
