@@ -130,6 +130,31 @@ class Ratio:
     noisy: bool
 
 
+def plan_shapes(plan: Any) -> list[list[int]]:
+    """Each planned step's (requests, scheduled tokens, draft tokens): what a
+    repeat must send again, and what two configurations must both plan."""
+    return [[len(step.scheduled), sum(r.num_scheduled_tokens for r in step.scheduled),
+             sum(len(r.spec_token_ids) for r in step.scheduled)] for step in plan.steps]
+
+
+def same_plans(a: Sequence[Sequence[int]] | None, b: Sequence[Sequence[int]] | None) -> None:
+    """Raise :class:`ShapeDrift` naming the first step where A's and B's
+    plans differ (before either is measured).
+
+    Raises:
+        ShapeDrift: another step count, or a step of another shape.
+    """
+    if a is None or b is None or [list(x) for x in a] == [list(x) for x in b]:
+        return
+    if len(a) != len(b):
+        raise ShapeDrift(f"the two configurations planned different steps: A {len(a)} steps, "
+                         f"B {len(b)}: their times do not compare")
+    i = next(i for i, (x, y) in enumerate(zip(a, b)) if list(x) != list(y))
+    raise ShapeDrift(f"the two configurations planned different steps: step {i} is "
+                     f"{tuple(a[i])} in A, {tuple(b[i])} in B (requests, tokens, drafts): "
+                     "their times do not compare")
+
+
 def compare(a: BenchReport, b: BenchReport, seed: int = 0) -> list[Ratio]:
     """Per step, ``median(B) / median(A)`` and its ``CONFIDENCE`` interval
     (each side resampled with replacement :data:`BOOTSTRAP` times, seeded).

@@ -17,8 +17,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stepwarm.bench import WIDE_SPREAD, BenchReport, Ratio, child_loop, gate, interleave, stats, \
-    tokens_per_s
+from stepwarm.bench import (
+    WIDE_SPREAD,
+    BenchReport,
+    Ratio,
+    child_loop,
+    gate,
+    interleave,
+    plan_shapes,
+    same_plans,
+    stats,
+    tokens_per_s,
+)
 from stepwarm.console import console, err_console, print_wrapped
 
 #: Exit status of ``--gate``: a step slower beyond the noise.
@@ -37,27 +47,27 @@ def plan_for(worker: Any, scenario: Any) -> tuple[Any, Any]:
 
 
 def print_report(rep: BenchReport) -> None:
-    """One line a step (p50 / p90 / p99 ms, spread, tokens/s) within 80
-    columns, a spread too wide to compare marked ``*`` (said once below the
-    table), then a summary."""
+    """Two lines a step within 80 columns: p50 / p90 / p99 ms, spread (a
+    spread too wide to compare marked ``*``, said once below the table) and
+    tokens/s, then the step's kind and whole label (wrapped); a summary."""
     s = rep.setup
     which = "device" if rep.steps and rep.steps[0].device_ms else "host"
     print_wrapped(f"{rep.scenario}: {rep.repeat} repeats after {rep.warmup} warm-up; "
                   f"{s.get('device')}, vLLM {s.get('vllm')}, torch {s.get('torch')}, "
                   f"{s.get('attention_backend')}, {s.get('runner')} runner; {which} time, ms")
-    console.print(f"{'step':>4} {'kind: label':<22} {'reqs':>4} {'tokens':>6} "
-                  f"{'p50':>7} {'p90':>7} {'p99':>7} {'spread':>6}  {'tok/s':>7}")
+    console.print(f"{'step':>4} {'reqs':>4} {'tokens':>6} {'p50':>9} {'p90':>9} {'p99':>9} "
+                  f"{'spread':>6}  {'tok/s':>8}")
     total = 0.0
     wide = False
     for step in rep.steps:
         st = stats(step.times())
         total += st["p50"]
-        label = f"{step.kind}: {step.label}"
         mark = "*" if st["spread"] > WIDE_SPREAD else " "
         wide = wide or mark == "*"
-        console.print(f"{step.index:>4} {label[:22]:<22} {step.num_reqs:>4} {step.num_tokens:>6} "
-                      f"{st['p50']:>7.2f} {st['p90']:>7.2f} {st['p99']:>7.2f} "
-                      f"{st['spread']:>6.2f}{mark} {tokens_per_s(step):>7.0f}".rstrip())
+        console.print(f"{step.index:>4} {step.num_reqs:>4} {step.num_tokens:>6} "
+                      f"{st['p50']:>9.2f} {st['p90']:>9.2f} {st['p99']:>9.2f} "
+                      f"{st['spread']:>6.2f}{mark} {tokens_per_s(step):>8.0f}")
+        print_wrapped(f"     {step.kind}: {step.label}")
     if wide:
         print_wrapped(f"* spread (p90 - p10) / p50 above {WIDE_SPREAD}: too wide to compare")
     tokens = sum(s.num_tokens for s in rep.steps)
@@ -70,6 +80,14 @@ def print_ratios(ratios: Sequence[Ratio], a: str, b: str) -> None:
     for r in ratios:
         console.print(f"{r.index:>4}  {r.label[:34]:<34} {r.ratio:6.3f} [{r.low:.3f}, {r.high:.3f}]"
                       + ("  noisy" if r.noisy else ""))
+
+
+def check_gate(gate_pct: float | None, comparing: bool) -> list[str]:
+    """``--gate`` needs a B to compare A with."""
+    if gate_pct is not None and not comparing:
+        return [f"--gate {gate_pct:g}: the gate compares B with A; give B with --against-e, "
+                "--against-env or --against-python"]
+    return []
 
 
 def check_plot_and_trace(plot_out: Path | None, trace: int | None, trace_out: Path | None,
@@ -115,8 +133,10 @@ def write_outputs(reports: dict[str, BenchReport], ratios: Sequence[Ratio] | Non
 
 
 def run_child(worker: Any, plan: Any, profile: Any) -> None:
-    """The ``--child`` side: announce, then serve the parent's commands."""
-    print(PREFIX + json.dumps({"ready": len(plan.steps)}), flush=True)
+    """The ``--child`` side: announce the plan's shapes, then serve the
+    parent's commands."""
+    print(PREFIX + json.dumps({"ready": len(plan.steps), "shapes": plan_shapes(plan)}),
+          flush=True)
     child_loop(worker, plan, profile, sys.stdin.readline,
                lambda line: print(PREFIX + line, flush=True))
 
@@ -128,7 +148,7 @@ class Child:
         self.name = name
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=sys.stderr, env=env, text=True, bufsize=1)
-        self.reply()  # ready, or the reason it is not
+        self.ready = self.reply()  # the plan's shapes, or the reason it is not ready
 
     def reply(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
@@ -160,6 +180,7 @@ def run_compare(argv_a: list[str], argv_b: list[str], env_b: dict[str, str], pyt
     children = {"A": Child("A", [sys.executable, *argv_a], env_a)}
     try:
         children["B"] = Child("B", [python_b or sys.executable, *argv_b], {**env_a, **env_b})
+        same_plans(children["A"].ready.get("shapes"), children["B"].ready.get("shapes"))
         per_round = max(1, repeat // rounds)
         return interleave({n: c.send for n, c in children.items()}, rounds, per_round, warmup)
     finally:

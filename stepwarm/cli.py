@@ -248,6 +248,17 @@ def _loaded_or_exit(names: list[str], engine_arg: Optional[list[str]],
     return loaded
 
 
+def _check_clashes(outputs: list[tuple[str, Optional[Path]]],
+                   inputs: tuple[tuple[str, Any], ...] | list[tuple[str, Any]] = ()) -> None:
+    """Exit 2 before any work where two outputs are one file, or an output is
+    a file the command reads (every such pair at once)."""
+    from stepwarm.output_path import clashes
+
+    errors = clashes(outputs, inputs)
+    if errors:
+        _fail("\n".join(errors), 2)
+
+
 def _failure_line(failed: StepFailed) -> str:
     return f"scenario {failed.report.plan}: " + failed.report.error + (
         "; cleanup ran, the runner holds no stepwarm request"
@@ -304,6 +315,7 @@ def run(
     #: Scenarios named with -s themselves, not through a set.
     named = set(resolve_names(n for n in scenario or [] if n not in SETS))
     _check_output_path(json_out, "--json")
+    _check_clashes([("--json", json_out)], [("scenario file", n) for n in scenario or []])
     from stepwarm.settings import SettingsError, compile_threads
 
     bad_settings: list[str] = []
@@ -596,6 +608,8 @@ def coverage(
         _fail("give --baseline or --compare, not both", 2)
     for path, option in ((json_out, "--json"), (timeline, "--timeline")):
         _check_output_path(path, option)
+    _check_clashes([("--json", json_out), ("--timeline", timeline)],
+                   [("traffic file", traffic)] if traffic else [])
     if timeline is not None and timeline.suffix.lower() != ".svg":
         _fail(f"--timeline {timeline}: the timeline is SVG; allowed: a FILE ending in .svg", 2)
     if cache_dir is not None and cache_dir.exists() and not cache_dir.is_dir():
@@ -944,6 +958,7 @@ def scenario_from_record(
     from stepwarm.scenario.recording import RecordError
 
     _check_output_path(output, "--output")
+    _check_clashes([("--output", output)], [("recording", record)])
     try:
         summary = write_scenario(record, output, model)
     except RecordError as e:
@@ -1028,21 +1043,27 @@ def bench(
     errors += bc.check_python(against_python)
     comparing = bool(against_e or against_env or against_python)
     errors += bc.check_plot_and_trace(plot_out, trace, trace_out, comparing)
+    errors += bc.check_gate(gate_pct, comparing)
     if trace is not None:
         trace_out = trace_out or Path(f"stepwarm-trace-{Path(scenario).stem}-{trace}.json")
         _check_output_path(trace_out, "--trace-file")
+    _check_clashes([("--json", json_out), ("--csv", csv_out), ("--plot", plot_out),
+                    ("--trace-file", trace_out)], [("scenario file", scenario)])
     if comparing and not child:
         errors += _engine_arg_errors(against_e)
     (_, loaded), = _loaded_or_exit([scenario], engine_arg, errors)
     if comparing and not child:
         base = ["-m", "stepwarm", "bench", scenario, "--child", "--repeat", str(repeat),
                 *(["--model", model] if model else []), *(a for e in engine_arg or [] for a in ("-e", e))]
+        from stepwarm.bench import ShapeDrift, compare
+
         try:
             reports = bc.run_compare(base, base + [a for e in against_e or [] for a in ("-e", e)],
                                      env_b, against_python, rounds, repeat, warmup)
+        except ShapeDrift as e:  # the children's plans, before either is measured
+            _fail(f"bench: {e}", 2)
         except Exception as e:  # noqa: BLE001 - a child's failure, said in one line
             _fail(f"bench: {e}", 1)
-        from stepwarm.bench import ShapeDrift, compare
 
         described = {"A": bc.describe(engine_arg or [], {}, None),
                      "B": bc.describe(against_e or [], env_b, against_python)}

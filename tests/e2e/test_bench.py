@@ -146,3 +146,17 @@ def test_trace_past_the_plan_is_refused_before_a_step_runs(tmp_path):
     assert proc.returncode == 2
     assert "--trace 999: default plans steps 0 to " in proc.stderr
     assert not (tmp_path / "t.json").exists()
+
+
+def test_two_configurations_that_plan_apart_are_refused_before_measuring():
+    """B with another max_num_seqs plans other steps: exit 2 once both
+    children have planned, before a step is measured (no table printed)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "stepwarm", "bench", "default", "--repeat", "2", "--warmup", "1",
+         "--rounds", "1", "--against-e", "max_num_seqs=4"],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    err = " ".join(proc.stderr.split())
+    assert "error: bench: the two configurations planned different steps: step 0 is (8, 16, 0) " \
+           "in A, (4, 8, 0) in B (requests, tokens, drafts)" in err, err
+    assert "repeats after" not in proc.stdout

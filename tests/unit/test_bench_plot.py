@@ -77,12 +77,43 @@ def test_the_report_fits_80_columns_and_marks_a_wide_spread(monkeypatch, capsys)
     rep = _grid_report()
     rep.setup.update(attention_backend="vLLM's default", runner="v1")
     rep.steps[1].host_ms = [1.0, 2.0, 3.0]  # spread (2.8 - 1.2) / 2 = 0.8
+    rep.steps[1].label = "decode d[0]..d[3] beside a long prefill of the waiting requests"
     print_report(BenchReport("grid", 3, 1, rep.steps[:2], rep.setup))
     assert capsys.readouterr().out.splitlines() == [
         "grid: 3 repeats after 1 warm-up; cpu, vLLM 0.32.0, torch 2.13.0+cpu, vLLM's",
         "  default, v1 runner; host time, ms",
-        "step kind: label            reqs tokens     p50     p90     p99 spread    tok/s",
-        "   0 prefill: prefill 4        4      4    9.00    9.72    9.88   0.16      444",
-        "   1 decode: decode 1          1      1    2.00    2.80    2.98   0.80*     500",
+        "step reqs tokens       p50       p90       p99 spread     tok/s",
+        "   0    4      4      9.00      9.72      9.88   0.16       444",
+        "     prefill: prefill 4",
+        "   1    1      1      2.00      2.80      2.98   0.80*      500",
+        "     decode: decode d[0]..d[3] beside a long prefill of the waiting requests",
         "* spread (p90 - p10) / p50 above 0.25: too wide to compare",
         "grid: 2 steps, 11.00 ms at the medians, 455 tokens/s"]
+
+
+def test_two_plans_are_compared_before_either_is_measured():
+    from stepwarm.bench import ShapeDrift, plan_shapes, same_plans
+    from stepwarm.scenario import expand, load, tiny_profile
+
+    profile = tiny_profile()
+    a = plan_shapes(expand(load("default"), profile))
+    assert a[0] == [8, 16, 0]  # 8 requests prefilled 2 tokens each
+    same_plans(a, [list(x) for x in a])
+    b = [list(x) for x in a]
+    b[3][0] -= 1
+    with pytest.raises(ShapeDrift, match=rf"step 3 is \({a[3][0]}, "):
+        same_plans(a, b)
+    with pytest.raises(ShapeDrift, match=f"A {len(a)} steps, B 1"):
+        same_plans(a, a[:1])
+
+
+def test_a_gate_without_b_is_refused_before_an_engine():
+    from typer.testing import CliRunner
+
+    from stepwarm.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "default", "--gate", "5"], env={"COLUMNS": "200"})
+    assert r.exit_code == 2 and r.stdout == ""
+    assert " ".join(r.stderr.split()) == (
+        "error: --gate 5: the gate compares B with A; give B with --against-e, --against-env "
+        "or --against-python")
