@@ -8,11 +8,12 @@ the worker's runner profile, drives them through ``execute_model`` /
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -24,7 +25,8 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from stepwarm.console import (ScenarioProgress, console, err_console, plural, print_labelled,
                               print_wrapped, route_vllm_log)
-from stepwarm.driver import RunReport, StepFailed
+from stepwarm.driver import RunReport
+from stepwarm.hook import WarmupProgress, warmup
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Scheduler-realistic warmup steps for vLLM workers.")
@@ -259,11 +261,11 @@ def _check_clashes(outputs: list[tuple[str, Optional[Path]]],
         _fail("\n".join(errors), 2)
 
 
-def _failure_line(failed: StepFailed) -> str:
-    return f"scenario {failed.report.plan}: " + failed.report.error + (
+def _failure_line(report: RunReport) -> str:
+    return f"scenario {report.plan}: " + (report.error or "") + (
         "; cleanup ran, the runner holds no stepwarm request"
-        if not failed.report.left_in_runner
-        else f"; the runner still holds {failed.report.left_in_runner}")
+        if not report.left_in_runner
+        else f"; the runner still holds {report.left_in_runner}")
 
 
 @app.command()
@@ -368,16 +370,15 @@ def run(
     from stepwarm.coverage.detectors import Detectors
 
     slow = SlowSteps(Detectors.watch())  # why a slow step was slow
-    failures: list[StepFailed] = []
     skipped_named = [n for n in names if n in early and n in named]
-    at = {"what": ""}  # the step running, as the watchdog names it (for Ctrl-C)
+    progress = _RunProgress(plans, profile, reports, skipped_named, named, slow)
     try:
-        _drive_all(plans, engine, profile, reports, failures, skipped_named, named, slow, threads,
-                   at)
+        _drive_all(plans, engine, progress, threads)
     except KeyboardInterrupt:
-        _interrupted(engine, plans, reports, at["what"], json_out, profile, startup_s)
+        _interrupted(engine, plans, reports, progress.at, json_out, profile, startup_s)
     finally:
         slow.detectors.stop()
+    failures = progress.failures
     ran_plans = {r.plan for r in reports if r.ok and not r.skipped}
     checked = _verify(engine, [p for _, p in plans if p.name in ran_plans],
                       profile) if verify else []
@@ -396,38 +397,67 @@ def run(
     _summary_and_exit(reports, failures, checked, skipped_named, allow_skip)
 
 
-def _drive_all(plans: list[tuple[str, Any]], engine: Any, profile: Any, reports: list[RunReport],
-               failures: list[StepFailed], skipped_named: list[str], named: set[str],
-               slow: Any, threads: int, at: dict[str, str]) -> None:
-    """``run``'s scenarios one by one, each a table of its steps (a failed
-    one is reported and the next runs); ``at["what"]`` names the step
-    running (or the scenario about to start)."""
-    from stepwarm.driver import drive
-    from stepwarm.watchdog import StepWatch
+def _drive_all(plans: list[tuple[str, Any]], engine: Any, progress: _RunProgress,
+               threads: int) -> None:
+    """``run``'s scenarios one by one through the plugin's path
+    (:func:`stepwarm.hook.warmup`), keeping going past a failed one; each is
+    shown by ``progress`` (a table of its steps, then a line)."""
+    from stepwarm.settings import HookSettings
 
-    ng = len(profile.kv_cache_groups)
-    for name, plan in plans:
+    settings = HookSettings(on_error="warn", compile_threads=threads, gemm_sizes=False,
+                            startup_work=False)
+    warmup(engine.worker, settings=settings, plans=[p for _, p in plans], progress=progress)
+
+
+class _RunProgress(WarmupProgress):
+    """What ``run`` shows while :func:`stepwarm.hook.warmup` drives: a table
+    per scenario (:class:`~stepwarm.console.ScenarioProgress`), a line after
+    it; each report goes to ``reports`` as its scenario ends (``--json``,
+    Ctrl-C), a failed one to ``failures`` too; ``at`` names the step running
+    (Ctrl-C)."""
+
+    def __init__(self, plans: list[tuple[str, Any]], profile: Any, reports: list[RunReport],
+                 skipped_named: list[str], named: set[str], slow: Any):
+        super().__init__()
+        self.names = {id(plan): name for name, plan in plans}
+        self.runner, self.groups = profile.runner, len(profile.kv_cache_groups)
+        self.reports, self.skipped_named, self.named = reports, skipped_named, named
+        self.slow = slow
+        self.failures: list[RunReport] = []
+        self.at = ""
+        self.table: Any = None
+        self.on_running = _show_running
+
+    @contextlib.contextmanager
+    def scenario(self, plan: Any) -> Iterator[None]:
         if plan.skipped:
-            print_wrapped(f"scenario {plan.name}: skipped: {plan.skipped}")
-            reports.append(RunReport(plan=plan.name, runner=profile.runner,
-                                     model=profile.model, skipped=plan.skipped))
-            if name in named:
-                skipped_named.append(name)
-            continue
-        at["what"] = f"scenario {plan.name}, before its first step"
-        with ScenarioProgress(plan, profile.runner, ng, slow=slow) as progress:
-            try:
-                report = drive(engine.worker, plan, profile, on_step=progress.step,
-                               watch=StepWatch(), on_running=_show_running,
-                               on_step_start=lambda _, what: at.update(what="scenario " + what),
-                               compile_threads=threads)
-            except StepFailed as e:
-                progress.failed(plan.steps[e.step])
-                failures.append(e)
-                report = e.report
-        reports.append(report)
-        if failures and failures[-1].report is report:
-            print_labelled("failed:", _failure_line(failures[-1]))
+            yield
+            return
+        self.at = f"scenario {plan.name}, before its first step"
+        with ScenarioProgress(plan, self.runner, self.groups, slow=self.slow) as self.table:
+            yield
+
+    def step_start(self, step: Any, what: str) -> None:
+        self.at = "scenario " + what
+
+    def step(self, result: Any) -> None:
+        self.table.step(result)
+
+    def failed(self, plan: Any, report: RunReport, step: int | None) -> None:
+        if step is not None:
+            self.table.failed(plan.steps[step])
+        self.failures.append(report)
+
+    def done(self, plan: Any, report: RunReport) -> None:
+        if report.skipped:
+            print_wrapped(f"scenario {plan.name}: skipped: {report.skipped}")
+            if self.names[id(plan)] in self.named:
+                self.skipped_named.append(self.names[id(plan)])
+        self.reports.append(report)
+        if report.skipped:
+            return
+        if not report.ok:
+            print_labelled("failed:", _failure_line(report))
             if _verbose and report.traceback:
                 err_console.print(f"raised by {report.raised_by}'s code:\n{report.traceback}",
                                   soft_wrap=True, markup=False, highlight=False)
@@ -492,7 +522,7 @@ def _skip_counts(reports: list[RunReport]) -> list[str]:
     return [f"  {n} skipped: {why}" for why, n in reasons.most_common()]
 
 
-def _summary_and_exit(reports: list[RunReport], failures: list[StepFailed],
+def _summary_and_exit(reports: list[RunReport], failures: list[RunReport],
                       checked: list[tuple[str, Any]], skipped_named: list[str],
                       allow_skip: bool, engine_started: bool = True) -> None:
     """The last line of ``run`` and its exit status (see ``run --help``)."""
@@ -506,7 +536,7 @@ def _summary_and_exit(reports: list[RunReport], failures: list[StepFailed],
         if skipped:
             print_wrapped("\n".join(_skip_counts(reports)))
         _fail(f"{len(failures)} of {len(ran)} scenario(s) failed on the worker "
-              f"({', '.join(f.report.plan for f in failures)}: see 'failed:' above)", 1)
+              f"({', '.join(f.plan for f in failures)}: see 'failed:' above)", 1)
     bad = [n for n, v in checked if isinstance(v, str) or not v.ok]
     if bad:
         _fail(f"--verify: {len(bad)} scenario(s) differ from vLLM's scheduler or could not be "
@@ -1097,7 +1127,7 @@ def bench(
         if trace is not None:
             trace_step(engine.worker, plan, profile, trace, trace_out)
     except StepFailed as e:
-        _fail(_failure_line(e), 1)
+        _fail(_failure_line(e.report), 1)
     bc.print_report(rep)
     bc.write_outputs({"A": rep}, None, json_out, csv_out, plot_out)
     if trace is not None:
