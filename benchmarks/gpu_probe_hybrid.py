@@ -60,7 +60,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-#: Engine arguments of the coverage job (benchmarks/gpu-jobs/real-dimensions.jsonl),
+#: Engine arguments of the coverage job (campaigns/jobs/real-dimensions.jsonl),
 #: used on a CUDA build only.
 GPU_ENGINE_ARGS: dict[str, Any] = {"gpu_memory_utilization": 0.25,
                                    "kv_cache_memory_bytes": 8_000_000_000}

@@ -50,6 +50,9 @@ class StepSamples:
     host_ms: list[float] = field(default_factory=list)
     #: CUDA event time (None off CUDA).
     device_ms: list[float] | None = None
+    #: The longest sequence the step attends over: a scheduled request's
+    #: computed + scheduled tokens, the largest (a sweep's context axis).
+    context_tokens: int = 0
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -127,6 +130,31 @@ class Ratio:
     noisy: bool
 
 
+def plan_shapes(plan: Any) -> list[list[int]]:
+    """Each planned step's (requests, scheduled tokens, draft tokens): what a
+    repeat must send again, and what two configurations must both plan."""
+    return [[len(step.scheduled), sum(r.num_scheduled_tokens for r in step.scheduled),
+             sum(len(r.spec_token_ids) for r in step.scheduled)] for step in plan.steps]
+
+
+def same_plans(a: Sequence[Sequence[int]] | None, b: Sequence[Sequence[int]] | None) -> None:
+    """Raise :class:`ShapeDrift` naming the first step where A's and B's
+    plans differ (before either is measured).
+
+    Raises:
+        ShapeDrift: another step count, or a step of another shape.
+    """
+    if a is None or b is None or [list(x) for x in a] == [list(x) for x in b]:
+        return
+    if len(a) != len(b):
+        raise ShapeDrift(f"the two configurations planned different steps: A {len(a)} steps, "
+                         f"B {len(b)}: their times do not compare")
+    i = next(i for i, (x, y) in enumerate(zip(a, b)) if list(x) != list(y))
+    raise ShapeDrift(f"the two configurations planned different steps: step {i} is "
+                     f"{tuple(a[i])} in A, {tuple(b[i])} in B (requests, tokens, drafts): "
+                     "their times do not compare")
+
+
 def compare(a: BenchReport, b: BenchReport, seed: int = 0) -> list[Ratio]:
     """Per step, ``median(B) / median(A)`` and its ``CONFIDENCE`` interval
     (each side resampled with replacement :data:`BOOTSTRAP` times, seeded).
@@ -161,7 +189,8 @@ def merge(rounds: Sequence[BenchReport]) -> BenchReport:
     steps = [StepSamples(s.index, s.kind, s.label, s.num_reqs, s.num_tokens, s.num_spec_tokens,
                          [t for r in rounds for t in r.steps[i].host_ms],
                          None if s.device_ms is None else
-                         [t for r in rounds for t in (r.steps[i].device_ms or [])])
+                         [t for r in rounds for t in (r.steps[i].device_ms or [])],
+                         s.context_tokens)
              for i, s in enumerate(first.steps)]
     return BenchReport(first.scenario, sum(r.repeat for r in rounds), first.warmup, steps,
                        first.setup)
@@ -175,6 +204,7 @@ def measure(worker: Any, plan: Any, profile: Any, repeat: int, warmup: int = 1,
     """Drive ``plan`` ``warmup + repeat`` times on ``worker``; keep the last
     ``repeat``. Every repeat ends with the driver's cleanup (the runner holds
     no stepwarm request after it, also after a failure, which is raised).
+    With ``repeat == 0`` (warming only) the report has no steps.
 
     Raises:
         stepwarm.driver.StepFailed: a step failed (the runner was cleaned up).
@@ -215,7 +245,8 @@ def measure(worker: Any, plan: Any, profile: Any, repeat: int, warmup: int = 1,
                 return
             s = steps.setdefault(result.index, StepSamples(
                 result.index, result.kind, result.label, *shape,
-                device_ms=[] if cuda else None))
+                device_ms=[] if cuda else None,
+                context_tokens=context_tokens(plan.steps[result.index])))
             if s.shape != shape:
                 raise ShapeDrift(f"step {result.index} ({result.kind}: {result.label}) sent "
                                  f"{shape} (requests, tokens, drafts), the first repeat {s.shape}")
@@ -229,6 +260,61 @@ def measure(worker: Any, plan: Any, profile: Any, repeat: int, warmup: int = 1,
             on_repeat(r)
     return BenchReport(plan.name, repeat, warmup, [steps[i] for i in sorted(steps)],
                        setup(worker, profile))
+
+
+def context_tokens(step: Any) -> int:
+    """The longest sequence a planned step attends over (computed + scheduled
+    tokens of its longest scheduled request); 0 for a step with none."""
+    return max((r.num_computed_tokens + r.num_scheduled_tokens for r in step.scheduled), default=0)
+
+
+def trace_step(worker: Any, plan: Any, profile: Any, index: int, path: Any,
+               *, cuda: bool | None = None) -> None:
+    """One more repeat of ``plan`` (after the measured ones: its kernels are
+    compiled) with the torch profiler on around step ``index`` only
+    (``execute_model`` + ``sample_tokens``, CPU and, on CUDA, the device's
+    kernels); its Chrome trace (Perfetto reads it) written to ``path``. The
+    profiler is stopped whatever the step does; the runner is cleaned up as
+    after any repeat.
+
+    Raises:
+        ValueError: ``index`` is not a step of the plan.
+        stepwarm.driver.StepFailed: a step failed (the runner was cleaned up).
+    """
+    import torch
+
+    from stepwarm.driver import drive
+    from stepwarm.random_state import random_state_kept
+
+    if not 0 <= index < len(plan.steps):
+        raise ValueError(f"--trace {index}: the plan has steps 0 to {len(plan.steps) - 1}")
+    if cuda is None:
+        cuda = _on_cuda()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    prof = torch.profiler.profile(activities=activities, record_shapes=True)
+    state = {"on": False}
+
+    def started(step: Any, what: str) -> None:
+        if step.index == index and not state["on"]:
+            prof.start()
+            state["on"] = True
+
+    def done(result: Any) -> None:
+        if result.index == index and state["on"]:
+            if cuda:
+                torch.cuda.synchronize()
+            prof.stop()
+            state["on"] = False
+            prof.export_chrome_trace(str(path))
+
+    try:
+        with random_state_kept():
+            drive(worker, plan, profile, on_step=done, on_step_start=started)
+    finally:
+        if state["on"]:  # the step raised: the profiler is not left running
+            prof.stop()
 
 
 def _on_cuda() -> bool:

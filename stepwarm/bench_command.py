@@ -17,9 +17,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stepwarm.bench import WIDE_SPREAD, BenchReport, Ratio, child_loop, gate, interleave, stats, \
-    tokens_per_s
-from stepwarm.console import console, err_console
+from stepwarm.bench import (
+    WIDE_SPREAD,
+    BenchReport,
+    Ratio,
+    child_loop,
+    gate,
+    interleave,
+    plan_shapes,
+    same_plans,
+    stats,
+    tokens_per_s,
+)
+from stepwarm.console import console, err_console, print_wrapped
 
 #: Exit status of ``--gate``: a step slower beyond the noise.
 GATE_FAILED = 4
@@ -37,56 +47,96 @@ def plan_for(worker: Any, scenario: Any) -> tuple[Any, Any]:
 
 
 def print_report(rep: BenchReport) -> None:
-    """One line a step (p50 / p90 / p99 ms, spread, tokens/s), then a summary."""
+    """Two lines a step within 80 columns: p50 / p90 / p99 ms, spread (a
+    spread too wide to compare marked ``*``, said once below the table) and
+    tokens/s, then the step's kind and whole label (wrapped); a summary."""
     s = rep.setup
-    console.print(f"{rep.scenario}: {rep.repeat} repeats after {rep.warmup} warm-up; "
-                  f"{s.get('device')}, vLLM {s.get('vllm')}, torch {s.get('torch')}, "
-                  f"{s.get('attention_backend')}, {s.get('runner')} runner", soft_wrap=False)
     which = "device" if rep.steps and rep.steps[0].device_ms else "host"
-    console.print(f"{'step':>4}  {'kind: label':<28} {'reqs':>4} {'tokens':>6} "
-                  f"{'p50':>7} {'p90':>7} {'p99':>7} {'spread':>6} {'tok/s':>8}  ({which} ms)")
+    print_wrapped(f"{rep.scenario}: {rep.repeat} repeats after {rep.warmup} warm-up; "
+                  f"{s.get('device')}, vLLM {s.get('vllm')}, torch {s.get('torch')}, "
+                  f"{s.get('attention_backend')}, {s.get('runner')} runner; {which} time, ms")
+    console.print(f"{'step':>4} {'reqs':>4} {'tokens':>6} {'p50':>9} {'p90':>9} {'p99':>9} "
+                  f"{'spread':>6}  {'tok/s':>8}")
     total = 0.0
+    wide = False
     for step in rep.steps:
         st = stats(step.times())
         total += st["p50"]
-        label = f"{step.kind}: {step.label}"
-        console.print(f"{step.index:>4}  {label[:28]:<28} {step.num_reqs:>4} {step.num_tokens:>6} "
-                      f"{st['p50']:>7.2f} {st['p90']:>7.2f} {st['p99']:>7.2f} "
-                      f"{st['spread']:>6.2f} {tokens_per_s(step):>8.0f}"
-                      + ("  spread too wide to compare" if st["spread"] > WIDE_SPREAD else ""))
+        mark = "*" if st["spread"] > WIDE_SPREAD else " "
+        wide = wide or mark == "*"
+        console.print(f"{step.index:>4} {step.num_reqs:>4} {step.num_tokens:>6} "
+                      f"{st['p50']:>9.2f} {st['p90']:>9.2f} {st['p99']:>9.2f} "
+                      f"{st['spread']:>6.2f}{mark} {tokens_per_s(step):>8.0f}")
+        print_wrapped(f"     {step.kind}: {step.label}")
+    if wide:
+        print_wrapped(f"* spread (p90 - p10) / p50 above {WIDE_SPREAD}: too wide to compare")
     tokens = sum(s.num_tokens for s in rep.steps)
-    console.print(f"{rep.scenario}: {len(rep.steps)} steps, {total:.2f} ms at the medians, "
+    print_wrapped(f"{rep.scenario}: {len(rep.steps)} steps, {total:.2f} ms at the medians, "
                   f"{tokens / (total / 1e3) if total else 0:.0f} tokens/s")
 
 
 def print_ratios(ratios: Sequence[Ratio], a: str, b: str) -> None:
-    console.print(f"B / A per step (A: {a}; B: {b}), median ratio [95% interval]")
+    print_wrapped(f"B / A per step (A: {a}; B: {b}), median ratio [95% interval]")
     for r in ratios:
         console.print(f"{r.index:>4}  {r.label[:34]:<34} {r.ratio:6.3f} [{r.low:.3f}, {r.high:.3f}]"
                       + ("  noisy" if r.noisy else ""))
 
 
+def check_gate(gate_pct: float | None, comparing: bool) -> list[str]:
+    """``--gate`` needs a B to compare A with."""
+    if gate_pct is not None and not comparing:
+        return [f"--gate {gate_pct:g}: the gate compares B with A; give B with --against-e, "
+                "--against-env or --against-python"]
+    return []
+
+
+def check_plot_and_trace(plot_out: Path | None, trace: int | None, trace_out: Path | None,
+                         comparing: bool) -> list[str]:
+    """``--plot`` / ``--trace`` / ``--trace-file`` errors, before an engine starts."""
+    from stepwarm import bench_plot
+
+    errors = []
+    if plot_out is not None:
+        errors += [e for e in (bench_plot.path_error(plot_out), bench_plot.missing()) if e]
+    if trace is not None and trace < 0:
+        errors.append(f"--trace {trace}: allowed: a step's index, from 0")
+    if trace is not None and comparing:
+        errors.append("--trace traces one configuration: run it without --against-e, "
+                      "--against-env or --against-python")
+    if trace_out is not None and trace is None:
+        errors.append("--trace-file needs --trace STEP")
+    return errors
+
+
 def write_outputs(reports: dict[str, BenchReport], ratios: Sequence[Ratio] | None,
-                  json_out: Path | None, csv_out: Path | None) -> None:
+                  json_out: Path | None, csv_out: Path | None,
+                  plot_out: Path | None = None) -> None:
     if json_out is not None:
         json_out.write_text(json.dumps({"configurations": {k: v.to_dict() for k, v in reports.items()},
                                         "ratios": [r.__dict__ for r in ratios or []]}, indent=1))
     if csv_out is not None:
         with csv_out.open("w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["configuration", "step", "kind", "label", "reqs", "tokens", "p50_ms",
-                        "p90_ms", "p99_ms", "spread", "tokens_per_s"])
+            w.writerow(["configuration", "step", "kind", "label", "reqs", "tokens",
+                        "context_tokens", "p50_ms", "p90_ms", "p99_ms", "spread", "tokens_per_s"])
             for name, rep in reports.items():
                 for s in rep.steps:
                     st = stats(s.times())
                     w.writerow([name, s.index, s.kind, s.label, s.num_reqs, s.num_tokens,
+                                s.context_tokens,
                                 f"{st['p50']:.4f}", f"{st['p90']:.4f}", f"{st['p99']:.4f}",
                                 f"{st['spread']:.4f}", f"{tokens_per_s(s):.1f}"])
+    if plot_out is not None:
+        from stepwarm.bench_plot import plot
+
+        plot(reports, plot_out)
 
 
 def run_child(worker: Any, plan: Any, profile: Any) -> None:
-    """The ``--child`` side: announce, then serve the parent's commands."""
-    print(PREFIX + json.dumps({"ready": len(plan.steps)}), flush=True)
+    """The ``--child`` side: announce the plan's shapes, then serve the
+    parent's commands."""
+    print(PREFIX + json.dumps({"ready": len(plan.steps), "shapes": plan_shapes(plan)}),
+          flush=True)
     child_loop(worker, plan, profile, sys.stdin.readline,
                lambda line: print(PREFIX + line, flush=True))
 
@@ -98,7 +148,7 @@ class Child:
         self.name = name
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=sys.stderr, env=env, text=True, bufsize=1)
-        self.reply()  # ready, or the reason it is not
+        self.ready = self.reply()  # the plan's shapes, or the reason it is not ready
 
     def reply(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
@@ -130,6 +180,7 @@ def run_compare(argv_a: list[str], argv_b: list[str], env_b: dict[str, str], pyt
     children = {"A": Child("A", [sys.executable, *argv_a], env_a)}
     try:
         children["B"] = Child("B", [python_b or sys.executable, *argv_b], {**env_a, **env_b})
+        same_plans(children["A"].ready.get("shapes"), children["B"].ready.get("shapes"))
         per_round = max(1, repeat // rounds)
         return interleave({n: c.send for n, c in children.items()}, rounds, per_round, warmup)
     finally:

@@ -8,11 +8,12 @@ the worker's runner profile, drives them through ``execute_model`` /
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -24,7 +25,8 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from stepwarm.console import (ScenarioProgress, console, err_console, plural, print_labelled,
                               print_wrapped, route_vllm_log)
-from stepwarm.driver import RunReport, StepFailed
+from stepwarm.driver import RunReport
+from stepwarm.hook import WarmupProgress, warmup
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Scheduler-realistic warmup steps for vLLM workers.")
@@ -259,11 +261,22 @@ def _loaded_or_exit(names: list[str], engine_arg: Optional[list[str]],
     return loaded
 
 
-def _failure_line(failed: StepFailed) -> str:
-    return f"scenario {failed.report.plan}: " + failed.report.error + (
+def _check_clashes(outputs: list[tuple[str, Optional[Path]]],
+                   inputs: tuple[tuple[str, Any], ...] | list[tuple[str, Any]] = ()) -> None:
+    """Exit 2 before any work where two outputs are one file, or an output is
+    a file the command reads (every such pair at once)."""
+    from stepwarm.output_path import clashes
+
+    errors = clashes(outputs, inputs)
+    if errors:
+        _fail("\n".join(errors), 2)
+
+
+def _failure_line(report: RunReport) -> str:
+    return f"scenario {report.plan}: " + (report.error or "") + (
         "; cleanup ran, the runner holds no stepwarm request"
-        if not failed.report.left_in_runner
-        else f"; the runner still holds {failed.report.left_in_runner}")
+        if not report.left_in_runner
+        else f"; the runner still holds {report.left_in_runner}")
 
 
 @app.command()
@@ -315,6 +328,7 @@ def run(
     #: Scenarios named with -s themselves, not through a set.
     named = set(resolve_names(n for n in scenario or [] if n not in SETS))
     _check_output_path(json_out, "--json")
+    _check_clashes([("--json", json_out)], [("scenario file", n) for n in scenario or []])
     from stepwarm.settings import SettingsError, compile_threads
 
     bad_settings: list[str] = []
@@ -379,25 +393,24 @@ def run(
     from stepwarm.coverage.detectors import Detectors
 
     slow = SlowSteps(Detectors.watch())  # why a slow step was slow
-    failures: list[StepFailed] = []
     skipped_named = [n for n in names if n in early and n in named]
-    at = {"what": ""}  # the step running, as the watchdog names it (for Ctrl-C)
+    progress = _RunProgress(plans, profile, reports, skipped_named, named, slow)
     try:
-        _drive_all(plans, engine, profile, reports, failures, skipped_named, named, slow, threads,
-                   at)
+        _drive_all(plans, engine, progress, threads)
     except KeyboardInterrupt:
-        _interrupted(engine, plans, reports, at["what"], json_out, profile, startup_s)
+        _interrupted(engine, plans, reports, progress.at, json_out, profile, startup_s)
     finally:
         slow.detectors.stop()
+    failures = progress.failures
     ran_plans = {r.plan for r in reports if r.ok and not r.skipped}
     to_verify = [p for _, p in plans if p.name in ran_plans] if verify else []
-    checked: list[tuple[str, Any]] = []
+    compared: list[tuple[str, Any]] = []
     interrupted = None
     try:
         if verify:
-            _verify(engine, to_verify, profile, checked)
+            _verify(engine, to_verify, profile, compared)
     except KeyboardInterrupt:  # Ctrl-C while comparing: the warmup's report is kept
-        left = [p.name for p in to_verify[len(checked):]]
+        left = [p.name for p in to_verify[len(compared):]]
         interrupted = {"at": f"--verify, comparing {left[0]}", "scenario": left[0],
                        "not_run": [], "not_verified": left}
     if json_out is not None:
@@ -410,7 +423,7 @@ def run(
                 b.to_dict() for b in step_blocks(by_name[r.plan], profile)]}
                 if r.plan in by_name else {})} for r in reports],
             **({"verify": [{"scenario": n, **(asdict(v) if not isinstance(v, str)
-                                              else {"error": v})} for n, v in checked]}
+                                              else {"error": v})} for n, v in compared]}
                if verify else {}),
             **({"interrupted": interrupted} if interrupted else {})})
     if interrupted:
@@ -418,41 +431,70 @@ def run(
                        f"warmup had finished ({plural(len(ran_plans), 'scenario')} ran); not "
                        f"compared: {', '.join(interrupted['not_verified'])}.")
         raise typer.Exit(130)
-    _summary_and_exit(reports, failures, checked, skipped_named, allow_skip)
+    _summary_and_exit(reports, failures, compared, skipped_named, allow_skip)
 
 
-def _drive_all(plans: list[tuple[str, Any]], engine: Any, profile: Any, reports: list[RunReport],
-               failures: list[StepFailed], skipped_named: list[str], named: set[str],
-               slow: Any, threads: int, at: dict[str, str]) -> None:
-    """``run``'s scenarios one by one, each a table of its steps (a failed
-    one is reported and the next runs); ``at["what"]`` names the step
-    running (or the scenario about to start)."""
-    from stepwarm.driver import drive
-    from stepwarm.watchdog import StepWatch
+def _drive_all(plans: list[tuple[str, Any]], engine: Any, progress: _RunProgress,
+               threads: int) -> None:
+    """``run``'s scenarios one by one through the plugin's path
+    (:func:`stepwarm.hook.warmup`), keeping going past a failed one; each is
+    shown by ``progress`` (a table of its steps, then a line)."""
+    from stepwarm.settings import HookSettings
 
-    ng = len(profile.kv_cache_groups)
-    for name, plan in plans:
+    settings = HookSettings(on_error="warn", compile_threads=threads, gemm_sizes=False,
+                            startup_work=False)
+    warmup(engine.worker, settings=settings, plans=[p for _, p in plans], progress=progress)
+
+
+class _RunProgress(WarmupProgress):
+    """What ``run`` shows while :func:`stepwarm.hook.warmup` drives: a table
+    per scenario (:class:`~stepwarm.console.ScenarioProgress`), a line after
+    it; each report goes to ``reports`` as its scenario ends (``--json``,
+    Ctrl-C), a failed one to ``failures`` too; ``at`` names the step running
+    (Ctrl-C)."""
+
+    def __init__(self, plans: list[tuple[str, Any]], profile: Any, reports: list[RunReport],
+                 skipped_named: list[str], named: set[str], slow: Any):
+        super().__init__()
+        self.names = {id(plan): name for name, plan in plans}
+        self.runner, self.groups = profile.runner, len(profile.kv_cache_groups)
+        self.reports, self.skipped_named, self.named = reports, skipped_named, named
+        self.slow = slow
+        self.failures: list[RunReport] = []
+        self.at = ""
+        self.table: Any = None
+        self.on_running = _show_running
+
+    @contextlib.contextmanager
+    def scenario(self, plan: Any) -> Iterator[None]:
         if plan.skipped:
-            print_wrapped(f"scenario {plan.name}: skipped: {plan.skipped}")
-            reports.append(RunReport(plan=plan.name, runner=profile.runner,
-                                     model=profile.model, skipped=plan.skipped))
-            if name in named:
-                skipped_named.append(name)
-            continue
-        at["what"] = f"scenario {plan.name}, before its first step"
-        with ScenarioProgress(plan, profile.runner, ng, slow=slow) as progress:
-            try:
-                report = drive(engine.worker, plan, profile, on_step=progress.step,
-                               watch=StepWatch(), on_running=_show_running,
-                               on_step_start=lambda _, what: at.update(what="scenario " + what),
-                               compile_threads=threads)
-            except StepFailed as e:
-                progress.failed(plan.steps[e.step])
-                failures.append(e)
-                report = e.report
-        reports.append(report)
-        if failures and failures[-1].report is report:
-            print_labelled("failed:", _failure_line(failures[-1]))
+            yield
+            return
+        self.at = f"scenario {plan.name}, before its first step"
+        with ScenarioProgress(plan, self.runner, self.groups, slow=self.slow) as self.table:
+            yield
+
+    def step_start(self, step: Any, what: str) -> None:
+        self.at = "scenario " + what
+
+    def step(self, result: Any) -> None:
+        self.table.step(result)
+
+    def failed(self, plan: Any, report: RunReport, step: int | None) -> None:
+        if step is not None:
+            self.table.failed(plan.steps[step])
+        self.failures.append(report)
+
+    def done(self, plan: Any, report: RunReport) -> None:
+        if report.skipped:
+            print_wrapped(f"scenario {plan.name}: skipped: {report.skipped}")
+            if self.names[id(plan)] in self.named:
+                self.skipped_named.append(self.names[id(plan)])
+        self.reports.append(report)
+        if report.skipped:
+            return
+        if not report.ok:
+            print_labelled("failed:", _failure_line(report))
             if _verbose and report.traceback:
                 err_console.print(f"raised by {report.raised_by}'s code:\n{report.traceback}",
                                   soft_wrap=True, markup=False, highlight=False)
@@ -517,7 +559,7 @@ def _skip_counts(reports: list[RunReport]) -> list[str]:
     return [f"  {n} skipped: {why}" for why, n in reasons.most_common()]
 
 
-def _summary_and_exit(reports: list[RunReport], failures: list[StepFailed],
+def _summary_and_exit(reports: list[RunReport], failures: list[RunReport],
                       checked: list[tuple[str, Any]], skipped_named: list[str],
                       allow_skip: bool, engine_started: bool = True) -> None:
     """The last line of ``run`` and its exit status (see ``run --help``)."""
@@ -531,7 +573,7 @@ def _summary_and_exit(reports: list[RunReport], failures: list[StepFailed],
         if skipped:
             print_wrapped("\n".join(_skip_counts(reports)))
         _fail(f"{len(failures)} of {len(ran)} scenario(s) failed on the worker "
-              f"({', '.join(f.report.plan for f in failures)}: see 'failed:' above)", 1)
+              f"({', '.join(f.plan for f in failures)}: see 'failed:' above)", 1)
     bad = [n for n, v in checked if isinstance(v, str) or not v.ok]
     if bad:
         _fail(f"--verify: {len(bad)} scenario(s) differ from vLLM's scheduler or could not be "
@@ -630,6 +672,8 @@ def coverage(
         _fail("give --baseline or --compare, not both", 2)
     for path, option in ((json_out, "--json"), (timeline, "--timeline")):
         _check_output_path(path, option)
+    _check_clashes([("--json", json_out), ("--timeline", timeline)],
+                   [("traffic file", traffic)] if traffic else [])
     if timeline is not None and timeline.suffix.lower() != ".svg":
         _fail(f"--timeline {timeline}: the timeline is SVG; allowed: a FILE ending in .svg", 2)
     if cache_dir is not None and cache_dir.exists() and not cache_dir.is_dir():
@@ -982,6 +1026,7 @@ def scenario_from_record(
     from stepwarm.scenario.recording import RecordError
 
     _check_output_path(output, "--output")
+    _check_clashes([("--output", output)], [("recording", record)])
     try:
         summary = write_scenario(record, output, model)
     except RecordError as e:
@@ -1033,6 +1078,9 @@ def bench(
     against_python: Annotated[Optional[str], typer.Option("--against-python", metavar="PATH", help="Compare with B: run under this Python (another vLLM build).")] = None,
     rounds: Annotated[int, typer.Option("--rounds", metavar="R", help="A/B rounds the repeats are split into, interleaved (1 to 1000).")] = 4,
     gate_pct: Annotated[Optional[float], typer.Option("--gate", metavar="PCT", help="Exit 4 when a step of B is slower than A by more than PCT % beyond the noise.")] = None,
+    plot_out: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE", help="Draw each step's times and the batch sweeps (.png or .svg; needs matplotlib).")] = None,
+    trace: Annotated[Optional[int], typer.Option("--trace", metavar="STEP", help="After the measured repeats, one more with the torch profiler on around step STEP (its index, from 0).")] = None,
+    trace_out: Annotated[Optional[Path], typer.Option("--trace-file", metavar="FILE", help="Where --trace writes its Chrome trace (default stepwarm-trace-SCENARIO-STEP.json).")] = None,
     child: Annotated[bool, typer.Option("--child", hidden=True)] = False,
     verbose: Verbose = False,
     quiet: Quiet = False,
@@ -1053,6 +1101,7 @@ def bench(
 
     _check_output_path(json_out, "--json")
     _check_output_path(csv_out, "--csv")
+    _check_output_path(plot_out, "--plot")
     env_b, errors = bc.parse_env(against_env or [])
     errors += [f"{option} {value}: allowed: a whole number from {low} to {high}"
                for option, value, low, high in (("--repeat", repeat, 1, 100000),
@@ -1061,30 +1110,40 @@ def bench(
                if not low <= value <= high]  # every bad count at once, not the first only
     errors += bc.check_python(against_python)
     comparing = bool(against_e or against_env or against_python)
+    errors += bc.check_plot_and_trace(plot_out, trace, trace_out, comparing)
+    errors += bc.check_gate(gate_pct, comparing)
+    if trace is not None:
+        trace_out = trace_out or Path(f"stepwarm-trace-{Path(scenario).stem}-{trace}.json")
+        _check_output_path(trace_out, "--trace-file")
+    _check_clashes([("--json", json_out), ("--csv", csv_out), ("--plot", plot_out),
+                    ("--trace-file", trace_out)], [("scenario file", scenario)])
     if comparing and not child:
         errors += _engine_arg_errors(against_e)
     (_, loaded), = _loaded_or_exit([scenario], engine_arg, errors)
     if comparing and not child:
         base = ["-m", "stepwarm", "bench", scenario, "--child", "--repeat", str(repeat),
                 *(["--model", model] if model else []), *(a for e in engine_arg or [] for a in ("-e", e))]
+        from stepwarm.bench import ShapeDrift, compare
+
         try:
             reports = bc.run_compare(base, base + [a for e in against_e or [] for a in ("-e", e)],
                                      env_b, against_python, rounds, repeat, warmup)
+        except ShapeDrift as e:  # the children's plans, before either is measured
+            _fail(f"bench: {e}", 2)
         except Exception as e:  # noqa: BLE001 - a child's failure, said in one line
             _fail(f"bench: {e}", 1)
-        from stepwarm.bench import ShapeDrift, compare
 
         described = {"A": bc.describe(engine_arg or [], {}, None),
                      "B": bc.describe(against_e or [], env_b, against_python)}
         for name, rep in reports.items():
-            console.print(f"{name}: {described[name]}", soft_wrap=True)
+            print_wrapped(f"{name}: {described[name]}")
             bc.print_report(rep)
         try:
             ratios = compare(reports["A"], reports["B"])
         except ShapeDrift as e:
             _fail(f"bench: {e}", 2)
         bc.print_ratios(ratios, described["A"], described["B"])
-        bc.write_outputs(reports, ratios, json_out, csv_out)
+        bc.write_outputs(reports, ratios, json_out, csv_out, plot_out)
         raise typer.Exit(bc.gate_exit(ratios, gate_pct))
     _plugin_scenarios_off()
     engine = _start_engine(model, engine_arg)
@@ -1097,14 +1156,21 @@ def bench(
     if child:
         bc.run_child(engine.worker, plan, profile)
         return
-    from stepwarm.bench import measure
+    from stepwarm.bench import measure, trace_step
 
+    if trace is not None and trace >= len(plan.steps):
+        _fail(f"--trace {trace}: {scenario} plans steps 0 to {len(plan.steps) - 1}", 2)
     try:
         rep = measure(engine.worker, plan, profile, repeat, warmup)
+        if trace is not None:
+            trace_step(engine.worker, plan, profile, trace, trace_out)
     except StepFailed as e:
-        _fail(_failure_line(e), 1)
+        _fail(_failure_line(e.report), 1)
     bc.print_report(rep)
-    bc.write_outputs({"A": rep}, None, json_out, csv_out)
+    bc.write_outputs({"A": rep}, None, json_out, csv_out, plot_out)
+    if trace is not None:
+        console.print(f"trace of step {trace} ({plan.steps[trace].label}) written to {trace_out}",
+                      soft_wrap=True)
 
 
 class _HelpWithoutType:

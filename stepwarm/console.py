@@ -565,14 +565,11 @@ class SlowSteps:
 
     def note(self, s: StepResult) -> str | None:
         """``step 0 (prefill) took 31.2 s: compiled ...`` for a slow step; None for others."""
-        from stepwarm.coverage.startup import SLACK_S
-
         first = s.kind not in self.kinds_seen
         self.kinds_seen.add(s.kind)
         if s.wall_ms < self.threshold_ms:
             return None
-        events = [e for e in self.detectors.poll()
-                  if s.started_at - SLACK_S <= e.at <= s.ended_at + SLACK_S]
+        events = self.detectors.poll_between(s.started_at, s.ended_at)
         head = f"step {s.index} ({s.kind}) took {s.wall_ms / 1000:.1f} s: "
         if not events:
             return head + ("first call: " if first else "") + (

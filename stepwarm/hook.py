@@ -27,13 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib.abc
-import importlib.machinery
 import logging
 import os
-import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from stepwarm.deferred_compile import DeferredCompiles, default_threads, deferred_compiles
@@ -62,9 +59,10 @@ from stepwarm.settings import (
 )
 from stepwarm.watchdog import StepTimedOut, StepWatch
 from stepwarm.words import plural
+from stepwarm.wrap_on_import import wrap_now_or_on_import
 
-__all__ = ["ENV_SCENARIOS", "WORKER_CLASSES", "SettingsError", "WarmupError", "register",
-           "warmup"]
+__all__ = ["ENV_SCENARIOS", "WORKER_CLASSES", "SettingsError", "WarmupError", "WarmupProgress",
+           "register", "warmup"]
 
 #: A child of vLLM's logger, so the lines appear in vLLM's start-up log.
 logger = logging.getLogger("vllm.stepwarm")
@@ -124,6 +122,15 @@ def _plans(names: Sequence[str], profile: RunnerProfile, ranks: RankGroup) -> li
         raise WarmupError(str(error) if error is not None else
                           f"scenarios could not be expanded on {ranks.grid} slots {failed}; "
                           "see their log")
+    return _agreed(plans, ranks)
+
+
+def _agreed(plans: list, ranks: RankGroup) -> list:
+    """``plans``, once every rank has the same steps.
+
+    Raises:
+        WarmupError: two ranks would run different steps (on every rank).
+    """
     signature = "\n".join(p.lockstep_signature() for p in plans)
     differing = ranks.differing_ranks(signature, "plan agreement")
     if differing:
@@ -134,12 +141,72 @@ def _plans(names: Sequence[str], profile: RunnerProfile, ranks: RankGroup) -> li
     return plans
 
 
+class WarmupProgress:
+    """What :func:`warmup` tells about each scenario while it runs. This one
+    logs it in vLLM's log (the plugin's lines); ``stepwarm run`` passes one
+    that draws a table per scenario and a line after it (``stepwarm.cli``).
+    Each method is called on the thread that runs the steps, ``on_running``
+    on the watchdog's.
+
+    Args:
+        who: the log lines' prefix (``stepwarm`` or ``stepwarm [tp1 pp0]``).
+    """
+
+    #: Called by the watchdog while a step runs past ``step_warn_s``, with the
+    #: step's name and the seconds so far; None: the watchdog logs a warning.
+    on_running: Callable[[str, float], None] | None = None
+
+    def __init__(self, who: str = "stepwarm"):
+        self.who = who
+
+    @contextlib.contextmanager
+    def scenario(self, plan: Any) -> Iterator[None]:
+        """Around a scenario's steps and their cleanup (not entered for one
+        skipped by the time limit or the idle record)."""
+        if plan.steps:
+            logger.info("%s: %s: starting (%d steps)", self.who, plan.name, len(plan.steps))
+        yield
+
+    def step_start(self, step: Any, what: str) -> None:
+        """Before each step, with its name as the watchdog gives it
+        (``<plan> step i/N (<kind>, <label>)``)."""
+
+    def step(self, result: Any) -> None:
+        """Each step's :class:`~stepwarm.driver.StepResult` as soon as it ran."""
+
+    def failed(self, plan: Any, report: RunReport, step: int | None) -> None:
+        """A step failed, the runner was cleaned up and the warmup goes on
+        (``on_error="warn"``); ``step`` is its index (None: the runner held
+        other requests, nothing ran). Called inside :meth:`scenario`."""
+        logger.warning("%s: %s failed, runner cleaned up, serving anyway "
+                       "(STEPWARM_ON_ERROR=warn): %s", self.who, plan.name, report.error)
+
+    def done(self, plan: Any, report: RunReport) -> None:
+        """Each scenario's report, once it ran, failed or was skipped (its
+        needs, the time limit, the idle record)."""
+        if not report.ok:  # said by failed()
+            return
+        idle = report.idle_steps_skipped
+        logger.info("%s: %s: %s", self.who, plan.name,
+                    f"skipped ({report.skipped})" if report.skipped
+                    else f"{plural(len(report.steps), 'step')} in {report.wall_ms:.0f} ms" + (
+                        f" ({plural(idle, 'step')} skipped: their segments compiled nothing "
+                        "at the last start with this configuration, STEPWARM_SKIP_IDLE=1)"
+                        if idle else ""))
+        mem = report.memory
+        if mem is not None and mem.lower_after:
+            logger.warning("%s: %s %s (see docs/plugin.md)", self.who, plan.name,
+                           lower_text(mem))
+
+
 def warmup(
     worker: Any,
     scenarios: Sequence[str] = ("default",),
     *,
     settings: HookSettings | None = None,
     ranks: RankGroup | None = None,
+    plans: Sequence[Any] | None = None,
+    progress: WarmupProgress | None = None,
 ) -> list[RunReport]:
     """Run ``scenarios`` (built-in names or scenario file paths) on ``worker``.
 
@@ -157,6 +224,11 @@ def warmup(
             ``STEPWARM_*`` environment variables when None. Its
             ``scenarios`` are ignored here.
         ranks: the engine's ranks; read off vLLM's parallel state when None.
+        plans: the scenarios already expanded for this worker's profile
+            (``stepwarm run`` checks them before its engine starts);
+            ``scenarios`` is then not read.
+        progress: told about each scenario and step as they run (the
+            plugin's log lines when None).
 
     Returns:
         One :class:`~stepwarm.driver.RunReport` per scenario, each with the
@@ -191,12 +263,14 @@ def warmup(
     if settings.role != "auto":
         profile = profile.model_copy(update={"role": settings.role})
     try:
-        plans = _plans(scenarios, profile, ranks)
+        plans = _agreed(list(plans), ranks) if plans is not None else \
+            _plans(scenarios, profile, ranks)
     except WarmupError as e:
         if settings.on_error == "raise":
             raise
         logger.warning("%s: scenarios not run (STEPWARM_ON_ERROR=warn): %s", who, e)
         return []
+    progress = progress if progress is not None else WarmupProgress(who)
     watch = StepWatch(warn_s=settings.step_warn_s, timeout_s=settings.step_timeout_s, who=who)
     reports: list[RunReport] = []
     # The random state vLLM's warmup left (set_random_seed) is put back after
@@ -206,12 +280,14 @@ def warmup(
     # while the next ones (and the GEMMs) run; the end waits for what is left.
     gemms = settings.gemm_sizes and bool(plans)
     threads = _compile_threads(settings, ranks)
-    if plans:  # before the scenarios' compile pool
+    if plans and settings.startup_work:  # before the scenarios' compile pool
         _warm_sampler_kernels(worker, who, record, threads)
+    # Without it each scenario's steps compile in a pool of their own (drive's).
+    pool = deferred_compiles(threads) if settings.startup_work else contextlib.nullcontext()
     # SIGTERM: the step running finishes, the runner is cleaned up, then the
     # signal goes to vLLM's handler (stepwarm.stop_request).
     with measured() as memory, stop_at_step_boundary() as stop, random_state_kept(), \
-            deferred_compiles(threads) as deferred:
+            pool as deferred:
         if ranks.size > 1:
             stop.agree = lambda asked, what: bool(ranks.union(int(asked), f"a stop before {what}"))
         if gemms and record is not None:  # what it loads, not what skipped segments left
@@ -224,7 +300,7 @@ def warmup(
                     skipped=f"compiled nothing at the last start with this configuration "
                             f"(STEPWARM_SKIP_IDLE=1; record {record.path})")
                 _stamp(report, ranks)
-                logger.info("%s: %s: skipped (%s)", who, plan.name, report.skipped)
+                progress.done(plan, report)
                 reports.append(report)
                 continue
             # The segments that compiled at the last start, where not all did.
@@ -235,7 +311,7 @@ def warmup(
                 compiled = StepCompiles(seen) if record is not None else None
                 try:
                     report = _run_one(worker, run, profile, settings, ranks, watch,
-                                      time.monotonic() - t_start, compiled,
+                                      time.monotonic() - t_start, progress, compiled,
                                       idle_steps=run.left_out, stop=stop)
                 except StopRequested as e:
                     _log_stop(worker, who, e, [p.name for p in plans[n + 1:]])
@@ -254,8 +330,9 @@ def warmup(
             record.save()
         elif gemms:  # while the scenarios' sampler compiles go on in threads
             _warm_gemm_sizes(worker, who, None)
-    _log_deferred(worker, who, deferred.result)
-    _give_back_memory(worker, who, memory)
+    if deferred is not None:  # settings.startup_work
+        _log_deferred(worker, who, deferred.result)
+        _give_back_memory(worker, who, memory)
     return reports
 
 
@@ -442,11 +519,11 @@ _MASK_BITS = 62
 
 
 def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSettings,
-             ranks: RankGroup, watch: StepWatch, elapsed: float,
+             ranks: RankGroup, watch: StepWatch, elapsed: float, progress: WarmupProgress,
              compiled: StepCompiles | None = None, idle_steps: int = 0,
              stop: StopSignal | None = None) -> RunReport:
     """One scenario of :func:`warmup`: skipped past the time limit, else
-    driven and logged.
+    driven; ``progress`` told.
 
     Raises:
         WarmupError: its step failed under ``raise``, or timed out.
@@ -464,51 +541,43 @@ def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSetti
                                             f"reached on {ranks.grid} slots {over_on} "
                                             f"(this rank: {elapsed:.1f} s)"))
         _stamp(report, ranks)
-        logger.info("%s: %s: skipped (%s)", who, plan.name, report.skipped)
+        progress.done(plan, report)
         return report
-    if plan.steps:
-        logger.info("%s: %s: starting (%d steps)", who, plan.name, len(plan.steps))
-    try:
-        report = drive(worker, plan, profile, ranks=ranks, watch=watch,
-                       compile_threads=_compile_threads(settings, ranks),
-                       on_step_start=_both(stop.check if stop else None,
-                                           compiled.start if compiled else None),
-                       on_step=compiled.end if compiled else None)
-        report.idle_steps_skipped = idle_steps
-    except (StepFailed, RunnerBusyError) as e:
-        report = getattr(e, "report", None) or RunReport(
-            plan=plan.name, runner=profile.runner, model=profile.model, ok=False,
-            error=str(e))
-        _stamp(report, ranks)
-        timed_out = isinstance(e.__cause__, StepTimedOut)
-        if settings.on_error == "raise" or timed_out:
-            logger.error("%s: %s: %s", who, plan.name, report.error)
-            raise WarmupError(f"{who}: scenario {plan.name}: {report.error}") from e
-        logger.warning("%s: %s failed, runner cleaned up, serving anyway "
-                       "(STEPWARM_ON_ERROR=warn): %s", who, plan.name, report.error)
-        return report
+    with progress.scenario(plan):
+        try:
+            report = drive(worker, plan, profile, ranks=ranks, watch=watch,
+                           compile_threads=_compile_threads(settings, ranks),
+                           on_step_start=_chain(stop.check if stop else None,
+                                                compiled.start if compiled else None,
+                                                progress.step_start),
+                           on_step=_chain(compiled.end if compiled else None, progress.step),
+                           on_running=progress.on_running)
+            report.idle_steps_skipped = idle_steps
+        except (StepFailed, RunnerBusyError) as e:
+            report = getattr(e, "report", None) or RunReport(
+                plan=plan.name, runner=profile.runner, model=profile.model, ok=False,
+                error=str(e))
+            _stamp(report, ranks)
+            timed_out = isinstance(e.__cause__, StepTimedOut)
+            if settings.on_error == "raise" or timed_out:
+                logger.error("%s: %s: %s", who, plan.name, report.error)
+                raise WarmupError(f"{who}: scenario {plan.name}: {report.error}") from e
+            progress.failed(plan, report, getattr(e, "step", None))
     _stamp(report, ranks)
-    logger.info("%s: %s: %s", who, plan.name,
-                f"skipped ({report.skipped})" if report.skipped
-                else f"{plural(len(report.steps), 'step')} in {report.wall_ms:.0f} ms" + (
-                    f" ({plural(idle_steps, 'step')} skipped: their segments compiled nothing "
-                    "at the last start with this configuration, STEPWARM_SKIP_IDLE=1)"
-                    if idle_steps else ""))
-    mem = report.memory
-    if mem is not None and mem.lower_after:
-        logger.warning("%s: %s %s (see docs/plugin.md)", who, plan.name, lower_text(mem))
+    progress.done(plan, report)
     return report
 
 
-def _both(first: Callable[[Any, str], None] | None,
-          then: Callable[[Any, str], None] | None) -> Callable[[Any, str], None] | None:
-    """``on_step_start`` calling ``first`` then ``then`` (either may be None)."""
-    if first is None or then is None:
-        return first or then
+def _chain(*callbacks: Callable[..., None] | None) -> Callable[..., None] | None:
+    """One callback calling each of ``callbacks`` that is not None, in order,
+    with the same arguments; None when all are."""
+    given = [c for c in callbacks if c is not None]
+    if len(given) <= 1:
+        return given[0] if given else None
 
-    def call(step: Any, what: str) -> None:
-        first(step, what)
-        then(step, what)
+    def call(*args: Any) -> None:
+        for c in given:
+            c(*args)
     return call
 
 
@@ -601,42 +670,6 @@ _WRAPPERS: dict[str, Callable[[type], None]] = {
     **dict.fromkeys(WORKER_CLASSES, _wrap), **dict.fromkeys(FRONT_END_CLASSES, _wrap_front_end)}
 
 
-class _WrapOnImport(importlib.abc.MetaPathFinder):
-    """Wraps a worker class right after vLLM imports its module (a
-    ``sys.meta_path`` finder that hands the real spec back with a loader
-    that wraps after executing the module)."""
-
-    def __init__(self, targets: dict[str, str]):
-        self.targets = dict(targets)  # module -> class name
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in self.targets:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        spec.loader = _WrappingLoader(spec.loader, self.targets[fullname],
-                                      _WRAPPERS[f"{fullname}:{self.targets[fullname]}"])
-        return spec
-
-
-class _WrappingLoader(importlib.abc.Loader):
-    def __init__(self, inner: Any, cls_name: str, wrap: Callable[[type], None]):
-        self.inner, self.cls_name, self.wrap = inner, cls_name, wrap
-
-    def create_module(self, spec: Any) -> Any:
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self.inner.exec_module(module)
-        cls = getattr(module, self.cls_name, None)
-        if isinstance(cls, type):
-            self.wrap(cls)
-
-    def __getattr__(self, name: str) -> Any:  # get_code, get_source, ... for tracebacks
-        return getattr(self.inner, name)
-
-
 def _check_scenario_files(settings: HookSettings) -> None:
     """Load every scenario named (format only: the runner's limits are checked
     once the worker is up), so that a misspelled name or a bad file fails
@@ -715,19 +748,5 @@ def register() -> None:
         return
     _check_scenario_files(settings)
     carry_settings_to_ray_workers()
-    pending: dict[str, str] = {}
-    for path, wrap in _WRAPPERS.items():
-        module, _, name = path.partition(":")
-        loaded = sys.modules.get(module)
-        if loaded is not None:
-            cls = getattr(loaded, name, None)
-            if isinstance(cls, type):
-                wrap(cls)
-        else:
-            pending[module] = name
-    finder = next((f for f in sys.meta_path if isinstance(f, _WrapOnImport)), None)
-    if finder is not None:
-        finder.targets = {m: c for m, c in finder.targets.items() if m in pending}
-    elif pending:
-        sys.meta_path.insert(0, _WrapOnImport(pending))
+    wrap_now_or_on_import("hook", _WRAPPERS)
 

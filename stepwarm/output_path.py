@@ -5,7 +5,9 @@ an engine start and a run."""
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -26,6 +28,8 @@ def unwritable(path: Path) -> str | None:
         One clause (``directory /x does not exist``, ``/etc/passwd is a
         file, not a directory``, ...) or None.
     """
+    if str(path) == ".":
+        return "is empty or the current directory; allowed: a file path"
     parent = path.parent
     if not parent.is_dir():
         for above in (parent, *parent.parents):
@@ -41,9 +45,68 @@ def unwritable(path: Path) -> str | None:
     except OSError as e:
         return f"cannot be written: no file can be made in {parent} ({e.strerror or e})"
     if path.exists():
+        device = _device(path)
+        if device:
+            return device
         try:
             with open(path, "ab"):  # opened to append, nothing written
                 pass
         except OSError as e:
             return f"cannot be written: it does not open to append ({e.strerror or e})"
     return None
+
+
+def _device(path: Path) -> str | None:
+    """A character device other than ``/dev/null`` or a terminal (``/dev/full``
+    takes the open and refuses the write, after the run): named as one. Pipes
+    (``/dev/stdout`` into ``| jq``) and terminals are written as files."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if not stat.S_ISCHR(mode) or os.path.realpath(path) == os.devnull:
+        return None
+    try:
+        with open(path, "ab") as f:
+            if f.isatty():
+                return None
+    except OSError:
+        pass
+    return f"is a device ({os.path.realpath(path)}), not a file; allowed: a file path"
+
+
+def clashes(outputs: Sequence[tuple[str, Path | None]],
+            inputs: Sequence[tuple[str, str | Path]] = ()) -> list[str]:
+    """Two outputs that are one file (the second write would replace the
+    first's), and an output that is an input the command reads (a scenario
+    file, the traffic file: the report would overwrite it), one line each.
+
+    Args:
+        outputs: ``(option, path)``, e.g. ``("--json", Path("r.json"))``; None
+            for an option not given.
+        inputs: ``(what, path)``, e.g. ``("scenario", "my.toml")``; a name
+            that is no file (a built-in scenario) is passed over.
+    """
+    def key(path: str | Path) -> str:
+        return os.path.normcase(os.path.realpath(path))
+
+    errors, seen = [], {}
+    for option, path in outputs:
+        if path is None or str(path) == ".":
+            continue
+        if Path(path).exists() and not Path(path).is_file():
+            continue  # /dev/null, /dev/stdout: written by each, nothing replaced
+        k = key(path)
+        if k in seen:
+            errors.append(f"{option} {path}: the same file as {seen[k]}; the second would "
+                          "replace the first: allowed: another file")
+        else:
+            seen[k] = f"{option} {path}"
+    for what, path in inputs:
+        if not Path(path).is_file():
+            continue
+        k = key(path)
+        if k in seen:
+            errors.append(f"{seen[k]}: it is the {what} {path}, which the report would "
+                          "replace; allowed: another file")
+    return errors

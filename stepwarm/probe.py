@@ -160,6 +160,9 @@ def read_profile(worker: Any) -> RunnerProfile:
         except Exception:
             pooling_task = None
     groups = tuple(cache_spec_from_vllm(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups)
+    if not groups:
+        raise ProfileError("the model has no KV cache groups (attention-free, or encoder-only): "
+                           "the scheduler's steps stepwarm plans need a KV cache")
     enable_caching = bool(cfg.cache_config.enable_prefix_caching)
     vllm_facts.log_if_unchecked()
     return RunnerProfile(

@@ -128,7 +128,7 @@ class RunnerProfile(BaseModel):
     runner: Literal["v1", "v2"]
     vllm_version: str = ""
     model: str = ""
-    kv_cache_groups: tuple[CacheSpec, ...]
+    kv_cache_groups: tuple[CacheSpec, ...] = Field(min_length=1)
     num_blocks: int = Field(ge=0)
     max_model_len: int = Field(gt=0)
     max_num_seqs: int = Field(gt=0)

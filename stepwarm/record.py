@@ -36,12 +36,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.abc
-import importlib.machinery
 import json
 import logging
 import os
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -319,23 +316,6 @@ def wrap_scheduler(cls: type) -> None:
     cls.update_from_output = recorded_update  # type: ignore[attr-defined]
 
 
-class _WrapSchedulerOnImport(importlib.abc.MetaPathFinder):
-    """Wraps the scheduler class right after vLLM imports its module (as
-    :class:`stepwarm.hook._WrapOnImport` does for the worker)."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        module, _, name = SCHEDULER_CLASS.partition(":")
-        if fullname != module:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        from stepwarm.hook import _WrappingLoader
-
-        spec.loader = _WrappingLoader(spec.loader, name, wrap_scheduler)
-        return spec
-
-
 def install(env: Mapping[str, str] | None = None) -> bool:
     """Arrange for the scheduler to be recorded when ``STEPWARM_RECORD`` is
     set: its class wrapped now when its module is loaded, else when vLLM
@@ -349,10 +329,7 @@ def install(env: Mapping[str, str] | None = None) -> bool:
     """
     if RecordSettings.from_env(env).path is None:
         return False
-    module, _, name = SCHEDULER_CLASS.partition(":")
-    loaded = sys.modules.get(module)
-    if loaded is not None and isinstance(getattr(loaded, name, None), type):
-        wrap_scheduler(getattr(loaded, name))
-    elif not any(isinstance(f, _WrapSchedulerOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _WrapSchedulerOnImport())
+    from stepwarm.wrap_on_import import wrap_now_or_on_import
+
+    wrap_now_or_on_import("record", {SCHEDULER_CLASS: wrap_scheduler})
     return True

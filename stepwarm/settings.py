@@ -186,6 +186,13 @@ class HookSettings:
             run the model's linear GEMMs at the token counts steps run
             eagerly (:mod:`stepwarm.gemm_sizes`; ``auto``: on a CUDA device);
             False: ``off``.
+        startup_work: the start-up's work around the scenarios: the
+            sampler's Triton variants vLLM's JIT warmup leaves out compiled
+            before them, one compile pool for all of them (waited for at
+            the end), and the allocator's cache given back after. No
+            variable sets it; ``stepwarm run`` turns it off, so that each
+            scenario's steps compile what they launch and its time holds the
+            wait for them, as its table shows.
     """
 
     scenarios: tuple[str, ...] = ()
@@ -198,6 +205,7 @@ class HookSettings:
     skip_idle: bool = False
     compile_threads: int | None = None
     gemm_sizes: bool = True
+    startup_work: bool = True
 
     @property
     def enabled(self) -> bool:

@@ -9,6 +9,7 @@ there is no tokenizer).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -604,17 +605,17 @@ def write_model(name: str = "tiny-llama", root: Path | None = None,
         f"-seed{weights_seed}" if weights_seed is not None else "")
     model_dir = (root or cache_dir()) / f"{name}{suffix}"
     model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.json").write_text(json.dumps(model.config, indent=1) + "\n")
+    _put_json(model_dir / "config.json", model.config)
     if tokenizer:
         _write_tokenizer(model_dir, model)
         for file, content in model.files.items():
-            (model_dir / file).write_text(json.dumps(content, indent=1) + "\n")
+            _put_json(model_dir / file, content)
     if weights_seed is not None:
         _write_weights(model_dir, weights_seed)
     if model.drafter is not None and model.drafter.config is not None:
         drafter_dir = model_dir / DRAFTER_DIR
         drafter_dir.mkdir(exist_ok=True)
-        (drafter_dir / "config.json").write_text(json.dumps(model.drafter.config, indent=1) + "\n")
+        _put_json(drafter_dir / "config.json", model.drafter.config)
         if weights_seed is not None:
             _write_weights(drafter_dir, weights_seed + 1,
                            eagle=model.drafter.method == "eagle")
@@ -636,7 +637,7 @@ def _write_weights(model_dir: Path, seed: int, *, eagle: bool = False) -> None:
     ``initializer_range``) joining token embedding and target hidden state."""
     import torch
     import transformers
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     config = transformers.AutoConfig.from_pretrained(model_dir)
     torch.manual_seed(seed)
@@ -659,7 +660,7 @@ def _write_weights(model_dir: Path, seed: int, *, eagle: bool = False) -> None:
         hidden = config.hidden_size
         tensors["fc.weight"] = (torch.randn(hidden, 2 * hidden) * config.initializer_range).to(
             torch.bfloat16)
-    save_file(tensors, str(model_dir / "model.safetensors"))
+    _put(model_dir / "model.safetensors", save(tensors))
 
 
 def resolve(model: str | Path | None, weights_seed: int | None = None,
@@ -719,8 +720,36 @@ def _write_tokenizer(model_dir: Path, model: ZooModel) -> None:
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     if model.special_tokens:
         tok.add_special_tokens([AddedToken(t, special=True) for t in model.special_tokens])
-    tok.save(str(model_dir / "tokenizer.json"))
-    (model_dir / "tokenizer_config.json").write_text(json.dumps(
+    _put(model_dir / "tokenizer.json", tok.to_str(pretty=True).encode())
+    _put(model_dir / "tokenizer_config.json", (json.dumps(
         {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>",
          "model_max_length": config.get("max_position_embeddings")
-         or config.get("max_target_positions", 1024), **model.tokenizer_config}) + "\n")
+         or config.get("max_target_positions", 1024), **model.tokenizer_config}) + "\n").encode())
+
+
+def _put_json(path: Path, content: Any) -> None:
+    _put(path, (json.dumps(content, indent=1) + "\n").encode())
+
+
+def _put(path: Path, data: bytes) -> None:
+    """``path`` holds ``data`` afterwards, and a reader never sees it half
+    written: left alone where it already holds ``data``, else written to a
+    temporary file beside it and renamed over it (``os.replace``: atomic).
+    Several processes write the same zoo model into the shared cache (every
+    command writes it; the tests run engines side by side): an in-place
+    rewrite let another process's vLLM read an empty or cut ``config.json``."""
+    try:
+        if path.read_bytes() == data:
+            return
+    except OSError:
+        pass
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

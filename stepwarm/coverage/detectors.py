@@ -273,6 +273,11 @@ class JitMonitorLog(logging.Handler):
         return new
 
 
+#: Slack around a time window (s): a cache file's mtime comes from the
+#: kernel's coarse clock, a few ms behind ``time.time()``.
+SLACK_S = 0.01
+
+
 class Detectors:
     """Every detector available here, polled together."""
 
@@ -319,6 +324,11 @@ class Detectors:
         """Every detector's events since the last poll, oldest first."""
         return sorted(self.scan.poll() + self.hook.poll() + self.monitor.poll(),
                       key=lambda e: (e.at, e.detector, e.name))
+
+    def poll_between(self, start: float, end: float) -> list[CompileEvent]:
+        """The events of :meth:`poll` seen within ``start``..``end`` (``time.time()``
+        values), :data:`SLACK_S` either side; the others are dropped."""
+        return [e for e in self.poll() if start - SLACK_S <= e.at <= end + SLACK_S]
 
     def stop(self) -> None:
         """Detach the log handler (the Triton hook stays chained: harmless)

@@ -15,12 +15,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from stepwarm.coverage.detectors import CompileEvent, variant_text
+from stepwarm.coverage.detectors import SLACK_S, CompileEvent, variant_text
 from stepwarm.driver import RunReport
 
-#: Slack around a step's window (s): a cache file's mtime comes from the
-#: kernel's coarse clock, a few ms behind ``time.time()``.
-SLACK_S = 0.01
 #: How far apart (s) two detectors' events of one compile done in a thread
 #: may be (the Triton hook's, and the cache file's coarse mtime).
 DEFERRED_SLACK_S = 0.5

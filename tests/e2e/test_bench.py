@@ -80,3 +80,83 @@ def test_the_gate_fails_a_b_slower_beyond_the_noise(tmp_path):
     # the cleanup steps (0.2 ms under A) carry B's 50 ms delay whole
     cleanups = [r for r in data["ratios"] if r["label"] == "cleanup"]
     assert len(cleanups) == 2 and all(r["low"] > 10 for r in cleanups)
+
+
+SWEEP = textwrap.dedent('''
+    [requests.short]
+    prompt = 16
+    count = 4
+    sampling = "greedy"
+    [requests.long]
+    prompt = 32
+    count = 2
+    sampling = "greedy"
+    [[steps]]
+    kind = "prefill"
+    requests = ["short"]
+    [[steps]]
+    kind = "decode"
+    requests = ["short"]
+    batch = { values = [1, 2, 4] }
+    [[steps]]
+    kind = "prefill"
+    requests = ["long"]
+    [[steps]]
+    kind = "decode"
+    requests = ["long"]
+    batch = { values = [1, 2] }
+''')
+
+
+def test_a_sweep_plotted_and_one_step_traced(tmp_path):
+    """A batch x context sweep: the CSV's rows, the SVG's sweep lines, and a
+    Chrome trace of one step (the prefill of the two long prompts) holding
+    aten ops; the report's lines as with any bench."""
+    import csv
+    import json
+
+    scenario = tmp_path / "sweep.toml"
+    scenario.write_text(SWEEP)
+    out = {k: tmp_path / f"out.{k}" for k in ("csv", "svg")}
+    trace = tmp_path / "step4.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "stepwarm", "bench", str(scenario), "--repeat", "2", "--warmup",
+         "1", "--csv", str(out["csv"]), "--plot", str(out["svg"]), "--trace", "4",
+         "--trace-file", str(trace)],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = list(csv.DictReader(out["csv"].open()))
+    assert [(r["kind"], r["reqs"], r["tokens"], r["context_tokens"]) for r in rows] == [
+        ("prefill", "4", "64", "16"), ("decode", "1", "1", "17"), ("decode", "2", "2", "18"),
+        ("decode", "4", "4", "19"), ("prefill", "2", "64", "32"), ("decode", "1", "1", "33"),
+        ("decode", "2", "2", "34"), ("cleanup", "0", "0", "0")]
+    svg = out["svg"].read_text()
+    assert "A ctx 17" in svg and "A ctx 33" in svg and "batch sweeps" in svg
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(str(e.get("name", "")).startswith("aten::") for e in events)
+    assert f"trace of step 4 (prefill long[0],long[1] x rest) written to {trace}" in " ".join(
+        proc.stdout.split())
+
+
+def test_trace_past_the_plan_is_refused_before_a_step_runs(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "stepwarm", "bench", "default", "--repeat", "1", "--trace", "999",
+         "--trace-file", str(tmp_path / "t.json")],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 2
+    assert "--trace 999: default plans steps 0 to " in proc.stderr
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_two_configurations_that_plan_apart_are_refused_before_measuring():
+    """B with another max_num_seqs plans other steps: exit 2 once both
+    children have planned, before a step is measured (no table printed)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "stepwarm", "bench", "default", "--repeat", "2", "--warmup", "1",
+         "--rounds", "1", "--against-e", "max_num_seqs=4"],
+        capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    err = " ".join(proc.stderr.split())
+    assert "error: bench: the two configurations planned different steps: step 0 is (8, 16, 0) " \
+           "in A, (4, 8, 0) in B (requests, tokens, drafts)" in err, err
+    assert "repeats after" not in proc.stdout

@@ -199,12 +199,13 @@ def test_a_failing_scenario_is_reported_and_the_next_one_runs(tmp_path):
     assert "1 of 2 scenario(s) failed on the worker (topk: see 'failed:' above)" in unwrapped(proc.stderr)
     # The failure prints once, and the failed step has its row.
     # (at its prefill: vLLM's `max(): ... input.numel() == 0` on the top_k tensor)
-    assert proc.stderr.count("scenario topk: step 0 (prefill: prefill r[0]..r[3] (4) x rest) "
-                             "failed on the v1 runner: RuntimeError: max(): ") == 1
+    err = unwrapped(proc.stderr)  # the failed: line wraps at 80 columns
+    assert err.count("scenario topk: step 0 (prefill: prefill r[0]..r[3] (4) x rest) "
+                     "failed on the v1 runner: RuntimeError: max(): ") == 1
     assert re.search(r"\[0/\d+\] prefill  .*\n +reqs .* FAILED", proc.stdout)
     # stdout ends with the outcome too, as a clean run's ends with "ok: ...".
     assert re.search(r"^FAILED: 2 scenario\(s\), \d+ steps in \d+ ms; 1 failed$", proc.stdout, re.M)
-    assert "cleanup ran, the runner holds no stepwarm request" in unwrapped(proc.stderr)
+    assert "cleanup ran, the runner holds no stepwarm request" in err
     assert failed["cleanup_ran"] and failed["left_in_runner"] == []
     # 4 requests: prefill, spec decode (2 drafts each), [0] spec + [1] non-spec,
     # [0] alone, cleanup.

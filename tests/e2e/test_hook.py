@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import textwrap
 
@@ -56,7 +57,7 @@ def test_plugin_bad_scenario_stops_start_up_with_its_name(tmp_path):
 
 # warmup() with explicit settings on the session's in-process engine.
 
-from stepwarm.hook import WarmupError, warmup  # noqa: E402
+from stepwarm.hook import WarmupError, WarmupProgress, warmup  # noqa: E402
 from stepwarm.runner import live_request_ids  # noqa: E402
 from stepwarm.settings import HookSettings  # noqa: E402
 
@@ -98,6 +99,58 @@ def test_role_decode_skips_prefill_only_scenarios(engine):
     # The session engine's kv_role is "kv_both": role "auto" runs both.
     auto = warmup(engine.worker, ["chunked-prefill"], settings=HookSettings())
     assert auto[0].ok and not auto[0].skipped and len(auto[0].steps) > 0
+
+
+class _Told(WarmupProgress):
+    """A progress that writes down what warmup() tells it, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.told: list[tuple[str, ...]] = []
+
+    @contextlib.contextmanager
+    def scenario(self, plan):
+        self.told.append(("scenario", plan.name))
+        yield
+        self.told.append(("end", plan.name))
+
+    def step_start(self, step, what):
+        self.told.append(("start", what))
+
+    def step(self, result):
+        self.told.append(("step", result.kind))
+
+    def done(self, plan, report):
+        self.told.append(("done", plan.name, report.status))
+
+
+def test_warmup_drives_given_plans_and_tells_its_progress_each_step(engine, profile):
+    """What `stepwarm run` drives through: plans expanded beforehand, each
+    scenario and step told as it runs, a skipped one told once; without the
+    start-up's work no compile pool wraps the scenarios."""
+    from triton import knobs
+
+    from stepwarm.scenario import plans_for
+
+    plans = plans_for(["default", "mamba-align"], profile)  # no Mamba group: skipped
+    told = _Told()
+    hook_before = knobs.runtime.jit_cache_hook
+    reports = warmup(engine.worker, plans=plans, progress=told,
+                     settings=HookSettings(on_error="warn", startup_work=False,
+                                           gemm_sizes=False))
+    assert knobs.runtime.jit_cache_hook is hook_before
+    assert [(r.plan, r.status) for r in reports] == [("default", "passed"),
+                                                     ("mamba-align", "skipped")]
+    kinds = ["prefill", "decode", "decode", "decode", "cleanup",
+             "prefill", "mixed_prefill_decode", "cleanup"]
+    starts = [t[1] for t in told.told if t[0] == "start"]
+    assert [w.split(", ")[0] for w in starts] == [
+        f"default step {i}/8 ({k}" for i, k in enumerate(kinds)]
+    assert [t for t in told.told if t[0] != "start"] == [
+        ("scenario", "default"), *[("step", k) for k in kinds], ("end", "default"),
+        ("done", "default", "passed"),
+        ("scenario", "mamba-align"), ("end", "mamba-align"), ("done", "mamba-align", "skipped")]
+    assert live_request_ids(engine.worker) == set()
 
 
 def test_unknown_release_and_unknown_required_field_fail_soft(engine, monkeypatch, caplog):

@@ -22,7 +22,7 @@ from stepwarm.coverage.report import (
     startup_lines,
 )
 
-RESULTS = Path(__file__).parents[2] / "benchmarks" / "results"
+RESULTS = Path(__file__).parents[2] / "campaigns" / "results"
 
 
 def _h200(tmp_path):
@@ -289,7 +289,7 @@ def test_a_compile_on_the_second_run_counts_as_moved_time():
 
 
 def test_the_h200_run_with_one_pool_counts_the_ends_wait_in_the_ratio():
-    """Run s14 (benchmarks/results: 11 engines, 4 at a time on one H200, one
+    """Run s14 (campaigns/results: 11 engines, 4 at a time on one H200, one
     pool of sampler compiles for every scenario): the end's wait is a line of
     its own, and the ratio made again from the stored reports is the stored one."""
     import gzip

@@ -239,8 +239,8 @@ def test_compare_children_get_every_argument_but_the_parents_outputs():
 
 
 def _h200_reports(tmp_path):
-    """The baseline and stepwarm reports of the H200 run in benchmarks/results."""
-    both = json.loads((Path(__file__).parents[2] / "benchmarks" / "results"
+    """The baseline and stepwarm reports of the H200 run in campaigns/results."""
+    both = json.loads((Path(__file__).parents[2] / "campaigns" / "results"
                        / "h200-coverage-llama-v2-pow2-compare.json").read_text())
     out = []
     for mode in ("baseline", "stepwarm"):

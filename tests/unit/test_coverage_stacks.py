@@ -123,7 +123,7 @@ def test_an_unexplained_verdict_says_where_the_thread_was_and_whether_it_worked(
 
     from stepwarm.coverage.report import CoverageReport
 
-    path = (Path(__file__).parents[2] / "benchmarks" / "results"
+    path = (Path(__file__).parents[2] / "campaigns" / "results"
             / "h200-coverage-1203s14-one-pool-granite-v2.json.gz")
     run = json.loads(gzip.decompress(path.read_bytes()))["stepwarm"]
     line = copy.deepcopy(next(r for r in run["requests"] if r["name"] == "top-p + top-k, batch 17"))

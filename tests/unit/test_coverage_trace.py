@@ -207,7 +207,7 @@ def test_every_operator_slower_and_nothing_beyond_is_the_hosts_not_a_first_call(
 
 
 def test_the_h200_lines_left_unexplained_at_three_engines_a_time_are_the_hosts():
-    """Run s13 (benchmarks/results: five engines, three at a time on one H200,
+    """Run s13 (campaigns/results: five engines, three at a time on one H200,
     every run profiled): stepwarm's flagged lines, fresh and restart, are
     explained, the uniform ones as the host's; the baselines' first 1-token
     step, a real first call, stays what it was (lazily loaded cuBLAS kernels)."""
@@ -215,7 +215,7 @@ def test_the_h200_lines_left_unexplained_at_three_engines_a_time_are_the_hosts()
     import json
     from pathlib import Path
 
-    results = Path(__file__).parents[2] / "benchmarks" / "results"
+    results = Path(__file__).parents[2] / "campaigns" / "results"
     verdicts = {}
     for path in sorted(results.glob("h200-coverage-1203s13-three-*.json.gz")):
         both = json.loads(gzip.decompress(path.read_bytes()))
@@ -245,7 +245,7 @@ def test_the_one_line_left_unexplained_in_run_s14_stays_so():
     import json
     from pathlib import Path
 
-    results = Path(__file__).parents[2] / "benchmarks" / "results"
+    results = Path(__file__).parents[2] / "campaigns" / "results"
     both = json.loads(gzip.decompress(
         (results / "h200-coverage-1203s14-one-pool-granite-v2.json.gz").read_bytes()))
     verdicts = CoverageReport.from_dict(both["stepwarm"]).flagged_by_name()
@@ -282,7 +282,7 @@ def test_the_lines_left_unexplained_in_run_s15_name_the_lm_heads_first_gemm():
     import json
     from pathlib import Path
 
-    results = Path(__file__).parents[2] / "benchmarks" / "results"
+    results = Path(__file__).parents[2] / "campaigns" / "results"
     verdicts = {}
     for path in sorted(results.glob("h200-coverage-1203s15-stacks-*.json.gz")):
         both = json.loads(gzip.decompress(path.read_bytes()))
@@ -335,7 +335,7 @@ def test_named_first_calls_and_the_rest_run_slower_explain_a_line_together():
     import json
     from pathlib import Path
 
-    path = (Path(__file__).parents[2] / "benchmarks" / "results"
+    path = (Path(__file__).parents[2] / "campaigns" / "results"
             / "h200-coverage-1203s19-rerun-qwen3-next-80b-a3b.json.gz")
     both = json.loads(gzip.decompress(path.read_bytes()))
     why = CoverageReport.from_dict(both["stepwarm"]).flagged_by_name()[
@@ -384,7 +384,7 @@ def test_eagle_on_v1s_top_p_line_in_run_s21_is_the_hosts_a_call():
     import json
     from pathlib import Path
 
-    results = Path(__file__).parents[2] / "benchmarks" / "results"
+    results = Path(__file__).parents[2] / "campaigns" / "results"
     verdicts = {}
     for engine in ("eagle-v1", "mtp-dsv3-v2"):
         both = json.loads(gzip.decompress(

@@ -1,4 +1,5 @@
-"""The README and docs/: every relative link and anchor resolves; the README stays short."""
+"""The README, docs/ and the campaigns' index: every relative link and anchor
+resolves; the README stays short."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "campaigns" / "README.md"]
 README_MAX_LINES = 200
 
 _FENCE = re.compile(r"^```.*?^```", re.S | re.M)

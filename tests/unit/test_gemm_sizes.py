@@ -1,6 +1,6 @@
 """The linear GEMMs per token count (stepwarm.gemm_sizes): the ladder, the
 layers it picks, the setting. What it does on a GPU is measured on the H200
-(benchmarks/results/README.md); on CPU it runs nothing."""
+(campaigns/results/README.md); on CPU it runs nothing."""
 
 from __future__ import annotations
 
@@ -263,7 +263,7 @@ def test_the_ladder_reaches_cublass_kernels_on_the_h200_map():
     import json
     from pathlib import Path
 
-    path = (Path(__file__).parents[2] / "benchmarks" / "results"
+    path = (Path(__file__).parents[2] / "campaigns" / "results"
             / "h200-gemm-choice-1203s20-llama-3.1-8b.json.gz")
     choice = json.loads(gzip.decompress(path.read_bytes()))
     limit = choice["limit"]

@@ -50,3 +50,48 @@ def test_an_unwritable_output_is_refused_before_the_engine(args, option, path, w
     assert r.exit_code == 2, r.output
     assert r.stdout == ""  # no engine start line, nothing ran
     assert r.stderr == f"error: {option} {path}: {why}\n"
+
+
+@linux
+def test_a_device_and_an_empty_value_are_named(tmp_path):
+    assert unwritable(Path("/dev/full")) == (
+        "is a device (/dev/full), not a file; allowed: a file path")
+    assert unwritable(Path("/dev/null")) is None
+    assert unwritable(Path("")) == "is empty or the current directory; allowed: a file path"
+
+
+def test_clashes_name_each_pair_once(tmp_path):
+    from stepwarm.output_path import clashes
+
+    scenario = tmp_path / "my.toml"
+    scenario.write_text("")
+    out = tmp_path / "out"
+    assert clashes([("--json", out), ("--csv", tmp_path / "." / "out"), ("--plot", None)],
+                   [("scenario file", "default")]) == [
+        f"--csv {tmp_path}/out: the same file as --json {out}; the second would replace the "
+        "first: allowed: another file"]
+    assert clashes([("--json", scenario)], [("scenario file", str(scenario))]) == [
+        f"--json {scenario}: it is the scenario file {scenario}, which the report would "
+        "replace; allowed: another file"]
+    assert clashes([("--json", Path("/dev/null")), ("--csv", Path("/dev/null"))]) == []
+
+
+@pytest.mark.parametrize("args", [
+    ["run", "-s", "{s}", "--json", "{s}"],
+    ["bench", "{s}", "--json", "{o}", "--csv", "{o}"],
+    ["scenario", "from-record", "{s}", "-o", "{s}"],
+    ["coverage", "{s}", "--json", "{s}"],
+])
+def test_an_output_that_would_replace_an_input_or_another_output_is_refused(tmp_path, args):
+    """Before any engine (CliRunner: in-process, no vLLM engine starts), exit
+    2, the file untouched (a new user's scenario file was replaced by the
+    report)."""
+    scenario = tmp_path / "s.toml"
+    scenario.write_text('[requests.a]\nprompt = 4\n[[steps]]\nkind = "prefill"\n'
+                        'requests = ["a"]\n')
+    argv = [a.format(s=scenario, o=tmp_path / "same.out") for a in args]
+    r = runner.invoke(app, argv, env={"COLUMNS": "200"})
+    assert r.exit_code == 2, r.output
+    assert "would replace" in " ".join(r.stderr.split()) and r.stdout == ""
+    assert scenario.read_text().startswith("[requests.a]")
+    assert not (tmp_path / "same.out").exists()

@@ -46,6 +46,29 @@ def test_wrong_field_names_it(tmp_path):
         RunnerProfile.load(path)
 
 
+def test_a_profile_without_kv_cache_groups_is_a_field_error_not_a_traceback(tmp_path):
+    """A new user's `stepwarm profile` output with "kv_cache_groups": [] made
+    `check` raise IndexError in the block ledger; now exit 2, the field named."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from stepwarm.cli import app
+
+    path = tmp_path / "p.json"
+    data = json.loads(PROFILE.model_dump_json())
+    data["kv_cache_groups"] = []
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError, match=rf"^{path}: field 'kv_cache_groups': Tuple should "
+                       "have at least 1 item after validation, not 0"):
+        RunnerProfile.load(path)
+    for command in (["check", "default"], ["show", "default", "--tables"]):
+        r = CliRunner().invoke(app, [*command, "--profile", str(path)], env={"COLUMNS": "200"})
+        assert r.exit_code == 2 and r.stdout == "", r.output
+        assert " ".join(r.stderr.split()).startswith(
+            f"error: {path}: field 'kv_cache_groups': Tuple should have at least 1 item")
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(ProfileError, match="cannot read profile: No such file or directory"):
         RunnerProfile.load(tmp_path / "nope.json")
