@@ -196,7 +196,11 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
 
     console_module.phase_listener = phase
     try:
-        return start_engine(model, weights_seed=weights_seed, **overrides)
+        engine = start_engine(model, weights_seed=weights_seed, **overrides)
+        from stepwarm.engine_args import remember
+
+        remember()  # the next command's -e check reads vLLM's facts from the cache
+        return engine
     except Exception as e:  # noqa: BLE001 - vLLM rejects configs with many types
         if status is not None:
             status.stop()
@@ -233,17 +237,24 @@ def _engine_arg_errors(engine_arg: Optional[list[str]]) -> list[str]:
 
 def _loaded_or_exit(names: list[str], engine_arg: Optional[list[str]],
                     more_errors: Sequence[str] = ()) -> list[tuple[str, Any]]:
-    """Every scenario named loaded (file and format checks), and the ``-e``
-    arguments checked: exit 2 with every error found in them (and
-    ``more_errors``, e.g. a traffic file's) at once, before any engine starts."""
-    from stepwarm.scenario import ScenarioError, load
+    """Every scenario named loaded (file and format checks, and the errors
+    no runner can mend: ``prompt = -5``), and the ``-e`` arguments checked:
+    exit 2 with every error found in them (and ``more_errors``, e.g. a
+    traffic file's) at once, before vLLM is imported or an engine starts."""
+    from stepwarm.scenario import ScenarioError, builtin_names, load
+    from stepwarm.scenario.expand import profile_free_errors
 
     loaded, errors = [], list(more_errors)
+    builtins = set(builtin_names())  # checked against every runner by the test suite
     for name in names:  # files and format first: a typo costs no engine start
         try:
             loaded.append((name, load(name)))
-        except ScenarioError as e:
-            errors.append(str(e))
+        except ScenarioError as e:  # with the rest of the file's errors no runner mends
+            errors.append(str(e if name in builtins else profile_free_errors(e)))
+            continue
+        free = profile_free_errors(loaded[-1][1]) if name not in builtins else None
+        if free is not None:  # as check says it, not after the engine started
+            errors.append(str(free))
     errors += _engine_arg_errors(engine_arg)
     if errors:
         _fail("\nerror: ".join(errors), 2)
@@ -345,9 +356,21 @@ def run(
     loaded = [(name, sc) for name, sc in loaded if name not in early]
     t0 = time.perf_counter()
     _plugin_scenarios_off()
-    engine = _start_engine(model, engine_arg, weights=weights, checked=checked)
-    startup_s = time.perf_counter() - t0
-    profile = read_profile(engine.worker)
+    try:
+        engine = _start_engine(model, engine_arg, weights=weights, checked=checked)
+        startup_s = time.perf_counter() - t0
+        profile = read_profile(engine.worker)
+    except KeyboardInterrupt:  # Ctrl-C while vLLM started: said, as during the steps
+        not_run = [sc.name for _, sc in loaded]
+        if json_out is not None:
+            _write_json(json_out, {"profile": None, "startup_s": None,
+                                   "scenarios": [r.to_dict() for r in reports],
+                                   "interrupted": {"at": "engine start", "scenario": "",
+                                                   "not_run": not_run}})
+        print_labelled("interrupted:", f"while the vLLM engine started ({time.perf_counter() - t0:.0f} "
+                       "s in), before any step; no scenario ran; not run: "
+                       + ", ".join(not_run) + ".")
+        raise typer.Exit(130) from None
     groups = ", ".join(f"{g.kind}(block_size={g.block_size})" for g in profile.kv_cache_groups)
     print_wrapped(f"engine up in {startup_s:.1f} s: {profile.runner} runner, "
                   f"vllm {profile.vllm_version}, {profile.num_blocks} blocks, groups: {groups}")
@@ -380,8 +403,16 @@ def run(
         slow.detectors.stop()
     failures = progress.failures
     ran_plans = {r.plan for r in reports if r.ok and not r.skipped}
-    checked = _verify(engine, [p for _, p in plans if p.name in ran_plans],
-                      profile) if verify else []
+    to_verify = [p for _, p in plans if p.name in ran_plans] if verify else []
+    checked: list[tuple[str, Any]] = []
+    interrupted = None
+    try:
+        if verify:
+            _verify(engine, to_verify, profile, checked)
+    except KeyboardInterrupt:  # Ctrl-C while comparing: the warmup's report is kept
+        left = [p.name for p in to_verify[len(checked):]]
+        interrupted = {"at": f"--verify, comparing {left[0]}", "scenario": left[0],
+                       "not_run": [], "not_verified": left}
     if json_out is not None:
         from stepwarm.tables import step_blocks
 
@@ -393,7 +424,13 @@ def run(
                 if r.plan in by_name else {})} for r in reports],
             **({"verify": [{"scenario": n, **(asdict(v) if not isinstance(v, str)
                                               else {"error": v})} for n, v in checked]}
-               if verify else {})})
+               if verify else {}),
+            **({"interrupted": interrupted} if interrupted else {})})
+    if interrupted:
+        print_labelled("interrupted:", f"{interrupted['at']} with vLLM's scheduler; the "
+                       f"warmup had finished ({plural(len(ran_plans), 'scenario')} ran); not "
+                       f"compared: {', '.join(interrupted['not_verified'])}.")
+        raise typer.Exit(130)
     _summary_and_exit(reports, failures, checked, skipped_named, allow_skip)
 
 
@@ -560,12 +597,11 @@ def _show_running(what: str, seconds: float) -> None:
                       soft_wrap=True)
 
 
-def _verify(engine: Any, plans: list[Any], profile: Any) -> list[tuple[str, Any]]:
-    """``run --verify``: :func:`stepwarm.verify.verify` each plan; print the table.
-
-    Returns:
-        (scenario, VerifyReport or the error text) per plan.
-    """
+def _verify(engine: Any, plans: list[Any], profile: Any,
+            results: list[tuple[str, Any]]) -> None:
+    """``run --verify``: :func:`stepwarm.verify.verify` each plan, appending
+    (scenario, VerifyReport or the error text) to ``results`` as each ends
+    (so a Ctrl-C keeps those done); print the table."""
     from stepwarm.console import verify_lines, verify_table
     from stepwarm.verify import verify
 
@@ -575,7 +611,6 @@ def _verify(engine: Any, plans: list[Any], profile: Any) -> list[tuple[str, Any]
     drafter = getattr(profile, "drafter", None)
     reject = 1 if (drafter is not None and drafter.layers
                    and drafter.num_speculative_tokens >= 2) else None
-    results: list[tuple[str, Any]] = []
     for plan in plans:
         console.print(f"verifying {plan.name} against vLLM's scheduler"
                       + (" (drafts from the 2nd on rejected)" if reject else ""))
@@ -590,7 +625,6 @@ def _verify(engine: Any, plans: list[Any], profile: Any) -> list[tuple[str, Any]
         console.print(verify_table(results))
     else:
         console.print("\n".join(verify_lines(results)), soft_wrap=True)
-    return results
 
 
 @app.command()
@@ -669,17 +703,19 @@ def coverage(
     # its vocabulary and length, beside the scenario and -e errors: all at once,
     # no engine start
     traffic_errors: list[str] = []
-    loaded = None
     try:
         text, source = read_traffic(traffic)
         check_json(text, source)  # a junk file: refused before vLLM is imported
         # (-e errors: _loaded_or_exit names them; the pairs that parse are used)
         limits = limits_before_start(model, _engine_arg_pairs(engine_arg or [])[0])
-        loaded = loads_traffic(text, source, limits)
+        loads_traffic(text, source, limits, sampling=False)  # vLLM not imported yet
     except TrafficError as e:
         traffic_errors.append(str(e))
     _loaded_or_exit(names, engine_arg, traffic_errors)
-    assert loaded is not None
+    try:  # the sampling tables, by vLLM's SamplingParams: vLLM is imported now
+        loaded = loads_traffic(text, source, limits)
+    except TrafficError as e:
+        _fail(str(e), 2)
     if compare:
         _coverage_compare(sys.argv[sys.argv.index("coverage") + 1:], json_out, timeline,
                           restart=not no_restart, cache_root=cache_dir)
@@ -944,6 +980,8 @@ def show(
         _fail(f"show takes one scenario; {file!r} is a set of {len(members)} "
               f"({', '.join(members)}): show them one by one, or check them all "
               f"with 'stepwarm check {file}'", 2)
+    if profile is None and (model is not None or engine_arg):
+        _loaded_or_exit([file], engine_arg)  # an engine would start: format and -e errors first
     prof = _profile_for(model, profile, engine_arg)
     try:
         plan = plans_for([file], prof)[0]

@@ -94,16 +94,11 @@ def unknown_engine_args(keys: list[str]) -> list[str]:
         ``"-e KEY: not a vllm.LLM or EngineArgs keyword (did you mean 'X'?)"``
         for each unknown key, in order (empty when all are known).
     """
-    import dataclasses
     import difflib
-    import inspect
 
-    from vllm import LLM
-    from vllm.engine.arg_utils import EngineArgs
+    from stepwarm.engine_args import facts
 
-    known = {f.name for f in dataclasses.fields(EngineArgs)} | {
-        name for name, p in inspect.signature(LLM.__init__).parameters.items()
-        if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"}
+    known = set(facts()["known"])  # without importing vLLM here (stepwarm.engine_args)
     out = []
     for key in keys:
         if key not in known:
@@ -175,10 +170,12 @@ def bad_engine_arg_values(args: dict[str, Any]) -> list[str]:
 
     from pydantic import TypeAdapter, ValidationError
 
-    types_ = _field_types()
+    from stepwarm.engine_args import field_types
+
+    types_ = field_types()  # the scalar fields' parts, without importing vLLM here
     out = []
     for key, value in args.items():
-        parts = _scalar_parts(types_[key]) if key in types_ else None
+        parts = types_.get(key)
         if parts is None or value is None:  # null: vLLM's default (fields typed int default to None)
             continue
         try:

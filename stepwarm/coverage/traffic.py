@@ -443,7 +443,8 @@ def _ranges(numbers: list[int]) -> str:
     return ", ".join(out)
 
 
-def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None) -> Traffic:
+def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None,
+                  sampling: bool = True) -> Traffic:
     """Parse a whole traffic file (blank lines are skipped; a leading
     byte-order mark is dropped).
 
@@ -453,6 +454,8 @@ def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None) -> 
         limits: also check every line that parses against these
             (:func:`check_limits`), so that a file's format and limit errors
             are reported together, in line order.
+        sampling: check each ``sampling`` table with vLLM's
+            ``SamplingParams`` (which imports vLLM; False: not checked).
 
     Raises:
         TrafficError: every bad line's errors (one a line), a file of more
@@ -463,7 +466,7 @@ def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None) -> 
     lines, errors, requests = [], [], 0
     for i, raw in raw_lines:
         try:
-            tl = TrafficLine(i, parse_line(raw, file, i))
+            tl = TrafficLine(i, parse_line(raw, file, i, sampling))
         except TrafficError as e:
             errors.append(e)
             continue
@@ -612,9 +615,9 @@ def limits_before_start(model: str | None, engine_args: Mapping[str, Any]) -> Tr
     else:
         found, args = resolve(model)
         path = found or Path(model)
-    from stepwarm.vllm_facts import default_max_logprobs
+    from stepwarm.engine_args import facts
 
-    max_logprobs = {**args, **engine_args}.get("max_logprobs", default_max_logprobs())
+    max_logprobs = {**args, **engine_args}.get("max_logprobs", facts()["max_logprobs"])
     if not isinstance(max_logprobs, int) or isinstance(max_logprobs, bool) or max_logprobs < 0:
         max_logprobs = None  # -1 (the vocabulary) or a value vLLM will refuse itself
     try:

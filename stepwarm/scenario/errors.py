@@ -53,6 +53,10 @@ class ScenarioError(ValueError):
         super().__init__(message)
         self.file, self.line, self.step, self.field = file, line, step, field
         self.errors: tuple[ScenarioError, ...] = tuple(errors) or (self,)
+        #: no runner profile can mend it: a literal value out of its field's
+        #: fixed range (``prompt = -5``); set by the expander, read by
+        #: :func:`~stepwarm.scenario.expand.profile_free_errors`
+        self.profile_free = False
         #: set by the loader where only some ``[[steps]]`` entries broke the
         #: format: the scenario without them, so that the expander can still
         #: check the rest against a profile (a LoadedScenario; else None)

@@ -139,17 +139,23 @@ class _Expander:
                              step=self.step_i if sec[0] == "steps" else None, field=field)
 
     def value(self, expr: Any, field: str, *, request: str | None = None,
-              low: int | None = 1, high: int | None = None, what: str = "") -> int:
-        """Evaluate an expression and range-check it."""
+              low: int | None = 1, high: int | None = None, what: str = "",
+              fixed_high: bool = False) -> int:
+        """Evaluate an expression and range-check it (``fixed_high``: ``high``
+        is a cap of the format, the same on every runner)."""
         try:
             v = evaluate(expr, self.facts, self.block_sizes, self.functions)
         except ExpressionError as e:
             raise self.err(str(e), field, request=request) from None
         rng = f"{low}..{high}" if high is not None else f">= {low}"
         shown = f"{expr!r} = {v}" if isinstance(expr, str) else str(v)
-        if low is not None and v < low or high is not None and v > high:
-            raise self.err(f"{what or field} {shown} is out of range", field,
-                           request=request, allowed=f"{rng}")
+        below = low is not None and v < low
+        if below or high is not None and v > high:
+            error = self.err(f"{what or field} {shown} is out of range", field,
+                             request=request, allowed=f"{rng}")
+            # a literal past a fixed bound: wrong on any runner (low is always a constant)
+            error.profile_free = not isinstance(expr, str) and (below or fixed_high)
+            raise error
         return v
 
     def sizes(self, size: Any, field: str, *, request: str | None = None,
@@ -229,7 +235,7 @@ class _Expander:
                                "sweep sets the count)", "count", request=name,
                                allowed="count or a prompt sweep, not both")
         else:
-            n = self.value(spec.count, "count", request=name, high=MAX_COUNT)
+            n = self.value(spec.count, "count", request=name, high=MAX_COUNT, fixed_high=True)
             prompts = prompts * n
         samplings = self.sampling_variants(name, spec)
         if len(prompts) * len(samplings) > MAX_SWEEP:
@@ -490,7 +496,7 @@ class _Expander:
         """Expand ``[[steps]]`` entry ``i`` (its index in the file)."""
         self.step_i, self.kind, self.st = i, st.kind, st
         self._limit = self.b.next_index + MAX_EXPANDED
-        reps = (self.value(st.repeat, "repeat", high=MAX_EXPANDED)
+        reps = (self.value(st.repeat, "repeat", high=MAX_EXPANDED, fixed_high=True)
                 if st.kind in _REPEATED_WHOLE else 1)
         for self.rep in range(reps):
             getattr(self, f"_{st.kind}")(st)
@@ -604,7 +610,7 @@ class _Expander:
                 self.run_step("resume", label, "requests", resume=sched)
 
     def _decode_like(self, st: Any, default_kind: str) -> None:
-        reps = self.value(st.repeat, "repeat", high=MAX_EXPANDED)
+        reps = self.value(st.repeat, "repeat", high=MAX_EXPANDED, fixed_high=True)
         for k in self.sizes(st.spec_tokens, "spec_tokens", low=0):  # a sweep: a step each
             for ids in self._batches(st):
                 kind = "spec_decode" if k else "decode"
@@ -630,7 +636,7 @@ class _Expander:
 
     def _mixed_decode(self, st: MixedDecodeStep) -> None:
         self._no_speculator()
-        reps = self.value(st.repeat, "repeat", high=MAX_EXPANDED)
+        reps = self.value(st.repeat, "repeat", high=MAX_EXPANDED, fixed_high=True)
         if not st.non_spec and not st.partial:
             raise self.err("a mixed_decode step needs non_spec or partial requests beside "
                            "its spec ones", "non_spec", allowed="non_spec or partial selectors")
@@ -811,6 +817,38 @@ def expand(sc: LoadedScenario, profile: RunnerProfile) -> Plan:
                 file=sc.file, line=line, step=e.step, field="sequence") from None
         return dataclasses.replace(plan, name=sc.name)
     return _Expander(sc, profile).expand()
+
+
+def profile_free_errors(loaded: LoadedScenario | ScenarioError) -> ScenarioError | None:
+    """The errors in a scenario that no runner can mend, as ``stepwarm
+    check`` words them, in file order; None if none. ``run``, ``bench``,
+    ``coverage`` and ``check`` / ``show`` with an engine give them before
+    vLLM is imported.
+
+    Args:
+        loaded: what :func:`~stepwarm.scenario.load.load` returned, or the
+            error it raised (its format errors are kept).
+
+    Besides the format's errors, those of the expander for a literal value
+    out of its field's fixed range (``prompt = -5``): found by expanding
+    against the tiny Llama's profile (the rest of a file the format refused
+    in part, as :func:`load_and_expand` does) and keeping those.
+    """
+    from stepwarm.profile import tiny_profile
+
+    if isinstance(loaded, ScenarioError):
+        more = _rest_of(loaded.partial, tiny_profile())[0] if loaded.partial is not None else []
+        said = {str(x) for x in loaded.errors}
+        return ScenarioError.of(sorted(
+            [*loaded.errors, *(x for x in more if x.profile_free and str(x) not in said)],
+            key=lambda x: x.line or 1 << 30))
+    try:
+        expand(loaded, tiny_profile())
+    except ScenarioError as e:
+        free = [x for x in e.errors if x.profile_free]
+        if free:
+            return ScenarioError.of(free)
+    return None
 
 
 def load_and_expand(name: str, profile: RunnerProfile) -> Plan:

@@ -97,7 +97,7 @@ def test_the_live_table_fits_an_80_column_terminal(tmp_path):
 def test_run_rejects_a_model_dir_without_config(tmp_path):
     proc = _stepwarm("run", "--model", str(tmp_path), timeout=120)
     assert proc.returncode == 2
-    assert f"--model {tmp_path}: not a model directory (no config.json)" in proc.stderr
+    assert f"--model {tmp_path}: not a model directory (no config.json)" in unwrapped(proc.stderr)
 
 
 def _model_dir(tmp_path, config: str):
@@ -117,9 +117,9 @@ def test_bad_model_dirs_get_one_paragraph_and_exit_2(tmp_path, what, config, exp
     d = tmp_path / "missing" if config is None else _model_dir(tmp_path, config)
     proc = _stepwarm("run", "--model", str(d), timeout=180)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert "error: " + expected.format(d=d) in proc.stderr
+    assert "error: " + expected.format(d=d) in unwrapped(proc.stderr)
     assert "Traceback" not in proc.stderr and proc.stdout.strip() == ""
-    assert len(proc.stderr.split("error: ", 1)[1]) < 600
+    assert len(unwrapped(proc.stderr).split("error: ", 1)[1]) < 600
 
 
 def test_a_config_vllm_rejects_names_the_field_trimmed(tmp_path):
@@ -128,7 +128,7 @@ def test_a_config_vllm_rejects_names_the_field_trimmed(tmp_path):
     d = _model_dir(tmp_path, json.dumps(TINY_LLAMA))
     proc = _stepwarm("run", "--model", str(d), "-e", "max_model_len=99999", timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    msg = proc.stderr.split("error: ", 1)[1]
+    msg = unwrapped(proc.stderr).split("error: ", 1)[1]
     assert msg.startswith("vLLM could not start the engine after ")
     assert f"(--model {d}): " in msg and "99999" in msg and len(msg) < 600
     assert "Traceback" not in proc.stderr
@@ -140,7 +140,7 @@ def test_a_config_vllm_rejects_names_the_field_trimmed(tmp_path):
 def test_run_rejects_a_malformed_engine_arg():
     proc = _stepwarm("run", "-e", "max_num_seqs", timeout=120)
     assert proc.returncode == 2
-    assert "expected KEY=VALUE" in proc.stderr
+    assert "expected KEY=VALUE" in unwrapped(proc.stderr)
 
 
 def test_run_rejects_a_bad_scenario_file_before_starting_vllm(tmp_path):
@@ -148,7 +148,7 @@ def test_run_rejects_a_bad_scenario_file_before_starting_vllm(tmp_path):
     bad.write_text('[requests.a]\nprompt = 8\n\n[[steps]]\nkind = "prefill"\nreqests = ["a"]\n')
     proc = _stepwarm("run", "-s", "default", "-s", str(bad), timeout=60)
     assert proc.returncode == 2
-    assert str(bad) in proc.stderr and "reqests" in proc.stderr and "requests" in proc.stderr
+    assert str(bad) in unwrapped(proc.stderr) and "reqests" in unwrapped(proc.stderr) and "requests" in unwrapped(proc.stderr)
     assert "engine up" not in proc.stdout  # nothing started, nothing ran
 
 
@@ -159,21 +159,21 @@ def test_run_reports_every_bad_file_before_starting_vllm(tmp_path):
     broken.write_text('[[steps]\nkind = "prefill"\n')
     proc = _stepwarm("run", "-s", str(zero), "-s", "default", "-s", str(broken), timeout=60)
     assert proc.returncode == 2 and "engine up" not in proc.stdout
-    assert f"{zero}:2" in proc.stderr and "unknown key 'promt' (did you mean 'prompt'?)" in proc.stderr
-    assert f"{broken}:1" in proc.stderr
+    assert f"{zero}:2" in unwrapped(proc.stderr) and "unknown key 'promt' (did you mean 'prompt'?)" in unwrapped(proc.stderr)
+    assert f"{broken}:1" in unwrapped(proc.stderr)
 
 
 def test_run_rejects_a_json_path_that_is_a_directory(tmp_path):
     proc = _stepwarm("run", "--json", str(tmp_path), timeout=60)
     assert proc.returncode == 2 and "engine up" not in proc.stdout
-    assert f"--json {tmp_path}: is a directory; allowed: a file path" in proc.stderr
+    assert f"--json {tmp_path}: is a directory; allowed: a file path" in unwrapped(proc.stderr)
     assert "Traceback" not in proc.stderr
 
 
 def test_run_rejects_a_json_path_in_a_missing_directory(tmp_path):
     proc = _stepwarm("run", "--json", str(tmp_path / "no" / "out.json"), timeout=60)
     assert proc.returncode == 2 and "engine up" not in proc.stdout
-    assert f"directory {tmp_path / 'no'} does not exist" in proc.stderr
+    assert f"directory {tmp_path / 'no'} does not exist" in unwrapped(proc.stderr)
 
 
 def test_a_failing_scenario_is_reported_and_the_next_one_runs(tmp_path):
@@ -196,7 +196,7 @@ def test_a_failing_scenario_is_reported_and_the_next_one_runs(tmp_path):
     if failed["ok"]:
         pytest.skip("vLLM's rejection sampler no longer fails on top-k with drafts")
     assert proc.returncode == 1
-    assert "1 of 2 scenario(s) failed on the worker (topk: see 'failed:' above)" in proc.stderr
+    assert "1 of 2 scenario(s) failed on the worker (topk: see 'failed:' above)" in unwrapped(proc.stderr)
     # The failure prints once, and the failed step has its row.
     # (at its prefill: vLLM's `max(): ... input.numel() == 0` on the top_k tensor)
     err = unwrapped(proc.stderr)  # the failed: line wraps at 80 columns
@@ -267,7 +267,7 @@ def test_named_scenarios_the_runner_cannot_run_exit_3_with_reasons_counted(tmp_p
                      r"  1 skipped: needs speculator: no speculative_config .*\n"
                      r"  1 skipped: needs mamba_align: runner has no Mamba .*\n", out, re.M)
     assert "error: 2 scenario(s) named with -s did not run (spec-decode, mamba-align: skipped, " \
-           "see above); pass --allow-skip to accept that (exit 0)" in proc.stderr
+           "see above); pass --allow-skip to accept that (exit 0)" in unwrapped(proc.stderr)
     compiled = re.search(r"^  step (\d+) \((\w+)\) took \d+\.\d s: compiled (\d+) inductor "
                          r"kernels? \((cpp_\w+)", out, re.M)
     assert compiled, out
@@ -315,3 +315,67 @@ def test_ctrl_c_names_the_step_says_the_runner_was_cleaned_and_what_did_not_run(
     assert (default["plan"], default["status"], len(default["steps"])) == ("default", "passed", 8)
     assert report["interrupted"] == {"at": last.split("; ")[0].removeprefix("interrupted: "),
                                      "scenario": "long", "not_run": ["prefix-hit"]}
+
+
+def test_ctrl_c_while_the_engine_starts_says_so_and_what_did_not_run(tmp_path):
+    """SIGINT while vLLM starts (a new user's Ctrl-C at 'starting vLLM
+    engine'): exit 130 with one line on stderr saying so and naming the
+    scenarios not run (before: an empty line), --json says the same. The
+    engine is interrupted seconds into its start: cheap."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "report.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepwarm", "run", "-s", "default", "-s", "prefix-hit",
+         "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"})
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    assert first == "starting vLLM engine: importing vLLM\n"
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, rest + err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(r"interrupted: while the vLLM engine started \(\d+ s in\), before any "
+                        r"step; no scenario ran; not run: default, prefix-hit\.", last), last
+    assert "Traceback" not in err and "scenario " not in rest and "ok:" not in rest
+    assert json.loads(out.read_text()) == {
+        "profile": None, "startup_s": None, "scenarios": [],
+        "interrupted": {"at": "engine start", "scenario": "", "not_run": ["default", "prefix-hit"]}}
+
+
+def test_ctrl_c_during_verify_keeps_the_warmup_report_and_says_what_was_not_compared(tmp_path):
+    """SIGINT while --verify compares a scenario with vLLM's scheduler: exit
+    130, one line naming the scenario being compared and those not compared;
+    --json holds the warmup's report, the comparisons done (none) and
+    "interrupted" (before: exit 130, nothing said, no --json)."""
+    import os
+    import signal
+
+    long = tmp_path / "long.toml"
+    long.write_text(LONG_SCENARIO)
+    out = tmp_path / "report.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepwarm", "run", "-s", str(long), "-s", "prefix-hit",
+         "--verify", "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"})
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("verifying long against vLLM's scheduler"):
+            break
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, rest + err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        "interrupted: --verify, comparing long with vLLM's scheduler; the warmup had finished "
+        "(2 scenarios ran); not compared: long, prefix-hit.")
+    assert "Traceback" not in err and "ok:" not in rest
+    report = json.loads(out.read_text())
+    assert [(s["plan"], s["status"]) for s in report["scenarios"]] == [
+        ("long", "passed"), ("prefix-hit", "passed")]
+    assert report["verify"] == []
+    assert report["interrupted"] == {"at": "--verify, comparing long", "scenario": "long",
+                                     "not_run": [], "not_verified": ["long", "prefix-hit"]}

