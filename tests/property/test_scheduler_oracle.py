@@ -13,7 +13,10 @@ from hypothesis import strategies as st
 
 pytest.importorskip("vllm.v1.core.sched.scheduler")
 
-from tests.property.scheduler_oracle import Arrival, Config, Unmodelled, replay  # noqa: E402
+from stepwarm.blocks import BlockLedger  # noqa: E402
+from stepwarm.plan import PlanBuilder  # noqa: E402
+from tests.property.scheduler_oracle import (  # noqa: E402
+    Arrival, Config, Replay, Unmodelled, replay)
 
 
 @st.composite
@@ -38,7 +41,6 @@ def streams(draw: st.DrawFn) -> tuple[Config, list[Arrival]]:
     return cfg, arrivals
 
 
-@pytest.mark.xfail(strict=True, reason="issue 41: a resumed request gets no prefix lookup")
 @given(streams())
 def test_every_step_is_the_schedulers(stream: tuple[Config, list[Arrival]]) -> None:
     """Every step stepwarm plans from a recording of vLLM's scheduler is the
@@ -65,17 +67,77 @@ def test_every_step_is_the_schedulers(stream: tuple[Config, list[Arrival]]) -> N
         event("chunked prefill")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 41: a resumed request gets no prefix lookup")
-def test_resumed_request_gets_its_prefix_hit() -> None:
-    """A 150-token prompt preempted under KV cache pressure and resumed: vLLM's
-    scheduler looks the resumed request up in the prefix cache
-    (``num_computed_tokens == 0``) and finds its own prompt blocks still
-    cached, so it recomputes only past them, in the first block it kept."""
-    cfg = Config(block_size=16, num_blocks=13)
-    pairs = replay(cfg, [Arrival(0, 150, 30), Arrival(2, 30, 30)]).pairs
-    resumed = [(theirs, mine) for theirs, mine in pairs if theirs.resumed]
-    assert [t.index for t, _ in resumed] == [32]
-    theirs, mine = resumed[0]
-    assert theirs.computed == mine.computed == {"r1": 16}
-    assert theirs.tokens == mine.tokens == {"r1": 42}
-    assert theirs.blocks == mine.blocks == {"r1": ((1, 11, 12),)}
+def _resumed(r: Replay) -> list[tuple[int, dict, dict, dict]]:
+    """Each resumed step as both sides sent it: (index, computed, tokens, blocks)."""
+    out = []
+    for theirs, mine in r.pairs:
+        if theirs.resumed:
+            assert (mine.computed, mine.tokens, mine.blocks) == \
+                (theirs.computed, theirs.tokens, theirs.blocks)
+            out.append((theirs.index, theirs.computed, theirs.tokens, theirs.blocks))
+    return out
+
+
+#: Streams Hypothesis shrank a disagreement to, each with its resumed steps
+#: (index, computed, tokens, block ids) as vLLM's scheduler sent them.
+REGRESSIONS = {
+    # the issue's trial: a 150-token prompt preempted under KV cache
+    # pressure, resumed after a 128-token hit (blocks 1, 3..9 still cached)
+    "150-token prompt resumed after a 128-token hit": (
+        Config(block_size=16, num_blocks=12),
+        [Arrival(0, 20, 40), Arrival(1, 150, 20)],
+        [(40, {"r1": 128}, {"r1": 32}, {"r1": ((1, 3, 4, 5, 6, 7, 8, 9, 10, 11),)})]),
+    # the first shrunk failure: the resumed 8-token prompt hits its block
+    "resumed prompt of one block": (
+        Config(block_size=8, num_blocks=9, max_num_seqs=2, max_num_batched_tokens=8,
+               max_model_len=64),
+        [Arrival(0, 47, 3), Arrival(0, 8, 2)],
+        [(8, {"r1": 8}, {"r1": 1}, {"r1": ((1, 8),)})]),
+    "hit on a shared prompt block after the own ones were reused": (
+        Config(block_size=16, num_blocks=13),
+        [Arrival(0, 150, 30), Arrival(2, 30, 30)],
+        [(32, {"r1": 16}, {"r1": 25}, {"r1": ((1, 11, 12),)})]),
+    # the hit reads blocks holding the request's own sampled tokens
+    "hit on the request's own sampled tokens": (
+        Config(block_size=4, num_blocks=9, max_num_seqs=2, max_num_batched_tokens=8,
+               max_model_len=32),
+        [Arrival(0, 1, 13), Arrival(0, 1, 1), Arrival(0, 6, 12)],
+        [(13, {"r2": 16}, {"r2": 1}, {"r2": ((2, 3, 5, 7, 8),)})]),
+}
+
+
+@pytest.mark.parametrize("name", list(REGRESSIONS))
+def test_resumed_request_gets_its_prefix_hit(name: str) -> None:
+    """vLLM's scheduler looks a resumed request up in the prefix cache
+    (``num_computed_tokens == 0`` -> ``get_computed_blocks``) and recomputes
+    only past its hit; stepwarm's planner does the same, block ids exact."""
+    cfg, arrivals, expected = REGRESSIONS[name]
+    got = _resumed(replay(cfg, arrivals))
+    assert got == expected
+
+
+def _no_lookup(self: PlanBuilder, req_id: str) -> int:
+    return self.num_computed_tokens(req_id)
+
+
+_lookup = BlockLedger.lookup
+
+
+def _prompt_only(self: BlockLedger, req_id: str, prompt_len: int, num_tokens: int) -> int:
+    return _lookup(self, req_id, prompt_len, min(num_tokens, prompt_len + 1))
+
+
+@pytest.mark.parametrize(("mutant", "name"), [
+    ((PlanBuilder, "resume_lookup", _no_lookup), "resumed prompt of one block"),
+    ((PlanBuilder, "resume_lookup", _no_lookup), "150-token prompt resumed after a 128-token hit"),
+    ((BlockLedger, "lookup", _prompt_only), "hit on the request's own sampled tokens"),
+], ids=["no resume lookup", "no resume lookup (150 tokens)", "lookup of prompt blocks only"])
+def test_wrong_resume_rule_is_caught(monkeypatch: pytest.MonkeyPatch, mutant: tuple,
+                                     name: str) -> None:
+    """Mutants of the resume rule: no lookup at all (the rule before issue
+    41), and a lookup that ignores blocks holding the request's sampled
+    tokens. The oracle names the resumed step's computed tokens."""
+    monkeypatch.setattr(*mutant)
+    cfg, arrivals, _ = REGRESSIONS[name]
+    with pytest.raises(AssertionError, match=r"computed: vLLM \{'r\d': \d+\} stepwarm"):
+        replay(cfg, arrivals)
