@@ -181,7 +181,7 @@ class Replay:
     cfg: Config
     arrivals: list[Arrival]
     #: Scheduler steps after the last arrival before giving up.
-    max_steps: int = 200
+    max_steps: int = 1000
     #: Block ids compared exactly; else up to renumbering (:meth:`compare`).
     exact: bool = True
     sched: Any = None
@@ -228,13 +228,22 @@ class Replay:
                         block_hasher=hasher))
                 if a.abort_at == t and rid in s.requests:
                     s.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+            # what a preempted request's lookup finds before the step's
+            # allocations (get_computed_blocks reads; log_stats is off)
+            ahead = {r.request_id: s.kv_cache_manager.get_computed_blocks(r)[1]
+                     for r in s.waiting if r.status == RequestStatus.PREEMPTED}
             out = s.schedule()
             theirs = record(out)
             theirs.index = t
             # a request aborted before any step sent it: the runner never
             # saw it, and no recording names it
             theirs.finished &= self._sent
-            self.check_modelled(theirs)
+            # vLLM 0.34 sends a resumed request again as a new one
+            # (NewRequestData): a resumption all the same
+            again = theirs.new & self._sent
+            theirs.new -= again
+            theirs.resumed |= again
+            self.check_modelled(theirs, ahead)
             self._sent.update(theirs.new)
             mine = stepwarm_record(self.plan_step(theirs))
             self.pairs.append((theirs, mine))
@@ -249,12 +258,17 @@ class Replay:
             t += 1
         return self.pairs
 
-    def check_modelled(self, rec: StepRecord) -> None:
+    def check_modelled(self, rec: StepRecord, ahead: dict[str, int]) -> None:
         """Raise :class:`Unmodelled` for a new request whose prefix hit reads a
         block another request of the same step took from the pool or made a
-        cache entry: vLLM's scheduler looks each waiting request up right
-        before its allocation, stepwarm takes a recorded hit before the
-        step's allocations (docs/block-accounting.md)."""
+        cache entry, and for a resumed request whose hit is not the one it
+        had before the step (``ahead``: an earlier row of the step evicted a
+        block of it): vLLM's scheduler looks each waiting request up right
+        before its allocation, stepwarm takes a hit before the step's
+        allocations (docs/block-accounting.md)."""
+        for rid in rec.resumed:
+            if rid in ahead and rec.computed[rid] != ahead[rid]:
+                raise Unmodelled("a resumed request's hit evicted by an earlier row")
         bs = self.cfg.block_size
         touched: set[int] = set()
         for rid, n in rec.tokens.items():

@@ -37,7 +37,9 @@ def streams(draw: st.DrawFn) -> tuple[Config, list[Arrival]]:
         prompt = draw(st.integers(1, max_model_len - 2))
         at = draw(st.integers(0, 6))
         abort = draw(st.none() | st.integers(at, at + 12))
-        arrivals.append(Arrival(at, prompt, draw(st.integers(1, max_model_len - prompt)), abort))
+        # (often to max_model_len: long decodes fill the pool, and preempt)
+        room = max_model_len - prompt
+        arrivals.append(Arrival(at, prompt, draw(st.integers(1, room) | st.just(room)), abort))
     return cfg, arrivals
 
 
