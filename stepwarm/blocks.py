@@ -922,6 +922,15 @@ class BlockLedger:
             self._cached_this_step.copy(), self._pending_hit.copy(),
         )
 
+    def snapshot(self) -> tuple:
+        """The ledger's state, for :meth:`restore` (a planner step that takes
+        a resumed request's hit before it may be refused)."""
+        return self._save()
+
+    def restore(self, saved: tuple) -> None:
+        """Put back a :meth:`snapshot`."""
+        self._restore(saved)
+
     def _restore(self, saved: tuple) -> None:
         (self._next, self._front, self._tail, self._ref, self._cache, self._cached,
          self._tables, self._ctx, self._num_cached, self._cached_this_step,
@@ -1184,7 +1193,52 @@ class BlockLedger:
                 self._cached[block] = key
             done[g] = full
 
-    def hit(self, req_id: str, num_tokens: int, encoder_len: int | None = None) -> Growth:
+    @property
+    def looks_up_resumed(self) -> bool:
+        """Whether :meth:`lookup` finds hits here: prefix caching on, every
+        cached group full or MLA attention, no drafter."""
+        return self.enable_caching and self.drafter == DrafterCaching() and all(
+            s.kind in _NOT_CACHED or s.kind in ("full_attention", "mla_attention")
+            for s in self.specs)
+
+    def lookup(self, req_id: str, prompt_len: int, num_tokens: int) -> int:
+        """Tokens of the longest prefix-cache hit of a request holding no
+        block, ``prompt_len`` prompt tokens and ``num_tokens`` in all (a
+        resumed request: prompt + outputs), as ``KVCacheManager.get_computed_blocks``
+        finds it for a waiting request with no computed token: at most
+        ``num_tokens - 1`` tokens; per group the cached blocks from the
+        first on, shared prompt entries and past the prompt the request's own
+        (those holding its sampled tokens); the shortest over the groups,
+        rounded down to :attr:`cache_alignment`.
+
+        Only where every cached group is full or MLA attention and there is
+        no drafter: 0 elsewhere (stepwarm does not re-derive
+        ``find_longest_cache_hit`` of sliding window and Mamba managers, nor
+        EAGLE's dropped block).
+
+        Example (one group, 16-token blocks): a 150-token prompt preempted
+        after 4 sampled tokens, its first block still cached and its second
+        reused: ``lookup`` is 16 (the request recomputes 138 tokens).
+        """
+        if not self.looks_up_resumed or req_id in self._tables:
+            return 0
+        hits = []
+        for g, spec in enumerate(self.specs):
+            if spec.kind in _NOT_CACHED:
+                continue
+            bs = spec.block_size
+            i = 0
+            while i < (num_tokens - 1) // bs:
+                key = (g, i) if (i + 1) * bs <= prompt_len else (g, i, req_id)
+                if not self._cache.get(key):
+                    break
+                i += 1
+            hits.append(i * bs)
+        align = self.cache_alignment or 1
+        return min(hits, default=0) // align * align
+
+    def hit(self, req_id: str, num_tokens: int, encoder_len: int | None = None,
+            prompt_len: int | None = None) -> Growth:
         """Start a new request with a prefix-cache hit of ``num_tokens``
         tokens (a whole number of blocks of every group), as
         ``add_local_computed_blocks`` does after ``find_longest_cache_hit``:
@@ -1193,7 +1247,8 @@ class BlockLedger:
         an earlier request's prompt (shared), or, where nothing is cached,
         blocks taken from the pool that stand for them. No lookahead block:
         blocks past the hit are allocated by the step that schedules the
-        request.
+        request. With ``prompt_len`` (a resumed request, :meth:`lookup`),
+        blocks past the prompt's full blocks are the request's own entries.
 
         Returns:
             The table per group (``appended``) and the ids taken from the
@@ -1212,8 +1267,10 @@ class BlockLedger:
             rule = RULES[spec.kind]
             n = 0 if spec.kind in _NOT_CACHED else num_tokens // spec.block_size
             skip = min(n, max(0, rule.skipped_tokens(num_tokens, spec)) // spec.block_size)
-            plan.append([0] * skip + [next(iter(self._cache.get((g, i), ())), None)
-                                      for i in range(skip, n)])
+            own = n if prompt_len is None else prompt_len // spec.block_size
+            plan.append([0] * skip + [
+                next(iter(self._cache.get((g, i) if i < own else (g, i, req_id), ())), None)
+                for i in range(skip, n)])
         missing = sum(i is None for ids in plan for i in ids)
         if missing > self.num_free:
             raise self._refuse(req_id, missing, num_tokens)

@@ -826,9 +826,20 @@ class PlanBuilder:
         # requests, then preempted requests resumed (vLLM's WAITING queue).
         self._schedule_prefills(ask.prefill, draft)
         self._schedule_decodes(ask.decode, draft)
-        self._schedule_resumptions(ask.resume, draft)
-        self._check_budgets(scheduled, finish, ask.preempt, draft)
-        waiting = self._allocate(finish + ask.preempt, draft, wait_for_mamba)
+        # A resumed request's prefix hit is taken as its row is built; a
+        # refused step gives it back (the ledger as before the step).
+        hits = [rid for rid in ask.resume if self._resume_hit_ahead(rid)]
+        saved = self.ledger.snapshot() if hits else None
+        try:
+            self._schedule_resumptions(ask.resume, draft)
+            self._check_budgets(scheduled, finish, ask.preempt, draft)
+            waiting = self._allocate(finish + ask.preempt, draft, wait_for_mamba)
+        except PlanError:
+            if saved is not None:
+                self.ledger.restore(saved)
+                for rid in hits:
+                    self._requests[rid].num_computed_tokens = 0
+            raise
         if waiting and relabel:
             label = relabel([rid for rid in ask.prefill if rid not in waiting])
         self._update_after_schedule(draft, finish, ask.preempt)
@@ -1048,6 +1059,8 @@ class PlanBuilder:
                     "preempted request, or one whose resumption is still recomputing",
                     "resume", rid,
                 )
+            if not continuing:
+                self.resume_lookup(rid)
             left = live.num_tokens - live.num_computed_tokens
             if n <= 0 or n > left:
                 raise self._err(
@@ -1360,6 +1373,37 @@ class PlanBuilder:
         except OutOfBlocksError as e:
             raise self._err(str(e), "blocks") from None
         live.num_computed_tokens = num_tokens
+
+    def _resume_hit_ahead(self, req_id: str) -> bool:
+        """Whether :meth:`resume_lookup` would look ``req_id`` up now."""
+        live = self._requests.get(req_id)
+        return live is not None and live.state == "preempted" and \
+            not live.num_computed_tokens and self.ledger.looks_up_resumed
+
+    def resume_lookup(self, req_id: str) -> int:
+        """A preempted request's prefix-cache hit, taken now (once per
+        preemption; :meth:`step` takes it for a resumed request that has
+        none): vLLM's scheduler looks a waiting request with no computed
+        token up in the prefix cache (``get_computed_blocks``), a resumed
+        one too, and finds its prompt's and its own sampled tokens' blocks
+        still cached unless another request reused them
+        (:meth:`BlockLedger.lookup`). The resumption then recomputes only
+        the tokens past the hit.
+
+        Returns:
+            The request's computed tokens (the hit; 0: none, or the request
+            is not preempted or reads no prefix cache).
+        """
+        live = self._live(req_id)
+        if live.state != "preempted" or live.num_computed_tokens or \
+                live.decl.skip_reading_prefix_cache:
+            return live.num_computed_tokens
+        hit = self.ledger.lookup(req_id, live.decl.prompt_len, live.num_tokens)
+        if hit:
+            self.ledger.hit(req_id, hit, encoder_len=live.decl.encoder_len,
+                            prompt_len=live.decl.prompt_len)
+            live.num_computed_tokens = hit
+        return hit
 
     def cleanup(self, label: str = "cleanup") -> PlannedStep | None:
         """Append the final step: ``finished_req_ids`` = every live request.

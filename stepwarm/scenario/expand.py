@@ -603,6 +603,13 @@ class _Expander:
         for ids in self._batches(st):
             token_values = [None] if st.tokens is None else self.sizes(st.tokens, "tokens")
             for tokens in token_values:
+                # the scheduler looks a preempted request up in the prefix
+                # cache when it resumes it: tokens count past its hit
+                for r in ids:
+                    try:
+                        self.b.resume_lookup(r)
+                    except PlanError as e:
+                        raise self.plan_err(e, "requests") from None
                 sched = {r: (tokens if tokens is not None else
                              max(1, self.b.num_tokens(r) - self.b.num_computed_tokens(r)))
                          for r in ids}
@@ -729,6 +736,11 @@ class _ProgressUnknown:
 
     def set_computed(self, req_id: str, num_tokens: int) -> None:
         """A prefix hit: nothing to check without the request's state."""
+
+    def resume_lookup(self, req_id: str) -> int:
+        """A resumed request's prefix hit: unknown, taken as none
+        (:meth:`num_computed_tokens` is what the sizes read)."""
+        return 0
 
     def step(self, kind: str, label: str, *, prefill: dict[str, int] | None = None,
              decode: dict[str, int] | None = None, resume: dict[str, int] | None = None,

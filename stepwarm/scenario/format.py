@@ -204,11 +204,14 @@ class PreemptStep(_Scheduling):
 
 
 class ResumeStep(_Scheduling):
-    """Resume preempted requests: recompute prompt + outputs (or a chunk)."""
+    """Resume preempted requests: recompute prompt + outputs (or a chunk)
+    past the prefix-cache hit vLLM's scheduler finds for them."""
 
     kind: Literal["resume"]
     tokens: Size | None = Field(default=None, description="Tokens per request (default: all "
-                                "of prompt + outputs): " + SIZE_HELP)
+                                "of prompt + outputs past the request's prefix-cache hit, "
+                                "found as vLLM's scheduler finds it on resumption): "
+                                + SIZE_HELP)
     repeat: Repeat = Field(default=1, description=_REPEAT_HELP)
 
 

@@ -162,6 +162,33 @@ class Lifecycle(RuleBasedStateMachine):
         self.hits[rid] = n
         self.computed[rid] = n
 
+    def _resume_lookup(self, rid: str, num_tokens: int) -> None:
+        """A preempted request's lookup as the scheduler makes it when it
+        resumes one (``num_computed_tokens == 0`` -> ``get_computed_blocks``,
+        never skipped), and stepwarm's planner takes it by itself
+        (:meth:`PlanBuilder.resume_lookup`): both must find the same hit.
+        Where stepwarm's rule does not apply (groups other than full or MLA
+        attention, a drafter: ``BlockLedger.looks_up_resumed``), neither side
+        takes one (the machine's rule before issue 41)."""
+        ledger = self.builder.ledger
+        if not ledger.looks_up_resumed:
+            return
+        try:
+            n = self.oracle.lookup(rid)
+        except AssertionError as e:
+            event(f"prefix lookup unsupported by vLLM: {str(e)[:60]}")
+            assume(False)
+        mine = ledger.lookup(rid, self.prompt[rid], num_tokens)
+        if n != mine and any(n % s.block_size for s in self.cfg.specs):
+            # vLLM 0.32's partial-block hits (not a stepwarm hit)
+            event("resume lookup: partial block, example discarded")
+            assume(False)
+        assert n == mine, f"resume lookup of {rid}: vLLM finds {n} tokens, stepwarm {mine}"
+        if n:
+            event("resume lookup: hit")
+            self.hits[rid] = n
+            self.computed[rid] = n
+
     # -- rules -----------------------------------------------------------
     # No preconditions: a disabled rule makes hypothesis retry and give up
     # on the example; a rule with nothing to do returns instead.
@@ -224,6 +251,8 @@ class Lifecycle(RuleBasedStateMachine):
                 left = self.prompt[rid] - self.computed[rid]
                 prefill[rid] = self._chunk(data, rid, left, self.prompt[rid])
             elif action == "resume":
+                if state == "preempted" and cfg.enable_caching:
+                    self._resume_lookup(rid, num_tokens)
                 left = num_tokens - self.computed[rid]
                 resume[rid] = self._chunk(data, rid, left, max(self.prompt[rid], num_tokens - 1))
             elif action == "decode":

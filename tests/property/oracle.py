@@ -30,7 +30,7 @@ from stepwarm.probe import cache_spec_from_vllm
 from stepwarm.profile import CacheSpec
 
 _DTYPE = torch.float16
-#: The token every sampled output is (outside every prompt's 0..len-1).
+#: Sampled tokens are this + the request's ordinal (outside every prompt's 0..len-1).
 OUTPUT_TOKEN = 1 << 20
 _CACHE_HASH_READY = False
 
@@ -176,6 +176,8 @@ class Oracle:
     _reqs: dict[str, _Req] = field(default_factory=dict, init=False, repr=False)
     #: Every state-changing call, for :meth:`clone`.
     _log: list[tuple[str, tuple]] = field(default_factory=list, init=False, repr=False)
+    #: req_id -> its ordinal (its sampled tokens are OUTPUT_TOKEN + it).
+    _ordinals: dict[str, int] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         from vllm.v1.core.kv_cache_manager import KVCacheManager
@@ -361,8 +363,11 @@ class Oracle:
         req = self._reqs[req_id].request
         req.num_computed_tokens += num_scheduled
         if num_new_outputs:
-            # A token no prompt holds: output blocks never match a prompt's.
-            req.append_output_token_ids([OUTPUT_TOKEN] * num_new_outputs)
+            # A token no prompt holds and no other request samples: output
+            # blocks never match a prompt's, nor another request's (a
+            # resumed request's lookup reads its own; stepwarm keys them so).
+            tok = OUTPUT_TOKEN + self._ordinals.setdefault(req_id, len(self._ordinals))
+            req.append_output_token_ids([tok] * num_new_outputs)
 
     def finish(self, req_id: str) -> None:
         """``KVCacheManager.free`` of a finished request."""

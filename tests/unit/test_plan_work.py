@@ -45,7 +45,9 @@ def _plan_work(num_reqs: int, *, caching: bool, groups: int = 1) -> tuple[int, i
         b.step("decode", "decode", decode={rid: 0 for rid in ids})
     half = tuple(ids[: num_reqs // 2])
     b.step("preempt", "preempt", preempt=half, decode={rid: 0 for rid in ids[num_reqs // 2:]})
-    b.step("resume", "resume", resume={rid: b.num_tokens(rid) for rid in half})
+    # (past each request's prefix hit, with caching: the scheduler looks it up)
+    b.step("resume", "resume",
+           resume={rid: b.num_tokens(rid) - b.resume_lookup(rid) for rid in half})
     b.cleanup()
     plan = b.build()
     assert plan.steps[-1].finished_req_ids == frozenset(ids)

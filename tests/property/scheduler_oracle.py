@@ -1,0 +1,359 @@
+"""vLLM's real ``Scheduler`` as the oracle for stepwarm's planner.
+
+:func:`replay` drives ``vllm.v1.core.sched.scheduler.Scheduler`` (built on
+CPU, one full-attention KV cache group) through a request stream step by
+step: requests arrive, ``schedule()`` decides, ``update_from_output`` takes
+a ``ModelRunnerOutput`` of one sampled token per request whose prompt (or
+resumption) is done, aborts go through ``finish_requests``. Each step is cut
+down to what a recording holds (which requests, tokens each, the prefix hit
+of a new request, preempted and finished ids), given to stepwarm's
+:class:`~stepwarm.plan.PlanBuilder` over the same profile, and stepwarm's step
+must be the scheduler's ``SchedulerOutput``: ``num_scheduled_tokens``,
+``num_computed_tokens``, block ids (a new or resumed request's whole table, a
+running one's ``new_block_ids``), finished and preempted ids.
+
+Prompts are stepwarm's (``[0, 1, ..., prompt_len - 1]``: every prompt shares
+a prefix with every other), each request's sampled tokens its own, so the
+prefix cache holds what stepwarm's ledger assumes it holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from stepwarm.plan import PlanBuilder, PlannedRequest, PlannedStep
+from stepwarm.profile import CacheSpec, RunnerProfile, tiny_profile
+from stepwarm.vllm_facts import model_runner_output
+
+#: Sampled tokens are OUTPUT_BASE + the request's ordinal: in no prompt, and
+#: no two requests' outputs alike.
+OUTPUT_BASE = 1 << 20
+_HASH_READY = False
+
+
+class Unmodelled(Exception):
+    """A step stepwarm knowingly plans otherwise (docs/block-accounting.md):
+    the example is discarded, its reason counted."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """The runner both sides plan for (tokens, blocks)."""
+
+    block_size: int = 16  # tokens per block
+    num_blocks: int = 64  # KVCacheConfig.num_blocks, the null block included
+    max_num_seqs: int = 4
+    max_num_batched_tokens: int = 64  # tokens; small: chunked prefill
+    max_model_len: int = 256  # tokens
+    enable_caching: bool = True  # prefix caching
+
+    def profile(self) -> RunnerProfile:
+        """stepwarm's profile of this runner."""
+        return tiny_profile().model_copy(update=dict(
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len, num_blocks=self.num_blocks,
+            enable_prefix_caching=self.enable_caching, num_lookahead_tokens=0,
+            num_speculative_steps=0, draft_slots=0, warmup_draft_slots=0, drafter=None,
+            uncached_frees_append=False,
+            kv_cache_groups=(CacheSpec(kind="full_attention", block_size=self.block_size),),
+        ))
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One request of a stream: added before step ``at``; aborted before step
+    ``abort_at`` (None: runs to ``max_tokens``)."""
+
+    at: int
+    prompt_len: int
+    max_tokens: int
+    abort_at: int | None = None
+
+
+@dataclass
+class StepRecord:
+    """A scheduler step as a recording holds it, and what the scheduler sent."""
+
+    index: int
+    #: req_id -> num_scheduled_tokens
+    tokens: dict[str, int]
+    #: req_id -> num_computed_tokens before the step
+    computed: dict[str, int]
+    #: req_id -> block ids per group (whole table: new and resumed; else new_block_ids)
+    blocks: dict[str, tuple[tuple[int, ...], ...]]
+    new: set[str]
+    resumed: set[str]
+    finished: set[str]
+    preempted: set[str]
+
+
+def build_scheduler(cfg: Config) -> Any:
+    """vLLM's ``Scheduler`` on CPU over the tiny Llama's config, one
+    full-attention group of ``cfg.block_size``-token blocks."""
+    import torch
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from stepwarm.zoo import write_model
+
+    mc = ModelConfig(model=str(write_model("tiny-llama")), skip_tokenizer_init=True,
+                     max_model_len=cfg.max_model_len)
+    sc = SchedulerConfig(max_num_seqs=cfg.max_num_seqs,
+                         max_num_batched_tokens=cfg.max_num_batched_tokens,
+                         max_model_len=cfg.max_model_len, is_encoder_decoder=False,
+                         enable_chunked_prefill=True)
+    cc = CacheConfig(block_size=cfg.block_size, enable_prefix_caching=cfg.enable_caching)
+    cc.num_gpu_blocks = cfg.num_blocks
+    vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
+                    device_config=DeviceConfig("cpu"))
+    spec = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=8,
+                             dtype=torch.float16)
+    kvc = KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[],
+                        kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
+    return Scheduler(vc, kvc, StructuredOutputManager(vc), block_size=cfg.block_size)
+
+
+def _hasher(cfg: Config) -> Any:
+    if not cfg.enable_caching:
+        return None
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    global _HASH_READY
+    if not _HASH_READY:
+        init_none_hash(sha256)
+        _HASH_READY = True
+    return get_request_block_hasher(cfg.block_size, sha256)
+
+
+def _ids(blocks: Any) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(g) for g in blocks)
+
+
+def record(out: Any) -> StepRecord:
+    """What one ``SchedulerOutput`` sent, per request."""
+    rec = StepRecord(0, dict(out.num_scheduled_tokens), {}, {}, set(), set(),
+                     set(out.finished_req_ids), set(getattr(out, "preempted_req_ids", None) or ()))
+    for nr in out.scheduled_new_reqs:
+        rec.computed[nr.req_id] = nr.num_computed_tokens
+        rec.blocks[nr.req_id] = _ids(nr.block_ids)
+        rec.new.add(nr.req_id)
+    c = out.scheduled_cached_reqs
+    resumed = set(getattr(c, "resumed_req_ids", ()) or ())
+    for i, rid in enumerate(c.req_ids):
+        rec.computed[rid] = c.num_computed_tokens[i]
+        nb = c.new_block_ids[i]
+        rec.blocks[rid] = _ids(nb) if nb is not None else ((),)
+        if rid in resumed:
+            rec.resumed.add(rid)
+    return rec
+
+
+def stepwarm_record(step: PlannedStep) -> StepRecord:
+    """The same view of one of stepwarm's steps."""
+    rec = StepRecord(step.index, {}, {}, {}, set(), set(), set(step.finished_req_ids),
+                     set(step.preempted_req_ids))
+    for r in step.scheduled:
+        rec.tokens[r.req_id] = r.num_scheduled_tokens
+        rec.computed[r.req_id] = r.num_computed_tokens
+        rec.blocks[r.req_id] = r.block_ids if r.block_ids else ((),)
+        if r.new:
+            rec.new.add(r.req_id)
+        if r.resumed:
+            rec.resumed.add(r.req_id)
+    return rec
+
+
+def _fields(rec: StepRecord) -> dict[str, Any]:
+    d = dataclasses.asdict(rec)
+    d.pop("index")
+    return d
+
+
+@dataclass
+class Replay:
+    """One stream through both sides."""
+
+    cfg: Config
+    arrivals: list[Arrival]
+    #: Scheduler steps after the last arrival before giving up.
+    max_steps: int = 1000
+    #: Block ids compared exactly; else up to renumbering (:meth:`compare`).
+    exact: bool = True
+    sched: Any = None
+    builder: PlanBuilder | None = None
+    pairs: list[tuple[StepRecord, StepRecord]] = field(default_factory=list)
+    #: stepwarm's view of a request resumed and still recomputing.
+    _resuming: set[str] = field(default_factory=set)
+    _prompt: dict[str, int] = field(default_factory=dict)
+    #: Requests some step has sent.
+    _sent: set[str] = field(default_factory=set)
+    #: Renumbering: vLLM block id -> stepwarm's, and back.
+    _ours: dict[int, int] = field(default_factory=dict)
+    _theirs: dict[int, int] = field(default_factory=dict)
+    #: Steps whose block ids differed only by renumbering.
+    renumbered: int = 0
+
+    def run(self) -> list[tuple[StepRecord, StepRecord]]:
+        """Every step, as (scheduler, stepwarm) records; stops when the
+        scheduler has nothing left."""
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request, RequestStatus
+
+        from stepwarm.compile import prompt_token_ids
+
+        cfg = self.cfg
+        profile = cfg.profile()
+        self.sched = s = build_scheduler(cfg)
+        self.builder = PlanBuilder(profile, name="oracle")
+        hasher = _hasher(cfg)
+        reqs = [(f"r{i}", a) for i, a in enumerate(self.arrivals)]
+        last = max((a.at for a in self.arrivals), default=0)
+        t = 0
+        while t <= last or s.has_unfinished_requests() or s.finished_req_ids:
+            if t > last + self.max_steps:
+                raise AssertionError(f"stream not done after {t} steps")
+            for i, (rid, a) in enumerate(reqs):
+                if a.at == t:
+                    decl = PlannedRequest(rid, a.prompt_len, sampling="greedy")
+                    self.builder.add_request(decl)
+                    self._prompt[rid] = a.prompt_len
+                    s.add_request(Request(
+                        rid, prompt_token_ids(decl, profile),
+                        SamplingParams(max_tokens=a.max_tokens, ignore_eos=True), None,
+                        block_hasher=hasher))
+                if a.abort_at == t and rid in s.requests:
+                    s.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+            # what a preempted request's lookup finds before the step's
+            # allocations (get_computed_blocks reads; log_stats is off)
+            ahead = {r.request_id: s.kv_cache_manager.get_computed_blocks(r)[1]
+                     for r in s.waiting if r.status == RequestStatus.PREEMPTED}
+            out = s.schedule()
+            theirs = record(out)
+            theirs.index = t
+            # a request aborted before any step sent it: the runner never
+            # saw it, and no recording names it
+            theirs.finished &= self._sent
+            # vLLM 0.34 sends a resumed request again as a new one
+            # (NewRequestData): a resumption all the same
+            again = theirs.new & self._sent
+            theirs.new -= again
+            theirs.resumed |= again
+            self.check_modelled(theirs, ahead)
+            self._sent.update(theirs.new)
+            mine = stepwarm_record(self.plan_step(theirs))
+            self.pairs.append((theirs, mine))
+            self.compare(theirs, mine)
+            sampled = []
+            for rid in out.num_scheduled_tokens:
+                req = s.requests[rid]
+                done = req.num_computed_tokens >= req.num_tokens
+                sampled.append([OUTPUT_BASE + int(rid[1:])] if done else [])
+            s.update_from_output(out, model_runner_output(list(out.num_scheduled_tokens),
+                                                          sampled))
+            t += 1
+        return self.pairs
+
+    def check_modelled(self, rec: StepRecord, ahead: dict[str, int]) -> None:
+        """Raise :class:`Unmodelled` for a new request whose prefix hit reads a
+        block another request of the same step took from the pool or made a
+        cache entry, and for a resumed request whose hit is not the one it
+        had before the step (``ahead``: an earlier row of the step evicted a
+        block of it): vLLM's scheduler looks each waiting request up right
+        before its allocation, stepwarm takes a hit before the step's
+        allocations (docs/block-accounting.md)."""
+        for rid in rec.resumed:
+            if rid in ahead and rec.computed[rid] != ahead[rid]:
+                raise Unmodelled("a resumed request's hit evicted by an earlier row")
+        bs = self.cfg.block_size
+        touched: set[int] = set()
+        for rid, n in rec.tokens.items():
+            c = rec.computed[rid]
+            if rid in rec.new or rid in rec.resumed:
+                table = rec.blocks[rid][0]
+                hit = c // bs
+                if rid in rec.new and hit and touched.intersection(table[:hit]):
+                    raise Unmodelled("a hit on a block cached in the same step")
+            else:
+                table = tuple(self.sched.kv_cache_manager.get_block_ids(rid)[0])
+                hit = c // bs
+            # blocks filled in this step, and those taken from the pool
+            touched.update(table[hit:])
+
+    def compare(self, theirs: StepRecord, mine: StepRecord) -> None:
+        """``mine`` is ``theirs``. Unless :attr:`exact`, block ids up to
+        renumbering: a block taken from the pool may be any free block (it
+        binds the two ids from then on), a prefix-hit block (within a new or
+        resumed request's computed tokens) must be the one its id is bound
+        to: which positions share a block is compared, not the ids."""
+        a, b = _fields(theirs), _fields(mine)
+        if self.exact:
+            assert a == b, self.explain(theirs, mine)
+            return
+        self.renumbered += a != b
+        a.pop("blocks")
+        b.pop("blocks")
+        assert a == b, self.explain(theirs, mine)
+        assert theirs.blocks.keys() == mine.blocks.keys(), self.explain(theirs, mine)
+        bs = self.cfg.block_size
+        for rid, groups in theirs.blocks.items():
+            ours = mine.blocks[rid]
+            assert [len(g) for g in groups] == [len(g) for g in ours], self.explain(theirs, mine)
+            whole = rid in theirs.new or rid in theirs.resumed
+            hit = theirs.computed[rid] // bs if whole else 0
+            for g, o in zip(groups, ours):
+                for pos, (t, m) in enumerate(zip(g, o)):
+                    if pos < hit:
+                        assert self._ours.get(t) == m, self.explain(theirs, mine)
+                        continue
+                    self._theirs.pop(self._ours.pop(t, -1), None)
+                    self._ours.pop(self._theirs.pop(m, -1), None)
+                    self._ours[t], self._theirs[m] = m, t
+
+    def plan_step(self, rec: StepRecord) -> PlannedStep:
+        """stepwarm's step for what the recording holds of ``rec``."""
+        b = self.builder
+        assert b is not None
+        prefill: dict[str, int] = {}
+        decode: dict[str, int] = {}
+        resume: dict[str, int] = {}
+        for rid, n in rec.tokens.items():
+            if rid in rec.new:
+                if rec.computed[rid]:
+                    b.set_computed(rid, rec.computed[rid])
+                prefill[rid] = n
+            elif rid in rec.resumed or rid in self._resuming:
+                resume[rid] = n
+            elif b.num_computed_tokens(rid) < self._prompt[rid]:
+                prefill[rid] = n
+            else:
+                decode[rid] = n - 1
+        finish = tuple(sorted(rec.finished))
+        # still recomputing prompt + outputs after this step
+        still = {rid for rid, n in resume.items() if rec.computed[rid] + n < b.num_tokens(rid)}
+        step = b.step("custom", f"step {rec.index}", prefill=prefill, decode=decode,
+                      resume=resume, finish=finish, preempt=tuple(sorted(rec.preempted)))
+        self._resuming = (self._resuming | still) - (set(resume) - still) - rec.finished
+        return step
+
+    def explain(self, theirs: StepRecord, mine: StepRecord) -> str:
+        lines = [f"step {theirs.index} differs ({self.cfg}):"]
+        a, b = _fields(theirs), _fields(mine)
+        for k in a:
+            if a[k] != b[k]:
+                lines.append(f"  {k}: vLLM {a[k]} stepwarm {b[k]}")
+        lines.append("  stream: " + repr(self.arrivals))
+        return "\n".join(lines)
+
+
+def replay(cfg: Config, arrivals: list[Arrival], *, exact: bool = True) -> Replay:
+    """Run ``arrivals`` through vLLM's scheduler and stepwarm; raise
+    AssertionError at the first step that differs (block ids up to
+    renumbering unless ``exact``)."""
+    r = Replay(cfg, arrivals, exact=exact)
+    r.run()
+    return r
