@@ -85,7 +85,13 @@ def test_property_a_kills_mutant(name: str, monkeypatch: pytest.MonkeyPatch) -> 
         max_examples=2000, phases=[Phase.generate], derandomize=True, database=None,
         deadline=None, stateful_step_count=20, report_multiple_bugs=False,
     )
-    with pytest.raises(AssertionError, match="stepwarm holds"):
+    # Killed by a held count that differs, or by the refusal parity the same
+    # machine checks (a mutant that counts too few blocks finds room where
+    # vLLM's manager refuses: on 0.34.0's sources the first example drawn
+    # since resumed requests are looked up, a Mamba group with 2 speculative
+    # blocks in a pool of 2).
+    with pytest.raises(AssertionError,
+                       match="stepwarm holds|that stepwarm's ledger found room for"):
         run_state_machine_as_test(HeldCounts, settings=run)
 
 
