@@ -23,8 +23,8 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from stepwarm.console import (ScenarioProgress, console, err_console, plural, print_labelled,
-                              print_wrapped, route_vllm_log)
+from stepwarm.console import (ScenarioProgress, console, err_console, line_width, plural,
+                              print_labelled, print_wrapped, route_vllm_log, wrapped_text)
 from stepwarm.driver import RunReport
 from stepwarm.hook import WarmupProgress, warmup
 
@@ -915,11 +915,12 @@ def check(
             bad += 1
             print_labelled("error:", str(result))
         elif result.skipped:
-            console.print(f"skipped {name}: {result.skipped}", highlight=False)
+            print_wrapped(f"skipped {name}: {result.skipped}")
         else:
-            console.print(Text.assemble(("ok", "green"), f" {name}: "
-                                        f"{plural(len(result.steps), 'step')}, "
-                                        f"{plural(len(result.requests), 'request')}"))
+            line = wrapped_text(f"ok {name}: {plural(len(result.steps), 'step')}, "
+                                f"{plural(len(result.requests), 'request')}", line_width(console))
+            line.stylize("green", 0, 2)
+            console.print(line, soft_wrap=True)
     if bad:
         raise typer.Exit(2)
 
@@ -993,7 +994,7 @@ def scenario_from_record(
         summary = write_scenario(record, output, model)
     except RecordError as e:
         _fail(str(e), 2)
-    console.print(summary, highlight=False)
+    print_wrapped(summary)
 
 
 @app.command("profile")
@@ -1171,6 +1172,9 @@ scenario_app.info.cls = _Group
 
 def main() -> None:
     """Console-script entry point."""
+    from stepwarm.line_ends import strip_trailing_spaces
+
+    strip_trailing_spaces()  # piped: no line ends with a space (rich pads some)
     app()
 
 
