@@ -488,9 +488,16 @@ def _interrupted(engine: Any, plans: list[tuple[str, Any]], reports: list[RunRep
                                "scenarios": [r.to_dict() for r in reports],
                                "interrupted": {"at": what, "scenario": stopped,
                                                "not_run": not_run}})
-    print_labelled("interrupted:", f"{what or stopped}; {runner}; not run: "
-                   + (", ".join(not_run) or "none") + ".")
+    print_interrupted(what or stopped, runner, not_run)
     raise typer.Exit(130)
+
+
+def print_interrupted(where: str, runner: str, not_run: list[str]) -> None:
+    """``run``'s Ctrl-C line on stderr, wrapped as ``run``'s other lines
+    (continuations indented under the message): where it stopped, what the
+    runner holds, the scenarios not run."""
+    print_labelled("interrupted:", f"{where}; {runner}; not run: "
+                   + (", ".join(not_run) or "none") + ".", err_console)
 
 
 def _write_json(path: Path, report: dict[str, Any]) -> None:
@@ -556,8 +563,7 @@ def _summary_and_exit(reports: list[RunReport], failures: list[RunReport],
 
 def _show_running(what: str, seconds: float) -> None:
     """The watchdog's line for a step still running (``run``)."""
-    err_console.print(f"running: {what} for {seconds:.1f} s", markup=False, highlight=False,
-                      soft_wrap=True)
+    print_wrapped(f"running: {what} for {seconds:.1f} s", err_console)
 
 
 def _verify(engine: Any, plans: list[Any], profile: Any) -> list[tuple[str, Any]]:
