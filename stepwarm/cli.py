@@ -236,18 +236,25 @@ def _loaded_or_exit(names: list[str], engine_arg: Optional[list[str]],
     """Every scenario named loaded (file and format checks), and the ``-e``
     arguments checked: exit 2 with every error found in them (and
     ``more_errors``, e.g. a traffic file's) at once, before any engine starts."""
+    loaded, errors = _load_all(names)
+    errors = [*more_errors, *errors, *_engine_arg_errors(engine_arg)]
+    if errors:
+        _fail("\nerror: ".join(errors), 2)
+    return loaded
+
+
+def _load_all(names: list[str]) -> tuple[list[tuple[str, Any]], list[str]]:
+    """Every scenario named that loads (file and format checks: no vLLM), and
+    the error text of each that does not."""
     from stepwarm.scenario import ScenarioError, load
 
-    loaded, errors = [], list(more_errors)
+    loaded, errors = [], []
     for name in names:  # files and format first: a typo costs no engine start
         try:
             loaded.append((name, load(name)))
         except ScenarioError as e:
             errors.append(str(e))
-    errors += _engine_arg_errors(engine_arg)
-    if errors:
-        _fail("\nerror: ".join(errors), 2)
-    return loaded
+    return loaded, errors
 
 
 def _check_clashes(outputs: list[tuple[str, Optional[Path]]],
@@ -679,9 +686,15 @@ def coverage(
     try:
         text, source = read_traffic(traffic)
         check_json(text, source)  # a junk file: refused before vLLM is imported
-        # (-e errors: _loaded_or_exit names them; the pairs that parse are used)
-        limits = limits_before_start(model, _engine_arg_pairs(engine_arg or [])[0])
-        loaded = loads_traffic(text, source, limits)
+        # (-e errors: _loaded_or_exit names them; the pairs that parse are used);
+        # with a bad scenario a traffic file's format alone, and the built-in
+        # traffic not at all: told without waiting for vLLM's import
+        bad_scenario = bool(_load_all(names)[1])
+        if not bad_scenario:
+            limits = limits_before_start(model, _engine_arg_pairs(engine_arg or [])[0])
+            loaded = loads_traffic(text, source, limits)
+        elif traffic is not None:
+            loaded = loads_traffic(text, source)
     except TrafficError as e:
         traffic_errors.append(str(e))
     _loaded_or_exit(names, engine_arg, traffic_errors)
