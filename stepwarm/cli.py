@@ -52,6 +52,10 @@ def _setup(verbose: bool, quiet: bool) -> None:
         _fail("-v (--verbose) and -q (--quiet) contradict each other; allowed: one of "
               "them, or neither", 2)
     _verbose = verbose
+    if quiet:  # errors only: other libraries' warnings too
+        from stepwarm.quiet import errors_only
+
+        errors_only()
     route_vllm_log(1 if verbose else -1 if quiet else 0)
 
 
