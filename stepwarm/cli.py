@@ -23,8 +23,8 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from stepwarm.console import (ScenarioProgress, console, err_console, plural, print_labelled,
-                              print_wrapped, route_vllm_log)
+from stepwarm.console import (ScenarioProgress, console, err_console, line_width, plural,
+                              print_labelled, print_wrapped, route_vllm_log, wrapped_text)
 from stepwarm.driver import RunReport
 from stepwarm.hook import WarmupProgress, warmup
 
@@ -52,6 +52,10 @@ def _setup(verbose: bool, quiet: bool) -> None:
         _fail("-v (--verbose) and -q (--quiet) contradict each other; allowed: one of "
               "them, or neither", 2)
     _verbose = verbose
+    if quiet:  # errors only: other libraries' warnings too
+        from stepwarm.quiet import errors_only
+
+        errors_only()
     route_vllm_log(1 if verbose else -1 if quiet else 0)
 
 
@@ -241,24 +245,34 @@ def _loaded_or_exit(names: list[str], engine_arg: Optional[list[str]],
     no runner can mend: ``prompt = -5``), and the ``-e`` arguments checked:
     exit 2 with every error found in them (and ``more_errors``, e.g. a
     traffic file's) at once, before vLLM is imported or an engine starts."""
-    from stepwarm.scenario import ScenarioError, builtin_names, load
-    from stepwarm.scenario.expand import profile_free_errors
-
-    loaded, errors = [], list(more_errors)
-    builtins = set(builtin_names())  # checked against every runner by the test suite
-    for name in names:  # files and format first: a typo costs no engine start
-        try:
-            loaded.append((name, load(name)))
-        except ScenarioError as e:  # with the rest of the file's errors no runner mends
-            errors.append(str(e if name in builtins else profile_free_errors(e)))
-            continue
-        free = profile_free_errors(loaded[-1][1]) if name not in builtins else None
-        if free is not None:  # as check says it, not after the engine started
-            errors.append(str(free))
-    errors += _engine_arg_errors(engine_arg)
+    loaded, errors = _load_all(names)
+    errors = [*more_errors, *errors, *_engine_arg_errors(engine_arg)]
     if errors:
         _fail("\nerror: ".join(errors), 2)
     return loaded
+
+
+def _load_all(names: list[str]) -> tuple[list[tuple[str, Any]], list[str]]:
+    """Every scenario named that loads (file and format checks, and the errors
+    no runner can mend, as check words them: no vLLM), and the error text of
+    each that does not."""
+    from stepwarm.scenario import ScenarioError, builtin_names, load
+    from stepwarm.scenario.expand import profile_free_errors
+
+    loaded, errors = [], []
+    builtins = set(builtin_names())  # checked against every runner by the test suite
+    for name in names:  # files and format first: a typo costs no engine start
+        try:
+            scenario = load(name)
+        except ScenarioError as e:  # with the rest of the file's errors no runner mends
+            errors.append(str(e if name in builtins else profile_free_errors(e)))
+            continue
+        free = profile_free_errors(scenario) if name not in builtins else None
+        if free is not None:  # as check says it, not after the engine started
+            errors.append(str(free))
+        else:
+            loaded.append((name, scenario))
+    return loaded, errors
 
 
 def _check_clashes(outputs: list[tuple[str, Optional[Path]]],
@@ -525,9 +539,16 @@ def _interrupted(engine: Any, plans: list[tuple[str, Any]], reports: list[RunRep
                                "scenarios": [r.to_dict() for r in reports],
                                "interrupted": {"at": what, "scenario": stopped,
                                                "not_run": not_run}})
-    print_labelled("interrupted:", f"{what or stopped}; {runner}; not run: "
-                   + (", ".join(not_run) or "none") + ".")
+    print_interrupted(what or stopped, runner, not_run)
     raise typer.Exit(130)
+
+
+def print_interrupted(where: str, runner: str, not_run: list[str]) -> None:
+    """``run``'s Ctrl-C line on stderr, wrapped as ``run``'s other lines
+    (continuations indented under the message): where it stopped, what the
+    runner holds, the scenarios not run."""
+    print_labelled("interrupted:", f"{where}; {runner}; not run: "
+                   + (", ".join(not_run) or "none") + ".", err_console)
 
 
 def _write_json(path: Path, report: dict[str, Any]) -> None:
@@ -593,8 +614,7 @@ def _summary_and_exit(reports: list[RunReport], failures: list[RunReport],
 
 def _show_running(what: str, seconds: float) -> None:
     """The watchdog's line for a step still running (``run``)."""
-    err_console.print(f"running: {what} for {seconds:.1f} s", markup=False, highlight=False,
-                      soft_wrap=True)
+    print_wrapped(f"running: {what} for {seconds:.1f} s", err_console)
 
 
 def _verify(engine: Any, plans: list[Any], profile: Any,
@@ -706,9 +726,14 @@ def coverage(
     try:
         text, source = read_traffic(traffic)
         check_json(text, source)  # a junk file: refused before vLLM is imported
-        # (-e errors: _loaded_or_exit names them; the pairs that parse are used)
-        limits = limits_before_start(model, _engine_arg_pairs(engine_arg or [])[0])
-        loads_traffic(text, source, limits, sampling=False)  # vLLM not imported yet
+        # (-e errors: _loaded_or_exit names them; the pairs that parse are used);
+        # with a bad scenario a traffic file's format alone, and the built-in
+        # traffic not at all: told without waiting for vLLM's import
+        if not _load_all(names)[1]:
+            limits = limits_before_start(model, _engine_arg_pairs(engine_arg or [])[0])
+            loads_traffic(text, source, limits, sampling=False)  # vLLM not imported yet
+        elif traffic is not None:
+            loads_traffic(text, source, sampling=False)
     except TrafficError as e:
         traffic_errors.append(str(e))
     _loaded_or_exit(names, engine_arg, traffic_errors)
@@ -951,11 +976,12 @@ def check(
             bad += 1
             print_labelled("error:", str(result))
         elif result.skipped:
-            console.print(f"skipped {name}: {result.skipped}", highlight=False)
+            print_wrapped(f"skipped {name}: {result.skipped}")
         else:
-            console.print(Text.assemble(("ok", "green"), f" {name}: "
-                                        f"{plural(len(result.steps), 'step')}, "
-                                        f"{plural(len(result.requests), 'request')}"))
+            line = wrapped_text(f"ok {name}: {plural(len(result.steps), 'step')}, "
+                                f"{plural(len(result.requests), 'request')}", line_width(console))
+            line.stylize("green", 0, 2)
+            console.print(line, soft_wrap=True)
     if bad:
         raise typer.Exit(2)
 
@@ -1031,7 +1057,7 @@ def scenario_from_record(
         summary = write_scenario(record, output, model)
     except RecordError as e:
         _fail(str(e), 2)
-    console.print(summary, highlight=False)
+    print_wrapped(summary)
 
 
 @app.command("profile")
@@ -1209,6 +1235,9 @@ scenario_app.info.cls = _Group
 
 def main() -> None:
     """Console-script entry point."""
+    from stepwarm.line_ends import strip_trailing_spaces
+
+    strip_trailing_spaces()  # piped: no line ends with a space (rich pads some)
     app()
 
 

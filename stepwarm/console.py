@@ -389,11 +389,13 @@ class StepTable:
 
 
 def _title(title: str, width: int) -> Text:
-    """A table's title above it, wrapped at spaces to ``width`` columns: no
-    line padded (rich pads a ``Table(title=...)`` to the table's width,
-    leaving spaces at the ends of the lines)."""
-    return Text("\n".join(textwrap.wrap(title, width, break_long_words=False,
-                                        break_on_hyphens=False)), end="\n")
+    """A table's title above it, wrapped at spaces to ``width`` columns as
+    ``run``'s lines are (continuations indented two spaces): no line padded
+    (rich pads a ``Table(title=...)`` to the table's width, leaving spaces at
+    the ends of the lines)."""
+    return Text("\n".join(textwrap.wrap(title, width, subsequent_indent="  ",
+                                        break_long_words=False, break_on_hyphens=False)),
+                end="\n")
 
 
 def _wrap(parts: list[str], indent: int, width: int, sep: str) -> list[str]:

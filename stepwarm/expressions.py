@@ -234,11 +234,25 @@ def _parse(expr: object, text: str, facts: Mapping[str, int]) -> ast.Expression:
         ) from None
 
 
+def check_condition_names(text: str) -> None:
+    """What can be checked of a ``requires`` comparison before any runner is
+    known (the scenario file's format check, whatever ``needs`` says): it is a
+    comparison with allowed operators over :data:`FACT_NAMES`, as
+    :func:`check_names` checks a size expression.
+
+    Raises:
+        ExpressionError: as :func:`evaluate_condition` says it, for those causes.
+    """
+    evaluate_condition(text, dict.fromkeys(FACT_NAMES, 1), values=False)
+
+
 def evaluate_condition(
     text: str,
     facts: Mapping[str, int],
     block_sizes: tuple[int, ...] = (),
     functions: Mapping[str, Callable[[int], int]] | None = None,
+    *,
+    values: bool = True,
 ) -> tuple[bool, str]:
     """Evaluate one comparison over runner facts, e.g. ``"max_num_seqs >= 2"``.
 
@@ -269,10 +283,10 @@ def evaluate_condition(
         raise ExpressionError(
             f"{text!r} is not a comparison{why}; allowed: EXPR OP EXPR with OP one of "
             "< <= > >= == != (e.g. \"max_num_seqs >= 2\"), EXPR made of " + _allowed(facts))
-    ev = _Eval(text, facts, block_sizes, functions)
-    values = [ev.visit(node.left)] + [ev.visit(c) for c in node.comparators]
-    shown, ok = [str(values[0])], True
-    for op, a, b in zip(node.ops, values, values[1:]):
+    ev = _Eval(text, facts, block_sizes, functions, values=values)
+    sides = [ev.visit(node.left)] + [ev.visit(c) for c in node.comparators]
+    shown, ok = [str(sides[0])], True
+    for op, a, b in zip(node.ops, sides, sides[1:]):
         if type(op) not in _CMPOPS:
             raise ExpressionError(f"{text!r}: operator {type(op).__name__} is not allowed; "
                                   "allowed: < <= > >= == !=")

@@ -53,6 +53,7 @@ from stepwarm.stop_request import StopRequested, StopSignal, signal_name, stop_a
 from stepwarm.settings import (
     ENV_SCENARIOS,
     HookSettings,
+    RecordSettings,
     SettingsError,
     SettingsExit,
     unknown_names,
@@ -673,22 +674,30 @@ _WRAPPERS: dict[str, Callable[[type], None]] = {
 def _check_scenario_files(settings: HookSettings) -> None:
     """Load every scenario named (format only: the runner's limits are checked
     once the worker is up), so that a misspelled name or a bad file fails
-    start-up before vLLM loads the model (``raise``), or is logged (``warn``).
+    start-up before vLLM loads the model (``raise``), or is logged (``warn``);
+    every bad one is told at once, as ``stepwarm check`` tells them.
 
     Raises:
-        stepwarm.scenario.errors.ScenarioExit: under ``raise``, the first bad one.
+        stepwarm.scenario.errors.ScenarioExit: under ``raise``, every bad one
+            (one ``stepwarm: `` paragraph each).
     """
     from stepwarm.scenario import ScenarioError, load, resolve_names
     from stepwarm.scenario.errors import ScenarioExit
 
+    errors = []
     for name in resolve_names(settings.scenarios):
         try:
             load(name)
         except ScenarioError as e:
-            if settings.on_error == "raise":
-                raise ScenarioExit(e) from None
-            logger.warning("stepwarm: scenarios will not run (STEPWARM_ON_ERROR=warn): %s", e)
-            return
+            errors.append(e)
+    if not errors:
+        return
+    if settings.on_error == "raise":
+        exit_ = ScenarioExit(ScenarioError.of(errors))
+        exit_.code = "\n".join(f"stepwarm: {e}" for e in errors)
+        raise exit_ from None
+    for e in errors:
+        logger.warning("stepwarm: scenarios will not run (STEPWARM_ON_ERROR=warn): %s", e)
 
 
 #: vLLM's setting of the extra environment-variable prefixes its Ray
@@ -732,18 +741,23 @@ def register() -> None:
             and a ``SystemExit``: one paragraph on stderr, no traceback);
             start-up fails before vLLM loads the model.
     """
+    bad: list[str] = []  # every bad variable told at once, the scenarios' and the recording's
+    settings = HookSettings()
     try:
         settings = HookSettings.from_env()
     except SettingsError as e:
-        raise SettingsExit(e) from None
+        bad.append(str(e))
     for warning in unknown_names():  # also while off: STEPWARM_SCENARIO=all turns nothing on
         logger.warning("stepwarm: %s", warning)
     from stepwarm.record import install as record_steps
 
     try:  # STEPWARM_RECORD (stepwarm.record): on or off whatever the scenarios
-        record_steps()
+        RecordSettings.from_env()
     except SettingsError as e:
-        raise SettingsExit(e) from None
+        bad.append(str(e))
+    if bad:
+        raise SettingsExit(SettingsError("\n".join(bad))) from None
+    record_steps()
     if not settings.enabled:
         return
     _check_scenario_files(settings)

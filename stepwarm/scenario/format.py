@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, Union, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
+from stepwarm.expressions import check_condition_names
 from stepwarm.scenario.sampling import PRESET_HELP, Sampling
 from stepwarm.scenario.sweeps import MAX_SWEEP, SIZE_HELP, Expr, Size, within
 
@@ -268,6 +269,15 @@ class ScenarioFile(BaseModel):
     requests: dict[str, RequestSpec] = Field(default_factory=dict, description=(
         "[requests.NAME] tables; NAME is letters, digits, _ and -."))
     steps: list[Step] = Field(default_factory=list, description="[[steps]] tables, in order.")
+
+    @field_validator("requires")
+    @classmethod
+    def _comparisons(cls, v: list[str]) -> list[str]:
+        # names and operators with the format, whatever needs says: a
+        # scenario skipped for its needs would otherwise hide them
+        for cond in v:
+            check_condition_names(cond)
+        return v
 
     @field_validator("requests")
     @classmethod

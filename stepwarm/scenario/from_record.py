@@ -398,8 +398,9 @@ def write_scenario(record: Any, output: Any, model: str | None = None) -> str:
 
     from stepwarm.scenario.errors import ScenarioError
     from stepwarm.scenario.load import loads
-    from stepwarm.scenario.recording import RecordError, load_recording
+    from stepwarm.scenario.recording import RecordError, load_recording, read_recording_text
 
+    read_recording_text(record)  # missing, empty, binary: refused before vLLM is imported
     config = None
     if model is not None:
         from stepwarm.zoo import resolve

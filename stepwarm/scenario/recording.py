@@ -125,18 +125,13 @@ def _pydantic_errors(e: ValidationError, where: str) -> list[str]:
             for err in e.errors(include_url=False)]
 
 
-def load_recording(path: str | Path, *, vllm_version: str | None = None,
-                   model_config: Mapping[str, object] | None = None) -> Recording:
-    """Read and check a recording.
-
-    Args:
-        path: the file.
-        vllm_version: the release it must come from (None: not checked).
-        model_config: the ``config.json`` of the model it must come from
-            (None: not checked).
+def read_recording_text(path: str | Path) -> str:
+    """A recording's text, refused where it cannot be one whatever it holds
+    (missing, unreadable, too large, binary, empty): checks that need no
+    vLLM, made before ``scenario from-record`` imports it.
 
     Raises:
-        RecordError: every fault found, each naming the file and line.
+        RecordError: naming the file (and line for binary data).
     """
     file = str(path)
     try:
@@ -156,6 +151,24 @@ def load_recording(path: str | Path, *, vllm_version: str | None = None,
     if not text.strip():
         raise RecordError(f"{file}: empty; a recording starts with a header line written by "
                           "STEPWARM_RECORD (was the engine stopped before its first step?)")
+    return text
+
+
+def load_recording(path: str | Path, *, vllm_version: str | None = None,
+                   model_config: Mapping[str, object] | None = None) -> Recording:
+    """Read and check a recording.
+
+    Args:
+        path: the file.
+        vllm_version: the release it must come from (None: not checked).
+        model_config: the ``config.json`` of the model it must come from
+            (None: not checked).
+
+    Raises:
+        RecordError: every fault found, each naming the file and line.
+    """
+    file = str(path)
+    text = read_recording_text(path)
     lines = text.split("\n")
     ends_cut = lines[-1] != ""  # no newline after the last line
     if not ends_cut:
