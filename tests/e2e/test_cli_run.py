@@ -281,6 +281,15 @@ LONG_SCENARIO = ('description = "decode one request for a long time"\n'
                  '         { kind = "decode", requests = ["a"], repeat = 400 }]\n')
 
 
+def _sigint_default() -> None:
+    """In the child: SIGINT back to its default, so Python turns it into
+    KeyboardInterrupt even where the test runs with SIGINT ignored (a
+    background job of a non-interactive shell, as CI's may be)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_names_the_step_says_the_runner_was_cleaned_and_what_did_not_run(tmp_path):
     """SIGINT during a scenario's steps: exit 130, one line on stderr naming
     the scenario and the step, that cleanup left the runner with no stepwarm
@@ -295,7 +304,7 @@ def test_ctrl_c_names_the_step_says_the_runner_was_cleaned_and_what_did_not_run(
     proc = subprocess.Popen(
         [sys.executable, "-m", "stepwarm", "run", "-s", "default", "-s", str(long), "-s",
          "prefix-hit", "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"})
+        text=True, preexec_fn=_sigint_default, env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"})
     seen = []
     assert proc.stdout is not None
     for line in proc.stdout:  # until the long scenario has run a few steps
@@ -330,7 +339,7 @@ def test_ctrl_c_while_the_engine_starts_says_so_and_what_did_not_run(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "stepwarm", "run", "-s", "default", "-s", "prefix-hit",
          "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"})
+        preexec_fn=_sigint_default, env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"})
     assert proc.stdout is not None
     first = proc.stdout.readline()
     assert first == "starting vLLM engine: importing vLLM\n"
@@ -361,7 +370,7 @@ def test_ctrl_c_during_verify_keeps_the_warmup_report_and_says_what_was_not_comp
     proc = subprocess.Popen(
         [sys.executable, "-m", "stepwarm", "run", "-s", str(long), "-s", "prefix-hit",
          "--verify", "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"})
+        text=True, preexec_fn=_sigint_default, env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"})
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("verifying long against vLLM's scheduler"):
