@@ -240,12 +240,15 @@ def _engine_arg_errors(engine_arg: Optional[list[str]]) -> list[str]:
 
 
 def _loaded_or_exit(names: list[str], engine_arg: Optional[list[str]],
-                    more_errors: Sequence[str] = ()) -> list[tuple[str, Any]]:
+                    more_errors: Sequence[str] = (), *,
+                    found: tuple[list[tuple[str, Any]], list[str]] | None = None,
+                    ) -> list[tuple[str, Any]]:
     """Every scenario named loaded (file and format checks, and the errors
     no runner can mend: ``prompt = -5``), and the ``-e`` arguments checked:
     exit 2 with every error found in them (and ``more_errors``, e.g. a
-    traffic file's) at once, before vLLM is imported or an engine starts."""
-    loaded, errors = _load_all(names)
+    traffic file's) at once, before vLLM is imported or an engine starts.
+    ``found``: :func:`_load_all`'s result where the caller already has it."""
+    loaded, errors = found if found is not None else _load_all(names)
     errors = [*more_errors, *errors, *_engine_arg_errors(engine_arg)]
     if errors:
         _fail("\nerror: ".join(errors), 2)
@@ -723,20 +726,21 @@ def coverage(
     # its vocabulary and length, beside the scenario and -e errors: all at once,
     # no engine start
     traffic_errors: list[str] = []
+    found = _load_all(names)  # the scenarios, loaded once
     try:
         text, source = read_traffic(traffic)
         check_json(text, source)  # a junk file: refused before vLLM is imported
         # (-e errors: _loaded_or_exit names them; the pairs that parse are used);
         # with a bad scenario a traffic file's format alone, and the built-in
         # traffic not at all: told without waiting for vLLM's import
-        if not _load_all(names)[1]:
+        if not found[1]:
             limits = limits_before_start(model, _engine_arg_pairs(engine_arg or [])[0])
             loads_traffic(text, source, limits, sampling=False)  # vLLM not imported yet
         elif traffic is not None:
             loads_traffic(text, source, sampling=False)
     except TrafficError as e:
         traffic_errors.append(str(e))
-    _loaded_or_exit(names, engine_arg, traffic_errors)
+    _loaded_or_exit(names, engine_arg, traffic_errors, found=found)
     try:  # the sampling tables, by vLLM's SamplingParams: vLLM is imported now
         loaded = loads_traffic(text, source, limits)
     except TrafficError as e:
