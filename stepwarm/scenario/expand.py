@@ -60,7 +60,7 @@ from stepwarm.scenario.sampling import (
     has_prompt_logprobs,
     pooling_skips_prefix_cache,
     skips_prefix_cache,
-    refusal,
+    refusals,
     shown,
     variants,
 )
@@ -178,7 +178,8 @@ class _Expander:
 
     def sampling_variants(self, name: str, spec: Any) -> list[Any]:
         """The sampling args a request declaration stands for, each checked
-        with vLLM's ``SamplingParams`` (:func:`~stepwarm.scenario.sampling.refusal`)."""
+        with vLLM's ``SamplingParams``, every refusal at once
+        (:func:`~stepwarm.scenario.sampling.refusals`)."""
         if spec.kind == "pool":
             if "sampling" in spec.model_fields_set:
                 raise self.err('sampling on a kind = "pool" request', "sampling", request=name,
@@ -192,15 +193,16 @@ class _Expander:
         if len(out) > MAX_SWEEP:
             raise self.err(f"the sampling sweeps make {len(out)} combinations", "sampling",
                            request=name, allowed=f"at most {MAX_SWEEP}")
+        allowed = (f"what vLLM accepts on this runner (max_logprobs {self.p.max_logprobs}, "
+                   f"vocab_size {self.p.vocab_size}, num_speculative_steps "
+                   f"{self.p.num_speculative_steps})")
         for args in out:
-            why = refusal(args, self.p)
-            if why:
-                fld, msg = why
-                raise self.err(f"vLLM's SamplingParams refuses {shown(args)}: {msg}; allowed: "
-                               f"what vLLM accepts on this runner (max_logprobs "
-                               f"{self.p.max_logprobs}, vocab_size {self.p.vocab_size}, "
-                               f"num_speculative_steps {self.p.num_speculative_steps})",
-                               f"sampling.{fld}", request=name)
+            refused = refusals(args, self.p)
+            if refused:
+                raise ScenarioError.of([
+                    self.err(f"vLLM's SamplingParams refuses {shown(one)}: {msg}; allowed: "
+                             f"{allowed}", f"sampling.{fld}", request=name)
+                    for one, fld, msg in refused])
         return out
 
     # -- requests -------------------------------------------------------------
@@ -323,15 +325,16 @@ class _Expander:
         out: list[str] = []
         seen: set[str] = set()
         names = [_SELECTOR.match(s).group(1) for s in selectors or []]  # type: ignore[union-attr]
-        for name in names:
-            if name not in self.groups and name not in self.failed_requests:
-                declared = sorted(  # file order
-                    (n for n in (*self.sc.model.requests, *self.sc.refused_requests)
-                     if n in self.groups or n in self.failed_requests),
-                    key=lambda n: self.sc.index.line(("requests", n)) or 0)
-                declared += [n for n in self.groups if n not in declared]
-                what, allowed = unknown_request(name, declared)
-                raise self.err(what, field, allowed=allowed)
+        unknown = [n for n in dict.fromkeys(names)
+                   if n not in self.groups and n not in self.failed_requests]
+        if unknown:  # every one of them, as the loader says them
+            declared = sorted(  # file order
+                (n for n in dict.fromkeys((*self.sc.model.requests, *self.sc.refused_requests))
+                 if n in self.groups or n in self.failed_requests),
+                key=lambda n: self.sc.index.line(("requests", n)) or 0)
+            declared += [n for n in self.groups if n not in declared]
+            raise ScenarioError.of([self.err(what, field, allowed=allowed) for what, allowed in
+                                    (unknown_request(n, declared) for n in unknown)])
         if self.failed_requests.intersection(names):
             raise _SelectsFailedRequest(field)
         for s in selectors or []:

@@ -330,22 +330,21 @@ def _unknown_requests(model: ScenarioFile, file: str, index: _TomlIndex,
     runner). ``numbers``: each step's index in the file (where the format
     left some out); ``refused``: entries the format refused (declared, not
     in ``model``)."""
-    declared = sorted([*model.requests, *refused],
+    declared = sorted(dict.fromkeys([*model.requests, *refused]),
                       key=lambda n: index.line(("requests", n)) or 0)  # file order
     errors = []
     for i, st in zip(numbers or range(len(model.steps)), model.steps):
         for field in SELECTOR_FIELDS:
-            for selector in getattr(st, field, None) or []:
-                m = _SELECTOR.match(selector)
-                name = m.group(1) if m else None
-                if name is None or name in declared:
+            names = [m.group(1) for s in getattr(st, field, None) or []
+                     if (m := _SELECTOR.match(s)) is not None]
+            for name in dict.fromkeys(names):
+                if name in declared:
                     continue
                 what, allowed = unknown_request(name, declared)
                 line = index.line(("steps", i), field)
                 errors.append(ScenarioError(
                     f"{_where(file, line, ('steps', i), field, st.kind)}: {what}; allowed: "
                     f"{allowed}", file=file, line=line, step=i, field=field))
-                break  # one a field, as the expander says it
     return errors
 
 
@@ -398,8 +397,15 @@ def _request_parts(name: str, spec: Any) -> tuple[bool, Any]:
         with names_unchecked():
             RequestSpec.model_validate(spec)
     except ValidationError as e:
-        bad = {err["loc"][0] for err in e.errors() if err["loc"]}
+        errs = [err for err in e.errors() if err["loc"]]
+        # an unknown key in a sampling table: the table's other keys still checked
+        typos = {err["loc"][2] for err in errs if err["type"] == "extra_forbidden"
+                 and err["loc"][:2] == ("sampling", "table") and len(err["loc"]) == 3}
+        bad = {err["loc"][0] for err in errs if not (
+            err["type"] == "extra_forbidden" and err["loc"][2:] and err["loc"][2] in typos)}
         rest = {k: v for k, v in spec.items() if k not in bad} if isinstance(spec, dict) else None
+        if rest is not None and typos and isinstance(rest.get("sampling"), dict):
+            rest["sampling"] = {k: v for k, v in rest["sampling"].items() if k not in typos}
         try:
             with names_unchecked():
                 RequestSpec.model_validate(rest)

@@ -228,6 +228,20 @@ class _SpeculatorFacts:
         return None
 
 
+def refusals(args: SamplingArgs, profile: RunnerProfile) -> list[tuple[SamplingArgs, str, str]]:
+    """Every refusal of ``args`` at once, as (the args refused, the field,
+    vLLM's message): where two or more fields are refused alone, each of
+    them alone (``{ temperature = -1, top_p = 7 }`` gives two), else the
+    whole table's one refusal (shown whole: the fields beside it tell which
+    request it is). Empty when vLLM accepts ``args``."""
+    whole = refusal(args, profile)
+    if whole is None or isinstance(args, str):
+        return []
+    alone = [(one, *why) for one in (((k, v),) for k, v in args)
+             if (why := refusal(one, profile)) is not None]
+    return alone if len(alone) > 1 else [(args, *whole)]
+
+
 def refusal(args: SamplingArgs, profile: RunnerProfile) -> tuple[str, str] | None:
     """Why vLLM would refuse a request with these sampling args on this
     runner, as (the field, vLLM's message), or None when it accepts them.

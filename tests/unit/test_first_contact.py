@@ -164,3 +164,60 @@ def test_a_bad_engine_arg_is_refused_before_anything_heavy_is_imported(cache_hom
     facts = json.loads(cached.read_text())
     assert facts["types"]["max_num_seqs"] == ["int", "None"] and facts["max_logprobs"] == 20
     assert {"model", "max_num_seqs", "speculative_config"} <= set(facts["known"])
+
+
+def _check_errors(tmp_path, text: str) -> tuple[int, list[str]]:
+    """``stepwarm check`` of ``text``: exit status and each error, unwrapped
+    (continuation lines joined), without its file name."""
+    f = tmp_path / "s.toml"
+    f.write_text(text)
+    r = runner.invoke(app, ["check", str(f)], env=ENV)
+    errors: list[str] = []
+    for ln in r.stderr.splitlines():
+        if ln.startswith(" ") and errors:
+            errors[-1] += " " + ln.strip()
+        elif ln.removeprefix("error: ").startswith(f"{f}:"):
+            errors.append(ln.removeprefix("error: ").removeprefix(f"{f}:"))
+    return r.exit_code, errors
+
+
+VLLM_ALLOWS = ("allowed: what vLLM accepts on this runner (max_logprobs 20, vocab_size 512, "
+               "num_speculative_steps 0)")
+
+
+def test_a_sampling_tables_unknown_key_and_each_refused_value_are_all_named(tmp_path):
+    code, errors = _check_errors(tmp_path, (
+        '[requests.a]\nprompt = 5\nsampling = { temperature = -1, top_kk = 3, top_p = 7 }\n'
+        '[[steps]]\nkind = "prefill"\nrequests = ["a"]\n'))
+    assert code == 2
+    assert errors == [
+        "3: request 'a', field 'sampling.top_kk': unknown key 'sampling.top_kk' (did you mean "
+        "'top_k'?); allowed keys: allowed_token_ids, bad_words, frequency_penalty, logit_bias, "
+        "logprobs, min_p, min_tokens, presence_penalty, prompt_logprobs, repetition_penalty, "
+        "seed, stop_token_ids, temperature, top_k, top_p",
+        "3: request 'a', field 'sampling.temperature': vLLM's SamplingParams refuses "
+        "{ temperature = -1.0 }: temperature must be non-negative, got -1.0. "
+        f"(parameter=temperature, value=-1.0); {VLLM_ALLOWS}",
+        "3: request 'a', field 'sampling.top_p': vLLM's SamplingParams refuses "
+        "{ top_p = 7.0 }: top_p must be in (0, 1], got 7.0. (parameter=top_p, value=7.0); "
+        f"{VLLM_ALLOWS}",
+    ]
+
+
+def test_every_unknown_request_of_a_step_is_named_once_with_the_declared_names_once(tmp_path):
+    code, errors = _check_errors(tmp_path, (
+        '[requests.a]\npromt = 5\n[requests.b]\nprompt = -5\ncount = 0\n'
+        '[[steps]]\nkind = "prefill"\nrequests = ["a", "c"]\n'
+        '[[steps]]\nkind = "decode"\nrequests = ["zz", "b", "qq", "zz"]\n'))
+    assert code == 2
+    assert errors[3:] == [
+        "8: step 0 (prefill), field 'requests': unknown request 'c'; allowed: names declared "
+        "under [requests]: a, b",
+        "11: step 1 (decode), field 'requests': unknown request 'zz'; allowed: names declared "
+        "under [requests]: a, b",
+        "11: step 1 (decode), field 'requests': unknown request 'qq'; allowed: names declared "
+        "under [requests]: a, b",
+        " the steps were checked only as far as they do not depend on the requests above that "
+        "failed (a, b); fix the errors above and check again",
+    ]
+    assert [e.split(":")[0] for e in errors[:3]] == ["2", "4", "5"]
