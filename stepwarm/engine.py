@@ -7,12 +7,14 @@ The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stepwarm.model_dir import parse_hub_id, resolve_hub_model
+from stepwarm.worker_view import WorkerView
 from stepwarm.zoo import SMALL_LIMITS, ZOO, resolve, write_model
 
 #: Engine arguments ``run`` always passes (unless overridden): no weights are
@@ -194,6 +196,13 @@ class Engine:
 
     llm: Any
     worker: Any
+
+    @functools.cached_property
+    def view(self) -> WorkerView:
+        """The worker as stepwarm reads it (:class:`~stepwarm.worker_view.WorkerView`),
+        built once for the engine: what the probe, the driver, verify and
+        bench take."""
+        return WorkerView(self.worker)
 
     def shutdown(self) -> None:
         """Shut the engine down (frees the KV cache and worker state)."""
