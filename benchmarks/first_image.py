@@ -31,7 +31,6 @@ def main() -> None:
     from PIL import Image
 
     from stepwarm.driver import drive
-    from stepwarm.encoder_inputs import processor_of
     from stepwarm.engine import start_engine
     from stepwarm.probe import read_profile
     from stepwarm.scenario import plans_for
@@ -39,14 +38,14 @@ def main() -> None:
     t0 = time.perf_counter()
     engine = start_engine(args.model)
     startup_s = time.perf_counter() - t0
-    profile = read_profile(engine.worker)
+    profile = read_profile(engine.view)
     prewarm_ms = None
     if args.prewarm:
-        report = drive(engine.worker, plans_for(["vision-encoder"], profile)[0], profile)
+        report = drive(engine.view, plans_for(["vision-encoder"], profile)[0], profile)
         prewarm_ms = report.wall_ms
     from vllm import SamplingParams
 
-    processor = processor_of(engine.worker.model_runner)
+    processor = engine.view.mm_processor
     text = processor.dummy_inputs.get_dummy_text({"image": 1})
     side = profile.image_classes[-1].side
     params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)

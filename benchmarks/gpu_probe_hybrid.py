@@ -239,7 +239,6 @@ def main() -> int:
     from stepwarm.driver import drive
     from stepwarm.engine import on_cpu_build, start_engine
     from stepwarm.probe import read_profile
-    from stepwarm.runner import runner_of
     from stepwarm.scenario import expand, load, loads
 
     engine_args: dict[str, Any] = {} if on_cpu_build() else dict(GPU_ENGINE_ARGS)
@@ -253,8 +252,8 @@ def main() -> int:
     t = time.time()
     engine = start_engine(a.model, **engine_args)
     res.data["startup_s"] = round(time.time() - t, 1)
-    profile = read_profile(engine.worker)
-    batch = runner_of(engine.worker).input_batch
+    profile = read_profile(engine.view)
+    batch = engine.view.runner.input_batch
     res.data["profile"] = {"runner": profile.runner, "vllm": profile.vllm_version,
                            "max_num_seqs": profile.max_num_seqs, "vocab_size": profile.vocab_size,
                            "groups": [g.kind for g in profile.kv_cache_groups]}
@@ -286,7 +285,7 @@ def main() -> int:
             res.data["steps"].append(rec)
             res.write()
 
-        report = drive(engine.worker, plan, profile, on_step=finished, on_step_start=started)
+        report = drive(engine.view, plan, profile, on_step=finished, on_step_start=started)
         res.data["phases"].append({"phase": phase, "plan": plan.name, "ok": report.ok,
                                    "busy": len(burners),
                                    "wall_ms": round(report.wall_ms, 1),

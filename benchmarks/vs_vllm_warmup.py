@@ -63,7 +63,7 @@ def main() -> None:
 
     engine = start_engine(args.model)
     worker = engine.worker
-    profile = read_profile(worker)
+    profile = read_profile(engine.view)
     view = vllm_view(worker, profile)
     if not torch.accelerator.is_available():
         torch.accelerator.synchronize = lambda *a, **k: None  # CPU: nothing to wait for
@@ -82,7 +82,7 @@ def main() -> None:
 
     def run_stepwarm() -> float:
         t0 = time.perf_counter()
-        drive(worker, warmup_kernels_plan(profile), profile)  # plans every round
+        drive(engine.view, warmup_kernels_plan(profile), profile)  # plans every round
         return (time.perf_counter() - t0) * 1e3
 
     def plan_only() -> float:

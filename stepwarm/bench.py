@@ -28,7 +28,10 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stepwarm.worker_view import WorkerView
 
 #: Spread (p90 - p10) / p50 above which a step's samples are too noisy to compare.
 WIDE_SPREAD = 0.25
@@ -198,7 +201,7 @@ def merge(rounds: Sequence[BenchReport]) -> BenchReport:
 
 # --- On a worker ------------------------------------------------------------
 
-def measure(worker: Any, plan: Any, profile: Any, repeat: int, warmup: int = 1,
+def measure(worker: WorkerView, plan: Any, profile: Any, repeat: int, warmup: int = 1,
             *, cuda: bool | None = None,
             on_repeat: Callable[[int], None] | None = None) -> BenchReport:
     """Drive ``plan`` ``warmup + repeat`` times on ``worker``; keep the last
@@ -268,7 +271,7 @@ def context_tokens(step: Any) -> int:
     return max((r.num_computed_tokens + r.num_scheduled_tokens for r in step.scheduled), default=0)
 
 
-def trace_step(worker: Any, plan: Any, profile: Any, index: int, path: Any,
+def trace_step(worker: WorkerView, plan: Any, profile: Any, index: int, path: Any,
                *, cuda: bool | None = None) -> None:
     """One more repeat of ``plan`` (after the measured ones: its kernels are
     compiled) with the torch profiler on around step ``index`` only
@@ -326,7 +329,7 @@ def _on_cuda() -> bool:
         return False
 
 
-def setup(worker: Any, profile: Any) -> dict[str, Any]:
+def setup(worker: WorkerView, profile: Any) -> dict[str, Any]:
     """What the numbers were measured on: device, vLLM, torch, attention backend."""
     import torch
 
@@ -347,7 +350,7 @@ def setup(worker: Any, profile: Any) -> dict[str, Any]:
 
 # --- Two configurations, interleaved ---------------------------------------
 
-def child_loop(worker: Any, plan: Any, profile: Any, read: Callable[[], str],
+def child_loop(worker: WorkerView, plan: Any, profile: Any, read: Callable[[], str],
                write: Callable[[str], None]) -> None:
     """A ``--child``'s protocol: ``warm K`` runs K repeats unkept; ``run N``
     runs N and writes one JSON line (a :class:`BenchReport`); ``quit`` ends.

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepwarm.bench import (
     WIDE_SPREAD,
@@ -31,13 +31,16 @@ from stepwarm.bench import (
 )
 from stepwarm.console import console, err_console, print_wrapped
 
+if TYPE_CHECKING:
+    from stepwarm.worker_view import WorkerView
+
 #: Exit status of ``--gate``: a step slower beyond the noise.
 GATE_FAILED = 4
 #: The prefix of the children's protocol lines on stdout (vLLM may print there too).
 PREFIX = "STEPWARM-BENCH "
 
 
-def plan_for(worker: Any, scenario: Any) -> tuple[Any, Any]:
+def plan_for(worker: WorkerView, scenario: Any) -> tuple[Any, Any]:
     """The worker's profile and ``scenario``'s plan for it."""
     from stepwarm.probe import read_profile
     from stepwarm.scenario import expand
@@ -132,7 +135,7 @@ def write_outputs(reports: dict[str, BenchReport], ratios: Sequence[Ratio] | Non
         plot(reports, plot_out)
 
 
-def run_child(worker: Any, plan: Any, profile: Any) -> None:
+def run_child(worker: WorkerView, plan: Any, profile: Any) -> None:
     """The ``--child`` side: announce the plan's shapes, then serve the
     parent's commands."""
     print(PREFIX + json.dumps({"ready": len(plan.steps), "shapes": plan_shapes(plan)}),

@@ -376,7 +376,7 @@ def run(
     try:
         engine = _start_engine(model, engine_arg, weights=weights, checked=checked)
         startup_s = time.perf_counter() - t0
-        profile = read_profile(engine.worker)
+        profile = read_profile(engine.view)
     except KeyboardInterrupt:  # Ctrl-C while vLLM started: said, as during the steps
         not_run = [sc.name for _, sc in loaded]
         if json_out is not None:
@@ -460,7 +460,7 @@ def _drive_all(plans: list[tuple[str, Any]], engine: Any, progress: _RunProgress
 
     settings = HookSettings(on_error="warn", compile_threads=threads, gemm_sizes=False,
                             startup_work=False)
-    warmup(engine.worker, settings=settings, plans=[p for _, p in plans], progress=progress)
+    warmup(engine.view, settings=settings, plans=[p for _, p in plans], progress=progress)
 
 
 class _RunProgress(WarmupProgress):
@@ -532,7 +532,7 @@ def _interrupted(engine: Any, plans: list[tuple[str, Any]], reports: list[RunRep
     stopped = next((p.name for _, p in plans if p.name not in done), "")
     not_run = [p.name for _, p in plans if p.name not in done and p.name != stopped]
     try:
-        held = held_by_runner(engine.worker)
+        held = held_by_runner(engine.view)
         runner = ("cleanup ran, the runner holds no stepwarm request" if not held
                   else f"the runner still holds {', '.join(held)}")
     except Exception as e:  # noqa: BLE001 - said, not raised: the run is over
@@ -638,7 +638,7 @@ def _verify(engine: Any, plans: list[Any], profile: Any,
         console.print(f"verifying {plan.name} against vLLM's scheduler"
                       + (" (drafts from the 2nd on rejected)" if reject else ""))
         try:
-            results.append((plan.name, verify(engine.llm, engine.worker, plan, profile,
+            results.append((plan.name, verify(engine.llm, engine.view, plan, profile,
                                               reject_drafts_from=reject)))
         except Exception as e:  # noqa: BLE001 - reported in the table, exit 1
             if _verbose:
@@ -872,7 +872,7 @@ def _profile_for(model: Optional[str], profile: Optional[Path],
     _plugin_scenarios_off()
     engine = _start_engine(model, engine_arg)
     try:
-        return read_profile(engine.worker)
+        return read_profile(engine.view)
     except ProfileError as e:
         _fail(str(e), 2)
     finally:
@@ -1081,7 +1081,7 @@ def profile_cmd(
     _plugin_scenarios_off()
     engine = _start_engine(model, engine_arg)
     try:
-        prof = read_profile(engine.worker)
+        prof = read_profile(engine.view)
     except ProfileError as e:
         _fail(str(e), 2)
     finally:
@@ -1180,20 +1180,20 @@ def bench(
     from stepwarm.scenario import ScenarioError
 
     try:
-        profile, plan = bc.plan_for(engine.worker, loaded)
+        profile, plan = bc.plan_for(engine.view, loaded)
     except ScenarioError as e:
         _fail(str(e), 2)
     if child:
-        bc.run_child(engine.worker, plan, profile)
+        bc.run_child(engine.view, plan, profile)
         return
     from stepwarm.bench import measure, trace_step
 
     if trace is not None and trace >= len(plan.steps):
         _fail(f"--trace {trace}: {scenario} plans steps 0 to {len(plan.steps) - 1}", 2)
     try:
-        rep = measure(engine.worker, plan, profile, repeat, warmup)
+        rep = measure(engine.view, plan, profile, repeat, warmup)
         if trace is not None:
-            trace_step(engine.worker, plan, profile, trace, trace_out)
+            trace_step(engine.view, plan, profile, trace, trace_out)
     except StepFailed as e:
         _fail(_failure_line(e.report), 1)
     bc.print_report(rep)

@@ -1,7 +1,8 @@
 """The speculator's drafter, as a runner profile records it.
 
 :class:`Drafter` is plain data (part of :class:`stepwarm.profile.RunnerProfile`);
-:func:`read_drafter` reads it off a live V1 or V2 runner. A model-based
+:func:`read_drafter` reads it off a live worker
+(:class:`~stepwarm.worker_view.WorkerView`). A model-based
 drafter (EAGLE, EAGLE-3, MTP, a draft model) has attention layers of its own:
 vLLM's ``LLMBaseProposer.load_model`` (V1; ``Speculator.load_model`` on V2)
 names them as every attention layer the target does not have, and the KV
@@ -15,9 +16,12 @@ which groups hold drafter layers.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from stepwarm.worker_view import WorkerView
 
 
 class Drafter(BaseModel):
@@ -64,17 +68,6 @@ class Drafter(BaseModel):
     #: coordinator's EAGLE groups: those flagged ``is_eagle_group``, every
     #: group when none is, none when hash lookahead replaces the drop).
     eagle_groups: tuple[int, ...] = ()
-
-
-def _draft_layer_names(runner: Any) -> set[str]:
-    """The drafter's attention layer names on a V1 runner (``runner.drafter``)
-    or a V2 runner (``runner.speculator``); empty for model-free drafters."""
-    for holder, attr in (("drafter", "_draft_attn_layer_names"),
-                         ("speculator", "draft_attn_layer_names")):
-        names = getattr(getattr(runner, holder, None), attr, None)
-        if names:
-            return set(names)
-    return set()
 
 
 def _hash_lookahead(cfg: Any) -> int:
@@ -127,20 +120,21 @@ def _eagle_groups(spec: Any, kv_cache_config: Any, hash_lookahead: int) -> tuple
                         eagle_block_drop(spec) and not hash_lookahead)
 
 
-def read_drafter(runner: Any, kv_cache_config: Any) -> Drafter | None:
+def read_drafter(worker: WorkerView) -> Drafter | None:
     """Read the runner's :class:`Drafter` (None: no speculator).
 
     Args:
-        runner: a V1 or V2 model runner after ``initialize_kv_cache``.
-        kv_cache_config: its ``KVCacheConfig``.
+        worker: a worker whose runner ran ``initialize_kv_cache`` (its
+            ``KVCacheConfig`` is read).
     """
     from stepwarm.vllm_facts import prefill_lookahead_tokens
 
-    cfg = runner.vllm_config
+    cfg = worker.vllm_config
+    kv_cache_config = worker.kv_cache_config
     spec = getattr(cfg, "speculative_config", None)
     if spec is None:
         return None
-    layers = _draft_layer_names(runner)
+    layers = worker.draft_layer_names()
     groups = tuple(i for i, g in enumerate(kv_cache_config.kv_cache_groups)
                    if layers & set(g.layer_names))
     draft_model = getattr(getattr(spec, "draft_model_config", None), "model", "") or ""

@@ -13,7 +13,7 @@ import time
 import traceback as tb
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepwarm.compile import (
     OutputHistory,
@@ -27,22 +27,13 @@ from stepwarm.deferred_compile import DeferredCompile, deferred_compiles
 from stepwarm.encoder_inputs import RequestInputs, RunProcessor, audio_inputs, request_inputs
 from stepwarm.memory import MemoryReport, free_text, measured
 from stepwarm.plan import REQ_ID_PREFIX, Plan, PlannedStep
-from stepwarm.probe import read_profile
 from stepwarm.profile import RunnerProfile
 from stepwarm.ranks import RankGroup
-from stepwarm.runner import (
-    allowed_token_mask,
-    discard_pending_step,
-    eplb_recording_suppressed,
-    kv_blocks_backed,
-    kv_connector_disabled,
-    drop_finished_state,
-    live_request_ids,
-    release_allowed_token_mask,
-    request_tables,
-    synchronize,
-)
+from stepwarm.runner import synchronize
 from stepwarm.watchdog import StepWatch
+
+if TYPE_CHECKING:
+    from stepwarm.worker_view import WorkerView
 
 
 @dataclass
@@ -189,11 +180,11 @@ def raised_by(error: BaseException) -> str:
     return package if package in _OWNERS else "other"
 
 
-def held_by_runner(worker: Any) -> list[str]:
+def held_by_runner(worker: WorkerView) -> list[str]:
     """Every stepwarm request id the runner still holds, as ``id (table)``,
-    in every per-request table (``runner.V1_TABLES`` / ``V2_TABLES``), not
-    only requests and the input batch: ``[]`` after a cleanup."""
-    return sorted(f"{r} ({table})" for table, ids in request_tables(worker, REQ_ID_PREFIX).items()
+    in every per-request table (``worker_view.V1_TABLES`` / ``V2_TABLES``),
+    not only requests and the input batch: ``[]`` after a cleanup."""
+    return sorted(f"{r} ({table})" for table, ids in worker.request_tables(REQ_ID_PREFIX).items()
                   for r in ids)
 
 
@@ -325,7 +316,7 @@ class PeerStepFailed(RuntimeError):
     this rank stops at the same step (see :mod:`stepwarm.ranks`)."""
 
 
-def _run_step(worker: Any, step: PlannedStep, plan: Plan, profile: RunnerProfile,
+def _run_step(worker: WorkerView, step: PlannedStep, plan: Plan, profile: RunnerProfile,
               params: dict[str, tuple[Any, Any]], sent: set[str],
               ranks: RankGroup | None, tokens: OutputHistory,
               images: dict[str, RequestInputs] | None = None) -> tuple[Any, float]:
@@ -376,9 +367,9 @@ def _step_of(plan: Plan, index: int | None) -> PlannedStep | None:
 
 
 def drive(
-    worker: Any,
+    worker: WorkerView,
     plan: Plan,
-    profile: RunnerProfile | None = None,
+    profile: RunnerProfile,
     *,
     on_step: Callable[[StepResult], None] | None = None,
     ranks: RankGroup | None = None,
@@ -397,10 +388,10 @@ def drive(
     synchronized and the KV connector restored.
 
     Args:
-        worker: a vLLM worker (``execute_model``, ``sample_tokens``,
-            ``model_runner``).
+        worker: the vLLM worker, as :class:`~stepwarm.worker_view.WorkerView`
+            (built once per run by the caller).
         plan: the plan (built for ``profile``).
-        profile: the worker's profile; read off the worker when None.
+        profile: the worker's profile (:func:`stepwarm.probe.read_profile`).
         on_step: called with each step's result as soon as it ran.
         ranks: the engine's tensor / pipeline parallel ranks; every rank
             calls ``drive`` with the same plan, and after each step they agree
@@ -432,7 +423,6 @@ def drive(
             ``error.report`` says which step and what vLLM said.
         RuntimeError: the runner still held stepwarm requests after cleanup.
     """
-    profile = profile or read_profile(worker)
     tokens = tokens if tokens is not None else OutputHistory()
     if not profile.is_last_pp_rank or (ranks is not None and ranks.pp_size > 1):
         # A non-last pipeline rank sees no sampled tokens: every rank keeps
@@ -442,7 +432,7 @@ def drive(
                        skipped=plan.skipped)
     if not plan.steps:
         return report
-    busy = sorted(live_request_ids(worker))
+    busy = sorted(worker.live_request_ids())
     if busy:
         raise RunnerBusyError(
             f"the runner holds {len(busy)} request(s) ({', '.join(busy[:4])}"
@@ -453,22 +443,22 @@ def drive(
     report.started_at = time.time()
     # Requests with images: processed by the model's processor before any step.
     shared = RunProcessor(worker)  # made once, and the dummy audio processed once
-    images = {r.req_id: request_inputs(worker, r, profile.image_classes,
-                                       prompt_token_ids(r, profile), shared)
+    images = {r.req_id: request_inputs(shared, r, profile.image_classes,
+                                       prompt_token_ids(r, profile))
               for r in plan.requests if r.images}
     # Encoder-decoder requests: the dummy audio (their encoder runs with the
     # step that schedules their first tokens); an encoder_cached one carries
     # a feature without data, as vLLM's warmup_kernels sends.
-    audio = {r.req_id: audio_inputs(worker, r, prompt_token_ids(r, profile), shared)
+    audio = {r.req_id: audio_inputs(shared, r, prompt_token_ids(r, profile))
              for r in plan.requests if r.encodes_audio}
     images.update((rid, inputs) for rid, inputs in audio.items() if inputs is not None)
-    mask_before = allowed_token_mask(worker)
+    mask_before = worker.allowed_token_mask()
     params: dict[str, tuple[Any, Any]] = {}
     sent: set[str] = set()
     failed_at: int | None = None
     cause: BaseException | None = None
-    with deferred_compiles(compile_threads) as deferred, kv_connector_disabled(worker), \
-            eplb_recording_suppressed(worker), kv_blocks_backed(worker, 1 + plan.max_block_id), \
+    with deferred_compiles(compile_threads) as deferred, worker.kv_connector_disabled(), \
+            worker.eplb_recording_suppressed(), worker.kv_blocks_backed(1 + plan.max_block_id), \
             measured() as report.memory:
         try:
             for step in plan.steps:
@@ -508,20 +498,20 @@ def drive(
             report.raised_by = raised_by(e)
             cause = e
         finally:
-            discard_pending_step(worker)
-            leftover = {r for r in live_request_ids(worker) if r.startswith(REQ_ID_PREFIX)}
+            worker.discard_pending_step()
+            leftover = {r for r in worker.live_request_ids() if r.startswith(REQ_ID_PREFIX)}
             # Ids only other tables still hold (e.g. Mamba state indices of
             # requests a plan step finished without scheduling any token).
-            stale = set().union(*request_tables(worker, REQ_ID_PREFIX).values())
+            stale = {r for ids in worker.request_tables(REQ_ID_PREFIX).values() for r in ids}
             to_finish = sent | leftover | stale
             cached = encoder_cache_keys(plan, [r.req_id for r in plan.requests])
             if to_finish or cached:
                 out = cleanup_output(to_finish, cached)
                 worker.execute_model(out)
-                discard_pending_step(worker)
-                drop_finished_state(worker, out)
+                worker.discard_pending_step()
+                worker.drop_finished_state(out)
             if not mask_before:  # allocated by a warmup request: freed as vLLM starts
-                release_allowed_token_mask(worker)
+                worker.release_allowed_token_mask()
             report.cleanup_ran = True
             synchronize()
             if _is_oom(cause):

@@ -17,7 +17,8 @@ item too: :func:`dummy_audio` is the waveform stepwarm sends (and
 :mod:`stepwarm.verify` hands ``LLM.generate``), :func:`audio_inputs` its
 ``MultiModalFeatureSpec`` as the processor makes it.
 
-This is the only module that calls a model's multimodal processor; it reads
+This is the only module that calls a model's multimodal processor (the
+worker's, :attr:`stepwarm.worker_view.WorkerView.mm_processor`); it reads
 vLLM's processor API, guarded, and returns nothing when it is missing.
 """
 
@@ -26,11 +27,13 @@ from __future__ import annotations
 import functools
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepwarm.plan import PlannedRequest
 from stepwarm.profile import ImageClass
-from stepwarm.runner import runner_of
+
+if TYPE_CHECKING:
+    from stepwarm.worker_view import WorkerView
 
 #: Sides (pixels) of the square dummy images whose processed shapes make the
 #: image classes: from a thumbnail to a large photo.
@@ -48,38 +51,20 @@ class RequestInputs:
     mm_features: list[Any]
 
 
-def processor_of(runner: Any) -> Any:
-    """The runner's multimodal processor (``runner.mm_budget.processor`` on the
-    V1 runner), else one made by ``MULTIMODAL_REGISTRY.create_processor``;
-    None for a model without one."""
-    budget = getattr(runner, "mm_budget", None)
-    if budget is not None and getattr(budget, "processor", None) is not None:
-        return budget.processor
-    model_config = runner.vllm_config.model_config
-    if not getattr(model_config, "is_multimodal_model", False):
-        return None
-    try:
-        from vllm.multimodal import MULTIMODAL_REGISTRY
-
-        return MULTIMODAL_REGISTRY.create_processor(model_config)
-    except Exception:  # noqa: BLE001 - no processor: no image classes
-        return None
-
-
 class RunProcessor:
     """The model's multimodal processor for one run, made once
-    (:func:`processor_of`: the V2 runner has none of its own, so each request
-    would make one), and its output on :func:`dummy_audio`, processed once
-    (every encoder-decoder request's encoder input is the same). On the H200
-    Whisper's start-up paid tens of ms per request for both, about a minute
-    over the ``all`` set."""
+    (:attr:`~stepwarm.worker_view.WorkerView.mm_processor`: the V2 runner has
+    none of its own, so each request would make one), and its output on
+    :func:`dummy_audio`, processed once (every encoder-decoder request's
+    encoder input is the same). On the H200 Whisper's start-up paid tens of
+    ms per request for both, about a minute over the ``all`` set."""
 
-    def __init__(self, worker: Any):
+    def __init__(self, worker: WorkerView):
         self._worker = worker
 
     @functools.cached_property
     def processor(self) -> Any:
-        return processor_of(runner_of(self._worker))
+        return self._worker.mm_processor
 
     @functools.cached_property
     def audio(self) -> Any:
@@ -109,7 +94,7 @@ def _num_embeds(placeholder: Any) -> int:
     return int(placeholder.length if is_embed is None else int(is_embed.sum()))
 
 
-def read_image_classes(worker: Any) -> tuple[tuple[ImageClass, ...], int, int]:
+def read_image_classes(worker: WorkerView) -> tuple[tuple[ImageClass, ...], int, int]:
     """The image classes of the worker's model, its encoder budget and the most
     images one prompt may carry.
 
@@ -123,41 +108,39 @@ def read_image_classes(worker: Any) -> tuple[tuple[ImageClass, ...], int, int]:
         processor ``((), budget, 0)``, the budget an encoder-decoder's
         encoder inputs get (0 for any other model).
     """
-    runner = runner_of(worker)
-    processor = processor_of(runner)
+    processor = worker.mm_processor
     if processor is None or "image" not in getattr(processor.info, "supported_mm_limits", {}):
-        return (), _encoder_decoder_budget(runner), 0
+        return (), _encoder_decoder_budget(worker), 0
     classes: dict[tuple[int, int], ImageClass] = {}
     for side in CANDIDATE_SIDES:
         out = _process(processor, [side])
         placeholder = out["mm_placeholders"]["image"][0]
         key = (_num_embeds(placeholder), len(out["prompt_token_ids"]))
         classes.setdefault(key, ImageClass(side=side, tokens=key[0], prompt_tokens=key[1]))
-    budget = getattr(runner, "mm_budget", None)
+    budget = worker.mm_budget
     if budget is not None:  # V1 runner: vLLM's own MultiModalBudget
         encoder_budget = int(budget.get_encoder_budget())
         max_images = int(budget.mm_max_items_per_prompt.get("image", 0))
     else:  # V2 runner: compute_mm_encoder_budget's rule from the scheduler config
-        sc = runner.vllm_config.scheduler_config
+        sc = worker.vllm_config.scheduler_config
         largest = max(c.tokens for c in classes.values())
         encoder_budget = max(min(int(sc.max_num_encoder_input_tokens),
                                  int(sc.encoder_cache_size)), largest)
         limit = int(processor.info.allowed_mm_limits.get("image", 1))
-        max_images = max(1, min(limit, runner.vllm_config.model_config.max_model_len // largest))
+        max_images = max(1, min(limit, worker.vllm_config.model_config.max_model_len // largest))
     return tuple(classes.values()), encoder_budget, max_images
 
 
-def request_inputs(worker: Any, req: PlannedRequest, classes: tuple[ImageClass, ...],
-                   filler: list[int], shared: RunProcessor | None = None) -> RequestInputs:
+def request_inputs(shared: RunProcessor, req: PlannedRequest, classes: tuple[ImageClass, ...],
+                   filler: list[int]) -> RequestInputs:
     """Process ``req``'s images (one square image per class index in
     ``req.images``) through the model's processor.
 
     Args:
-        worker: the vLLM worker (its runner's processor is used).
+        shared: the run's :class:`RunProcessor`.
         req: a request with ``images``.
         classes: the profile's image classes.
         filler: token ids to pad the prompt with, up to ``req.prompt_len``.
-        shared: the run's :class:`RunProcessor`; None: one for this request.
 
     Raises:
         ValueError: the processor made a prompt longer than ``req.prompt_len``
@@ -165,8 +148,7 @@ def request_inputs(worker: Any, req: PlannedRequest, classes: tuple[ImageClass, 
     """
     from vllm.multimodal.inputs import MultiModalFeatureSpec
 
-    processor = (shared or RunProcessor(worker)).processor
-    out = _process(processor, [classes[c].side for c in req.images])
+    out = _process(shared.processor, [classes[c].side for c in req.images])
     ids = list(out["prompt_token_ids"])
     if len(ids) > req.prompt_len:
         raise ValueError(f"request {req.req_id}: its {len(req.images)} image(s) make a "
@@ -188,20 +170,20 @@ def image_identifier(req: PlannedRequest, index: int) -> str:
     return f"{req.req_id}image{index}"
 
 
-def _encoder_decoder_budget(runner: Any) -> int:
+def _encoder_decoder_budget(worker: WorkerView) -> int:
     """An encoder-decoder model's encoder budget: the encoder tokens one step
     may start (``MultiModalBudget.get_encoder_budget()``, the scheduler's
     ``max_num_encoder_input_tokens`` and encoder cache size, the smaller; on
     the V2 runner the same from the scheduler config, at least
     ``max_encoder_len``); 0 for any other model."""
-    model_config = runner.vllm_config.model_config
+    model_config = worker.vllm_config.model_config
     if not getattr(model_config, "is_encoder_decoder", False):
         return 0
-    budget = getattr(runner, "mm_budget", None)
+    budget = worker.mm_budget
     if budget is not None:
         return int(budget.get_encoder_budget())
-    sc = runner.vllm_config.scheduler_config
-    largest = int(getattr(getattr(runner, "model_state", runner), "max_encoder_len", 0) or 0)
+    sc = worker.vllm_config.scheduler_config
+    largest = worker.max_encoder_len
     return max(min(int(sc.max_num_encoder_input_tokens), int(sc.encoder_cache_size)), largest)
 
 
@@ -228,8 +210,8 @@ def audio_sampling_rate(processor: Any) -> int:
     return int(processor.info.get_feature_extractor().sampling_rate)
 
 
-def audio_inputs(worker: Any, req: PlannedRequest, prompt: list[int],
-                 shared: RunProcessor | None = None) -> RequestInputs | None:
+def audio_inputs(shared: RunProcessor, req: PlannedRequest,
+                 prompt: list[int]) -> RequestInputs | None:
     """The encoder input of an encoder-decoder request: :func:`dummy_audio`
     through the model's processor (``EncDecMultiModalProcessor.apply`` on an
     empty encoder prompt, as vLLM's front end processes
@@ -239,11 +221,9 @@ def audio_inputs(worker: Any, req: PlannedRequest, prompt: list[int],
     identifier :func:`encoder_identifier`).
 
     Args:
-        worker: the vLLM worker (its runner's processor is used).
+        shared: the run's :class:`RunProcessor` (its audio processed once).
         req: a request with ``encoder_len``.
         prompt: its decoder prompt token ids (kept as they are).
-        shared: the run's :class:`RunProcessor` (its audio processed once);
-            None: one for this request.
 
     Returns:
         The inputs, or None when the model has no audio processor or the
@@ -253,7 +233,7 @@ def audio_inputs(worker: Any, req: PlannedRequest, prompt: list[int],
     """
     from vllm.multimodal.inputs import MultiModalFeatureSpec
 
-    out = (shared or RunProcessor(worker)).audio
+    out = shared.audio
     if out is None:
         return None
     placeholder = out["mm_placeholders"]["audio"][0]

@@ -7,12 +7,14 @@ The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from stepwarm.model_dir import parse_hub_id, resolve_hub_model
+from stepwarm.worker_view import WorkerView
 from stepwarm.zoo import SMALL_LIMITS, ZOO, resolve, write_model
 
 #: Engine arguments ``run`` always passes (unless overridden): no weights are
@@ -108,39 +110,6 @@ def unknown_engine_args(keys: list[str]) -> list[str]:
     return out
 
 
-def _field_types() -> dict[str, Any]:
-    """``EngineArgs`` field -> its type (annotations evaluated in vLLM's
-    module; a field whose annotation does not evaluate is left out)."""
-    import dataclasses
-    import sys
-
-    from vllm.engine.arg_utils import EngineArgs
-
-    scope = vars(sys.modules[EngineArgs.__module__])
-    out = {}
-    for f in dataclasses.fields(EngineArgs):
-        try:
-            out[f.name] = eval(f.type, scope) if isinstance(f.type, str) else f.type  # noqa: S307
-        except Exception:  # noqa: BLE001 - a name vLLM imports only for type checkers
-            continue
-    return out
-
-
-def _scalar_parts(tp: Any) -> list[Any] | None:
-    """The members of a type made of ``int``, ``float``, ``bool``, ``str``,
-    ``None`` and ``Literal`` (alone or in a union); None for any other type
-    (a config class, a dict, a callable: vLLM's to check)."""
-    import types
-    import typing
-
-    parts = list(typing.get_args(tp)) if typing.get_origin(tp) in (
-        typing.Union, types.UnionType) else [tp]
-    scalar = (int, float, bool, str, type(None))
-    if all(p in scalar or typing.get_origin(p) is typing.Literal for p in parts):
-        return parts
-    return None
-
-
 def _describe(parts: list[Any]) -> str:
     import typing
 
@@ -194,6 +163,13 @@ class Engine:
 
     llm: Any
     worker: Any
+
+    @functools.cached_property
+    def view(self) -> WorkerView:
+        """The worker as stepwarm reads it (:class:`~stepwarm.worker_view.WorkerView`),
+        built once for the engine: what the probe, the driver, verify and
+        bench take."""
+        return WorkerView(self.worker)
 
     def shutdown(self) -> None:
         """Shut the engine down (frees the KV cache and worker state)."""

@@ -26,9 +26,42 @@ from pathlib import Path
 from typing import Any
 
 #: The JSON names of the scalar types a field's type is made of (see
-#: :func:`stepwarm.engine._scalar_parts`); a ``Literal`` is ``{"Literal": [...]}``.
+#: :func:`_scalar_parts`); a ``Literal`` is ``{"Literal": [...]}``.
 _SCALARS: dict[str, Any] = {"int": int, "float": float, "bool": bool, "str": str,
                             "None": type(None)}
+
+
+def _field_types() -> dict[str, Any]:
+    """``EngineArgs`` field -> its type (annotations evaluated in vLLM's
+    module; a field whose annotation does not evaluate is left out)."""
+    import dataclasses
+    import sys
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    scope = vars(sys.modules[EngineArgs.__module__])
+    out = {}
+    for f in dataclasses.fields(EngineArgs):
+        try:
+            out[f.name] = eval(f.type, scope) if isinstance(f.type, str) else f.type  # noqa: S307
+        except Exception:  # noqa: BLE001 - a name vLLM imports only for type checkers
+            continue
+    return out
+
+
+def _scalar_parts(tp: Any) -> list[Any] | None:
+    """The members of a type made of ``int``, ``float``, ``bool``, ``str``,
+    ``None`` and ``Literal`` (alone or in a union); None for any other type
+    (a config class, a dict, a callable: vLLM's to check)."""
+    import types
+    import typing
+
+    parts = list(typing.get_args(tp)) if typing.get_origin(tp) in (
+        typing.Union, types.UnionType) else [tp]
+    scalar = (int, float, bool, str, type(None))
+    if all(p in scalar or typing.get_origin(p) is typing.Literal for p in parts):
+        return parts
+    return None
 
 
 def live_facts() -> dict[str, Any]:
@@ -42,7 +75,6 @@ def live_facts() -> dict[str, Any]:
     from vllm import LLM
     from vllm.engine.arg_utils import EngineArgs
 
-    from stepwarm.engine import _field_types, _scalar_parts
     from stepwarm.vllm_facts import default_max_logprobs
 
     known = {f.name for f in dataclasses.fields(EngineArgs)} | {
@@ -74,7 +106,7 @@ def _decode(part: Any) -> Any:
 
 def field_types() -> dict[str, list[Any]]:
     """``EngineArgs`` field -> the scalar types its type is made of (as
-    :func:`stepwarm.engine._scalar_parts` gives them), for the fields made of
+    :func:`_scalar_parts` gives them), for the fields made of
     scalars only."""
     return {name: [_decode(p) for p in parts] for name, parts in facts()["types"].items()}
 

@@ -55,9 +55,12 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepwarm.memory import MemoryReport, measured
+
+if TYPE_CHECKING:
+    from stepwarm.worker_view import WorkerView
 
 #: Token counts per octave of the ladder (:func:`gemm_token_counts`).
 PER_OCTAVE = 16
@@ -213,13 +216,11 @@ def logits_heads(model: Any, device_type: str = "cuda") -> list[Any]:
     return list(seen.values())
 
 
-def runner_logits_heads(runner: Any, model: Any, device_type: str = "cuda") -> list[Any]:
-    """:func:`logits_heads` of ``runner``'s ``model`` where it computes logits:
+def runner_logits_heads(worker: WorkerView, model: Any, device_type: str = "cuda") -> list[Any]:
+    """:func:`logits_heads` of the worker's ``model`` where it computes logits:
     on the last pipeline-parallel rank only (a first rank's input embedding is
     the same kind of table and never multiplies)."""
-    from stepwarm.probe import is_last_pp_rank
-
-    return logits_heads(model, device_type) if is_last_pp_rank(runner) else []
+    return logits_heads(model, device_type) if worker.is_last_pp_rank else []
 
 
 def logits_rows(vllm_config: Any) -> int:
@@ -318,23 +319,18 @@ class GemmLadder:
         return "\n".join(parts)
 
 
-def gemm_ladder(worker: Any) -> GemmLadder:
+def gemm_ladder(worker: WorkerView) -> GemmLadder:
     """The ladder for ``worker``'s model and settings (module docstring)."""
     import torch
 
-    from stepwarm.runner import runner_of
-
     if not torch.cuda.is_available():
         return GemmLadder(skipped="no CUDA device")
-    runner = runner_of(worker)
-    model = getattr(runner, "model", None)
-    if model is None and hasattr(runner, "get_model"):
-        model = runner.get_model()
+    model = worker.model
     layers = linear_layers(model) if model is not None else []
-    heads = runner_logits_heads(runner, model) if model is not None else []
+    heads = runner_logits_heads(worker, model) if model is not None else []
     if not layers and not heads:
         return GemmLadder(skipped="no unquantized linear layer or LM head on a CUDA device")
-    config = runner.vllm_config
+    config = worker.vllm_config
     high = int(config.scheduler_config.max_num_batched_tokens)
     counts = gemm_token_counts(_eager_floor(config), high) if layers else []
     head_counts = head_row_counts(logits_rows(config)) if heads else []
@@ -374,6 +370,6 @@ def run_gemm_ladder(ladder: GemmLadder,
     return report
 
 
-def warm_gemm_sizes(worker: Any) -> GemmReport:
+def warm_gemm_sizes(worker: WorkerView) -> GemmReport:
     """Run the model's GEMMs at every count of the ladder (module docstring)."""
     return run_gemm_ladder(gemm_ladder(worker))

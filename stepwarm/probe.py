@@ -1,21 +1,23 @@
-"""read_profile: a :class:`~stepwarm.profile.RunnerProfile` read off a live runner.
+"""read_profile: a :class:`~stepwarm.profile.RunnerProfile` read off a live worker.
 
-The one adapter that knows the attribute names of vLLM's V1 runner
-(``vllm/v1/worker/gpu_model_runner.py``, also the CPU runner) and V2 runner
-(``vllm/v1/worker/gpu/model_runner.py``). Facts that differ between vLLM
-releases are probed by behaviour in :mod:`stepwarm.vllm_facts`.
+The runner's facts come through :class:`~stepwarm.worker_view.WorkerView`
+(the one place that knows the attribute names of vLLM's V1 and V2 runners);
+the vLLM config's are read here; facts that differ between vLLM releases are
+probed by behaviour in :mod:`stepwarm.vllm_facts`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepwarm import vllm_facts
 from stepwarm.drafter import read_drafter
 from stepwarm.encoder_inputs import read_image_classes
 from stepwarm.profile import CacheSpec, ProfileError, RunnerProfile, SpecKind
-from stepwarm.runner import runner_kind, runner_of
 from stepwarm.settings import role_of_kv_role
+
+if TYPE_CHECKING:
+    from stepwarm.worker_view import WorkerView
 
 
 #: vLLM spec class name -> kind, most specific first (subclasses before bases).
@@ -79,19 +81,6 @@ def cache_spec_from_vllm(spec: Any) -> CacheSpec:
     )
 
 
-def is_last_pp_rank(runner: Any) -> bool:
-    """Whether ``runner`` is on the last pipeline-parallel rank (the one that
-    computes logits and samples; True without distributed state)."""
-    if hasattr(runner, "is_last_pp_rank"):
-        return bool(runner.is_last_pp_rank)
-    try:
-        from vllm.distributed.parallel_state import get_pp_group
-
-        return bool(get_pp_group().is_last_rank)
-    except Exception:  # pragma: no cover - no distributed state at all
-        return True
-
-
 def _max_logprobs(model_config: Any) -> int:
     """``ModelConfig.max_logprobs`` (vLLM 0.26 and 0.32: default 20; -1 means
     the vocabulary), as a count of tokens."""
@@ -116,12 +105,11 @@ def _decoder_start_token_id(model_config: Any) -> int | None:
     return None
 
 
-def read_profile(worker: Any) -> RunnerProfile:
-    """Read a :class:`RunnerProfile` off a live vLLM worker (or model runner).
+def read_profile(worker: WorkerView) -> RunnerProfile:
+    """Read a :class:`RunnerProfile` off a live vLLM worker.
 
-    Works for the V1 runner (``num_spec_tokens``, ``uniform_decode_query_len``,
-    ``max_encoder_len``) and the V2 runner (``num_speculative_steps``,
-    ``decode_query_len``, ``model_state.max_encoder_len``).
+    Works for the V1 runner and the V2 runner (the facts that differ are
+    read by :class:`~stepwarm.worker_view.WorkerView`).
 
     Raises:
         ProfileError: the runner has no KV cache config yet (call after
@@ -129,34 +117,18 @@ def read_profile(worker: Any) -> RunnerProfile:
     """
     import vllm
 
-    runner = runner_of(worker)
-    kind = runner_kind(runner)
-    cfg = runner.vllm_config
-    kv_cache_config = getattr(runner, "kv_cache_config", None)
+    cfg = worker.vllm_config
+    kv_cache_config = worker.kv_cache_config
     if kv_cache_config is None:
         raise ProfileError("the runner has no kv_cache_config yet: profile it "
                            "after the KV cache is initialized")
-    if kind == "v2":
-        num_spec = int(runner.num_speculative_steps)
-        decode_query_len = int(runner.decode_query_len)
-        max_encoder_len = int(getattr(runner.model_state, "max_encoder_len", 0) or 0)
-        block_tables = getattr(runner, "block_tables", None)
-        null_block_writes = bool(
-            block_tables is not None
-            and getattr(block_tables, "redirect_writes_to_null_block", False)
-        )
-    else:
-        num_spec = int(getattr(runner, "num_spec_tokens", 0))
-        decode_query_len = int(getattr(runner, "uniform_decode_query_len", 1 + num_spec))
-        max_encoder_len = int(getattr(runner, "max_encoder_len", 0) or 0)
-        null_block_writes = False
     model_config = cfg.model_config
-    image_classes, encoder_budget, max_images = read_image_classes(runner)
-    is_pooling = bool(runner.is_pooling_model)
+    image_classes, encoder_budget, max_images = read_image_classes(worker)
+    is_pooling = worker.is_pooling_model
     pooling_task = None
     if is_pooling:
         try:
-            pooling_task = model_config.get_pooling_task(runner.get_supported_tasks())
+            pooling_task = model_config.get_pooling_task(worker.supported_tasks())
         except Exception:
             pooling_task = None
     groups = tuple(cache_spec_from_vllm(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups)
@@ -166,27 +138,27 @@ def read_profile(worker: Any) -> RunnerProfile:
     enable_caching = bool(cfg.cache_config.enable_prefix_caching)
     vllm_facts.log_if_unchecked()
     return RunnerProfile(
-        runner=kind,
+        runner=worker.kind,
         vllm_version=vllm.__version__,
         model=str(model_config.model),
         kv_cache_groups=groups,
-        num_blocks=vllm_facts.usable_kv_blocks(runner, kv_cache_config),
-        max_model_len=int(runner.max_model_len),
+        num_blocks=worker.usable_kv_blocks(),
+        max_model_len=worker.max_model_len,
         max_num_seqs=int(cfg.scheduler_config.max_num_seqs),
         max_num_batched_tokens=int(cfg.scheduler_config.max_num_batched_tokens),
         num_lookahead_tokens=int(getattr(cfg, "num_lookahead_tokens", 0) or 0),
-        num_speculative_steps=num_spec,
-        decode_query_len=decode_query_len,
-        max_encoder_len=max_encoder_len,
+        num_speculative_steps=worker.num_speculative_steps,
+        decode_query_len=worker.decode_query_len,
+        max_encoder_len=worker.max_encoder_len,
         is_pooling_model=is_pooling,
         pooling_task=pooling_task,
         is_encoder_decoder=bool(model_config.is_encoder_decoder),
         decoder_start_token_id=_decoder_start_token_id(model_config),
         is_encoder_only=bool(getattr(cfg, "is_mm_encoder_only", False)),
-        is_last_pp_rank=is_last_pp_rank(runner),
+        is_last_pp_rank=worker.is_last_pp_rank,
         vocab_size=int(model_config.get_vocab_size()),
         max_logprobs=_max_logprobs(model_config),
-        null_block_writes=null_block_writes,
+        null_block_writes=worker.null_block_writes,
         mamba_cache_mode=str(getattr(cfg.cache_config, "mamba_cache_mode", "none")),
         enable_prefix_caching=enable_caching,
         zeroes_new_blocks=bool(getattr(kv_cache_config, "needs_kv_cache_zeroing", False)),
@@ -194,10 +166,10 @@ def read_profile(worker: Any) -> RunnerProfile:
         image_classes=image_classes,
         encoder_budget=encoder_budget,
         max_images_per_prompt=max_images,
-        drafter=read_drafter(runner, kv_cache_config),
+        drafter=read_drafter(worker),
         warmup_draft_slots=warmup_draft_slots(cfg),
         draft_slots=vllm_facts.scheduler_draft_slots(getattr(cfg, "speculative_config", None)),
-        **installed_facts(kind, groups, enable_caching),
+        **installed_facts(worker.kind, groups, enable_caching),
     )
 
 

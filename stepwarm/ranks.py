@@ -40,7 +40,10 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from stepwarm.worker_view import WorkerView
 
 logger = logging.getLogger("vllm.stepwarm")
 
@@ -219,7 +222,7 @@ class RankGroup:
         return Layout(self.dp_size, self.tp_size, self.pp_size, self.dp_coupled)
 
     @classmethod
-    def of_worker(cls, worker: Any, timeout_s: float = 300.0) -> RankGroup:
+    def of_worker(cls, worker: WorkerView, timeout_s: float = 300.0) -> RankGroup:
         """The group of the worker's engine, read off vLLM's parallel state
         (``get_tp_group()``, ``get_pp_group()``, ``get_dp_group()``,
         ``get_world_group()``) and, for the DP ranks, off the worker's

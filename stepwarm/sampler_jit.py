@@ -26,9 +26,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from stepwarm import vllm_facts
+
+if TYPE_CHECKING:
+    from stepwarm.worker_view import WorkerView
 
 logger = logging.getLogger("vllm.stepwarm")
 
@@ -59,14 +62,13 @@ class SamplerJit:
 LABEL = "sampler Triton kernels (vLLM's JIT warmup rules)"
 
 
-def warm_sampler_kernels(worker: Any, threads: int = 0) -> SamplerJit:
+def warm_sampler_kernels(worker: WorkerView, threads: int = 0) -> SamplerJit:
     """Compile the sampler's Triton variants vLLM registered no warmup for
     (:func:`stepwarm.vllm_facts.sampler_jit_registration`), ``threads`` at a
     time (``STEPWARM_COMPILE_THREADS``); never raises (a failure is logged and
     reported as ``skipped``)."""
-    runner = getattr(worker, "model_runner", None)
     try:
-        register, why = vllm_facts.sampler_jit_registration(runner)
+        register, why = vllm_facts.sampler_jit_registration(worker.runner)
         if register is None:
             return SamplerJit(skipped=why)
         began, t0 = time.time(), time.monotonic()

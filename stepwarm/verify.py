@@ -31,17 +31,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepwarm.blocks import ReservationContext, reserved_blocks_per_group
 from stepwarm.compile import OutputHistory, cleanup_output, prompt_token_ids
 from stepwarm.driver import RunReport, drive
-from stepwarm.encoder_inputs import audio_inputs, audio_sampling_rate, dummy_audio, processor_of
+from stepwarm.encoder_inputs import RunProcessor, audio_inputs, audio_sampling_rate, dummy_audio
 from stepwarm.engine import abort_all, finished_not_sent
 from stepwarm.plan import REQ_ID_PREFIX, Plan, PlannedRequest, PlannedStep, ScheduledRequest
 from stepwarm.profile import RunnerProfile
-from stepwarm.runner import runner_of
-from stepwarm.runner import discard_pending_step, live_request_ids
+
+if TYPE_CHECKING:
+    from stepwarm.worker_view import WorkerView
 
 #: Request id prefix of the requests :func:`with_prefix_fills` adds.
 FILL_PREFIX = f"{REQ_ID_PREFIX}verify_fill_"
@@ -191,15 +192,15 @@ class ReferenceFailed(RuntimeError):
     the plan's prompts; its requests were aborted and the runner emptied."""
 
 
-def _release_finished(llm: Any, worker: Any) -> None:
+def _release_finished(llm: Any, worker: WorkerView) -> None:
     """Tell the worker about the requests ``llm``'s scheduler finished last
     (it would with its next step), so the runner is idle for the driver."""
-    done = finished_not_sent(llm) & live_request_ids(worker)
+    done = finished_not_sent(llm) & worker.live_request_ids()
     if done:
         worker.execute_model(cleanup_output(done))
 
 
-def _through_scheduler(llm: Any, worker: Any, call: Any) -> Any:
+def _through_scheduler(llm: Any, worker: WorkerView, call: Any) -> Any:
     """``call()`` (an ``llm.generate`` / ``llm.embed``) with the prefix cache
     reset first (stepwarm's steps wrote key/values into blocks the scheduler
     may still hold as cached prefixes) and the runner left idle afterwards.
@@ -212,7 +213,7 @@ def _through_scheduler(llm: Any, worker: Any, call: Any) -> Any:
         return call()
     except Exception as e:  # noqa: BLE001 - vLLM's own failure, re-raised as such
         abort_all(llm)
-        discard_pending_step(worker)
+        worker.discard_pending_step()
         raise ReferenceFailed(
             f"vLLM's own scheduler failed on these prompts: {type(e).__name__}: {e}") from e
     finally:
@@ -233,7 +234,7 @@ def _fill_chunk(profile: RunnerProfile) -> int:
     return align or profile.max_num_batched_tokens
 
 
-def reference_tokens(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,
+def reference_tokens(llm: Any, worker: WorkerView, plan: Plan, profile: RunnerProfile,
                      counts: dict[str, int]) -> dict[str, list[int]]:
     """The tokens vLLM's own scheduler samples greedily after each request's prompt.
 
@@ -274,7 +275,7 @@ def reference_tokens(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,
     return {r: list(out.outputs[0].token_ids) for r, out in zip(ids, outputs)}
 
 
-def reference_prompt(worker: Any, req: PlannedRequest, ids: list[int]) -> Any:
+def reference_prompt(worker: WorkerView, req: PlannedRequest, ids: list[int]) -> Any:
     """The prompt ``LLM.generate`` is given for ``req`` (decoder prompt ``ids``):
     ``TokensPrompt(prompt_token_ids=ids)``, or, for an encoder-decoder request
     the driver sends audio (:func:`stepwarm.encoder_inputs.audio_inputs`), an
@@ -284,8 +285,8 @@ def reference_prompt(worker: Any, req: PlannedRequest, ids: list[int]) -> Any:
     rate)}}, "decoder_prompt": {"prompt_token_ids": ids}}``."""
     from vllm.inputs import TokensPrompt
 
-    if req.encodes_audio and audio_inputs(worker, req, ids) is not None:
-        rate = audio_sampling_rate(processor_of(runner_of(worker)))
+    if req.encodes_audio and audio_inputs(RunProcessor(worker), req, ids) is not None:
+        rate = audio_sampling_rate(worker.mm_processor)
         return {"encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": dummy_audio(rate)}},
                 "decoder_prompt": TokensPrompt(prompt_token_ids=list(ids))}
     return TokensPrompt(prompt_token_ids=list(ids))
@@ -347,7 +348,7 @@ def compare(plan: Plan, origin: tuple[int, ...], report: RunReport,
         differences=tuple(first[r] for r in sorted(first)))
 
 
-def verify(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,
+def verify(llm: Any, worker: WorkerView, plan: Plan, profile: RunnerProfile,
            reject_drafts_from: int | None = None) -> VerifyReport:
     """Compare the worker's greedy tokens under ``plan``'s steps with vLLM's scheduler.
 
@@ -390,7 +391,7 @@ def verify(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,
                    not_compared={plan.display_name(r): why for r, why in sorted(silent.items())})
 
 
-def _without_audio(worker: Any, plan: Plan, profile: RunnerProfile,
+def _without_audio(worker: WorkerView, plan: Plan, profile: RunnerProfile,
                    req_ids: Iterable[str]) -> dict[str, str]:
     """The encoder-decoder requests among ``req_ids`` the driver sends no
     audio (:func:`stepwarm.encoder_inputs.audio_inputs` gives none), with
@@ -406,13 +407,13 @@ def _without_audio(worker: Any, plan: Plan, profile: RunnerProfile,
             out[r] = "no encoder input"
         elif req.encoder_cached:
             out[r] = "a dummy encoder input taken as encoded (vLLM's warmup_kernels' kind)"
-        elif audio_inputs(worker, req, prompt_token_ids(req, profile)) is None:
+        elif audio_inputs(RunProcessor(worker), req, prompt_token_ids(req, profile)) is None:
             out[r] = (f"a {req.encoder_len}-token encoder input, not the processor's "
                       "audio length")
     return out
 
 
-def verify_pooling(llm: Any, worker: Any, plan: Plan, profile: RunnerProfile,
+def verify_pooling(llm: Any, worker: WorkerView, plan: Plan, profile: RunnerProfile,
                    atol: float = EMBED_ATOL) -> VerifyReport:
     """Compare the pooler outputs of ``plan``'s pooling requests with ``LLM.embed``.
 

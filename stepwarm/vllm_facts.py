@@ -178,20 +178,16 @@ def cache_root() -> str:
             os.environ.get("XDG_CACHE_HOME", "~/.cache"), "vllm"))
 
 
-def worker_config(worker: Any) -> Any:
-    """The worker's ``VllmConfig`` (its own, or its model runner's); None
-    without one."""
-    return getattr(worker, "vllm_config", None) or getattr(
-        getattr(worker, "model_runner", None), "vllm_config", None)
-
-
-def compile_hashes(worker: Any) -> tuple[str, str]:
+def compile_hashes(config: Any) -> tuple[str, str]:
     """What vLLM keys its compile cache on: the config's hash
     (``VllmConfig.compute_hash()``; from 0.34 ``hash_config(config)``, the
     hash of ``VllmConfig.compile_factors()``) and the environment's compile
     factors (``vllm.envs.compile_factors()``, or ``compute_hash()`` where that
-    is all a release has); "" for one this vLLM lacks or that fails."""
-    config = worker_config(worker)
+    is all a release has); "" for one this vLLM lacks or that fails.
+
+    Args:
+        config: the worker's ``VllmConfig`` (None: no config hash).
+    """
     out = []
     for fn in (_config_hash_reader(config), _envs_hash):
         try:

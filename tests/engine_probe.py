@@ -36,17 +36,18 @@ def reports(worker):
 
 
 def live(worker):
-    from stepwarm.runner import live_request_ids
+    from stepwarm.worker_view import WorkerView
 
-    return sorted(live_request_ids(worker))
+    return sorted(WorkerView(worker).live_request_ids())
 
 
 def facts(worker):
     """The release facts stepwarm read off this worker (``"facts": true``)."""
     from stepwarm import vllm_facts
     from stepwarm.probe import read_profile
+    from stepwarm.worker_view import WorkerView
 
-    profile = read_profile(worker)
+    profile = read_profile(WorkerView(worker))
     config = getattr(worker.model_runner, "kv_cache_config", None)
     return {"vllm": vllm_facts.version(), "num_blocks": getattr(config, "num_blocks", None),
             "usable_kv_blocks": profile.num_blocks,

@@ -112,7 +112,7 @@ def measure(
     sampler_jit = getattr(engine.worker, "stepwarm_sampler_jit", None)
     window = getattr(sampler_jit, "window", None)
     jit_s = getattr(sampler_jit, "wall_s", 0.0) if window else 0.0
-    profile = read_profile(engine.worker)
+    profile = read_profile(engine.view)
     device = _device()
     default_ratio, default_floor = DEFAULT_THRESHOLDS[device]
     rep = CoverageReport(

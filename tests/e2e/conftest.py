@@ -44,4 +44,4 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
 @pytest.fixture(scope="session")
 def profile(engine: Engine) -> RunnerProfile:
     """The engine worker's runner profile."""
-    return read_profile(engine.worker)
+    return read_profile(engine.view)

@@ -43,7 +43,6 @@ SCRIPT = textwrap.dedent(
     from stepwarm.driver import drive
     from stepwarm.engine import start_engine
     from stepwarm.probe import read_profile
-    from stepwarm.runner import live_request_ids
     from stepwarm.scenario import plans_for
     from stepwarm.zoo import ZOO, write_model
 
@@ -52,7 +51,7 @@ SCRIPT = textwrap.dedent(
         engine = start_engine(model_dir, load_format="auto",
                               **ZOO["tiny-llama-eagle"].engine_args_for(model_dir))
         worker = engine.worker
-        profile = read_profile(worker)
+        profile = read_profile(engine.view)
         (plan,) = plans_for([sys.argv[1]], profile)
         sent = []  # per step: req -> num_computed_tokens of the cached rows sent
         execute = worker.execute_model
@@ -69,7 +68,7 @@ SCRIPT = textwrap.dedent(
                    for s in plan.steps]
         out = {"planned": planned}
         # Placeholder drafts (0): the target rejects what it rejects.
-        report = drive(worker, plan, profile)
+        report = drive(engine.view, plan, profile)
         out["plain"] = {"sent": sent[:], "left": report.left_in_runner,
                         "steps": [{"rejected": s.rejected, "followed": s.followed,
                                    "sampled": s.sampled, "diverged": s.diverged}
@@ -78,15 +77,15 @@ SCRIPT = textwrap.dedent(
         orig = V.drive
         V.drive = lambda *a, **k: reports.append(orig(*a, **k)) or reports[-1]
         del sent[:]
-        v = V.verify(engine.llm, worker, plan, profile, reject_drafts_from=1)
+        v = V.verify(engine.llm, engine.view, plan, profile, reject_drafts_from=1)
         out["verify"] = {"diff": [asdict(d) for d in v.differences], "checked": v.checked,
                          "sent": sent[:], "rejected": [s.rejected for s in reports[-1].steps],
                          "sampled": [s.sampled_token_ids for s in reports[-1].steps]}
         # The same, rows kept as planned: must differ from the scheduler.
         V.OutputHistory = functools.partial(OutputHistory, follow_acceptance=False)
-        v = V.verify(engine.llm, worker, plan, profile, reject_drafts_from=1)
+        v = V.verify(engine.llm, engine.view, plan, profile, reject_drafts_from=1)
         out["fixed"] = {"diff": [asdict(d) for d in v.differences]}
-        out["left"] = sorted(live_request_ids(worker))
+        out["left"] = sorted(engine.view.live_request_ids())
         print("RESULT " + json.dumps(out))
     '''
 )

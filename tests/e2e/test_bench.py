@@ -11,7 +11,6 @@ import sys
 import textwrap
 
 from stepwarm.bench import measure
-from stepwarm.runner import live_request_ids
 from stepwarm.scenario import expand, load
 
 
@@ -20,14 +19,14 @@ def test_every_repeat_sends_the_planned_shapes_and_leaves_nothing(engine, profil
     random.seed(5)
     before = random.random()
     random.seed(5)
-    rep = measure(engine.worker, plan, profile, repeat=3, warmup=1, cuda=False)
+    rep = measure(engine.view, plan, profile, repeat=3, warmup=1, cuda=False)
     assert random.random() == before
     assert [s.index for s in rep.steps] == [s.index for s in plan.steps]
     for got, planned in zip(rep.steps, plan.steps):
         assert (got.num_reqs, got.num_tokens) == (len(planned.req_ids),
                                                   planned.total_num_scheduled_tokens)
         assert len(got.host_ms) == 3 and all(t > 0 for t in got.host_ms) and got.device_ms is None
-    assert live_request_ids(engine.worker) == set()
+    assert engine.view.live_request_ids() == set()
     assert rep.setup["runner"] == profile.runner and rep.setup["device"] == "cpu"
 
 

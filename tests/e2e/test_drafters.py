@@ -27,7 +27,6 @@ SCRIPT = textwrap.dedent(
     from stepwarm.driver import StepFailed, drive
     from stepwarm.engine import start_engine
     from stepwarm.probe import read_profile
-    from stepwarm.runner import live_request_ids
     from stepwarm.scenario import plans_for
     from stepwarm import verify as V
     from stepwarm.zoo import ZOO, write_model
@@ -39,7 +38,7 @@ SCRIPT = textwrap.dedent(
         engine = start_engine(model_dir, load_format="auto" if seeded else "dummy",
                               **ZOO[name].engine_args_for(model_dir))
         out = {"start_s": round(time.perf_counter() - t0, 1)}
-        profile = read_profile(engine.worker)
+        profile = read_profile(engine.view)
         out["profile"] = profile.model_dump()
         out["groups"] = [list(g.layer_names) for g in
                          engine.worker.model_runner.kv_cache_config.kv_cache_groups]
@@ -49,16 +48,16 @@ SCRIPT = textwrap.dedent(
                 out["skipped"][plan.name] = plan.skipped
                 continue
             try:
-                report = drive(engine.worker, plan, profile)
+                report = drive(engine.view, plan, profile)
             except StepFailed as e:
                 report = e.report
             out["ran"][plan.name] = {"error": report.error, "left": report.left_in_runner,
                                      "steps": len(report.steps)}
             out["kinds"][plan.name] = sorted({s.kind for s in plan.steps})
             # Every spec row: the first draft the reference's, the second wrong.
-            out["verify"][plan.name] = asdict(V.verify(engine.llm, engine.worker, plan, profile,
+            out["verify"][plan.name] = asdict(V.verify(engine.llm, engine.view, plan, profile,
                                                        reject_drafts_from=1))
-        out["left"] = sorted(live_request_ids(engine.worker))
+        out["left"] = sorted(engine.view.live_request_ids())
         out["wall_s"] = round(time.perf_counter() - t0, 1)
         print("RESULT " + json.dumps(out))
     """
@@ -175,10 +174,10 @@ QWEN3_NEXT_MTP = textwrap.dedent(
             out["vllm_error"] = f"{type(e).__name__}: {e}"
             out["frames"] = [line.strip() for line in tb.splitlines() if "mamba_utils" in line]
         if "vllm_error" not in out:
-            profile = read_profile(engine.worker)
+            profile = read_profile(engine.view)
             (plan,) = plans_for(["spec-decode"], profile)
             try:
-                out["error"] = drive(engine.worker, plan, profile).error
+                out["error"] = drive(engine.view, plan, profile).error
             except StepFailed as e:
                 out["error"] = e.report.error
         print("RESULT " + json.dumps(out))

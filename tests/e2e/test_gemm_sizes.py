@@ -5,11 +5,10 @@ on a GPU is measured on the H200; on CPU nothing runs."""
 from __future__ import annotations
 
 from stepwarm.gemm_sizes import linear_layers, logits_heads, logits_rows, runner_logits_heads
-from stepwarm.runner import runner_of
 
 
 def test_the_lm_head_is_the_one_logits_gemm(engine):
-    runner = runner_of(engine.worker)
+    runner = engine.view.runner
     model = runner.model if getattr(runner, "model", None) is not None else runner.get_model()
     hf = engine.llm.llm_engine.model_config.hf_config
     heads = logits_heads(model, device_type="cpu")
@@ -21,12 +20,12 @@ def test_the_lm_head_is_the_one_logits_gemm(engine):
 
 
 def test_only_the_last_pipeline_rank_warms_the_lm_head(engine, monkeypatch):
-    runner = runner_of(engine.worker)
-    model = runner.model if getattr(runner, "model", None) is not None else runner.get_model()
+    runner = engine.view.runner
+    model = engine.view.model
     (head,) = logits_heads(model, device_type="cpu")
-    assert runner_logits_heads(runner, model, device_type="cpu") == [head]  # one rank: the last
+    assert runner_logits_heads(engine.view, model, device_type="cpu") == [head]  # one rank: the last
     monkeypatch.setattr(runner, "is_last_pp_rank", False, raising=False)
-    assert runner_logits_heads(runner, model, device_type="cpu") == []
+    assert runner_logits_heads(engine.view, model, device_type="cpu") == []
 
 
 def test_an_lm_head_a_quant_config_leaves_unquantized_is_still_the_head(engine, monkeypatch):
@@ -35,7 +34,7 @@ def test_an_lm_head_a_quant_config_leaves_unquantized_is_still_the_head(engine, 
     ``logits_rows``), not the linear layers' (tokens above the graph sizes)."""
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
-    runner = runner_of(engine.worker)
+    runner = engine.view.runner
     model = runner.model if getattr(runner, "model", None) is not None else runner.get_model()
     layers = linear_layers(model, device_type="cpu")
     head = model.lm_head

@@ -16,7 +16,6 @@ SCRIPT = textwrap.dedent(
     """
     import json, os, sys
     from stepwarm.engine import start_engine
-    from stepwarm.runner import live_request_ids
 
     if __name__ == "__main__":
         engine = start_engine()
@@ -24,7 +23,7 @@ SCRIPT = textwrap.dedent(
         reports = getattr(worker, "stepwarm_reports", None)
         print("RESULT " + json.dumps({
             "reports": None if reports is None else [r.to_dict() for r in reports],
-            "live": sorted(live_request_ids(worker)),
+            "live": sorted(engine.view.live_request_ids()),
         }))
     """
 )
@@ -58,7 +57,6 @@ def test_plugin_bad_scenario_stops_start_up_with_its_name(tmp_path):
 # warmup() with explicit settings on the session's in-process engine.
 
 from stepwarm.hook import WarmupError, WarmupProgress, warmup  # noqa: E402
-from stepwarm.runner import live_request_ids  # noqa: E402
 from stepwarm.settings import HookSettings  # noqa: E402
 
 
@@ -68,7 +66,7 @@ def test_time_limit_skips_scenarios_that_would_start_after_it(engine):
     assert [r.plan for r in reports] == ["default", "triton-buckets"]
     assert all(r.steps == [] and r.skipped.startswith("time limit: STEPWARM_TIME_LIMIT_S=1e-09 "
                                                       "reached after ") for r in reports)
-    assert live_request_ids(engine.worker) == set()
+    assert engine.view.live_request_ids() == set()
     from triton import knobs
 
     hook_before = knobs.runtime.jit_cache_hook
@@ -88,7 +86,7 @@ def test_bad_scenario_raises_or_is_logged_by_policy(engine, caplog):
                       settings=HookSettings(on_error="warn")) == []
     assert any("scenarios not run (STEPWARM_ON_ERROR=warn)" in r.message
                and "no-such-scenario" in r.message for r in caplog.records)
-    assert live_request_ids(engine.worker) == set()
+    assert engine.view.live_request_ids() == set()
 
 
 def test_role_decode_skips_prefill_only_scenarios(engine):
@@ -150,7 +148,7 @@ def test_warmup_drives_given_plans_and_tells_its_progress_each_step(engine, prof
         ("scenario", "default"), *[("step", k) for k in kinds], ("end", "default"),
         ("done", "default", "passed"),
         ("scenario", "mamba-align"), ("end", "mamba-align"), ("done", "mamba-align", "skipped")]
-    assert live_request_ids(engine.worker) == set()
+    assert engine.view.live_request_ids() == set()
 
 
 def test_unknown_release_and_unknown_required_field_fail_soft(engine, monkeypatch, caplog):
@@ -182,7 +180,7 @@ def test_unknown_release_and_unknown_required_field_fail_soft(engine, monkeypatc
     assert "\n" not in msg and not isinstance(raised.value.__cause__, TypeError)
     assert msg.startswith("stepwarm cannot run on this runner: vLLM 0.99.0: step data field(s) "
                           "NewRequestData.lora_request have no default")
-    assert calls == [] and live_request_ids(worker) == set()
+    assert calls == [] and engine.view.live_request_ids() == set()
     release = [r.getMessage() for r in caplog.records if "not in stepwarm's matrix" in r.getMessage()]
     assert len(release) == 1 and "vLLM 0.99.0" in release[0] and "decode_steps" in release[0]
     assert any("scenarios not run (STEPWARM_ON_ERROR=warn)" in r.getMessage()
@@ -230,7 +228,7 @@ def test_skip_idle_skips_what_compiled_nothing_at_the_last_start(engine, tmp_pat
     path.unlink()
     assert all(not r.skipped and r.steps for r in _new_start(engine, names, HookSettings()))
     assert not path.exists()
-    assert live_request_ids(engine.worker) == set()
+    assert engine.view.live_request_ids() == set()
 
 
 def _compiles_in_steps(monkeypatch, plan_name: str, steps: set[int]) -> list[int]:
@@ -268,7 +266,7 @@ def test_skip_idle_reruns_only_the_segments_that_compiled(engine, tmp_path, monk
     monkeypatch.setenv("STEPWARM_CACHE_DIR", str(tmp_path))
     names = ["default", "prefix-hit"]
     _new_start(engine, names, HookSettings())  # all in the process now
-    plan = expand(load("prefix-hit"), read_profile(engine.worker))
+    plan = expand(load("prefix-hit"), read_profile(engine.view))
     parts = plan.segments()
     assert [list(p) for p in parts] == [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
     ran = _compiles_in_steps(monkeypatch, "prefix-hit", {4})
@@ -290,7 +288,7 @@ def test_skip_idle_reruns_only_the_segments_that_compiled(engine, tmp_path, monk
     monkeypatch.setenv("STEPWARM_CACHE_DIR", str(tmp_path))
     _new_start(engine, names, HookSettings(skip_idle=True))
     assert json.loads(path.read_text())["scenarios"]["prefix-hit"]["busy"] == []
-    assert live_request_ids(engine.worker) == set()
+    assert engine.view.live_request_ids() == set()
 
 
 def test_skip_idle_a_scenario_that_failed_runs_whole_at_the_next_start(engine, tmp_path,
@@ -320,4 +318,4 @@ def test_skip_idle_a_scenario_that_failed_runs_whole_at_the_next_start(engine, t
     monkeypatch.setattr(driver, "_run_step", real)
     (whole,) = _new_start(engine, names, HookSettings(skip_idle=True))
     assert [s.index for s in whole.steps] == list(range(10)) and whole.idle_steps_skipped == 0
-    assert live_request_ids(engine.worker) == set()
+    assert engine.view.live_request_ids() == set()

@@ -18,30 +18,29 @@ SCRIPT = textwrap.dedent(
     from stepwarm.driver import drive
     from stepwarm.engine import start_engine
     from stepwarm.probe import read_profile
-    from stepwarm.runner import live_request_ids
     from stepwarm.scenario import plans_for
 
     if __name__ == "__main__":
         # The zoo's embedding model: the tiny Llama (its limits, its word-level
         # tokenizer) with runner="pooling", convert="embed".
         engine = start_engine("tiny-llama-embed")
-        profile = read_profile(engine.worker)
+        profile = read_profile(engine.view)
         out = {"profile": profile.model_dump(), "runs": {}}
         for plan in plans_for(["default", "pooling"], profile):
-            report = drive(engine.worker, plan, profile)
+            report = drive(engine.view, plan, profile)
             out["runs"][plan.name] = {
                 "report": report.to_dict(),
                 "prefilled": [[r.req_id for r in s.scheduled
                                if r.num_computed_tokens + r.num_scheduled_tokens
                                == plan.request(r.req_id).prompt_len] for s in plan.steps],
             }
-        out["live"] = sorted(live_request_ids(engine.worker))
+        out["live"] = sorted(engine.view.live_request_ids())
         # The consistency oracle: the pooling built-in's embeddings vs LLM.embed.
         from dataclasses import asdict
         from stepwarm.verify import verify
         (plan,) = plans_for(["pooling"], profile)
-        out["verify"] = asdict(verify(engine.llm, engine.worker, plan, profile))
-        out["live_after_verify"] = sorted(live_request_ids(engine.worker))
+        out["verify"] = asdict(verify(engine.llm, engine.view, plan, profile))
+        out["live_after_verify"] = sorted(engine.view.live_request_ids())
         print("RESULT " + json.dumps(out))
     """
 )

@@ -31,7 +31,7 @@ if __name__ == "__main__":
     eng = start_engine(enable_prefix_caching=True)
     try:
         llm = eng.llm
-        profile = read_profile(eng.worker)
+        profile = read_profile(eng.view)
         block = profile.kv_cache_groups[0].block_size
         prompt = [(7 * i) % 97 + 3 for i in range(2 * block + 5)]
         greedy = SamplingParams(temperature=0.0, max_tokens=1)

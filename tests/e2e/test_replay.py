@@ -16,7 +16,7 @@ from stepwarm.compile import cleanup_output
 from stepwarm.coverage.detectors import Detectors
 from stepwarm.coverage.replay import NEW_SIZE_RUNS, STEADY_RUNS, Gate, replay_line
 from stepwarm.coverage.traffic import TrafficLimits, loads_traffic
-from stepwarm.runner import WorkerClock, kv_connector_disabled, live_request_ids
+from stepwarm.runner import WorkerClock
 
 pytestmark = pytest.mark.e2e
 
@@ -62,11 +62,11 @@ def test_an_outlier_line_gets_steady_runs_then_the_same_requests_one_token_longe
     assert not EVERY_RUN.same_cost(batch.first_ms, batch.new_size_ms)
     # the last run's 2 requests stay in the runner until the next step names
     # them finished: send that step, as the scheduler would
-    leftover = live_request_ids(engine.worker)
+    leftover = engine.view.live_request_ids()
     assert len(leftover) == 2
-    with kv_connector_disabled(engine.worker):
+    with engine.view.kv_connector_disabled():
         engine.worker.execute_model(cleanup_output(leftover))
-    assert live_request_ids(engine.worker) == set()
+    assert engine.view.live_request_ids() == set()
 
 
 def test_a_prefix_shorter_than_the_engines_block_is_named_before_it_runs(profile):
@@ -113,10 +113,10 @@ def test_a_traced_runs_side_effects_are_the_timed_runs_not_the_profilers(
     assert result.error is None and tracer.broken == "" and "cpu" in result.trace_first
     for fx in (result.side_effects_first, result.side_effects_second):
         assert fx.get("gc_collections", [0, 0, 0])[2] < 3
-    leftover = live_request_ids(engine.worker)
-    with kv_connector_disabled(engine.worker):
+    leftover = engine.view.live_request_ids()
+    with engine.view.kv_connector_disabled():
         engine.worker.execute_model(cleanup_output(leftover))
-    assert live_request_ids(engine.worker) == set()
+    assert engine.view.live_request_ids() == set()
 
 
 def test_a_traced_run_names_the_operators_the_worker_ran(engine, profile, detectors):
@@ -146,7 +146,7 @@ def test_a_traced_run_names_the_operators_the_worker_ran(engine, profile, detect
         assert trace["device"] == {} and trace["new_kernels"] == [0, []]
     sites = {**result.trace_first["stacks"]["sites"], **result.trace_second["stacks"]["sites"]}
     assert any(site.startswith("vllm.") for site in sites)
-    leftover = live_request_ids(engine.worker)
-    with kv_connector_disabled(engine.worker):
+    leftover = engine.view.live_request_ids()
+    with engine.view.kv_connector_disabled():
         engine.worker.execute_model(cleanup_output(leftover))
-    assert live_request_ids(engine.worker) == set()
+    assert engine.view.live_request_ids() == set()

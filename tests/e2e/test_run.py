@@ -10,22 +10,21 @@ from stepwarm.blocks import ReservationContext, reserved_blocks_per_group
 from stepwarm.compile import cleanup_output
 from stepwarm.driver import RunnerBusyError, StepFailed, drive
 from stepwarm.plan import REQ_ID_PREFIX
-from stepwarm.runner import runner_of
-from stepwarm.runner import kv_connector_active, kv_connector_disabled, live_request_ids
+from stepwarm.worker_view import WorkerView
 from stepwarm.sequences import default_plan, max_warmup_requests
 
 pytestmark = pytest.mark.e2e
 
 
-def _assert_runner_empty(worker: Any, *, other_traffic: bool = False) -> None:
+def _assert_runner_empty(worker: WorkerView, *, other_traffic: bool = False) -> None:
     """No stepwarm request in the runner's request dict or persistent batch;
     without other traffic, nothing at all."""
-    runner = runner_of(worker)
+    runner = worker.runner
     assert [r for r in runner.requests if r.startswith(REQ_ID_PREFIX)] == []
     assert [r for r in runner.input_batch.req_ids if r and r.startswith(REQ_ID_PREFIX)] == []
     if not other_traffic:
         assert runner.input_batch.num_reqs == 0
-        assert live_request_ids(worker) == set()
+        assert worker.live_request_ids() == set()
 
 
 def test_profile_of_tiny_llama(profile):
@@ -45,8 +44,8 @@ def test_default_scenario_end_to_end(engine, profile):
         "prefill", "decode", "decode", "decode", "cleanup",
         "prefill", "mixed_prefill_decode", "cleanup",
     ]
-    assert kv_connector_active(engine.worker)
-    report = drive(engine.worker, plan, profile)
+    assert engine.view.kv_connector_active()
+    report = drive(engine.view, plan, profile)
     assert report.ok and report.cleanup_ran and report.left_in_runner == []
     assert [r.index for r in report.steps] == list(range(len(plan.steps)))
 
@@ -68,8 +67,8 @@ def test_default_scenario_end_to_end(engine, profile):
     assert report.steps[0].num_scheduled_tokens == 16  # 8 requests x 2 tokens
     assert report.steps[0].new_blocks == [8]
     assert report.steps[6].num_scheduled_tokens == 16  # 1 decode + 15 prefill
-    _assert_runner_empty(engine.worker)
-    assert kv_connector_active(engine.worker)
+    _assert_runner_empty(engine.view)
+    assert engine.view.kv_connector_active()
 
 
 class FailingWorker:
@@ -86,7 +85,7 @@ class FailingWorker:
         return getattr(self._worker, name)
 
     def _call(self, name: str, arg: Any) -> Any:
-        self.connector_active_during.append(kv_connector_active(self._worker))
+        self.connector_active_during.append(WorkerView(self._worker).kv_connector_active())
         self.calls[name] += 1
         if name == self._method and self.calls[name] == self._fail_at:
             raise RuntimeError(f"injected failure in {name} call {self._fail_at}")
@@ -113,7 +112,7 @@ def test_failure_at_step_k_still_cleans_up(engine, profile, method, fail_at, fai
     plan = default_plan(profile)
     worker = FailingWorker(engine.worker, method, fail_at)
     with pytest.raises(StepFailed) as info:
-        drive(worker, plan, profile)
+        drive(WorkerView(worker), plan, profile)
     failure = info.value
     assert failure.step == failed_step
     assert f"step {failed_step} ({plan.steps[failed_step].kind}" in str(failure)
@@ -125,31 +124,31 @@ def test_failure_at_step_k_still_cleans_up(engine, profile, method, fail_at, fai
     assert worker.finished_seen[-1] == {f"{REQ_ID_PREFIX}{i}_" for i in range(8)}
     # Connector off for every call of the run, on again afterwards.
     assert worker.connector_active_during and not any(worker.connector_active_during)
-    assert kv_connector_active(engine.worker)
-    _assert_runner_empty(engine.worker)
+    assert engine.view.kv_connector_active()
+    _assert_runner_empty(engine.view)
     # The runner still serves a real run after the failure.
-    report = drive(engine.worker, plan, profile)
+    report = drive(engine.view, plan, profile)
     assert report.ok
 
 
 def test_engine_serves_requests_after_warmup(engine, profile):
     from vllm import SamplingParams
 
-    drive(engine.worker, default_plan(profile), profile)
+    drive(engine.view, default_plan(profile), profile)
     outputs = engine.llm.generate(
         [{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": list(range(200))}],
         SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True),
         use_tqdm=False,
     )
     assert [len(o.outputs[0].token_ids) for o in outputs] == [3, 3]
-    _assert_runner_empty(engine.worker, other_traffic=True)
+    _assert_runner_empty(engine.view, other_traffic=True)
     # The V1 runner keeps finished requests until the scheduler's next step
     # names them in finished_req_ids; stepwarm refuses a busy runner.
-    leftover = live_request_ids(engine.worker)
+    leftover = engine.view.live_request_ids()
     assert len(leftover) == 2
     with pytest.raises(RunnerBusyError, match="holds 2 request"):
-        drive(engine.worker, default_plan(profile), profile)
+        drive(engine.view, default_plan(profile), profile)
     # Send the step the scheduler would send next, leaving the runner idle.
-    with kv_connector_disabled(engine.worker):
+    with engine.view.kv_connector_disabled():
         engine.worker.execute_model(cleanup_output(leftover))
-    _assert_runner_empty(engine.worker)
+    _assert_runner_empty(engine.view)

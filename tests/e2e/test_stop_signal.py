@@ -23,7 +23,6 @@ CHILD = textwrap.dedent(
     import json, signal, sys
     from stepwarm import hook
     from stepwarm.engine import start_engine
-    from stepwarm.runner import live_request_ids
     from stepwarm.settings import HookSettings
 
     if __name__ == "__main__":
@@ -39,7 +38,7 @@ CHILD = textwrap.dedent(
             out = {"ended": "returned", "reports": len(reports)}
         except SystemExit as e:
             out = {"ended": "SystemExit", "code": e.code}
-        out["left"] = sorted(live_request_ids(engine.worker))
+        out["left"] = sorted(engine.view.live_request_ids())
         out["handler_back"] = signal.getsignal(signal.SIGTERM) is vllm_like
         print("RESULT " + json.dumps(out), flush=True)
         sys.exit(out.get("code") or 0)

@@ -27,7 +27,6 @@ SCRIPT = textwrap.dedent(
     from stepwarm.driver import drive
     from stepwarm.engine import start_engine
     from stepwarm.probe import read_profile
-    from stepwarm.runner import live_request_ids
     from stepwarm.scenario import plans_for
     from stepwarm import verify as V
     from stepwarm.zoo import write_model
@@ -36,7 +35,7 @@ SCRIPT = textwrap.dedent(
         model, args, scenarios = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3].split(",")
         engine = start_engine(write_model(model, tokenizer=True, weights_seed=0),
                               load_format="auto", **args)
-        profile = read_profile(engine.worker)
+        profile = read_profile(engine.view)
         out = {"profile": profile.model_dump(), "verify": {}, "kinds": {}, "mutants": {},
                "skipped": {}}
         for plan in plans_for(scenarios, profile):
@@ -47,8 +46,8 @@ SCRIPT = textwrap.dedent(
                 out["skipped"][plan.name] = plan.skipped
                 plan = default_plan(profile)
             out["kinds"][plan.name] = sorted({s.kind for s in plan.steps})
-            out["verify"][plan.name] = asdict(V.verify(engine.llm, engine.worker, plan, profile))
-            out["left"] = sorted(live_request_ids(engine.worker))
+            out["verify"][plan.name] = asdict(V.verify(engine.llm, engine.view, plan, profile))
+            out["left"] = sorted(engine.view.live_request_ids())
             # Mutants: the oracle must see a wrong step. Prefix hits without
             # their cached contents; drafts the plan assumes accepted but that
             # are placeholders (0).
@@ -57,7 +56,7 @@ SCRIPT = textwrap.dedent(
                                          profile, V.planned_outputs(plan))
                 greedy = V.as_greedy(plan)
                 drafts = ref if plan.name == "prefix-hit" else {}
-                report = drive(engine.worker, greedy, profile, tokens=OutputHistory(expected=drafts))
+                report = drive(engine.view, greedy, profile, tokens=OutputHistory(expected=drafts))
                 out["mutants"][plan.name] = asdict(V.compare(
                     greedy, tuple(range(len(greedy.steps))), report, ref))
         print("RESULT " + json.dumps(out))
@@ -227,7 +226,7 @@ WHISPER_SCRIPT = textwrap.dedent(
 
     if __name__ == "__main__":
         engine = start_engine("tiny-whisper")
-        profile = read_profile(engine.worker)
+        profile = read_profile(engine.view)
         out = {"prompts": {}, "reference": {}, "planned": {}}
         for plan in plans_for(["mixed-prefill-decode", "triton-buckets"], profile):
             counts = V.planned_outputs(plan)

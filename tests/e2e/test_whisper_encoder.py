@@ -27,7 +27,6 @@ SCRIPT = textwrap.dedent(
     from stepwarm.engine import start_engine
     from stepwarm.plan import PlanBuilder, PlannedRequest
     from stepwarm.probe import read_profile
-    from stepwarm.runner import runner_of
     from stepwarm.scenario import plans_for
     from stepwarm.zoo import ZOO, write_model
     from stepwarm import verify as V
@@ -35,9 +34,9 @@ SCRIPT = textwrap.dedent(
     if __name__ == "__main__":
         engine = start_engine(write_model("tiny-whisper", weights_seed=0), load_format="auto",
                               **ZOO["tiny-whisper"].engine_args)
-        llm, worker = engine.llm, engine.worker
+        llm, worker = engine.llm, engine.view
         profile = read_profile(worker)
-        runner = runner_of(worker)
+        runner = worker.runner
         x = PlannedRequest("_stepwarm_x_", 2, encoder_len=profile.max_encoder_len,
                            sampling="greedy")
         y = PlannedRequest("_stepwarm_y_", 2, encoder_len=profile.max_encoder_len,

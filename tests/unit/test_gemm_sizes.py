@@ -22,6 +22,7 @@ from stepwarm.gemm_sizes import (
     warm_gemm_sizes,
 )
 from stepwarm.settings import HookSettings, SettingsError
+from stepwarm.worker_view import WorkerView
 
 
 def test_ladder_small_cases():
@@ -113,7 +114,7 @@ def test_linear_layers_one_per_distinct_unquantized_gemm():
 def test_nothing_runs_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is here")
-    report = warm_gemm_sizes(SimpleNamespace())
+    report = warm_gemm_sizes(WorkerView(SimpleNamespace()))
     assert report.skipped == "no CUDA device" and report.counts == [] and report.shapes == 0
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from stepwarm import hook
 from stepwarm.runner import jit_monitor_deferred
+from stepwarm.worker_view import WorkerView
 from stepwarm.settings import HookSettings, SettingsError
 
 
@@ -435,7 +436,7 @@ def test_a_restart_runs_the_gemm_calls_that_loaded_a_kernel_at_the_fresh_start(
         worker = SimpleNamespace()
         record = IdleRecord.load(key, "rank0", tmp_path)
         with caplog.at_level("INFO", logger="vllm.stepwarm"):
-            hook._warm_gemm_sizes(worker, "rank 0", record)
+            hook._warm_gemm_sizes(WorkerView(worker), "rank 0", record)
         assert record.save()
         _SAVED.discard(record.path)  # the next start is another process
         return worker.stepwarm_gemm

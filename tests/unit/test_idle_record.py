@@ -15,6 +15,7 @@ from stepwarm.idle_record import (
     configuration_key,
 )
 from stepwarm.settings import HookSettings, SettingsError
+from stepwarm.worker_view import WorkerView
 
 
 def test_record_round_trip_is_per_key_and_rank(tmp_path):
@@ -364,8 +365,8 @@ def test_the_idle_key_is_made_of_what_decides_kernels_not_the_block_count(monkey
     b.step("prefill", "a", prefill={"_stepwarm_a_": 8})
     b.cleanup()
     plan = b.build()
-    parts = hook.idle_key_parts(_fake_worker(), profile, [plan])
-    envs = vllm_facts.compile_hashes(_fake_worker())[1]
+    parts = hook.idle_key_parts(WorkerView(_fake_worker()), profile, [plan])
+    envs = vllm_facts.compile_hashes(_fake_worker().vllm_config)[1]
     assert parts == [
         stepwarm.__version__, vllm.__version__, "cfg-hash", envs, *idle_record.kernel_environment(),
         '{"model_config.logprobs_mode": "\'raw_logprobs\'", '
@@ -374,7 +375,7 @@ def test_the_idle_key_is_made_of_what_decides_kernels_not_the_block_count(monkey
     assert "num_blocks" not in js.loads(parts[-2])
 
     def key(worker=None, p=profile):
-        return configuration_key(hook.idle_key_parts(worker or _fake_worker(), p, [plan]))
+        return configuration_key(hook.idle_key_parts(WorkerView(worker or _fake_worker()), p, [plan]))
 
     # 14,305 then 14,307 blocks (the KV cache sized from free memory): the same key
     assert key(p=profile.model_copy(update={"num_blocks": 14307})) == key()
@@ -432,14 +433,12 @@ def test_the_config_hash_is_vllms_own_on_every_release():
     compute_hash); never "" for a real config, and it changes with a field
     the hash reads. Shown on ``CompilationConfig`` (built without a device;
     ``VllmConfig`` reads the same method of each of its parts)."""
-    from types import SimpleNamespace
-
     from vllm.config import CompilationConfig
 
     from stepwarm import vllm_facts
 
     def config_hash(config):
-        return vllm_facts.compile_hashes(SimpleNamespace(vllm_config=config))[0]
+        return vllm_facts.compile_hashes(config)[0]
 
     config = CompilationConfig()
     if hasattr(CompilationConfig, "compute_hash"):

@@ -14,7 +14,7 @@ import pytest
 from stepwarm import vllm_facts
 from stepwarm.plan import PlanBuilder, PlannedRequest
 from stepwarm.profile import CacheSpec
-from stepwarm.runner import kv_blocks_backed
+from stepwarm.worker_view import WorkerView
 from tests.helpers import make_profile
 
 
@@ -34,28 +34,28 @@ class Cache:
 
 
 def _worker(cache):
-    return SimpleNamespace(model_runner=SimpleNamespace(extensible_kv_cache=cache))
+    return WorkerView(SimpleNamespace(model_runner=SimpleNamespace(extensible_kv_cache=cache)))
 
 
 def test_the_plans_blocks_are_backed_for_its_steps_and_given_back_after():
     cache = Cache()
-    with kv_blocks_backed(_worker(cache), 12):
+    with _worker(cache).kv_blocks_backed(12):
         assert cache.num_committed_blocks == 12
     assert cache.calls == [(12, False), (1, True)] and cache.num_committed_blocks == 1
 
 
 def test_given_back_when_a_step_raises():
     cache = Cache()
-    with pytest.raises(RuntimeError), kv_blocks_backed(_worker(cache), 5):
+    with pytest.raises(RuntimeError), _worker(cache).kv_blocks_backed(5):
         raise RuntimeError("a step failed")
     assert cache.calls == [(5, False), (1, True)]
 
 
 def test_nothing_asked_without_an_extensible_cache_or_when_backed_already():
-    with kv_blocks_backed(_worker(None), 12):  # vLLM <= 0.33, CPU: no such cache
+    with _worker(None).kv_blocks_backed(12):  # vLLM <= 0.33, CPU: no such cache
         pass
     cache = Cache(committed=20)
-    with kv_blocks_backed(_worker(cache), 12):
+    with _worker(cache).kv_blocks_backed(12):
         pass
     assert cache.calls == []
 

@@ -17,6 +17,7 @@ from stepwarm import vllm_facts
 from stepwarm.coverage.detectors import CompileEvent
 from stepwarm.coverage.startup import attribute
 from stepwarm.sampler_jit import LABEL, SamplerJit, warm_sampler_kernels
+from stepwarm.worker_view import WorkerView
 
 sampler_ops = pytest.importorskip(
     "vllm.v1.sample.ops.topk_topp_sampler", reason="vLLM before 0.32 registers no sampler warmups")
@@ -81,7 +82,7 @@ def test_on_this_platform_vllms_rules_name_nothing_and_it_is_said():
     # vLLM registers no sampler warmup on the CPU (register_top_k_top_p_warmups).
     config = SimpleNamespace(model_config=SimpleNamespace(get_vocab_size=lambda: 32000))
     worker = SimpleNamespace(model_runner=_runner(), vllm_config=config)
-    done = warm_sampler_kernels(worker, threads=4)
+    done = warm_sampler_kernels(WorkerView(worker), threads=4)
     assert done == SamplerJit(skipped="vLLM's rules name no sampler kernel variant on this platform")
     assert done.window is None
 
