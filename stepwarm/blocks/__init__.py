@@ -2,8 +2,9 @@
 spec kind (``rule``, ``full_attention``, ``sliding_window``, ``chunked_local``,
 ``circular_buffer``, ``cross_attention``, ``encoder_only``, ``mamba``; looked
 up by kind in ``rules``), the pool (``pool``), the prefix cache
-(``prefix_cache``), what an allocation asks and gets (``allocation``), and the
-ledger that coordinates the groups (``ledger``). These are the names the rest
+(``prefix_cache``), what an allocation asks and gets (``allocation``), the
+token-range fast path (``token_range``), and the ledger that coordinates the
+groups (``ledger``). These are the names the rest
 of stepwarm uses; docs/design.md draws the package.
 """
 
