@@ -24,6 +24,7 @@ from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from stepwarm import blocks
+from stepwarm.blocks import ledger as ledger_module
 from stepwarm.blocks import MambaRule, ReservationRule, TokenRangeRule, cdiv
 from tests.property.test_held_counts import HeldCounts
 
@@ -174,7 +175,8 @@ def test_property_e_kills_mutant(name: str, monkeypatch: pytest.MonkeyPatch) -> 
     for kind, rule in rules.items():
         monkeypatch.setitem(blocks.RULES, kind, rule)
     if method is not None:
-        owner = {"hit": blocks.BlockLedger, "prefix_cache_alignment": blocks}.get(
+        # (the ledger reads prefix_cache_alignment where it imported it)
+        owner = {"hit": blocks.BlockLedger, "prefix_cache_alignment": ledger_module}.get(
             method[0], RunnerProfile)
         monkeypatch.setattr(owner, method[0], method[1])
 
