@@ -52,7 +52,7 @@ SCRIPT = textwrap.dedent(
             # their cached contents; drafts the plan assumes accepted but that
             # are placeholders (0).
             if plan.name in sys.argv[4].split(","):
-                ref = V.reference_tokens(engine.llm, engine.worker, plan,
+                ref = V.reference_tokens(engine.llm, engine.view, plan,
                                          profile, V.planned_outputs(plan))
                 greedy = V.as_greedy(plan)
                 drafts = ref if plan.name == "prefix-hit" else {}
@@ -231,7 +231,7 @@ WHISPER_SCRIPT = textwrap.dedent(
         for plan in plans_for(["mixed-prefill-decode", "triton-buckets"], profile):
             counts = V.planned_outputs(plan)
             # raises PromptChanged if the scheduler ran other ids than sent
-            ref = V.reference_tokens(engine.llm, engine.worker, plan, profile, counts)
+            ref = V.reference_tokens(engine.llm, engine.view, plan, profile, counts)
             name = plan.display_name
             out["prompts"][plan.name] = {name(r): len(prompt_token_ids(plan.request(r), profile))
                                          for r in counts}
