@@ -8,6 +8,9 @@
 #   bash benchmarks/gpu34_bench.sh mpd [PLOT_WHEELS_DIR]     (the kit's first call: install too)
 #   bash benchmarks/gpu34_bench.sh sweep
 #   bash benchmarks/gpu34_bench.sh resample                  (the _resample_kernel probe, EAGLE V2)
+#   bash benchmarks/gpu34_bench.sh all [PLOT_WHEELS_DIR]     (mpd run 1, sweep run 1, mpd run 2, sweep run 2,
+#        in a new process session: the call returns at once; poll with `bash benchmarks/gpu34_bench.sh poll`,
+#        which copies /root/bw/bench.tgz (every JSON, CSV, SVG and log so far, one file) into $OUT)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 M=llama-3.1-8b-l2
@@ -18,17 +21,26 @@ python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /
 [ -n "${2:-}" ] && { python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site34 "$2"/*.whl 2>&1 | grep -v "already exists"; }
 export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
-bench() {  # NAME SCENARIO REPEAT WARMUP
-  for run in 1 2; do
+bench() {  # NAME SCENARIO REPEAT WARMUP [RUNS]
+  for run in ${5:-1 2}; do
     timeout 280 python3 -m stepwarm bench "$2" --model $M "${E[@]}" --repeat "$3" --warmup "$4" --rounds 3 "${B[@]}" \
       --json "$OUT/$1-run$run.json" --csv "$OUT/$1-run$run.csv" --plot "$OUT/$1-run$run.svg" > "$OUT/$1-run$run.log" 2>&1
     echo "rc $?" >> "$OUT/$1-run$run.log"
     grep -v "WARNING\|^W1\|^\[" "$OUT/$1-run$run.log" | tail -n 14
+    [ -n "${PACK:-}" ] && tar -czf "$PACK.tmp" -C "$OUT" . && mv "$PACK.tmp" "$PACK"
   done
 }
 case "${1:-}" in
   mpd) nvidia-smi -L; bench mpd mixed-prefill-decode 30 5 ;;
   sweep) bench sweep benchmarks/scenarios/decode-sweep.toml 20 3 ;;
   resample) timeout 400 python3 benchmarks/gpu_probe_resample.py > "$OUT/resample.log" 2>&1; echo "rc $?" >> "$OUT/resample.log"; tail -n 20 "$OUT/resample.log" ;;
-  *) echo "usage: $0 mpd [PLOT_WHEELS_DIR] | sweep | resample" >&2; exit 2 ;;
+  all) if [ -z "${BG:-}" ]; then  # again, detached: it outlives this call
+         mkdir -p /root/bw; BG=1 OUT=/root/bw/out PACK=/root/bw/bench.tgz setsid nohup bash "$0" all \
+           > /root/bw/all.log 2>&1 < /dev/null & sleep 20; cat /root/bw/all.log; exit 0; fi
+       nvidia-smi -L; python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+       for run in 1 2; do bench mpd mixed-prefill-decode 30 5 $run
+         bench sweep benchmarks/scenarios/decode-sweep.toml 20 3 $run; done; echo "all done" ;;
+  poll) cp /root/bw/bench.tgz "$OUT/" 2>/dev/null; cp /root/bw/all.log "$OUT/" 2>/dev/null
+        grep -v "WARNING\|^W1\|^\[" /root/bw/all.log | tail -n 60; ls -la /root/bw/out 2>/dev/null ;;
+  *) echo "usage: $0 mpd [PLOT_WHEELS_DIR] | sweep | resample | all [PLOT_WHEELS_DIR] | poll" >&2; exit 2 ;;
 esac

@@ -237,8 +237,9 @@ def refusals(args: SamplingArgs, profile: RunnerProfile) -> list[tuple[SamplingA
     whole = refusal(args, profile)
     if whole is None or isinstance(args, str):
         return []
-    alone = [(one, *why) for one in (((k, v),) for k, v in args)
-             if (why := refusal(one, profile)) is not None]
+    alone: list[tuple[SamplingArgs, str, str]] = [
+        (one, *why) for one in (((k, v),) for k, v in args)
+        if (why := refusal(one, profile)) is not None]
     return alone if len(alone) > 1 else [(args, *whole)]
 
 

@@ -1,436 +1,31 @@
-"""Plans: the steps stepwarm sends, as pure data, and the request lifecycle.
-
-A :class:`Plan` is what a scenario (or one of vLLM's own warmup sequences)
-expands to for one runner profile: requests, and an ordered tuple of
-:class:`PlannedStep`. Every block id is already decided (by a
-:class:`~stepwarm.blocks.BlockLedger`), so a plan can be printed, checked and
-compared without an engine. :mod:`stepwarm.compile` turns a step into vLLM's
-``SchedulerOutput``; nothing here imports vLLM.
-
-:class:`PlanBuilder` walks the request lifecycle the way vLLM's scheduler
-does (new -> running -> [preempted -> running] -> finished) and refuses steps
-the scheduler would never produce, with a :class:`PlanError` that names the
+"""The planner: :class:`PlanBuilder` walks the request lifecycle the way vLLM's
+scheduler does (new -> running -> [preempted -> running] -> finished), in the
+phases of ``Scheduler.schedule()``, and refuses steps the scheduler would
+never produce, with a :class:`~stepwarm.plan.errors.PlanError` that names the
 step and the request.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple, NoReturn
+from typing import Literal, NoReturn
 
-from stepwarm.blocks import BlockLedger, Growth, OutOfBlocksError, StepAllocation
+from stepwarm.blocks import BlockLedger, OutOfBlocksError, StepAllocation
+from stepwarm.plan.draft import StepAsk, StepDraft
+from stepwarm.plan.errors import PlanError, bad_drafts, over_token_budget, too_many_seqs
+from stepwarm.plan.output import (
+    LazyRows,
+    Plan,
+    PlannedRequest,
+    PlannedStep,
+    ScheduledRequest,
+    StepKind,
+)
+from stepwarm.plan.request import LiveRequest
 from stepwarm.profile import RunnerProfile
-
-#: What a step exercises; reports and tables show it.
-StepKind = Literal[
-    "prefill", "chunked_prefill", "prefix_hit", "decode", "spec_decode", "mixed_decode",
-    "mixed_prefill_decode", "resume", "preempt", "finish", "cleanup", "custom",
-]
-
-#: Prefix of every request id stepwarm sends; the runner keeps none after a run.
-REQ_ID_PREFIX = "_stepwarm_"
-
-
-@dataclass(frozen=True, init=False)
-class PlannedRequest:
-    """A warmup request as declared (before any step schedules it).
-
-    ``prompt_len`` and ``encoder_len`` are in tokens. ``kind`` "sample"
-    requests carry ``SamplingParams``, "pool" requests ``PoolingParams``.
-    """
-
-    req_id: str
-    prompt_len: int
-    kind: Literal["sample", "pool"] = "sample"
-    #: Sample with a structured-output bitmask (``GrammarOutput``).
-    structured_output: bool = False
-    #: Encoder input tokens (encoder-decoder models; 0 = none).
-    encoder_len: int = 0
-    #: A preset name ("warmup": ``SamplingParams.for_sampler_warmup()``,
-    #: "greedy", "random", "seeded"; see ``stepwarm.compile.PRESET_ARGS``) or
-    #: ``SamplingParams`` keyword arguments as sorted (name, value) pairs,
-    #: tuples for lists (``stepwarm.scenario.sampling.SamplingArgs``).
-    sampling: str | tuple[tuple[str, Any], ...] = "warmup"
-    #: One image per entry, as an index into the profile's ``image_classes``
-    #: (multimodal models; the prompt holds their placeholder tokens).
-    images: tuple[int, ...] = ()
-    #: ``Request.skip_reading_prefix_cache``: the request reads no prefix
-    #: cache (it asks for prompt logprobs, or pools per token), so the
-    #: scheduler gives it no prefix hit (:meth:`PlanBuilder.set_computed`
-    #: refuses one).
-    skip_reading_prefix_cache: bool = False
-    #: The request as its scenario names it: ``name`` (its ``[requests.NAME]``
-    #: table) and ``index`` (its place among that table's requests, None for
-    #: a table of one); "" for a request declared without a name.
-    name: str = ""
-    index: int | None = None
-    #: The encoder input is a dummy taken as already encoded, as vLLM's
-    #: ``warmup_kernels`` registers one (``MultiModalFeatureSpec`` without
-    #: data): cross-attention reads ``encoder_len`` tokens, no step schedules
-    #: the encoder.
-    encoder_cached: bool = False
-
-    def __init__(self, req_id: str, prompt_len: int, kind: Literal["sample", "pool"] = "sample",
-                 structured_output: bool = False, encoder_len: int = 0,
-                 sampling: str | tuple[tuple[str, Any], ...] = "warmup",
-                 images: tuple[int, ...] = (), skip_reading_prefix_cache: bool = False,
-                 name: str = "", index: int | None = None, encoder_cached: bool = False):
-        # The fields in one dict update: a frozen dataclass's generated
-        # __init__ sets each through object.__setattr__, three times the cost
-        # (a plan declares one per request). The defaults are the fields'
-        # (tests/unit/test_plan_work.py checks they agree).
-        self.__dict__.update(
-            req_id=req_id, prompt_len=prompt_len, kind=kind, structured_output=structured_output,
-            encoder_len=encoder_len, sampling=sampling, images=images,
-            skip_reading_prefix_cache=skip_reading_prefix_cache, name=name, index=index,
-            encoder_cached=encoder_cached)
-
-    @property
-    def encodes_audio(self) -> bool:
-        """An encoder-decoder request whose encoder input a step encodes
-        (the driver sends it audio): ``encoder_len``, no images, not
-        ``encoder_cached``."""
-        return bool(self.encoder_len) and not self.images and not self.encoder_cached
-
-    @property
-    def display_name(self) -> str:
-        """``NAME`` or ``NAME[i]``; the request id when it has no name."""
-        if not self.name:
-            return self.req_id
-        return self.name if self.index is None else f"{self.name}[{self.index}]"
-
-
-class ScheduledRequest(NamedTuple):
-    """One request's share of a step (what the scheduler decided for it).
-
-    Becomes a ``NewRequestData`` when ``new``, else one row of
-    ``CachedRequestData`` (``resumed`` rows replace the runner's block table).
-    A named tuple (``_replace`` for a changed copy): a plan holds one per
-    request per step, and a frozen dataclass costs ten times a tuple to build.
-    """
-
-    req_id: str
-    #: ``num_computed_tokens`` before this step (tokens).
-    num_computed_tokens: int
-    #: ``num_scheduled_tokens[req_id]``, drafts included (tokens).
-    num_scheduled_tokens: int
-    #: ``scheduled_spec_decode_tokens[req_id]``; ``len`` draft tokens.
-    spec_token_ids: tuple[int, ...] = ()
-    #: First time the runner sees the request (``NewRequestData``).
-    new: bool = False
-    #: Resumed after preemption (``CachedRequestData.resumed_req_ids``).
-    resumed: bool = False
-    #: Block ids per group: all of them for new and resumed requests, the
-    #: ``new_block_ids`` delta for running ones.
-    block_ids: tuple[tuple[int, ...], ...] = ()
-    #: Block ids per group handed out from the pool in this step (what the
-    #: scheduler's ``new_block_ids_to_zero`` draws on): ``block_ids`` less a
-    #: prefix-cache hit's blocks and null placeholders.
-    allocated: tuple[tuple[int, ...], ...] = ()
-    #: ``num_output_tokens`` the scheduler would report (tokens sampled so far,
-    #: all drafts assumed accepted).
-    num_output_tokens: int = 0
-    #: Whether this step completes the prompt, so the runner samples a token.
-    samples: bool = False
-    #: Indices of the request's images whose encoder runs in this step
-    #: (``SchedulerOutput.scheduled_encoder_inputs[req_id]``).
-    encoder_inputs: tuple[int, ...] = ()
-
-    @property
-    def new_block_counts(self) -> tuple[int, ...]:
-        """Blocks handed out in this step, per group."""
-        return tuple(len(ids) for ids in self.block_ids)
-
-
-#: A row as :meth:`PlanBuilder._schedule_decodes` keeps one the ledger's
-#: quick entry answers (req_id, num_computed_tokens, num_scheduled_tokens,
-#: spec_token_ids, num_output_tokens): a running decode row that samples,
-#: its blocks the row's Growth.
-_QuickRow = tuple[str, int, int, tuple[int, ...], int]
-
-
-class _Rows:
-    """A step's scheduled rows as the builder left them, made
-    :class:`ScheduledRequest` tuples on first read
-    (:attr:`PlannedStep.scheduled`).
-
-    A plan is read step by step (the driver compiles one step when it runs
-    it) or not row by row at all (a check that counts steps), and the rows
-    of 1,024 requests x 8 steps were the largest part of planning them, and
-    of the collector's work after it (a named tuple is never untracked; the
-    plain tuples here are, at the first collection). ``rows`` are
-    :data:`_QuickRow` (5 fields) or :data:`_Row` (9) tuples, ``growths``
-    their Growths, ``tables`` the whole tables (read when the step was
-    planned) of the new and resumed rows that had computed tokens."""
-
-    __slots__ = ("rows", "growths", "tables")
-
-    def __init__(self, rows: list, growths: list, tables: dict[str, tuple[tuple[int, ...], ...]]):
-        self.rows, self.growths, self.tables = rows, growths, tables
-
-    def __call__(self) -> tuple[ScheduledRequest, ...]:
-        new = tuple.__new__
-        tables = self.tables
-        out: list[ScheduledRequest] = []
-        add = out.append
-        for row, g in zip(self.rows, self.growths):
-            if len(row) == 5:  # a _QuickRow
-                rid, c, n, spec, outs = row
-                add(new(ScheduledRequest, (rid, c, n, spec, False, False, g[0], g[1], outs,
-                                           True, ())))
-            else:
-                ids = tables.get(row[0]) if tables else None
-                add(new(ScheduledRequest, row[:6] + (g[0] if ids is None else ids, g[1])
-                        + row[6:]))
-        return tuple(out)
-
-
-class _ScheduledField:
-    """The ``scheduled`` field of :class:`PlannedStep`: a tuple, or a
-    :class:`_Rows` built into one the first time it is read (and kept)."""
-
-    def __get__(self, obj: Any, owner: Any = None) -> tuple[ScheduledRequest, ...]:
-        if obj is None:
-            return ()  # the field's default
-        v = obj.__dict__["_scheduled"]
-        if type(v) is not tuple:
-            v = obj.__dict__["_scheduled"] = v()
-        return v
-
-    def __set__(self, obj: Any, value: tuple[ScheduledRequest, ...] | _Rows) -> None:
-        obj.__dict__["_scheduled"] = value
-
-
-@dataclass(frozen=True)
-class PlannedStep:
-    """One ``SchedulerOutput`` worth of work, plus whether to sample after it.
-
-    ``scheduled`` may be given as the builder's rows (:class:`_Rows`), made
-    the tuple when first read: equality, ``repr``, hashing, pickling and
-    ``dataclasses.replace`` see the tuple."""
-
-    index: int
-    kind: StepKind
-    label: str
-    scheduled: tuple[ScheduledRequest, ...] = _ScheduledField()  # type: ignore[assignment]
-    finished_req_ids: frozenset[str] = frozenset()
-    preempted_req_ids: frozenset[str] = frozenset()
-    #: Call ``sample_tokens`` after ``execute_model`` (not for pooling steps).
-    sample: bool = True
-    #: Requests sampled with an all-ones ``GrammarOutput`` bitmask.
-    grammar_req_ids: tuple[str, ...] = ()
-    #: ``SchedulerOutput.num_spec_tokens_to_schedule``.
-    num_spec_tokens_to_schedule: int = 0
-    #: Blocks each scheduled request holds after this step, per group.
-    held_blocks: tuple[tuple[str, tuple[int, ...]], ...] = ()
-
-    def __getstate__(self) -> dict[str, Any]:
-        self.scheduled  # noqa: B018 - built, so a pickle holds the tuple
-        return self.__dict__
-
-    @property
-    def total_num_scheduled_tokens(self) -> int:
-        """``SchedulerOutput.total_num_scheduled_tokens`` (tokens)."""
-        return sum(r.num_scheduled_tokens for r in self.scheduled)
-
-    @property
-    def req_ids(self) -> tuple[str, ...]:
-        """Scheduled request ids, in schedule order."""
-        return tuple(r.req_id for r in self.scheduled)
-
-    @property
-    def new_block_counts(self) -> tuple[int, ...]:
-        """Blocks handed out in this step, per group, all requests together."""
-        counts = [r.new_block_counts for r in self.scheduled if r.block_ids]
-        return tuple(sum(c) for c in zip(*counts)) if counts else ()
-
-    @property
-    def num_sampling_requests(self) -> int:
-        """Requests that get one sampled-token list from ``sample_tokens``."""
-        return sum(1 for r in self.scheduled if r.samples)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A whole warmup: requests and steps, ready for the driver."""
-
-    name: str
-    requests: tuple[PlannedRequest, ...]
-    steps: tuple[PlannedStep, ...]
-    #: Why the plan is empty when it was skipped (a scenario whose needs the
-    #: runner does not meet), else "".
-    skipped: str = ""
-    #: Steps :meth:`only` left out (the plan had ``len(steps) + left_out``).
-    left_out: int = 0
-
-    def lockstep_signature(self) -> str:
-        """What every tensor / pipeline parallel rank must run identically, as
-        text: the plan's name, whether it was skipped, and per step its kind,
-        each scheduled request's ``(req_id, num_computed_tokens,
-        num_scheduled_tokens, drafts, block ids)``, finished and preempted ids
-        and whether it samples. The grammar bitmask is left out: only the last
-        pipeline rank gets one (:mod:`stepwarm.ranks` compares these)."""
-        lines = [f"{self.name} skipped={bool(self.skipped)}"]
-        for st in self.steps:
-            reqs = ";".join(
-                f"{r.req_id},{r.num_computed_tokens},{r.num_scheduled_tokens},"
-                f"{len(r.spec_token_ids)},{r.block_ids}" for r in st.scheduled)
-            lines.append(f"{st.index} {st.kind} sample={st.sample} [{reqs}] "
-                         f"fin={sorted(st.finished_req_ids)} pre={sorted(st.preempted_req_ids)}")
-        return "\n".join(lines)
-
-    def segments(self) -> tuple[range, ...]:
-        """The plan cut where no request is left in the runner: positions in
-        :attr:`steps`. A segment starts at a step that schedules a new
-        request while none of the plan's earlier requests is left once the
-        step's ``finished_req_ids`` are removed (a preempted request still
-        counts: the runner keeps it for its resumption). A plan with images
-        or an encoder input is one segment (a later request may read an
-        earlier one's encoder output from the runner's encoder cache).
-
-        A segment runs the same without the ones before it (:meth:`only`):
-        the runner holds nothing of theirs, and the block ids it is given
-        are only memory (a prefix hit reads blocks whose contents a warmup
-        does not check)."""
-        cached = self.__dict__.get("_segments_cache")
-        if cached is None:
-            cached = self._segments()
-            object.__setattr__(self, "_segments_cache", cached)
-        return cached
-
-    def _segments(self) -> tuple[range, ...]:
-        if not self.steps:
-            return ()
-        if any(r.images or r.encoder_len for r in self.requests):
-            return (range(len(self.steps)),)
-        cuts: list[range] = []
-        live: set[str] = set()
-        start = 0
-        for pos, step in enumerate(self.steps):
-            live.difference_update(step.finished_req_ids)
-            new = [r.req_id for r in step.scheduled if r.new]
-            if new and not live and pos > start:
-                cuts.append(range(start, pos))
-                start = pos
-            live.update(new)
-        cuts.append(range(start, len(self.steps)))
-        return tuple(cuts)
-
-    def only(self, segments: Iterable[int]) -> Plan:
-        """This plan with the steps of the :meth:`segments` numbered
-        ``segments`` alone; the steps keep their indices. A request a left-out
-        step would have finished is finished by the next step kept (else by
-        the driver's cleanup), and a kept step finishes no request the kept
-        steps never started."""
-        keep = {pos for i in set(segments) for pos in self.segments()[i]}
-        steps: list[PlannedStep] = []
-        live: set[str] = set()
-        owed: set[str] = set()
-        for pos, step in enumerate(self.steps):
-            if pos not in keep:
-                owed |= step.finished_req_ids & live
-                continue
-            finished = (step.finished_req_ids | owed) & live
-            owed = set()
-            if finished != step.finished_req_ids:
-                step = dataclasses.replace(step, finished_req_ids=frozenset(finished))
-            live -= finished
-            live.update(r.req_id for r in step.scheduled if r.new)
-            steps.append(step)
-        return dataclasses.replace(self, steps=tuple(steps),
-                                   left_out=self.left_out + len(self.steps) - len(steps))
-
-    def display_name(self, req_id: str) -> str:
-        """A request of this plan as its scenario names it
-        (:attr:`PlannedRequest.display_name`: ``NAME`` or ``NAME[i]``;
-        ``req[i]`` and ``mixed_decode`` / ``mixed_prefill`` for vLLM's own
-        sequences); other ids unchanged."""
-        req = self._by_id().get(req_id)
-        return req.display_name if req is not None else req_id
-
-    def with_display_names(self, text: str) -> str:
-        """``text`` with every request id of this plan replaced by its
-        :meth:`display_name` (for messages: vLLM's errors name request ids).
-        Longer ids first, so no id is cut inside another."""
-        for req in sorted(self.requests, key=lambda r: -len(r.req_id)):
-            if req.req_id in text:
-                text = text.replace(req.req_id, req.display_name)
-        return text
-
-    def _by_id(self) -> dict[str, PlannedRequest]:
-        by_id = self.__dict__.get("_by_id_cache")
-        if by_id is None:
-            by_id = {r.req_id: r for r in self.requests}
-            object.__setattr__(self, "_by_id_cache", by_id)
-        return by_id
-
-    @property
-    def max_block_id(self) -> int:
-        """The highest KV block id a step hands a request (0: none): the
-        blocks the worker's cache must back for this plan."""
-        return max((i for st in self.steps for row in st.scheduled for ids in row.block_ids
-                    for i in ids), default=0)
-
-    def request(self, req_id: str) -> PlannedRequest:
-        """The declared request ``req_id``.
-
-        Raises:
-            KeyError: no such request.
-        """
-        for r in self.requests:
-            if r.req_id == req_id:
-                return r
-        raise KeyError(req_id)
-
-
-class PlanError(ValueError):
-    """A step the scheduler would never produce, as data: ``step`` (the step
-    index, or None for a declaration), ``request`` (the request id it is
-    about, or None), ``field`` (what was wrong: "tokens", "blocks", ...) and
-    ``reason`` (what the scheduler says, and what is allowed). ``str()``
-    is ``"step N: reason"``; callers that show it their own way (the
-    scenario expander) read the fields."""
-
-    def __init__(self, reason: str, *, step: int | None = None, field: str | None = None,
-                 request: str | None = None):
-        super().__init__(reason if step is None else f"step {step}: {reason}")
-        self.reason = reason
-        self.step = step
-        self.field = field
-        self.request = request
-
-
-def too_many_seqs(n: int, p: RunnerProfile) -> str:
-    """Why ``n`` requests cannot be scheduled in one step (``max_num_seqs``)."""
-    return f"{n} requests scheduled but max_num_seqs is {p.max_num_seqs}"
-
-
-def over_token_budget(total: int, p: RunnerProfile, rows: int = 0, slots: int = 0) -> str:
-    """Why ``total`` tokens of ``rows`` requests, each keeping ``slots``
-    draft slots, cannot be scheduled in one step (``max_num_batched_tokens``)."""
-    if not slots:
-        return f"{total} tokens scheduled but max_num_batched_tokens is {p.max_num_batched_tokens}"
-    return (f"{total} tokens scheduled + {rows} requests x {slots} draft slot(s) (draft_slots, "
-            f"vLLM's max_num_new_slots_for_drafting) = {total + rows * slots} but "
-            f"max_num_batched_tokens is {p.max_num_batched_tokens}")
-
-
-def bad_drafts(rid: str, k: int, p: RunnerProfile) -> str | None:
-    """Why request ``rid`` cannot be decoded with ``k`` draft tokens on this
-    runner (whatever its state), or None."""
-    if k < 0:
-        return f"request {rid!r}: draft tokens must be >= 0, got {k}"
-    if k and not p.has_speculator:
-        return (f"request {rid!r}: {k} draft token(s) but the runner has no "
-                "speculator (num_speculative_steps is 0)")
-    if k > p.num_speculative_steps:
-        return (f"request {rid!r}: {k} draft tokens exceed num_speculative_steps "
-                f"{p.num_speculative_steps}")
-    return None
 
 
 @contextlib.contextmanager
@@ -471,111 +66,6 @@ def max_prompt_len(profile: RunnerProfile, kind: str = "sample") -> int:
     return profile.max_model_len - (1 if kind == "sample" else 0)
 
 
-@dataclass(slots=True)
-class _Live:
-    """A request's state across steps (scheduler's side)."""
-
-    decl: PlannedRequest
-    #: ``decl.prompt_len`` and whether ``decl.kind`` is "pool", kept here:
-    #: a decode row reads them and nothing else of ``decl``, so the loop
-    #: over a step's rows does not reach one more object (and its dict).
-    prompt_len: int
-    pooling: bool
-    num_computed_tokens: int = 0
-    num_output_tokens: int = 0
-    state: Literal["waiting", "running", "preempted", "finished"] = "waiting"
-    seen: bool = False  # runner has been sent NewRequestData
-    resuming: bool = False  # resumed, still recomputing prompt + outputs
-    #: The last ``(req_id, held counts)`` of a step's ``held_blocks``,
-    #: shared by the next steps that answer the row from the same counts.
-    held_pair: tuple[str, tuple[int, ...]] | None = None
-
-    @property
-    def num_tokens(self) -> int:
-        return self.decl.prompt_len + self.num_output_tokens
-
-
-@dataclass
-class _Ask:
-    """What a caller asks of one step (:meth:`PlanBuilder.step`'s arguments)."""
-
-    prefill: dict[str, int] = field(default_factory=dict)
-    decode: dict[str, int] = field(default_factory=dict)
-    resume: dict[str, int] = field(default_factory=dict)
-    finish: tuple[str, ...] = ()
-    preempt: tuple[str, ...] = ()
-
-
-#: A row as scheduled, before its blocks: the fields of a
-#: :class:`ScheduledRequest` but ``block_ids`` and ``allocated`` (req_id,
-#: num_computed_tokens, num_scheduled_tokens, spec_token_ids, new, resumed,
-#: num_output_tokens, samples, encoder_inputs), a plain tuple: the named one
-#: is built once, when the ledger has the blocks (:meth:`PlanBuilder._allocate`).
-_Row = tuple[str, int, int, tuple[int, ...], bool, bool, int, bool, tuple[int, ...]]
-
-
-@dataclass
-class _Draft:
-    """A step being scheduled: its rows in order, each with the update
-    ``_update_after_schedule`` applies (live, computed +=, outputs +=)."""
-
-    #: (A decode row answered from the ledger's quick entries is its
-    #: ``ScheduledRequest`` already: ``growths`` holds its Growth.)
-    rows: list[_Row | ScheduledRequest] = field(default_factory=list)
-    #: The rows with their blocks (:meth:`PlanBuilder._allocate`), without
-    #: those left waiting.
-    scheduled: list[ScheduledRequest] | _Rows = field(default_factory=list)
-    #: Prefilled and resumed rows' updates (decodes: ``decoded``).
-    updates: list[tuple[_Live, int, int]] = field(default_factory=list)
-    #: The decoded requests, in order (rows ``decode_start`` on): each
-    #: advances computed and output tokens by its row's scheduled tokens.
-    decoded: list[_Live] = field(default_factory=list)
-    decode_start: int = 0
-    #: Some decode carries drafts (else each advances by one token).
-    drafts: bool = False
-    #: Resumed requests and whether they are still recomputing after it.
-    resuming: list[tuple[_Live, bool]] = field(default_factory=list)
-    #: Blocks each scheduled request holds after the step, per group.
-    held: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
-    total: int = 0
-    encoder_tokens: int = 0
-    #: A pooling request is scheduled (no ``sample_tokens`` after the step).
-    pooling: bool = False
-    #: The ledger call of each row not answered from the ledger's quick
-    #: entries (``StepAllocation``), built with the row.
-    allocs: list[StepAllocation] = field(default_factory=list)
-    #: Per row, its ``Growth`` when the ledger's quick entry answers it
-    #: (:meth:`BlockLedger.quick_entries`), else None (it is in ``allocs``).
-    growths: list[Growth | None] = field(default_factory=list)
-    #: The ``held`` entries of the answered rows, in order.
-    held_pairs: list[tuple[str, tuple[int, ...]]] = field(default_factory=list)
-    #: The most tokens a row reaches after sampling (the ``max_model_len``
-    #: check names the first row beyond it only when this is).
-    most_tokens: int = 0
-
-    def all_updates(self) -> list[tuple[_Live, int, int]]:
-        """Every row's update (live, computed +=, outputs +=), in row order."""
-        ds, decoded = self.decode_start, self.decoded
-        if not decoded:
-            return self.updates
-        rows = self.rows[ds:ds + len(decoded)]
-        return self.updates[:ds] + [(live, r[2], r[2]) for live, r in zip(decoded, rows)] + \
-            self.updates[ds:]
-
-    def add(self, row: _Row, live: _Live, dn: int, dout: int) -> None:
-        self.rows.append(row)
-        self.updates.append((live, dn, dout))
-        self.total += row[2]
-        self.growths.append(None)
-        c, decl = live.num_computed_tokens, live.decl
-        num_tokens = decl.prompt_len + live.num_output_tokens
-        self.allocs.append(tuple.__new__(StepAllocation, (
-            decl.req_id, c + dn, c, min(c + dn, num_tokens), decl.prompt_len, decl.encoder_len,
-            num_tokens)))
-        self.most_tokens = max(self.most_tokens, c + dn,
-                               num_tokens + (dout if decl.kind == "sample" else 0))
-
-
 @dataclass
 class PlanBuilder:
     """Build a :class:`Plan` step by step, checking every step against the
@@ -596,7 +86,7 @@ class PlanBuilder:
     #: sequences pass ``profile.warmup_draft_slots`` (what that warmup keeps).
     draft_slots: int | None = None
     ledger: BlockLedger = field(init=False)
-    _requests: dict[str, _Live] = field(default_factory=dict, init=False)
+    _requests: dict[str, LiveRequest] = field(default_factory=dict, init=False)
     _steps: list[PlannedStep] = field(default_factory=list, init=False)
     #: Pooling requests whose prompt is done: the scheduler finishes them, so
     #: the next step carries them in finished_req_ids.
@@ -646,7 +136,7 @@ class PlanBuilder:
             )
         if req.images:
             self._check_images(req)
-        self._requests[req.req_id] = _Live(req, req.prompt_len, req.kind == "pool")
+        self._requests[req.req_id] = LiveRequest(req, req.prompt_len, req.kind == "pool")
         if req.structured_output:
             self._structured.add(req.req_id)
 
@@ -713,7 +203,7 @@ class PlanBuilder:
     def _err(self, msg: str, field: str | None = None, request: str | None = None) -> PlanError:
         return PlanError(msg, step=self.next_index, field=field, request=request)
 
-    def _live(self, req_id: str) -> _Live:
+    def _live(self, req_id: str) -> LiveRequest:
         try:
             return self._requests[req_id]
         except KeyError:
@@ -736,18 +226,10 @@ class PlanBuilder:
     ) -> PlannedStep:
         """Append one step, or more where vLLM's scheduler would leave some
         requests waiting for later steps (builder policy, as the scheduler's
-        ``schedule()`` leaves a request in its waiting queue):
-
-        * **encoder budget** (encoder-decoder models): the prefilled and
-          resumed requests whose encoder inputs start now are split into
-          groups that fit ``encoder_budget`` (:meth:`_encoder_budget_parts`);
-          the earlier groups go first, each a step of its own labelled
-          ``(encoder budget, part i/n)``, and the last carries the rest;
-        * **a Mamba state cached in the step** (``prefix_hit`` steps): a
-          request whose hit ends on a Mamba state another request of the step
-          caches is refused by ``MambaManager``; it waits for the next step,
-          labelled ``(waited i step(s): ...)``. In other kinds the step is
-          refused (a custom step is sent exactly as written).
+        ``schedule()`` leaves a request in its waiting queue): requests past
+        the encoder budget (:meth:`_schedule_encoder_parts`), and those
+        waiting for a Mamba state cached in the step
+        (:meth:`_schedule_waiting`).
 
         Args:
             kind, label: for reports.
@@ -778,34 +260,55 @@ class PlanBuilder:
         with collector_paused():
             prefill = dict(prefill or {})
             resume = dict(resume or {})
-            parts = self._encoder_budget_parts(list(prefill) + list(resume))
-            for i, part in enumerate(parts[:-1]):
-                self._schedule_waiting(
-                    "prefill" if all(r in prefill for r in part) else "resume",
-                    f"{label} (encoder budget, part {i + 1}/{len(parts)})",
-                    _Ask(prefill={r: prefill.pop(r) for r in part if r in prefill},
-                         resume={r: resume.pop(r) for r in part if r in resume}), grammar, None)
-            if len(parts) > 1:
-                label = f"{label} (encoder budget, part {len(parts)}/{len(parts)})"
-            ask = _Ask(prefill, dict(decode or {}), resume, tuple(finish), tuple(preempt))
+            label = self._schedule_encoder_parts(label, prefill, resume, grammar)
+            ask = StepAsk(prefill, dict(decode or {}), resume, tuple(finish), tuple(preempt))
             return self._schedule_waiting(kind, label, ask, grammar, relabel)
 
-    def _schedule_waiting(self, kind: StepKind, label: str, ask: _Ask, grammar: bool | None,
+    def _schedule_encoder_parts(self, label: str, prefill: dict[str, int],
+                                resume: dict[str, int], grammar: bool | None) -> str:
+        """The encoder budget (encoder-decoder models): the prefilled and
+        resumed requests whose encoder inputs start now are split into groups
+        that fit ``encoder_budget`` (:meth:`_encoder_budget_parts`); the
+        earlier groups go first, each a step of its own labelled ``(encoder
+        budget, part i/n)``, taken out of ``prefill`` and ``resume``; the last
+        group is left there, for the step that carries the rest.
+
+        Returns:
+            The label of that last step.
+        """
+        parts = self._encoder_budget_parts(list(prefill) + list(resume))
+        for i, part in enumerate(parts[:-1]):
+            self._schedule_waiting(
+                "prefill" if all(r in prefill for r in part) else "resume",
+                f"{label} (encoder budget, part {i + 1}/{len(parts)})",
+                StepAsk(prefill={r: prefill.pop(r) for r in part if r in prefill},
+                        resume={r: resume.pop(r) for r in part if r in resume}), grammar, None)
+        if len(parts) > 1:
+            label = f"{label} (encoder budget, part {len(parts)}/{len(parts)})"
+        return label
+
+    def _schedule_waiting(self, kind: StepKind, label: str, ask: StepAsk, grammar: bool | None,
                           relabel: Callable[[list[str]], str] | None) -> PlannedStep:
-        """:meth:`_schedule` ``ask``, then, in ``prefix_hit`` steps, the
-        requests ``MambaManager`` left waiting, one step after another."""
+        """:meth:`_schedule` ``ask``, then the requests left waiting for a
+        Mamba state cached in the step, one step after another.
+
+        Only in ``prefix_hit`` steps: a request whose hit ends on a Mamba
+        state another request of the step caches is refused by
+        ``MambaManager``; it waits for the next step, labelled ``(waited i
+        step(s): ...)``. In other kinds the step is refused (a custom step is
+        sent exactly as written)."""
         wait = kind == "prefix_hit"
         step, waiting = self._schedule(kind, label, ask, grammar, wait, relabel)
         part = 0
         while waiting:
             part += 1
             step, waiting = self._schedule(
-                kind, relabel(list(waiting)) if relabel else label, _Ask(prefill=waiting),
+                kind, relabel(list(waiting)) if relabel else label, StepAsk(prefill=waiting),
                 grammar, wait, relabel,
                 f" (waited {part} step(s): a Mamba state cached in the step before)")
         return step
 
-    def _schedule(self, kind: StepKind, label: str, ask: _Ask, grammar: bool | None,
+    def _schedule(self, kind: StepKind, label: str, ask: StepAsk, grammar: bool | None,
                   wait_for_mamba: bool, relabel: Callable[[list[str]], str] | None = None,
                   suffix: str = "") -> tuple[PlannedStep, dict[str, int]]:
         """One step, in the phases of vLLM's ``Scheduler.schedule()``; its
@@ -817,36 +320,52 @@ class PlanBuilder:
             tokens), a Mamba state being cached in the step
             (``wait_for_mamba``; else the step is refused).
         """
+        # Pooling requests done with their prompt last step finish now.
         finishing = set(ask.finish)
         finish = ask.finish + tuple(r for r in self._pooled if r not in finishing)
         scheduled = self._check_membership(ask, finish)
-        draft = _Draft()
-        # Requests in the caller's order: prefill chunks (waiting requests'
-        # first chunks, running ones' later chunks), decodes of RUNNING
-        # requests, then preempted requests resumed (vLLM's WAITING queue).
+        draft = StepDraft()
+        # The rows in the caller's order (vLLM's schedule() takes its RUNNING
+        # queue, then its WAITING queue): prefill chunks (a WAITING request's
+        # first, after any prefix hit; a RUNNING one's next), the RUNNING
+        # requests' decodes, then preempted requests resumed (WAITING).
         self._schedule_prefills(ask.prefill, draft)
         self._schedule_decodes(ask.decode, draft)
-        # A resumed request's prefix hit is taken as its row is built; a
-        # refused step gives it back (the ledger as before the step).
+        waiting = self._schedule_resumed_within_budgets(ask, scheduled, finish, draft,
+                                                        wait_for_mamba)
+        if waiting and relabel:
+            label = relabel([rid for rid in ask.prefill if rid not in waiting])
+        self._update_after_schedule(draft, finish, ask.preempt)
+        # Construct the scheduler output.
+        step = self._scheduler_output(kind, label + suffix, draft, finish, ask.preempt, grammar)
+        return step, waiting
+
+    def _schedule_resumed_within_budgets(self, ask: StepAsk, scheduled: set[str],
+                                         finish: tuple[str, ...], draft: StepDraft,
+                                         wait_for_mamba: bool) -> dict[str, int]:
+        """The preempted requests resumed (:meth:`_schedule_resumptions`),
+        the step's budgets checked (:meth:`_check_budgets`) and its blocks
+        allocated (:meth:`_allocate`), all or nothing: a resumed request's
+        prefix hit is taken as its row is built, and a refused step gives it
+        back (the ledger as before the step).
+
+        Returns:
+            The prefilled requests left waiting (:meth:`_allocate`).
+        """
         hits = [rid for rid in ask.resume if self._resume_hit_ahead(rid)]
         saved = self.ledger.snapshot() if hits else None
         try:
             self._schedule_resumptions(ask.resume, draft)
             self._check_budgets(scheduled, finish, ask.preempt, draft)
-            waiting = self._allocate(finish + ask.preempt, draft, wait_for_mamba)
+            return self._allocate(finish + ask.preempt, draft, wait_for_mamba)
         except PlanError:
             if saved is not None:
                 self.ledger.restore(saved)
                 for rid in hits:
                     self._requests[rid].num_computed_tokens = 0
             raise
-        if waiting and relabel:
-            label = relabel([rid for rid in ask.prefill if rid not in waiting])
-        self._update_after_schedule(draft, finish, ask.preempt)
-        step = self._scheduler_output(kind, label + suffix, draft, finish, ask.preempt, grammar)
-        return step, waiting
 
-    def _check_membership(self, ask: _Ask, finish: tuple[str, ...]) -> set[str]:
+    def _check_membership(self, ask: StepAsk, finish: tuple[str, ...]) -> set[str]:
         """Every request once, a known one, at most ``max_num_seqs``; the
         finished and preempted ones running and not scheduled.
 
@@ -889,7 +408,7 @@ class PlanBuilder:
                                 "such requests", "preempt", rid)
         return scheduled
 
-    def _schedule_prefills(self, prefill: dict[str, int], draft: _Draft) -> None:
+    def _schedule_prefills(self, prefill: dict[str, int], draft: StepDraft) -> None:
         """Prefill chunks: a waiting request's first (after any prefix hit) or
         a running one's next, with the encoder inputs that start with it
         (``_try_schedule_encoder_inputs``), within the encoder budget. One
@@ -923,7 +442,7 @@ class PlanBuilder:
             elif decl.encoder_len and self._starts_encoder(live):
                 enc = (0,)
                 draft.encoder_tokens += decl.encoder_len if p.encoder_budget else 0
-            # _Draft.add, inline
+            # StepDraft.add, inline
             rows.append((decl.req_id, c, n, (), not live.seen, False, out, done, enc))
             dout = 1 if done else 0
             updates.append((live, n, dout))
@@ -967,7 +486,7 @@ class PlanBuilder:
             f"{live.num_computed_tokens} computed)", "tokens", rid,
         )
 
-    def _schedule_decodes(self, decode: dict[str, int], draft: _Draft) -> None:
+    def _schedule_decodes(self, decode: dict[str, int], draft: StepDraft) -> None:
         """RUNNING requests whose prompt is done: ``1 + drafts`` tokens each
         (``scheduled_spec_decode_tokens``: at most ``num_speculative_steps``).
         One pass, a row built as a tuple; a request the fast test does not
@@ -1004,8 +523,8 @@ class PlanBuilder:
                 spec = ()
             q = qget(rid) if qget else None
             if q is not None and end <= q[0] and cached < q[1]:
-                # answered: its Growth is the entry's (a _QuickRow: the
-                # ScheduledRequest is built when the step is read, _Rows)
+                # answered: its Growth is the entry's (a QuickRow: the
+                # ScheduledRequest is built when the step is read, LazyRows)
                 g = q[2]
                 add_row((rid, c, n, spec, out))
                 add_growth(g)
@@ -1024,7 +543,7 @@ class PlanBuilder:
         draft.total += len(decode) + sum(decode.values())  # 1 + drafts each
         draft.most_tokens = most
 
-    def _check_decode(self, rid: str, k: int) -> _Live:
+    def _check_decode(self, rid: str, k: int) -> LiveRequest:
         """The checks of a decode row the fast test did not pass: raises the
         step's :class:`PlanError`, or returns the request (a valid draft)."""
         p = self.profile
@@ -1046,7 +565,7 @@ class PlanBuilder:
             raise self._err(why, "spec_tokens", rid)
         return live
 
-    def _schedule_resumptions(self, resume: dict[str, int], draft: _Draft) -> None:
+    def _schedule_resumptions(self, resume: dict[str, int], draft: StepDraft) -> None:
         """Preempted requests resumed (a fresh block table, prompt and outputs
         recomputed), and running ones whose chunked resumption continues."""
         for rid, n in resume.items():
@@ -1077,7 +596,7 @@ class PlanBuilder:
             draft.resuming.append((live, not done))
 
     def _check_budgets(self, scheduled: set[str], finish: tuple[str, ...],
-                       preempt: tuple[str, ...], draft: _Draft) -> None:
+                       preempt: tuple[str, ...], draft: StepDraft) -> None:
         """The token budget (``max_num_batched_tokens``), the running queue
         (``max_num_seqs`` after this step's finishes and preemptions) and
         ``max_model_len`` after sampling."""
@@ -1118,7 +637,7 @@ class PlanBuilder:
                     live.decl.req_id,
                 )
 
-    def _allocate(self, free: tuple[str, ...], draft: _Draft,
+    def _allocate(self, free: tuple[str, ...], draft: StepDraft,
                   wait_for_mamba: bool) -> dict[str, int]:
         """Blocks (``KVCacheManager.allocate_slots`` per request, after the
         finished and preempted requests free theirs): all or nothing, through
@@ -1130,63 +649,83 @@ class PlanBuilder:
             Prefilled requests left waiting for a Mamba state cached in this
             step (removed from ``draft``), when ``wait_for_mamba``.
         """
-        new = tuple.__new__
-        ledger = self.ledger
         try:
-            growths = ledger.allocate_step(free, draft.allocs, wait_for_mamba=wait_for_mamba)
+            growths = self.ledger.allocate_step(free, draft.allocs,
+                                                wait_for_mamba=wait_for_mamba)
         except OutOfBlocksError as e:
             raise self._err(f"{e} (runner has num_blocks {self.profile.num_blocks})", "blocks",
                             getattr(e, "req_id", None)) from None
+        # Each row's Growth in row order: the rows the ledger's quick entries
+        # answered (draft.growths) with the ledger's answers between them.
         rows, answered = draft.rows, draft.growths
         num_answered = len(rows) - len(draft.allocs)
         if num_answered == len(rows):
             growths = answered
-        elif num_answered:
-            pending = iter(growths)
-            growths = [next(pending) if a is None else a for a in answered]
-        waiting: dict[str, int] = {}
-        held = draft.held
-        if num_answered == len(rows):
-            held += draft.held_pairs
+            draft.held += draft.held_pairs
         else:
-            held += [(r[0], g[2]) for r, g in zip(rows, growths) if g is not None]
+            if num_answered:
+                pending = iter(growths)
+                growths = [next(pending) if a is None else a for a in answered]
+            draft.held += [(r[0], g[2]) for r, g in zip(rows, growths) if g is not None]
         if not wait_for_mamba:  # every row allocated (no None)
-            # A new or resumed row is sent its whole table: what was appended
-            # when it held none before (no token computed: no prefix hit);
-            # the others' tables are read now, as the rows are built later.
-            # (the prefill and resume rows: a decode row is neither)
-            ds, de = draft.decode_start, draft.decode_start + len(draft.decoded)
-            others = rows[:ds] + rows[de:] if ds < de else rows
-            tables = {row[0]: ledger.held(row[0]) for row in others
-                      if (row[4] or row[5]) and row[1]}  # type: ignore[misc]
-            draft.scheduled = _Rows(rows, growths, tables)  # type: ignore[assignment]
-            return waiting
+            draft.scheduled = self._lazy_rows(draft, growths)
+            return {}
+        return self._rows_with_blocks(draft, growths)
+
+    def _lazy_rows(self, draft: StepDraft, growths: list) -> LazyRows:
+        """The step's rows with every row allocated, made
+        :class:`ScheduledRequest` tuples when the step is first read.
+
+        A new or resumed row is sent its whole table: what was appended when
+        it held none before (no token computed: no prefix hit); the others'
+        tables are read now, as the rows are built later. (Only the prefill
+        and resume rows: a decode row is neither.)"""
+        rows, ledger = draft.rows, self.ledger
+        ds, de = draft.decode_start, draft.decode_start + len(draft.decoded)
+        others = rows[:ds] + rows[de:] if ds < de else rows
+        tables = {row[0]: ledger.held(row[0]) for row in others
+                  if (row[4] or row[5]) and row[1]}  # type: ignore[misc]
+        return LazyRows(rows, growths, tables)
+
+    def _rows_with_blocks(self, draft: StepDraft, growths: list) -> dict[str, int]:
+        """The step's rows made :class:`ScheduledRequest` tuples now, less
+        those ``MambaManager`` left waiting (no Growth); their updates
+        dropped from ``draft`` too.
+
+        Returns:
+            The rows left waiting (request -> tokens).
+        """
+        new = tuple.__new__
+        ledger = self.ledger
+        waiting: dict[str, int] = {}
         out: list[ScheduledRequest] = []
-        updates: list[tuple[_Live, int, int]] = []
-        for row, update, a, grown in zip(rows, draft.all_updates(), answered, growths):
+        updates: list[tuple[LiveRequest, int, int]] = []
+        for row, update, a, grown in zip(draft.rows, draft.all_updates(), draft.growths,
+                                         growths):
             rid = row[0]
             if grown is None:
                 waiting[rid] = row[2]
                 continue
             updates.append(update)
-            if a is not None:  # a _QuickRow
+            if a is not None:  # a QuickRow
                 rid, c, n, spec, outs = row  # type: ignore[misc]
                 out.append(new(ScheduledRequest, (rid, c, n, spec, False, False, a[0], a[1],
                                                   outs, True, ())))
                 continue
             # row[4], row[5]: new, resumed (whole table); else the appended ids
-            got = ledger.held(rid) if row[4] or row[5] else grown[0]
+            got = ledger.held(rid) if row[4] or row[5] else grown[0]  # type: ignore[misc]
             out.append(new(ScheduledRequest, row[:6] + (got, grown[1]) + row[6:]))
         draft.scheduled = out
         draft.updates, draft.decoded = updates, []
         return waiting
 
-    def _update_after_schedule(self, draft: _Draft, finish: tuple[str, ...],
+    def _update_after_schedule(self, draft: StepDraft, finish: tuple[str, ...],
                                preempt: tuple[str, ...]) -> None:
         """``Scheduler._update_after_schedule``: scheduled requests advance
         ``num_computed_tokens`` (and, all drafts assumed accepted, their
         outputs); pooling requests done with their prompt finish next step;
-        finished and preempted requests leave the running queue."""
+        finished and preempted requests leave the running queue
+        (:meth:`_free_finished_and_preempted`)."""
         run = self._running.add
         pooled = []
         # a decoded request is running already (seen and queued), sampling
@@ -1214,6 +753,14 @@ class PlanBuilder:
         for live, still in draft.resuming:
             live.resuming = still
         self._pooled = pooled
+        self._free_finished_and_preempted(finish, preempt)
+
+    def _free_finished_and_preempted(self, finish: tuple[str, ...],
+                                     preempt: tuple[str, ...]) -> None:
+        """Finished requests (``Scheduler.finish_requests``) and preempted
+        ones (``Scheduler._preempt_request``: back to the waiting queue with
+        no computed token) leave the running queue; the ledger freed their
+        blocks in :meth:`_allocate`."""
         for rid in finish:
             self._requests[rid].state = "finished"
             self._running.discard(rid)
@@ -1223,14 +770,14 @@ class PlanBuilder:
             live.num_computed_tokens = 0
             self._running.discard(rid)
 
-    def _scheduler_output(self, kind: StepKind, label: str, draft: _Draft,
+    def _scheduler_output(self, kind: StepKind, label: str, draft: StepDraft,
                           finish: tuple[str, ...], preempt: tuple[str, ...],
                           grammar: bool | None) -> PlannedStep:
         """Construct the scheduler output: the appended :class:`PlannedStep`."""
         p = self.profile
         lazy = draft.scheduled
-        scheduled: tuple[ScheduledRequest, ...] | _Rows
-        if isinstance(lazy, _Rows):
+        scheduled: tuple[ScheduledRequest, ...] | LazyRows
+        if isinstance(lazy, LazyRows):
             any_rows = bool(lazy.rows)
             # rows built now only for a bitmask (the grammar ids are read off them)
             bitmask = grammar or (grammar is None and self._structured)
@@ -1262,7 +809,7 @@ class PlanBuilder:
         self._steps.append(step)
         return step
 
-    def _check_mamba_align_chunk(self, live: _Live, n: int) -> None:
+    def _check_mamba_align_chunk(self, live: LiveRequest, n: int) -> None:
         """Mamba ``align`` cache mode: the scheduler
         (``Scheduler._mamba_block_aligned_split``) ends every prefill chunk
         but the last on a multiple of the Mamba ``block_size``, because the
@@ -1288,7 +835,7 @@ class PlanBuilder:
                 )
 
     @staticmethod
-    def _starts_encoder(live: _Live) -> bool:
+    def _starts_encoder(live: LiveRequest) -> bool:
         """Whether scheduling ``live`` now runs its encoder-decoder encoder
         input: on its first tokens (0 computed: new, or resumed after
         preemption), as ``Scheduler._try_schedule_encoder_inputs`` schedules
@@ -1423,3 +970,4 @@ class PlanBuilder:
             requests=tuple(r.decl for r in self._requests.values()),
             steps=tuple(self._steps),
         )
+
