@@ -7,4 +7,6 @@ ids from :mod:`~stepwarm.blocks`) -> :mod:`~stepwarm.compile` (vLLM objects) ->
 Worker code calls :func:`stepwarm.hook.warmup`.
 """
 
-__version__ = "0.1.0"
+from stepwarm.version import __version__
+
+__all__ = ["__version__"]

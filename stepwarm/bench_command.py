@@ -9,6 +9,7 @@ slower beyond the noise under ``--gate``.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import subprocess
@@ -114,21 +115,30 @@ def check_plot_and_trace(plot_out: Path | None, trace: int | None, trace_out: Pa
 def write_outputs(reports: dict[str, BenchReport], ratios: Sequence[Ratio] | None,
                   json_out: Path | None, csv_out: Path | None,
                   plot_out: Path | None = None) -> None:
+    """The report's files, each whole or not at all (``write_atomic``).
+
+    Raises:
+        OSError: one could not be written.
+    """
+    from stepwarm.output_path import write_atomic
+
     if json_out is not None:
-        json_out.write_text(json.dumps({"configurations": {k: v.to_dict() for k, v in reports.items()},
-                                        "ratios": [r.__dict__ for r in ratios or []]}, indent=1))
+        write_atomic(json_out, json.dumps(
+            {"configurations": {k: v.to_dict() for k, v in reports.items()},
+             "ratios": [r.__dict__ for r in ratios or []]}, indent=1))
     if csv_out is not None:
-        with csv_out.open("w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["configuration", "step", "kind", "label", "reqs", "tokens",
-                        "context_tokens", "p50_ms", "p90_ms", "p99_ms", "spread", "tokens_per_s"])
-            for name, rep in reports.items():
-                for s in rep.steps:
-                    st = stats(s.times())
-                    w.writerow([name, s.index, s.kind, s.label, s.num_reqs, s.num_tokens,
-                                s.context_tokens,
-                                f"{st['p50']:.4f}", f"{st['p90']:.4f}", f"{st['p99']:.4f}",
-                                f"{st['spread']:.4f}", f"{tokens_per_s(s):.1f}"])
+        f = io.StringIO(newline="")
+        w = csv.writer(f)
+        w.writerow(["configuration", "step", "kind", "label", "reqs", "tokens",
+                    "context_tokens", "p50_ms", "p90_ms", "p99_ms", "spread", "tokens_per_s"])
+        for name, rep in reports.items():
+            for s in rep.steps:
+                st = stats(s.times())
+                w.writerow([name, s.index, s.kind, s.label, s.num_reqs, s.num_tokens,
+                            s.context_tokens,
+                            f"{st['p50']:.4f}", f"{st['p90']:.4f}", f"{st['p99']:.4f}",
+                            f"{st['spread']:.4f}", f"{tokens_per_s(s):.1f}"])
+        write_atomic(csv_out, f.getvalue())
     if plot_out is not None:
         from stepwarm.bench_plot import plot
 

@@ -367,7 +367,7 @@ def run(
     if early and len(early) == len(loaded):  # nothing would run: no engine
         if json_out is not None:
             _write_json(json_out, {"profile": None, "startup_s": None,
-                                   "scenarios": [r.to_dict() for r in reports]})
+                                   "scenarios": [r.to_dict() for r in reports]}, ran=False)
         _summary_and_exit(reports, [], [], [n for n in names if n in early and n in named],
                           allow_skip, engine_started=False)
     loaded = [(name, sc) for name, sc in loaded if name not in early]
@@ -383,7 +383,7 @@ def run(
             _write_json(json_out, {"profile": None, "startup_s": None,
                                    "scenarios": [r.to_dict() for r in reports],
                                    "interrupted": {"at": "engine start", "scenario": "",
-                                                   "not_run": not_run}})
+                                                   "not_run": not_run}}, ran=False)
         print_labelled("interrupted:", f"while the vLLM engine started ({time.perf_counter() - t0:.0f} "
                        "s in), before any step; no scenario ran; not run: "
                        + ", ".join(not_run) + ".")
@@ -554,10 +554,17 @@ def print_interrupted(where: str, runner: str, not_run: list[str]) -> None:
                    + (", ".join(not_run) or "none") + ".", err_console)
 
 
-def _write_json(path: Path, report: dict[str, Any]) -> None:
+def _write_json(path: Path, report: dict[str, Any], ran: bool = True) -> None:
+    """``run``'s report, whole or not at all. A write that fails after
+    scenarios ran is exit 1 (2 says nothing ran), and says the run finished."""
+    from stepwarm.output_path import write_atomic
+
     try:
-        path.write_text(json.dumps(report, indent=2) + "\n")
+        write_atomic(path, json.dumps(report, indent=2) + "\n")
     except OSError as e:
+        if ran:
+            _fail(f"--json {path}: cannot write the report: {e.strerror or e} (the run "
+                  "finished, as above; no report file was left)", 1)
         _fail(f"--json {path}: cannot write the report: {e.strerror or e}", 2)
 
 
@@ -766,7 +773,7 @@ def coverage(
     try:
         rep = measure(loaded, names, start, detectors, threshold=threshold,
                       min_excess_ms=min_excess_ms,
-                      on_started=lambda rep: (console.print(
+                      on_started=lambda rep: (print_wrapped(
                           f"engine up in {rep.startup_s:.1f} s ({rep.mode}); replaying "
                           f"{plural(len(loaded.lines), 'request')} of {rep.traffic}, each "
                           "twice"), progress.start()),
@@ -784,12 +791,13 @@ def coverage(
 
 def _write_outputs(rep: Any, json_out: Optional[Path], timeline: Optional[Path]) -> None:
     from stepwarm.coverage.timeline import timeline_svg
+    from stepwarm.output_path import write_atomic
 
     try:
         if json_out is not None:
             rep.save(json_out)
         if timeline is not None:
-            timeline.write_text(timeline_svg(rep))
+            write_atomic(timeline, timeline_svg(rep))
     except OSError as e:
         _fail(f"cannot write the report: {e.strerror or e}", 2)
 
@@ -842,7 +850,9 @@ def _coverage_compare(args: list[str], json_out: Optional[Path], timeline: Optio
                                               restarts.get("stepwarm_restart"))
         both["attribution"] = moves.to_dict()
         try:
-            json_out.write_text(json.dumps(both, indent=2) + "\n")
+            from stepwarm.output_path import write_atomic
+
+            write_atomic(json_out, json.dumps(both, indent=2) + "\n")
         except OSError as e:
             _fail(f"--json {json_out}: cannot write the report: {e.strerror or e}", 2)
     raise typer.Exit(code_s)
@@ -940,8 +950,8 @@ def _write_zoo_model(models: bool, root: Optional[Path], name: Optional[str]) ->
         model_dir = write_model(name, root)
     except OSError as e:
         _fail(f"--write {root}: cannot write {name}: {e.strerror or e}", 2)
-    console.print(f"wrote {name} to {model_dir} (no weights: served with --load-format "
-                  "dummy); serve it with its engine arguments:", soft_wrap=True)
+    print_wrapped(f"wrote {name} to {model_dir} (no weights: served with --load-format "
+                  "dummy); serve it with its engine arguments (one line, to copy):")
     console.print("  " + serve_command(model_dir, ZOO[name].engine_args_for(model_dir)),
                   soft_wrap=True)
 
@@ -1173,7 +1183,10 @@ def bench(
         except ShapeDrift as e:
             _fail(f"bench: {e}", 2)
         bc.print_ratios(ratios, described["A"], described["B"])
-        bc.write_outputs(reports, ratios, json_out, csv_out, plot_out)
+        try:
+            bc.write_outputs(reports, ratios, json_out, csv_out, plot_out)
+        except OSError as e:
+            _fail(f"bench: cannot write the report: {e.strerror or e} (the bench finished, as above)", 1)
         raise typer.Exit(bc.gate_exit(ratios, gate_pct))
     _plugin_scenarios_off()
     engine = _start_engine(model, engine_arg)
@@ -1197,7 +1210,10 @@ def bench(
     except StepFailed as e:
         _fail(_failure_line(e.report), 1)
     bc.print_report(rep)
-    bc.write_outputs({"A": rep}, None, json_out, csv_out, plot_out)
+    try:
+        bc.write_outputs({"A": rep}, None, json_out, csv_out, plot_out)
+    except OSError as e:
+        _fail(f"bench: cannot write the report: {e.strerror or e} (the bench finished, as above)", 1)
     if trace is not None:
         console.print(f"trace of step {trace} ({plan.steps[trace].label}) written to {trace_out}",
                       soft_wrap=True)
@@ -1239,10 +1255,18 @@ scenario_app.info.cls = _Group
 
 def main() -> None:
     """Console-script entry point."""
-    from stepwarm.line_ends import strip_trailing_spaces
+    from stepwarm.line_ends import StreamLost, strip_trailing_spaces
 
     strip_trailing_spaces()  # piped: no line ends with a space (rich pads some)
-    app()
+    try:
+        app()
+    except StreamLost as e:  # > /dev/full: one line, not a traceback
+        lost = e.name
+        setattr(sys, lost, open(os.devnull, "w"))  # nothing more to flush at exit
+        if lost == "stdout":
+            with contextlib.suppress(Exception):
+                print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

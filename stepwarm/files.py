@@ -1,10 +1,16 @@
 """Reading a user's input file (scenario, traffic file) with a cap on its
 size that holds for every kind of file: a device or a pipe reports size 0
-to ``stat``, so the cap is on the bytes read, never more than ``cap + 1``."""
+to ``stat``, so the cap is on the bytes read, never more than ``cap + 1``.
+A named pipe (FIFO) nobody writes to is refused at once rather than waited
+on, a socket or a directory refused by its type."""
 
 from __future__ import annotations
 
 import codecs
+import errno
+import fcntl
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -38,8 +44,9 @@ def read_text_capped(path: Path, cap: int) -> str:
         NotUtf8: it is not UTF-8.
         OSError: it cannot be read.
     """
-    with open(path, "rb") as f:
-        data = f.read(cap + 1)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        data = _read(fd, f, cap + 1)
     if len(data) > cap:
         raise FileTooLarge(cap)
     bom = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
@@ -48,3 +55,44 @@ def read_text_capped(path: Path, cap: int) -> str:
     except UnicodeDecodeError as e:
         at = e.start + bom
         raise NotUtf8(data[at], at, data[:at].count(b"\n") + 1) from None
+
+
+def file_type(mode: int) -> str:
+    """What a file that is not a regular one is, for messages: ``a FIFO``."""
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISDIR, "a directory")):
+        if test(mode):
+            return name
+    return f"mode {mode:#o}"
+
+
+def _read(fd: int, f, n: int) -> bytes:
+    """At most ``n`` bytes of the file open on ``fd`` (opened non-blocking):
+    a regular file or a character device (``/dev/stdin``, ``/dev/null``) is
+    read as it is; a pipe with a writer is read to its end; a FIFO with none
+    (its first read finds the end at once) is refused, as is any other type."""
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISFIFO(mode):
+        try:
+            first = os.read(fd, n)
+        except BlockingIOError:  # a writer, nothing written yet
+            first = None
+        if first == b"":
+            raise OSError(errno.EINVAL, "a FIFO that nobody writes to; allowed: a file, or a "
+                                        "pipe being written")
+        return _read_blocking(fd, f, n, first or b"")
+    if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
+        raise OSError(errno.EINVAL, f"not a regular file ({file_type(mode)})")
+    return _read_blocking(fd, f, n, b"")
+
+
+def _read_blocking(fd: int, f, n: int, data: bytes) -> bytes:
+    """``data`` and what follows it, up to ``n`` bytes, ``fd`` now blocking."""
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    while len(data) < n:
+        more = f.read(n - len(data))
+        if not more:
+            break
+        data += more
+    return data

@@ -468,12 +468,12 @@ def idle_key_parts(worker: WorkerView, profile: RunnerProfile, plans: list) -> l
     :data:`RUN_TO_RUN_FIELDS`, and each plan's text."""
     import json
 
-    import stepwarm
     from stepwarm import vllm_facts
     from stepwarm.idle_record import kernel_environment
+    from stepwarm.version import __version__
 
     config = worker.vllm_config
-    return [stepwarm.__version__, vllm_facts.version(), *vllm_facts.compile_hashes(config),
+    return [__version__, vllm_facts.version(), *vllm_facts.compile_hashes(config),
             *kernel_environment(),
             json.dumps(vllm_facts.sampler_settings(config),
                        sort_keys=True),

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from stepwarm.deferred_compile import in_compile_thread
+from stepwarm.files import file_type
 
 logger = logging.getLogger("vllm.stepwarm")
 
@@ -360,7 +361,7 @@ def read_trusted(path: Path) -> str | None:
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            return _ignored(path, f"not a regular file ({_file_type(st.st_mode)})")
+            return _ignored(path, f"not a regular file ({file_type(st.st_mode)})")
         if st.st_uid != os.geteuid():
             return _ignored(path, f"owned by uid {st.st_uid}, not this user (uid {os.geteuid()})")
         if st.st_size > MAX_RECORD_BYTES:
@@ -377,15 +378,6 @@ def read_trusted(path: Path) -> str | None:
 def _ignored(path: Path, why: str) -> None:
     logger.warning("stepwarm: idle record %s ignored: %s; every scenario runs", path, why)
     return None
-
-
-def _file_type(mode: int) -> str:
-    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISDIR, "a directory")):
-        if test(mode):
-            return name
-    return f"mode {mode:#o}"
 
 
 def _entry(entry: Any) -> tuple[int, frozenset[int]] | None:

@@ -1,9 +1,11 @@
 """Whether an output file (``--json``, ``--output``, ``--timeline``) can be
 written, found before any work: a report that cannot be saved must not cost
-an engine start and a run."""
+an engine start and a run; and writing it whole or not at all
+(:func:`write_atomic`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import tempfile
@@ -73,6 +75,39 @@ def _device(path: Path) -> str | None:
     except OSError:
         pass
     return f"is a device ({os.path.realpath(path)}), not a file; allowed: a file path"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: into a temporary file
+    beside it, then renamed over it (a full disk leaves the old file, or
+    none, never a cut one). A pipe, a terminal or ``/dev/null`` is written
+    as it is (nothing can be renamed over it).
+
+    Raises:
+        OSError: it could not be written (the temporary file is removed).
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, (mode & 0o777) if mode is not None else 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def clashes(outputs: Sequence[tuple[str, Path | None]],

@@ -95,14 +95,14 @@ def sampler_class(sampling: Any, pooling: Any = None, structured: bool = False) 
 
 def header(vllm_config: Any) -> dict[str, Any]:
     """The recording's first line, read off the engine's ``VllmConfig``."""
-    import stepwarm
+    from stepwarm.version import __version__
     from stepwarm import vllm_facts
 
     mc, sc = vllm_config.model_config, vllm_config.scheduler_config
     spec = getattr(vllm_config, "speculative_config", None)
     return {
         "stepwarm_record": RECORD_FORMAT,
-        "stepwarm": stepwarm.__version__,
+        "stepwarm": __version__,
         "vllm": vllm_facts.version(),
         "model": model_identity(mc.hf_config.to_dict()),
         "block_size": int(vllm_config.cache_config.block_size),

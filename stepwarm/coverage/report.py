@@ -233,7 +233,9 @@ class CoverageReport:
 
     def save(self, path: Path) -> None:
         """Write :meth:`to_dict` as JSON."""
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        from stepwarm.output_path import write_atomic
+
+        write_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> CoverageReport:

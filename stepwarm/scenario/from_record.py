@@ -422,7 +422,9 @@ def write_scenario(record: Any, output: Any, model: str | None = None) -> str:
     except ScenarioError as e:
         raise RuntimeError(f"stepwarm wrote a scenario its format refuses: {e}") from e
     try:
-        Path(output).write_text(text)
+        from stepwarm.output_path import write_atomic
+
+        write_atomic(Path(output), text)
     except OSError as e:
         raise RecordError(f"{output}: cannot write: {e.strerror or e}") from None
     n = len(loaded.model.steps)

@@ -46,9 +46,13 @@ def test_write_a_zoo_model_and_the_command_vllm_reads_back(tmp_path, name):
                       env={"COLUMNS": "80"})
     assert r.exit_code == 0 and r.stderr == "", r.output
     model_dir = tmp_path / name
-    head, command = r.stdout.splitlines()
-    assert head == (f"wrote {name} to {model_dir} (no weights: served with --load-format "
-                    "dummy); serve it with its engine arguments:")
+    *head, command = r.stdout.splitlines()
+    # the sentence wrapped at 80 columns (a path longer than a line left whole),
+    # the command on one line to copy
+    assert all(len(line) <= 80 or " " not in line.strip() for line in head)
+    assert " ".join(line.strip() for line in head) == (
+        f"wrote {name} to {model_dir} (no weights: served with --load-format dummy); serve "
+        "it with its engine arguments (one line, to copy):")
     assert json.loads((model_dir / "config.json").read_text()) == ZOO[name].config
     words = shlex.split(command)
     assert words[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
