@@ -223,6 +223,7 @@ class PlanBuilder:
         preempt: tuple[str, ...] = (),
         grammar: bool | None = None,
         relabel: Callable[[list[str]], str] | None = None,
+        accepted: dict[str, int] | None = None,
     ) -> PlannedStep:
         """Append one step, or more where vLLM's scheduler would leave some
         requests waiting for later steps (builder policy, as the scheduler's
@@ -250,6 +251,11 @@ class PlanBuilder:
                 requests; None: for those declared ``structured_output``.
             relabel: the label of a step whose requests were cut by a Mamba
                 wait, from its prefilled request ids (None: ``label``).
+            accepted: decoded request -> how many of its drafts the runner
+                accepts (0 to its drafts; absent: all). vLLM's
+                ``update_from_output`` takes the rejected ones back off
+                ``num_computed_tokens``; the blocks allocated for them stay
+                with the request.
 
         Returns:
             The last step appended.
@@ -261,7 +267,9 @@ class PlanBuilder:
             prefill = dict(prefill or {})
             resume = dict(resume or {})
             label = self._schedule_encoder_parts(label, prefill, resume, grammar)
-            ask = StepAsk(prefill, dict(decode or {}), resume, tuple(finish), tuple(preempt))
+            ask = StepAsk(prefill, dict(decode or {}), resume, tuple(finish), tuple(preempt),
+                          dict(accepted or {}))
+            self._check_accepted(ask)
             return self._schedule_waiting(kind, label, ask, grammar, relabel)
 
     def _schedule_encoder_parts(self, label: str, prefill: dict[str, int],
@@ -336,6 +344,8 @@ class PlanBuilder:
         if waiting and relabel:
             label = relabel([rid for rid in ask.prefill if rid not in waiting])
         self._update_after_schedule(draft, finish, ask.preempt)
+        if ask.accepted:
+            self._update_from_output(ask)
         # Construct the scheduler output.
         step = self._scheduler_output(kind, label + suffix, draft, finish, ask.preempt, grammar)
         return step, waiting
@@ -754,6 +764,28 @@ class PlanBuilder:
             live.resuming = still
         self._pooled = pooled
         self._free_finished_and_preempted(finish, preempt)
+
+    def _check_accepted(self, ask: StepAsk) -> None:
+        """Before the step changes anything: each ``accepted`` id is decoded
+        in it, with ``0 <= accepted <= drafts``."""
+        for rid, a in ask.accepted.items():
+            k = ask.decode.get(rid)
+            if k is None:
+                raise self._err(f"request {rid!r} has accepted drafts but is not decoded "
+                                "in this step", "accepted", rid)
+            if not isinstance(a, int) or not 0 <= a <= k:
+                raise self._err(f"request {rid!r}: accepted {a!r}; allowed: a whole number "
+                                f"from 0 to its {k} draft(s)", "accepted", rid)
+
+    def _update_from_output(self, ask: StepAsk) -> None:
+        """``Scheduler.update_from_output``'s rejection: a decoded request
+        whose runner accepted ``a`` of its ``k`` drafts gets ``k - a``
+        tokens back off its computed and output tokens (the rejected drafts'
+        KV is written again next step; its blocks stay with it)."""
+        for rid, a in ask.accepted.items():
+            live = self._requests[rid]
+            live.num_computed_tokens -= ask.decode[rid] - a
+            live.num_output_tokens -= ask.decode[rid] - a
 
     def _free_finished_and_preempted(self, finish: tuple[str, ...],
                                      preempt: tuple[str, ...]) -> None:

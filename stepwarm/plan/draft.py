@@ -20,6 +20,8 @@ class StepAsk:
     resume: dict[str, int] = field(default_factory=dict)
     finish: tuple[str, ...] = ()
     preempt: tuple[str, ...] = ()
+    #: decoded request -> draft tokens the runner accepted (absent: all).
+    accepted: dict[str, int] = field(default_factory=dict)
 
 
 #: A row as scheduled, before its blocks: the fields of a

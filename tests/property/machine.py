@@ -303,7 +303,7 @@ class Lifecycle(RuleBasedStateMachine):
         except PlanError as e:
             assert e.field == "blocks", f"stepwarm refused a step the scheduler makes: {e}"
             event("step refused: out of blocks")
-            self.last_step, self.last_refused = None, True
+            self.last_step, self.last_refused, self.refusal = None, True, str(e)
             self.refused_ledger_before = ledger_before
             self.oracle_refused = self._oracle_refuses(prefill, decode, resume, finish, preempt)
             self._undo_hits()

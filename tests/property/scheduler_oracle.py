@@ -4,12 +4,15 @@
 CPU, one full-attention KV cache group) through a request stream step by
 step: requests arrive, ``schedule()`` decides, ``update_from_output`` takes
 a ``ModelRunnerOutput`` of one sampled token per request whose prompt (or
-resumption) is done, aborts go through ``finish_requests``. Each step is cut
+resumption) is done (with an n-gram speculator, ``Config.num_spec_tokens``:
+one plus the drafts that request accepts, then the drafts it proposes for
+the next step through ``update_draft_token_ids``), aborts go through
+``finish_requests``. Each step is cut
 down to what a recording holds (which requests, tokens each, the prefix hit
 of a new request, preempted and finished ids), given to stepwarm's
 :class:`~stepwarm.plan.PlanBuilder` over the same profile, and stepwarm's step
 must be the scheduler's ``SchedulerOutput``: ``num_scheduled_tokens``,
-``num_computed_tokens``, block ids (a new or resumed request's whole table, a
+``num_computed_tokens`` (after rejected drafts), block ids (a new or resumed request's whole table, a
 running one's ``new_block_ids``), finished and preempted ids.
 
 Prompts are stepwarm's (``[0, 1, ..., prompt_len - 1]``: every prompt shares
@@ -48,6 +51,8 @@ class Config:
     max_num_batched_tokens: int = 64  # tokens; small: chunked prefill
     max_model_len: int = 256  # tokens
     enable_caching: bool = True  # prefix caching
+    #: An n-gram speculator's drafts a step (0: none); no lookahead slots.
+    num_spec_tokens: int = 0
 
     def profile(self) -> RunnerProfile:
         """stepwarm's profile of this runner."""
@@ -55,7 +60,7 @@ class Config:
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len, num_blocks=self.num_blocks,
             enable_prefix_caching=self.enable_caching, num_lookahead_tokens=0,
-            num_speculative_steps=0, draft_slots=0, warmup_draft_slots=0, drafter=None,
+            num_speculative_steps=self.num_spec_tokens, draft_slots=0, warmup_draft_slots=0, drafter=None,
             uncached_frees_append=False,
             kv_cache_groups=(CacheSpec(kind="full_attention", block_size=self.block_size),),
         ))
@@ -70,6 +75,10 @@ class Arrival:
     prompt_len: int
     max_tokens: int
     abort_at: int | None = None
+    #: (drafts proposed, of them accepted) after each sampled step, cycled
+    #: (the proposal capped at ``num_spec_tokens``, the acceptance at the
+    #: drafts the scheduler sent); empty: none.
+    drafts: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass
@@ -87,13 +96,16 @@ class StepRecord:
     resumed: set[str]
     finished: set[str]
     preempted: set[str]
+    #: req_id -> draft tokens the runner accepted (requests sent drafts)
+    accepted: dict[str, int] = field(default_factory=dict)
 
 
 def build_scheduler(cfg: Config) -> Any:
     """vLLM's ``Scheduler`` on CPU over the tiny Llama's config, one
     full-attention group of ``cfg.block_size``-token blocks."""
     import torch
-    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig,
+                             SchedulerConfig, SpeculativeConfig, VllmConfig)
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
@@ -108,12 +120,17 @@ def build_scheduler(cfg: Config) -> Any:
                          enable_chunked_prefill=True)
     cc = CacheConfig(block_size=cfg.block_size, enable_prefix_caching=cfg.enable_caching)
     cc.num_gpu_blocks = cfg.num_blocks
+    spec = None
+    if cfg.num_spec_tokens:
+        spec = SpeculativeConfig(method="ngram", num_speculative_tokens=cfg.num_spec_tokens,
+                                 prompt_lookup_max=2, prompt_lookup_min=1,
+                                 target_model_config=mc, target_parallel_config=ParallelConfig())
     vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
-                    device_config=DeviceConfig("cpu"))
-    spec = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=8,
+                    device_config=DeviceConfig("cpu"), speculative_config=spec)
+    full = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=8,
                              dtype=torch.float16)
     kvc = KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[],
-                        kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)])
+                        kv_cache_groups=[KVCacheGroupSpec(["l0"], full)])
     return Scheduler(vc, kvc, StructuredOutputManager(vc), block_size=cfg.block_size)
 
 
@@ -171,6 +188,7 @@ def stepwarm_record(step: PlannedStep) -> StepRecord:
 def _fields(rec: StepRecord) -> dict[str, Any]:
     d = dataclasses.asdict(rec)
     d.pop("index")
+    d.pop("accepted")  # the recording's input to stepwarm, not its output
     return d
 
 
@@ -197,6 +215,15 @@ class Replay:
     _theirs: dict[int, int] = field(default_factory=dict)
     #: Steps whose block ids differed only by renumbering.
     renumbered: int = 0
+    #: Per request: drafts proposed so far, and the acceptance of the last.
+    _proposed: dict[str, int] = field(default_factory=dict)
+    _will_accept: dict[str, int] = field(default_factory=dict)
+    #: vLLM block id -> (its cache entry's hash, the step that made it).
+    _cached_at: dict[int, tuple[Any, int]] = field(default_factory=dict)
+    #: Per step: each request's vLLM block count before ``schedule()``, and
+    #: whether a row grew before a preemption freed uncached blocks.
+    _held_before: dict[str, int] = field(default_factory=dict)
+    _grew_before_preemption: bool = False
 
     def run(self) -> list[tuple[StepRecord, StepRecord]]:
         """Every step, as (scheduler, stepwarm) records; stops when the
@@ -209,6 +236,7 @@ class Replay:
         cfg = self.cfg
         profile = cfg.profile()
         self.sched = s = build_scheduler(cfg)
+        self.watch_preemptions()
         self.builder = PlanBuilder(profile, name="oracle")
         hasher = _hasher(cfg)
         reqs = [(f"r{i}", a) for i, a in enumerate(self.arrivals)]
@@ -232,6 +260,8 @@ class Replay:
             # allocations (get_computed_blocks reads; log_stats is off)
             ahead = {r.request_id: s.kv_cache_manager.get_computed_blocks(r)[1]
                      for r in s.waiting if r.status == RequestStatus.PREEMPTED}
+            self._grew_before_preemption = False
+            self._held_before = {rid: len(b) for rid, b in self._blocks().items()}
             out = s.schedule()
             theirs = record(out)
             theirs.index = t
@@ -244,19 +274,124 @@ class Replay:
             theirs.new -= again
             theirs.resumed |= again
             self.check_modelled(theirs, ahead)
+            self.check_unique_hits(theirs)
+            self.check_preemption_order(theirs)
+            if set(out.scheduled_spec_decode_tokens) & (theirs.new | theirs.resumed):
+                # vLLM pads a waiting request with one token left to
+                # 1 + num_spec_tokens, placeholder drafts (-1), so the step
+                # stays a uniform decode (the scheduler's pad_spec_decode)
+                raise Unmodelled("a waiting request padded with placeholder drafts")
             self._sent.update(theirs.new)
+            sampled = self.sample(out, theirs)
             mine = stepwarm_record(self.plan_step(theirs))
             self.pairs.append((theirs, mine))
             self.compare(theirs, mine)
-            sampled = []
-            for rid in out.num_scheduled_tokens:
-                req = s.requests[rid]
-                done = req.num_computed_tokens >= req.num_tokens
-                sampled.append([OUTPUT_BASE + int(rid[1:])] if done else [])
             s.update_from_output(out, model_runner_output(list(out.num_scheduled_tokens),
                                                           sampled))
+            self.propose(out, reqs)
             t += 1
         return self.pairs
+
+    def sample(self, out: Any, rec: StepRecord) -> list[list[int]]:
+        """The runner's sampled tokens, a list per scheduled request: none
+        while its prompt (or resumption) is not done, else one plus the
+        drafts it accepts (its stream's pattern, at most the drafts sent),
+        recorded in ``rec.accepted``."""
+        sampled = []
+        for rid in out.num_scheduled_tokens:
+            req = self.sched.requests[rid]
+            if req.num_computed_tokens < req.num_tokens:
+                sampled.append([])
+                continue
+            sent = len(out.scheduled_spec_decode_tokens.get(rid, ()))
+            a = min(self._will_accept.get(rid, 0), sent)
+            if sent:
+                rec.accepted[rid] = a
+            sampled.append([OUTPUT_BASE + int(rid[1:])] * (1 + a))
+        return sampled
+
+    def propose(self, out: Any, reqs: list[tuple[str, Arrival]]) -> None:
+        """The speculator's drafts for the next step
+        (``update_draft_token_ids``): each request of the step still running
+        proposes its pattern's next count, at most ``num_spec_tokens``."""
+        k = self.cfg.num_spec_tokens
+        if not k:
+            return
+        from vllm.v1.outputs import DraftTokenIds
+
+        ids, drafts = [], []
+        for rid in out.num_scheduled_tokens:
+            pattern = reqs[int(rid[1:])][1].drafts
+            if not pattern or rid not in self.sched.requests:
+                continue
+            j = self._proposed.get(rid, 0)
+            self._proposed[rid] = j + 1
+            d, a = pattern[j % len(pattern)]
+            self._will_accept[rid] = a
+            ids.append(rid)
+            drafts.append([OUTPUT_BASE + int(rid[1:])] * min(d, k))
+        self.sched.update_draft_token_ids(DraftTokenIds(ids, drafts))
+
+    def _blocks(self) -> dict[str, list[Any]]:
+        """vLLM's block table of each request holding blocks (its one group)."""
+        return self.sched.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
+
+    def watch_preemptions(self) -> None:
+        """Wrap the scheduler's ``_preempt_request`` (instrumentation: it
+        still runs as it is) to note a preemption, inside ``schedule()``'s
+        running loop, of a request holding blocks no cache entry holds (they
+        go back to the free queue's head) after another request of the step
+        took new blocks."""
+        sched = self.sched
+        preempt = sched._preempt_request
+
+        def noted(request: Any, *args: Any, **kwargs: Any) -> Any:
+            blocks = self._blocks()
+            own = blocks.get(request.request_id, ())
+            if self.cfg.enable_caching and any(b.block_hash is None and not b.is_null
+                                                for b in own):
+                grew = [rid for rid, b in blocks.items() if rid != request.request_id
+                        and len(b) > self._held_before.get(rid, 0)]
+                self._grew_before_preemption |= bool(grew)
+            return preempt(request, *args, **kwargs)
+
+        sched._preempt_request = noted
+
+    def check_preemption_order(self, rec: StepRecord) -> None:
+        """Raise :class:`Unmodelled` where :meth:`watch_preemptions` saw a
+        row take blocks before a preemption freed some to the queue's head:
+        vLLM preempts inside its running loop, where a row does not fit;
+        stepwarm frees a step's preempted requests before its rows
+        (docs/block-accounting.md), so that row's ids differ and a later hit
+        reads blocks numbered otherwise. (Prefix caching off: ids are
+        compared up to renumbering and no hit reads them.)"""
+        if self._grew_before_preemption:
+            raise Unmodelled("rows allocated before a preemption freed")
+
+    def check_unique_hits(self, rec: StepRecord) -> None:
+        """Raise :class:`Unmodelled` for a prefix hit on a block whose
+        content two blocks cached in one step hold: vLLM returns the one
+        cached first, and which was first follows the order of the
+        allocations within that step (running requests first, then the waiting
+        queue); stepwarm allocates a step's rows prefills first, then
+        decodes, then resumptions (docs/block-accounting.md)."""
+        pool = self.sched.kv_cache_manager.block_pool
+        bs, when = self.cfg.block_size, self._cached_at
+        for rid in rec.new | rec.resumed:
+            for b in rec.blocks[rid][0][:rec.computed[rid] // bs]:
+                h = pool.blocks[b].block_hash
+                steps = [when[x.block_id][1] for x in pool.blocks
+                         if x.block_hash is not None and x.block_hash == h and
+                         x.block_id in when]
+                if len(steps) > len(set(steps)):
+                    raise Unmodelled("a hit among duplicate cache entries of one step")
+        # the cache entries made in this step (a request's hash objects are
+        # its own: an entry made again by another request is a new object)
+        for x in pool.blocks:
+            if x.block_hash is None:
+                when.pop(x.block_id, None)
+            elif when.get(x.block_id, (None,))[0] is not x.block_hash:
+                when[x.block_id] = (x.block_hash, rec.index)
 
     def check_modelled(self, rec: StepRecord, ahead: dict[str, int]) -> None:
         """Raise :class:`Unmodelled` for a new request whose prefix hit reads a
@@ -336,7 +471,8 @@ class Replay:
         # still recomputing prompt + outputs after this step
         still = {rid for rid, n in resume.items() if rec.computed[rid] + n < b.num_tokens(rid)}
         step = b.step("custom", f"step {rec.index}", prefill=prefill, decode=decode,
-                      resume=resume, finish=finish, preempt=tuple(sorted(rec.preempted)))
+                      resume=resume, finish=finish, preempt=tuple(sorted(rec.preempted)),
+                      accepted=rec.accepted)
         self._resuming = (self._resuming | still) - (set(resume) - still) - rec.finished
         return step
 

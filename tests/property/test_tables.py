@@ -114,7 +114,8 @@ class Tables(Lifecycle):
     def refusal_parity(self) -> None:
         if self.last_refused:
             assert self.oracle_refused, (
-                "stepwarm refused a step for blocks that vLLM's KVCacheManager allocates")
+                "stepwarm refused a step for blocks that vLLM's KVCacheManager allocates: "
+                f"{self.refusal}")
 
 
 TestTables = Tables.TestCase
