@@ -87,7 +87,9 @@ def print_ratios(ratios: Sequence[Ratio], a: str, b: str) -> None:
 
 
 def check_gate(gate_pct: float | None, comparing: bool) -> list[str]:
-    """``--gate`` needs a B to compare A with."""
+    """``--gate`` is a percentage >= 0, and needs a B to compare A with."""
+    if gate_pct is not None and not gate_pct >= 0:
+        return [f"--gate {gate_pct:g}: allowed: a slowdown in percent, 0 or more"]
     if gate_pct is not None and not comparing:
         return [f"--gate {gate_pct:g}: the gate compares B with A; give B with --against-e, "
                 "--against-env or --against-python"]

@@ -110,6 +110,15 @@ def _fail(message: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
+def _output_path_errors(*outputs: tuple[Optional[Path], str]) -> list[str]:
+    """:func:`_check_output_path`'s message for each output (path, option)
+    that cannot be written, to be said with the command's other errors."""
+    from stepwarm.output_path import unwritable
+
+    return [f"{option} {path}: {why}" for path, option in outputs
+            if path is not None and (why := unwritable(path))]
+
+
 def _check_output_path(path: Optional[Path], option: str) -> None:
     """Exit 2 before any work unless ``path`` can be written: its directory
     exists (a file on the way is named as one), it is not a directory, and a
@@ -344,11 +353,10 @@ def run(
     names = resolve_names(scenario or ["all"])
     #: Scenarios named with -s themselves, not through a set.
     named = set(resolve_names(n for n in scenario or [] if n not in SETS))
-    _check_output_path(json_out, "--json")
+    bad_settings: list[str] = _output_path_errors((json_out, "--json"))  # said with the rest
     _check_clashes([("--json", json_out)], [("scenario file", n) for n in scenario or []])
     from stepwarm.settings import SettingsError, compile_threads
 
-    bad_settings: list[str] = []
     try:  # STEPWARM_COMPILE_THREADS, before the engine starts (a bad value under --verify too)
         threads = compile_threads()
     except SettingsError as e:
@@ -1139,10 +1147,9 @@ def bench(
     from stepwarm import bench_command as bc
     from stepwarm.driver import StepFailed
 
-    _check_output_path(json_out, "--json")
-    _check_output_path(csv_out, "--csv")
-    _check_output_path(plot_out, "--plot")
     env_b, errors = bc.parse_env(against_env or [])
+    errors = _output_path_errors((json_out, "--json"), (csv_out, "--csv"),
+                                 (plot_out, "--plot")) + errors  # every error at once
     errors += [f"{option} {value}: allowed: a whole number from {low} to {high}"
                for option, value, low, high in (("--repeat", repeat, 1, 100000),
                                                 ("--warmup", warmup, 0, 100000),
@@ -1154,11 +1161,12 @@ def bench(
     errors += bc.check_gate(gate_pct, comparing)
     if trace is not None:
         trace_out = trace_out or Path(f"stepwarm-trace-{Path(scenario).stem}-{trace}.json")
-        _check_output_path(trace_out, "--trace-file")
+        errors += _output_path_errors((trace_out, "--trace-file"))
     _check_clashes([("--json", json_out), ("--csv", csv_out), ("--plot", plot_out),
                     ("--trace-file", trace_out)], [("scenario file", scenario)])
-    if comparing and not child:
-        errors += _engine_arg_errors(against_e)
+    if comparing and not child:  # named as the option that gave them
+        errors += [f"--against-e {e[3:]}" if e.startswith("-e ") else e
+                   for e in _engine_arg_errors(against_e)]
     (_, loaded), = _loaded_or_exit([scenario], engine_arg, errors)
     if comparing and not child:
         base = ["-m", "stepwarm", "bench", scenario, "--child", "--repeat", str(repeat),

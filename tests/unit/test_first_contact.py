@@ -221,3 +221,34 @@ def test_every_unknown_request_of_a_step_is_named_once_with_the_declared_names_o
         "failed (a, b); fix the errors above and check again",
     ]
     assert [e.split(":")[0] for e in errors[:3]] == ["2", "4", "5"]
+
+
+def test_run_says_an_unwritable_json_path_with_every_other_error():
+    """Issue 42's fourth trial: the --json error hid the unknown scenario and
+    the bad -e (every error at once, before vLLM starts)."""
+    r = runner.invoke(app, ["run", "-s", "nosuch", "-e", "bogus=1", "--json", "/proc/x.json"],
+                      env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert lines[0] == ("error: --json /proc/x.json: cannot be written: no file can be made in "
+                        "/proc (No such file or directory)")
+    assert lines[1].startswith("error: unknown scenario 'nosuch'; allowed: ")
+    assert lines[2] == "error: -e bogus: not a vllm.LLM or EngineArgs keyword"
+    assert len(lines) == 3
+
+
+def test_bench_says_every_bad_option_at_once_each_under_its_name():
+    r = runner.invoke(app, ["bench", "nosuch", "--against-e", "max_num_seq=four", "-e", "bogus=1",
+                            "--json", "/proc/x.json", "--gate", "-5", "--rounds", "0"], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert lines[:4] == [
+        "error: --json /proc/x.json: cannot be written: no file can be made in /proc (No such "
+        "file or directory)",
+        "error: --rounds 0: allowed: a whole number from 1 to 1000",
+        "error: --gate -5: allowed: a slowdown in percent, 0 or more",
+        "error: --against-e max_num_seq: not a vllm.LLM or EngineArgs keyword (did you mean "
+        "'max_num_seqs'?)"]
+    assert lines[4].startswith("error: unknown scenario 'nosuch'; allowed: ")
+    assert lines[5] == "error: -e bogus: not a vllm.LLM or EngineArgs keyword"
+    assert len(lines) == 6
