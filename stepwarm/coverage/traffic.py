@@ -262,34 +262,54 @@ _MSGSPEC_PATH = re.compile(r"`\$\.(\w+)")
 
 def _check_sampling(table: dict[str, Any], file: str, line: int) -> None:
     """Build vLLM's ``SamplingParams`` from ``table`` (with stepwarm's
-    defaults, ``"max"`` as 1) and turn its refusal into a located error."""
-    kwargs = {**SAMPLING_DEFAULTS, **{k: (1 if k in MAX_FIELDS and v == "max" else v)
-                                      for k, v in table.items()}}
+    defaults, ``"max"`` as 1) and turn its refusals into located errors, all
+    at once: every unknown key; then, of the known ones, each field vLLM
+    refuses alone where two or more are, else the table's one refusal."""
+    from vllm import SamplingParams
+
     from stepwarm.vllm_facts import seed_refusal
 
+    errors = []
     if (why := seed_refusal(table.get("seed"))) is not None:
-        raise _error(file, line, "sampling.seed", why)
+        errors.append(_error(file, line, "sampling.seed", why))
     bias = table.get("logit_bias")
     if isinstance(bias, dict) and any(isinstance(b, float) and not math.isfinite(b)
                                       for b in bias.values()):
-        raise _error(file, line, "sampling.logit_bias", "a bias that is not a finite number; "
-                     "allowed: finite numbers (vLLM's server clamps them to -100 .. 100)")
+        errors.append(_error(file, line, "sampling.logit_bias", "a bias that is not a finite "
+                             "number; allowed: finite numbers (vLLM's server clamps them to "
+                             "-100 .. 100)"))
+    known = getattr(SamplingParams, "__struct_fields__", None)
+    if known is not None:
+        errors += [_error(file, line, f"sampling.{k}", "not a SamplingParams field"
+                          + _did_you_mean(k, known)) for k in table if k not in known]
+        table = {k: v for k, v in table.items() if k in known}
+    whole = _sampling_refusal(table, file, line)
+    if whole is not None:
+        alone = [e for k, v in table.items()
+                 if (e := _sampling_refusal({k: v}, file, line)) is not None]
+        errors += alone if len(alone) > 1 else [whole]
+    if errors:
+        raise TrafficError.of(errors, file)
+
+
+def _sampling_refusal(table: dict[str, Any], file: str, line: int) -> TrafficError | None:
+    """vLLM's refusal of ``table`` (with stepwarm's defaults) as a located
+    error, or None when ``SamplingParams`` takes it."""
+    kwargs = {**SAMPLING_DEFAULTS, **{k: (1 if k in MAX_FIELDS and v == "max" else v)
+                                      for k, v in table.items()}}
     try:
         make_sampling_params(kwargs)
-    except KeyError as e:
-        from vllm import SamplingParams
-
-        known = getattr(SamplingParams, "__struct_fields__", ())
-        raise _error(file, line, f"sampling.{e.args[0]}", "not a SamplingParams field"
-                     + _did_you_mean(str(e.args[0]), known)) from None
+    except KeyError as e:  # a SamplingParams that is not a msgspec Struct
+        return _error(file, line, f"sampling.{e.args[0]}", "not a SamplingParams field")
     except Exception as e:  # noqa: BLE001 - msgspec and vLLM raise several types
         text = re.sub(r" \(parameter=.*\)$", "", str(e))
         path = _MSGSPEC_PATH.search(text)
         param = getattr(e, "parameter", None) or (path.group(1) if path else None)
         field = param if param in table else next(
             (k for k in sorted(table, key=len, reverse=True) if k in text), None)
-        raise _error(file, line, f"sampling.{field}" if field else "sampling",
-                     f"vLLM's SamplingParams refused it: {text}") from None
+        return _error(file, line, f"sampling.{field}" if field else "sampling",
+                      f"vLLM's SamplingParams refused it: {text}")
+    return None
 
 
 def _json_object(text: str, file: str, line: int) -> dict[str, Any]:
@@ -464,6 +484,7 @@ def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None,
     """
     raw_lines = _request_lines(text, file)
     lines, errors, requests = [], [], 0
+    unchecked: list[int] = []  # lines whose sampling table vLLM has not checked
     for i, raw in raw_lines:
         try:
             tl = TrafficLine(i, parse_line(raw, file, i, sampling))
@@ -471,6 +492,8 @@ def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None,
             errors.append(e)
             continue
         lines.append(tl)
+        if not sampling and tl.request.sampling:
+            unchecked.append(i)
         if limits is not None:
             errors.extend(_limit_errors(tl, file, limits))
         requests += tl.request.count
@@ -480,7 +503,12 @@ def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None,
                                  "(MAX_REQUESTS, see docs/traffic.md)"))
             break
     if errors:
-        raise TrafficError.of(errors, file)
+        err = TrafficError.of(errors, file)
+        if unchecked:
+            note = (f"{file}: the sampling of line(s) {_ranges(unchecked)} is checked by "
+                    "vLLM's SamplingParams once the errors above are mended")
+            err = TrafficError(f"{err}\n{note}", [*err.errors, note])
+        raise err
     return Traffic(source=file, lines=tuple(lines))
 
 

@@ -287,7 +287,9 @@ def test_coverage_refuses_traffic_beyond_the_model_before_the_engine_starts(tmp_
                         f"{t}:3: prompt: 510 tokens + max_tokens 4 = 514 > the model's "
                         "max_model_len 512\n"
                         f"{t}:4: sampling.logprobs: 25 > the model's max_logprobs 20 (use "
-                        '"max", or -e max_logprobs=N)\n')
+                        '"max", or -e max_logprobs=N)\n'
+                        f"{t}: the sampling of line(s) 4 is checked by vLLM's SamplingParams "
+                        "once the errors above are mended\n")
 
 
 def test_coverage_refuses_deep_traffic_before_the_engine_starts(tmp_path):

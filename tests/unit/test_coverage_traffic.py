@@ -349,3 +349,37 @@ def test_every_bad_line_is_named_at_once_not_the_json_ones_first(tmp_path):
                           env={**os.environ, "COLUMNS": "300"})
     assert proc.stdout == "STATUS 2 []\n", proc.stderr
     assert proc.stderr == "\n".join(expected) + "\n"
+
+
+def test_a_sampling_table_names_every_field_vllm_refuses(tmp_path):
+    """Issue 42's fourth trial: an unknown key, a string temperature and a
+    negative top_k each came in a round of their own."""
+    from stepwarm.coverage.traffic import TrafficError, load_traffic
+
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"prompt": 5, "sampling": {"temperature": "hot", "top_kk": 3, "top_k": -7}}\n'
+                 '{"prompt": 5, "sampling": {"temperature": 0.5, "top_p": 7}}\n')
+    with pytest.raises(TrafficError) as e:
+        load_traffic(f)
+    assert str(e.value).splitlines() == [
+        f"{f}:1: sampling.top_kk: not a SamplingParams field (did you mean 'top_k'?)",
+        f"{f}:1: sampling.temperature: vLLM's SamplingParams refused it: Expected `float`, "
+        "got `str` - at `$.temperature`",
+        f"{f}:1: sampling.top_k: vLLM's SamplingParams refused it: top_k must be 0 (disable), "
+        "or at least 1, got -7.",
+        f"{f}:2: sampling.top_p: vLLM's SamplingParams refused it: top_p must be in (0, 1], "
+        "got 7.0."]
+
+
+def test_a_field_error_says_the_sampling_tables_wait_for_it(tmp_path):
+    """Line 2's count hides nothing silently: the last line says line 1's
+    sampling is checked once the file's other errors are mended."""
+    from stepwarm.coverage.traffic import TrafficError, loads_traffic
+
+    text = '{"prompt": 5, "sampling": {"temperature": "hot"}}\n{"prompt": 5, "count": 0}\n'
+    with pytest.raises(TrafficError) as e:
+        loads_traffic(text, "t.jsonl", sampling=False)
+    assert str(e.value).splitlines() == [
+        "t.jsonl:2: count: Input should be greater than 0",
+        "t.jsonl: the sampling of line(s) 1 is checked by vLLM's SamplingParams once the "
+        "errors above are mended"]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 SCRIPT = """
 import stepwarm
 assert not hasattr(stepwarm, "__version__"), "the folder did not shadow the package"
@@ -29,8 +31,8 @@ def test_the_recording_header_reads_the_version_under_a_shadowing_folder(tmp_pat
     r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=tmp_path, capture_output=True,
                        text=True, timeout=300)
     if "the folder did not shadow the package" in r.stderr:
-        import pytest
-
         pytest.skip("stepwarm is installed as a regular package here (not editable)")
+    if "Failed to infer device type" in r.stderr:  # a release's sources on PYTHONPATH
+        pytest.skip("this vLLM's sources find no platform (the version matrix)")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split()[-2:] == ["0.1.0", "0.1.0"]
