@@ -444,12 +444,19 @@ def check_json(text: str, file: str) -> None:
             errors.append(e)
     if not json_errors:
         return  # the fields' errors come with the limits' (loads_traffic)
+    raise _unchecked_sampling(errors, file, unchecked, "every line is a JSON object")
+
+
+def _unchecked_sampling(errors: list[TrafficError], file: str, unchecked: list[int],
+                        once: str) -> TrafficError:
+    """``errors`` as one, with a last line naming the lines whose
+    ``sampling`` vLLM's ``SamplingParams`` checks ``once`` (none: no line)."""
     err = TrafficError.of(errors, file)
-    if unchecked:
-        note = (f"{file}: the sampling of line(s) {_ranges(unchecked)} is checked by vLLM's "
-                "SamplingParams once every line is a JSON object")
-        err = TrafficError(f"{err}\n{note}", [*err.errors, note])
-    raise err
+    if not unchecked:
+        return err
+    note = (f"{file}: the sampling of line(s) {_ranges(unchecked)} is checked by vLLM's "
+            f"SamplingParams once {once}")
+    return TrafficError(f"{err}\n{note}", [*err.errors, note])
 
 
 def _ranges(numbers: list[int]) -> str:
@@ -503,12 +510,7 @@ def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None,
                                  "(MAX_REQUESTS, see docs/traffic.md)"))
             break
     if errors:
-        err = TrafficError.of(errors, file)
-        if unchecked:
-            note = (f"{file}: the sampling of line(s) {_ranges(unchecked)} is checked by "
-                    "vLLM's SamplingParams once the errors above are mended")
-            err = TrafficError(f"{err}\n{note}", [*err.errors, note])
-        raise err
+        raise _unchecked_sampling(errors, file, unchecked, "the errors above are mended")
     return Traffic(source=file, lines=tuple(lines))
 
 
