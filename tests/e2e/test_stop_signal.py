@@ -34,7 +34,7 @@ CHILD = textwrap.dedent(
         signal.signal(signal.SIGTERM, vllm_like)
         try:
             reports = hook.warmup(engine.worker, [sys.argv[1], "prefix-hit"],
-                                  settings=HookSettings(step_warn_s=0.05, gemm_sizes=False))
+                                  settings=HookSettings(step_warn_s=0.002, gemm_sizes=False))
             out = {"ended": "returned", "reports": len(reports)}
         except SystemExit as e:
             out = {"ended": "SystemExit", "code": e.code}
