@@ -124,13 +124,8 @@ def _check_output_path(path: Optional[Path], option: str) -> None:
     exists (a file on the way is named as one), it is not a directory, and a
     file can be made beside it (a temporary one, made and removed: a
     read-only file system, ``/proc``) and, where it exists, opened to append."""
-    if path is None:
-        return
-    from stepwarm.output_path import unwritable
-
-    why = unwritable(path)
-    if why:
-        _fail(f"{option} {path}: {why}", 2)
+    for error in _output_path_errors((path, option)):
+        _fail(error, 2)
 
 
 def _checked_model(model: Optional[str], weights: str) -> tuple[Optional[int], Optional[Path]]:
@@ -570,10 +565,17 @@ def _write_json(path: Path, report: dict[str, Any], ran: bool = True) -> None:
     try:
         write_atomic(path, json.dumps(report, indent=2) + "\n")
     except OSError as e:
-        if ran:
-            _fail(f"--json {path}: cannot write the report: {e.strerror or e} (the run "
-                  "finished, as above; no report file was left)", 1)
-        _fail(f"--json {path}: cannot write the report: {e.strerror or e}", 2)
+        _report_unsaved(f"--json {path}", e, "the run finished, as above; no report file was "
+                        "left" if ran else None)
+
+
+def _report_unsaved(what: str, e: OSError, finished: Optional[str]) -> None:
+    """A report that could not be written: exit 1 after the work it reports
+    (``finished`` says so), exit 2 when nothing ran."""
+    text = f"{what}: cannot write the report: {e.strerror or e}"
+    if finished is not None:
+        _fail(f"{text} ({finished})", 1)
+    _fail(text, 2)
 
 
 def _engine_args_known(model: Optional[str], engine_arg: Optional[list[str]]) -> dict[str, Any]:
@@ -1194,7 +1196,7 @@ def bench(
         try:
             bc.write_outputs(reports, ratios, json_out, csv_out, plot_out)
         except OSError as e:
-            _fail(f"bench: cannot write the report: {e.strerror or e} (the bench finished, as above)", 1)
+            _report_unsaved("bench", e, "the bench finished, as above")
         raise typer.Exit(bc.gate_exit(ratios, gate_pct))
     _plugin_scenarios_off()
     engine = _start_engine(model, engine_arg)
@@ -1221,7 +1223,7 @@ def bench(
     try:
         bc.write_outputs({"A": rep}, None, json_out, csv_out, plot_out)
     except OSError as e:
-        _fail(f"bench: cannot write the report: {e.strerror or e} (the bench finished, as above)", 1)
+        _report_unsaved("bench", e, "the bench finished, as above")
     if trace is not None:
         console.print(f"trace of step {trace} ({plan.steps[trace].label}) written to {trace_out}",
                       soft_wrap=True)
