@@ -581,7 +581,8 @@ def _validation_errors(e: ValidationError, file: str, index: _TomlIndex, *,
     "missing" error that comes with it, which is then left out), then by line.
     ``names_reported``: the bad request names were reported already (the
     format's own name check is left out)."""
-    errors = sorted(e.errors(), key=lambda x: x["type"] != "extra_forbidden")
+    errors = sorted([*e.errors(), *_as_meant(e.errors())],
+                    key=lambda x: x["type"] != "extra_forbidden")
     if names_reported:
         errors = [x for x in errors if tuple(x["loc"]) != ("requests",)]
     typos: list[ScenarioError] = []
@@ -600,6 +601,27 @@ def _validation_errors(e: ValidationError, file: str, index: _TomlIndex, *,
             rest.append(one)
     by_line = lambda x: x.line or 1 << 30  # noqa: E731
     return sorted(typos, key=by_line) + sorted(rest, key=by_line)
+
+
+def _as_meant(errors: list[Any]) -> list[Any]:
+    """The errors of each step whose ``kind`` is misspelt, read as the kind it
+    was probably meant to be (the did-you-mean): the unknown kind would
+    otherwise hide them until it is mended. Located as that kind's errors
+    are; a step with no close kind gives none."""
+    more: list[Any] = []
+    for err in errors:
+        step = err["input"]
+        if err["type"] != "union_tag_invalid" or not isinstance(step, dict):
+            continue
+        close = difflib.get_close_matches(str(step.get("kind", "")), list(STEP_MODELS), n=1)
+        if not close:
+            continue
+        try:
+            STEP_MODELS[close[0]].model_validate({**step, "kind": close[0]})
+        except ValidationError as meant:
+            more += [{**x, "loc": (*err["loc"], close[0], *x["loc"]), "read_as": close[0]}
+                     for x in meant.errors()]
+    return more
 
 
 def _validation_error(err: Any, file: str, index: _TomlIndex) -> tuple[ScenarioError, str | None]:
@@ -666,5 +688,7 @@ def _validation_error(err: Any, file: str, index: _TomlIndex) -> tuple[ScenarioE
         if "allowed" not in what:
             what += "; allowed: see scenarios/README.md"
     line = index.line(sec, fld)
+    if "read_as" in err:  # the kind it was read as, not the file's
+        kind = f"read as {kind}"
     return ScenarioError(f"{_where(file, line, sec, fld, kind)}: {what}", file=file, line=line,
                          step=sec[1] if sec[0] == "steps" else None, field=fld), suggestion

@@ -77,6 +77,22 @@ def test_unknown_step_kind(tmp_path):
                  "chunked_prefill")
 
 
+def test_a_misspelt_kind_hides_no_other_error_of_its_step(tmp_path):
+    """The step is read as the kind the did-you-mean names, so its other errors
+    are told with the kind's (issue 42, fourth trial, G); a kind close to none
+    gives the kind's error alone."""
+    e = bad(tmp_path, PREFILL_A.replace('"prefill"', '"prefil"').replace('["a"]', '"a"'))
+    kind, requests = e.errors
+    assert_parts(kind, 5, 0, "kind", "unknown step kind 'prefil'", "did you mean 'prefill'?")
+    assert str(requests).startswith(
+        f"{tmp_path}/bad.toml:6: step 0 (read as prefill), field 'requests': wrong type or "
+        "value 'a'; allowed: a list of strings")
+    assert (requests.line, requests.step, requests.field) == (6, 0, "requests")
+    e = bad(tmp_path, PREFILL_A.replace('"prefill"', '"zzz"').replace('["a"]', '"a"'))
+    assert_parts(e, 5, 0, "kind", "unknown step kind 'zzz'")
+    assert len(e.errors) == 1
+
+
 def test_misspelt_word_of_a_closed_set_suggests_closest(tmp_path):
     """A sampling preset, request kind, need or sequence misspelt: did-you-mean, as
     for a step kind; a word far from every choice gets none."""
