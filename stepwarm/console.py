@@ -669,6 +669,10 @@ BLOCK_COLUMNS = ("#", "kind", "request", "row", "g", "block table (runner)",
                  "hit (prefix cache)", "allocated (pool)", "null", "zeroed")
 SHORT_BLOCK_COLUMNS = ("#", "kind", "request", "row", "g", "table", "hit", "alloc", "null",
                        "zeroed")
+#: The narrowest table's: the step (``# kind``) on a row of its own, its
+#: requests' rows under it (:meth:`BlockTablesView._stepped_rows`).
+STEPPED_BLOCK_COLUMNS = ("# kind / request", "row", "g", "table", "hit", "alloc", "null",
+                         "zeroed")
 #: What the short headers stand for (said above the table that uses them).
 SHORT_BLOCK_HELP = ("table: the runner's block table; hit: prefix-cache hits; alloc: "
                     "allocated from the pool")
@@ -682,8 +686,10 @@ class BlockTablesView:
     Each column is at least as wide as its longest word (a header's or a
     cell's), so no word is split: with the full headers where they fit,
     else the short ones (:data:`SHORT_BLOCK_COLUMNS`, explained above the
-    table), else one wrapped line per row (``3 prefix_hit hit2 new g0:
-    table 4 2 3, hit 4 2, alloc 3, null 0, zeroed -``).
+    table), else each step on a row of its own above its requests' rows
+    (:data:`STEPPED_BLOCK_COLUMNS`), else the same as wrapped lines
+    (``3 prefix_hit``, then ``  hit2 new g0: table 4 2 3, hit 4 2, alloc 3,
+    null 0, zeroed -``).
     """
 
     def __init__(self, title: str, steps: list[Any]):
@@ -705,14 +711,26 @@ class BlockTablesView:
                         str(g.group), id_ranges(g.table), id_ranges(g.hit),
                         id_ranges(g.allocated), str(len(g.null)), id_ranges(g.zeroed)])
 
-    def _min_widths(self, headers: tuple[str, ...]) -> list[int]:
-        return [max(len(w) for text in (h, *(r[i] for r in self.rows)) for w in text.split() or [""])
-                for i, h in enumerate(headers)]
+    def _stepped_rows(self) -> list[list[str]]:
+        """:attr:`rows` for :data:`STEPPED_BLOCK_COLUMNS`: a row ``# kind`` per
+        step, then its requests' rows indented two spaces, without the step's
+        two columns."""
+        out: list[list[str]] = []
+        for row in self.rows:
+            if row[0]:
+                out.append([f"{row[0]} {row[1]}", *[""] * (len(STEPPED_BLOCK_COLUMNS) - 1)])
+            if row[2] != "-":
+                out.append([f"  {row[2]}" if row[2] else "", *row[3:]])
+        return out
 
     def table(self, width: int) -> Table | None:
-        """The table at ``width`` columns (None: not even the short headers fit)."""
-        for headers in (BLOCK_COLUMNS, SHORT_BLOCK_COLUMNS):
-            mins = self._min_widths(headers)
+        """The table at ``width`` columns (None: not even the stepped one fits)."""
+        for headers in (BLOCK_COLUMNS, SHORT_BLOCK_COLUMNS, STEPPED_BLOCK_COLUMNS):
+            rows = self._stepped_rows() if headers is STEPPED_BLOCK_COLUMNS else self.rows
+            mins = [max(len(w) for text in (h, *(r[i] for r in rows)) for w in text.split() or [""])
+                    for i, h in enumerate(headers)]
+            if headers is STEPPED_BLOCK_COLUMNS:  # its first column keeps each cell whole
+                mins[0] = max(len(h) for h in (headers[0], *(r[0] for r in rows)))
             if sum(mins) + StepTable.EDGE + StepTable.PER_COLUMN * len(mins) > width:
                 continue
             self.shown_title = (self.title if headers is BLOCK_COLUMNS
@@ -720,23 +738,27 @@ class BlockTablesView:
             table = Table()  # the title is drawn above it: see _title
             for col, least in zip(headers, mins):
                 table.add_column(col, justify="right" if col in ("#", "g", "null") else "left",
-                                 overflow="fold", min_width=least)
-            for row in self.rows:
+                                 overflow="fold", min_width=least,
+                                 no_wrap=col is STEPPED_BLOCK_COLUMNS[0])
+            for row in rows:
                 table.add_row(*row)
             return table
         return None
 
     def lines(self, width: int) -> list[str]:
-        """Each row as wrapped lines of at most ``width`` columns (no word split)."""
+        """Each step as a line ``# kind``, then each of its rows as wrapped
+        lines of at most ``width`` columns (no word split), indented two
+        spaces, continuations six."""
         out = textwrap.wrap(f"{self.title} ({SHORT_BLOCK_HELP})", width)
         for row in self.rows:
-            head = [c for c in row[:4] if c]
+            if row[0]:
+                out += _wrap([row[0], row[1]], 4, width, " ")
+            if row[2] == "-":
+                continue
             fields = [f"{h} {c}" for h, c in zip(SHORT_BLOCK_COLUMNS[5:], row[5:]) if c]
-            parts = [*head, f"g{row[4]}:" if row[4] else "", *(f"{f}," for f in fields)]
-            parts = [p for p in parts if p]
-            if parts and parts[-1].endswith(","):
-                parts[-1] = parts[-1][:-1]
-            out += _wrap(parts, 4, width, " ") if parts else []
+            parts = [c for c in row[2:4] if c] + [f"g{row[4]}:", *(f"{f}," for f in fields)]
+            parts[-1] = parts[-1].removesuffix(",")
+            out += ["  " + ln for ln in _wrap(parts, 4, width - 2, " ")]
         return out
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> Any:

@@ -148,5 +148,36 @@ def test_show_tables_too_narrow_for_the_table_is_lines_of_whole_fields():
         BlockTablesView("t", step_blocks(plan, profile)))
     lines = buf.getvalue().splitlines()
     assert max(map(len, lines)) <= 60 and "┃" not in buf.getvalue()
-    assert lines[lines.index("3 prefix_hit hit2 new g0: table 4 2 3, hit 4 2, alloc 3,"):][:2] == [
-        "3 prefix_hit hit2 new g0: table 4 2 3, hit 4 2, alloc 3,", "    null 0, zeroed -"]
+    # each step on a line of its own, its rows under it, indented (issue 42, I)
+    assert lines[lines.index("3 prefix_hit"):][:3] == [
+        "3 prefix_hit", "  hit2 new g0: table 4 2 3, hit 4 2, alloc 3, null 0,",
+        "      zeroed -"]
+
+
+def test_show_tables_at_80_columns_puts_a_long_kind_on_a_row_above_its_requests():
+    """``default``'s ``mixed_prefill_decode`` leaves the short headers' table
+    too wide at 80 columns: each step is a row of its own (number and kind),
+    its requests' rows under it, every cell whole (issue 42, fourth trial, I)."""
+    import io
+
+    from rich.console import Console
+
+    from stepwarm.console import SHORT_BLOCK_HELP, BlockTablesView
+    from stepwarm.scenario import plans_for
+    from stepwarm.tables import step_blocks
+
+    profile = tiny_profile()
+    (plan,) = plans_for(["default"], profile)
+    buf = io.StringIO()
+    Console(file=buf, width=80, color_system=None).print(
+        BlockTablesView("t", step_blocks(plan, profile)))
+    lines = buf.getvalue().splitlines()
+    assert max(map(len, lines)) <= 80 and SHORT_BLOCK_HELP in " ".join(" ".join(lines).split())
+    body = [[c.strip() for c in ln.split("│")[1:-1]] for ln in lines if ln.startswith("│")]
+    assert [r[0] for r in body if r[1] == ""] == [
+        "0 prefill", "1 decode", "2 decode", "3 decode", "4 cleanup", "5 prefill",
+        "6 mixed_prefill_decode", "7 cleanup"]
+    six = [r for r in body[body.index(["6 mixed_prefill_decode", *[""] * 7]) + 1:]][:2]
+    assert six == [["mixed_prefill", "new", "0", "7", "-", "7", "0", "-"],
+                   ["mixed_decode", "running", "0", "8", "-", "-", "0", "-"]]
+    assert "│   mixed_prefill " in buf.getvalue()  # indented under its step
