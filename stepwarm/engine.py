@@ -123,8 +123,10 @@ def _describe(parts: list[Any]) -> str:
 def bad_engine_arg_values(args: dict[str, Any]) -> list[str]:
     """One message per ``-e`` value that its ``EngineArgs`` field's type
     refuses, checked as vLLM's pydantic configs check it (lax mode: ``1``
-    is a fine ``bool``, ``"four"`` no ``int``), before vLLM starts an engine
-    that would fail on it later (or, for some fields, not at all).
+    is a fine ``bool``, ``"four"`` no ``int``), and each number outside the
+    bounds vLLM's config class puts on the field (``max_num_seqs=0``: at
+    least 1), before vLLM starts an engine that would fail on it later (or,
+    for some fields, not at all), and on the first of several only.
 
     Only fields whose type is made of scalars (``int``, ``float``, ``bool``,
     ``str``, ``None``, ``Literal``) are checked; dicts and config classes are
@@ -139,22 +141,46 @@ def bad_engine_arg_values(args: dict[str, Any]) -> list[str]:
 
     from pydantic import TypeAdapter, ValidationError
 
-    from stepwarm.engine_args import field_types
+    from stepwarm.engine_args import field_bounds, field_types
 
     types_ = field_types()  # the scalar fields' parts, without importing vLLM here
+    bounds = field_bounds()
     out = []
     for key, value in args.items():
         parts = types_.get(key)
         if parts is None or value is None:  # null: vLLM's default (fields typed int default to None)
             continue
         try:
-            TypeAdapter(typing.Union[tuple(parts)]).validate_python(value)  # type: ignore[arg-type]
+            read = TypeAdapter(typing.Union[tuple(parts)]).validate_python(value)  # type: ignore[arg-type]
         except ValidationError:
             literal = any(typing.get_origin(p) is typing.Literal for p in parts)
             shown = "" if literal else " (" + " | ".join(
                 "None" if p is type(None) else p.__name__ for p in parts) + ")"
             out.append(f"-e {key}={value!r}: EngineArgs.{key} takes {_describe(parts)}{shown}")
+            continue
+        refused = _out_of_bounds(read, bounds.get(key, {}))
+        if refused:
+            out.append(f"-e {key}={value!r}: vLLM's {bounds[key]['class']}.{key} takes "
+                       f"{refused}")
     return out
+
+
+_BOUND_WORDS = {"ge": "at least", "gt": "more than", "le": "at most", "lt": "less than"}
+
+
+def _out_of_bounds(value: Any, bound: dict[str, Any]) -> str | None:
+    """What ``bound`` (:func:`stepwarm.engine_args.field_bounds`' entry)
+    allows, where ``value`` is a number outside it (``"at least 1"``,
+    ``"more than 0 and at most 1"``); else None."""
+    import operator
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    ops = {"ge": operator.ge, "gt": operator.gt, "le": operator.le, "lt": operator.lt}
+    limits = [(op, bound[op]) for op in ("ge", "gt", "le", "lt") if op in bound]
+    if all(ops[op](value, limit) for op, limit in limits):
+        return None
+    return " and ".join(f"{_BOUND_WORDS[op]} {limit}" for op, limit in limits)
 
 
 @dataclass

