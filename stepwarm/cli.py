@@ -803,13 +803,16 @@ def _write_outputs(rep: Any, json_out: Optional[Path], timeline: Optional[Path])
     from stepwarm.coverage.timeline import timeline_svg
     from stepwarm.output_path import write_atomic
 
-    try:
-        if json_out is not None:
-            rep.save(json_out)
-        if timeline is not None:
-            write_atomic(timeline, timeline_svg(rep))
-    except OSError as e:
-        _fail(f"cannot write the report: {e.strerror or e}", 2)
+    for option, path, write in (("--json", json_out, rep.save),
+                                ("--timeline", timeline,
+                                 lambda p: write_atomic(p, timeline_svg(rep)))):
+        if path is None:
+            continue
+        try:
+            write(path)
+        except OSError as e:  # the paths were checked before the run: a disk that filled
+            _report_unsaved(f"{option} {path}", e, "the coverage run finished, as above; no "
+                            "report file was left")
 
 
 def _check_filled_cache(cache_dir: Path) -> None:
@@ -864,7 +867,8 @@ def _coverage_compare(args: list[str], json_out: Optional[Path], timeline: Optio
 
             write_atomic(json_out, json.dumps(both, indent=2) + "\n")
         except OSError as e:
-            _fail(f"--json {json_out}: cannot write the report: {e.strerror or e}", 2)
+            _report_unsaved(f"--json {json_out}", e, "the coverage runs finished, as above; "
+                            "no report file was left")
     raise typer.Exit(code_s)
 
 

@@ -119,3 +119,28 @@ def test_a_full_standard_output_is_one_line_not_a_traceback(command):
                            env={**os.environ, **ENV})
     assert (r.returncode, r.stderr) == (
         1, "error: cannot write to standard output: No space left on device\n")
+
+
+def test_a_coverage_report_that_cannot_be_written_after_the_run_is_exit_1(tmp_path, capsys):
+    """The paths are checked before the run; a disk that fills during it
+    leaves the report unwritten: exit 1, as run's and bench's (2 says nothing
+    ran), naming the option and saying the run finished (issue 42)."""
+    import typer
+
+    from stepwarm import cli
+    from stepwarm.output_path import write_atomic
+
+    class Report:  # what _write_outputs reads of a CoverageReport: save
+        def save(self, path: Path) -> None:
+            write_atomic(path, "x" * 20000)
+
+    mnt = _small_tmpfs(tmp_path)
+    try:
+        with pytest.raises(typer.Exit) as e:
+            cli._write_outputs(Report(), mnt / "cov.json", None)
+        assert e.value.exit_code == 1 and os.listdir(mnt) == []
+        err = " ".join(capsys.readouterr().err.split())
+        assert err == (f"error: --json {mnt}/cov.json: cannot write the report: No space left on "
+                       "device (the coverage run finished, as above; no report file was left)")
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
