@@ -333,14 +333,20 @@ class PlanBuilder:
         finish = ask.finish + tuple(r for r in self._pooled if r not in finishing)
         scheduled = self._check_membership(ask, finish)
         draft = StepDraft()
-        # The rows in the caller's order (vLLM's schedule() takes its RUNNING
-        # queue, then its WAITING queue): prefill chunks (a WAITING request's
-        # first, after any prefix hit; a RUNNING one's next), the RUNNING
-        # requests' decodes, then preempted requests resumed (WAITING).
-        self._schedule_prefills(ask.prefill, draft)
+        # The rows as vLLM's schedule() takes them, its RUNNING queue, then
+        # its WAITING queue (each in the caller's order): a RUNNING request's
+        # next prefill chunk, the RUNNING requests' decodes, the resumptions
+        # still recomputing; then the preempted requests resumed (prepended
+        # to WAITING when preempted) and the WAITING requests' first chunks
+        # (after any prefix hit). The order is the order of allocate_slots,
+        # which decides whether a step fits where a request frees blocks as
+        # it allocates (a sliding window's blocks left behind).
+        running = {rid: n for rid, n in ask.prefill.items() if rid in self._running}
+        self._schedule_prefills(running, draft)
         self._schedule_decodes(ask.decode, draft)
-        waiting = self._schedule_resumed_within_budgets(ask, scheduled, finish, draft,
-                                                        wait_for_mamba)
+        waiting = self._schedule_resumed_within_budgets(
+            ask, scheduled, finish, draft, wait_for_mamba,
+            {rid: n for rid, n in ask.prefill.items() if rid not in running})
         if waiting and relabel:
             label = relabel([rid for rid in ask.prefill if rid not in waiting])
         self._update_after_schedule(draft, finish, ask.preempt)
@@ -352,20 +358,27 @@ class PlanBuilder:
 
     def _schedule_resumed_within_budgets(self, ask: StepAsk, scheduled: set[str],
                                          finish: tuple[str, ...], draft: StepDraft,
-                                         wait_for_mamba: bool) -> dict[str, int]:
-        """The preempted requests resumed (:meth:`_schedule_resumptions`),
-        the step's budgets checked (:meth:`_check_budgets`) and its blocks
-        allocated (:meth:`_allocate`), all or nothing: a resumed request's
-        prefix hit is taken as its row is built, and a refused step gives it
-        back (the ledger as before the step).
+                                         wait_for_mamba: bool,
+                                         waiting: dict[str, int]) -> dict[str, int]:
+        """The resumptions (:meth:`_schedule_resumptions`: those still
+        recomputing, then the preempted ones), the ``waiting`` requests'
+        first prefill chunks, the step's budgets checked
+        (:meth:`_check_budgets`) and its blocks allocated
+        (:meth:`_allocate`), all or nothing: a resumed request's prefix hit
+        is taken as its row is built, and a refused step gives it back (the
+        ledger as before the step).
 
         Returns:
             The prefilled requests left waiting (:meth:`_allocate`).
         """
         hits = [rid for rid in ask.resume if self._resume_hit_ahead(rid)]
         saved = self.ledger.snapshot() if hits else None
+        continuing = {rid: n for rid, n in ask.resume.items() if rid in self._running}
         try:
-            self._schedule_resumptions(ask.resume, draft)
+            self._schedule_resumptions(continuing, draft)
+            self._schedule_resumptions(
+                {rid: n for rid, n in ask.resume.items() if rid not in continuing}, draft)
+            self._schedule_prefills(waiting, draft)
             self._check_budgets(scheduled, finish, ask.preempt, draft)
             return self._allocate(finish + ask.preempt, draft, wait_for_mamba)
         except PlanError:

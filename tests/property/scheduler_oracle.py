@@ -53,6 +53,17 @@ class Config:
     enable_caching: bool = True  # prefix caching
     #: An n-gram speculator's drafts a step (0: none); no lookahead slots.
     num_spec_tokens: int = 0
+    #: Tokens: a second KV cache group, sliding-window attention of this
+    #: window, beside the full-attention one (None: the full group alone).
+    sliding_window: int | None = None
+
+    def groups(self) -> tuple[CacheSpec, ...]:
+        """stepwarm's KV cache groups of this runner."""
+        full = CacheSpec(kind="full_attention", block_size=self.block_size)
+        if self.sliding_window is None:
+            return (full,)
+        return (full, CacheSpec(kind="sliding_window", block_size=self.block_size,
+                                sliding_window=self.sliding_window))
 
     def profile(self) -> RunnerProfile:
         """stepwarm's profile of this runner."""
@@ -62,7 +73,7 @@ class Config:
             enable_prefix_caching=self.enable_caching, num_lookahead_tokens=0,
             num_speculative_steps=self.num_spec_tokens, draft_slots=0, warmup_draft_slots=0, drafter=None,
             uncached_frees_append=False,
-            kv_cache_groups=(CacheSpec(kind="full_attention", block_size=self.block_size),),
+            kv_cache_groups=self.groups(),
         ))
 
 
@@ -102,12 +113,14 @@ class StepRecord:
 
 def build_scheduler(cfg: Config) -> Any:
     """vLLM's ``Scheduler`` on CPU over the tiny Llama's config, one
-    full-attention group of ``cfg.block_size``-token blocks."""
+    full-attention group of ``cfg.block_size``-token blocks (and a
+    sliding-window group beside it, :attr:`Config.sliding_window`)."""
     import torch
     from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig,
                              SchedulerConfig, SpeculativeConfig, VllmConfig)
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                            SlidingWindowSpec)
     from vllm.v1.structured_output import StructuredOutputManager
 
     from stepwarm.zoo import write_model
@@ -129,8 +142,12 @@ def build_scheduler(cfg: Config) -> Any:
                     device_config=DeviceConfig("cpu"), speculative_config=spec)
     full = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=8,
                              dtype=torch.float16)
-    kvc = KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[],
-                        kv_cache_groups=[KVCacheGroupSpec(["l0"], full)])
+    groups = [KVCacheGroupSpec(["l0"], full)]
+    if cfg.sliding_window is not None:
+        groups.append(KVCacheGroupSpec(["l1"], SlidingWindowSpec(
+            block_size=cfg.block_size, num_kv_heads=1, head_size=8, dtype=torch.float16,
+            sliding_window=cfg.sliding_window)))
+    kvc = KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     return Scheduler(vc, kvc, StructuredOutputManager(vc), block_size=cfg.block_size)
 
 
@@ -151,8 +168,9 @@ def _ids(blocks: Any) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(g) for g in blocks)
 
 
-def record(out: Any) -> StepRecord:
-    """What one ``SchedulerOutput`` sent, per request."""
+def record(out: Any, num_groups: int = 1) -> StepRecord:
+    """What one ``SchedulerOutput`` sent, per request (no new block: an
+    empty tuple for each of the ``num_groups`` KV cache groups)."""
     rec = StepRecord(0, dict(out.num_scheduled_tokens), {}, {}, set(), set(),
                      set(out.finished_req_ids), set(getattr(out, "preempted_req_ids", None) or ()))
     for nr in out.scheduled_new_reqs:
@@ -164,20 +182,20 @@ def record(out: Any) -> StepRecord:
     for i, rid in enumerate(c.req_ids):
         rec.computed[rid] = c.num_computed_tokens[i]
         nb = c.new_block_ids[i]
-        rec.blocks[rid] = _ids(nb) if nb is not None else ((),)
+        rec.blocks[rid] = _ids(nb) if nb is not None else ((),) * num_groups
         if rid in resumed:
             rec.resumed.add(rid)
     return rec
 
 
-def stepwarm_record(step: PlannedStep) -> StepRecord:
+def stepwarm_record(step: PlannedStep, num_groups: int = 1) -> StepRecord:
     """The same view of one of stepwarm's steps."""
     rec = StepRecord(step.index, {}, {}, {}, set(), set(), set(step.finished_req_ids),
                      set(step.preempted_req_ids))
     for r in step.scheduled:
         rec.tokens[r.req_id] = r.num_scheduled_tokens
         rec.computed[r.req_id] = r.num_computed_tokens
-        rec.blocks[r.req_id] = r.block_ids if r.block_ids else ((),)
+        rec.blocks[r.req_id] = r.block_ids if r.block_ids else ((),) * num_groups
         if r.new:
             rec.new.add(r.req_id)
         if r.resumed:
@@ -263,7 +281,7 @@ class Replay:
             self._grew_before_preemption = False
             self._held_before = {rid: len(b) for rid, b in self._blocks().items()}
             out = s.schedule()
-            theirs = record(out)
+            theirs = record(out, len(cfg.groups()))
             theirs.index = t
             # a request aborted before any step sent it: the runner never
             # saw it, and no recording names it
@@ -283,7 +301,7 @@ class Replay:
                 raise Unmodelled("a waiting request padded with placeholder drafts")
             self._sent.update(theirs.new)
             sampled = self.sample(out, theirs)
-            mine = stepwarm_record(self.plan_step(theirs))
+            mine = stepwarm_record(self.plan_step(theirs), len(cfg.groups()))
             self.pairs.append((theirs, mine))
             self.compare(theirs, mine)
             s.update_from_output(out, model_runner_output(list(out.num_scheduled_tokens),
@@ -404,6 +422,10 @@ class Replay:
         for rid in rec.resumed:
             if rid in ahead and rec.computed[rid] != ahead[rid]:
                 raise Unmodelled("a resumed request's hit evicted by an earlier row")
+            assert self.builder is not None
+            if rec.computed[rid] and not self.builder.ledger.looks_up_resumed:
+                # BlockLedger.lookup: full and MLA attention groups only
+                raise Unmodelled("a resumed request's prefix hit beside a sliding-window group")
         bs = self.cfg.block_size
         touched: set[int] = set()
         for rid, n in rec.tokens.items():
@@ -442,6 +464,9 @@ class Replay:
             hit = theirs.computed[rid] // bs if whole else 0
             for g, o in zip(groups, ours):
                 for pos, (t, m) in enumerate(zip(g, o)):
+                    if not t or not m:  # the null block (a sliding window's skipped blocks)
+                        assert t == m, self.explain(theirs, mine)
+                        continue
                     if pos < hit:
                         assert self._ours.get(t) == m, self.explain(theirs, mine)
                         continue

@@ -211,3 +211,40 @@ def test_rows_allocated_before_a_preemption_are_discarded_not_passed() -> None:
     with pytest.raises(Unmodelled, match="rows allocated before a preemption freed|"
                                          "a waiting request padded"):
         replay(*PREEMPT_STREAM, exact=False)
+
+
+#: Shrunk from a stream with a sliding-window group beside the full one
+#: (window 2, 2-token blocks). In step 28 vLLM's scheduler allocates r0's
+#: decode and r1's continuing resumption (RUNNING: each frees its blocks
+#: left behind the window first) before r3's first chunk (WAITING); stepwarm
+#: took the prefill rows first and refused the step: 2 blocks for r0, 1 free.
+SLIDING_STREAM = (
+    Config(block_size=2, num_blocks=34, max_num_seqs=3, max_num_batched_tokens=8,
+           max_model_len=32, sliding_window=2),
+    [Arrival(0, 1, 31), Arrival(1, 1, 31), Arrival(0, 6, 26), Arrival(1, 5, 27)])
+
+
+def test_rows_allocate_in_the_schedulers_order_running_then_waiting() -> None:
+    """Every step up to the stream's first step stepwarm knowingly plans
+    otherwise (a resumed request's prefix hit beside a sliding-window group,
+    step 31) is the scheduler's, step 28 included."""
+    r = Replay(*SLIDING_STREAM, exact=False)
+    with pytest.raises(Unmodelled, match="prefix hit beside a sliding-window group"):
+        r.run()
+    assert len(r.pairs) == 31  # steps 0 - 30 compared
+    step28 = r.pairs[28][0]
+    assert (step28.tokens, step28.computed, step28.new) == (
+        {"r0": 1, "r1": 2, "r3": 5}, {"r0": 28, "r1": 14, "r3": 0}, {"r3"})
+
+
+@pytest.mark.xfail(strict=True, reason="open: beside a sliding-window group, a new request's "
+                   "prefix hit in vLLM takes another cached copy of a prompt block than "
+                   "stepwarm's (docs/block-accounting.md, known differences)")
+def test_a_hit_beside_a_sliding_window_takes_the_schedulers_block() -> None:
+    """Shrunk: in step 29 vLLM gives r3 (a 2-token hit on the prompt block
+    [0, 1]) the copy r1 recomputed at its resumption in step 27; stepwarm
+    gives it the copy r2 cached first."""
+    replay(Config(block_size=2, num_blocks=34, max_num_seqs=3, max_num_batched_tokens=8,
+                  max_model_len=32, sliding_window=2),
+           [Arrival(1, 1, 31), Arrival(1, 2, 30), Arrival(0, 5, 27), Arrival(1, 3, 29)],
+           exact=False)

@@ -371,10 +371,10 @@ def test_show_rows_name_the_step_and_its_requests_as_runs():
     plan, table = _plan_table("mixed-prefill-decode")
     assert [row[:4] for row in table.rows] == [
         ["0", "prefill", "prefill dec[0],dec[1],dec[2] x rest", "dec[0..2]"],
-        ["1", "mixed_prefill_decode", "decode dec[0] + prefill pre x rest", "pre dec[0]"],
+        ["1", "mixed_prefill_decode", "decode dec[0] + prefill pre x rest", "dec[0] pre"],
         ["2", "finish", "finish pre", "finish: pre"],
         ["3", "mixed_prefill_decode", "decode dec[0],dec[1],dec[2] + prefill long x rest",
-         "long dec[0..2]"],
+         "dec[0..2] long"],
         ["4", "cleanup", "cleanup (auto)", "finish: dec[0..2] long"]]
     assert [row[4:] for row in table.rows] == [
         ["6", "0", "3", "0", "0", "3", "3"], ["16", "0", "1", "0", "0", "2", "2"],

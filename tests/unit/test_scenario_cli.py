@@ -191,7 +191,7 @@ def test_show_in_an_80_column_terminal_fits_and_names_every_step():
     (plan,) = plans_for(["mixed-prefill-decode"], tiny_profile())
     for st in plan.steps:  # the line form: each step's label on its first line
         assert f"  [{st.index}/5] {st.kind}  {st.label}" in lines
-    assert "        requests long dec[0..2]" in lines
+    assert "        requests dec[0..2] long" in lines  # running rows first, as vLLM's
     assert "        tokens 512  spec 0  alloc blk 4  hit blk 0  null blk 0  held blk 7" in lines
     assert "  groups: full_attention(block_size=128)" in lines  # the profile line, wrapped
 

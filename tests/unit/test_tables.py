@@ -178,6 +178,6 @@ def test_show_tables_at_80_columns_puts_a_long_kind_on_a_row_above_its_requests(
         "0 prefill", "1 decode", "2 decode", "3 decode", "4 cleanup", "5 prefill",
         "6 mixed_prefill_decode", "7 cleanup"]
     six = [r for r in body[body.index(["6 mixed_prefill_decode", *[""] * 7]) + 1:]][:2]
-    assert six == [["mixed_prefill", "new", "0", "7", "-", "7", "0", "-"],
-                   ["mixed_decode", "running", "0", "8", "-", "-", "0", "-"]]
-    assert "│   mixed_prefill " in buf.getvalue()  # indented under its step
+    assert six == [["mixed_decode", "running", "0", "8", "-", "-", "0", "-"],
+                   ["mixed_prefill", "new", "0", "7", "-", "7", "0", "-"]]
+    assert "│   mixed_decode " in buf.getvalue()  # indented under its step
