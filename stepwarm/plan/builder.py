@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal, NoReturn
 
-from stepwarm.blocks import BlockLedger, OutOfBlocksError, StepAllocation
+from stepwarm.blocks import BlockLedger, Growth, OutOfBlocksError, StepAllocation
 from stepwarm.plan.draft import StepAsk, StepDraft
 from stepwarm.plan.errors import PlanError, bad_drafts, over_token_budget, too_many_seqs
 from stepwarm.plan.output import (
@@ -93,6 +94,10 @@ class PlanBuilder:
     _pooled: list[str] = field(default_factory=list, init=False)
     #: The scheduler's running queue (request ids).
     _running: set[str] = field(default_factory=set, init=False)
+    #: Each running request's place in that queue: the order it entered it
+    #: (a resumed request enters it again, at the end).
+    _queued: dict[str, int] = field(default_factory=dict, init=False)
+    _enqueued: Iterator[int] = field(default_factory=itertools.count, init=False)
     #: Requests declared ``structured_output`` (sampled with a bitmask).
     _structured: set[str] = field(default_factory=set, init=False)
     #: The profile has a Mamba group in ``align`` cache mode (prefill chunks
@@ -338,9 +343,10 @@ class PlanBuilder:
         # next prefill chunk, the RUNNING requests' decodes, the resumptions
         # still recomputing; then the preempted requests resumed (prepended
         # to WAITING when preempted) and the WAITING requests' first chunks
-        # (after any prefix hit). The order is the order of allocate_slots,
-        # which decides whether a step fits where a request frees blocks as
-        # it allocates (a sliding window's blocks left behind).
+        # (after any prefix hit). _allocate orders the running rows as the
+        # queue holds them: the order of allocate_slots decides whether a
+        # step fits where a request frees blocks as it allocates (a sliding
+        # window's blocks left behind).
         running = {rid: n for rid, n in ask.prefill.items() if rid in self._running}
         self._schedule_prefills(running, draft)
         self._schedule_decodes(ask.decode, draft)
@@ -672,9 +678,17 @@ class PlanBuilder:
             Prefilled requests left waiting for a Mamba state cached in this
             step (removed from ``draft``), when ``wait_for_mamba``.
         """
+        # allocate_slots' order: the running queue's (its requests' chunks,
+        # decodes and resumptions, each where it entered the queue), then the
+        # waiting rows as built; the growths go back to the rows' order.
+        allocs = draft.allocs
+        order = self._queue_order([a.req_id for a in allocs])
         try:
-            growths = self.ledger.allocate_step(free, draft.allocs,
-                                                wait_for_mamba=wait_for_mamba)
+            got = self.ledger.allocate_step(free, [allocs[i] for i in order],
+                                            wait_for_mamba=wait_for_mamba)
+            growths: list[Growth | None] = [None] * len(got)
+            for j, i in enumerate(order):
+                growths[i] = got[j]
         except OutOfBlocksError as e:
             raise self._err(f"{e} (runner has num_blocks {self.profile.num_blocks})", "blocks",
                             getattr(e, "req_id", None)) from None
@@ -695,6 +709,14 @@ class PlanBuilder:
             return {}
         return self._rows_with_blocks(draft, growths)
 
+    def _queue_order(self, req_ids: list[str]) -> list[int]:
+        """Indices of ``req_ids`` in the order vLLM's ``schedule()`` takes
+        them: those running before the step as its running queue holds them
+        (:attr:`_queued`), then the others (waiting) as given."""
+        running, queued = self._running, self._queued
+        return sorted(range(len(req_ids)), key=lambda i: (
+            (0, queued[req_ids[i]]) if req_ids[i] in running else (1, i)))
+
     def _lazy_rows(self, draft: StepDraft, growths: list) -> LazyRows:
         """The step's rows with every row allocated, made
         :class:`ScheduledRequest` tuples when the step is first read.
@@ -708,7 +730,8 @@ class PlanBuilder:
         others = rows[:ds] + rows[de:] if ds < de else rows
         tables = {row[0]: ledger.held(row[0]) for row in others
                   if (row[4] or row[5]) and row[1]}  # type: ignore[misc]
-        return LazyRows(rows, growths, tables)
+        order = self._queue_order([row[0] for row in rows])  # sent in schedule()'s order
+        return LazyRows([rows[i] for i in order], [growths[i] for i in order], tables)
 
     def _rows_with_blocks(self, draft: StepDraft, growths: list) -> dict[str, int]:
         """The step's rows made :class:`ScheduledRequest` tuples now, less
@@ -738,7 +761,7 @@ class PlanBuilder:
             # row[4], row[5]: new, resumed (whole table); else the appended ids
             got = ledger.held(rid) if row[4] or row[5] else grown[0]  # type: ignore[misc]
             out.append(new(ScheduledRequest, row[:6] + (got, grown[1]) + row[6:]))
-        draft.scheduled = out
+        draft.scheduled = [out[i] for i in self._queue_order([r.req_id for r in out])]
         draft.updates, draft.decoded = updates, []
         return waiting
 
@@ -769,6 +792,7 @@ class PlanBuilder:
                 live.state = "running"
                 live.seen = True
                 run(decl.req_id)
+                self._queued[decl.req_id] = next(self._enqueued)
             if decl.kind == "pool":
                 draft.pooling = True
                 if live.num_computed_tokens >= decl.prompt_len:

@@ -16,6 +16,9 @@ only generates steps the scheduler can produce).
 from __future__ import annotations
 
 import copy
+import itertools
+from collections.abc import Callable
+from typing import Any
 from dataclasses import dataclass
 
 from hypothesis import assume, event, note
@@ -70,6 +73,10 @@ class Lifecycle(RuleBasedStateMachine):
         #: sends none: its ids then differ from vLLM's).
         self.copies = 0
         self.cow_seen = False
+        #: Each running request's place in the scheduler's running queue (the
+        #: order it entered it; a resumed one enters it again, at the end).
+        self.queued: dict[str, int] = {}
+        self.enqueued = itertools.count()
 
     # -- setup -----------------------------------------------------------
     @initialize(data=st.data())
@@ -317,7 +324,7 @@ class Lifecycle(RuleBasedStateMachine):
             o.preempt(rid)
             self.state[rid], self.computed[rid] = "preempted", 0
         self.oracle_new = {}
-        for row in step.scheduled:
+        for row in self._in_schedule_order(list(step.scheduled), lambda r: r.req_id):
             rid, n = row.req_id, row.num_scheduled_tokens
             self._assume_hit_in_order(o, rid)
             cow = o.copy_pending(rid)
@@ -339,6 +346,8 @@ class Lifecycle(RuleBasedStateMachine):
             o.advance(rid, n, outs)
             self.computed[rid] += n
             self.outputs[rid] += outs
+            if self.state[rid] != "running":
+                self.queued[rid] = next(self.enqueued)
             self.state[rid] = "running"
         self.oracle_zero = o.take_new_block_ids()
         self.copies = o.end_step()
@@ -346,6 +355,17 @@ class Lifecycle(RuleBasedStateMachine):
             event("vLLM copy-on-write copies (partial-block caching): ids not modelled")
             self.cow_seen = True
         event(f"step: {len(step.scheduled)} scheduled")
+
+    def _in_schedule_order(self, rows: list, req_id: Callable[[Any], str]) -> list:
+        """``rows`` in the order vLLM's ``schedule()`` calls
+        ``allocate_slots``: the running queue's, each request where it
+        entered the queue, then the others (waiting: resumed, then new) as
+        they come."""
+        def key(i: int) -> tuple[int, int]:
+            rid = req_id(rows[i])
+            return (0, self.queued[rid]) if self.state[rid] == "running" else (1, i)
+
+        return [rows[i] for i in sorted(range(len(rows)), key=key)]
 
     def _assume_hit_in_order(self, o: Oracle, rid: str) -> None:
         """The scheduler looks a waiting request up right before allocating
@@ -367,14 +387,16 @@ class Lifecycle(RuleBasedStateMachine):
             o.finish(rid)
         for rid in preempt:
             o.preempt(rid)
-        for rid, n in prefill.items():
-            self._assume_hit_in_order(o, rid)
-            if o.schedule(rid, n) is None:
-                return True
-        for rid, k in decode.items():
-            if o.schedule(rid, 1 + k) is None:
-                return True
-        for rid, n in resume.items():
+        # stepwarm's rows: RUNNING (chunks, decodes, resumptions still
+        # recomputing), then WAITING (preempted resumed, first chunks)
+        rows = ([(r, n) for r, n in prefill.items() if self.state[r] == "running"]
+                + [(r, 1 + k) for r, k in decode.items()]
+                + [(r, n) for r, n in resume.items() if self.state[r] == "running"]
+                + [(r, n) for r, n in resume.items() if self.state[r] != "running"]
+                + [(r, n) for r, n in prefill.items() if self.state[r] != "running"])
+        for rid, n in self._in_schedule_order(rows, lambda r: r[0]):
+            if rid in prefill:
+                self._assume_hit_in_order(o, rid)
             if o.schedule(rid, n) is None:
                 return True
         return False

@@ -278,6 +278,10 @@ class Replay:
             # allocations (get_computed_blocks reads; log_stats is off)
             ahead = {r.request_id: s.kv_cache_manager.get_computed_blocks(r)[1]
                      for r in s.waiting if r.status == RequestStatus.PREEMPTED}
+            # and the blocks a new request's lookup finds there (per group)
+            found = {r.request_id: _ids(s.kv_cache_manager.get_computed_blocks(r)[0]
+                                        .get_block_ids())
+                     for r in s.waiting if r.status == RequestStatus.WAITING}
             self._grew_before_preemption = False
             self._held_before = {rid: len(b) for rid, b in self._blocks().items()}
             out = s.schedule()
@@ -291,7 +295,7 @@ class Replay:
             again = theirs.new & self._sent
             theirs.new -= again
             theirs.resumed |= again
-            self.check_modelled(theirs, ahead)
+            self.check_modelled(theirs, ahead, found)
             self.check_unique_hits(theirs)
             self.check_preemption_order(theirs)
             if set(out.scheduled_spec_decode_tokens) & (theirs.new | theirs.resumed):
@@ -411,14 +415,17 @@ class Replay:
             elif when.get(x.block_id, (None,))[0] is not x.block_hash:
                 when[x.block_id] = (x.block_hash, rec.index)
 
-    def check_modelled(self, rec: StepRecord, ahead: dict[str, int]) -> None:
+    def check_modelled(self, rec: StepRecord, ahead: dict[str, int],
+                       found: dict[str, tuple[tuple[int, ...], ...]]) -> None:
         """Raise :class:`Unmodelled` for a new request whose prefix hit reads a
         block another request of the same step took from the pool or made a
         cache entry, and for a resumed request whose hit is not the one it
         had before the step (``ahead``: an earlier row of the step evicted a
-        block of it): vLLM's scheduler looks each waiting request up right
-        before its allocation, stepwarm takes a hit before the step's
-        allocations (docs/block-accounting.md)."""
+        block of it), or a new request whose hit blocks are not those a
+        lookup before the step finds (``found``: an earlier row evicted a
+        copy): vLLM's scheduler looks each waiting request up right before
+        its allocation, stepwarm takes a hit before the step's allocations
+        (docs/block-accounting.md)."""
         for rid in rec.resumed:
             if rid in ahead and rec.computed[rid] != ahead[rid]:
                 raise Unmodelled("a resumed request's hit evicted by an earlier row")
@@ -440,6 +447,13 @@ class Replay:
                 hit = c // bs
             # blocks filled in this step, and those taken from the pool
             touched.update(table[hit:])
+        for rid in rec.new:
+            n = rec.computed[rid] // bs
+            if n and rid in found and [g[:n] for g in rec.blocks[rid]] != \
+                    [g[:n] for g in found[rid]]:
+                # two cached copies of a block: an earlier row evicted the one
+                # the lookup before the step finds, and vLLM hits the other
+                raise Unmodelled("a new request's hit on a copy an earlier row evicted")
 
     def compare(self, theirs: StepRecord, mine: StepRecord) -> None:
         """``mine`` is ``theirs``. Unless :attr:`exact`, block ids up to

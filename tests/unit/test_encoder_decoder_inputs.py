@@ -82,8 +82,9 @@ def test_a_split_keeps_decodes_and_continuing_chunks_in_the_last_part():
     plan = b.build()
     assert [(s.kind, _rows(s)) for s in plan.steps[2:]] == [
         ("prefill", [("x", 10, (0,))]),
-        # RUNNING rows (chunks, decodes), then WAITING ones, as schedule() takes them
-        ("mixed_prefill_decode", [("chunk", 6, ()), ("run", 1, ()), ("y", 10, (0,))]),
+        # the running queue (run, then chunk: their admission order), then
+        # WAITING, as schedule() takes them
+        ("mixed_prefill_decode", [("run", 1, ()), ("chunk", 6, ()), ("y", 10, (0,))]),
     ]
 
 

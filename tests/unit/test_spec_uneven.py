@@ -25,11 +25,13 @@ def test_spec_uneven_sends_full_partial_and_no_drafts_in_one_step():
     plan = expand(load("spec-uneven"), _profile(spec=2))
     assert not plan.skipped
     by_label = [(s.kind, _drafts(s)) for s in plan.steps if s.kind in ("spec_decode", "mixed_decode")]
-    # 4 requests (max_num_seqs); schedule order: spec, partial, non_spec.
+    # 4 requests (max_num_seqs), sent in the running queue's order (r[0],
+    # r[1], r[2], ...), as vLLM's scheduler sends them: the second uneven
+    # step, roles rotated, has its full drafts last.
     assert by_label == [
         ("spec_decode", [2, 2, 2, 2]),
         ("mixed_decode", [2, 1, 0]),
-        ("mixed_decode", [2, 1, 0]),
+        ("mixed_decode", [1, 0, 2]),
         ("mixed_decode", [2, 2, 1, 1]),
         ("mixed_decode", [2, 1, 1, 1]),
         ("spec_decode", [1, 1, 1, 1]),
