@@ -329,7 +329,9 @@ class RecordSettings:
         """Parse ``STEPWARM_RECORD`` and ``STEPWARM_RECORD_MAX_MB``.
 
         Raises:
-            SettingsError: a blank path, or a cap that is not a whole number
+            SettingsError: a blank path, a path no file can be appended to
+                (:func:`stepwarm.output_path.unwritable`: a missing directory,
+                ``/proc``, a directory), or a cap that is not a whole number
                 of MiB from 1 to 1048576 (every bad variable, one a line).
         """
         env = os.environ if env is None else env
@@ -340,6 +342,10 @@ class RecordSettings:
         if not path.strip():
             errors.append(f"{ENV_RECORD}={path!r}: blank; allowed: a file path (the "
                           "recording is appended to it); unset or empty: off")
+        elif why := _record_path_refusal(path):
+            errors.append(f"{ENV_RECORD}={path!r}: {why}" + (
+                "" if "allowed:" in why else "; allowed: a file path this process can "
+                "append to"))
         raw = env.get(ENV_RECORD_MAX_MB, "").strip()
         max_mb = DEFAULT_RECORD_MAX_MB
         if raw:
@@ -351,3 +357,17 @@ class RecordSettings:
         if errors:
             raise SettingsError("\n".join(errors))
         return cls(path=path, max_bytes=max_mb << 20)
+
+
+def _record_path_refusal(path: str) -> str | None:
+    """Why the recording cannot be appended to ``path`` (None: it can, or it
+    is something other than a regular file, such as a pipe, which is opened
+    only when the first step is recorded)."""
+    from pathlib import Path
+
+    from stepwarm.output_path import unwritable
+
+    p = Path(path)
+    if p.exists() and not p.is_file() and not p.is_dir():
+        return None
+    return unwritable(p)

@@ -185,15 +185,17 @@ def test_the_cap_stops_with_one_line(wrapped: Path, monkeypatch: pytest.MonkeyPa
 
 def test_a_failed_write_never_fails_serving(monkeypatch: pytest.MonkeyPatch, wrapped: Path,
                                             caplog: pytest.LogCaptureFixture) -> None:
-    wrapped.mkdir()  # the path is a directory: os.open fails
+    # a full disk: the path opens, its writes fail (a directory, refused at
+    # start-up, is a settings error now: test_bad_settings)
+    wrapped.symlink_to("/dev/full")
     s = scheduler()
     add(s, "a", 20, temperature=0.0)
     with caplog.at_level(logging.WARNING, logger="vllm.stepwarm"):
         outs = [step(s) for _ in range(3)]
     assert [o.total_num_scheduled_tokens for o in outs] == [20, 1, 1]
     said = [r.getMessage() for r in caplog.records if "STEPWARM_RECORD" in r.getMessage()]
-    assert said == [f"stepwarm: STEPWARM_RECORD {wrapped}: cannot write (IsADirectoryError: "
-                    f"[Errno 21] Is a directory: '{wrapped}'); recording stopped, serving "
+    assert said == [f"stepwarm: STEPWARM_RECORD {wrapped}: cannot write (OSError: "
+                    "[Errno 28] No space left on device); recording stopped, serving "
                     "goes on"]
 
 
@@ -212,6 +214,15 @@ def test_off_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
      "STEPWARM_RECORD_MAX_MB='0': allowed: a whole number of MiB from 1 to 1048576; unset: 256"),
     ({"STEPWARM_RECORD": "r.jsonl", "STEPWARM_RECORD_MAX_MB": "1.5"},
      "STEPWARM_RECORD_MAX_MB='1.5': allowed"),
+    # a path the recording cannot be appended to fails start-up, not the
+    # first step (issue 42, fifth trial)
+    ({"STEPWARM_RECORD": "/proc/x.jsonl"},
+     "STEPWARM_RECORD='/proc/x.jsonl': cannot be written: no file can be made in /proc "
+     "(No such file or directory); allowed: a file path this process can append to"),
+    ({"STEPWARM_RECORD": "/nonexistent-dir/r.jsonl", "STEPWARM_RECORD_MAX_MB": "0"},
+     "STEPWARM_RECORD='/nonexistent-dir/r.jsonl': directory /nonexistent-dir does not exist; "
+     "allowed: a file path this process can append to\nSTEPWARM_RECORD_MAX_MB='0': allowed"),
+    ({"STEPWARM_RECORD": "/"}, "STEPWARM_RECORD='/': is a directory; allowed: a file path"),
 ])
 def test_bad_settings(env: dict[str, str], error: str) -> None:
     with pytest.raises(SettingsError) as e:
