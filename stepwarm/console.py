@@ -820,6 +820,10 @@ def plan_table(plan: Plan, num_groups: int, blocks: list[Any]) -> StepTable:
         "allocated from the pool, prefix-cache hits, null placeholders sent, held after "
         "the step", PLAN_COLUMNS, of=len(plan.steps))
     order = {r.req_id: i for i, r in enumerate(plan.requests)}
+    # Blocks each live request holds, per group, as of the last step that
+    # scheduled it (PlannedStep.held_blocks: the step's own rows); finished
+    # and preempted requests hold none.
+    holding: dict[str, tuple[int, ...]] = {}
 
     def per_group(st: Any, field: str) -> str:
         return "/".join(str(sum(len(getattr(r.groups[g], field)) for r in st.requests))
@@ -833,8 +837,10 @@ def plan_table(plan: Plan, num_groups: int, blocks: list[Any]) -> StepTable:
         if st.preempted_req_ids:
             names.append("preempt: " + request_runs(plan, sorted(st.preempted_req_ids,
                                                                  key=order.get)))
-        held = ([sum(c[g] for _, c in st.held_blocks) for g in range(num_groups)]
-                if st.held_blocks else [0] * num_groups)
+        holding.update(st.held_blocks)
+        for rid in (*st.finished_req_ids, *st.preempted_req_ids):
+            holding.pop(rid, None)
+        held = [sum(c[g] for c in holding.values()) for g in range(num_groups)]
         sample = (str(st.num_sampling_requests)
                   + (f" (g:{len(st.grammar_req_ids)})" if st.grammar_req_ids else "")
                   ) if st.sample else "-"
