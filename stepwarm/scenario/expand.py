@@ -200,7 +200,8 @@ class _Expander:
             refused = refusals(args, self.p)
             if refused:
                 raise ScenarioError.of([
-                    self.err(f"vLLM's SamplingParams refuses {shown(one)}: {msg}; allowed: "
+                    self.err(f"vLLM's SamplingParams refuses {shown(one)}: "
+                             f"{msg.rstrip().removesuffix('.')}; allowed: "
                              f"{allowed}", f"sampling.{fld}", request=name)
                     for one, fld, msg in refused])
         return out

@@ -38,6 +38,7 @@ from typing import Any, TypeVar
 
 from stepwarm.scenario.recording import Recording, RecordedRequest, RecordedStep, SamplerClassModel
 from stepwarm.scenario.sweeps import next_power_of_2
+from stepwarm.words import plural
 
 #: Sampler rows from which vLLM's top-k / top-p run its own kernel, not torch's sort.
 TOPK_KERNEL_ROWS = 8
@@ -278,8 +279,9 @@ def segment(step: RecordedStep, rows: list[Row], block_size: int, line: int,
         seg.step("prefill", f"the first {computed} tokens of a chunked prefill",
                  requests=[n for _, n in group_names], tokens=computed)
     # The step itself.
-    what = (f"recorded step {step.step} (line {line}): batch {step.batch}, {step.tokens} tokens; "
-            f"stands for recorded steps {_ranges(stands_for)}")
+    what = (f"recorded step {step.step} (line {line}): batch {step.batch}, "
+            f"{plural(step.tokens, 'token')}; stands for recorded "
+            f"{'step' if len(stands_for) == 1 else 'steps'} {_ranges(stands_for)}")
     extra: dict[str, Any] = {} if tokens is None else {"tokens": tokens}
     if as_hits:
         extra["cached"] = hit_cached.pop()

@@ -65,7 +65,7 @@ CASES = {
     "min_tokens_neg": (
         A + 'sampling = { min_tokens = -1 }\n' + STEP,
         {}, 3, 'sampling.min_tokens',
-        ":3: request 'a', field 'sampling.min_tokens': vLLM's SamplingParams refuses { min_tokens = -1 }: min_tokens must be greater than or equal to 0, got -1.; allowed: what vLLM accepts on this runner (max_logprobs 20, vocab_size 100, num_speculative_steps 0)"),
+        ":3: request 'a', field 'sampling.min_tokens': vLLM's SamplingParams refuses { min_tokens = -1 }: min_tokens must be greater than or equal to 0, got -1; allowed: what vLLM accepts on this runner (max_logprobs 20, vocab_size 100, num_speculative_steps 0)"),
     "min_p_spec": (
         A + 'sampling = { min_p = 0.1 }\n' + STEP,
         SPEC, 3, 'sampling.min_p',

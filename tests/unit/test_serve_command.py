@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -55,7 +56,8 @@ def test_write_a_zoo_model_and_the_command_vllm_reads_back(tmp_path, name):
         "it with its engine arguments (one line, to copy):")
     assert json.loads((model_dir / "config.json").read_text()) == ZOO[name].config
     words = shlex.split(command)
-    assert words[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    # this Python, the one with vLLM (not a bare `python`: issue 42, fifth trial)
+    assert words[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
     args = EngineArgs.from_cli_args(_server_parser().parse_args(words[3:]))
     assert (args.model, args.load_format) == (str(model_dir), "dummy")
     expected = ZOO[name].engine_args_for(model_dir)
