@@ -676,6 +676,26 @@ _WRAPPERS: dict[str, Callable[[type], None]] = {
     **dict.fromkeys(WORKER_CLASSES, _wrap), **dict.fromkeys(FRONT_END_CLASSES, _wrap_front_end)}
 
 
+def _scenario_file_errors() -> list[str]:
+    """Each scenario ``STEPWARM_SCENARIOS`` names that cannot be loaded, as
+    lines (with the settings' errors when those are bad too: a start-up
+    fails once for all of them)."""
+    from stepwarm.scenario import ScenarioError, load, resolve_names
+
+    names = [n.strip() for n in os.environ.get(ENV_SCENARIOS, "").split(",") if n.strip()]
+    out: list[str] = []
+    try:
+        resolved = resolve_names(names) if names else []
+    except ScenarioError as e:
+        return str(e).splitlines()
+    for name in resolved:
+        try:
+            load(name)
+        except ScenarioError as e:
+            out += str(e).splitlines()
+    return out
+
+
 def _check_scenario_files(settings: HookSettings) -> None:
     """Load every scenario named (format only: the runner's limits are checked
     once the worker is up), so that a misspelled name or a bad file fails
@@ -761,6 +781,7 @@ def register() -> None:
     except SettingsError as e:
         bad.append(str(e))
     if bad:
+        bad += _scenario_file_errors()  # told beside the settings, not at the next start
         raise SettingsExit(SettingsError("\n".join(bad))) from None
     record_steps()
     if not settings.enabled:

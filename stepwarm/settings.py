@@ -229,15 +229,16 @@ class HookSettings:
         env = os.environ if env is None else env
         given = env.get(ENV_SCENARIOS, "")
         scenarios = tuple(s.strip() for s in given.split(",") if s.strip())
-        if not scenarios and given:
-            # Set, but blank (" ", ","): a mistake, not a way to turn the plugin off.
-            raise SettingsError(
-                f"{ENV_SCENARIOS}={given!r}: names no scenario; allowed: comma-separated "
-                "built-in names, .toml paths or all; unset or empty: the plugin is off")
-        if not scenarios:
+        if not given:
             # The plugin is off: the other variables are not read.
             return cls()
         errors: list[str] = []
+        if not scenarios:
+            # Set, but blank (" ", ","): a mistake, not a way to turn the plugin
+            # off; the other variables are read too, every bad one told at once.
+            errors.append(
+                f"{ENV_SCENARIOS}={given!r}: names no scenario; allowed: comma-separated "
+                "built-in names, .toml paths or all; unset or empty: the plugin is off")
 
         def read(parse: Any, *args: Any, **kwargs: Any) -> Any:
             try:

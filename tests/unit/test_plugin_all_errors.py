@@ -88,4 +88,26 @@ def test_register_in_a_fresh_process_ends_with_every_line_exit_1(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "from stepwarm.hook import register; register()"],
                           capture_output=True, text=True, env=env, timeout=60)
     assert (proc.returncode, proc.stdout) == (1, "")
-    assert proc.stderr == f"stepwarm: STEPWARM_SKIP_IDLE='2': allowed: 0 | 1\n{RECORD_0}\n"
+    # the scenarios too, beside the settings (they were told only at the next
+    # start: issue 42, fifth trial)
+    assert proc.stderr == (
+        f"stepwarm: STEPWARM_SKIP_IDLE='2': allowed: 0 | 1\n{RECORD_0}\n"
+        f"stepwarm: unknown scenario 'nosuch'; allowed: a path to a .toml file, a built-in "
+        f"name: {BUILTINS}, or a set: all\n"
+        f"stepwarm: {tmp_path / 'typo.toml'}: cannot read scenario file: no such file; allowed: "
+        f"a path to an existing .toml file or a built-in name: {BUILTINS}\n")
+
+
+def test_a_blank_scenario_list_is_told_with_every_other_bad_setting(env):
+    """STEPWARM_SCENARIOS=" , " (set, naming nothing) is refused, and the
+    other variables are read all the same: one start-up tells them all."""
+    env.setenv("STEPWARM_SCENARIOS", " , ")
+    env.setenv("STEPWARM_SKIP_IDLE", "yes")
+    env.setenv("STEPWARM_ROLE", "decoder")
+    with pytest.raises(SystemExit) as e:
+        hook.register()
+    assert e.value.code == (
+        "stepwarm: STEPWARM_SCENARIOS=' , ': names no scenario; allowed: comma-separated "
+        "built-in names, .toml paths or all; unset or empty: the plugin is off\n"
+        "stepwarm: STEPWARM_ROLE='decoder': allowed: auto | prefill | decode | both\n"
+        "stepwarm: STEPWARM_SKIP_IDLE='yes': allowed: 0 | 1")
