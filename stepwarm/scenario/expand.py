@@ -435,10 +435,11 @@ class _Expander:
 
     def declare_and_expand_steps(self) -> tuple[list[ScenarioError], str]:
         """:meth:`declare`, then :meth:`expand_steps`; where some
-        ``[requests]`` entries cannot be declared, the steps are still checked
-        as after a failed step (:class:`_ProgressUnknown`), except those that
-        select a request of a failed entry; where a step fails, one last line
-        says which were checked in part or not at all.
+        ``[requests]`` entries cannot be declared, the steps are planned up to
+        the first that selects a request of a failed entry (not checked), and
+        checked after it as after a failed step (:class:`_ProgressUnknown`);
+        where a step fails, one last line says which were checked in part or
+        not at all.
 
         Returns:
             The request entries' errors, then the steps', and the note line.
@@ -452,7 +453,9 @@ class _Expander:
             declared = list(d.errors)
         if not self.failed_requests:  # (the format's refused entries count as failed)
             return self.expand_steps()
-        self.b = cast(PlanBuilder, _ProgressUnknown(self.b))
+        # Planned for real up to the first step that selects a failed entry's
+        # request (the others' lifecycle does not depend on it), then as after
+        # a failed step (expand_steps).
         errors, _ = self.expand_steps()
         if not errors:  # as before: the request errors alone
             return declared, ""
@@ -483,7 +486,10 @@ class _Expander:
                 self._entry(i, st)
             except _SelectsFailedRequest:
                 self.steps_unchecked.append(i)
-                continue  # what it schedules is unknown: declare_and_expand_steps says so
+                # what it schedules is unknown (declare_and_expand_steps says
+                # so): the steps after it are checked as after a failed one
+                failed = i if failed is None else min(failed, i)
+                continue
             except ScenarioError as e:
                 errors.extend(e.errors)
                 failed = i if failed is None else min(failed, i)

@@ -481,3 +481,38 @@ def test_every_step_field_that_selects_requests_is_checked_at_load():
     assert SELECTOR_FIELDS == ("requests", "spec", "non_spec", "partial", "prefill", "decode")
     assert "requests" in STEP_MODELS["finish"].model_fields  # typed Selectors | None
     assert "kind" not in SELECTOR_FIELDS and "count" not in SELECTOR_FIELDS
+
+
+def test_a_failed_request_entry_hides_no_step_that_does_not_select_it(tmp_path):
+    """A request entry that cannot be declared (a's prompt past max_model_len)
+    leaves the steps that never select its requests planned for real: step 1
+    decodes c, never prefilled, and says so beside a's error and step 2's
+    (issue 42, fifth trial)."""
+    e = bad(tmp_path, """
+        [requests.a]
+        prompt = 600
+
+        [requests.b]
+        prompt = 10
+
+        [requests.c]
+        prompt = 5
+
+        [[steps]]
+        kind = "prefill"
+        requests = ["b"]
+
+        [[steps]]
+        kind = "decode"
+        requests = ["c"]
+
+        [[steps]]
+        kind = "prefix_hit"
+        requests = ["c"]
+        cached = 3
+        """, profile(max_model_len=512))
+    a, decode, hit, *note = e.errors
+    assert (a.line, a.field) == (2, "prompt") and "prompt of 600 tokens exceeds 511" in str(a)
+    assert (decode.line, decode.step, decode.field) == (16, 1, "requests")
+    assert "request 'c' cannot be decoded: it is never prefilled" in str(decode)
+    assert (hit.step, hit.field) == (2, "cached")
