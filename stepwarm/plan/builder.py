@@ -833,11 +833,13 @@ class PlanBuilder:
         for rid in finish:
             self._requests[rid].state = "finished"
             self._running.discard(rid)
+            self._queued.pop(rid, None)
         for rid in preempt:
             live = self._requests[rid]
             live.state = "preempted"
             live.num_computed_tokens = 0
             self._running.discard(rid)
+            self._queued.pop(rid, None)
 
     def _scheduler_output(self, kind: StepKind, label: str, draft: StepDraft,
                           finish: tuple[str, ...], preempt: tuple[str, ...],
