@@ -436,8 +436,8 @@ def _warm_sampler_kernels(view: WorkerView, who: str, record: IdleRecord | None,
         logger.debug("%s: sampler Triton kernels: not compiled ahead (%s)", who, done.skipped)
         return
     compiles = seen.so_far()
-    logger.info("%s: sampler Triton kernels vLLM's JIT warmup leaves out (FlashInfer's sampler "
-                "off): %s by vLLM's warmup rules compiled in %.1f s (%d threads)", who,
+    logger.info("%s: sampler Triton kernels vLLM's JIT warmup leaves out: %s by vLLM's "
+                "warmup rules compiled in %.1f s (%d threads)", who,
                 plural(done.keys, "variant"), done.wall_s, max(1, threads))
     with contextlib.suppress(Exception):
         view.worker.stepwarm_sampler_jit = done

@@ -4,9 +4,11 @@ vLLM 0.34 compiles its kernels' variants at start-up from a registry
 (``kernel_warmup`` → ``JitWarmupRegistry.warmup``): each kernel says which
 inputs it can see (``warmup_inputs``), and vLLM compiles one variant per
 Triton JIT key. Its V2 runner registers the sampler's top-k / top-p kernels
-only with a speculator, counting on FlashInfer's sampler otherwise; where
-that sampler is off (``VLLM_USE_FLASHINFER_SAMPLER=0``, FlashInfer absent,
-16 SMs or fewer), the first top-k or top-p requests compile them: the split
+only with a speculator, counting on FlashInfer's sampler otherwise; but that
+sampler takes only top-k / top-p batches with no greedy row, no explicit seed
+and no processed logprobs, and where it is off (``VLLM_USE_FLASHINFER_SAMPLER=0``,
+FlashInfer absent, 16 SMs or fewer) it takes none, so the first other top-k or
+top-p requests compile them: the split
 top-p pipeline alone has a variant per split count ``S`` (1 - 32, chosen by
 batch, vocabulary and SMs), per top-k presence and per round class.
 

@@ -139,7 +139,7 @@ def test_greedy_random_and_logprobs_requests_with_drafts(result):
     assert result["top_k_top_p_with_drafts"] is False
     assert result["sampler_spec_matrix_skipped"].startswith("needs spec_top_k_top_p: ")
     spec_steps = [s for s in builtin["steps"] if s["kind"] == "spec_decode"]
-    assert [s["num_spec_tokens"] for s in spec_steps] == [2] * 8
+    assert [s["num_spec_tokens"] for s in spec_steps] == [2] * 10
     # logprobs = 1 with drafts: 2 columns (the sampled token's and 1 top token)
     assert [s["logprobs_width"] for s in spec_steps[-2:]] == [2, 2]
     # the table: 4 requests (greedy/random x logprobs 1/3); widths follow the batch

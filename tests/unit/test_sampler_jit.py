@@ -44,13 +44,15 @@ def _runner(*, flashinfer=False, registered=False, registry=True, sampler=True):
     return runner
 
 
-def test_the_triton_sampler_without_vllms_registration_is_compiled_by_vllms_own_rules():
-    register, why = vllm_facts.sampler_jit_registration(_runner())
+@pytest.mark.parametrize("flashinfer", [False, True])
+def test_the_triton_sampler_without_vllms_registration_is_compiled_by_vllms_own_rules(flashinfer):
+    # With FlashInfer's sampler in use, seeded, greedy-mixed and processed-logprobs
+    # top-k / top-p batches still take the Triton kernels (0.34's fused_sampler_eligible).
+    register, why = vllm_facts.sampler_jit_registration(_runner(flashinfer=flashinfer))
     assert register is sampler_ops.register_top_k_top_p_warmups and why == ""
 
 
 @pytest.mark.parametrize("runner, why", [
-    (dict(flashinfer=True), "FlashInfer's sampler is in use"),
     (dict(registered=True), "vLLM's JIT warmup registered them"),
     (dict(registry=False), "this runner has no JIT warmup registry (vLLM < 0.30 or the V1 runner)"),
     (dict(sampler=False), "the runner has no sampler (a pooling model or not the last PP rank)"),
