@@ -23,6 +23,7 @@ Pure statistics and the report need no engine; :func:`measure` needs a worker.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -389,6 +390,7 @@ def interleave(send: dict[str, Callable[[str], dict[str, Any]]], rounds: int, pe
             if "error" in reply:
                 raise RuntimeError(f"{name}: {reply['error']}")
             got[name].append(BenchReport.from_dict(reply))
-    return {n: merge(got[n]) for n in names}
+    # each round ran unwarmed (``run``): the report's warm-up is the ``warm`` above
+    return {n: dataclasses.replace(merge(got[n]), warmup=warmup) for n in names}
 
 

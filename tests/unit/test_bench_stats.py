@@ -85,6 +85,8 @@ def test_rounds_interleave_a_and_b_and_merge_their_samples():
     assert calls == [("A", "warm 1"), ("B", "warm 1"), ("A", "run 2"), ("B", "run 2"),
                      ("B", "run 2"), ("A", "run 2"), ("A", "run 2"), ("B", "run 2")]
     assert got["A"].steps[0].host_ms == [1.0] * 6 and got["B"].repeat == 6
+    # the header's "after K warm-up" is the warm-up each child ran (was 0: the rounds')
+    assert (got["A"].warmup, got["B"].warmup) == (1, 1)
     assert merge([_report([1.0]), _report([2.0])]).steps[0].host_ms == [1.0, 2.0]
 
 
