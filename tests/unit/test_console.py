@@ -554,3 +554,27 @@ def test_runs_block_columns_are_shows_by_name_and_value():
     assert [r[6:8] for r in rows] == [[row[at("alloc blk")], row[at("hit blk")]]
                                       for row in shown.rows]
     assert [r[6:8] for r in rows][:4] == [["2", "2"], ["0", "0"], ["0", "0"], ["1", "2"]]
+
+
+def test_each_error_of_one_files_list_is_labelled_a_note_is_not(monkeypatch):
+    """A file's errors, one a line (``FILE:LINE: ...``), each get the label
+    and hang under it; a note naming the file without a line does not (the
+    fifth new-user trial: only the first error was labelled)."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    buf = io.StringIO()
+    message = ("x.toml:2: request 'a', field 'promt': unknown key 'promt' (did you mean "
+               "'prompt'?); allowed keys: count, prompt\n"
+               "x.toml:7: step 0 (prefill), field 'requests': unknown request 'c'\n"
+               "x.toml: the steps were checked only as far as they do not depend on the "
+               "requests above that failed (a)\n"
+               "error: -e foo: not a vllm.LLM or EngineArgs keyword")
+    print_labelled("error:", message, Console(file=buf, width=160, force_terminal=False,
+                                              markup=False))
+    assert buf.getvalue().splitlines() == [
+        "error: x.toml:2: request 'a', field 'promt': unknown key 'promt' (did you mean",
+        "       'prompt'?); allowed keys: count, prompt",
+        "error: x.toml:7: step 0 (prefill), field 'requests': unknown request 'c'",
+        "x.toml: the steps were checked only as far as they do not depend on the requests",
+        "  above that failed (a)",
+        "error: -e foo: not a vllm.LLM or EngineArgs keyword",
+    ]

@@ -130,7 +130,7 @@ def test_errors_check_finds_stop_every_command_before_vllm_is_imported(tmp_path,
     assert proc.stdout == "STATUS 2 []\n", proc.stderr
     assert proc.stderr == (
         f"error: {f}:3: request 'a', field 'prompt': prompt -5 is out of range; allowed: >= 1\n"
-        f"{f}:4: request 'a', field 'count': count 0 is out of range; allowed: 1..4096\n")
+        f"error: {f}:4: request 'a', field 'count': count 0 is out of range; allowed: 1..4096\n")
     check = subprocess.run([sys.executable, "-m", "stepwarm", "check", str(f)],
                            capture_output=True, text=True, timeout=120,
                            env={**os.environ, "COLUMNS": "300"})
