@@ -292,6 +292,26 @@ _REQUEST_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _NAME_HELP = "a letter, then letters, digits, _ and - (e.g. [requests.long_1])"
 
 
+#: The integer bounds of each size field, for the JSON Schema (the loader and
+#: the expander check the same, in their own words: an expression's value too).
+INTEGER_BOUNDS: dict[str, tuple[int, int | None]] = {
+    "prompt": (1, None), "tokens": (1, None), "batch": (1, None), "spec_tokens": (0, None),
+    "cached": (1, None), "count": (1, MAX_COUNT), "repeat": (1, MAX_EXPANDED)}
+
+
 def json_schema() -> dict[str, Any]:
-    """The scenario format as JSON Schema (``ScenarioFile.model_json_schema()``)."""
-    return ScenarioFile.model_json_schema()
+    """The scenario format as JSON Schema (``ScenarioFile.model_json_schema()``),
+    each size field's integer form bounded (:data:`INTEGER_BOUNDS`: an
+    editor flags ``prompt = -5`` as the loader does)."""
+    schema = ScenarioFile.model_json_schema()
+    for model in schema.get("$defs", {}).values():
+        for name, prop in model.get("properties", {}).items():
+            if name not in INTEGER_BOUNDS:
+                continue
+            low, high = INTEGER_BOUNDS[name]
+            for form in prop.get("anyOf", [prop]):
+                if form.get("type") == "integer":
+                    form["minimum"] = low
+                    if high is not None:
+                        form["maximum"] = high
+    return schema

@@ -252,3 +252,18 @@ def test_a_spec_tokens_sweep_past_the_speculator_names_the_field(tmp_path):
     """, profile(num_speculative_steps=2))
     assert_parts(e, 11, 1, "spec_tokens", "3 draft tokens exceed num_speculative_steps 2",
                  "0..num_spec_steps = 2")
+
+
+def test_schema_bounds_each_size_fields_integer_form():
+    """An editor reading the schema flags ``prompt = -5`` and ``count = 0`` as
+    ``check`` does (the fifth new-user trial: the schema had no minimums)."""
+    defs = json_schema()["$defs"]
+
+    def integer(model, field):
+        return next(f for f in defs[model]["properties"][field]["anyOf"] if f.get("type") == "integer")
+
+    assert integer("RequestSpec", "prompt") == {"type": "integer", "minimum": 1}
+    assert integer("RequestSpec", "count") == {"type": "integer", "minimum": 1, "maximum": 4096}
+    assert integer("PrefillStep", "repeat") == {"type": "integer", "minimum": 1, "maximum": 4096}
+    assert integer("PrefillStep", "tokens") == {"type": "integer", "minimum": 1}
+    assert integer("MixedPrefillDecodeStep", "spec_tokens") == {"type": "integer", "minimum": 0}
