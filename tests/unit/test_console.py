@@ -4,6 +4,7 @@ driver reports them)."""
 from __future__ import annotations
 
 import io
+import logging
 import re
 
 import pytest
@@ -578,3 +579,20 @@ def test_each_error_of_one_files_list_is_labelled_a_note_is_not(monkeypatch):
         "  above that failed (a)",
         "error: -e foo: not a vllm.LLM or EngineArgs keyword",
     ]
+
+
+def test_a_repeated_vllm_warning_is_shown_once_errors_always():
+    from stepwarm.console import OncePerMessage
+
+    once = OncePerMessage()
+
+    def rec(level, msg, *args, name="vllm.v1.worker.cpu_worker"):
+        return logging.LogRecord(name, level, "cpu_worker.py", 140, msg, args, None)
+
+    skip = "CPU backend doesn't allow to use `torch.set_num_threads` after the thread binding"
+    assert [once.filter(rec(logging.WARNING, skip)) for _ in range(5)] == [True] + [False] * 4
+    assert once.filter(rec(logging.WARNING, "libiomp is %s", "missing"))
+    assert not once.filter(rec(logging.WARNING, "libiomp is %s", "missing"))
+    assert once.filter(rec(logging.WARNING, "libiomp is %s", "found"))  # other text
+    assert once.filter(rec(logging.WARNING, skip, name="vllm.other"))  # other logger
+    assert [once.filter(rec(logging.ERROR, "boom")) for _ in range(2)] == [True, True]
