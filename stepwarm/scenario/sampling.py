@@ -15,10 +15,12 @@ message (:func:`refusal`).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
@@ -228,6 +230,23 @@ class _SpeculatorFacts:
         return None
 
 
+#: False inside :func:`vllm_check_skipped`: :func:`refusal` asks vLLM nothing.
+_VLLM_CHECK: ContextVar[bool] = ContextVar("stepwarm_sampling_vllm_check", default=True)
+
+
+@contextlib.contextmanager
+def vllm_check_skipped() -> Iterator[None]:
+    """Within it, :func:`refusal` does not ask vLLM's ``SamplingParams``
+    (importing vLLM takes seconds): for the built-in scenarios on the packaged
+    tiny-Llama profile, which the test suite checks against vLLM
+    (``test_every_builtin_checks_against_the_tiny_profile``)."""
+    token = _VLLM_CHECK.set(False)
+    try:
+        yield
+    finally:
+        _VLLM_CHECK.reset(token)
+
+
 def refusals(args: SamplingArgs, profile: RunnerProfile) -> list[tuple[SamplingArgs, str, str]]:
     """Every refusal of ``args`` at once, as (the args refused, the field,
     vLLM's message): where two or more fields are refused alone, each of
@@ -256,7 +275,7 @@ def refusal(args: SamplingArgs, profile: RunnerProfile) -> tuple[str, str] | Non
     checks them with the tokenizer). Returns
     None without checking when vLLM cannot be imported.
     """
-    if isinstance(args, str):
+    if isinstance(args, str) or not _VLLM_CHECK.get():
         return None
     try:
         from stepwarm.compile import sampling_params

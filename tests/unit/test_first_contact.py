@@ -4,6 +4,9 @@ its exit status and stream, for the paths the trial found wrong."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -252,3 +255,25 @@ def test_bench_says_every_bad_option_at_once_each_under_its_name():
     assert lines[4].startswith("error: unknown scenario 'nosuch'; allowed: ")
     assert lines[5] == "error: -e bogus: not a vllm.LLM or EngineArgs keyword"
     assert len(lines) == 6
+
+
+def test_check_of_the_builtins_imports_no_vllm(tmp_path):
+    """``stepwarm check all`` on the packaged profile: the built-ins' sampling
+    tables are not put to vLLM's SamplingParams again (the test suite does
+    that: test_every_builtin_checks_against_the_tiny_profile), so vLLM is not
+    imported (a new user's trial: 6 s and a Triton line for a built-in); a
+    file's sampling table still is."""
+    script = tmp_path / "imports.py"
+    script.write_text(_IMPORTS)
+    run = lambda *args: subprocess.run(  # noqa: E731
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "COLUMNS": "300"})
+    proc = run("check", "all")
+    assert proc.stdout.splitlines()[-1] == "STATUS 0 []", proc.stdout + proc.stderr
+    assert "ok sampler-matrix: " in proc.stdout and proc.stderr == ""
+    f = tmp_path / "own.toml"
+    f.write_text('[requests.a]\nprompt = 4\nsampling = { top_p = 7 }\n'
+                 '[[steps]]\nkind = "prefill"\nrequests = ["a"]\n')
+    proc = run("check", str(f))
+    assert proc.stdout.splitlines()[-1].startswith("STATUS 2 ['torch', 'triton', 'vllm']")
+    assert "vLLM's SamplingParams refuses" in proc.stderr
