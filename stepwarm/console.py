@@ -72,9 +72,10 @@ def print_labelled(label: str, message: str, out: Console | None = None) -> None
             out.print(wrapped_text(line, width), soft_wrap=True)  # a line of its own
             continue
         place = _place(body)
-        body = textwrap.fill(body, width=max(width, len(indent) + 20),
+        body = textwrap.fill(_units_held(body), width=max(width, len(indent) + 20),
                              initial_indent=indent, subsequent_indent=indent,
-                             break_long_words=False, break_on_hyphens=False)[len(indent):]
+                             break_long_words=False, break_on_hyphens=False
+                             )[len(indent):].replace(_HELD, " ")
         out.print(Text.assemble((label, "bold red"), " ", body), soft_wrap=True)
 
 
@@ -113,6 +114,7 @@ def wrapped_text(text: str, width: int, *, indent: int = 2, label_style: str | N
         tail_style: its style.
     """
     out = Text()
+    text, tail = _units_held(text), _units_held(tail)
     lines = (text + tail).split("\n")
     plain = len((text + tail).replace(" ", "").replace("\n", "")) - len(tail.replace(" ", ""))
     seen = 0  # characters other than spaces so far: where the tail starts
@@ -136,10 +138,21 @@ def wrapped_text(text: str, width: int, *, indent: int = 2, label_style: str | N
                         cut = k
                         break
                     count += ch != " "
-            out.append(row[:cut])
-            out.append(row[cut:], tail_style)
+            out.append(row[:cut].replace(_HELD, " "))
+            out.append(row[cut:].replace(_HELD, " "), tail_style)
             seen += len(row.replace(" ", ""))
     return out
+
+
+#: Holds a number to its unit while a line is wrapped (textwrap breaks at
+#: ASCII whitespace only); put back to a space once wrapped.
+_HELD = "\xa0"
+_UNIT = re.compile(r"(\d) (?=(?:ms|s|MiB|GiB|KiB|MB|GB|x)\b|%)")
+
+
+def _units_held(text: str) -> str:
+    """``46.8 s`` -> ``46.8<nbsp>s``: a value is never wrapped apart from its unit."""
+    return _UNIT.sub("\\1" + _HELD, text)
 
 
 def print_wrapped(text: str, out: Console | None = None, *, indent: int = 2,

@@ -596,3 +596,23 @@ def test_a_repeated_vllm_warning_is_shown_once_errors_always():
     assert once.filter(rec(logging.WARNING, "libiomp is %s", "found"))  # other text
     assert once.filter(rec(logging.WARNING, skip, name="vllm.other"))  # other logger
     assert [once.filter(rec(logging.ERROR, "boom")) for _ in range(2)] == [True, True]
+
+
+def test_a_value_is_never_wrapped_apart_from_its_unit():
+    """At 80 columns (and any other width) ``78.9 s``, ``1441 ms``, ``5 %``
+    stay on one line (a new user's trial: coverage's summary split them)."""
+    from stepwarm.console import wrapped_text
+
+    text = ("stepwarm: start-up 78.9 s (stepwarm's scenarios 0.97 s), 52 kernel(s) compiled "
+            "at start-up; traffic: 50 request(s), 1 compile(s), first-call excess 1441 ms, "
+            "5 % of 2 MiB")
+    for width in range(20, 100):
+        rows = str(wrapped_text(text, width)).split("\n")
+        assert " ".join(r.strip() for r in rows) == text
+        for row in rows:
+            assert not re.search(r"\d$", row) or row.endswith(("52", "50", "1", "of 2")), (width, row)
+            assert not re.match(r"\s*(ms|s|MiB|%)\b", row), (width, row)
+    buf = io.StringIO()
+    print_labelled("error:", "took 46.8 s, " * 8, Console(file=buf, width=80, force_terminal=True,
+                                                          color_system=None, markup=False))
+    assert all(not row.rstrip().endswith("46.8") for row in buf.getvalue().splitlines())
