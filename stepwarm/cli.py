@@ -458,10 +458,11 @@ def run(
 
 
 def _interrupt_being_handled() -> None:
-    """A Ctrl-C is being handled (cleanup, the report, exit 130): a second
-    one (a terminal's repeated key, a process group's) must not end the
-    process half-way, killed by the signal (exit -2 under load, seen once in
-    the e2e suite): ignored from here to the exit."""
+    """A Ctrl-C is being handled (cleanup, the report, exit 130), or the run
+    is over and said: another one (a terminal's repeated key, a process
+    group's) must not end the process half-way, killed by the signal (exit -2
+    under load, seen once in the e2e suite) or as a traceback from vLLM's
+    exit-time shutdown (a new user's trial): ignored from here to the exit."""
     import signal
     import threading
 
@@ -619,6 +620,8 @@ def _summary_and_exit(reports: list[RunReport], failures: list[RunReport],
                       checked: list[tuple[str, Any]], skipped_named: list[str],
                       allow_skip: bool, engine_started: bool = True) -> None:
     """The last line of ``run`` and its exit status (see ``run --help``)."""
+    if engine_started:  # the work is done and said: vLLM's exit-time shutdown is not cut
+        _interrupt_being_handled()
     ran = [r for r in reports if not r.skipped]
     skipped = len(reports) - len(ran)
     summary = (f"{len(ran)} scenario(s), {plural(sum(len(r.steps) for r in ran), 'step')} "
@@ -1150,7 +1153,7 @@ def bench(
     gate_pct: Annotated[Optional[float], typer.Option("--gate", metavar="PCT", help="Exit 4 when a step of B is slower than A by more than PCT % beyond the noise.")] = None,
     plot_out: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE", help="Draw each step's times and the batch sweeps (.png or .svg; needs matplotlib).")] = None,
     trace: Annotated[Optional[int], typer.Option("--trace", metavar="STEP", help="After the measured repeats, one more with the torch profiler on around step STEP (its index, from 0).")] = None,
-    trace_out: Annotated[Optional[Path], typer.Option("--trace-file", metavar="FILE", help="Where --trace writes its Chrome trace (default stepwarm-trace-SCENARIO-STEP.json).")] = None,
+    trace_out: Annotated[Optional[Path], typer.Option("--trace-file", metavar="FILE", help="Where --trace writes its Chrome trace (default: stepwarm-trace-NAME-N.json, NAME the scenario, N the step).")] = None,
     child: Annotated[bool, typer.Option("--child", hidden=True)] = False,
     verbose: Verbose = False,
     quiet: Quiet = False,

@@ -83,7 +83,7 @@ def _place(line: str, *, numbered: bool = False) -> str | None:
     """The place an error line names first: its file (``x.toml:3: ...`` or,
     unless ``numbered``, ``x.toml: ...``) or option (``-e foo: ...``); None
     for a line naming none."""
-    m = re.match(r"(\S[^:]*?):(\d+:)? ", line)
+    m = re.match(r"(\S[^:]*?):((?:\d+:)+)? ", line)  # FILE:LINE: or FILE:LINE:COLUMN:
     return m.group(1) if m and (m.group(2) or not numbered) else None
 
 
@@ -120,9 +120,11 @@ def wrapped_text(text: str, width: int, *, indent: int = 2, label_style: str | N
     seen = 0  # characters other than spaces so far: where the tail starts
     for n, line in enumerate(lines):
         lead = " " * (len(line) - len(line.lstrip(" ")))
-        rows = textwrap.wrap(line, width=max(width, len(lead) + indent + 20),
-                             subsequent_indent=lead + " " * indent,
-                             break_long_words=False, break_on_hyphens=False) or [""]
+        wide = max(width, len(lead) + indent + 20)
+        rows = [row.replace(_BREAK, "") for row in textwrap.wrap(
+            _commas_breakable(line, wide - len(lead) - indent), width=wide,
+            subsequent_indent=lead + " " * indent, break_long_words=False,
+            break_on_hyphens=False)] or [""]
         for i, row in enumerate(rows):
             if n or i:
                 out.append("\n")
@@ -148,6 +150,23 @@ def wrapped_text(text: str, width: int, *, indent: int = 2, label_style: str | N
 #: ASCII whitespace only); put back to a space once wrapped.
 _HELD = "\xa0"
 _UNIT = re.compile(r"(\d) (?=(?:ms|s|MiB|GiB|KiB|MB|GB|x)\b|%)")
+
+
+#: A break opportunity after a comma inside a word wider than a line (a step
+#: label listing long request names): a chunk of its own while wrapping, then
+#: removed.
+_BREAK = "\u200b"
+
+
+def _commas_breakable(line: str, room: int) -> str:
+    """Each word of ``line`` wider than ``room`` breakable after its commas
+    (``a[0],a[1],a[2]``), so that it wraps there instead of running past the
+    line's end (a new user's trial: ``show`` folded such a label mid-name at
+    column 80); other words are left whole."""
+    if len(line) <= room or "," not in line:
+        return line
+    return " ".join(w.replace(",", "," + _BREAK) if len(w) > room else w
+                    for w in line.split(" "))
 
 
 def _units_held(text: str) -> str:
@@ -448,14 +467,28 @@ def _title(title: str, width: int) -> Text:
 
 def _wrap(parts: list[str], indent: int, width: int, sep: str) -> list[str]:
     """Greedy wrap of ``parts`` (joined by ``sep``) at ``width``; continuation
-    lines start with ``indent`` spaces; a part is never split."""
+    lines start with ``indent`` spaces; a part is never split, but one wider
+    than a line is broken after its commas (:func:`_comma_pieces`)."""
     lines = [""]
-    for part in parts:
-        if lines[-1].strip() and len(lines[-1]) + len(sep) + len(part) > width:
+    for piece in (p for part in parts for p in _comma_pieces(part, width - indent)):
+        glue = "" if piece.startswith(_BREAK) else sep
+        part = piece.removeprefix(_BREAK)
+        if lines[-1].strip() and len(lines[-1]) + len(glue) + len(part) > width:
             lines.append(" " * indent + part)
         else:
-            lines[-1] = (lines[-1] + sep + part) if lines[-1].strip() else lines[-1] + part
+            lines[-1] = (lines[-1] + glue + part) if lines[-1].strip() else lines[-1] + part
     return lines
+
+
+def _comma_pieces(part: str, room: int) -> list[str]:
+    """``part`` alone, or, wider than ``room``, its pieces after each comma
+    (``a[0],``, ``a[1],``, ``a[2]``), each but the first marked to be joined
+    with no separator."""
+    if len(part) <= room or "," not in part:
+        return [part]
+    pieces = [p + "," for p in part.split(",")]
+    pieces[-1] = pieces[-1][:-1]
+    return [pieces[0], *(_BREAK + p for p in pieces[1:] if p)]
 
 
 def step_lines(row: list[str], of: int | None = None, at_s: float | None = None,

@@ -349,7 +349,13 @@ def _give_back_memory(worker: Any, who: str, memory: MemoryReport) -> None:
     released = give_back(memory)
     with contextlib.suppress(Exception):
         worker.stepwarm_memory = memory
-    if memory.free_before is None:
+    if memory.free_before is None:  # the CPU: no device to free, the KV cache allocated before
+        if memory.used_before is not None and memory.used_after is not None:
+            grew = memory.used_after - memory.used_before
+            logger.info("%s: after stepwarm's warmup the process's RSS is %.0f MiB %s than vLLM "
+                        "left it (CPU: lazy imports, allocator caches and kernels loaded on a "
+                        "first use; the KV cache was allocated before and keeps its size)", who,
+                        abs(grew) / 2**20, "more" if grew >= 0 else "less")
         return
     said = f" (released {released / 2**20:.0f} MiB its steps had cached)" if released else ""
     log = logger.warning if memory.lower_after else logger.info

@@ -292,10 +292,13 @@ def group_startup(attributed: list[tuple[CompileEvent, Where]], t0: float) -> li
 
 # -- printing -----------------------------------------------------------------
 
-def _sampling_text(s: dict[str, Any]) -> str:
+def _sampling_text(s: dict[str, Any], *, line: bool = False) -> str:
+    """The sampling fields a traffic line set (stepwarm's defaults left out);
+    none: ``-`` in the table's column, ``server defaults`` on a line of its
+    own (a bare ``-`` there said nothing)."""
     shown = {k: v for k, v in s.items() if k != "ignore_eos"
              and not (k == "max_tokens" and v == SAMPLING_DEFAULTS["max_tokens"])}
-    return " ".join(f"{k}={v}" for k, v in shown.items()) or "-"
+    return " ".join(f"{k}={v}" for k, v in shown.items()) or ("server defaults" if line else "-")
 
 
 def _kernels(k: dict[str, int]) -> str:
@@ -343,9 +346,9 @@ def print_report(rep: CoverageReport, out: Console) -> None:
                 f"; 2nd run: {_kernels(r['compiles_second'])}" if r["compiles_second"] else "")
             _print_lines(
                 out, f"  {r['line']} {r['name']}: n {r['count']}, prompt {r['prompt_len']}, "
-                f"{_sampling_text(r['sampling'])}; {r['first_ms']:.1f} / {r['second_ms']:.1f} ms "
-                f"(worker {r.get('first_worker_ms', 0):.1f} / "
-                f"{r.get('second_worker_ms', 0):.1f}), ratio {r['ratio']:.2f}; compiled: "
+                f"{_sampling_text(r['sampling'], line=True)}; 1st / 2nd run {r['first_ms']:.1f} / "
+                f"{r['second_ms']:.1f} ms (in worker {r.get('first_worker_ms', 0):.1f} / "
+                f"{r.get('second_worker_ms', 0):.1f} ms), ratio {r['ratio']:.2f}; compiled: "
                 f"{r['error'] or kernels}; ", tail=why or _ok(rep, r),
                 tail_style="bold red" if why else "green")
         _print_lines(out, summary_line(rep))

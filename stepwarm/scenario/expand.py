@@ -465,7 +465,8 @@ class _Expander:
             f"{self.sc.file}: the steps were checked only as far as they do not depend on "
             f"the requests above that failed ({', '.join(sorted(self.failed_requests))}); "
             + (f"not checked: step{'s' if len(self.steps_unchecked) > 1 else ''} "
-               f"{', '.join(map(str, self.steps_unchecked))}, which select them; "
+               f"{', '.join(map(str, self.steps_unchecked))}, which "
+               f"select{'' if len(self.steps_unchecked) > 1 else 's'} them; "
                if self.steps_unchecked else "")
             + "fix the errors above and check again")
 

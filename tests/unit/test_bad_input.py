@@ -219,7 +219,7 @@ def test_a_refused_request_hides_no_other_error_of_the_file(tmp_path):
         f"error: {f}:13: step 1 (decode), field 'requests': unknown request 'c'; allowed: names "
         "declared under [requests]: a, b",
         f"{f}: the steps were checked only as far as they do not depend on the requests above "
-        "that failed (a); not checked: step 0, which select them; fix the errors above and "
+        "that failed (a); not checked: step 0, which selects them; fix the errors above and "
         "check again"]
     # run reads the file before any engine: the same errors, the runner's checks left out
     r = runner.invoke(app, ["run", "-s", str(f)], env=ENV)
@@ -479,7 +479,7 @@ def test_steps_are_checked_too_when_a_request_entry_fails(tmp_path):
         f"error: {f}:21: step 3 (decode), field 'batch': range [10, 5] step 1 is empty or backwards "
         "(start 10, stop 5, step 1); allowed: start <= stop and step >= 1",
         f"{f}: the steps were checked only as far as they do not depend on the requests above "
-        "that failed (a, b); not checked: step 4, which select them; fix the errors above and "
+        "that failed (a, b); not checked: step 4, which selects them; fix the errors above and "
         "check again"]
     # the plugin's path (plans_for) lists the same
     with pytest.raises(ScenarioError) as e:

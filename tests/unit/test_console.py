@@ -616,3 +616,24 @@ def test_a_value_is_never_wrapped_apart_from_its_unit():
     print_labelled("error:", "took 46.8 s, " * 8, Console(file=buf, width=80, force_terminal=True,
                                                           color_system=None, markup=False))
     assert all(not row.rstrip().endswith("46.8") for row in buf.getvalue().splitlines())
+
+
+def test_a_label_wider_than_a_line_breaks_after_its_commas():
+    """A step label listing long request names (no space in it) wraps after
+    its commas, indented, each line within 80 columns (a new user's trial:
+    ``show`` folded it mid-name at column 80, the rest at column 0)."""
+    from stepwarm.console import step_lines
+
+    names = ",".join(f"very_long_request_name_number_one[{i}]" for i in range(3))
+    row = ["0", "chunked_prefill", f"chunked prefill {names} x 128", "3", "384", "0", "3",
+           "0", "0", "12.5"]
+    lines = step_lines(row, of=6, width=80)
+    assert lines[:3] == [
+        "  [0/6] chunked_prefill  chunked prefill very_long_request_name_number_one[0],",
+        "        very_long_request_name_number_one[1],",
+        "        very_long_request_name_number_one[2] x 128"]
+    assert all(len(line) <= 80 for line in lines)
+    # short labels keep their commas' words whole, as before
+    short = step_lines(["1", "decode", "decode dec[0],dec[1],dec[2]", "3", "3", "0", "0", "0",
+                        "3", "1.0"], of=6, width=80)
+    assert short[0] == "  [1/6] decode  decode dec[0],dec[1],dec[2]"

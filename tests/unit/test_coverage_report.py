@@ -303,7 +303,7 @@ def test_coverage_at_80_columns_indents_continuations_and_labels_the_time(tmp_pa
     buf = io.StringIO()
     print_report(base, Console(file=buf, width=80, force_terminal=True, color_system="standard"))
     red = buf.getvalue().split("  1 greedy, prompt 1 ", 1)[1].split("\n  2 ", 1)[0]
-    assert "\x1b[1;31mratio > 1.2: unexplained;\x1b[0m\n    \x1b[1;31moutside the worker" in red
+    assert "\x1b[1;31mratio > 1.2:\x1b[0m\n    \x1b[1;31munexplained; outside the worker" in red
 
 
 def test_coverage_in_a_wide_terminal_is_the_table(tmp_path):
@@ -498,3 +498,27 @@ def test_skipped_lines_name_whole_and_partly_skipped_scenarios():
         f"{rep.run_name}: skipped prefix-hit: compiled nothing at the last start",
         f"{rep.run_name}: sampler-matrix: skipped 40 of 71 steps: their segments compiled "
         "nothing at the last start with this configuration (STEPWARM_SKIP_IDLE=1)"]
+
+
+def test_coverage_lines_say_which_time_is_which(tmp_path):
+    """A request's line at 80 columns names its two runs and the worker's
+    unit, and a line with no sampling field says server defaults (a new
+    user's trial: '71.4 / 11.8 ms (worker 69.1 / 10.4)', a bare '-')."""
+    import io
+
+    from rich.console import Console
+
+    from stepwarm.coverage.report import print_report
+
+    base, _ = _h200_reports(tmp_path)
+    bare = base.requests[-1]
+    bare["sampling"] = {"ignore_eos": True}  # a traffic line that sets none
+    buf = io.StringIO()
+    print_report(base, Console(file=buf, width=80, force_terminal=True, color_system=None))
+    text = " ".join(line.strip() for line in buf.getvalue().splitlines())
+    r = next(r for r in base.requests if r["name"] == "logprobs 9")
+    assert (f"1st / 2nd run {r['first_ms']:.1f} / {r['second_ms']:.1f} ms (in worker "
+            f"{r['first_worker_ms']:.1f} / {r['second_worker_ms']:.1f} ms), ratio "
+            f"{r['ratio']:.2f}") in text
+    assert f"{bare['name']}: n {bare['count']}, prompt {bare['prompt_len']}, server defaults;" \
+        in text

@@ -277,3 +277,15 @@ def test_check_of_the_builtins_imports_no_vllm(tmp_path):
     proc = run("check", str(f))
     assert proc.stdout.splitlines()[-1].startswith("STATUS 2 ['torch', 'triton', 'vllm']")
     assert "vLLM's SamplingParams refuses" in proc.stderr
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["check"], ["show"], ["coverage"], ["bench"],
+                                     ["profile"], ["list"], ["schema"], ["scenario"],
+                                     ["scenario", "from-record"]])
+def test_no_help_text_is_cut_at_80_columns(command):
+    """Every command's --help at 80 columns shows its text whole (a new
+    user's trial: bench's --trace-file default ended in '…')."""
+    proc = subprocess.run([sys.executable, "-m", "stepwarm", *command, "--help"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "COLUMNS": "80"})
+    assert proc.returncode == 0 and "…" not in proc.stdout, proc.stdout
