@@ -637,3 +637,14 @@ def test_a_label_wider_than_a_line_breaks_after_its_commas():
     short = step_lines(["1", "decode", "decode dec[0],dec[1],dec[2]", "3", "3", "0", "0", "0",
                         "3", "1.0"], of=6, width=80)
     assert short[0] == "  [1/6] decode  decode dec[0],dec[1],dec[2]"
+
+
+def test_each_invalid_json_line_of_a_traffic_file_is_labelled():
+    """``FILE:LINE:COLUMN:`` places (a traffic file's JSON errors) are one
+    file's list too: each line labelled (a new user's trial: the second was not)."""
+    buf = io.StringIO()
+    print_labelled("error:", "t.jsonl:1:1: invalid JSON: Expecting value\n"
+                   "t.jsonl:2:1: invalid JSON: Expecting value",
+                   Console(file=buf, width=80, force_terminal=False, markup=False))
+    assert buf.getvalue().splitlines() == ["error: t.jsonl:1:1: invalid JSON: Expecting value",
+                                           "error: t.jsonl:2:1: invalid JSON: Expecting value"]
