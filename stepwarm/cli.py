@@ -1010,12 +1010,14 @@ def check(
 ) -> None:
     """Validate scenarios against a runner profile without running any step (exit 2 on any error)."""
     _setup(verbose, quiet)
-    from stepwarm.scenario import ScenarioError, check as check_all
+    from stepwarm.scenario import ScenarioError, check as check_all, same_files
 
     if profile is None and (model is not None or engine_arg):
         _loaded_or_exit(files, engine_arg)  # an engine would start: format and -e errors first
     prof = _profile_for(model, profile, engine_arg)
     print_wrapped(_profile_line(prof))
+    for left, kept, path in same_files(files):  # as the plugin says it
+        print_wrapped(f"scenario {left} is {kept}'s file ({path}): checked once")
     bad = 0
     tiny = model is None and profile is None and not engine_arg  # the packaged profile
     for name, result in check_all(files, prof, builtins_tested=tiny):

@@ -289,3 +289,15 @@ def test_no_help_text_is_cut_at_80_columns(command):
                           capture_output=True, text=True, timeout=60,
                           env={**os.environ, "COLUMNS": "80"})
     assert proc.returncode == 0 and "…" not in proc.stdout, proc.stdout
+
+
+def test_check_says_a_file_named_twice_is_checked_once(tmp_path, monkeypatch):
+    """``check ./x.toml /abs/x.toml``: one check, and a line saying so, as the
+    plugin logs it (a new user's trial: the second name was dropped unsaid)."""
+    f = tmp_path / "x.toml"
+    f.write_text('[requests.a]\nprompt = 4\n[[steps]]\nkind = "prefill"\nrequests = ["a"]\n')
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, ["check", "./x.toml", str(f)], env={"COLUMNS": "300"})
+    assert r.exit_code == 0, r.output
+    assert r.stdout.splitlines()[1:] == [
+        f"scenario {f} is ./x.toml's file ({f}): checked once", "ok ./x.toml: 2 steps, 1 request"]
