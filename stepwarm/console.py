@@ -148,7 +148,7 @@ def wrapped_text(text: str, width: int, *, indent: int = 2, label_style: str | N
 
 #: Holds a number to its unit while a line is wrapped (textwrap breaks at
 #: ASCII whitespace only); put back to a space once wrapped.
-_HELD = "\xa0"
+_HELD = HELD = "\xa0"
 _UNIT = re.compile(r"(\d) (?=(?:ms|s|MiB|GiB|KiB|MB|GB|x)\b|%)")
 
 
@@ -482,13 +482,12 @@ def _wrap(parts: list[str], indent: int, width: int, sep: str) -> list[str]:
 
 def _comma_pieces(part: str, room: int) -> list[str]:
     """``part`` alone, or, wider than ``room``, its pieces after each comma
-    (``a[0],``, ``a[1],``, ``a[2]``), each but the first marked to be joined
-    with no separator."""
-    if len(part) <= room or "," not in part:
+    or ``..`` (``a[0],``, ``a[1],``, ``a[2]``; ``a[0]..``, ``b[1]``), each but
+    the first marked to be joined with no separator."""
+    if len(part) <= room or ("," not in part and ".." not in part):
         return [part]
-    pieces = [p + "," for p in part.split(",")]
-    pieces[-1] = pieces[-1][:-1]
-    return [pieces[0], *(_BREAK + p for p in pieces[1:] if p)]
+    pieces = [p for p in re.split(r"(?<=,)|(?<=\.\.)(?!\.)", part) if p]
+    return [pieces[0], *(_BREAK + p for p in pieces[1:])]
 
 
 def step_lines(row: list[str], of: int | None = None, at_s: float | None = None,
@@ -830,7 +829,8 @@ class BlockTablesView:
         """Each step as a line ``# kind``, then each of its rows as wrapped
         lines of at most ``width`` columns (no word split), indented two
         spaces, continuations six."""
-        out = textwrap.wrap(f"{self.title} ({SHORT_BLOCK_HELP})", width)
+        out = textwrap.wrap(f"{self.title} ({SHORT_BLOCK_HELP})", width, subsequent_indent="  ",
+                            break_long_words=False, break_on_hyphens=False)
         for row in self.rows:
             if row[0]:
                 out += _wrap([row[0], row[1]], 4, width, " ")
@@ -962,7 +962,7 @@ def print_models(rows: list[tuple[str, ...]], out: Console = console) -> None:
     if natural <= out.width:  # every row on one line
         out.print(table)
         return
-    lines = textwrap.wrap(title, out.width)
+    lines = textwrap.wrap(title, out.width, subsequent_indent="  ")
     for name, *fields in rows:
         lines.append(name)
         for label, text in zip(MODEL_COLUMNS[1:], fields):

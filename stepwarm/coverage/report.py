@@ -346,10 +346,13 @@ def print_report(rep: CoverageReport, out: Console) -> None:
                 f"; 2nd run: {_kernels(r['compiles_second'])}" if r["compiles_second"] else "")
             _print_lines(
                 out, f"  {r['line']} {r['name']}: n {r['count']}, prompt {r['prompt_len']}, "
-                f"{_sampling_text(r['sampling'], line=True)}; 1st / 2nd run {r['first_ms']:.1f} / "
-                f"{r['second_ms']:.1f} ms (in worker {r.get('first_worker_ms', 0):.1f} / "
-                f"{r.get('second_worker_ms', 0):.1f} ms), ratio {r['ratio']:.2f}; compiled: "
-                f"{r['error'] or kernels}; ", tail=why or _ok(rep, r),
+                f"{_sampling_text(r['sampling'], line=True)}; "
+                + _held(f"1st / 2nd run {r['first_ms']:.1f} / {r['second_ms']:.1f} ms")
+                + " " + _held(f"(in worker {r.get('first_worker_ms', 0):.1f} / "
+                              f"{r.get('second_worker_ms', 0):.1f} ms),")
+                + " " + _held(f"ratio {r['ratio']:.2f};") + " compiled: "
+                + _held(r['error'] or (kernels if kernels != "-" else "nothing")) + "; ",
+                tail=why or _ok(rep, r),
                 tail_style="bold red" if why else "green")
         _print_lines(out, summary_line(rep))
         return
@@ -395,6 +398,15 @@ def summary_line(rep: CoverageReport) -> str:
 #: Narrower terminals get coverage's traffic as lines, not a table whose cells
 #: would fold inside numbers and kernel names.
 TABLE_WIDTH = 120
+
+
+def _held(text: str) -> str:
+    """``text`` kept on one line when wrapped (its spaces no-break ones,
+    put back by :func:`stepwarm.console.wrapped_text`): a time pair and its
+    unit, a label and its value; a long kernel list still wraps."""
+    from stepwarm.console import HELD
+
+    return text.replace(" ", HELD) if len(text) <= 40 else text
 
 
 def _print_lines(out: Console, text: str, tail: str = "", tail_style: str | None = None) -> None:

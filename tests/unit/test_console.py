@@ -648,3 +648,17 @@ def test_each_invalid_json_line_of_a_traffic_file_is_labelled():
                    Console(file=buf, width=80, force_terminal=False, markup=False))
     assert buf.getvalue().splitlines() == ["error: t.jsonl:1:1: invalid JSON: Expecting value",
                                            "error: t.jsonl:2:1: invalid JSON: Expecting value"]
+
+
+def test_a_label_of_a_request_range_breaks_after_its_dots():
+    """``a[0]..b[1]`` wider than a line breaks after ``..``, indented (the
+    seventh trial: ``show`` folded it mid-name at column 80)."""
+    from stepwarm.console import step_lines
+
+    label = ("prefill very_long_request_name_number_one[0]..very_long_request_name_number_two[1] "
+             "(5) x rest")
+    lines = step_lines(["0", "prefill", label, "5", "500", "0", "5", "0", "0", "3.0"], of=4,
+                       width=80)
+    assert lines[:2] == ["  [0/4] prefill  prefill very_long_request_name_number_one[0]..",
+                         "        very_long_request_name_number_two[1] (5) x rest"]
+    assert all(len(line) <= 80 for line in lines)

@@ -303,7 +303,8 @@ def test_coverage_at_80_columns_indents_continuations_and_labels_the_time(tmp_pa
     buf = io.StringIO()
     print_report(base, Console(file=buf, width=80, force_terminal=True, color_system="standard"))
     red = buf.getvalue().split("  1 greedy, prompt 1 ", 1)[1].split("\n  2 ", 1)[0]
-    assert "\x1b[1;31mratio > 1.2:\x1b[0m\n    \x1b[1;31munexplained; outside the worker" in red
+    assert "\x1b[1;31mratio > 1.2: unexplained; outside the worker +15.6 ms of the\x1b[0m\n    " \
+        "\x1b[1;31m17.2 ms excess\x1b[0m" in red
 
 
 def test_coverage_in_a_wide_terminal_is_the_table(tmp_path):

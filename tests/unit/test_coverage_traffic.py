@@ -137,7 +137,7 @@ def test_a_junk_traffic_file_is_refused_before_vllm_is_imported(tmp_path):
     cases = {empty: f"error: {empty}: no request (one JSON object a line)",
              binary: f"error: {binary}:1: not UTF-8 (byte 0x80 at offset 0)",
              text: f"error: {text}:1:1: invalid JSON: Expecting value\n"
-                   f"{text}:3: expected a JSON object (one request a line), got list",
+                   f"error: {text}:3: expected a JSON object (one request a line), got list",
              "/dev/zero": "error: /dev/zero: traffic file of more than 67108864 bytes; allowed: "
                           "at most 67108864 bytes (MAX_FILE_BYTES, see docs/traffic.md)"}
     for path, error in cases.items():
@@ -334,13 +334,13 @@ def test_every_bad_line_is_named_at_once_not_the_json_ones_first(tmp_path):
                            + ['{"prompt": -1}' if i % 2 else 'nope' for i in range(20)]) + "\n")
     prompt = "allowed: a length (an integer > 0) or a list of token ids (integers >= 0, at least one)"
     expected = [f"error: {f}:2:2: invalid JSON: Expecting property name enclosed in double quotes",
-                f"{f}:3: prompt: 0: {prompt}",
-                f"{f}:4: expected a JSON object (one request a line), got list",
-                f"{f}:5: promt: unknown field (did you mean 'prompt'?); allowed: name, prompt, "
+                f"error: {f}:3: prompt: 0: {prompt}",
+                f"error: {f}:4: expected a JSON object (one request a line), got list",
+                f"error: {f}:5: promt: unknown field (did you mean 'prompt'?); allowed: name, prompt, "
                 "count, sampling, server_defaults, prefix"]
     for line in range(6, 22):
-        expected.append(f"{f}:{line}:1: invalid JSON: Expecting value" if line % 2 == 0
-                        else f"{f}:{line}: prompt: -1: {prompt}")
+        expected.append(f"error: {f}:{line}:1: invalid JSON: Expecting value" if line % 2 == 0
+                        else f"error: {f}:{line}: prompt: -1: {prompt}")
     expected += [f"{f}: 4 more error(s) not shown (at most 20 are listed)",
                  f"{f}: the sampling of line(s) 1 is checked by vLLM's SamplingParams once "
                  "every line is a JSON object"]
