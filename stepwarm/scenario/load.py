@@ -331,21 +331,36 @@ def _unknown_requests(model: ScenarioFile, file: str, index: _TomlIndex,
     runner). ``numbers``: each step's index in the file (where the format
     left some out); ``refused``: entries the format refused (declared, not
     in ``model``)."""
-    declared = sorted(dict.fromkeys([*model.requests, *refused]),
-                      key=lambda n: index.line(("requests", n)) or 0)  # file order
+    declared = _in_file_order([*model.requests, *refused], index)
     errors = []
     for i, st in zip(numbers or range(len(model.steps)), model.steps):
         for field in SELECTOR_FIELDS:
-            names = [m.group(1) for s in getattr(st, field, None) or []
-                     if (m := _SELECTOR.match(s)) is not None]
-            for name in dict.fromkeys(names):
-                if name in declared:
-                    continue
-                what, allowed = unknown_request(name, declared)
-                line = index.line(("steps", i), field)
-                errors.append(ScenarioError(
-                    f"{_where(file, line, ('steps', i), field, st.kind)}: {what}; allowed: "
-                    f"{allowed}", file=file, line=line, step=i, field=field))
+            errors += _undeclared_in(getattr(st, field, None) or [], declared, file, index, i,
+                                     field, st.kind)
+    return errors
+
+
+def _in_file_order(names: Iterable[str], index: _TomlIndex) -> list[str]:
+    """``names`` once each, in the order their ``[requests.NAME]`` tables appear."""
+    return sorted(dict.fromkeys(names), key=lambda n: index.line(("requests", n)) or 0)
+
+
+def _undeclared_in(selectors: Iterable[object], declared: list[str], file: str,
+                   index: _TomlIndex, step: int, field: str, kind: str | None
+                   ) -> list[ScenarioError]:
+    """A located error per request that the selectors of step ``step``'s
+    ``field`` name and ``declared`` lacks (the expander's message)."""
+    names = [m.group(1) for v in selectors if isinstance(v, str)
+             and (m := _SELECTOR.match(v)) is not None]
+    errors = []
+    for name in dict.fromkeys(names):
+        if name in declared:
+            continue
+        what, allowed = unknown_request(name, declared)
+        line = index.line(("steps", step), field)
+        errors.append(ScenarioError(
+            f"{_where(file, line, ('steps', step), field, kind)}: {what}; allowed: {allowed}",
+            file=file, line=line, step=step, field=field))
     return errors
 
 
@@ -361,7 +376,7 @@ def _unknown_requests_of_misspelt_kinds(data: dict, errors: list[ScenarioError],
     if not isinstance(steps, list):
         return []
     said = {(e.step, e.field) for e in errors}
-    declared = {*partial.model.requests, *partial.refused_requests}
+    declared = _in_file_order([*partial.model.requests, *partial.refused_requests], index)
     out = []
     for i in sorted({e.step for e in errors if e.field == "kind" and e.step is not None}):
         step = steps[i] if i < len(steps) else None
@@ -372,18 +387,8 @@ def _unknown_requests_of_misspelt_kinds(data: dict, errors: list[ScenarioError],
             value = step.get(field)
             if (i, field) in said or not isinstance(value, list):
                 continue
-            names = [m.group(1) for v in value if isinstance(v, str)
-                     and (m := _SELECTOR.match(v)) is not None]
-            for name in dict.fromkeys(names):
-                if name in declared:
-                    continue
-                what, allowed = unknown_request(name, sorted(declared, key=lambda n: (
-                    index.line(("requests", n)) or 0)))
-                line = index.line(("steps", i), field)
-                kind = f"read as {close[0]}" if close else None
-                out.append(ScenarioError(
-                    f"{_where(file, line, ('steps', i), field, kind)}: {what}; allowed: {allowed}",
-                    file=file, line=line, step=i, field=field))
+            out += _undeclared_in(value, declared, file, index, i, field,
+                                  f"read as {close[0]}" if close else None)
     return out
 
 

@@ -221,10 +221,11 @@ def test_a_refused_request_hides_no_other_error_of_the_file(tmp_path):
         f"{f}: the steps were checked only as far as they do not depend on the requests above "
         "that failed (a); not checked: step 0, which selects them; fix the errors above and "
         "check again"]
-    # run reads the file before any engine: the same errors, the runner's checks left out
-    r = runner.invoke(app, ["run", "-s", str(f)], env=ENV)
-    assert (r.exit_code, r.stdout) == (2, "")
-    assert r.stderr.splitlines() == err.splitlines()[:2]
+    # run and coverage read the file before any engine: the same errors and last line
+    for command in ("run", "coverage"):
+        r = runner.invoke(app, [command, "-s", str(f)], env=ENV)
+        assert (r.exit_code, r.stdout) == (2, ""), command
+        assert r.stderr.splitlines() == err.splitlines(), command
     f.write_text('[requests.a]\nprompt = -5\ncount = 0\n\n' + STEP)
     code, out, err = _check(f)
     assert code == 2 and err.splitlines() == [

@@ -122,6 +122,27 @@ def test_coverage_options_are_checked_before_anything_starts(tmp_path):
     assert "starting vLLM engine" not in r.stdout
 
 
+def test_coverage_says_every_bad_option_at_once(tmp_path):
+    """An unwritable --json, --baseline beside --compare, a bad threshold,
+    a junk traffic file and a bad -e: every error in one message, exit 2,
+    nothing started (issue 42, eighth trial)."""
+    traffic = tmp_path / "t.jsonl"
+    traffic.write_text('{"promt": 3}\n')
+    r = runner.invoke(app, ["coverage", "--baseline", "--compare", "--json",
+                            "/proc/stepwarm.json", "--threshold", "-1", str(traffic),
+                            "-e", "max_num_seqs=0"],
+                      env={"COLUMNS": "300"})
+    assert (r.exit_code, r.stdout) == (2, "")
+    lines = r.stderr.splitlines()
+    assert lines[:3] == ["error: give --baseline or --compare, not both",
+                         "error: --threshold -1.0: allowed: a number >= 0",
+                         "error: --json /proc/stepwarm.json: cannot be written: no file can be "
+                         "made in /proc (No such file or directory)"], lines
+    assert lines[3].startswith(f"error: {traffic}:1: promt: unknown field"), lines
+    assert lines[4:] == ["error: -e max_num_seqs=0: vLLM's SchedulerConfig.max_num_seqs takes "
+                         "at least 1"], lines
+
+
 def test_run_a_named_scenario_the_engine_args_cannot_run_exits_3_before_the_engine():
     """spec-decode needs a speculator, and no speculative_config was given:
     said before any engine starts; exit 3, or 0 with --allow-skip."""

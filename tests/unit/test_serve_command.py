@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from stepwarm.cli import app
+from stepwarm.serve_command import cpu_build_installed
 from stepwarm.zoo import ZOO
 
 runner = CliRunner()
@@ -61,6 +62,9 @@ def test_write_a_zoo_model_and_the_command_vllm_reads_back(tmp_path, name):
     args = EngineArgs.from_cli_args(_server_parser().parse_args(words[3:]))
     assert (args.model, args.load_format) == (str(model_dir), "dummy")
     expected = ZOO[name].engine_args_for(model_dir)
+    if cpu_build_installed():  # eager, as run starts it and docs/serve.md's example serves
+        assert "--enforce-eager" in words
+        expected = {"enforce_eager": True, **expected}
     assert {k: getattr(args, k) for k in expected} == expected
     if ZOO[name].drafter is not None and ZOO[name].drafter.config is not None:
         drafter = json.loads((model_dir / "drafter" / "config.json").read_text())
