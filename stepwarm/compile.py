@@ -298,10 +298,12 @@ def to_scheduler_output(
         out.num_scheduled_tokens[row.req_id] = row.num_scheduled_tokens
         if row.encoder_inputs:
             out.scheduled_encoder_inputs[row.req_id] = list(row.encoder_inputs)
-        if row.spec_token_ids:
+        if row.num_drafts_verified:
             start = row.num_output_tokens - (0 if row.new or row.resumed else tokens.lag(row.req_id))
             out.scheduled_spec_decode_tokens[row.req_id] = tokens.drafts(
                 row.req_id, start, row.spec_token_ids)
+        elif row.spec_token_ids:  # placeholders (-1) as vLLM's scheduler pads: sent as they are
+            out.scheduled_spec_decode_tokens[row.req_id] = list(row.spec_token_ids)
     out.scheduled_cached_reqs = cached
     out.total_num_scheduled_tokens = step.total_num_scheduled_tokens
     out.finished_req_ids = set(step.finished_req_ids)

@@ -288,8 +288,8 @@ def _follow_acceptance(step: PlannedStep, result: StepResult, tokens: OutputHist
     rejected: dict[str, int] = {}
     sampled = result.sampled_token_ids or {}
     for r in step.scheduled:
-        if r.spec_token_ids and r.req_id in sampled and sampled[r.req_id]:
-            n = len(r.spec_token_ids) - (len(sampled[r.req_id]) - 1)
+        if r.num_drafts_verified and r.req_id in sampled and sampled[r.req_id]:
+            n = r.num_drafts_verified - (len(sampled[r.req_id]) - 1)
             if n > 0:
                 rejected[r.req_id] = n
                 tokens.rejected[r.req_id] = tokens.rejected.get(r.req_id, 0) + n

@@ -169,6 +169,7 @@ def read_profile(worker: WorkerView) -> RunnerProfile:
         drafter=read_drafter(worker),
         warmup_draft_slots=warmup_draft_slots(cfg),
         draft_slots=vllm_facts.scheduler_draft_slots(getattr(cfg, "speculative_config", None)),
+        pad_spec_decode=vllm_facts.pad_spec_decode_rule(getattr(cfg, "speculative_config", None)),
         **installed_facts(worker.kind, groups, enable_caching),
     )
 

@@ -211,6 +211,19 @@ class RunnerProfile(BaseModel):
     #: model, else 0): a step's tokens plus this per request stay within the
     #: budget. The fact ``draft_slots``.
     draft_slots: int = Field(default=0, ge=0)
+    #: How the installed scheduler pads a waiting request with one token left
+    #: (a prefix hit leaving one prompt token, a resumption) to ``1 +
+    #: num_speculative_steps`` tokens with placeholder drafts (``-1``) so that
+    #: a decode step stays uniform (``pad_spec_decode`` in
+    #: ``Scheduler.schedule``; :func:`stepwarm.vllm_facts.pad_spec_decode_rule`):
+    #: "" never (no speculator, dynamic speculative decoding); "0.26" beside a
+    #: scheduled running request when none of those is a prefill chunk, and
+    #: a padded row past ``max_model_len`` (or the token budget) is not sent
+    #: (vLLM 0.26 - 0.28); "0.29" the same, padding only where the sampled
+    #: token still fits ``max_model_len`` (0.29); "0.30" also with no running
+    #: request scheduled where the request has a prefix hit
+    #: (``num_computed_tokens > 0``; 0.30 on).
+    pad_spec_decode: Literal["", "0.26", "0.29", "0.30"] = ""
     #: Whether ``run_mixed_prefill_decode_warmup``'s decode request verifies a
     #: full set of drafts (``decode_query_len`` tokens) and its prefill tokens
     #: are split across requests of at most ``max_model_len - 1`` (vLLM 0.34),

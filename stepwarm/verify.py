@@ -107,7 +107,7 @@ def planned_outputs(plan: Plan) -> dict[str, int]:
             continue
         for row in step.scheduled:
             if row.samples:
-                counts[row.req_id] = row.num_output_tokens + 1 + len(row.spec_token_ids)
+                counts[row.req_id] = row.num_output_tokens + 1 + row.num_drafts_verified
     return counts
 
 
@@ -330,7 +330,7 @@ def compare(plan: Plan, origin: tuple[int, ...], report: RunReport,
             if not row.samples or row.req_id not in reference or row.req_id in first:
                 continue
             m = row.num_output_tokens - (result.followed or {}).get(row.req_id, 0)
-            k = len(row.spec_token_ids)
+            k = row.num_drafts_verified
             n = 1 + (k if reject_drafts_from is None else min(k, reject_drafts_from))
             want = reference[row.req_id][m:m + n]
             got = sampled.get(row.req_id, [])

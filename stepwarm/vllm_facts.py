@@ -279,6 +279,43 @@ def scheduler_draft_slots(speculative_config: Any) -> int:
     return int(getattr(speculative_config, "max_num_new_slots_for_drafting", 0) or 0)
 
 
+@functools.cache
+def scheduler_pad_rule() -> str:
+    """:func:`pad_spec_decode_rule` for a static speculator, read off the
+    installed ``Scheduler.schedule``'s source (the rule's conditions moved
+    between releases; no release exposes it otherwise)."""
+    import inspect
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    try:
+        source = inspect.getsource(Scheduler)
+    except (OSError, TypeError):  # pragma: no cover - sources not shipped
+        return ""
+    if "pad_spec_decode = True" not in source:
+        return ""
+    if "scheduled_running_reqs or num_computed_tokens > 0" in source:
+        return "0.30"
+    if "Pad only when there is room" in source:
+        return "0.29"
+    return "0.26"
+
+
+def pad_spec_decode_rule(speculative_config: Any) -> str:
+    """How the installed scheduler pads a waiting request with one token
+    left to ``1 + num_speculative_tokens`` with placeholder drafts
+    (:attr:`stepwarm.profile.RunnerProfile.pad_spec_decode`): "" without a
+    speculator or with dynamic speculative decoding
+    (``num_speculative_tokens_per_batch_size``: ``dynamic_sd_lookup``),
+    else the release's rule ("0.26", "0.29" or "0.30")."""
+    if speculative_config is None or not getattr(speculative_config,
+                                                 "num_speculative_tokens", 0):
+        return ""
+    if getattr(speculative_config, "num_speculative_tokens_per_batch_size", None):
+        return ""
+    return scheduler_pad_rule()
+
+
 # --- Scheduler-side managers ------------------------------------------------
 
 def _manager(spec: Any, enable_caching: bool, **extra: Any) -> Any:

@@ -18,6 +18,7 @@ from stepwarm.blocks import BlockLedger, Growth, OutOfBlocksError, StepAllocatio
 from stepwarm.plan.draft import StepAsk, StepDraft
 from stepwarm.plan.errors import PlanError, bad_drafts, over_token_budget, too_many_seqs
 from stepwarm.plan.output import (
+    PLACEHOLDER_DRAFT,
     LazyRows,
     Plan,
     PlannedRequest,
@@ -380,11 +381,17 @@ class PlanBuilder:
         hits = [rid for rid in ask.resume if self._resume_hit_ahead(rid)]
         saved = self.ledger.snapshot() if hits else None
         continuing = {rid: n for rid, n in ask.resume.items() if rid in self._running}
+        # the WAITING queue's rows: padded with placeholder drafts where the
+        # rule says so (the running rows' kinds decide; _pad_drafts)
+        pad = None
+        if self.profile.pad_spec_decode and self.profile.num_speculative_steps:
+            prefill_scheduled = len(draft.rows) > len(ask.decode) or bool(continuing)
+            pad = (prefill_scheduled, prefill_scheduled or bool(ask.decode))
         try:
             self._schedule_resumptions(continuing, draft)
             self._schedule_resumptions(
-                {rid: n for rid, n in ask.resume.items() if rid not in continuing}, draft)
-            self._schedule_prefills(waiting, draft)
+                {rid: n for rid, n in ask.resume.items() if rid not in continuing}, draft, pad)
+            self._schedule_prefills(waiting, draft, pad)
             self._check_budgets(scheduled, finish, ask.preempt, draft)
             return self._allocate(finish + ask.preempt, draft, wait_for_mamba)
         except PlanError:
@@ -437,18 +444,21 @@ class PlanBuilder:
                                 "such requests", "preempt", rid)
         return scheduled
 
-    def _schedule_prefills(self, prefill: dict[str, int], draft: StepDraft) -> None:
+    def _schedule_prefills(self, prefill: dict[str, int], draft: StepDraft,
+                           pad: tuple[bool, bool] | None = None) -> None:
         """Prefill chunks: a waiting request's first (after any prefix hit) or
         a running one's next, with the encoder inputs that start with it
         (``_try_schedule_encoder_inputs``), within the encoder budget. One
         pass, a row built as a tuple; a request the fast test does not pass
         (unknown, neither waiting nor running, no prompt token left for the
-        chunk) goes to :meth:`_refuse_prefill`, which raises."""
+        chunk) goes to :meth:`_refuse_prefill`, which raises. ``pad``: the
+        WAITING queue's rows, padded where :meth:`_pad_drafts` says."""
         p = self.profile
         requests, align_mamba = self._requests, self._align_mamba
         rows, updates, allocs = draft.rows, draft.updates, draft.allocs
         most = draft.most_tokens
         new = tuple.__new__
+        padded = 0
         for rid, n in prefill.items():
             live = requests.get(rid)
             if live is None or (live.state != "waiting" and live.state != "running") or \
@@ -471,6 +481,13 @@ class PlanBuilder:
             elif decl.encoder_len and self._starts_encoder(live):
                 enc = (0,)
                 draft.encoder_tokens += decl.encoder_len if p.encoder_budget else 0
+            if pad is not None and n == 1 and done:
+                k = self._pad_drafts(live, pad)
+                if k:  # computed += 1 after the runner rejects the k placeholders
+                    draft.add((decl.req_id, c, 1 + k, (PLACEHOLDER_DRAFT,) * k, not live.seen,
+                               False, out, True, enc), live, 1, 1)
+                    padded += 1
+                    continue
             # StepDraft.add, inline
             rows.append((decl.req_id, c, n, (), not live.seen, False, out, done, enc))
             dout = 1 if done else 0
@@ -483,9 +500,10 @@ class PlanBuilder:
             after = num_tokens + dout if decl.kind == "sample" else num_tokens
             if after > most:
                 most = after
-        draft.growths += [None] * len(prefill)  # every row goes to the ledger
-        draft.total += sum(prefill.values())
-        draft.most_tokens = most
+        # every row goes to the ledger (a padded one's entries: StepDraft.add)
+        draft.growths += [None] * (len(prefill) - padded)
+        draft.total += sum(prefill.values()) - padded
+        draft.most_tokens = max(most, draft.most_tokens)
         if draft.encoder_tokens > p.encoder_budget:
             raise self._err(f"{draft.encoder_tokens} encoder tokens scheduled but the encoder "
                             f"budget is {p.encoder_budget}", "images")
@@ -594,9 +612,12 @@ class PlanBuilder:
             raise self._err(why, "spec_tokens", rid)
         return live
 
-    def _schedule_resumptions(self, resume: dict[str, int], draft: StepDraft) -> None:
+    def _schedule_resumptions(self, resume: dict[str, int], draft: StepDraft,
+                              pad: tuple[bool, bool] | None = None) -> None:
         """Preempted requests resumed (a fresh block table, prompt and outputs
-        recomputed), and running ones whose chunked resumption continues."""
+        recomputed), and running ones whose chunked resumption continues.
+        ``pad``: preempted ones (the WAITING queue's), padded where
+        :meth:`_pad_drafts` says."""
         for rid, n in resume.items():
             live = self._live(rid)
             continuing = live.state == "running" and live.resuming
@@ -619,10 +640,42 @@ class PlanBuilder:
             self._check_mamba_align_chunk(live, n)
             # a preempted request's encoder runs again
             enc = (0,) if self._starts_encoder(live) else ()
-            draft.add((live.decl.req_id, live.num_computed_tokens, n, (), not live.seen,
-                       not continuing, live.num_output_tokens, done, enc), live, n,
-                      1 if done else 0)
+            k = self._pad_drafts(live, pad) if pad is not None and n == 1 == left else 0
+            draft.add((live.decl.req_id, live.num_computed_tokens, n + k,
+                       (PLACEHOLDER_DRAFT,) * k, not live.seen, not continuing,
+                       live.num_output_tokens, done, enc), live, n, 1 if done else 0)
             draft.resuming.append((live, not done))
+
+    def _pad_drafts(self, live: LiveRequest, pad: tuple[bool, bool]) -> int:
+        """The placeholder drafts vLLM's scheduler pads a WAITING request
+        with, whose one token left (``num_tokens - num_computed_tokens``
+        after any hit) it schedules (``pad_spec_decode`` in
+        ``Scheduler.schedule``; :attr:`RunnerProfile.pad_spec_decode`):
+        ``num_speculative_steps``, or 0 where it is not padded. ``pad``:
+        whether a running row of the step is a prefill chunk (a chunk or a
+        resumption still recomputing: ``prefill_scheduled``), and whether
+        any running row is scheduled.
+
+        Raises:
+            PlanError: where vLLM 0.26 - 0.28 would leave the request
+                waiting rather than send it unpadded (past ``max_model_len``).
+        """
+        p = self.profile
+        prefill_scheduled, running_scheduled = pad
+        c = live.num_computed_tokens
+        if prefill_scheduled or live.decl.kind != "sample" or not (
+                running_scheduled or (p.pad_spec_decode == "0.30" and c > 0)):
+            return 0
+        k = p.num_speculative_steps
+        if p.pad_spec_decode == "0.26":
+            if c + 1 + k > p.max_model_len:
+                raise self._err(
+                    f"request {live.decl.req_id!r}: vLLM pads its one token left to {1 + k} "
+                    f"with placeholder drafts, past max_model_len {p.max_model_len} "
+                    f"({c} computed), and then leaves it waiting; allowed: schedule it "
+                    "beside a prefill chunk, or where it fits", "tokens", live.decl.req_id)
+            return k
+        return k if c + 1 + k + 1 <= p.max_model_len else 0
 
     def _check_budgets(self, scheduled: set[str], finish: tuple[str, ...],
                        preempt: tuple[str, ...], draft: StepDraft) -> None:

@@ -81,14 +81,19 @@ class StepDraft:
             self.updates[ds:]
 
     def add(self, row: Row, live: LiveRequest, dn: int, dout: int) -> None:
+        """Append ``row``, its update (computed ``+= dn``, outputs ``+=
+        dout``) and its ledger call: slots for its scheduled tokens
+        (``row[2]``: ``dn``, or more for placeholder drafts the runner
+        rejects)."""
         self.rows.append(row)
         self.updates.append((live, dn, dout))
         self.total += row[2]
         self.growths.append(None)
         c, decl = live.num_computed_tokens, live.decl
         num_tokens = decl.prompt_len + live.num_output_tokens
+        end = c + row[2]
         self.allocs.append(tuple.__new__(StepAllocation, (
-            decl.req_id, c + dn, c, min(c + dn, num_tokens), decl.prompt_len, decl.encoder_len,
+            decl.req_id, end, c, min(end, num_tokens), decl.prompt_len, decl.encoder_len,
             num_tokens)))
         self.most_tokens = max(self.most_tokens, c + dn,
                                num_tokens + (dout if decl.kind == "sample" else 0))

@@ -138,6 +138,21 @@ class ScheduledRequest(NamedTuple):
         """Blocks handed out in this step, per group."""
         return tuple(len(ids) for ids in self.block_ids)
 
+    @property
+    def num_drafts_verified(self) -> int:
+        """Drafts the runner verifies (``len(spec_token_ids)``), 0 for a
+        waiting request padded with :data:`PLACEHOLDER_DRAFT` s: the
+        rejection sampler accepts none of those."""
+        spec = self.spec_token_ids
+        return 0 if spec and spec[0] == PLACEHOLDER_DRAFT else len(spec)
+
+
+#: The draft token id vLLM's scheduler pads a waiting request with
+#: (``pad_spec_decode``: ``[-1] * num_spec_tokens``; the rejection
+#: sampler's ``PLACEHOLDER_TOKEN_ID``), so that a step stays a uniform
+#: decode (:attr:`~stepwarm.profile.RunnerProfile.pad_spec_decode`).
+PLACEHOLDER_DRAFT = -1
+
 
 #: A row as :meth:`PlanBuilder._schedule_decodes` keeps one the ledger's
 #: quick entry answers (req_id, num_computed_tokens, num_scheduled_tokens,

@@ -28,7 +28,8 @@ from typing import Any
 
 from stepwarm.plan import PlanBuilder, PlannedRequest, PlannedStep
 from stepwarm.profile import CacheSpec, RunnerProfile, tiny_profile
-from stepwarm.vllm_facts import model_runner_output
+from stepwarm.plan.output import PLACEHOLDER_DRAFT
+from stepwarm.vllm_facts import model_runner_output, scheduler_pad_rule
 
 #: Sampled tokens are OUTPUT_BASE + the request's ordinal: in no prompt, and
 #: no two requests' outputs alike.
@@ -74,6 +75,9 @@ class Config:
             num_speculative_steps=self.num_spec_tokens, draft_slots=0, warmup_draft_slots=0, drafter=None,
             uncached_frees_append=False,
             kv_cache_groups=self.groups(),
+            # as the probe reads it off the installed scheduler (an n-gram
+            # speculator: static, no dynamic_sd_lookup)
+            pad_spec_decode=scheduler_pad_rule() if self.num_spec_tokens else "",
         ))
 
 
@@ -109,6 +113,10 @@ class StepRecord:
     preempted: set[str]
     #: req_id -> draft tokens the runner accepted (requests sent drafts)
     accepted: dict[str, int] = field(default_factory=dict)
+    #: req_id -> draft tokens sent (``scheduled_spec_decode_tokens``)
+    drafts: dict[str, int] = field(default_factory=dict)
+    #: requests sent placeholder drafts (-1: vLLM's pad_spec_decode)
+    padded: set[str] = field(default_factory=set)
 
 
 def build_scheduler(cfg: Config) -> Any:
@@ -185,6 +193,10 @@ def record(out: Any, num_groups: int = 1) -> StepRecord:
         rec.blocks[rid] = _ids(nb) if nb is not None else ((),) * num_groups
         if rid in resumed:
             rec.resumed.add(rid)
+    for rid, spec in out.scheduled_spec_decode_tokens.items():
+        rec.drafts[rid] = len(spec)
+        if spec and all(t == PLACEHOLDER_DRAFT for t in spec):
+            rec.padded.add(rid)
     return rec
 
 
@@ -200,6 +212,10 @@ def stepwarm_record(step: PlannedStep, num_groups: int = 1) -> StepRecord:
             rec.new.add(r.req_id)
         if r.resumed:
             rec.resumed.add(r.req_id)
+        if r.spec_token_ids:
+            rec.drafts[r.req_id] = len(r.spec_token_ids)
+            if not r.num_drafts_verified:
+                rec.padded.add(r.req_id)
     return rec
 
 
@@ -298,11 +314,6 @@ class Replay:
             self.check_modelled(theirs, ahead, found)
             self.check_unique_hits(theirs)
             self.check_preemption_order(theirs)
-            if set(out.scheduled_spec_decode_tokens) & (theirs.new | theirs.resumed):
-                # vLLM pads a waiting request with one token left to
-                # 1 + num_spec_tokens, placeholder drafts (-1), so the step
-                # stays a uniform decode (the scheduler's pad_spec_decode)
-                raise Unmodelled("a waiting request padded with placeholder drafts")
             self._sent.update(theirs.new)
             sampled = self.sample(out, theirs)
             mine = stepwarm_record(self.plan_step(theirs), len(cfg.groups()))
@@ -326,8 +337,10 @@ class Replay:
                 sampled.append([])
                 continue
             sent = len(out.scheduled_spec_decode_tokens.get(rid, ()))
-            a = min(self._will_accept.get(rid, 0), sent)
-            if sent:
+            # placeholder drafts (pad_spec_decode): the rejection sampler
+            # accepts none
+            a = 0 if rid in rec.padded else min(self._will_accept.get(rid, 0), sent)
+            if sent and rid not in rec.padded:
                 rec.accepted[rid] = a
             sampled.append([OUTPUT_BASE + int(rid[1:])] * (1 + a))
         return sampled
@@ -496,6 +509,8 @@ class Replay:
         decode: dict[str, int] = {}
         resume: dict[str, int] = {}
         for rid, n in rec.tokens.items():
+            if rid in rec.padded:  # stepwarm pads the one token itself
+                n -= rec.drafts[rid]
             if rid in rec.new:
                 if rec.computed[rid]:
                     b.set_computed(rid, rec.computed[rid])

@@ -74,6 +74,8 @@ def test_every_step_is_the_schedulers(stream: tuple[Config, list[Arrival]]) -> N
         event("drafts rejected")
     if any(r.preempted for r in theirs):
         event("preempted")
+    if any(r.padded for r in theirs):
+        event("a waiting request padded with placeholder drafts")
     if cfg.sliding_window is not None:
         event("sliding window")
     if any(r.resumed for r in theirs):
@@ -195,6 +197,59 @@ def test_wrong_acceptance_update_is_caught(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(AssertionError, match=r"computed: vLLM \{.*'r0': 12.*\} stepwarm"):
         replay(*SPEC_STREAM, exact=False)
 
+
+
+#: Two requests of one 9-token prompt (block size 4, 2 drafts a step): r1
+#: arrives with an 8-token hit, one prompt token left. Beside r0's decode
+#: (PAD_BESIDE_DECODE) every release pads it; alone, after r0 finished
+#: (PAD_ALONE), vLLM 0.30 on pad it for its hit (num_computed_tokens > 0).
+PAD_BESIDE_DECODE = (
+    Config(block_size=4, num_blocks=16, max_num_seqs=2, max_num_batched_tokens=16,
+           max_model_len=32, num_spec_tokens=2),
+    [Arrival(0, 9, 10, drafts=((2, 1),)), Arrival(2, 9, 4)])
+PAD_ALONE = (PAD_BESIDE_DECODE[0], [Arrival(0, 9, 1), Arrival(2, 9, 3)])
+
+
+def test_a_waiting_request_with_one_token_left_is_padded_as_vllm_pads_it() -> None:
+    """vLLM's scheduler pads a waiting request whose one token is left after
+    its hit to ``1 + num_spec_tokens`` tokens with placeholder drafts (-1),
+    the runner rejects them and the request advances by one token
+    (``pad_spec_decode``); stepwarm's planner sends the same steps, block ids
+    exact (the padded slots take block 5 beside r0's decode)."""
+    from stepwarm.vllm_facts import scheduler_pad_rule
+
+    r = replay(*PAD_BESIDE_DECODE)
+    theirs = [p[0] for p in r.pairs]
+    assert [(t.tokens, t.computed, t.blocks, t.drafts, t.padded) for t in theirs[1:4]] == [
+        ({"r0": 3}, {"r0": 9}, {"r0": ((),)}, {"r0": 2}, set()),
+        ({"r0": 3, "r1": 3}, {"r0": 11, "r1": 8}, {"r0": ((4,),), "r1": ((1, 2, 5),)},
+         {"r0": 2, "r1": 2}, {"r1"}),
+        ({"r0": 3, "r1": 1}, {"r0": 13, "r1": 9}, {"r0": ((),), "r1": ((),)}, {"r0": 2}, set()),
+    ]
+    alone = [p[0] for p in replay(*PAD_ALONE).pairs][2]
+    padded = scheduler_pad_rule() == "0.30"
+    assert (alone.tokens, alone.computed, alone.padded) == (
+        {"r1": 3 if padded else 1}, {"r1": 8}, {"r1"} if padded else set())
+
+
+@pytest.mark.parametrize(("mutant", "stream"), [
+    (lambda self, live, pad: 0, PAD_BESIDE_DECODE),
+    (lambda self, live, pad: 0 if not pad[1] else _pad(self, live, pad), PAD_ALONE),
+], ids=["never padded", "padded beside running rows only"])
+def test_wrong_padding_rule_is_caught(monkeypatch: pytest.MonkeyPatch, mutant, stream) -> None:
+    """Mutants of the padding rule: none at all (the planner before), and
+    0.26's rule (beside a running request only) where the release pads a
+    request with a hit alone. The oracle names the step's tokens."""
+    from stepwarm.vllm_facts import scheduler_pad_rule
+
+    if stream is PAD_ALONE and scheduler_pad_rule() != "0.30":
+        pytest.skip("this release pads beside a running request only: the mutant is its rule")
+    monkeypatch.setattr(PlanBuilder, "_pad_drafts", mutant)
+    with pytest.raises(AssertionError, match=r"tokens: vLLM \{.*'r1': 3.*\} stepwarm"):
+        replay(*stream)
+
+
+_pad = PlanBuilder._pad_drafts
 
 
 #: Shrunk from a Hypothesis stream: in step 51 vLLM's scheduler gives r0 the

@@ -1,0 +1,121 @@
+"""Placeholder drafts on a waiting request (``pad_spec_decode`` in vLLM's
+``Scheduler.schedule``, :attr:`RunnerProfile.pad_spec_decode`): a request
+whose one token is left after its prefix hit (or on resumption) is sent as
+``1 + num_speculative_steps`` tokens with ``-1`` drafts, which the runner
+rejects. The rules of the three release families, exact rows and blocks;
+the ``SchedulerOutput`` carries the placeholders as they are. (vLLM's own
+scheduler against these: tests/property/test_scheduler_oracle.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from stepwarm.plan import PlanBuilder, PlanError, PlannedRequest
+from stepwarm.plan.output import PLACEHOLDER_DRAFT
+from stepwarm.profile import CacheSpec
+from tests.helpers import make_profile
+
+
+def _profile(rule: str, max_model_len: int = 64):
+    return make_profile(num_speculative_steps=2, max_num_seqs=4, num_lookahead_tokens=0,
+                        draft_slots=0, num_blocks=32, enable_prefix_caching=True,
+                        max_model_len=max_model_len, pad_spec_decode=rule,
+                        kv_cache_groups=(CacheSpec(kind="full_attention", block_size=4),))
+
+
+def _builder(rule: str, max_model_len: int = 64) -> PlanBuilder:
+    """r0 prefilled (9 tokens: blocks 1, 2 cached, 3) and decoding; r1 of 9
+    tokens waits with an 8-token hit on blocks 1, 2."""
+    b = PlanBuilder(_profile(rule, max_model_len), name="t")
+    b.add_request(PlannedRequest("r0", 9, sampling="greedy"))
+    b.add_request(PlannedRequest("r1", 9, sampling="greedy"))
+    b.step("prefill", "p", prefill={"r0": 9})
+    b.set_computed("r1", 8)
+    return b
+
+
+@pytest.mark.parametrize("rule", ["0.26", "0.29", "0.30"])
+def test_beside_a_decode_every_rule_pads(rule):
+    b = _builder(rule)
+    step = b.step("mixed", "m", decode={"r0": 2}, prefill={"r1": 1})
+    rows = {r.req_id: r for r in step.scheduled}
+    r1 = rows["r1"]
+    # 1 token + 2 placeholders from position 8: slots to 11, block 4 new
+    # (r0's 1 + 2 tokens fit its block 3)
+    assert (r1.num_computed_tokens, r1.num_scheduled_tokens, r1.spec_token_ids, r1.block_ids,
+            r1.samples, r1.num_drafts_verified) == (8, 3, (-1, -1), ((1, 2, 4),), True, 0)
+    assert rows["r0"].spec_token_ids == (0, 0) and rows["r0"].num_drafts_verified == 2
+    assert step.total_num_scheduled_tokens == 6
+    # the runner rejects the placeholders: r1 advances by its one token
+    assert (b.num_computed_tokens("r1"), b.num_tokens("r1")) == (9, 10)
+    (row,) = [r for r in b.step("decode", "d", decode={"r1": 0}).scheduled]
+    assert (row.num_computed_tokens, row.num_scheduled_tokens, row.block_ids) == (9, 1, ((),))
+
+
+@pytest.mark.parametrize(("rule", "padded"), [("", False), ("0.26", False), ("0.29", False),
+                                              ("0.30", True)])
+def test_alone_only_0_30_pads_a_hit(rule, padded):
+    b = _builder(rule)
+    b.step("finish", "f", finish=("r0",))
+    (row,) = b.step("prefix_hit", "h", prefill={"r1": 1}).scheduled
+    assert (row.num_scheduled_tokens, row.spec_token_ids) == (
+        (3, (PLACEHOLDER_DRAFT,) * 2) if padded else (1, ()))
+    assert b.num_computed_tokens("r1") == 9
+
+
+@pytest.mark.parametrize("rule", ["0.26", "0.29", "0.30"])
+def test_beside_a_prefill_chunk_no_rule_pads(rule):
+    b = _builder(rule)
+    b.add_request(PlannedRequest("r2", 20, sampling="greedy"))
+    b.step("chunked", "c", prefill={"r2": 8})  # r2 still prefilling: a running chunk
+    step = b.step("mixed", "m", prefill={"r2": 4, "r1": 1}, decode={"r0": 0})
+    assert {r.req_id: (r.num_scheduled_tokens, r.spec_token_ids) for r in step.scheduled} == {
+        "r2": (4, ()), "r0": (1, ()), "r1": (1, ())}
+
+
+def test_a_resumed_request_with_one_token_left_is_padded():
+    b = _builder("0.30")
+    for i in range(3):  # r0: 12 computed, 13 tokens: block 3 full and cached
+        b.step("decode", f"d{i}", decode={"r0": 0})
+    b.step("preempt", "x", preempt=("r0",))
+    # its hit: blocks 1, 2 (prompt) and 3 (its own sampled tokens); one token left
+    (row,) = b.step("resume", "r", resume={"r0": 1}).scheduled
+    assert (row.num_computed_tokens, row.num_scheduled_tokens, row.spec_token_ids,
+            row.resumed, row.block_ids) == (12, 3, (-1, -1), True, ((1, 2, 3, 4),))
+    assert (b.num_computed_tokens("r0"), b.num_tokens("r0")) == (13, 14)
+
+
+def test_0_29_and_on_leave_it_unpadded_where_the_sampled_token_would_not_fit():
+    # max_model_len 11: 8 + 3 + 1 > 11, so 0.29's rule sends the one token alone
+    b = _builder("0.29", max_model_len=11)
+    step = b.step("mixed", "m", decode={"r0": 0}, prefill={"r1": 1})
+    assert {r.req_id: r.num_scheduled_tokens for r in step.scheduled} == {"r0": 1, "r1": 1}
+
+
+def test_0_26_refuses_a_padded_row_past_max_model_len():
+    """vLLM 0.26 - 0.28 leave the request waiting rather than send it
+    unpadded: the step is not one their scheduler sends."""
+    b = _builder("0.26", max_model_len=10)
+    with pytest.raises(PlanError) as e:
+        b.step("mixed", "m", decode={"r0": 0}, prefill={"r1": 1})
+    assert str(e.value).endswith(
+        "request 'r1': vLLM pads its one token left to 3 with placeholder drafts, past "
+        "max_model_len 10 (8 computed), and then leaves it waiting; allowed: schedule it "
+        "beside a prefill chunk, or where it fits")
+    assert e.value.field == "tokens"
+    assert b.num_computed_tokens("r1") == 8  # nothing changed
+
+
+def test_the_scheduler_output_carries_the_placeholders():
+    """The driver sends the -1 drafts as vLLM's scheduler does (not the
+    expected tokens it puts in real drafts' places under --verify)."""
+    pytest.importorskip("vllm.v1.core.sched.output")
+    from stepwarm.compile import OutputHistory, to_scheduler_output
+
+    b = _builder("0.30")
+    b.step("mixed", "m", decode={"r0": 2}, prefill={"r1": 1})
+    plan = b.build()
+    tokens = OutputHistory(expected={"r1": [7, 8, 9], "r0": [5, 6, 7, 8]})
+    out = to_scheduler_output(plan.steps[1], plan, b.profile, {}, tokens)
+    assert out.scheduled_spec_decode_tokens == {"r0": [6, 7], "r1": [-1, -1]}
+    assert out.num_scheduled_tokens == {"r0": 3, "r1": 3}
