@@ -61,6 +61,17 @@ class Row:
         return self.req.computed >= self.req.prompt and not self.req.resumed
 
     @property
+    def prompt_tokens(self) -> int:
+        """Prompt tokens the row computes: its scheduled tokens, less the
+        placeholder drafts vLLM's scheduler pads a waiting request with one
+        token left with (``pad_spec_decode``: the scenario's planner pads
+        such a row itself)."""
+        r = self.req
+        if r.drafts and not self.decoding and r.computed + r.scheduled - r.drafts == r.prompt:
+            return r.scheduled - r.drafts
+        return r.scheduled
+
+    @property
     def samples(self) -> bool:
         """Whether the step samples a token for it (a decode, or a prefill's last chunk)."""
         return self.decoding or self.req.computed + self.req.scheduled >= self.req.prompt
@@ -256,7 +267,7 @@ def segment(step: RecordedStep, rows: list[Row], block_size: int, line: int,
                                              r.req.scheduled, r.req.prompt)):
         r0 = group[0].req
         computed = 0 if group[0] in hits else r0.computed
-        prompt = r0.prompt if tokens is not None else computed + r0.scheduled
+        prompt = r0.prompt if tokens is not None else computed + group[0].prompt_tokens
         name = seg.request(max(prompt, 1), len(group), group[0])
         pre_names.append(name)
         if computed:
@@ -264,7 +275,8 @@ def segment(step: RecordedStep, rows: list[Row], block_size: int, line: int,
     if as_hits:
         for _, group in _group(hits, lambda r: (_sampler_key(r), r.req.prompt, r.req.scheduled)):
             r0 = group[0].req
-            pre_names.append(seg.request(r0.computed + r0.scheduled, len(group), group[0]))
+            pre_names.append(seg.request(r0.computed + group[0].prompt_tokens, len(group),
+                                         group[0]))
     if any(r.sampler is not None and r.sampler.structured for r in rows):
         needs.add("structured_output")
     if drafts:
@@ -311,7 +323,8 @@ def segment(step: RecordedStep, rows: list[Row], block_size: int, line: int,
         for _, group in _group(hits, lambda r: (_sampler_key(r), r.req.prompt)):
             r0 = group[0].req
             hit_names.append((r0.hit_blocks * block_size,
-                              seg.request(r0.computed + r0.scheduled, len(group), group[0])))
+                              seg.request(r0.computed + group[0].prompt_tokens, len(group),
+                                          group[0])))
         for cached, group_names in _group(hit_names, lambda h: h[0]):
             seg.step("prefix_hit", "the same step's prefix hits, on their own",
                      requests=[n for _, n in group_names], cached=cached)

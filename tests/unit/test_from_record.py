@@ -296,3 +296,43 @@ def test_a_truncated_recording_is_refused_on_the_cli_before_vllm_is_imported(tmp
         "at: line 1 column 74 (char 73)); was the file copied while the engine wrote it? "
         "remove the line\n")
     assert not out.exists()
+
+
+def test_a_padded_waiting_request_is_written_with_its_one_token(tmp_path: Path) -> None:
+    """A request vLLM's scheduler padded with placeholder drafts (a hit
+    leaving one prompt token, sent as 1 + 2 tokens beside a decode) is
+    written with its real prompt (hit + 1): the scenario's planner pads it
+    again (pad_spec_decode), and the step is the recorded one."""
+    from tests.helpers import make_profile
+
+    g = json.loads(_G)
+    head = json.loads(session(SESSION[:1]))
+    head.update(num_spec_tokens=2, cudagraph_sizes=[1, 2, 4, 8])
+    steps = [
+        {"step": 0, "batch": 1, "tokens": 129, "finished": 0, "preempted": 0, "reqs": [
+            {"r": 0, "scheduled": 129, "computed": 0, "prompt": 129, "new": True,
+             "hit_blocks": 0, "sampler": g}]},
+        {"step": 1, "batch": 2, "tokens": 6, "finished": 0, "preempted": 0, "reqs": [
+            {"r": 0, "scheduled": 3, "computed": 129, "prompt": 129, "drafts": 2,
+             "accepted": 0},
+            {"r": 1, "scheduled": 3, "computed": 128, "prompt": 129, "new": True,
+             "hit_blocks": 1, "sampler": g, "drafts": 2, "accepted": 0}]},
+    ]
+    rec = tmp_path / "pad.jsonl"
+    rec.write_text("".join(json.dumps(x) + "\n" for x in [head, *steps]))
+    out = tmp_path / "pad.toml"
+    r = runner.invoke(app, ["scenario", "from-record", str(rec), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    data = tomllib.loads(out.read_text())
+    s1 = [s for s in data["steps"] if s["kind"] == "mixed_prefill_decode"]
+    assert s1 == [{"kind": "mixed_prefill_decode", "prefill": ["s1_1"], "decode": ["s1_0"],
+                   "cached": 128, "spec_tokens": 2}]
+    assert data["requests"]["s1_1"]["prompt"] == 129  # 128 hit + 1, not + 3
+    prof = make_profile(num_speculative_steps=2, decode_query_len=3, max_model_len=512,
+                        max_num_batched_tokens=512, max_num_seqs=8, enable_prefix_caching=True,
+                        pad_spec_decode="0.30")
+    plan, = plans_for([str(out)], prof)
+    mixed, = [st for st in plan.steps if st.kind == "mixed_prefill_decode"]
+    # the recorded step: 6 tokens, the decode's 2 drafts and the hit's 2 placeholders
+    assert [(r.num_computed_tokens, r.num_scheduled_tokens, r.spec_token_ids)
+            for r in mixed.scheduled] == [(1, 3, (0, 0)), (128, 3, (-1, -1))]
