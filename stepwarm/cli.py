@@ -131,20 +131,34 @@ def _check_output_path(path: Optional[Path], option: str) -> None:
 def _checked_model(model: Optional[str], weights: str) -> tuple[Optional[int], Optional[Path]]:
     """``--model`` and ``--weights`` checked before any engine starts: the
     weights seed (None: dummy) and the model directory (None: the default);
-    exit 2 with one paragraph on a bad one (:mod:`stepwarm.model_dir`)."""
+    exit 2 with every fault in them (:func:`_model_errors`)."""
+    checked, errors = _model_errors(model, weights)
+    if errors:
+        _fail("\nerror: ".join(errors), 2)
+    return checked
+
+
+def _model_errors(model: Optional[str], weights: str
+                  ) -> tuple[tuple[Optional[int], Optional[Path]], list[str]]:
+    """``--model`` and ``--weights`` checked (no engine, no vLLM import): the
+    weights seed (None: dummy) and the model directory (None: the default),
+    and a paragraph per fault (:mod:`stepwarm.model_dir`), both options'
+    at once, to be said with the command's other errors."""
     from stepwarm.model_dir import (ModelDirError, check_model_dir, parse_hub_id,
                                     resolve_hub_model)
     from stepwarm.zoo import ZOO, parse_weights, resolve
 
+    errors: list[str] = []
+    weights_seed: Optional[int] = None
     try:
         weights_seed = parse_weights(weights)
     except ValueError as e:
-        _fail(str(e), 2)
+        errors.append(str(e))
     if weights_seed is not None and model is not None and (Path(model).exists()
                                                            or model not in ZOO):
-        _fail(f"--weights {weights}: only for zoo models (stepwarm list --models), not "
-              f"--model {model}; a model directory's own weights load with "
-              "-e load_format=auto", 2)
+        errors.append(f"--weights {weights}: only for zoo models (stepwarm list --models), "
+                      f"not --model {model}; a model directory's own weights load with "
+                      "-e load_format=auto")
     path, _ = resolve(model) if weights_seed is None else (None, {})
     if path is not None:
         try:
@@ -153,8 +167,8 @@ def _checked_model(model: Optional[str], weights: str) -> tuple[Optional[int], O
             else:
                 check_model_dir(path)
         except ModelDirError as e:
-            _fail(str(e), 2)
-    return weights_seed, path
+            errors.append(str(e))
+    return (weights_seed, path), errors
 
 
 def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
@@ -358,9 +372,10 @@ def run(
         bad_settings.append(str(e))  # with the scenarios' and -e errors, at once
     if verify:  # --verify compiles in the steps
         threads = 0
-    loaded = _loaded_or_exit(names, engine_arg, bad_settings)
+    # a bad --model / --weights before any skip is reported, with the rest
+    checked, model_errors = _model_errors(model, weights)
+    loaded = _loaded_or_exit(names, engine_arg, [*model_errors, *bad_settings])
     reports: list[RunReport] = []
-    checked = _checked_model(model, weights)  # a bad --model before any skip is reported
     known = _engine_args_known(model, engine_arg)
     early = {name: why for name, sc in loaded if (why := unmet_before_engine(sc.model.needs, known))}
     for name, sc in loaded:
@@ -376,8 +391,10 @@ def run(
     loaded = [(name, sc) for name, sc in loaded if name not in early]
     t0 = time.perf_counter()
     _plugin_scenarios_off()
+    _sigterm_as_interrupt()
     try:
         engine = _start_engine(model, engine_arg, weights=weights, checked=checked)
+        _sigterm_as_interrupt()
         startup_s = time.perf_counter() - t0
         profile = read_profile(engine.view)
     except KeyboardInterrupt:  # Ctrl-C while vLLM started: said, as during the steps
@@ -388,10 +405,10 @@ def run(
                                    "scenarios": [r.to_dict() for r in reports],
                                    "interrupted": {"at": "engine start", "scenario": "",
                                                    "not_run": not_run}}, ran=False)
-        print_labelled("interrupted:", f"while the vLLM engine started ({time.perf_counter() - t0:.0f} "
+        print_labelled(_interrupt_label(), f"while the vLLM engine started ({time.perf_counter() - t0:.0f} "
                        "s in), before any step; no scenario ran; not run: "
                        + ", ".join(not_run) + ".")
-        raise typer.Exit(130) from None
+        raise typer.Exit(_interrupt_status()) from None
     groups = ", ".join(f"{g.kind}(block_size={g.block_size})" for g in profile.kv_cache_groups)
     print_wrapped(f"engine up in {startup_s:.1f} s: {profile.runner} runner, "
                   f"vllm {profile.vllm_version}, {profile.num_blocks} blocks, groups: {groups}")
@@ -452,11 +469,42 @@ def run(
                if verify else {}),
             **({"interrupted": interrupted} if interrupted else {})})
     if interrupted:
-        print_labelled("interrupted:", f"{interrupted['at']} with vLLM's scheduler; the "
+        print_labelled(_interrupt_label(), f"{interrupted['at']} with vLLM's scheduler; the "
                        f"warmup had finished ({plural(len(ran_plans), 'scenario')} ran); not "
                        f"compared: {', '.join(interrupted['not_verified'])}.")
-        raise typer.Exit(130)
+        raise typer.Exit(_interrupt_status())
     _summary_and_exit(reports, failures, compared, skipped_named, allow_skip)
+
+
+#: The signal that stopped ``run`` where it was SIGTERM (``timeout``, a CI
+#: cancel, ``docker stop``): handled as Ctrl-C is, exit 128 + 15.
+_STOPPED_BY: list[int] = []
+
+
+def _sigterm_as_interrupt() -> None:
+    """SIGTERM stops ``run`` as Ctrl-C does (the step's cleanup, one line,
+    the ``--json`` report of what finished), exit 143 instead of 130; set
+    again once the engine is up (vLLM may set its own)."""
+    import signal
+    import threading
+
+    def stop(signum: int, frame: Any) -> None:
+        _STOPPED_BY.append(signum)
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, stop)
+
+
+def _interrupt_status() -> int:
+    """128 + the signal that stopped ``run``: 130 for Ctrl-C, 143 for SIGTERM."""
+    import signal
+
+    return 128 + (_STOPPED_BY[0] if _STOPPED_BY else int(signal.SIGINT))
+
+
+def _interrupt_label() -> str:
+    return "terminated (SIGTERM):" if _STOPPED_BY else "interrupted:"
 
 
 def _interrupt_being_handled() -> None:
@@ -470,6 +518,7 @@ def _interrupt_being_handled() -> None:
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _drive_all(plans: list[tuple[str, Any]], engine: Any, progress: _RunProgress,
@@ -564,14 +613,14 @@ def _interrupted(engine: Any, plans: list[tuple[str, Any]], reports: list[RunRep
                                "interrupted": {"at": what, "scenario": stopped,
                                                "not_run": not_run}})
     print_interrupted(what or stopped, runner, not_run)
-    raise typer.Exit(130)
+    raise typer.Exit(_interrupt_status())
 
 
 def print_interrupted(where: str, runner: str, not_run: list[str]) -> None:
     """``run``'s Ctrl-C line on stderr, wrapped as ``run``'s other lines
     (continuations indented under the message): where it stopped, what the
     runner holds, the scenarios not run."""
-    print_labelled("interrupted:", f"{where}; {runner}; not run: "
+    print_labelled(_interrupt_label(), f"{where}; {runner}; not run: "
                    + (", ".join(not_run) or "none") + ".", err_console)
 
 
@@ -737,8 +786,10 @@ def coverage(
         cache_dir=cache_dir, threshold=threshold, min_excess_ms=min_excess_ms,
         timeline=timeline)
     option_errors += _output_path_errors((json_out, "--json"), (timeline, "--timeline"))
+    # an output that is a file the command reads (the traffic, a scenario)
     option_errors += clashes([("--json", json_out), ("--timeline", timeline)],
-                             [("traffic file", traffic)] if traffic else [])
+                             ([("traffic file", traffic)] if traffic else [])
+                             + [("scenario file", n) for n in scenario or []])
     if baseline and scenario:  # kept working for scripts that pass both; said, not silent
         err_console.print(f"note: -s {' -s '.join(scenario)} ignored: --baseline runs vLLM's "
                           "warmup alone, no scenario (--compare runs both)",
@@ -749,9 +800,12 @@ def coverage(
     # no engine start
     traffic_errors: list[str] = []
     found = _load_all(names)  # the scenarios, loaded once
+    limits = None
+    every_line_json = False
     try:
         text, source = read_traffic(traffic)
         check_json(text, source)  # a junk file: refused before vLLM is imported
+        every_line_json = True
         # (-e errors: _loaded_or_exit names them; the pairs that parse are used);
         # with a bad scenario a traffic file's format alone, and the built-in
         # traffic not at all: told without waiting for vLLM's import
@@ -761,6 +815,14 @@ def coverage(
         elif traffic is not None:
             loads_traffic(text, source, sampling=False)
     except TrafficError as e:
+        if every_line_json and e.unchecked_sampling:
+            # every line a JSON object: its sampling tables too, through
+            # vLLM's SamplingParams (vLLM imported now), so that one run
+            # names every error of the file
+            try:
+                loads_traffic(text, source, limits)
+            except TrafficError as every:
+                e = every
         traffic_errors.append(str(e))
     _loaded_or_exit(names, engine_arg, [*option_errors, *traffic_errors], found=found)
     try:  # the sampling tables, by vLLM's SamplingParams: vLLM is imported now
@@ -834,7 +896,7 @@ def _coverage_option_errors(*, baseline: bool, compare: bool, warm_cache: bool,
                       "in .svg")
     for value, option in ((threshold, "--threshold"), (min_excess_ms, "--min-excess-ms")):
         if value is not None and not value >= 0:
-            errors.append(f"{option} {value}: allowed: a number >= 0")
+            errors.append(f"{option} {value:g}: allowed: a number >= 0")
     if no_restart and not compare:
         errors.append("--no-restart: only with --compare")
     if cache_dir is not None and cache_dir.exists() and not cache_dir.is_dir():
@@ -998,6 +1060,12 @@ def _write_zoo_model(models: bool, root: Optional[Path], name: Optional[str]) ->
               + "; allowed: a name stepwarm list --models lists", 2)
     if root.exists() and not root.is_dir():
         _fail(f"--write {root}: is a file; allowed: a directory (made if missing)", 2)
+    target = root / name
+    if target.is_dir() and any(target.iterdir()) and not _written_by_zoo(target, ZOO[name].config):
+        # the ninth trial: a user's config.json was replaced, their weights left beside it
+        _fail(f"--write {root}: {target} exists and is not this zoo model's (its config.json "
+              "differs or is missing); allowed: a new directory, or one this command wrote "
+              "for the same model", 2)
     try:
         model_dir = write_model(name, root)
     except OSError as e:
@@ -1007,6 +1075,15 @@ def _write_zoo_model(models: bool, root: Optional[Path], name: Optional[str]) ->
     console.print("  " + serve_command(model_dir,
                                        serve_engine_args(ZOO[name].engine_args_for(model_dir))),
                   soft_wrap=True)
+
+
+def _written_by_zoo(directory: Path, config: dict[str, Any]) -> bool:
+    """Whether ``directory/config.json`` is ``config`` (a directory an earlier
+    ``list --models --write`` wrote for the same model: written again)."""
+    try:
+        return bool(json.loads((directory / "config.json").read_text()) == config)
+    except (OSError, ValueError):
+        return False
 
 
 def _list_models() -> None:
@@ -1121,10 +1198,13 @@ def scenario_from_record(
     from stepwarm.scenario.from_record import write_scenario
     from stepwarm.scenario.recording import RecordError
 
-    _check_output_path(output, "--output")
-    _check_clashes([("--output", output)], [("recording", record)])
+    from stepwarm.output_path import clashes
+
+    # every fault at once: the output's, the recording's and the model's
+    output_errors = _output_path_errors((output, "--output"))
+    output_errors += clashes([("--output", output)], [("recording", record)])
     try:
-        summary = write_scenario(record, output, model)
+        summary = write_scenario(record, output, model, output_errors)
     except RecordError as e:
         _fail(str(e), 2)
     print_wrapped(summary)

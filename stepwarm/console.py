@@ -669,40 +669,60 @@ def verify_table(results: list[tuple[str, Any]]) -> Table:
     :class:`~stepwarm.verify.VerifyReport`, or the error text when the
     comparison could not run) and one row per request whose tokens differ
     from vLLM's scheduler, at the first step where they diverge."""
-    table = Table(title="--verify: stepwarm's steps vs vLLM's own scheduler (greedy)",
-                  title_justify="left")
-    for col in ("scenario", "result", "request", "first differing step", "position",
-                "stepwarm sampled", "vLLM sampled"):
-        table.add_column(col, overflow="fold")  # narrowed to the terminal, nothing cut
+    rows: list[tuple[list[str], str | None]] = []
     for name, rep in results:
         if isinstance(rep, str):
-            table.add_row(name, "error", "", rep, "", "", "", style="red")
+            rows.append(([name, "error", "", rep, "", "", ""], "red"))
             continue
         if rep.skipped:
-            table.add_row(name, "skipped", "", rep.skipped, "", "", "")
+            rows.append(([name, "skipped", "", rep.skipped, "", "", ""], None))
             continue
         if rep.embedding_error:
             worst = max(rep.embedding_error.values())
-            table.add_row(name, "equal" if rep.ok else "DIFFER",
+            rows.append(([name, "equal" if rep.ok else "DIFFER",
                           f"{len(rep.embedding_error)} embedded",
                           "" if rep.ok else ", ".join(rep.embedding_differs),
-                          "", f"max |diff| {worst:.2e}", "LLM.embed",
-                          style=None if rep.ok else "red")
+                          "", f"max |diff| {worst:.2e}", "LLM.embed"],
+                         None if rep.ok else "red"))
             continue
         tokens = sum(rep.checked.values())
-        table.add_row(name, "equal" if rep.ok else "DIFFER",
+        rows.append(([name, "equal" if rep.ok else "DIFFER",
                       f"{plural(len(rep.checked), 'request')}, {plural(tokens, 'token')}",
-                      "", "", "", "",
-                      style=None if rep.ok else "red")
+                      "", "", "", ""], None if rep.ok else "red"))
         for d in rep.differences:
-            table.add_row("", "", d.request, f"{d.step} ({d.step_kind}: {d.step_label})",
-                          str(d.position), str(list(d.stepwarm)), str(list(d.reference)),
-                          style="red")
+            rows.append((["", "", d.request, f"{d.step} ({d.step_kind}: {d.step_label})",
+                          str(d.position), str(list(d.stepwarm)), str(list(d.reference))],
+                         "red"))
         if getattr(rep, "not_compared", None):
             whys = sorted(set(rep.not_compared.values()))
-            table.add_row("", "not compared", ", ".join(sorted(rep.not_compared)),
-                          "; ".join(whys), "", "", "")
+            rows.append((["", "not compared", ", ".join(sorted(rep.not_compared)),
+                          "; ".join(whys), "", "", ""], None))
+    # only the columns something fills (scenario and result always): an
+    # all-equal run is three columns, its scenario names whole (the ninth
+    # trial: 'prefix-hi' / 't' beside four empty columns at 80)
+    headers = ("scenario", "result", "request", "first differing step", "position",
+               "stepwarm sampled", "vLLM sampled")
+    used = [i for i in range(len(headers)) if i < 2 or any(r[i] for r, _ in rows)]
+    table = Table(title=_verify_title(results), title_justify="left")
+    longest = max((len(r[0]) for r, _ in rows), default=0)
+    for i in used:
+        # narrowed to the terminal, nothing cut; a scenario's name is kept
+        # whole up to 32 columns
+        table.add_column(headers[i], overflow="fold",
+                         min_width=min(longest, 32) if i == 0 else None)
+    for cells, style in rows:
+        table.add_row(*(cells[i] for i in used), style=style)
     return table
+
+
+def _verify_title(results: list[tuple[str, Any]]) -> str:
+    """What ``--verify`` compared: greedy tokens, a pooling model's
+    embeddings (``LLM.embed``), or both."""
+    pooled = [not isinstance(r, str) and bool(getattr(r, "embedding_error", None))
+              for _, r in results]
+    how = ("LLM.embed" if pooled and all(pooled) else
+           "greedy; pooling: LLM.embed" if any(pooled) else "greedy")
+    return f"--verify: stepwarm's steps vs vLLM's own scheduler ({how})"
 
 
 def verify_lines(results: list[tuple[str, Any]], width: int = LINE_WIDTH) -> list[str]:
@@ -710,7 +730,7 @@ def verify_lines(results: list[tuple[str, Any]], width: int = LINE_WIDTH) -> lis
     (where no word is longer), for output that is not a terminal: a line per
     scenario (``  NAME: equal (2 requests, 5 tokens)``), then per differing
     request where it diverges and both token lists, wrapped between tokens."""
-    out = ["--verify: stepwarm's steps vs vLLM's own scheduler (greedy)"]
+    out = [_verify_title(results)]
 
     def add(text: str, indent: int) -> None:
         words = text.split()

@@ -86,6 +86,13 @@ def default_engine_args(model: Path | None, cpu: bool) -> dict[str, Any]:
     return args
 
 
+#: ``vllm.LLM`` keywords stepwarm's commands take as options of their own,
+#: and where they go instead.
+OWN_ENGINE_ARGS = {
+    "model": "stepwarm passes the model itself; allowed: --model DIR|NAME|ORG/NAME",
+}
+
+
 def unknown_engine_args(keys: list[str]) -> list[str]:
     """One message per key that neither ``vllm.LLM`` nor vLLM's ``EngineArgs``
     (the dataclass ``LLM`` hands its other keywords to) takes, with the
@@ -103,8 +110,12 @@ def unknown_engine_args(keys: list[str]) -> list[str]:
     known = set(facts()["known"])  # without importing vLLM here (stepwarm.engine_args)
     out = []
     for key in keys:
-        if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
+        if key in OWN_ENGINE_ARGS:
+            out.append(f"-e {key}: {OWN_ENGINE_ARGS[key]}")
+        elif key not in known:
+            # (MAX_NUM_SEQS: vLLM's keywords are lower case)
+            close = ([key.lower()] if key.lower() in known else
+                     difflib.get_close_matches(key.lower(), sorted(known), n=1))
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             out.append(f"-e {key}: not a vllm.LLM or EngineArgs keyword{hint}")
     return out

@@ -72,3 +72,14 @@ def unwrapped(text: str) -> str:
         else:
             out.append(line)
     return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+
+
+def without_unchecked_note(text: str) -> str:
+    """``text`` without the last line naming the steps left unchecked after
+    a failed ``[requests]`` entry (``FILE: the steps were checked only as far
+    as ...``, :meth:`~stepwarm.scenario.expand._Expander.declare_and_expand_steps`),
+    for tests of the errors before it."""
+    lines = text.split("\n")
+    while lines and ": the steps were checked only as far as" in lines[-1]:
+        lines.pop()
+    return "\n".join(lines)

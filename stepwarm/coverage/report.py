@@ -294,11 +294,13 @@ def group_startup(attributed: list[tuple[CompileEvent, Where]], t0: float) -> li
 
 def _sampling_text(s: dict[str, Any], *, line: bool = False) -> str:
     """The sampling fields a traffic line set (stepwarm's defaults left out);
-    none: ``-`` in the table's column, ``server defaults`` on a line of its
-    own (a bare ``-`` there said nothing)."""
+    none: ``-`` in the table's column, ``SamplingParams defaults`` on a line
+    of its own (vLLM's defaults, not the model's generation config; a bare
+    ``-`` there said nothing)."""
     shown = {k: v for k, v in s.items() if k != "ignore_eos"
              and not (k == "max_tokens" and v == SAMPLING_DEFAULTS["max_tokens"])}
-    return " ".join(f"{k}={v}" for k, v in shown.items()) or ("server defaults" if line else "-")
+    return " ".join(f"{k}={v}" for k, v in shown.items()) or (
+        "SamplingParams defaults" if line else "-")
 
 
 def _kernels(k: dict[str, int]) -> str:

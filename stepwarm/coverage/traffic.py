@@ -101,6 +101,9 @@ class TrafficError(ValueError):
     def __init__(self, message: str, errors: Sequence[str] = ()):
         super().__init__(message)
         self.errors: tuple[str, ...] = tuple(errors) or (message,)
+        #: lines whose ``sampling`` table vLLM's ``SamplingParams`` did not
+        #: check (the file was read without importing vLLM)
+        self.unchecked_sampling: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, errors: Sequence[TrafficError], file: str) -> TrafficError:
@@ -389,8 +392,10 @@ def _field_errors(e: ValidationError, data: dict[str, Any], file: str,
                    + ", ".join(known))
         elif err["type"] == "missing" and loc in suggested:
             continue  # the misspelt field's error names it already
-        if loc == "count" and err["type"] == "less_than_equal":
-            msg += " (MAX_COUNT, see docs/traffic.md)"
+        if loc == "count" and err["type"] in ("greater_than", "less_than_equal", "int_type"):
+            # in the words of the other fields: the value, then what is allowed
+            msg = (f"{json.dumps(err['input'])}; allowed: an integer from 1 to {MAX_COUNT} "
+                   "(MAX_COUNT, see docs/traffic.md)")
         out.setdefault(loc, _error(file, line, loc, msg))
     return list(out.values())
 
@@ -456,7 +461,9 @@ def _unchecked_sampling(errors: list[TrafficError], file: str, unchecked: list[i
         return err
     note = (f"{file}: the sampling of line(s) {_ranges(unchecked)} is checked by vLLM's "
             f"SamplingParams once {once}")
-    return TrafficError(f"{err}\n{note}", [*err.errors, note])
+    out = TrafficError(f"{err}\n{note}", [*err.errors, note])
+    out.unchecked_sampling = tuple(unchecked)
+    return out
 
 
 def _ranges(numbers: list[int]) -> str:

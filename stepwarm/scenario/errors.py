@@ -25,6 +25,29 @@ def joined(messages: Sequence[str], file: str) -> str:
     return "\n".join(shown)
 
 
+#: TOML's name of each value type a scenario file can hold.
+_TOML_TYPES = {bool: "boolean", int: "integer", float: "float", str: "string",
+               list: "array", dict: "table"}
+
+
+def toml_value(value: Any) -> str:
+    """``value`` as a scenario file can spell it, for messages: ``true`` (not
+    Python's ``True``), arrays and inline tables in TOML's form, strings as
+    literal strings (``'x'``, TOML's single-quoted form)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    return repr(value)
+
+
+def got(value: Any) -> str:
+    """``got integer 5`` / ``got boolean true``: what a wrong value is, in TOML's words."""
+    return f"got {_TOML_TYPES.get(type(value), type(value).__name__)} {toml_value(value)}"
+
+
 def unknown_request(name: str, declared: Sequence[str]) -> tuple[str, str]:
     """What a step selecting an undeclared request is told, and what is
     allowed: ``("unknown request 'x' (did you mean 'y'?)", "names declared

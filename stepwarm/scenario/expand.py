@@ -440,8 +440,9 @@ class _Expander:
         ``[requests]`` entries cannot be declared, the steps are planned up to
         the first that selects a request of a failed entry (not checked), and
         checked after it as after a failed step (:class:`_ProgressUnknown`);
-        where a step fails, one last line says which were checked in part or
-        not at all.
+        where a step fails or was not checked, one last line says which were
+        checked in part or not at all (scenarios/README.md: "not checked, and
+        named by the last line").
 
         Returns:
             The request entries' errors, then the steps', and the note line.
@@ -459,7 +460,7 @@ class _Expander:
         # request (the others' lifecycle does not depend on it), then as after
         # a failed step (expand_steps).
         errors, _ = self.expand_steps()
-        if not errors:  # the request errors alone: fixing them checks the rest
+        if not errors and not self.steps_unchecked:  # the request errors alone
             return declared, ""
         return [*declared, *errors], (
             f"{self.sc.file}: the steps were checked only as far as they do not depend on "
@@ -864,9 +865,17 @@ def profile_free_errors(loaded: LoadedScenario | ScenarioError) -> ScenarioError
     if isinstance(loaded, ScenarioError):
         more, note = (_rest_of(loaded.partial, tiny_profile()) if loaded.partial is not None
                       else ([], ""))
-        said = {str(x) for x in loaded.errors}
+        # a field the format refused is not told again (an expression too
+        # long for the format is too long for the expander)
+        said = {(x.line, x.step, x.field) for x in loaded.errors}
+        rest = [x for x in more if (x.line, x.step, x.field) not in said]
+        # the last line names the requests that failed: only where their
+        # errors are all told here (one left to the runner would be named
+        # without its error)
+        if any(not x.profile_free for x in rest):
+            note = ""
         return ScenarioError.of(sorted(
-            [*loaded.errors, *(x for x in more if x.profile_free and str(x) not in said)],
+            [*loaded.errors, *(x for x in rest if x.profile_free)],
             key=lambda x: x.line or 1 << 30), note=note)
     try:
         expand(loaded, tiny_profile())
@@ -894,8 +903,10 @@ def load_and_expand(name: str, profile: RunnerProfile) -> Plan:
         more, note = _rest_of(e.partial, profile) if e.partial is not None else ([], "")
         if not more and not note:
             raise
-        said = {str(x) for x in e.errors}  # an expression's names: the format's and ours
-        errors = sorted([*e.errors, *(x for x in more if str(x) not in said)],
+        # a field the format refused is not told again (an expression's
+        # names, one too long: the format's and ours)
+        said = {(x.line, x.step, x.field) for x in e.errors}
+        errors = sorted([*e.errors, *(x for x in more if (x.line, x.step, x.field) not in said)],
                         key=lambda x: x.line or 1 << 30)
         raise ScenarioError.of(errors, note=note) from None
     return expand(sc, profile)

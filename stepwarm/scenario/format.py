@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal, Union, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 from stepwarm.expressions import check_condition_names
 from stepwarm.scenario.sampling import PRESET_HELP, Sampling
@@ -247,6 +247,13 @@ SELECTOR_FIELDS: tuple[str, ...] = tuple(dict.fromkeys(
     for name, hint in get_type_hints(m, include_extras=True).items() if _selects(hint)))
 
 
+def _comparison(cond: str) -> str:
+    """A ``requires`` entry whose names and operators are allowed
+    (:func:`~stepwarm.expressions.check_condition_names`)."""
+    check_condition_names(cond)
+    return cond
+
+
 class ScenarioFile(BaseModel):
     """One scenario file (the top-level TOML table)."""
 
@@ -254,7 +261,11 @@ class ScenarioFile(BaseModel):
     description: str = Field(default="", description="One line for `stepwarm list`.")
     needs: list[Need] = Field(default_factory=list, description=(
         "Runner features the scenario needs; without them it is skipped, not failed."))
-    requires: list[str] = Field(default_factory=list, description=(
+    # each comparison's names and operators with the format (an error per
+    # entry), whatever needs says: a scenario skipped for its needs would
+    # otherwise hide them
+    requires: list[Annotated[str, AfterValidator(_comparison)]] = Field(
+        default_factory=list, description=(
         "Comparisons over runner facts, e.g. \"max_num_seqs >= 2\"; the scenario is "
         "skipped (not failed) on a runner where one is false."))
     roles: list[Literal["prefill", "decode"]] = Field(
@@ -269,15 +280,6 @@ class ScenarioFile(BaseModel):
     requests: dict[str, RequestSpec] = Field(default_factory=dict, description=(
         "[requests.NAME] tables; NAME is letters, digits, _ and -."))
     steps: list[Step] = Field(default_factory=list, description="[[steps]] tables, in order.")
-
-    @field_validator("requires")
-    @classmethod
-    def _comparisons(cls, v: list[str]) -> list[str]:
-        # names and operators with the format, whatever needs says: a
-        # scenario skipped for its needs would otherwise hide them
-        for cond in v:
-            check_condition_names(cond)
-        return v
 
     @field_validator("requests")
     @classmethod

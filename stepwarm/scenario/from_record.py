@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -396,17 +396,23 @@ def scenario_text(rec: Recording, source: str) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def write_scenario(record: Any, output: Any, model: str | None = None) -> str:
+def write_scenario(record: Any, output: Any, model: str | None = None,
+                   more_errors: Sequence[str] = ()) -> str:
     """Check ``record`` (against the installed vLLM's release and, with
     ``model``, that model's ``config.json``), reduce it, check the scenario's
     format and write it to ``output``.
+
+    Args:
+        more_errors: the caller's own (an unwritable ``output``), said with
+            the recording's and the model's: every fault at once.
 
     Returns:
         One line saying what was written.
 
     Raises:
-        RecordError: a bad recording, a ``model`` without ``config.json``, or
-            ``output`` cannot be written (each naming the file).
+        RecordError: a bad recording, a ``model`` without ``config.json``,
+            ``more_errors``, each naming the file (all of them, one a line),
+            or ``output`` cannot be written.
     """
     import importlib.util
     from pathlib import Path
@@ -415,7 +421,13 @@ def write_scenario(record: Any, output: Any, model: str | None = None) -> str:
     from stepwarm.scenario.load import loads
     from stepwarm.scenario.recording import RecordError, load_recording, read_recording_text
 
-    read_recording_text(record)  # missing, empty, binary: refused before vLLM is imported
+    errors = list(more_errors)
+    try:
+        read_recording_text(record)  # missing, empty, binary: refused before vLLM is imported
+        readable = True
+    except RecordError as e:
+        errors.append(str(e))
+        readable = False
     config = None
     if model is not None:
         from stepwarm.zoo import resolve
@@ -424,13 +436,20 @@ def write_scenario(record: Any, output: Any, model: str | None = None) -> str:
         try:
             config = json.loads(Path(path or model, "config.json").read_text())
         except (OSError, ValueError) as e:
-            raise RecordError(f"--model {model}: no readable config.json ({e})") from None
-    version = None
-    if importlib.util.find_spec("vllm") is not None:
-        from stepwarm import vllm_facts
+            errors.append(f"--model {model}: no readable config.json ({e})")
+    rec = None
+    if readable:
+        version = None
+        if importlib.util.find_spec("vllm") is not None:
+            from stepwarm import vllm_facts
 
-        version = vllm_facts.version()
-    rec = load_recording(record, vllm_version=version, model_config=config)
+            version = vllm_facts.version()
+        try:
+            rec = load_recording(record, vllm_version=version, model_config=config)
+        except RecordError as e:
+            errors.append(str(e))
+    if errors or rec is None:
+        raise RecordError("\nerror: ".join(errors))
     text = scenario_text(rec, Path(record).name)
     try:  # the format's own check: a fault here is stepwarm's, not the recording's
         loaded = loads(text, str(output), Path(output).stem)

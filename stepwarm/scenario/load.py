@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from stepwarm.files import MAX_INT_DIGITS, FileTooLarge, NotUtf8, read_text_capped
-from stepwarm.scenario.errors import ScenarioError, unknown_request
+from stepwarm.scenario.errors import ScenarioError, toml_value, unknown_request
 from stepwarm.scenario.sampling import SamplingTable
 from stepwarm.scenario.sweeps import names_unchecked
 from stepwarm.scenario.format import (
@@ -303,7 +303,7 @@ def loads(text: str, file: str, name: str) -> LoadedScenario:
         if partial is not None:  # a step naming no request: told beside the format's errors
             errors += _unknown_requests(partial.model, file, index, partial.step_numbers,
                                         partial.refused_requests)
-            errors += _unknown_requests_of_misspelt_kinds(data, errors, file, index, partial)
+            errors += _unknown_requests_of_refused_steps(data, errors, file, index, partial)
         raise ScenarioError.of(sorted(errors, key=lambda x: x.line or 1 << 30),
                                partial=partial)
     unknown = _unknown_requests(model, file, index)
@@ -364,31 +364,33 @@ def _undeclared_in(selectors: Iterable[object], declared: list[str], file: str,
     return errors
 
 
-def _unknown_requests_of_misspelt_kinds(data: dict, errors: list[ScenarioError], file: str,
-                                        index: _TomlIndex, partial: LoadedScenario
-                                        ) -> list[ScenarioError]:
-    """:func:`_unknown_requests` for the steps the format refused for a
-    misspelt ``kind`` alone among their selectors: each read as its
-    did-you-mean kind, as their other errors are (``step 0 (read as
-    prefill)``), so that ``kind = "prefil"`` does not hide ``requests =
-    ["c"]`` naming no request."""
+def _unknown_requests_of_refused_steps(data: dict, errors: list[ScenarioError], file: str,
+                                       index: _TomlIndex, partial: LoadedScenario
+                                       ) -> list[ScenarioError]:
+    """:func:`_unknown_requests` for the steps the format refused (left out
+    of ``partial``), each selector field not already in error: so that
+    ``repeat = -1`` or ``kind = "prefil"`` does not hide ``requests =
+    ["c"]`` naming no request. A misspelt kind is read as its did-you-mean
+    kind, as the step's other errors are (``step 0 (read as prefill)``)."""
     steps = data.get("steps")
     if not isinstance(steps, list):
         return []
     said = {(e.step, e.field) for e in errors}
     declared = _in_file_order([*partial.model.requests, *partial.refused_requests], index)
     out = []
-    for i in sorted({e.step for e in errors if e.field == "kind" and e.step is not None}):
+    for i in sorted({e.step for e in errors if e.step is not None}):
         step = steps[i] if i < len(steps) else None
         if not isinstance(step, dict):
             continue
-        close = difflib.get_close_matches(str(step.get("kind", "")), list(STEP_MODELS), n=1)
+        kind = str(step.get("kind", ""))
+        if kind not in STEP_MODELS:
+            close = difflib.get_close_matches(kind, list(STEP_MODELS), n=1)
+            kind = f"read as {close[0]}" if close else ""
         for field in SELECTOR_FIELDS:
             value = step.get(field)
             if (i, field) in said or not isinstance(value, list):
                 continue
-            out += _undeclared_in(value, declared, file, index, i, field,
-                                  f"read as {close[0]}" if close else None)
+            out += _undeclared_in(value, declared, file, index, i, field, kind or None)
     return out
 
 
@@ -590,6 +592,22 @@ def _model_at(loc: tuple) -> tuple[type[BaseModel] | None, tuple, str | None]:
     return ScenarioFile, ("top",), (str(loc[0]) if loc else None)
 
 
+#: Longest value an error message quotes whole (characters of its repr).
+MAX_SHOWN = 60
+
+
+def _shown(value: object) -> str:
+    """``value`` as an error message quotes it: as the file spells it
+    (:func:`~stepwarm.scenario.errors.toml_value`), or, longer than
+    :data:`MAX_SHOWN`, its start and its length (a 237-character expression
+    is not echoed on one line)."""
+    text = toml_value(value)
+    if len(text) <= MAX_SHOWN:
+        return text
+    size = f", {len(value)} characters" if isinstance(value, (str, list, dict)) else ""
+    return f"{text[:MAX_SHOWN - 20]}...{size}"
+
+
 def _where(file: str, line: int | None, sec: tuple, field: str | None,
            kind: str | None = None) -> str:
     parts = [f"{file}:{line}" if line else file]
@@ -716,7 +734,7 @@ def _validation_error(err: Any, file: str, index: _TomlIndex) -> tuple[ScenarioE
             options = re.findall(r"'([^']*)'", str(err.get("ctx", {}).get("expected", "")))
             close = difflib.get_close_matches(err["input"], options, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-        what = f"wrong type or value {err['input']!r}{hint}; allowed: {allowed}"
+        what = f"wrong type or value {_shown(err['input'])}{hint}; allowed: {allowed}"
         desc = model.model_fields[key].description if model and key in model.model_fields else ""
         what += f" ({desc})" if desc else ""
     else:
@@ -728,7 +746,7 @@ def _validation_error(err: Any, file: str, index: _TomlIndex) -> tuple[ScenarioE
         said = ("got" in msg or (isinstance(err["input"], str)
                                  and msg.startswith(repr(err["input"].strip())))
                 or (isinstance(err["input"], int) and f" {err['input']} " in f" {msg} "))
-        what = msg + desc if said else f"{msg} (got {err['input']!r}){desc}"
+        what = msg + desc if said else f"{msg} (got {_shown(err['input'])}){desc}"
         if "allowed" not in what:
             what += "; allowed: see scenarios/README.md"
     line = index.line(sec, fld)

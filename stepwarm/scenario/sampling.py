@@ -35,6 +35,7 @@ from pydantic import (
     field_validator,
 )
 
+from stepwarm.scenario.errors import got
 from stepwarm.expressions import ExpressionError
 from stepwarm.profile import RunnerProfile
 from stepwarm.scenario.sweeps import MAX_SWEEP, SIZE_HELP, Size, Sweep, sweep_values
@@ -60,7 +61,7 @@ def _check_float(v: Any) -> Any:
                              "{ values = [<number>, ...] }")
         return FloatValues.model_validate(v)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"got {type(v).__name__} {v!r}; allowed: a number or "
+        raise ValueError(f"{got(v)}; allowed: a number or "
                          "{ values = [<number>, ...] }")
     return float(v)
 

@@ -32,6 +32,7 @@ from typing import Annotated, Any, Union
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool,
                       ValidationError, ValidationInfo)
 
+from stepwarm.scenario.errors import got
 from stepwarm.expressions import ExpressionError, buckets, check_names
 
 #: Most values one sweep may stand for (requests or steps).
@@ -68,7 +69,7 @@ def check_expr(v: Any) -> Any:
     allowed; an expression's names and form are checked here, before any
     runner is known (its values by the expander)."""
     if isinstance(v, bool) or not isinstance(v, (int, str)):
-        raise ValueError(f"got {type(v).__name__} {v!r}; allowed: {EXPR_HELP}")
+        raise ValueError(f"{got(v)}; allowed: {EXPR_HELP}")
     if isinstance(v, str) and _NAMES_CHECKED.get():
         check_names(v)
     return v

@@ -290,11 +290,15 @@ def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_ctrl_c_names_the_step_says_the_runner_was_cleaned_and_what_did_not_run(tmp_path):
+@pytest.mark.parametrize(("signame", "status", "label"), [
+    ("SIGINT", 130, "interrupted:"), ("SIGTERM", 143, "terminated (SIGTERM):")])
+def test_ctrl_c_names_the_step_says_the_runner_was_cleaned_and_what_did_not_run(
+        tmp_path, signame, status, label):
     """SIGINT during a scenario's steps: exit 130, one line on stderr naming
     the scenario and the step, that cleanup left the runner with no stepwarm
     request, and the scenarios not run; --json holds those that finished
-    (issue 42 item 10). One engine start."""
+    (issue 42 item 10). SIGTERM (timeout, a CI cancel, docker stop) the same,
+    exit 143 (the ninth trial: a silent 143, no report). One engine start each."""
     import os
     import signal
 
@@ -311,18 +315,19 @@ def test_ctrl_c_names_the_step_says_the_runner_was_cleaned_and_what_did_not_run(
         seen.append(line)
         if line.startswith("  [3/402] decode"):
             break
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(getattr(signal, signame))
     rest, err = proc.communicate(timeout=300)
-    assert proc.returncode == 130, "".join(seen) + rest + err[-3000:]
+    assert proc.returncode == status, "".join(seen) + rest + err[-3000:]
     last = err.strip().splitlines()[-1]
-    m = re.fullmatch(r"interrupted: scenario long step (\d+)/402 \(decode, [^)]*\); cleanup ran, "
-                     r"the runner holds no stepwarm request; not run: prefix-hit\.", last)
+    m = re.fullmatch(re.escape(label) + r" scenario long step (\d+)/402 \(decode, [^)]*\); "
+                     r"cleanup ran, the runner holds no stepwarm request; not run: prefix-hit\.",
+                     last)
     assert m and 3 <= int(m[1]) <= 400, last
     assert "Traceback" not in err and "ok:" not in rest
     report = json.loads(out.read_text())
     [default] = report["scenarios"]  # what finished
     assert (default["plan"], default["status"], len(default["steps"])) == ("default", "passed", 8)
-    assert report["interrupted"] == {"at": last.split("; ")[0].removeprefix("interrupted: "),
+    assert report["interrupted"] == {"at": last.split("; ")[0].removeprefix(label + " "),
                                      "scenario": "long", "not_run": ["prefix-hit"]}
 
 

@@ -230,7 +230,10 @@ def test_a_refused_request_hides_no_other_error_of_the_file(tmp_path):
     code, out, err = _check(f)
     assert code == 2 and err.splitlines() == [
         f"error: {f}:2: request 'a', field 'prompt': prompt -5 is out of range; allowed: >= 1",
-        f"error: {f}:3: request 'a', field 'count': count 0 is out of range; allowed: 1..4096"]
+        f"error: {f}:3: request 'a', field 'count': count 0 is out of range; allowed: 1..4096",
+        f"{f}: the steps were checked only as far as they do not depend on the requests above "
+        "that failed (a); not checked: step 0, which selects them; fix the errors above and "
+        "check again"]
 
 
 def test_every_traffic_error_at_once_with_its_line_and_field():
@@ -242,7 +245,7 @@ def test_every_traffic_error_at_once_with_its_line_and_field():
         "count, sampling, server_defaults, prefix",
         "t.jsonl:3: prompt: []: allowed: a length (an integer > 0) or a list of token ids "
         "(integers >= 0, at least one)",
-        "t.jsonl:3: count: Input should be greater than 0",
+        "t.jsonl:3: count: 0; allowed: an integer from 1 to 4096 (MAX_COUNT, see docs/traffic.md)",
         "t.jsonl:4: sampling.top_kk: not a SamplingParams field (did you mean 'top_k'?)"]
 
 
@@ -281,17 +284,20 @@ def test_config_limits_are_never_stricter_than_vllm():
 def test_coverage_refuses_traffic_beyond_the_model_before_the_engine_starts(tmp_path):
     t = tmp_path / "t.jsonl"
     t.write_text('{"prompt": 7}\n{"prompt": [3, 600]}\n{"prompt": 510}\n'
-                 '{"prompt": 5, "sampling": {"logprobs": 25}}\n')
+                 '{"prompt": 5, "sampling": {"logprobs": 25}}\n'
+                 '{"prompt": 5, "sampling": {"top_p": 2}}\n')
     r = runner.invoke(app, ["coverage", str(t), "-s", "default", "-e", "max_model_len=512"],
                       env=ENV)
     assert r.exit_code == 2 and "starting vLLM engine" not in r.stdout
+    # every line a JSON object: the sampling tables are checked by vLLM's
+    # SamplingParams in the same run (the ninth trial: line 5's came a run later)
     assert r.stderr == (f"error: {t}:2: prompt: token id 600 >= the model's vocab_size 512\n"
                         f"error: {t}:3: prompt: 510 tokens + max_tokens 4 = 514 > the model's "
                         "max_model_len 512\n"
                         f"error: {t}:4: sampling.logprobs: 25 > the model's max_logprobs 20 (use "
                         '"max", or -e max_logprobs=N)\n'
-                        f"{t}: the sampling of line(s) 4 is checked by vLLM's SamplingParams "
-                        "once the errors above are mended\n")
+                        f"error: {t}:5: sampling.top_p: vLLM's SamplingParams refused it: top_p "
+                        "must be in (0, 1], got 2.0.\n")
 
 
 def test_coverage_refuses_deep_traffic_before_the_engine_starts(tmp_path):
@@ -315,7 +321,7 @@ def test_coverage_reports_format_and_limit_errors_of_a_traffic_file_at_once(tmp_
         f"error: {t}:1: promt: unknown field (did you mean 'prompt'?); allowed: name, prompt, "
         "count, sampling, server_defaults, prefix\n"
         f"error: {t}:2: prompt: token id 600 >= the model's vocab_size 512\n"
-        f"error: {t}:3: count: Input should be greater than 0\n"
+        f"error: {t}:3: count: 0; allowed: an integer from 1 to 4096 (MAX_COUNT, see docs/traffic.md)\n"
         f"error: {t}:4: prompt: 510 tokens + max_tokens 4 = 514 > the model's max_model_len 512\n")
 
 
@@ -497,7 +503,10 @@ def test_sampling_sweeps_are_capped_before_their_product_is_built(tmp_path):
     code, out, err = _check(f)
     assert code == 2 and "ok " not in out
     assert err == (f"error: {f}:3: request 'a', field 'sampling.seed': the sampling sweeps make "
-                   "100000 combinations (up to seed); allowed: at most 4096\n")
+                   "100000 combinations (up to seed); allowed: at most 4096\n"
+                   f"{f}: the steps were checked only as far as they do not depend on the "
+                   "requests above that failed (a); not checked: step 0, which selects them; "
+                   "fix the errors above and check again\n")
 
 
 def test_an_engine_arg_given_twice_is_refused_naming_both():
@@ -834,3 +843,107 @@ def test_a_misspelt_kind_hides_no_undeclared_request_of_its_step(tmp_path):
         "declared under [requests]: a",
         f"{f}: the steps after step 0 were checked only as far as they do not depend on it "
         "(which requests run, how far along, their blocks): fix the errors above and check again"]
+
+
+def test_a_step_refused_for_another_field_still_names_its_unknown_request(tmp_path):
+    """``repeat = -1`` beside ``requests = ["zzz"]`` in one step: both errors
+    (the ninth trial: the unknown request came only after the repeat was
+    mended)."""
+    f = tmp_path / "bad6.toml"
+    f.write_text('[requests.a]\nprompt = 10\n' + STEP +
+                 '[[steps]]\nkind = "decode"\nrequests = ["zzz"]\nrepeat = -1\n')
+    code, out, err = _check(f)
+    assert (code, "ok " in out) == (2, False)
+    assert err.splitlines() == [
+        f"error: {f}:8: step 1 (decode), field 'requests': unknown request 'zzz'; allowed: "
+        "names declared under [requests]: a",
+        f"error: {f}:9: step 1 (decode), field 'repeat': repeat -1 is out of range; allowed: "
+        "1..4096"]
+
+
+def test_run_says_bad_model_weights_and_json_together(tmp_path):
+    """The ninth trial: --weights hid --model, --json hid both."""
+    r = runner.invoke(app, ["run", "--model", str(tmp_path / "nonexist"), "--weights", "bogus",
+                            "--json", str(tmp_path)], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    heads = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert [h.split(":")[0] + ":" + h.split(":")[1] for h in heads] == [
+        "error: --weights bogus", f"error: --model {tmp_path / 'nonexist'}",
+        f"error: --json {tmp_path}"], r.stderr
+
+
+def test_from_record_says_the_output_the_recording_and_the_model_together(tmp_path):
+    rec = tmp_path / "rec.jsonl"
+    rec.write_text('{"step": 0}\n')
+    r = runner.invoke(app, ["scenario", "from-record", str(tmp_path / "none.jsonl"), "-o",
+                            str(tmp_path), "--model", str(tmp_path / "nomodel")], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr.splitlines() == [
+        f"error: --output {tmp_path}: is a directory; allowed: a file path",
+        f"error: {tmp_path / 'none.jsonl'}: cannot read: No such file or directory",
+        f"error: --model {tmp_path / 'nomodel'}: no readable config.json ([Errno 2] No such "
+        f"file or directory: '{tmp_path / 'nomodel' / 'config.json'}')"]
+    r = runner.invoke(app, ["scenario", "from-record", str(rec), "-o", str(tmp_path / "x.toml"),
+                            "--model", str(tmp_path / "nomodel")], env=ENV)
+    assert r.exit_code == 2
+    assert r.stderr.splitlines()[-1] == (
+        f"error: {rec}:1: a step before any header; a recording starts with the header line "
+        "STEPWARM_RECORD writes")
+
+
+def test_an_over_long_expression_is_said_once_and_quoted_short(tmp_path):
+    """A 237-character expression: one error, its start quoted (the ninth
+    trial: two errors, the whole expression on one line)."""
+    f = tmp_path / "parens.toml"
+    f.write_text('[requests.a]\nprompt = "' + "(" * 118 + "1" + ")" * 118 + '"\n' + STEP)
+    code, out, err = _check(f)
+    assert code == 2
+    text = " ".join(line.strip() for line in err.splitlines())
+    assert text.count("error: ") == 1 and text.startswith(
+        f"error: {f}:2: request 'a', field 'prompt': expression longer than 200 characters "
+        f"(got '{'(' * 39}..., 237 characters); allowed: Prompt length in tokens")
+
+
+def test_a_wrong_boolean_is_quoted_as_toml_spells_it(tmp_path):
+    f = tmp_path / "b.toml"
+    f.write_text('[requests.a]\nprompt = 4\n[[steps]]\nkind = "prefill"\nrequests = ["a"]\n'
+                 'tokens = true\n')
+    code, out, err = _check(f)
+    assert code == 2 and "field 'tokens': got boolean true; allowed:" in err, err
+
+
+def test_e_model_is_refused_before_vllm_naming_the_option(tmp_path):
+    """The ninth trial: ``-e model=X`` passed the -e check and ended in
+    ``TypeError: start_engine() got multiple values for argument 'model'``."""
+    r = runner.invoke(app, ["run", "-e", "model=/tmp/x", "-e", "max_num_seqs=0"], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr.splitlines() == [
+        "error: -e model: stepwarm passes the model itself; allowed: --model DIR|NAME|ORG/NAME",
+        "error: -e max_num_seqs=0: vLLM's SchedulerConfig.max_num_seqs takes at least 1"]
+
+
+def test_every_bad_requires_entry_is_named(tmp_path):
+    f = tmp_path / "req.toml"
+    f.write_text('requires = ["max_num_seqs <> 2", "foo >= 1", "max_num_seqs >= 2"]\n'
+                 '[requests.a]\nprompt = 4\n' + STEP)
+    code, out, err = _check(f)
+    heads = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert code == 2 and len(heads) == 2, err
+    assert heads[0].startswith(f"error: {f}:1: field 'requires': 'max_num_seqs <> 2' is not a "
+                               "comparison")
+    assert heads[1].startswith(f"error: {f}:1: field 'requires': 'foo >= 1': unknown fact 'foo'")
+
+
+def test_a_failed_request_names_the_steps_left_unchecked(tmp_path):
+    """The ninth trial: with no other step error, no last line said that
+    step 0 (selecting the failed request) was never checked."""
+    f = tmp_path / "bad14.toml"
+    f.write_text('[requests.a]\nprompt = 4\ncount = 0\n[requests.c]\nprompt = 128\n'
+                 '[[steps]]\nkind = "prefill"\nrequests = ["a", "c"]\n'
+                 '[[steps]]\nkind = "decode"\nrequests = ["c"]\nrepeat = 2\n')
+    code, out, err = _check(f)
+    assert code == 2 and err.splitlines() == [
+        f"error: {f}:3: request 'a', field 'count': count 0 is out of range; allowed: 1..4096",
+        f"{f}: the steps were checked only as far as they do not depend on the requests above "
+        "that failed (a); not checked: step 0, which selects them; fix the errors above and "
+        "check again"]

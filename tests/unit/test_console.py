@@ -256,6 +256,26 @@ def test_verify_table_shows_each_scenario_and_the_first_differing_step():
     assert row("x", "error", "StepFailed: step 2 failed")
 
 
+def test_an_all_equal_verify_table_at_80_columns_keeps_scenario_names_whole():
+    """The ninth trial: at 80 columns 'prefix-hit' was cut to 'prefix-hi' /
+    't' beside four empty columns. An all-equal run shows the columns it
+    fills, each name on one line."""
+    from stepwarm.console import verify_table
+    from stepwarm.verify import VerifyReport
+
+    results = [(n, VerifyReport(plan=n, checked={"a": 2, "b": 3, "c": 1, "d": 4}))
+               for n in ("good1", "prefix-hit", "mixed-prefill-decode")]
+    buf = io.StringIO()
+    Console(file=buf, width=80, markup=False).print(verify_table(results))
+    lines = buf.getvalue().splitlines()
+    assert max(map(len, lines)) <= 80
+    assert [ln.split("│")[1].strip() for ln in lines if ln.startswith("│")] == [
+        "good1", "prefix-hit", "mixed-prefill-decode"]
+    assert "first differing step" not in buf.getvalue()
+    assert any("prefix-hit" in ln and "equal" in ln and "4 requests, 10 tokens" in ln
+               for ln in lines)
+
+
 def _step(index: int, kind: str, wall_ms: float, started_at: float) -> StepResult:
     return StepResult(index=index, kind=kind, label=f"{kind} a", num_reqs=1,
                       num_scheduled_tokens=8, num_spec_tokens=0, new_blocks=[1],
@@ -411,7 +431,7 @@ def test_verify_lines_fit_80_columns_and_keep_every_token():
     lines = verify_lines(_verify_results(diff))
     assert max(map(len, lines)) <= 80
     assert lines[:4] == [
-        "--verify: stepwarm's steps vs vLLM's own scheduler (greedy)",
+        "--verify: stepwarm's steps vs vLLM's own scheduler (greedy; pooling: LLM.embed)",
         "  default: equal (2 requests, 5 tokens)",
         "  preempt-resume: DIFFER (1 request, 5 tokens)",
         "    b: first differs at step 3 (resume: resume b), position 4"]
@@ -494,7 +514,10 @@ def test_check_error_and_profile_lines_wrap_at_80_columns_when_piped(tmp_path):
         "  max_num_batched_tokens 512, max_model_len 512, num_spec_steps 0, 15154 blocks,",
         "  groups: full_attention(block_size=128)"]
     assert proc.stderr == (f"error: {bad}:3:\n       request 'a', field 'prompt': prompt -5 is "
-                           "out of range; allowed: >= 1\n")
+                           "out of range; allowed: >= 1\n"
+                           f"{bad}:\n  the steps were checked only as far as they do not depend "
+                           "on the requests above\n  that failed (a); not checked: step 0, "
+                           "which selects them; fix the errors above\n  and check again\n")
 
 
 def test_runs_own_lines_wrap_at_80_columns_when_piped():

@@ -503,7 +503,7 @@ def test_skipped_lines_name_whole_and_partly_skipped_scenarios():
 
 def test_coverage_lines_say_which_time_is_which(tmp_path):
     """A request's line at 80 columns names its two runs and the worker's
-    unit, and a line with no sampling field says server defaults (a new
+    unit, and a line with no sampling field says SamplingParams defaults (a new
     user's trial: '71.4 / 11.8 ms (worker 69.1 / 10.4)', a bare '-')."""
     import io
 
@@ -521,5 +521,5 @@ def test_coverage_lines_say_which_time_is_which(tmp_path):
     assert (f"1st / 2nd run {r['first_ms']:.1f} / {r['second_ms']:.1f} ms (in worker "
             f"{r['first_worker_ms']:.1f} / {r['second_worker_ms']:.1f} ms), ratio "
             f"{r['ratio']:.2f}") in text
-    assert f"{bare['name']}: n {bare['count']}, prompt {bare['prompt_len']}, server defaults;" \
-        in text
+    assert (f"{bare['name']}: n {bare['count']}, prompt {bare['prompt_len']}, SamplingParams "
+            "defaults;") in text

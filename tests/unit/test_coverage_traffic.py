@@ -42,7 +42,7 @@ def _error(*lines: str) -> str:
     ('{"prompt": [3, false]}', "t.jsonl:2: prompt: [3, false]: allowed: a length"),
     ('{"promt": 3}', "t.jsonl:2: promt: unknown field (did you mean 'prompt'?); allowed: name, "
                      "prompt, count, sampling, server_defaults, prefix"),
-    ('{"prompt": 5, "count": 4097}', "t.jsonl:2: count: Input should be less than or equal to "
+    ('{"prompt": 5, "count": 4097}', "t.jsonl:2: count: 4097; allowed: an integer from 1 to "
                                      "4096 (MAX_COUNT, see docs/traffic.md)"),
     ('{"prompt": 5, "sampling": {"temprature": 1}}',
      "t.jsonl:2: sampling.temprature: not a SamplingParams field (did you mean 'temperature'?)"),
@@ -51,8 +51,9 @@ def _error(*lines: str) -> str:
      "(MAX_NESTING, see docs/traffic.md)"),
     ('{"prompt": [1, -2]}', "t.jsonl:2: prompt: [1, -2]: allowed:"),
     ('{"count": 2}', "t.jsonl:2: prompt: Field required"),
-    ('{"prompt": 5, "count": 0}', "t.jsonl:2: count: Input should be greater than 0"),
-    ('{"prompt": 5, "count": "a"}', "t.jsonl:2: count: Input should be a valid integer"),
+    ('{"prompt": 5, "count": 0}', "t.jsonl:2: count: 0; allowed: an integer from 1 to 4096 "
+                                  "(MAX_COUNT, see docs/traffic.md)"),
+    ('{"prompt": 5, "count": "a"}', 't.jsonl:2: count: "a"; allowed: an integer from 1 to 4096'),
     ('{"prompt": 5, "extra": 1}',
      "t.jsonl:2: extra: unknown field; allowed: name, prompt, count, sampling, "
      "server_defaults, prefix"),
@@ -380,6 +381,6 @@ def test_a_field_error_says_the_sampling_tables_wait_for_it(tmp_path):
     with pytest.raises(TrafficError) as e:
         loads_traffic(text, "t.jsonl", sampling=False)
     assert str(e.value).splitlines() == [
-        "t.jsonl:2: count: Input should be greater than 0",
+        "t.jsonl:2: count: 0; allowed: an integer from 1 to 4096 (MAX_COUNT, see docs/traffic.md)",
         "t.jsonl: the sampling of line(s) 1 is checked by vLLM's SamplingParams once the "
         "errors above are mended"]

@@ -37,8 +37,7 @@ def test_unknown_fact_in_requires_is_a_format_error_whatever_needs_says(tmp_path
     line = 3 if needs else 2
     assert str(e.value) == (
         f"{f}:{line}: field 'requires': 'max_num_seqs >= foo': unknown fact 'foo'; allowed "
-        f"facts: {FACTS}, block_size(i), kv_seqs(tokens), kv_tokens(requests) "
-        "(got ['max_num_seqs >= foo'])")
+        f"facts: {FACTS}, block_size(i), kv_seqs(tokens), kv_tokens(requests)")
     assert (e.value.line, e.value.field) == (line, "requires")
 
 
@@ -48,7 +47,7 @@ def test_bad_operator_in_requires_is_a_format_error(tmp_path):
         load(str(f))
     assert str(e.value) == (
         f"{f}:3: field 'requires': 'max_num_seqs is 2': operator Is is not allowed; allowed: "
-        "< <= > >= == != (got ['max_num_seqs is 2'])")
+        "< <= > >= == !=")
 
 
 def test_requires_values_stay_the_runners_to_judge(tmp_path):
@@ -68,4 +67,4 @@ def test_run_refuses_a_skipped_scenarios_bad_requires_with_exit_2(tmp_path):
         f"error: {f}:3: field 'requires': 'max_num_seqs' is not a comparison; allowed: EXPR "
         "OP EXPR with OP one of < <= > >= == != (e.g. \"max_num_seqs >= 2\"), EXPR made of "
         f"integers, the facts {FACTS}, block_size(i), kv_seqs(tokens), kv_tokens(requests), "
-        "min(...), max(...), + - * // % and parentheses (got ['max_num_seqs'])\n")
+        "min(...), max(...), + - * // % and parentheses\n")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import json
 
 from typer.testing import CliRunner
@@ -116,9 +118,9 @@ def test_coverage_options_are_checked_before_anything_starts(tmp_path):
     r = runner.invoke(app, ["coverage", "--cache-dir", str(f)], env={"COLUMNS": "300"})
     assert r.exit_code == 2 and f"--cache-dir {f}: is a file" in r.stderr
     r = runner.invoke(app, ["coverage", "--threshold", "-1"])
-    assert r.exit_code == 2 and "--threshold -1.0: allowed: a number >= 0" in r.stderr
+    assert r.exit_code == 2 and "--threshold -1: allowed: a number >= 0" in r.stderr
     r = runner.invoke(app, ["coverage", "--min-excess-ms", "-5"])
-    assert r.exit_code == 2 and "--min-excess-ms -5.0: allowed: a number >= 0" in r.stderr
+    assert r.exit_code == 2 and "--min-excess-ms -5: allowed: a number >= 0" in r.stderr
     assert "starting vLLM engine" not in r.stdout
 
 
@@ -135,12 +137,26 @@ def test_coverage_says_every_bad_option_at_once(tmp_path):
     assert (r.exit_code, r.stdout) == (2, "")
     lines = r.stderr.splitlines()
     assert lines[:3] == ["error: give --baseline or --compare, not both",
-                         "error: --threshold -1.0: allowed: a number >= 0",
+                         "error: --threshold -1: allowed: a number >= 0",
                          "error: --json /proc/stepwarm.json: cannot be written: no file can be "
                          "made in /proc (No such file or directory)"], lines
     assert lines[3].startswith(f"error: {traffic}:1: promt: unknown field"), lines
     assert lines[4:] == ["error: -e max_num_seqs=0: vLLM's SchedulerConfig.max_num_seqs takes "
                          "at least 1"], lines
+
+
+def test_coverage_refuses_a_json_report_over_its_scenario_file(tmp_path):
+    """The ninth trial: ``coverage -s FILE --json FILE`` replaced the user's
+    scenario with the JSON report (run and bench refused it already)."""
+    f = tmp_path / "copy.toml"
+    text = (Path(__file__).parents[2] / "scenarios" / "prefix-hit.toml").read_text()
+    f.write_text(text)
+    r = runner.invoke(app, ["coverage", "-s", str(f), "--json", str(f)],
+                      env={"COLUMNS": "300"})
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == (f"error: --json {f}: it is the scenario file {f}, which the report "
+                        "would replace; allowed: another file\n")
+    assert f.read_text() == text
 
 
 def test_run_a_named_scenario_the_engine_args_cannot_run_exits_3_before_the_engine():

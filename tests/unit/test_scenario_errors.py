@@ -10,7 +10,7 @@ import pytest
 
 from stepwarm.profile import RunnerProfile
 from stepwarm.scenario import ScenarioError, plans_for
-from tests.helpers import make_profile
+from tests.helpers import make_profile, without_unchecked_note
 
 
 def profile(**kw) -> RunnerProfile:
@@ -27,7 +27,7 @@ def bad(tmp_path: Path, text: str, prof: RunnerProfile | None = None) -> Scenari
 
 def assert_parts(e: ScenarioError, line: int | None, step: int | None, field: str | None,
                  *words: str) -> None:
-    msg = str(e)
+    msg = without_unchecked_note(str(e))
     assert "bad.toml" in msg and e.file.endswith("bad.toml")
     if line is not None:
         assert f"bad.toml:{line}:" in msg and e.line == line

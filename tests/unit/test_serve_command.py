@@ -92,3 +92,28 @@ def test_write_refuses_bad_input_with_one_line(tmp_path):
         r = runner.invoke(app, args, env={"COLUMNS": "300"})
         assert (r.exit_code, r.stdout, r.stderr) == (2, "", f"error: {error}\n"), args
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # nothing written
+
+
+def test_write_keeps_a_users_directory_and_writes_its_own_again(tmp_path):
+    """The ninth trial: a user's DIR/NAME (their config.json, weights beside
+    it) was overwritten silently. Refused, nothing changed; a directory this
+    command wrote for the model is written again."""
+    mine = tmp_path / "tiny-llama"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"my": "config"}')
+    (mine / "weights.bin").write_text("mine")
+    r = runner.invoke(app, ["list", "--models", "--write", str(tmp_path), "tiny-llama"],
+                      env={"COLUMNS": "300"})
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == (f"error: --write {tmp_path}: {mine} exists and is not this zoo model's "
+                        "(its config.json differs or is missing); allowed: a new directory, or "
+                        "one this command wrote for the same model\n")
+    assert (mine / "config.json").read_text() == '{"my": "config"}'
+    assert sorted(p.name for p in mine.iterdir()) == ["config.json", "weights.bin"]
+    other = tmp_path / "again"
+    for _ in range(2):
+        r = runner.invoke(app, ["list", "--models", "--write", str(other), "tiny-llama"],
+                          env={"COLUMNS": "300"})
+        assert r.exit_code == 0, r.output
+    assert json.loads((other / "tiny-llama" / "config.json").read_text()) == \
+        ZOO["tiny-llama"].config
