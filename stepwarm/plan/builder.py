@@ -663,6 +663,11 @@ class PlanBuilder:
         p = self.profile
         prefill_scheduled, running_scheduled = pad
         c = live.num_computed_tokens
+        if self._align_mamba:
+            # vLLM drops the padding where its block-aligned split
+            # (_mamba_block_aligned_split) clips the row; not modelled: sent
+            # unpadded (docs/block-accounting.md)
+            return 0
         if prefill_scheduled or live.decl.kind != "sample" or not (
                 running_scheduled or (p.pad_spec_decode == "0.30" and c > 0)):
             return 0

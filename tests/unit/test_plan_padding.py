@@ -119,3 +119,21 @@ def test_the_scheduler_output_carries_the_placeholders():
     out = to_scheduler_output(plan.steps[1], plan, b.profile, {}, tokens)
     assert out.scheduled_spec_decode_tokens == {"r0": [6, 7], "r1": [-1, -1]}
     assert out.num_scheduled_tokens == {"r0": 3, "r1": 3}
+
+
+def test_a_mamba_align_runner_sends_the_row_unpadded():
+    """vLLM drops the padding where its block-aligned split clips the row;
+    stepwarm does not model that split for padded rows and sends one token."""
+    p = _profile("0.30").model_copy(update=dict(
+        mamba_cache_mode="align",
+        kv_cache_groups=(CacheSpec(kind="full_attention", block_size=4),
+                         CacheSpec(kind="mamba", block_size=4, mamba_cache_mode="align"))))
+    b = PlanBuilder(p, name="t")
+    b.add_request(PlannedRequest("r0", 9, sampling="greedy"))
+    b.add_request(PlannedRequest("r1", 9, sampling="greedy"))
+    b.step("prefill", "p", prefill={"r0": 8})
+    b.step("prefill", "p2", prefill={"r0": 1})
+    b.set_computed("r1", 8)
+    step = b.step("mixed", "m", decode={"r0": 0}, prefill={"r1": 1})
+    assert {r.req_id: (r.num_scheduled_tokens, r.spec_token_ids) for r in step.scheduled} == {
+        "r0": (1, ()), "r1": (1, ())}
