@@ -363,7 +363,10 @@ def run(
     #: Scenarios named with -s themselves, not through a set.
     named = set(resolve_names(n for n in scenario or [] if n not in SETS))
     bad_settings: list[str] = _output_path_errors((json_out, "--json"))  # said with the rest
-    _check_clashes([("--json", json_out)], [("scenario file", n) for n in scenario or []])
+    from stepwarm.output_path import model_files
+
+    _check_clashes([("--json", json_out)],
+                   [("scenario file", n) for n in scenario or []] + model_files(model))
     from stepwarm.settings import SettingsError, compile_threads
 
     try:  # STEPWARM_COMPILE_THREADS, before the engine starts (a bad value under --verify too)
@@ -583,7 +586,9 @@ class _RunProgress(WarmupProgress):
         if not report.ok:
             print_labelled("failed:", _failure_line(report))
             if _verbose and report.traceback:
-                err_console.print(f"raised by {report.raised_by}'s code:\n{report.traceback}",
+                whose = ("code outside vLLM, torch and stepwarm" if report.raised_by == "other"
+                         else f"{report.raised_by}'s code")
+                err_console.print(f"raised by {whose}:\n{report.traceback}",
                                   soft_wrap=True, markup=False, highlight=False)
         else:
             print_wrapped(f"scenario {plan.name}: {len(report.steps)} steps in "
@@ -777,7 +782,7 @@ def coverage(
     )
     from stepwarm.scenario import resolve_names
 
-    from stepwarm.output_path import clashes
+    from stepwarm.output_path import clashes, model_files
 
     # every bad option at once, with the scenarios', -e's and the traffic
     # file's errors (_loaded_or_exit), before vLLM is imported
@@ -786,10 +791,12 @@ def coverage(
         cache_dir=cache_dir, threshold=threshold, min_excess_ms=min_excess_ms,
         timeline=timeline)
     option_errors += _output_path_errors((json_out, "--json"), (timeline, "--timeline"))
+    option_errors += _model_errors(model, "dummy")[1]  # before vLLM is imported
     # an output that is a file the command reads (the traffic, a scenario)
     option_errors += clashes([("--json", json_out), ("--timeline", timeline)],
                              ([("traffic file", traffic)] if traffic else [])
-                             + [("scenario file", n) for n in scenario or []])
+                             + [("scenario file", n) for n in scenario or []]
+                             + model_files(model))
     if baseline and scenario:  # kept working for scripts that pass both; said, not silent
         err_console.print(f"note: -s {' -s '.join(scenario)} ignored: --baseline runs vLLM's "
                           "warmup alone, no scenario (--compare runs both)",
@@ -1290,11 +1297,15 @@ def bench(
     if trace is not None:
         trace_out = trace_out or Path(f"stepwarm-trace-{Path(scenario).stem}-{trace}.json")
         errors += _output_path_errors((trace_out, "--trace-file"))
+    from stepwarm.output_path import model_files
+
     _check_clashes([("--json", json_out), ("--csv", csv_out), ("--plot", plot_out),
-                    ("--trace-file", trace_out)], [("scenario file", scenario)])
+                    ("--trace-file", trace_out)],
+                   [("scenario file", scenario), *model_files(model)])
     if comparing and not child:  # named as the option that gave them
         errors += [f"--against-e {e[3:]}" if e.startswith("-e ") else e
                    for e in _engine_arg_errors(against_e)]
+    errors += _model_errors(model, "dummy")[1]  # with the rest, before vLLM is imported
     (_, loaded), = _loaded_or_exit([scenario], engine_arg, errors)
     if comparing and not child:
         base = ["-m", "stepwarm", "bench", scenario, "--child", "--repeat", str(repeat),

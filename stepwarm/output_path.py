@@ -145,3 +145,16 @@ def clashes(outputs: Sequence[tuple[str, Path | None]],
             errors.append(f"{seen[k]}: it is the {what} {path}, which the report would "
                           "replace; allowed: another file")
     return errors
+
+
+def model_files(model: str | None) -> list[tuple[str, Path]]:
+    """The files of a ``--model`` directory (and of its subdirectories one
+    level down: a drafter's), as :func:`clashes` inputs: a report written
+    over the model's ``config.json`` or weights would leave a model vLLM
+    cannot load (the tenth trial). A zoo name or a hub id: none here."""
+    if not model or not Path(model).is_dir():
+        return []
+    root = Path(model)
+    files = [p for p in root.iterdir() if p.is_file()]
+    files += [q for p in root.iterdir() if p.is_dir() for q in p.iterdir() if q.is_file()]
+    return [("model's file", f) for f in sorted(files)]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -24,6 +24,7 @@ from stepwarm.scenario.sweeps import names_unchecked
 from stepwarm.scenario.format import (
     MAX_FILE_BYTES,
     MAX_NESTING,
+    Need,
     RequestSpec,
     SELECTOR_FIELDS,
     STEP_MODELS,
@@ -418,17 +419,61 @@ def _without_bad_steps(data: dict, errors: list[ScenarioError],
             refused.append(name)
         if usable is not None:
             kept[name] = usable
+    candidate = {**data, "steps": [steps[i] for i in keep],
+                 **({"requests": kept} if isinstance(requests, dict) else {})}
     try:
         with names_unchecked():
-            model = ScenarioFile.model_validate({
-                **data, "steps": [steps[i] for i in keep],
-                **({"requests": kept} if isinstance(requests, dict) else {})})
-    except ValidationError:
-        return None
+            model = ScenarioFile.model_validate(candidate)
+    except ValidationError as e:
+        # a fault among the top-level keys hides none of the requests' and
+        # steps' errors: the file read without it (the ninth trial)
+        mended = _without_bad_top_level_keys(candidate, e)
+        if mended is None:
+            return None
+        try:
+            with names_unchecked():
+                model = ScenarioFile.model_validate(mended)
+        except ValidationError:
+            return None
     stepped = [i for i in bad if i is not None]
     return dataclasses.replace(sc, model=model, step_numbers=tuple(keep),
                                invalid_from=min(stepped) if stepped else None,
                                refused_requests=tuple(refused))
+
+
+def _without_bad_top_level_keys(data: dict, e: ValidationError) -> dict | None:
+    """``data`` with the top-level faults ``e`` names taken out: unknown
+    keys and ``description`` dropped, bad ``requires`` entries dropped (the
+    others still decide a skip), a misspelt ``needs`` entry read as its
+    did-you-mean; None where a fault is elsewhere, or a ``needs`` entry has
+    no close match (the scenario might be skipped on a runner: its steps
+    are not checked against one)."""
+    out = dict(data)
+    drop: dict[str, set[int]] = {}
+    for err in e.errors():
+        loc = err["loc"]
+        if not loc or loc[0] in ("steps", "requests"):
+            return None
+        key = str(loc[0])
+        if err["type"] == "extra_forbidden" or key == "description":
+            out.pop(key, None)
+        elif key in ("requires", "needs") and len(loc) == 2 and isinstance(loc[1], int) \
+                and isinstance(out.get(key), list):
+            drop.setdefault(key, set()).add(loc[1])
+        else:
+            return None
+    for key, where in drop.items():
+        items = list(out[key])
+        if key == "needs":
+            for i in where:
+                close = difflib.get_close_matches(str(items[i]), list(get_args(Need)), n=1)
+                if not close:
+                    return None
+                items[i] = close[0]
+        else:
+            items = [x for i, x in enumerate(items) if i not in where]
+        out[key] = items
+    return out
 
 
 def _request_parts(name: str, spec: Any) -> tuple[bool, Any]:

@@ -947,3 +947,23 @@ def test_a_failed_request_names_the_steps_left_unchecked(tmp_path):
         f"{f}: the steps were checked only as far as they do not depend on the requests above "
         "that failed (a); not checked: step 0, which selects them; fix the errors above and "
         "check again"]
+
+
+def test_a_top_level_fault_hides_no_request_or_step_error(tmp_path):
+    """The tenth trial: an unknown top-level key or a bad requires entry hid
+    every request's and step's runner-free error and the last line."""
+    f = tmp_path / "top.toml"
+    f.write_text('descripton = "typo key"\nrequires = ["nosuchfact > 1"]\n'
+                 '[requests.a]\nprompt = 24\n[requests.b]\nprompt = -5\n'
+                 '[[steps]]\nkind = "prefill"\nrequests = ["a"]\n'
+                 '[[steps]]\nkind = "decode"\nrequests = ["zz"]\n'
+                 '[[steps]]\nkind = "prefill"\nrequests = ["b"]\n')
+    code, out, err = _check(f)
+    heads = [ln.split(": ", 2)[1] if ln.startswith("error: ") else ln
+             for ln in err.splitlines() if not ln.startswith(" ")]
+    assert code == 2
+    assert heads == [f"{f}:1", f"{f}:2", f"{f}:6", f"{f}:12",
+                     f"{f}: the steps were checked only as far as they do not depend on the "
+                     "requests above that failed (b); not checked: step 2, which selects them; "
+                     "fix the errors above and check again"], err
+    assert "unknown request 'zz'" in err and "prompt -5 is out of range" in err

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-import json
-
+import pytest
 from typer.testing import CliRunner
 
 from stepwarm.cli import app
@@ -299,3 +299,35 @@ def test_a_skipped_scenario_has_its_own_status_in_the_json_report(tmp_path):
     failed = RunReport(plan="b", runner="v1", model="m", ok=False, error="step 2 raised")
     assert [(d["status"], d["ok"]) for d in (passed.to_dict(), failed.to_dict())] == [
         ("passed", True), ("failed", False)]
+
+
+@pytest.mark.parametrize("command", [["coverage", "--threshold", "-3"],
+                                     ["bench", "nosuch"]])
+def test_a_bad_model_is_named_with_the_other_errors(tmp_path, command):
+    """The tenth trial: coverage and bench left --model out of the errors
+    they listed (coverage imported vLLM first)."""
+    r = runner.invoke(app, [*command, "--model", str(tmp_path / "nonexist")],
+                      env={"COLUMNS": "300"})
+    assert (r.exit_code, r.stdout) == (2, "")
+    heads = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(heads) == 2, r.stderr
+    assert any(h.startswith(f"error: --model {tmp_path / 'nonexist'}: no such directory")
+               for h in heads), r.stderr
+
+
+@pytest.mark.parametrize("command", [["run", "-s", "default"], ["coverage"],
+                                     ["bench", "default"]])
+def test_no_report_is_written_over_the_models_files(tmp_path, command):
+    """The tenth trial: run --json DIR/config.json replaced the model's
+    config with the report; the model no longer loaded."""
+    model = tmp_path / "m"
+    (model / "drafter").mkdir(parents=True)
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    (model / "drafter" / "config.json").write_text('{"model_type": "llama"}')
+    for target in (model / "config.json", model / "drafter" / "config.json"):
+        r = runner.invoke(app, [*command, "--model", str(model), "--json", str(target)],
+                          env={"COLUMNS": "300"})
+        assert (r.exit_code, r.stdout) == (2, "")
+        assert (f"error: --json {target}: it is the model's file {target}, which the report "
+                "would replace; allowed: another file") in r.stderr
+        assert target.read_text() == '{"model_type": "llama"}'
