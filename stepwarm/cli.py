@@ -160,7 +160,8 @@ def _model_errors(model: Optional[str], weights: str
                       f"not --model {model}; a model directory's own weights load with "
                       "-e load_format=auto")
     path, _ = resolve(model) if weights_seed is None else (None, {})
-    if path is not None:
+    zoo_written = model is not None and not Path(model).exists() and str(model) in ZOO
+    if path is not None and not zoo_written:  # a zoo model is ours (checked by the suite)
         try:
             if not path.exists() and parse_hub_id(str(model)):  # a Hugging Face id
                 check_model_dir(resolve_hub_model(str(model)).snapshot)
@@ -979,6 +980,21 @@ def _coverage_compare(args: list[str], json_out: Optional[Path], timeline: Optio
     raise typer.Exit(code_s)
 
 
+def _profile_option_errors(model: Optional[str], profile: Optional[Path],
+                           engine_arg: Optional[list[str]]) -> list[str]:
+    """``check``/``show``'s runner options checked together (the tenth
+    trial: "not both" hid every other error): --model with --profile, -e
+    with --profile, a bad --model."""
+    errors = []
+    if model is not None and profile is not None:
+        errors.append("give --model or --profile, not both")
+    if profile is not None and engine_arg:
+        errors.append("-e sets an engine argument, and --profile starts no engine: give -e "
+                      "with --model (or none), or save a profile with them (stepwarm profile "
+                      "-e ...)")
+    return errors + _model_errors(model, "dummy")[1]
+
+
 def _profile_for(model: Optional[str], profile: Optional[Path],
                  engine_arg: Optional[list[str]] = None) -> Any:
     """The runner profile ``check``/``show`` plan against: ``--profile`` file,
@@ -1117,8 +1133,11 @@ def check(
     _setup(verbose, quiet)
     from stepwarm.scenario import ScenarioError, check as check_all, same_files
 
-    if profile is None and (model is not None or engine_arg):
-        _loaded_or_exit(files, engine_arg)  # an engine would start: format and -e errors first
+    option_errors = _profile_option_errors(model, profile, engine_arg)
+    if option_errors or (profile is None and (model is not None or engine_arg)):
+        # an engine would start, or the options conflict: the format's, -e's
+        # and the options' errors first, all of them
+        _loaded_or_exit(files, engine_arg, option_errors)
     prof = _profile_for(model, profile, engine_arg)
     print_wrapped(_profile_line(prof))
     for left, kept, path in same_files(files):  # as the plugin says it
@@ -1160,8 +1179,10 @@ def show(
         _fail(f"show takes one scenario; {file!r} is a set of {len(members)} "
               f"({', '.join(members)}): show them one by one, or check them all "
               f"with 'stepwarm check {file}'", 2)
-    if profile is None and (model is not None or engine_arg):
-        _loaded_or_exit([file], engine_arg)  # an engine would start: format and -e errors first
+    option_errors = _profile_option_errors(model, profile, engine_arg)
+    if option_errors or (profile is None and (model is not None or engine_arg)):
+        # an engine would start, or the options conflict: every error first
+        _loaded_or_exit([file], engine_arg, option_errors)
     prof = _profile_for(model, profile, engine_arg)
     try:
         plan = plans_for([file], prof)[0]

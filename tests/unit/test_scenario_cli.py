@@ -331,3 +331,20 @@ def test_no_report_is_written_over_the_models_files(tmp_path, command):
         assert (f"error: --json {target}: it is the model's file {target}, which the report "
                 "would replace; allowed: another file") in r.stderr
         assert target.read_text() == '{"model_type": "llama"}'
+
+
+@pytest.mark.parametrize("command", ["check", "show"])
+def test_check_and_show_name_conflicting_runner_options_with_every_other_error(tmp_path,
+                                                                               command):
+    """The tenth trial: 'give --model or --profile, not both' hid the unknown
+    scenario, the bad -e and the missing model."""
+    r = runner.invoke(app, [command, "nosuch", "--model", str(tmp_path / "nonexist"),
+                            "--profile", str(tmp_path / "p.json"), "-e", "foo"],
+                      env={"COLUMNS": "300"})
+    assert (r.exit_code, r.stdout) == (2, "")
+    heads = [ln.split(":")[1].strip() for ln in r.stderr.splitlines()
+             if ln.startswith("error: ")]
+    assert heads == ["give --model or --profile, not both",
+                     "-e sets an engine argument, and --profile starts no engine",
+                     f"--model {tmp_path / 'nonexist'}", "unknown scenario 'nosuch'; allowed",
+                     "-e 'foo'"], r.stderr
