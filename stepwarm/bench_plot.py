@@ -38,8 +38,10 @@ def missing() -> str | None:
 
 def path_error(path: Path) -> str | None:
     """A ``--plot`` path this module cannot write: another suffix."""
-    if path.suffix.lower() not in FORMATS:
-        return f"--plot {path}: the file's suffix must be .png or .svg"
+    from stepwarm.output_path import names_a_file, shown
+
+    if names_a_file(path) and path.suffix.lower() not in FORMATS:
+        return f"--plot {shown(path)}: the file's suffix must be .png or .svg"
     return None
 
 

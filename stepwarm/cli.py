@@ -26,6 +26,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup
 from stepwarm.console import (ScenarioProgress, console, err_console, line_width, plural,
                               print_labelled, print_wrapped, route_vllm_log, wrapped_text)
 from stepwarm.driver import RunReport
+from stepwarm.output_path import typed_path
 from stepwarm.hook import WarmupProgress, warmup
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -44,19 +45,23 @@ ModelOption = Annotated[Optional[str], typer.Option(
 _verbose = False
 
 
-def _setup(verbose: bool, quiet: bool) -> None:
+def _setup(verbose: bool, quiet: bool) -> list[str]:
     """Route vLLM's log (stderr; WARNING, -v INFO, -q ERROR) before vLLM is
-    imported; exit 2 when both -v and -q are given (they contradict)."""
+    imported. Both -v and -q given (they contradict): neither is used, and
+    the error is returned, for the command to say with its other errors
+    before anything runs (exit 2)."""
     global _verbose
     if verbose and quiet:
-        _fail("-v (--verbose) and -q (--quiet) contradict each other; allowed: one of "
-              "them, or neither", 2)
+        route_vllm_log(0)
+        return ["-v (--verbose) and -q (--quiet) contradict each other; allowed: one of "
+                "them, or neither"]
     _verbose = verbose
     if quiet:  # errors only: other libraries' warnings too
         from stepwarm.quiet import errors_only
 
         errors_only()
     route_vllm_log(1 if verbose else -1 if quiet else 0)
+    return []
 
 
 @app.callback()
@@ -111,21 +116,13 @@ def _fail(message: str, code: int = 1) -> None:
 
 
 def _output_path_errors(*outputs: tuple[Optional[Path], str]) -> list[str]:
-    """:func:`_check_output_path`'s message for each output (path, option)
-    that cannot be written, to be said with the command's other errors."""
-    from stepwarm.output_path import unwritable
+    """The message for each output (path, option) that cannot be written (its
+    directory missing, a file on the way, a directory, a read-only file
+    system, ``/proc``), to be said with the command's other errors."""
+    from stepwarm.output_path import shown, unwritable
 
-    return [f"{option} {path}: {why}" for path, option in outputs
+    return [f"{option} {shown(path)}: {why}" for path, option in outputs
             if path is not None and (why := unwritable(path))]
-
-
-def _check_output_path(path: Optional[Path], option: str) -> None:
-    """Exit 2 before any work unless ``path`` can be written: its directory
-    exists (a file on the way is named as one), it is not a directory, and a
-    file can be made beside it (a temporary one, made and removed: a
-    read-only file system, ``/proc``) and, where it exists, opened to append."""
-    for error in _output_path_errors((path, option)):
-        _fail(error, 2)
 
 
 def _checked_model(model: Optional[str], weights: str) -> tuple[Optional[int], Optional[Path]]:
@@ -297,17 +294,6 @@ def _load_all(names: list[str]) -> tuple[list[tuple[str, Any]], list[str]]:
     return loaded, errors
 
 
-def _check_clashes(outputs: list[tuple[str, Optional[Path]]],
-                   inputs: tuple[tuple[str, Any], ...] | list[tuple[str, Any]] = ()) -> None:
-    """Exit 2 before any work where two outputs are one file, or an output is
-    a file the command reads (every such pair at once)."""
-    from stepwarm.output_path import clashes
-
-    errors = clashes(outputs, inputs)
-    if errors:
-        _fail("\n".join(errors), 2)
-
-
 def _failure_line(report: RunReport) -> str:
     return f"scenario {report.plan}: " + (report.error or "") + (
         "; cleanup ran, the runner holds no stepwarm request"
@@ -319,7 +305,7 @@ def _failure_line(report: RunReport) -> str:
 def run(
     model: ModelOption = None,
     scenario: Annotated[Optional[list[str]], typer.Option("--scenario", "-s", metavar="NAME|FILE", help="Scenario name, set (all: every built-in) or TOML file; repeat for several. Default: all.")] = None,
-    json_out: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", help="Also write the report as JSON to this file (per scenario: the steps that ran, and block_tables: every planned step's block ids per request and KV cache group, as show --tables prints them).")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", parser=typed_path, help="Also write the report as JSON to this file (per scenario: the steps that ran, and block_tables: every planned step's block ids per request and KV cache group, as show --tables prints them).")] = None,
     engine_arg: EngineArgs = None,
     weights: Annotated[str, typer.Option("--weights", metavar="dummy|seeded[:N]", help="Zoo models' weights: dummy (vLLM's load_format=dummy) or seeded random weights (written under torch.manual_seed(N), default 0; loaded with load_format=auto): what a meaningful --verify needs.")] = "dummy",
     verify: Annotated[bool, typer.Option("--verify", metavar="", help="After warmup, run each scenario's sampling requests through vLLM's own scheduler (LLM.generate, greedy) and its steps again greedily; report every request whose tokens differ (exit 1).")] = False,
@@ -354,7 +340,7 @@ def run(
     --model directory without tokenizer files skip_tokenizer_init=true;
     with --weights seeded[:N] load_format=auto (zoo models only).
     """
-    _setup(verbose, quiet)
+    setup_errors = _setup(verbose, quiet)
     from stepwarm.probe import read_profile
     from stepwarm.scenario import MAX_STARTUP_STEPS, SETS, ScenarioError, expand, resolve_names
     from stepwarm.scenario.expand import too_many_steps
@@ -363,11 +349,12 @@ def run(
     names = resolve_names(scenario or ["all"])
     #: Scenarios named with -s themselves, not through a set.
     named = set(resolve_names(n for n in scenario or [] if n not in SETS))
-    bad_settings: list[str] = _output_path_errors((json_out, "--json"))  # said with the rest
-    from stepwarm.output_path import model_files
+    # said with the rest
+    bad_settings: list[str] = setup_errors + _output_path_errors((json_out, "--json"))
+    from stepwarm.output_path import clashes, model_files
 
-    _check_clashes([("--json", json_out)],
-                   [("scenario file", n) for n in scenario or []] + model_files(model))
+    bad_settings += clashes([("--json", json_out)],
+                            [("scenario file", n) for n in scenario or []] + model_files(model))
     from stepwarm.settings import SettingsError, compile_threads
 
     try:  # STEPWARM_COMPILE_THREADS, before the engine starts (a bad value under --verify too)
@@ -752,8 +739,8 @@ def coverage(
     compare: Annotated[bool, typer.Option("--compare", metavar="", help="The baseline, then stepwarm, each in its own process with fresh caches, then each restarted on the caches it filled; printed side by side (exit status: stepwarm's fresh run's).")] = False,
     no_restart: Annotated[bool, typer.Option("--no-restart", metavar="", help="With --compare: no restarts (two engine starts, not four).")] = False,
     warm_cache: Annotated[bool, typer.Option("--warm-cache", metavar="", help="A restart: use the caches a run left in --cache-dir (only compiles they lack are counted).")] = False,
-    json_out: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", help="Write the report as JSON to this file.")] = None,
-    timeline: Annotated[Optional[Path], typer.Option("--timeline", metavar="FILE", help="Write an SVG timeline of compiles per start-up phase, scenario step and request.")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", parser=typed_path, help="Write the report as JSON to this file.")] = None,
+    timeline: Annotated[Optional[Path], typer.Option("--timeline", metavar="FILE", parser=typed_path, help="Write an SVG timeline of compiles per start-up phase, scenario step and request.")] = None,
     threshold: Annotated[Optional[float], typer.Option(metavar="RATIO", help="First/second latency ratio above which a request fails. Default: 1.2 on GPUs; on vLLM's CPU build none (the ratio is reported, compiles gate).")] = None,
     min_excess_ms: Annotated[Optional[float], typer.Option(metavar="MS", help="...and by how many ms the first run must be slower to fail. Default: 10 on GPUs, 0 on CPUs.")] = None,
     trace: Annotated[bool, typer.Option("--trace", metavar="", help="Profile every traffic run (torch.profiler: operators, CUDA calls, kernels) and name where a flagged first run's extra time went.")] = False,
@@ -772,7 +759,7 @@ def coverage(
     slower than the threshold or failed; 2: bad input (traffic file, scenario,
     model directory, engine argument), nothing replayed.
     """
-    _setup(verbose, quiet)
+    setup_errors = _setup(verbose, quiet)
     from stepwarm.coverage.report import print_report
     from stepwarm.coverage.traffic import (
         TrafficError,
@@ -787,7 +774,7 @@ def coverage(
 
     # every bad option at once, with the scenarios', -e's and the traffic
     # file's errors (_loaded_or_exit), before vLLM is imported
-    option_errors = _coverage_option_errors(
+    option_errors = setup_errors + _coverage_option_errors(
         baseline=baseline, compare=compare, warm_cache=warm_cache, no_restart=no_restart,
         cache_dir=cache_dir, threshold=threshold, min_excess_ms=min_excess_ms,
         timeline=timeline)
@@ -899,8 +886,10 @@ def _coverage_option_errors(*, baseline: bool, compare: bool, warm_cache: bool,
     errors = []
     if baseline and compare:
         errors.append("give --baseline or --compare, not both")
-    if timeline is not None and timeline.suffix.lower() != ".svg":
-        errors.append(f"--timeline {timeline}: the timeline is SVG; allowed: a FILE ending "
+    from stepwarm.output_path import names_a_file, shown
+
+    if timeline is not None and names_a_file(timeline) and timeline.suffix.lower() != ".svg":
+        errors.append(f"--timeline {shown(timeline)}: the timeline is SVG; allowed: a FILE ending "
                       "in .svg")
     for value, option in ((threshold, "--threshold"), (min_excess_ms, "--min-excess-ms")):
         if value is not None and not value >= 0:
@@ -1130,10 +1119,10 @@ def check(
     quiet: Quiet = False,
 ) -> None:
     """Validate scenarios against a runner profile without running any step (exit 2 on any error)."""
-    _setup(verbose, quiet)
+    setup_errors = _setup(verbose, quiet)
     from stepwarm.scenario import ScenarioError, check as check_all, same_files
 
-    option_errors = _profile_option_errors(model, profile, engine_arg)
+    option_errors = setup_errors + _profile_option_errors(model, profile, engine_arg)
     if option_errors or (profile is None and (model is not None or engine_arg)):
         # an engine would start, or the options conflict: the format's, -e's
         # and the options' errors first, all of them
@@ -1170,16 +1159,18 @@ def show(
     quiet: Quiet = False,
 ) -> None:
     """Print the expanded plan of a scenario: per step its label, requests, tokens, drafts, blocks per group."""
-    _setup(verbose, quiet)
+    option_errors = _setup(verbose, quiet)
     from stepwarm.scenario import ScenarioError, plans_for
 
     from stepwarm.scenario.load import resolve_names
 
-    if len(members := resolve_names([file])) != 1:
-        _fail(f"show takes one scenario; {file!r} is a set of {len(members)} "
-              f"({', '.join(members)}): show them one by one, or check them all "
-              f"with 'stepwarm check {file}'", 2)
-    option_errors = _profile_option_errors(model, profile, engine_arg)
+    if len(members := resolve_names([file])) != 1:  # said with the options' errors
+        _fail("\nerror: ".join([
+            *option_errors, *_profile_option_errors(model, profile, engine_arg),
+            f"show takes one scenario; {file!r} is a set of {len(members)} "
+            f"({', '.join(members)}): show them one by one, or check them all "
+            f"with 'stepwarm check {file}'"]), 2)
+    option_errors += _profile_option_errors(model, profile, engine_arg)
     if option_errors or (profile is None and (model is not None or engine_arg)):
         # an engine would start, or the options conflict: every error first
         _loaded_or_exit([file], engine_arg, option_errors)
@@ -1219,7 +1210,7 @@ app.add_typer(scenario_app, name="scenario")
 @scenario_app.command("from-record")
 def scenario_from_record(
     record: Annotated[str, typer.Argument(metavar="REC", help="A recording written under STEPWARM_RECORD=REC.")],
-    output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE.toml", help="Write the scenario here.")],
+    output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE.toml", parser=typed_path, help="Write the scenario here.")],
     model: Annotated[Optional[str], typer.Option("--model", "-m", metavar="DIR|NAME", help="Also check that the recording is of this model (a directory with config.json, or a zoo name).")] = None,
 ) -> None:
     """Reduce a recording to a scenario reaching every kernel class it reached (exit 2 on a bad recording)."""
@@ -1240,18 +1231,22 @@ def scenario_from_record(
 
 @app.command("profile")
 def profile_cmd(
-    output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE", help="Write the profile here (JSON; TOML if it ends in .toml).")],
+    output: Annotated[Path, typer.Option("--output", "-o", metavar="FILE", parser=typed_path, help="Write the profile here (JSON; TOML if it ends in .toml).")],
     model: ModelOption = None,
     engine_arg: EngineArgs = None,
     verbose: Verbose = False,
     quiet: Quiet = False,
 ) -> None:
     """Start vLLM and save the worker's runner profile (JSON; TOML for *.toml) for check/show --profile."""
-    _setup(verbose, quiet)
+    errors = _setup(verbose, quiet) + _output_path_errors((output, "--output"))
+    from stepwarm.output_path import clashes, model_files
     from stepwarm.probe import read_profile
     from stepwarm.profile import ProfileError
 
-    _check_output_path(output, "--output")
+    errors += clashes([("--output", output)], model_files(model))
+    errors += _model_errors(model, "dummy")[1] + _engine_arg_errors(engine_arg)
+    if errors:  # every error at once, before an engine starts
+        _fail("\nerror: ".join(errors), 2)
     _plugin_scenarios_off()
     engine = _start_engine(model, engine_arg)
     try:
@@ -1275,16 +1270,16 @@ def bench(
     engine_arg: EngineArgs = None,
     repeat: Annotated[int, typer.Option("--repeat", metavar="N", help="Measured repeats of the whole scenario (1 to 100000).")] = 20,
     warmup: Annotated[int, typer.Option("--warmup", metavar="K", help="Unmeasured repeats first (0 to 100000).")] = 3,
-    json_out: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", help="Every sample, the statistics and the ratios as JSON.")] = None,
-    csv_out: Annotated[Optional[Path], typer.Option("--csv", metavar="FILE", help="One row a step and configuration.")] = None,
+    json_out: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", parser=typed_path, help="Every sample, the statistics and the ratios as JSON.")] = None,
+    csv_out: Annotated[Optional[Path], typer.Option("--csv", metavar="FILE", parser=typed_path, help="One row a step and configuration.")] = None,
     against_e: Annotated[Optional[list[str]], typer.Option("--against-e", metavar="KEY=VALUE", help="Compare with B: these engine arguments on top of -e.")] = None,
     against_env: Annotated[Optional[list[str]], typer.Option("--against-env", metavar="VAR=VALUE", help="Compare with B: this environment variable set.")] = None,
     against_python: Annotated[Optional[str], typer.Option("--against-python", metavar="PATH", help="Compare with B: run under this Python (another vLLM build).")] = None,
     rounds: Annotated[int, typer.Option("--rounds", metavar="R", help="A/B rounds the repeats are split into, interleaved (1 to 1000).")] = 4,
     gate_pct: Annotated[Optional[float], typer.Option("--gate", metavar="PCT", help="Exit 4 when a step of B is slower than A by more than PCT % beyond the noise.")] = None,
-    plot_out: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE", help="Draw each step's times and the batch sweeps (.png or .svg; needs matplotlib).")] = None,
+    plot_out: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE", parser=typed_path, help="Draw each step's times and the batch sweeps (.png or .svg; needs matplotlib).")] = None,
     trace: Annotated[Optional[int], typer.Option("--trace", metavar="STEP", help="After the measured repeats, one more with the torch profiler on around step STEP (its index, from 0).")] = None,
-    trace_out: Annotated[Optional[Path], typer.Option("--trace-file", metavar="FILE", help="Where --trace writes its Chrome trace (default: stepwarm-trace-NAME-N.json, NAME the scenario, N the step).")] = None,
+    trace_out: Annotated[Optional[Path], typer.Option("--trace-file", metavar="FILE", parser=typed_path, help="Where --trace writes its Chrome trace (default: stepwarm-trace-NAME-N.json, NAME the scenario, N the step).")] = None,
     child: Annotated[bool, typer.Option("--child", hidden=True)] = False,
     verbose: Verbose = False,
     quiet: Quiet = False,
@@ -1299,13 +1294,13 @@ def bench(
     processes, their rounds interleaved; per step B / A with a 95 % bootstrap
     interval. Exit status: 0 measured; 1 a step failed; 2 bad input; 4 --gate.
     """
-    _setup(verbose, quiet)
+    setup_errors = _setup(verbose, quiet)
     from stepwarm import bench_command as bc
     from stepwarm.driver import StepFailed
 
     env_b, errors = bc.parse_env(against_env or [])
-    errors = _output_path_errors((json_out, "--json"), (csv_out, "--csv"),
-                                 (plot_out, "--plot")) + errors  # every error at once
+    errors = setup_errors + _output_path_errors((json_out, "--json"), (csv_out, "--csv"),
+                                                (plot_out, "--plot")) + errors  # all at once
     errors += [f"{option} {value}: allowed: a whole number from {low} to {high}"
                for option, value, low, high in (("--repeat", repeat, 1, 100000),
                                                 ("--warmup", warmup, 0, 100000),
@@ -1318,11 +1313,11 @@ def bench(
     if trace is not None:
         trace_out = trace_out or Path(f"stepwarm-trace-{Path(scenario).stem}-{trace}.json")
         errors += _output_path_errors((trace_out, "--trace-file"))
-    from stepwarm.output_path import model_files
+    from stepwarm.output_path import clashes, model_files
 
-    _check_clashes([("--json", json_out), ("--csv", csv_out), ("--plot", plot_out),
-                    ("--trace-file", trace_out)],
-                   [("scenario file", scenario), *model_files(model)])
+    errors += clashes([("--json", json_out), ("--csv", csv_out), ("--plot", plot_out),
+                       ("--trace-file", trace_out)],
+                      [("scenario file", scenario), *model_files(model)])
     if comparing and not child:  # named as the option that gave them
         errors += [f"--against-e {e[3:]}" if e.startswith("-e ") else e
                    for e in _engine_arg_errors(against_e)]

@@ -13,6 +13,34 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
+class TypedPath(type(Path())):  # type: ignore[misc]
+    """A path that keeps the text the user typed (``typed``): :class:`Path`
+    reads ``''`` as ``.`` and drops a trailing ``/``, and an output option
+    must refuse both, naming them as typed."""
+
+    typed: str
+
+
+def typed_path(text: str) -> Path:
+    """The parser of an output option (``typer.Option(parser=...)``)."""
+    path = TypedPath(text)
+    path.typed = text
+    return path
+
+
+def shown(path: Path) -> str:
+    """``path`` as the user typed it, ``''`` for an empty one."""
+    typed = getattr(path, "typed", str(path))
+    return typed if typed else "''"
+
+
+def names_a_file(path: Path) -> bool:
+    """Whether ``path`` as typed names a file (not empty, no trailing ``/``,
+    not a directory): only then is its suffix worth checking."""
+    typed = getattr(path, "typed", str(path))
+    return bool(typed) and not typed.endswith(os.sep) and not path.is_dir()
+
+
 def unwritable(path: Path) -> str | None:
     """Why ``path`` cannot be written, or None when it can.
 
@@ -30,8 +58,13 @@ def unwritable(path: Path) -> str | None:
         One clause (``directory /x does not exist``, ``/etc/passwd is a
         file, not a directory``, ...) or None.
     """
+    typed = getattr(path, "typed", None)
+    if typed == "":
+        return "is empty; allowed: a file path"
     if str(path) == ".":
-        return "is empty or the current directory; allowed: a file path"
+        return "is the current directory; allowed: a file path"
+    if typed is not None and typed.endswith(os.sep) and not path.is_dir():
+        return f"ends in {os.sep!r}, naming a directory; allowed: a file path"
     parent = path.parent
     if not parent.is_dir():
         for above in (parent, *parent.parents):

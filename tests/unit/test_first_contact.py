@@ -27,6 +27,31 @@ def test_verbose_and_quiet_together_are_refused_before_anything_runs(command):
                         "allowed: one of them, or neither\n")
 
 
+@pytest.mark.parametrize("command", [["run", "-s", "nosuch"], ["check", "nosuch"],
+                                     ["show", "nosuch"], ["coverage", "-s", "nosuch"],
+                                     ["bench", "nosuch"]])
+def test_verbose_and_quiet_together_are_said_with_every_other_error(command):
+    """The tenth trial: the conflict was said alone and hid the rest."""
+    r = runner.invoke(app, [*command, "-v", "-q", "-e", "max_num_seq=4"], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    lines = r.stderr.splitlines()
+    assert lines[0] == ("error: -v (--verbose) and -q (--quiet) contradict each other; "
+                        "allowed: one of them, or neither")
+    assert any(line.startswith("error: unknown scenario 'nosuch'") for line in lines), lines
+    assert any(line.startswith("error: -e max_num_seq: not a vllm.LLM") for line in lines), lines
+
+
+def test_profile_names_every_bad_option_before_an_engine_starts(tmp_path):
+    r = runner.invoke(app, ["profile", "-o", str(tmp_path / "no" / "p.json"), "-v", "-q",
+                            "--model", "tiny-lama", "-e", "max_num_seq=4"], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert [line.split(":")[1].strip() for line in lines] == [
+        "-v (--verbose) and -q (--quiet) contradict each other; allowed",
+        f"--output {tmp_path / 'no' / 'p.json'}",
+        "--model tiny-lama", "-e max_num_seq"], r.stderr
+
+
 def test_bench_names_every_bad_count_at_once():
     r = runner.invoke(app, ["bench", "default", "--repeat", "-1", "--warmup", "-3",
                             "--rounds", "0"], env=ENV)
@@ -310,3 +335,32 @@ def test_check_says_a_file_named_twice_is_checked_once(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     assert r.stdout.splitlines()[1:] == [
         f"scenario {f} is ./x.toml's file ({f}): checked once", "ok ./x.toml: 2 steps, 1 request"]
+
+
+@pytest.mark.parametrize("command", [["run", "-s", "default", "--json"],
+                                     ["coverage", "--json"], ["bench", "default", "--json"],
+                                     ["profile", "-o"],
+                                     ["scenario", "from-record", "rec.jsonl", "-o"]])
+def test_an_output_path_is_judged_and_echoed_as_typed(tmp_path, command, monkeypatch):
+    """The tenth trial: ``--json FILE/`` wrote FILE (Path drops the '/'), and
+    ``--json ''`` was echoed as ``.``; both refused before anything runs,
+    as typed."""
+    monkeypatch.chdir(tmp_path)
+    option = {"-o": "--output"}.get(command[-1], command[-1])
+    for typed, why in (("", "is empty; allowed: a file path"),
+                       ("report.json/", "ends in '/', naming a directory; allowed: a file path")):
+        r = runner.invoke(app, [*command, typed], env=ENV)
+        shown = typed or "''"
+        assert (r.exit_code, r.stdout) == (2, ""), r.output
+        assert f"error: {option} {shown}: {why}\n" in r.stderr, r.stderr
+        assert not (tmp_path / "report.json").exists()
+
+
+def test_a_plot_or_timeline_that_names_no_file_is_said_once():
+    """Not also 'the suffix must be .svg' for an empty or '/'-ended path."""
+    r = runner.invoke(app, ["coverage", "--timeline", "", "--json", "x/"], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == ("error: --json x/: ends in '/', naming a directory; allowed: a file "
+                        "path\nerror: --timeline '': is empty; allowed: a file path\n")
+    r = runner.invoke(app, ["bench", "default", "--plot", ""], env=ENV)
+    assert (r.exit_code, r.stderr) == (2, "error: --plot '': is empty; allowed: a file path\n")

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from stepwarm.cli import app
-from stepwarm.output_path import unwritable
+from stepwarm.output_path import typed_path, unwritable
 
 runner = CliRunner()
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux's")
@@ -57,7 +57,12 @@ def test_a_device_and_an_empty_value_are_named(tmp_path):
     assert unwritable(Path("/dev/full")) == (
         "is a device (/dev/full), not a file; allowed: a file path")
     assert unwritable(Path("/dev/null")) is None
-    assert unwritable(Path("")) == "is empty or the current directory; allowed: a file path"
+    assert unwritable(Path("")) == "is the current directory; allowed: a file path"
+    assert unwritable(typed_path("")) == "is empty; allowed: a file path"
+    assert unwritable(typed_path(f"{tmp_path}/r.json/")) == (
+        "ends in '/', naming a directory; allowed: a file path")
+    assert unwritable(typed_path(f"{tmp_path}/")) == "is a directory; allowed: a file path"
+    assert unwritable(typed_path(f"{tmp_path}/r.json")) is None
 
 
 def test_clashes_name_each_pair_once(tmp_path):
