@@ -418,11 +418,11 @@ def tiny_profile() -> RunnerProfile:
     engine arguments on the CPU build (``stepwarm profile`` output, packaged as
     ``stepwarm/profiles/tiny-llama.toml``), so ``check`` and ``show`` need no
     engine."""
-    from importlib import resources
-
     tomllib = _tomllib()
 
-    text = (resources.files("stepwarm") / "profiles" / "tiny-llama.toml").read_text(encoding="utf-8")
+    # beside this module, not importlib.resources: a folder named stepwarm
+    # in the working directory (a clone) would be read as the package's
+    text = (Path(__file__).with_name("profiles") / "tiny-llama.toml").read_text(encoding="utf-8")
     return RunnerProfile.model_validate(tomllib.loads(text))
 
 

@@ -43,7 +43,6 @@ import re
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Union
 
@@ -523,7 +522,9 @@ def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None,
 
 def builtin_path() -> Path:
     """The built-in traffic file (``stepwarm/coverage/builtin.jsonl``)."""
-    return Path(str(resources.files("stepwarm.coverage").joinpath("builtin.jsonl")))
+    # beside this module (a clone named stepwarm in the working directory
+    # would be importlib.resources' package)
+    return Path(__file__).with_name("builtin.jsonl")
 
 
 def load_traffic(path: str | Path | None, limits: TrafficLimits | None = None) -> Traffic:

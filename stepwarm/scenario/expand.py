@@ -62,6 +62,7 @@ from stepwarm.scenario.sampling import (
     pooling_skips_prefix_cache,
     skips_prefix_cache,
     refusals,
+    refused_anywhere,
     shown,
     variants,
     vllm_check_skipped,
@@ -201,11 +202,17 @@ class _Expander:
         for args in out:
             refused = refusals(args, self.p)
             if refused:
-                raise ScenarioError.of([
-                    self.err(f"vLLM's SamplingParams refuses {shown(one)}: "
-                             f"{msg.rstrip().removesuffix('.')}; allowed: "
-                             f"{allowed}", f"sampling.{fld}", request=name)
-                    for one, fld, msg in refused])
+                errors = []
+                for one, fld, msg in refused:
+                    # refused on the most permissive runner too: on any runner
+                    anywhere = refused_anywhere(one)
+                    error = self.err(f"vLLM's SamplingParams refuses {shown(one)}: "
+                                     f"{msg.rstrip().removesuffix('.')}; allowed: "
+                                     f"{'what vLLM accepts on any runner' if anywhere else allowed}",
+                                     f"sampling.{fld}", request=name)
+                    error.profile_free = anywhere
+                    errors.append(error)
+                raise ScenarioError.of(errors)
         return out
 
     # -- requests -------------------------------------------------------------
@@ -232,17 +239,30 @@ class _Expander:
 
     def _declare_one(self, name: str, spec: Any) -> None:
         p = self.p
-        prompts = self.sizes(spec.prompt, "prompt", request=name)
+        errors: list[ScenarioError] = []  # prompt, count and sampling: each field's, at once
+
+        def field(fn: Any) -> Any:
+            try:
+                return fn()
+            except ScenarioError as e:
+                errors.extend(e.errors)
+                return None
+
+        prompts = field(lambda: self.sizes(spec.prompt, "prompt", request=name))
         swept = isinstance(spec.prompt, Sweep.__args__)  # type: ignore[attr-defined]
+        n = 1
         if swept:
             if "count" in spec.model_fields_set:
-                raise self.err("count cannot be combined with a swept prompt (the "
-                               "sweep sets the count)", "count", request=name,
-                               allowed="count or a prompt sweep, not both")
+                errors.append(self.err("count cannot be combined with a swept prompt (the "
+                                       "sweep sets the count)", "count", request=name,
+                                       allowed="count or a prompt sweep, not both"))
         else:
-            n = self.value(spec.count, "count", request=name, high=MAX_COUNT, fixed_high=True)
-            prompts = prompts * n
-        samplings = self.sampling_variants(name, spec)
+            n = field(lambda: self.value(spec.count, "count", request=name, high=MAX_COUNT,
+                                         fixed_high=True))
+        samplings = field(lambda: self.sampling_variants(name, spec))
+        if errors:
+            raise ScenarioError.of(errors)
+        prompts = prompts * n
         if len(prompts) * len(samplings) > MAX_SWEEP:
             raise self.err(f"{len(prompts)} prompt(s) x {len(samplings)} sampling "
                            f"combination(s) make {len(prompts) * len(samplings)} requests",
@@ -863,8 +883,8 @@ def profile_free_errors(loaded: LoadedScenario | ScenarioError) -> ScenarioError
     from stepwarm.profile import tiny_profile
 
     if isinstance(loaded, ScenarioError):
-        more, note = (_rest_of(loaded.partial, tiny_profile()) if loaded.partial is not None
-                      else ([], ""))
+        more, note = (_rest_of(loaded.partial, tiny_profile(), profile_free=True)
+                      if loaded.partial is not None else ([], ""))
         # a field the format refused is not told again (an expression too
         # long for the format is too long for the expander)
         said = {(x.line, x.step, x.field) for x in loaded.errors}
@@ -877,12 +897,13 @@ def profile_free_errors(loaded: LoadedScenario | ScenarioError) -> ScenarioError
         return ScenarioError.of(sorted(
             [*loaded.errors, *(x for x in rest if x.profile_free)],
             key=lambda x: x.line or 1 << 30), note=note)
-    try:
-        expand(loaded, tiny_profile())
-    except ScenarioError as e:
-        free = [x for x in e.errors if x.profile_free]
-        if free:
-            return ScenarioError.of(free)
+    if loaded.model.sequence is not None:
+        return None
+    # also where the scenario's needs or requires skip it on this profile
+    errors, note = _Expander(loaded, tiny_profile()).declare_and_expand_steps()
+    free = [x for x in errors if x.profile_free]
+    if free:  # the last line (steps left unchecked) where every error is told here
+        return ScenarioError.of(free, note=note if len(free) == len(errors) else "")
     return None
 
 
@@ -909,21 +930,30 @@ def load_and_expand(name: str, profile: RunnerProfile) -> Plan:
         errors = sorted([*e.errors, *(x for x in more if (x.line, x.step, x.field) not in said)],
                         key=lambda x: x.line or 1 << 30)
         raise ScenarioError.of(errors, note=note) from None
-    return expand(sc, profile)
+    plan = expand(sc, profile)
+    if plan.skipped and name not in builtin_names():  # (the built-ins are tested)
+        # skipped here, still wrong on every runner: said now, not where it runs
+        free = profile_free_errors(sc)
+        if free is not None:
+            raise free
+    return plan
 
 
-def _rest_of(partial: LoadedScenario, profile: RunnerProfile
+def _rest_of(partial: LoadedScenario, profile: RunnerProfile, *, profile_free: bool = False
              ) -> tuple[list[ScenarioError], str]:
     """The errors of the ``[[steps]]`` entries the format passed in a file
     where it refused others (:attr:`ScenarioError.partial`), and the line
     saying which were checked in part; none where the scenario would be
-    skipped on ``profile``. Requests that cannot be declared are errors too
+    skipped on ``profile`` (``profile_free``: checked all the same, for the
+    errors no runner mends). Requests that cannot be declared are errors too
     (:meth:`_Expander.declare_and_expand_steps`)."""
     try:
-        if _skip_reason(partial, profile) or partial.model.sequence is not None:
+        if partial.model.sequence is not None or (_skip_reason(partial, profile)
+                                                  and not profile_free):
             return [], ""
     except ScenarioError as d:  # a requires the runner refuses
-        return list(d.errors), ""
+        if not profile_free:
+            return list(d.errors), ""
     return _Expander(partial, profile).declare_and_expand_steps()
 
 

@@ -263,6 +263,21 @@ def refusals(args: SamplingArgs, profile: RunnerProfile) -> list[tuple[SamplingA
     return alone if len(alone) > 1 else [(args, *whole)]
 
 
+def refused_anywhere(args: SamplingArgs) -> bool:
+    """Whether vLLM refuses ``args`` on the most permissive runner (the
+    tiny Llama's profile with no speculator and every limit ``verify``
+    reads at its widest): then no runner takes them, and the error is told
+    before any engine starts, also for a scenario skipped on the runner
+    checked (``top_k = -7``; not ``logprobs = 30``, which a runner with
+    ``max_logprobs`` 30 takes)."""
+    from stepwarm.profile import tiny_profile
+
+    widest = tiny_profile().model_copy(update={
+        "vocab_size": 1 << 30, "max_logprobs": 1 << 30, "max_model_len": 1 << 30,
+        "num_speculative_steps": 0})
+    return refusal(args, widest) is not None
+
+
 def refusal(args: SamplingArgs, profile: RunnerProfile) -> tuple[str, str] | None:
     """Why vLLM would refuse a request with these sampling args on this
     runner, as (the field, vLLM's message), or None when it accepts them.
