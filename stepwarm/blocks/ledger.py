@@ -133,11 +133,21 @@ class BlockLedger(TokenRangeSteps):
 
     # -- a step's transaction ---------------------------------------------------
     def allocate_step(self, free: tuple[str, ...], rows: list[StepAllocation], *,
-                      wait_for_mamba: bool = False) -> list[Growth | None]:
+                      wait_for_mamba: bool = False, preempt: tuple[str, ...] = (),
+                      num_running: int = 0) -> list[Growth | None]:
         """One step's block work, all or nothing: :meth:`new_step`, then the
-        finished and preempted requests ``free`` (same step), then per row
-        :meth:`grow` and :meth:`cache_prompt`, as the scheduler calls
-        ``allocate_slots`` request by request.
+        finished requests ``free``, then per row :meth:`grow` and
+        :meth:`cache_prompt`, as the scheduler calls ``allocate_slots``
+        request by request.
+
+        The ``preempt``ed requests are freed where vLLM's ``schedule()``
+        preempts them: inside its running loop, when a running row (the
+        first ``num_running`` rows) does not fit, one at a time in the order
+        given (the running queue's last first) until it fits; those left
+        after the running rows are freed before the waiting rows. (Freed
+        first instead, a running row before the preemption would take the
+        preempted request's blocks where vLLM gives it the pool's last free
+        ones: an uncached block goes back to the free queue's head.)
 
         vLLM's scheduler never undoes an allocation (a request that does not
         fit waits, and the ones before it keep their blocks); stepwarm refuses
@@ -160,7 +170,7 @@ class BlockLedger(TokenRangeSteps):
             OutOfBlocksError: a row needs more blocks than free (or
                 :class:`MambaStateBusyError`); the ledger is unchanged.
         """
-        if self._token_range:
+        if self._token_range and not preempt:
             fast = self._allocate_token_range(free, rows)
             if fast is not None:
                 return fast
@@ -168,15 +178,28 @@ class BlockLedger(TokenRangeSteps):
         self.new_step()
         try:
             self.free_each(free)
+            pending = list(preempt)
             out: list[Growth | None] = []
-            for r in rows:
+            for i, r in enumerate(rows):
+                if i == num_running and pending:  # the running loop is over
+                    self.free_each(pending)
+                    pending.clear()
                 if wait_for_mamba and self.mamba_state_busy(r.req_id):
                     out.append(None)
                     continue
-                out.append(self.grow(r.req_id, r.num_tokens, encoder_len=r.encoder_len,
-                                     num_computed=r.num_computed))
+                while True:
+                    try:
+                        out.append(self.grow(r.req_id, r.num_tokens, encoder_len=r.encoder_len,
+                                             num_computed=r.num_computed))
+                        break
+                    except OutOfBlocksError:
+                        if not pending or i >= num_running:
+                            raise
+                        self.free(pending.pop(0))  # vLLM preempts, and tries again
                 self.cache_prompt(r.req_id, r.num_cached_tokens, r.prompt_len,
                                   num_request_tokens=r.num_request_tokens)
+            if pending:
+                self.free_each(pending)
         except OutOfBlocksError:
             if saved is None:  # pragma: no cover - _fits is conservative
                 raise AssertionError("BlockLedger._fits admitted a step that does not fit") from None

@@ -393,7 +393,7 @@ class PlanBuilder:
                 {rid: n for rid, n in ask.resume.items() if rid not in continuing}, draft, pad)
             self._schedule_prefills(waiting, draft, pad)
             self._check_budgets(scheduled, finish, ask.preempt, draft)
-            return self._allocate(finish + ask.preempt, draft, wait_for_mamba)
+            return self._allocate(finish, draft, wait_for_mamba, ask.preempt)
         except PlanError:
             if saved is not None:
                 self.ledger.restore(saved)
@@ -725,10 +725,11 @@ class PlanBuilder:
                 )
 
     def _allocate(self, free: tuple[str, ...], draft: StepDraft,
-                  wait_for_mamba: bool) -> dict[str, int]:
+                  wait_for_mamba: bool, preempt: tuple[str, ...] = ()) -> dict[str, int]:
         """Blocks (``KVCacheManager.allocate_slots`` per request, after the
-        finished and preempted requests free theirs): all or nothing, through
-        :meth:`BlockLedger.allocate_step`. Fills each row's ``block_ids``
+        finished requests free theirs; the ``preempt``ed ones freed where
+        vLLM's running loop preempts them, the running queue's last first):
+        all or nothing, through :meth:`BlockLedger.allocate_step`. Fills each row's ``block_ids``
         (the whole table for new and resumed rows, the appended ids for
         running ones), ``allocated`` and the step's ``held`` counts.
 
@@ -741,9 +742,12 @@ class PlanBuilder:
         # waiting rows as built; the growths go back to the rows' order.
         allocs = draft.allocs
         order = self._queue_order([a.req_id for a in allocs])
+        running, queued = self._running, self._queued
         try:
-            got = self.ledger.allocate_step(free, [allocs[i] for i in order],
-                                            wait_for_mamba=wait_for_mamba)
+            got = self.ledger.allocate_step(
+                free, [allocs[i] for i in order], wait_for_mamba=wait_for_mamba,
+                preempt=tuple(sorted(preempt, key=lambda r: queued.get(r, 0), reverse=True)),
+                num_running=sum(a.req_id in running for a in allocs))
             growths: list[Growth | None] = [None] * len(got)
             for j, i in enumerate(order):
                 growths[i] = got[j]

@@ -320,15 +320,19 @@ class Lifecycle(RuleBasedStateMachine):
         for rid in finish:
             o.finish(rid)
             self.state[rid] = "finished"
-        for rid in preempt:
-            o.preempt(rid)
-            self.state[rid], self.computed[rid] = "preempted", 0
+        pending = self._preempt_order(preempt)
         self.oracle_new = {}
         for row in self._in_schedule_order(list(step.scheduled), lambda r: r.req_id):
             rid, n = row.req_id, row.num_scheduled_tokens
+            if self.state[rid] != "running":  # the running loop is over
+                self._preempt_all(o, pending)
             self._assume_hit_in_order(o, rid)
             cow = o.copy_pending(rid)
             got = o.schedule(rid, n)
+            while got is None and pending and self.state[rid] == "running":
+                self._preempt_all(o, pending[:1])  # the scheduler preempts, and tries again
+                del pending[:1]
+                got = o.schedule(rid, n)
             if got is None and cow:
                 # vLLM reserved a copy-on-write target stepwarm does not model.
                 event("vLLM refused for a copy-on-write block: example discarded")
@@ -349,12 +353,27 @@ class Lifecycle(RuleBasedStateMachine):
             if self.state[rid] != "running":
                 self.queued[rid] = next(self.enqueued)
             self.state[rid] = "running"
+        self._preempt_all(o, pending)
         self.oracle_zero = o.take_new_block_ids()
         self.copies = o.end_step()
         if self.copies:
             event("vLLM copy-on-write copies (partial-block caching): ids not modelled")
             self.cow_seen = True
         event(f"step: {len(step.scheduled)} scheduled")
+
+    def _preempt_order(self, preempt: tuple[str, ...]) -> list[str]:
+        """The step's preempted requests in the order vLLM's running loop
+        preempts them: the running queue's last first."""
+        return sorted(preempt, key=lambda r: self.queued.get(r, 0), reverse=True)
+
+    def _preempt_all(self, o: Oracle, rids: list[str], *, track: bool = True) -> None:
+        """Preempt ``rids`` in vLLM's manager (their blocks freed, last block
+        first); ``track``: the machine's state too. Empties ``rids``."""
+        for rid in rids:
+            o.preempt(rid)
+            if track:
+                self.state[rid], self.computed[rid] = "preempted", 0
+        rids.clear()
 
     def _in_schedule_order(self, rows: list, req_id: Callable[[Any], str]) -> list:
         """``rows`` in the order vLLM's ``schedule()`` calls
@@ -385,18 +404,26 @@ class Lifecycle(RuleBasedStateMachine):
         o.new_step()
         for rid in finish:
             o.finish(rid)
-        for rid in preempt:
-            o.preempt(rid)
+        pending = self._preempt_order(preempt)
         # stepwarm's rows: RUNNING (chunks, decodes, resumptions still
-        # recomputing), then WAITING (preempted resumed, first chunks)
+        # recomputing), then WAITING (preempted resumed, first chunks); the
+        # preempted requests freed where the running loop preempts them
         rows = ([(r, n) for r, n in prefill.items() if self.state[r] == "running"]
                 + [(r, 1 + k) for r, k in decode.items()]
                 + [(r, n) for r, n in resume.items() if self.state[r] == "running"]
                 + [(r, n) for r, n in resume.items() if self.state[r] != "running"]
                 + [(r, n) for r, n in prefill.items() if self.state[r] != "running"])
         for rid, n in self._in_schedule_order(rows, lambda r: r[0]):
+            running = self.state[rid] == "running"
+            if not running:
+                self._preempt_all(o, pending, track=False)
             if rid in prefill:
                 self._assume_hit_in_order(o, rid)
-            if o.schedule(rid, n) is None:
+            got = o.schedule(rid, n)
+            while got is None and pending and running:
+                self._preempt_all(o, pending[:1], track=False)
+                del pending[:1]
+                got = o.schedule(rid, n)
+            if got is None:
                 return True
         return False

@@ -313,7 +313,6 @@ class Replay:
             theirs.resumed |= again
             self.check_modelled(theirs, ahead, found)
             self.check_unique_hits(theirs)
-            self.check_preemption_order(theirs)
             self._sent.update(theirs.new)
             sampled = self.sample(out, theirs)
             mine = stepwarm_record(self.plan_step(theirs), len(cfg.groups()))

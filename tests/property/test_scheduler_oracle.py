@@ -254,9 +254,10 @@ _pad = PlanBuilder._pad_drafts
 
 #: Shrunk from a Hypothesis stream: in step 51 vLLM's scheduler gives r0 the
 #: pool's last free block, then finds no block for r4 and preempts it (r4
-#: preempts itself, the last of the running queue); stepwarm frees r4's
-#: blocks first and gives r0 r4's last one. Open: such steps are discarded
-#: (docs/block-accounting.md).
+#: preempts itself, the last of the running queue); in step 24 r1 takes the
+#: free queue's head before r3 preempts itself. Freeing a step's preempted
+#: requests before its rows (stepwarm before), r0 and r1 took the preempted
+#: request's blocks (an uncached block goes back to the queue's head).
 PREEMPT_STREAM = (
     Config(block_size=8, num_blocks=12, max_num_seqs=2, max_num_batched_tokens=8,
            max_model_len=64, num_spec_tokens=1),
@@ -265,13 +266,28 @@ PREEMPT_STREAM = (
      Arrival(1, 16, 26, drafts=((0, 0), (1, 1), (1, 1)))])
 
 
-def test_rows_allocated_before_a_preemption_are_discarded_not_passed() -> None:
-    """The step where vLLM preempts after an earlier row took a block is
-    named as knowingly planned otherwise (0.34 pads a waiting request of this
-    stream first: its own reason)."""
-    with pytest.raises(Unmodelled, match="rows allocated before a preemption freed|"
-                                         "a waiting request padded"):
-        replay(*PREEMPT_STREAM, exact=False)
+def test_a_preempted_request_frees_its_blocks_where_the_running_loop_preempts_it() -> None:
+    """Rows before a preemption take the pool's blocks; the preempted
+    request's go back after them (BlockLedger.allocate_step's ``preempt``)."""
+    pairs = replay(*PREEMPT_STREAM).pairs  # every step exact
+    assert [(rec.index, rec.preempted) for rec, _ in pairs if rec.preempted] == [
+        (24, {"r3"}), (27, {"r3"}), (51, {"r4"})]
+    assert (pairs[24][1].blocks, pairs[51][1].blocks) == ({"r1": ((5,),)}, {"r0": ((3,),)})
+
+
+def test_freeing_the_preempted_first_is_caught(monkeypatch) -> None:
+    """The mutant: every preempted request freed before the step's rows."""
+    from stepwarm.blocks.ledger import BlockLedger
+
+    step = BlockLedger.allocate_step
+
+    def eager(self, free, rows, *, wait_for_mamba=False, preempt=(), num_running=0):
+        return step(self, free + preempt, rows, wait_for_mamba=wait_for_mamba)
+
+    monkeypatch.setattr(BlockLedger, "allocate_step", eager)
+    with pytest.raises(AssertionError, match=r"step 24 differs.*\n  blocks: vLLM \{'r1': \(\(5,\),\)\}"
+                                             r" stepwarm \{'r1': \(\(6,\),\)\}"):
+        replay(*PREEMPT_STREAM, exact=True)
 
 
 #: Shrunk from a stream with a sliding-window group beside the full one
