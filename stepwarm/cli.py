@@ -275,20 +275,13 @@ def _load_all(names: list[str]) -> tuple[list[tuple[str, Any]], list[str]]:
     """Every scenario named that loads (file and format checks, and the errors
     no runner can mend, as check words them: no vLLM), and the error text of
     each that does not."""
-    from stepwarm.scenario import ScenarioError, builtin_names, load
-    from stepwarm.scenario.expand import profile_free_errors
+    from stepwarm.scenario.expand import load_checked
 
     loaded, errors = [], []
-    builtins = set(builtin_names())  # checked against every runner by the test suite
     for name in names:  # files and format first: a typo costs no engine start
-        try:
-            scenario = load(name)
-        except ScenarioError as e:  # with the rest of the file's errors no runner mends
-            errors.append(str(e if name in builtins else profile_free_errors(e)))
-            continue
-        free = profile_free_errors(scenario) if name not in builtins else None
-        if free is not None:  # as check says it, not after the engine started
-            errors.append(str(free))
+        scenario, error = load_checked(name)
+        if error is not None:
+            errors.append(str(error))
         else:
             loaded.append((name, scenario))
     return loaded, errors
@@ -1041,7 +1034,7 @@ def list_scenarios(
     from stepwarm.scenario.needs import needs_in_words
 
     # Cells wrap, a word wider than its column folds: nothing is cut at any width.
-    table = Table(title="built-in scenarios", title_justify="left")
+    table = Table()
     table.add_column("name", overflow="fold")
     table.add_column("needs", overflow="fold")
     table.add_column("description", overflow="fold")
@@ -1051,7 +1044,9 @@ def list_scenarios(
             table.add_row(name, needs_in_words(sc.model.needs), sc.model.description)
         except ScenarioError as e:
             table.add_row(name, "?", Text(f"invalid: {e}", style="red"))
-    console.print(table)
+    from stepwarm.console import Titled
+
+    console.print(Titled("built-in scenarios", table))
 
 
 def _write_zoo_model(models: bool, root: Optional[Path], name: Optional[str]) -> None:

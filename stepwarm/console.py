@@ -426,19 +426,28 @@ class StepTable:
             room += self.PER_COLUMN
         if room < MIN_LABEL // 2 * max(1, len(labels) - merged):
             return None
-        table = Table()  # the title is drawn above it: see _title
         shown = [i for i in range(len(self.columns)) if not (merged and i == labels[0])]
-        for i in shown:
+        rows = []
+        for row in self.rows:
+            cells = [row[i] for i in shown]
+            if merged:
+                cells[shown.index(labels[1])] = f"{row[labels[0]]}: {row[labels[1]]}"
+            rows.append(cells)
+        # each label column as wide as its longest word: where they do not
+        # fit, the lines (a word is never split across lines)
+        longest = {j: max((len(w) for r in rows for w in r[j].split()), default=0)
+                   for j, i in enumerate(shown) if not self.columns[i].numeric}
+        if sum(longest.values()) > room:
+            return None
+        table = Table()  # the title is drawn above it: see _title
+        for j, i in enumerate(shown):
             col = self.columns[i]
             header = "kind: step" if merged and i == labels[1] else col.header
             if col.numeric:
                 table.add_column(header, justify="right", width=widths[i], overflow="fold")
             else:
-                table.add_column(header, justify="left", overflow="fold")
-        for row in self.rows:
-            cells = [row[i] for i in shown]
-            if merged:
-                cells[shown.index(labels[1])] = f"{row[labels[0]]}: {row[labels[1]]}"
+                table.add_column(header, justify="left", overflow="fold", min_width=longest[j])
+        for cells in rows:
             table.add_row(*cells)
         return table
 
@@ -664,7 +673,7 @@ class SlowSteps:
                 f"({shown}; seen by {seen_by})")
 
 
-def verify_table(results: list[tuple[str, Any]]) -> Table:
+def verify_table(results: list[tuple[str, Any]]) -> Titled:
     """The ``run --verify`` summary: one row per scenario (a
     :class:`~stepwarm.verify.VerifyReport`, or the error text when the
     comparison could not run) and one row per request whose tokens differ
@@ -703,7 +712,7 @@ def verify_table(results: list[tuple[str, Any]]) -> Table:
     headers = ("scenario", "result", "request", "first differing step", "position",
                "stepwarm sampled", "vLLM sampled")
     used = [i for i in range(len(headers)) if i < 2 or any(r[i] for r, _ in rows)]
-    table = Table(title=_verify_title(results), title_justify="left")
+    table = Table()
     longest = max((len(r[0]) for r, _ in rows), default=0)
     for i in used:
         # narrowed to the terminal, nothing cut; a scenario's name is kept
@@ -712,7 +721,20 @@ def verify_table(results: list[tuple[str, Any]]) -> Table:
                          min_width=min(longest, 32) if i == 0 else None)
     for cells, style in rows:
         table.add_row(*(cells[i] for i in used), style=style)
-    return table
+    return Titled(_verify_title(results), table)
+
+
+class Titled:
+    """A table with its title above it, wrapped at spaces to the width it is
+    drawn at, continuation lines indented, no line padded (:func:`_title`;
+    rich's ``Table(title=...)`` pads the title to the table's width)."""
+
+    def __init__(self, title: str, table: Table):
+        self.title, self.table = title, table
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Any:
+        yield _title(self.title, options.max_width)
+        yield self.table
 
 
 def _verify_title(results: list[tuple[str, Any]]) -> str:
@@ -972,14 +994,14 @@ def print_models(rows: list[tuple[str, ...]], out: Console = console) -> None:
     from rich.measure import Measurement
 
     title = "zoo models (--model NAME; written at run time, dummy weights)"
-    table = Table(title=title, title_justify="left")
+    table = Table()
     for col in MODEL_COLUMNS:
         table.add_column(col, overflow="fold")
     for row in rows:
         table.add_row(*row)
     natural = Measurement.get(out, out.options.update_width(1 << 16), table).maximum
     if natural <= out.width:  # every row on one line
-        out.print(table)
+        out.print(Titled(title, table))
         return
     lines = textwrap.wrap(title, out.width, subsequent_indent="  ")
     for name, *fields in rows:

@@ -570,6 +570,14 @@ def _run_one(worker: WorkerView, plan: Any, profile: RunnerProfile, settings: Ho
                 plan=plan.name, runner=profile.runner, model=profile.model, ok=False,
                 error=str(e))
             _stamp(report, ranks)
+            if stop is not None and stop.signum is not None:
+                # asked to end during the step: its failure is the signal's
+                # (sent to the process group, it also stopped the compiler
+                # the step was waiting on: g++, ptxas), not the scenario's
+                first = (report.error or type(e).__name__).splitlines()[0]
+                raise StopRequested(stop.signum, (
+                    f"the rest of {plan.name}: the step running failed once the signal "
+                    f"came, as its compiler process got it too ({first[:160]})")) from e
             timed_out = isinstance(e.__cause__, StepTimedOut)
             if settings.on_error == "raise" or timed_out:
                 logger.error("%s: %s: %s", who, plan.name, report.error)
@@ -684,17 +692,13 @@ _WRAPPERS: dict[str, Callable[[type], None]] = {
 
 def _unloadable_scenarios(names: Iterable[str]) -> list[Any]:
     """The :class:`~stepwarm.scenario.ScenarioError` of each scenario named
-    that cannot be loaded (format only: the runner's limits are checked once
-    the worker is up)."""
-    from stepwarm.scenario import ScenarioError, load, resolve_names
+    that cannot be loaded: the format's errors and those no runner can mend
+    (``prompt = -5`` beside ``count = 0``: both, as ``stepwarm check`` says
+    them); the runner's limits are checked once the worker is up."""
+    from stepwarm.scenario import resolve_names
+    from stepwarm.scenario.expand import load_checked
 
-    errors = []
-    for name in resolve_names(names):
-        try:
-            load(name)
-        except ScenarioError as e:
-            errors.append(e)
-    return errors
+    return [e for name in resolve_names(names) if (e := load_checked(name)[1]) is not None]
 
 
 def _scenario_file_errors() -> list[str]:

@@ -170,6 +170,8 @@ def read_profile(worker: WorkerView) -> RunnerProfile:
         warmup_draft_slots=warmup_draft_slots(cfg),
         draft_slots=vllm_facts.scheduler_draft_slots(getattr(cfg, "speculative_config", None)),
         pad_spec_decode=vllm_facts.pad_spec_decode_rule(getattr(cfg, "speculative_config", None)),
+        caches_after_output=bool(getattr(cfg, "speculative_config", None))
+        and vllm_facts.scheduler_caches_after_output(),
         **installed_facts(worker.kind, groups, enable_caching),
     )
 

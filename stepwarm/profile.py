@@ -224,6 +224,12 @@ class RunnerProfile(BaseModel):
     #: request scheduled where the request has a prefix hit
     #: (``num_computed_tokens > 0``; 0.30 on).
     pad_spec_decode: Literal["", "0.26", "0.29", "0.30"] = ""
+    #: Whether ``Scheduler.update_from_output`` caches a request's blocks up
+    #: to its computed tokens after each output, with a speculator (vLLM 0.33
+    #: on; :func:`stepwarm.vllm_facts.scheduler_caches_after_output`): a
+    #: block filled by accepted drafts is a prefix-cache entry before the
+    #: request's next step, so a resumption after preemption hits it.
+    caches_after_output: bool = False
     #: Whether ``run_mixed_prefill_decode_warmup``'s decode request verifies a
     #: full set of drafts (``decode_query_len`` tokens) and its prefill tokens
     #: are split across requests of at most ``max_model_len - 1`` (vLLM 0.34),

@@ -342,10 +342,10 @@ class RecordSettings:
         """
         env = os.environ if env is None else env
         path = env.get(ENV_RECORD, "")
-        if path == "":
-            return cls()
         errors = []
-        if not path.strip():
+        if path == "":  # off; a bad cap is still said (it is a mistake either way)
+            pass
+        elif not path.strip():
             errors.append(f"{ENV_RECORD}={path!r}: blank; allowed: a file path (the "
                           "recording is appended to it); unset or empty: off")
         elif why := _record_path_refusal(path):
@@ -362,7 +362,7 @@ class RecordSettings:
                               f"from 1 to {1 << 20}; unset: {DEFAULT_RECORD_MAX_MB}")
         if errors:
             raise SettingsError("\n".join(errors))
-        return cls(path=path, max_bytes=max_mb << 20)
+        return cls(path=path, max_bytes=max_mb << 20) if path else cls()
 
 
 def _record_path_refusal(path: str) -> str | None:

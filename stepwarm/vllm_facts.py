@@ -301,6 +301,27 @@ def scheduler_pad_rule() -> str:
     return "0.26"
 
 
+@functools.cache
+def scheduler_caches_after_output() -> bool:
+    """Whether the installed ``Scheduler.update_from_output`` caches a
+    running request's blocks up to its computed tokens once its output is
+    in, with a speculator (vLLM 0.33 on: "Publish finalized states",
+    ``cache_blocks(request, num_computed_tokens - num_in_flight_tokens)``
+    where ``num_spec_tokens > 0``), read off its source. Before, a block
+    filled by accepted drafts was cached by the request's next
+    ``allocate_slots`` only: a request preempted first left it uncached."""
+    import inspect
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    try:
+        source = inspect.getsource(Scheduler.update_from_output)
+    except (OSError, TypeError):  # pragma: no cover - sources not shipped
+        return False
+    return "num_computed_tokens - request.num_in_flight_tokens" in source and \
+        "self.num_spec_tokens > 0" in source
+
+
 def pad_spec_decode_rule(speculative_config: Any) -> str:
     """How the installed scheduler pads a waiting request with one token
     left to ``1 + num_speculative_tokens`` with placeholder drafts

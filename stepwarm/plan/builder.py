@@ -99,6 +99,10 @@ class PlanBuilder:
     #: (a resumed request enters it again, at the end).
     _queued: dict[str, int] = field(default_factory=dict, init=False)
     _enqueued: Iterator[int] = field(default_factory=itertools.count, init=False)
+    #: Decoded requests of the last step whose blocks vLLM caches after the
+    #: output (:meth:`_cache_after_output`), cached when the next step is
+    #: planned, unless it finishes them.
+    _output_cached: list[LiveRequest] = field(default_factory=list, init=False)
     #: Requests declared ``structured_output`` (sampled with a bitmask).
     _structured: set[str] = field(default_factory=set, init=False)
     #: The profile has a Mamba group in ``align`` cache mode (prefill chunks
@@ -336,6 +340,8 @@ class PlanBuilder:
         """
         # Pooling requests done with their prompt last step finish now.
         finishing = set(ask.finish)
+        if self._output_cached:
+            self._cache_after_output(finishing)
         finish = ask.finish + tuple(r for r in self._pooled if r not in finishing)
         scheduled = self._check_membership(ask, finish)
         draft = StepDraft()
@@ -359,6 +365,8 @@ class PlanBuilder:
         self._update_after_schedule(draft, finish, ask.preempt)
         if ask.accepted:
             self._update_from_output(ask)
+        if self.profile.caches_after_output and draft.decoded:
+            self._output_cached = list(draft.decoded)
         # Construct the scheduler output.
         step = self._scheduler_output(kind, label + suffix, draft, finish, ask.preempt, grammar)
         return step, waiting
@@ -885,6 +893,28 @@ class PlanBuilder:
             live = self._requests[rid]
             live.num_computed_tokens -= ask.decode[rid] - a
             live.num_output_tokens -= ask.decode[rid] - a
+
+    def _cache_after_output(self, finishing: set[str]) -> None:
+        """vLLM 0.33 on, with a speculator (``update_from_output``: "Publish
+        finalized states"): the last step's decoded requests' blocks up to
+        their computed tokens become prefix-cache entries once their drafts
+        are verified (:attr:`RunnerProfile.caches_after_output`); their next
+        allocation would cache them anyway, a preemption before it would
+        not (the resumption's lookup then hits them). Rows that sample at
+        the end of their prompt cached it when they allocated.
+
+        Done before the next step, for the requests it does not finish: one
+        that stops takes its output only as far as its stop (drafts accepted
+        past ``max_tokens`` are dropped, and with them the block they would
+        fill), which a plan does not know; its blocks are never looked up
+        again (docs/block-accounting.md)."""
+        cache = self.ledger.cache_prompt
+        for live in self._output_cached:
+            rid = live.decl.req_id
+            if live.state == "running" and rid not in finishing:
+                cache(rid, live.num_computed_tokens, live.decl.prompt_len,
+                      num_request_tokens=live.decl.prompt_len + live.num_output_tokens)
+        self._output_cached = []
 
     def _free_finished_and_preempted(self, finish: tuple[str, ...],
                                      preempt: tuple[str, ...]) -> None:

@@ -907,6 +907,22 @@ def profile_free_errors(loaded: LoadedScenario | ScenarioError) -> ScenarioError
     return None
 
 
+def load_checked(name: str) -> tuple[LoadedScenario | None, ScenarioError | None]:
+    """:func:`~stepwarm.scenario.load.load` ``name``, with the errors no
+    runner can mend (:func:`profile_free_errors`; a built-in is checked
+    against every runner by the test suite): the scenario, or the error
+    naming every such fault, as ``stepwarm check`` says them. What ``run``,
+    ``coverage``, ``bench`` and the plugin's start-up check before an
+    engine (or the model) is loaded."""
+    builtin = name in builtin_names()
+    try:
+        scenario = load(name)
+    except ScenarioError as e:
+        return None, e if builtin else profile_free_errors(e) or e
+    free = None if builtin else profile_free_errors(scenario)
+    return (scenario, None) if free is None else (None, free)
+
+
 def load_and_expand(name: str, profile: RunnerProfile) -> Plan:
     """:func:`~stepwarm.scenario.load.load` and :func:`expand` ``name`` for
     ``profile``.

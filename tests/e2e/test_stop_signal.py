@@ -84,3 +84,57 @@ def test_sigterm_mid_scenario_stops_at_the_next_step_with_the_runner_cleaned(tmp
     assert m is not None, stops[0]
     assert 1 <= int(m[1]) < 202 and m[2] in ("prefill", "decode")
     assert "prefix-hit: starting" not in out and "Traceback" not in err
+
+
+FAILS_ON_THE_SIGNAL = CHILD.replace(
+    "    signal.signal(signal.SIGTERM, vllm_like)\n",
+    "    signal.signal(signal.SIGTERM, vllm_like)\n"
+    "    import os, pathlib\n"
+    "    marker = pathlib.Path(sys.argv[2])\n"
+    "    run = engine.worker.execute_model\n"
+    "\n"
+    "    def execute_model(scheduler_output):\n"
+    "        # the group's SIGTERM also stops the compiler a step waits on\n"
+    "        if marker.exists():\n"
+    "            marker.unlink()\n"
+    "            os.kill(os.getpid(), signal.SIGTERM)\n"
+    "            raise RuntimeError('CppCompileError: C++ compile error')\n"
+    "        return run(scheduler_output)\n"
+    "\n"
+    "    engine.worker.execute_model = execute_model\n")
+
+
+def test_a_step_failing_once_sigterm_came_is_told_as_the_stop(tmp_path):
+    """The eleventh trial: a group SIGTERM during a compiling step was told
+    as the step's C++ compile failure (the compiler, in the process group,
+    got the signal too); it is the stop, told as such, the runner cleaned."""
+    assert "def execute_model" in FAILS_ON_THE_SIGNAL
+    (tmp_path / "child.py").write_text(FAILS_ON_THE_SIGNAL)
+    (tmp_path / "long.toml").write_text(LONG)
+    marker = tmp_path / "fail-now"
+    child = subprocess.Popen([sys.executable, str(tmp_path / "child.py"),
+                              str(tmp_path / "long.toml"), str(marker)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            lines.append(line)
+            if "stepwarm: long step " in line and " running for " in line:
+                break
+        marker.touch()
+        rest, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    out = "".join(lines) + rest
+    assert child.returncode == 143, out[-3000:] + err[-3000:]
+    result = json.loads(out.split("RESULT ", 1)[1].splitlines()[0])
+    assert result == {"ended": "SystemExit", "code": 143, "left": [], "handler_back": True}
+    stops = re.findall(r"stepwarm: SIGTERM: stopped at the step boundary before (.*)$", out, re.M)
+    assert stops == [
+        "the rest of long: the step running failed once the signal came, as its compiler "
+        "process got it too (" + stops[0].split(" process got it too (", 1)[1]], stops
+    assert "CppCompileError" in stops[0] and stops[0].endswith(
+        "; the runner was cleaned up (no stepwarm request left); not run: prefix-hit")
+    assert "failed on the" not in out.replace(stops[0], "")

@@ -29,7 +29,7 @@ from typing import Any
 from stepwarm.plan import PlanBuilder, PlannedRequest, PlannedStep
 from stepwarm.profile import CacheSpec, RunnerProfile, tiny_profile
 from stepwarm.plan.output import PLACEHOLDER_DRAFT
-from stepwarm.vllm_facts import model_runner_output, scheduler_pad_rule
+from stepwarm.vllm_facts import model_runner_output, scheduler_caches_after_output, scheduler_pad_rule
 
 #: Sampled tokens are OUTPUT_BASE + the request's ordinal: in no prompt, and
 #: no two requests' outputs alike.
@@ -78,6 +78,7 @@ class Config:
             # as the probe reads it off the installed scheduler (an n-gram
             # speculator: static, no dynamic_sd_lookup)
             pad_spec_decode=scheduler_pad_rule() if self.num_spec_tokens else "",
+            caches_after_output=bool(self.num_spec_tokens) and scheduler_caches_after_output(),
         ))
 
 

@@ -137,3 +137,60 @@ def test_a_mamba_align_runner_sends_the_row_unpadded():
     step = b.step("mixed", "m", decode={"r0": 0}, prefill={"r1": 1})
     assert {r.req_id: (r.num_scheduled_tokens, r.spec_token_ids) for r in step.scheduled} == {
         "r0": (1, ()), "r1": (1, ())}
+
+
+@pytest.mark.parametrize(("after_output", "hit", "table"), [(False, 4, (1, 4, 2)),
+                                                           (True, 8, (1, 2, 4))])
+def test_blocks_filled_by_accepted_drafts_are_cached_after_the_output(after_output, hit,
+                                                                       table):
+    """vLLM 0.33 on, with a speculator, ``update_from_output`` caches a
+    request's blocks up to its computed tokens (``caches_after_output``):
+    r0's block of tokens 4-7, filled by its two accepted drafts, is a cache
+    entry before r0 is preempted, so its resumption hits it. Before 0.33
+    its next allocation would have cached it, and the preemption came
+    first. (vLLM's scheduler: tests/property/test_scheduler_oracle.py's
+    PREEMPT_STREAM on 0.34's sources.)"""
+    profile = _profile("0.30").model_copy(update={"caches_after_output": after_output})
+    b = PlanBuilder(profile, name="t")
+    b.add_request(PlannedRequest("r0", 6, sampling="greedy"))
+    b.add_request(PlannedRequest("r1", 3, sampling="greedy"))
+    b.step("prefill", "p", prefill={"r0": 6, "r1": 3})
+    b.step("decode", "d", decode={"r0": 2, "r1": 0})  # r0: positions 6-8, both drafts kept
+    assert b.num_computed_tokens("r0") == 9
+    b.step("decode", "d2", decode={"r1": 0}, preempt=("r0",))
+    assert b.resume_lookup("r0") == hit
+    (row,) = b.step("resume", "r", resume={"r0": 10 - hit}).scheduled
+    # uncached, r0's blocks 2 and 4 went back to the free queue's head (its
+    # last first) and come back in that order
+    assert (row.num_computed_tokens, row.num_scheduled_tokens, row.block_ids) == (
+        hit, 10 - hit, (table,))
+
+
+def test_a_request_finished_next_step_is_not_cached_after_its_output():
+    """It may have stopped inside its drafts (max_tokens), which a plan
+    does not know: its blocks past the prompt stay uncached, and go back to
+    the free queue's head."""
+    profile = _profile("0.30").model_copy(update={"caches_after_output": True})
+    b = PlanBuilder(profile, name="t")
+    b.add_request(PlannedRequest("r0", 6, sampling="greedy"))
+    b.add_request(PlannedRequest("r1", 3, sampling="greedy"))
+    b.add_request(PlannedRequest("r2", 9, sampling="greedy"))
+    b.step("prefill", "p", prefill={"r0": 6, "r1": 3})
+    b.step("decode", "d", decode={"r0": 2, "r1": 0})
+    assert b.ledger.held("r0") == ((1, 2, 4),)
+    (row,) = b.step("prefill", "p2", prefill={"r2": 9}, finish=("r0",)).scheduled
+    # r0's uncached blocks 4 and 2 (its last first) come back at the free
+    # queue's head, and r2 takes them before a fresh one; cached, block 2
+    # would have gone to the tail, behind the 27 never used
+    assert row.block_ids == ((4, 2, 5),)
+
+
+def test_the_after_output_rule_is_read_off_the_installed_scheduler():
+    """0.33 and 0.34 cache after the output; 0.26 - 0.32 do not (the
+    version matrix runs this on each release's sources)."""
+    import vllm
+
+    from stepwarm.vllm_facts import scheduler_caches_after_output
+
+    major_minor = tuple(int(x) for x in vllm.__version__.split(".")[:2])
+    assert scheduler_caches_after_output() is (major_minor >= (0, 33))
