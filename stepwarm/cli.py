@@ -156,6 +156,10 @@ def _model_errors(model: Optional[str], weights: str
         errors.append(f"--weights {weights}: only for zoo models (stepwarm list --models), "
                       f"not --model {model}; a model directory's own weights load with "
                       "-e load_format=auto")
+    if model is not None and not model.strip():  # Path('') reads as '.'
+        errors.append(f"--model {model!r}: empty; allowed: a model directory (config.json) "
+                      "or a zoo model name (stepwarm list --models)")
+        return (weights_seed, None), errors
     path, _ = resolve(model) if weights_seed is None else (None, {})
     zoo_written = model is not None and not Path(model).exists() and str(model) in ZOO
     if path is not None and not zoo_written:  # a zoo model is ours (checked by the suite)
@@ -967,6 +971,8 @@ def _profile_option_errors(model: Optional[str], profile: Optional[Path],
     """``check``/``show``'s runner options checked together (the tenth
     trial: "not both" hid every other error): --model with --profile, -e
     with --profile, a bad --model."""
+    from stepwarm.profile import ProfileError, RunnerProfile
+
     errors = []
     if model is not None and profile is not None:
         errors.append("give --model or --profile, not both")
@@ -974,6 +980,11 @@ def _profile_option_errors(model: Optional[str], profile: Optional[Path],
         errors.append("-e sets an engine argument, and --profile starts no engine: give -e "
                       "with --model (or none), or save a profile with them (stepwarm profile "
                       "-e ...)")
+    if profile is not None:  # a file it cannot read beside "not both" (the eleventh trial)
+        try:
+            RunnerProfile.load(profile)
+        except ProfileError as e:
+            errors.append(str(e))
     return errors + _model_errors(model, "dummy")[1]
 
 
@@ -1022,8 +1033,7 @@ def list_scenarios(
     models: Annotated[bool, typer.Option("--models", metavar="", help="List the zoo's models (tiny and of real dimensions) instead.")] = False,
     write: Annotated[Optional[Path], typer.Option("--write", metavar="DIR", help="With --models and NAME: write that zoo model's files (config, tokenizer, a drafter's config; no weights) to DIR/NAME and print the command that serves it.")] = None,
 ) -> None:
-    """List the built-in scenarios with what they need (--models: the zoo's models;
-    --models --write DIR NAME: write one for vllm serve)."""
+    """List the built-in scenarios with what they need (--models: the zoo's models; --models --write DIR NAME: write one for vllm serve)."""
     if write is not None or name is not None:
         _write_zoo_model(models, write, name)
         return
@@ -1058,7 +1068,14 @@ def _write_zoo_model(models: bool, root: Optional[Path], name: Optional[str]) ->
     from stepwarm.zoo import ZOO, write_model
 
     if not models or root is None or name is None:
-        _fail("write a zoo model with: stepwarm list --models --write DIR NAME "
+        from stepwarm.scenario import builtin_names
+
+        said = ""
+        if name is not None and root is None:  # list NAME: a scenario's details, perhaps
+            said = (f"list takes a NAME only with --models --write DIR ({name!r} "
+                    + ("is a built-in scenario: its plan with 'stepwarm show " + name + "'"
+                       if name in builtin_names() else "given alone") + "); ")
+        _fail(said + "write a zoo model with: stepwarm list --models --write DIR NAME "
               "(NAME from stepwarm list --models)", 2)
     assert root is not None and name is not None
     if name not in ZOO:
@@ -1215,8 +1232,14 @@ def scenario_from_record(
     from stepwarm.output_path import clashes
 
     # every fault at once: the output's, the recording's and the model's
+    from stepwarm.output_path import names_a_file, shown
+
     output_errors = _output_path_errors((output, "--output"))
-    output_errors += clashes([("--output", output)], [("recording", record)])
+    if names_a_file(output) and output.suffix.lower() != ".toml":  # check reads *.toml
+        output_errors.append(f"--output {shown(output)}: a scenario file; allowed: a FILE "
+                             "ending in .toml (check, show and run read scenario files by it)")
+    output_errors += clashes([("--output", output)], [("recording", record)],
+                             written="the scenario")
     try:
         summary = write_scenario(record, output, model, output_errors)
     except RecordError as e:

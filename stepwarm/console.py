@@ -150,6 +150,8 @@ def wrapped_text(text: str, width: int, *, indent: int = 2, label_style: str | N
 #: ASCII whitespace only); put back to a space once wrapped.
 HELD = "\xa0"
 _UNIT = re.compile(r"(\d) (?=(?:ms|s|MiB|GiB|KiB|MB|GB|x)\b|%)")
+#: A double-quoted string on one line, with the ``python -c`` before it.
+_QUOTED = re.compile(r'(?:python3? -c )?"[^"\n]*"')
 
 
 #: A break opportunity after a comma inside a word wider than a line (a step
@@ -169,7 +171,10 @@ def _commas_breakable(line: str, room: int) -> str:
 
 
 def _units_held(text: str) -> str:
-    """``46.8 s`` -> ``46.8<nbsp>s``: a value is never wrapped apart from its unit."""
+    """``46.8 s`` -> ``46.8<nbsp>s``: a value is never wrapped apart from its
+    unit; nor a double-quoted string (a command to copy, ``python -c "..."``
+    with it: wrapped, its line break and indent landed inside the quotes)."""
+    text = _QUOTED.sub(lambda m: m[0].replace(" ", HELD), text)
     return _UNIT.sub("\\1" + HELD, text)
 
 

@@ -144,7 +144,8 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def clashes(outputs: Sequence[tuple[str, Path | None]],
-            inputs: Sequence[tuple[str, str | Path]] = ()) -> list[str]:
+            inputs: Sequence[tuple[str, str | Path]] = (), *,
+            written: str = "the report") -> list[str]:
     """Two outputs that are one file (the second write would replace the
     first's), and an output that is an input the command reads (a scenario
     file, the traffic file: the report would overwrite it), one line each.
@@ -154,6 +155,7 @@ def clashes(outputs: Sequence[tuple[str, Path | None]],
             for an option not given.
         inputs: ``(what, path)``, e.g. ``("scenario", "my.toml")``; a name
             that is no file (a built-in scenario) is passed over.
+        written: what the outputs are, in the message (``the scenario``).
     """
     def key(path: str | Path) -> str:
         return os.path.normcase(os.path.realpath(path))
@@ -175,7 +177,7 @@ def clashes(outputs: Sequence[tuple[str, Path | None]],
             continue
         k = key(path)
         if k in seen:
-            errors.append(f"{seen[k]}: it is the {what} {path}, which the report would "
+            errors.append(f"{seen[k]}: it is the {what} {path}, which {written} would "
                           "replace; allowed: another file")
     return errors
 

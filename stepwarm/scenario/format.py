@@ -78,7 +78,7 @@ class RequestSpec(BaseModel):
         default="sample", description="\"sample\" (SamplingParams) or \"pool\" (PoolingParams; needs pooling).")
     sampling: Sampling = Field(
         default="warmup", description="A preset: " + PRESET_HELP + "; or a table of "
-        "SamplingParams fields (see SamplingTable), whose swept fields declare one request "
+        "SamplingParams fields ({ top_k = 5, temperature = 0.8 }), whose swept fields declare one request "
         "per combination.")
     structured_output: StrictBool = Field(
         default=False, description="Sample with an all-ones grammar bitmask (needs structured_output).")

@@ -403,3 +403,56 @@ def test_a_refusal_a_runner_can_mend_leaves_the_scenario_skipped(tmp_path):
     r = runner.invoke(app, ["check", str(f)], env=ENV)
     assert (r.exit_code, r.stderr) == (0, ""), r.output
     assert f"skipped {f}: needs speculator" in r.stdout.replace("\n", " ")
+
+
+def test_an_empty_model_is_echoed_as_typed():
+    """The eleventh trial: ``--model ''`` was echoed as ``.``."""
+    r = runner.invoke(app, ["run", "-s", "default", "--model", ""], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == ("error: --model '': empty; allowed: a model directory (config.json) "
+                        "or a zoo model name (stepwarm list --models)\n")
+
+
+def test_not_both_is_said_with_an_unreadable_profile(tmp_path):
+    """The eleventh trial: 'not both' hid that the profile file is missing."""
+    missing = tmp_path / "none.json"
+    r = runner.invoke(app, ["check", "default", "--model", "tiny-llama", "--profile",
+                            str(missing)], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == ("error: give --model or --profile, not both\n"
+                        f"error: {missing}: cannot read profile: No such file or directory\n")
+
+
+def test_from_record_writes_a_toml_file_and_calls_its_output_the_scenario(tmp_path):
+    """The eleventh trial: ``-o x.json`` was written (check reads *.toml),
+    and ``-o REC`` said 'the report would replace' it."""
+    rec = tmp_path / "rec.jsonl"
+    rec.write_text("{}\n")
+    r = runner.invoke(app, ["scenario", "from-record", str(rec), "-o", str(tmp_path / "x.json")],
+                      env=ENV)
+    assert r.exit_code == 2 and not (tmp_path / "x.json").exists()
+    assert r.stderr.startswith(
+        f"error: --output {tmp_path / 'x.json'}: a scenario file; allowed: a FILE ending in "
+        ".toml (check, show and run read scenario files by it)\n")
+    r = runner.invoke(app, ["scenario", "from-record", str(rec), "-o", str(rec)], env=ENV)
+    assert (f"error: --output {rec}: it is the recording {rec}, which the scenario would "
+            "replace; allowed: another file\n") in r.stderr
+    assert rec.read_text() == "{}\n"
+
+
+def test_list_with_a_scenario_name_says_where_its_details_are():
+    """The eleventh trial: ``list default`` said only how to write a zoo model."""
+    r = runner.invoke(app, ["list", "default"], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == ("error: list takes a NAME only with --models --write DIR ('default' is "
+                        "a built-in scenario: its plan with 'stepwarm show default'); write a "
+                        "zoo model with: stepwarm list --models --write DIR NAME (NAME from "
+                        "stepwarm list --models)\n")
+
+
+def test_the_command_list_of_help_wraps_each_summary_as_one_paragraph():
+    """The eleventh trial: list's summary kept its docstring's line break."""
+    r = runner.invoke(app, ["--help"], env={"COLUMNS": "200"})
+    (row,) = [ln for ln in r.stdout.splitlines() if "│ list " in ln]
+    assert ("List the built-in scenarios with what they need (--models: the zoo's models; "
+            "--models --write DIR NAME: write one for vllm serve).") in row

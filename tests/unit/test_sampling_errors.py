@@ -42,7 +42,7 @@ CASES = {
     "bad_preset": (
         A + 'sampling = "beam"\n' + STEP,
         {}, 3, 'sampling',
-        ':3: request \'a\', field \'sampling\': wrong type or value \'beam\'; allowed: \'warmup\', \'greedy\', \'random\' or \'seeded\' (A preset: "warmup" (SamplingParams.for_sampler_warmup(): every sampler feature, prompt_logprobs 1 included, so vLLM reads no prefix cache for it), "greedy" (temperature 0), "random" (temperature 1, nothing else: the plain random path) or "seeded" (temperature 1, seed 0: per-request generators); or a table of SamplingParams fields (see SamplingTable), whose swept fields declare one request per combination.)'),
+        ':3: request \'a\', field \'sampling\': wrong type or value \'beam\'; allowed: \'warmup\', \'greedy\', \'random\' or \'seeded\' (A preset: "warmup" (SamplingParams.for_sampler_warmup(): every sampler feature, prompt_logprobs 1 included, so vLLM reads no prefix cache for it), "greedy" (temperature 0), "random" (temperature 1, nothing else: the plain random path) or "seeded" (temperature 1, seed 0: per-request generators); or a table of SamplingParams fields ({ top_k = 5, temperature = 0.8 }), whose swept fields declare one request per combination.)'),
     "bias_key": (
         A + 'sampling = { logit_bias = { x = 1.0 } }\n' + STEP,
         {}, 3, 'sampling.logit_bias',

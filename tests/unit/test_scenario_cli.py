@@ -337,7 +337,8 @@ def test_no_report_is_written_over_the_models_files(tmp_path, command):
 def test_check_and_show_name_conflicting_runner_options_with_every_other_error(tmp_path,
                                                                                command):
     """The tenth trial: 'give --model or --profile, not both' hid the unknown
-    scenario, the bad -e and the missing model."""
+    scenario, the bad -e and the missing model (the eleventh: and the
+    missing profile file)."""
     r = runner.invoke(app, [command, "nosuch", "--model", str(tmp_path / "nonexist"),
                             "--profile", str(tmp_path / "p.json"), "-e", "foo"],
                       env={"COLUMNS": "300"})
@@ -346,5 +347,6 @@ def test_check_and_show_name_conflicting_runner_options_with_every_other_error(t
              if ln.startswith("error: ")]
     assert heads == ["give --model or --profile, not both",
                      "-e sets an engine argument, and --profile starts no engine",
+                     str(tmp_path / "p.json"),
                      f"--model {tmp_path / 'nonexist'}", "unknown scenario 'nosuch'; allowed",
                      "-e 'foo'"], r.stderr
