@@ -784,8 +784,10 @@ class PlanBuilder:
         them: those running before the step as its running queue holds them
         (:attr:`_queued`), then the others (waiting) as given."""
         running, queued = self._running, self._queued
-        return sorted(range(len(req_ids)), key=lambda i: (
-            (0, queued[req_ids[i]]) if req_ids[i] in running else (1, i)))
+        keys = [(0, queued[r]) if r in running else (1, i) for i, r in enumerate(req_ids)]
+        if all(map(tuple.__le__, keys, keys[1:])):  # as given (a decode of the whole queue)
+            return list(range(len(keys)))
+        return sorted(range(len(keys)), key=keys.__getitem__)
 
     def _lazy_rows(self, draft: StepDraft, growths: list) -> LazyRows:
         """The step's rows with every row allocated, made

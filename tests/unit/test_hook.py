@@ -246,9 +246,13 @@ def test_an_unknown_fact_in_a_scenario_file_ends_register_before_the_model_loads
     proc = subprocess.run([sys.executable, "-c", "from stepwarm.hook import register; register()"],
                           capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    (line,) = proc.stderr.strip().splitlines()
+    # the paragraph check says: the error, then the step it left unchecked
+    line, note = proc.stderr.strip().splitlines()
     assert line.startswith(f"stepwarm: {f}:2: request 'a', field 'prompt': 'twenty': unknown "
                            "fact 'twenty'; allowed facts: decode_query_len, ")
+    assert note == (f"{f}: the steps were checked only as far as they do not depend on the "
+                    "requests above that failed (a); not checked: step 0, which selects them; "
+                    "fix the errors above and check again")
 
 
 @pytest.mark.parametrize("value", [" ", ",", " , "])
