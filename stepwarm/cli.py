@@ -711,7 +711,7 @@ def _verify(engine: Any, plans: list[Any], profile: Any,
     reject = 1 if (drafter is not None and drafter.layers
                    and drafter.num_speculative_tokens >= 2) else None
     for plan in plans:
-        console.print(f"verifying {plan.name} against vLLM's scheduler"
+        print_wrapped(f"verifying {plan.name} against vLLM's scheduler"
                       + (" (drafts from the 2nd on rejected)" if reject else ""))
         try:
             results.append((plan.name, verify(engine.llm, engine.view, plan, profile,
@@ -796,13 +796,16 @@ def coverage(
     every_line_json = False
     try:
         text, source = read_traffic(traffic)
-        check_json(text, source)  # a junk file: refused before vLLM is imported
-        every_line_json = True
         # (-e errors: _loaded_or_exit names them; the pairs that parse are used);
         # with a bad scenario a traffic file's format alone, and the built-in
         # traffic not at all: told without waiting for vLLM's import
         if not found[1]:
             limits = limits_before_start(model, _engine_arg_pairs(engine_arg or [])[0])
+        # a junk file: refused before vLLM is imported (the JSON lines of a
+        # file with some that are not: checked against the limits too)
+        check_json(text, source, limits)
+        every_line_json = True
+        if not found[1]:
             loads_traffic(text, source, limits, sampling=False)  # vLLM not imported yet
         elif traffic is not None:
             loads_traffic(text, source, sampling=False)

@@ -403,11 +403,14 @@ class StepTable:
     PER_COLUMN, EDGE = 3, 1
 
     def __init__(self, title: str = "", columns: tuple[Column, ...] = COLUMNS,
-                 of: int | None = None):
+                 of: int | None = None, planned: list[tuple[str, str]] = ()):
         self.title, self.columns = title, columns
         #: The plan's number of steps, for the line form's ``[i/n]`` (None: ``?``).
         self.of = of
         self.rows: list[list[str]] = []
+        #: (kind, label) of every step to come: their words count for the
+        #: form from the first row on.
+        self.planned = list(planned)
 
     def add_row(self, *cells: str) -> None:
         """Append one row (one cell per column)."""
@@ -442,6 +445,13 @@ class StepTable:
         # fit, the lines (a word is never split across lines)
         longest = {j: max((len(w) for r in rows for w in r[j].split()), default=0)
                    for j, i in enumerate(shown) if not self.columns[i].numeric}
+        if self.planned and len(labels) >= 2:  # the steps to come: (kind, label)
+            texts = ({labels[1]: [f"{k}: {lb}" for k, lb in self.planned]} if merged else
+                     {labels[0]: [k for k, _ in self.planned],
+                      labels[1]: [lb for _, lb in self.planned]})
+            for i, column in texts.items():
+                j = shown.index(i)
+                longest[j] = max([longest[j], *(len(w) for t in column for w in t.split())])
         if sum(longest.values()) > room:
             return None
         table = Table()  # the title is drawn above it: see _title
@@ -556,7 +566,10 @@ class ScenarioProgress:
         self.done = 0
         self.live: Live | None = None
         self.t0 = time.perf_counter()
-        self.table = StepTable(self._title(), of=len(plan.steps))
+        # the form (table or lines) chosen for every planned label up front:
+        # the display does not switch form when a long one comes
+        self.table = StepTable(self._title(), of=len(plan.steps),
+                               planned=[(st.kind, st.label) for st in plan.steps])
         #: The planned steps by index (their blocks: ``alloc blk``, ``hit blk``).
         self.planned = {st.index: st for st in plan.steps}
 

@@ -217,7 +217,8 @@ def _size_tree(expr: str, facts: Mapping[str, int]) -> tuple[str, ast.Expression
     if not text:
         raise ExpressionError("empty expression; allowed: " + _allowed(facts))
     if len(text) > MAX_LEN:
-        raise ExpressionError(f"expression longer than {MAX_LEN} characters")
+        raise ExpressionError(f"expression of {len(text)} characters, longer than the cap "
+                              f"(MAX_LEN); allowed: at most {MAX_LEN} characters")
     tree = _parse(expr, text, facts)
     if isinstance(tree.body, ast.Compare):
         raise ExpressionError(f"{text!r}: a comparison is not a size; allowed: "
@@ -271,7 +272,8 @@ def evaluate_condition(
                               "\"max_num_seqs >= 2\"")
     text = text.strip()
     if len(text) > MAX_LEN:
-        raise ExpressionError(f"expression longer than {MAX_LEN} characters")
+        raise ExpressionError(f"expression of {len(text)} characters, longer than the cap "
+                              f"(MAX_LEN); allowed: at most {MAX_LEN} characters")
     try:
         node = ast.parse(text, mode="eval").body
     except SyntaxError as e:

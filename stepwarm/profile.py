@@ -377,7 +377,9 @@ class RunnerProfile(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as e:
-            raise ProfileError("\n".join(_field_errors(e, path)) + f"\n{path}: {allowed}") \
+            # one error a field, as the CLI says several (``error: `` each),
+            # what is allowed said once, after the last
+            raise ProfileError("\nerror: ".join(_field_errors(e, path)) + f"; {allowed}") \
                 from None
 
 

@@ -417,13 +417,17 @@ def _request_lines(text: str, file: str) -> list[tuple[int, str]]:
     return raw_lines
 
 
-def check_json(text: str, file: str) -> None:
+def check_json(text: str, file: str, limits: TrafficLimits | None = None) -> None:
     """The checks that need neither vLLM nor the model: the file holds
     request lines, at most :data:`MAX_LINES`, each a JSON object. A junk file
     (empty, binary, not JSON) is refused by these before vLLM is imported.
     Where some lines are not JSON objects, the others' fields are checked
     too (as :func:`parse_line` does, less vLLM's ``SamplingParams``, which
     would import vLLM), so that every bad line is named at once.
+
+    With ``limits`` (the model's, read without vLLM), those lines are
+    checked against them too (the twelfth trial: a prompt past
+    ``max_model_len`` beside a line that is no JSON went unsaid).
 
     Raises:
         TrafficError: every line that is not a JSON object and every field
@@ -442,10 +446,14 @@ def check_json(text: str, file: str) -> None:
             json_errors += 1
             continue
         try:  # its fields too, in case another line is no JSON object
-            if parse_line(raw, file, i, sampling=False).sampling:
-                unchecked.append(i)
+            request = parse_line(raw, file, i, sampling=False)
         except TrafficError as e:
             errors.append(e)
+            continue
+        if request.sampling:
+            unchecked.append(i)
+        if limits is not None:
+            errors.extend(_limit_errors(TrafficLine(i, request), file, limits))
     if not json_errors:
         return  # the fields' errors come with the limits' (loads_traffic)
     raise _unchecked_sampling(errors, file, unchecked, "every line is a JSON object")

@@ -35,6 +35,27 @@ MAX_STEPS = MAX_SWEEP
 #: scenario that crosses it, so no more than this and one scenario is held.
 MAX_STARTUP_STEPS = 2 * MAX_STEPS
 #: ``repeat`` and ``count``: a literal outside these limits is a format error.
+#: The longest word a ``label`` or ``description`` may hold: reports wrap
+#: them at spaces, and a longer word would run past an 80-column line.
+MAX_WORD = 60
+
+
+def _report_text(value: str) -> str:
+    """A ``label`` / ``description``: printable text (a control character,
+    an escape sequence above all, would reach the terminal as it is), its
+    words at most :data:`MAX_WORD` characters."""
+    bad = sorted({c for c in value if not c.isprintable()})
+    if bad:
+        raise ValueError(f"holds control character(s) {', '.join(repr(c) for c in bad)}; "
+                         "allowed: printable text on one line")
+    long = next((w for w in value.split() if len(w) > MAX_WORD), None)
+    if long is not None:
+        raise ValueError(f"holds a word of {len(long)} characters ({long[:20]!r}...); allowed: "
+                         f"words of at most {MAX_WORD} characters (reports wrap at spaces)")
+    return value
+
+
+ReportText = Annotated[str, AfterValidator(_report_text)]
 Repeat = Annotated[Expr, within(1, MAX_EXPANDED)]
 Count = Annotated[Expr, within(1, MAX_COUNT)]
 #: Largest scenario file read, in bytes (the built-ins are under 8 KiB).
@@ -96,7 +117,7 @@ class RequestSpec(BaseModel):
 
 class _Step(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    label: str | None = Field(default=None, description="Text for reports (default: generated).")
+    label: ReportText | None = Field(default=None, description="Text for reports (default: generated).")
 
 
 class _Scheduling(_Step):
@@ -258,7 +279,7 @@ class ScenarioFile(BaseModel):
     """One scenario file (the top-level TOML table)."""
 
     model_config = ConfigDict(extra="forbid", title="stepwarm scenario")
-    description: str = Field(default="", description="One line for `stepwarm list`.")
+    description: ReportText = Field(default="", description="One line for `stepwarm list`.")
     needs: list[Need] = Field(default_factory=list, description=(
         "Runner features the scenario needs; without them it is skipped, not failed."))
     # each comparison's names and operators with the format (an error per

@@ -228,6 +228,12 @@ def load_recording(path: str | Path, *, vllm_version: str | None = None,
             step = RecordedStep.model_validate(obj)
         except ValidationError as e:
             errors.extend(_pydantic_errors(e, where))
+            # the requests it sent as new, as far as they read: a later line
+            # naming one is not blamed for the fault here (the twelfth trial)
+            reqs = obj.get("reqs")
+            if isinstance(reqs, list):
+                seen.update((session, r["r"]) for r in reqs if isinstance(r, dict)
+                            and r.get("new") is True and isinstance(r.get("r"), int))
             continue
         errors.extend(_step_errors(step, where, session, seen, rec))
         rec.steps.append((number, session, step))

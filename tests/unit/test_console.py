@@ -707,3 +707,19 @@ def test_a_label_of_a_request_range_breaks_after_its_dots():
     assert lines[:2] == ["  [0/4] prefill  prefill very_long_request_name_number_one[0]..",
                          "        very_long_request_name_number_two[1] (5) x rest"]
     assert all(len(line) <= 80 for line in lines)
+
+
+def test_the_live_form_is_chosen_for_every_planned_label_from_the_first_row():
+    """The twelfth trial: at 80 columns the live display was a table for
+    the first steps and redrew itself as lines when a long label came."""
+    from stepwarm.console import StepTable, step_row
+
+    recorded = _recorded()
+    planned = [(r.kind, r.label) for r in recorded]
+    for given, form in (([], "table"), (planned, "lines")):
+        table = StepTable("scenario x", planned=given)
+        table.add_row(*step_row(recorded[2], 1))  # finish: short words
+        buf = io.StringIO()
+        Console(file=buf, width=80, force_terminal=True, color_system=None,
+                markup=False).print(table)
+        assert ("┃" in buf.getvalue()) == (form == "table"), buf.getvalue()

@@ -384,3 +384,19 @@ def test_a_field_error_says_the_sampling_tables_wait_for_it(tmp_path):
         "t.jsonl:2: count: 0; allowed: an integer from 1 to 4096 (MAX_COUNT, see docs/traffic.md)",
         "t.jsonl: the sampling of line(s) 1 is checked by vLLM's SamplingParams once the "
         "errors above are mended"]
+
+
+def test_the_json_lines_of_a_file_with_junk_lines_are_checked_against_the_model(tmp_path):
+    """The twelfth trial: beside a line that is no JSON, a prompt past the
+    model's max_model_len went unsaid (a second round needed)."""
+    from typer.testing import CliRunner
+
+    from stepwarm.cli import app
+
+    f = tmp_path / "tj.jsonl"
+    f.write_text('not json\n{"prompt": 9999}\n{"prompt": 5}\n')
+    r = CliRunner().invoke(app, ["coverage", str(f)], env={"COLUMNS": "300"})
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == (f"error: {f}:1:1: invalid JSON: Expecting value\n"
+                        f"error: {f}:2: prompt: 9999 tokens + max_tokens 4 = 10003 > the "
+                        "model's max_model_len 512\n")

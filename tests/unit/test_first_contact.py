@@ -456,3 +456,20 @@ def test_the_command_list_of_help_wraps_each_summary_as_one_paragraph():
     (row,) = [ln for ln in r.stdout.splitlines() if "│ list " in ln]
     assert ("List the built-in scenarios with what they need (--models: the zoo's models; "
             "--models --write DIR NAME: write one for vllm serve).") in row
+
+
+def test_a_label_with_a_control_character_or_an_overlong_word_is_refused(tmp_path):
+    """The twelfth trial: an escape sequence in a label reached the terminal
+    raw (the rest of the output turned red), and a 140-letter word ran past
+    80 columns in show and run."""
+    f = tmp_path / "lab.toml"
+    f.write_text('description = "x\\u001b[31m"\n[requests.a]\nprompt = 5\n[[steps]]\n'
+                 'kind = "prefill"\nrequests = ["a"]\nlabel = "ok ' + "a" * 61 + '"\n')
+    r = runner.invoke(app, ["check", str(f)], env={"COLUMNS": "1000"})
+    assert r.exit_code == 2
+    assert r.stderr.splitlines() == [
+        f"error: {f}:1: field 'description': holds control character(s) '\\x1b'; allowed: "
+        "printable text on one line (got 'x\\x1b[31m')",
+        f"error: {f}:7: step 0 (prefill), field 'label': holds a word of 61 characters "
+        "('aaaaaaaaaaaaaaaaaaaa'...); allowed: words of at most 60 characters (reports wrap "
+        f"at spaces) (got 'ok {'a' * 36}..., 64 characters)"]

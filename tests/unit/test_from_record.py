@@ -178,6 +178,9 @@ def test_hand_edited_field(tmp_path: Path) -> None:
     code, err = bad(tmp_path, text)
     assert code == 2
     assert "bad.jsonl:5: reqs[0].scheduled: Input should be a valid integer (got '200')" in err
+    # the request that line sent as new is not said 'never sent' later (the
+    # twelfth trial: four false errors after the one true)
+    assert "never sent as new" not in err and err.count("error: ") == 1, err
     text = session().replace('"batch":3,"tokens":3,', '"batch":2,"tokens":3,', 1)
     code, err = bad(tmp_path, text)
     assert "bad.jsonl:3: batch: 2, but 3 request(s) listed in reqs" in err

@@ -130,8 +130,10 @@ def test_a_scenario_file_given_as_profile_is_named_so(tmp_path):
         RunnerProfile.load(other)
     lines = str(e.value).splitlines()
     assert lines[0] == f"{other}: field 'runner': Field required"
-    assert len(lines) > 3 and lines[-1] == (f"{other}: allowed: a runner profile as "
-                                            "`stepwarm profile -o FILE` writes it")
+    # one error a field (the CLI's error: prefix), what is allowed said after the last
+    assert len(lines) > 3 and all(ln.startswith(f"error: {other}: field '") for ln in lines[1:])
+    assert lines[-1].endswith("; allowed: a runner profile as `stepwarm profile -o FILE` "
+                              "writes it")
     # every field at once, a misspelt key first with what it was meant to be (whose
     # "missing" goes unsaid)
     good = tiny_profile().model_dump(mode="json")
@@ -142,6 +144,6 @@ def test_a_scenario_file_given_as_profile_is_named_so(tmp_path):
         RunnerProfile.load(other)
     assert str(e.value).splitlines() == [
         f"{other}: field 'max_num_sqs': unknown key (did you mean 'max_num_seqs'?)",
-        f"{other}: field 'max_model_len': Input should be a valid integer, unable to parse "
-        "string as an integer",
-        f"{other}: allowed: a runner profile as `stepwarm profile -o FILE` writes it"]
+        f"error: {other}: field 'max_model_len': Input should be a valid integer, unable to "
+        "parse string as an integer; allowed: a runner profile as `stepwarm profile -o FILE` "
+        "writes it"]
