@@ -969,14 +969,15 @@ def _coverage_compare(args: list[str], json_out: Optional[Path], timeline: Optio
     raise typer.Exit(code_s)
 
 
-def _profile_option_errors(model: Optional[str], profile: Optional[Path],
-                           engine_arg: Optional[list[str]]) -> list[str]:
+def _runner_options(model: Optional[str], profile: Optional[Path],
+                    engine_arg: Optional[list[str]]) -> tuple[list[str], Any]:
     """``check``/``show``'s runner options checked together (the tenth
     trial: "not both" hid every other error): --model with --profile, -e
-    with --profile, a bad --model."""
+    with --profile, an unreadable --profile, a bad --model. Returns those
+    errors and the --profile file's profile (None: not given, or bad)."""
     from stepwarm.profile import ProfileError, RunnerProfile
 
-    errors = []
+    errors, loaded = [], None
     if model is not None and profile is not None:
         errors.append("give --model or --profile, not both")
     if profile is not None and engine_arg:
@@ -985,31 +986,24 @@ def _profile_option_errors(model: Optional[str], profile: Optional[Path],
                       "-e ...)")
     if profile is not None:  # a file it cannot read beside "not both" (the eleventh trial)
         try:
-            RunnerProfile.load(profile)
+            loaded = RunnerProfile.load(profile)
         except ProfileError as e:
             errors.append(str(e))
-    return errors + _model_errors(model, "dummy")[1]
+    return errors + _model_errors(model, "dummy")[1], loaded
 
 
-def _profile_for(model: Optional[str], profile: Optional[Path],
+def _profile_for(model: Optional[str], loaded: Any,
                  engine_arg: Optional[list[str]] = None) -> Any:
-    """The runner profile ``check``/``show`` plan against: ``--profile`` file,
-    or a profile read off an engine started with ``--model``, or the packaged
-    tiny-Llama profile. Exits 2 on bad input."""
+    """The runner profile ``check``/``show`` plan against, their options
+    checked (:func:`_runner_options`): the ``--profile`` file's (``loaded``),
+    or a profile read off an engine started with ``--model``, or the
+    packaged tiny-Llama profile. Exits 2 on bad input."""
     from stepwarm.probe import read_profile
-    from stepwarm.profile import ProfileError, RunnerProfile
+    from stepwarm.profile import ProfileError
     from stepwarm.scenario import tiny_profile
 
-    if model is not None and profile is not None:
-        _fail("give --model or --profile, not both", 2)
-    if profile is not None and engine_arg:
-        _fail("-e sets an engine argument, and --profile starts no engine: give -e with "
-              "--model (or none), or save a profile with them (stepwarm profile -e ...)", 2)
-    if profile is not None:
-        try:
-            return RunnerProfile.load(profile)
-        except ProfileError as e:
-            _fail(str(e), 2)
+    if loaded is not None:
+        return loaded
     if model is None and not engine_arg:
         return tiny_profile()
     _plugin_scenarios_off()
@@ -1137,12 +1131,13 @@ def check(
     setup_errors = _setup(verbose, quiet)
     from stepwarm.scenario import ScenarioError, check as check_all, same_files
 
-    option_errors = setup_errors + _profile_option_errors(model, profile, engine_arg)
+    runner_errors, loaded = _runner_options(model, profile, engine_arg)
+    option_errors = setup_errors + runner_errors
     if option_errors or (profile is None and (model is not None or engine_arg)):
         # an engine would start, or the options conflict: the format's, -e's
         # and the options' errors first, all of them
         _loaded_or_exit(files, engine_arg, option_errors)
-    prof = _profile_for(model, profile, engine_arg)
+    prof = _profile_for(model, loaded, engine_arg)
     print_wrapped(_profile_line(prof))
     for left, kept, path in same_files(files):  # as the plugin says it
         print_wrapped(f"scenario {left} is {kept}'s file ({path}): checked once")
@@ -1179,17 +1174,17 @@ def show(
 
     from stepwarm.scenario.load import resolve_names
 
+    runner_errors, loaded = _runner_options(model, profile, engine_arg)
+    option_errors += runner_errors
     if len(members := resolve_names([file])) != 1:  # said with the options' errors
         _fail("\nerror: ".join([
-            *option_errors, *_profile_option_errors(model, profile, engine_arg),
-            f"show takes one scenario; {file!r} is a set of {len(members)} "
+            *option_errors, f"show takes one scenario; {file!r} is a set of {len(members)} "
             f"({', '.join(members)}): show them one by one, or check them all "
             f"with 'stepwarm check {file}'"]), 2)
-    option_errors += _profile_option_errors(model, profile, engine_arg)
     if option_errors or (profile is None and (model is not None or engine_arg)):
         # an engine would start, or the options conflict: every error first
         _loaded_or_exit([file], engine_arg, option_errors)
-    prof = _profile_for(model, profile, engine_arg)
+    prof = _profile_for(model, loaded, engine_arg)
     try:
         plan = plans_for([file], prof)[0]
     except ScenarioError as e:
@@ -1232,11 +1227,9 @@ def scenario_from_record(
     from stepwarm.scenario.from_record import write_scenario
     from stepwarm.scenario.recording import RecordError
 
-    from stepwarm.output_path import clashes
+    from stepwarm.output_path import clashes, names_a_file, shown
 
     # every fault at once: the output's, the recording's and the model's
-    from stepwarm.output_path import names_a_file, shown
-
     output_errors = _output_path_errors((output, "--output"))
     if names_a_file(output) and output.suffix.lower() != ".toml":  # check reads *.toml
         output_errors.append(f"--output {shown(output)}: a scenario file; allowed: a FILE "

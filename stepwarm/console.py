@@ -408,9 +408,11 @@ class StepTable:
         #: The plan's number of steps, for the line form's ``[i/n]`` (None: ``?``).
         self.of = of
         self.rows: list[list[str]] = []
-        #: (kind, label) of every step to come: their words count for the
-        #: form from the first row on.
-        self.planned = list(planned)
+        #: The longest word of the steps to come (kind, label, ``kind:``
+        #: merged with its label): they count for the form from the first
+        #: row on.
+        self.planned_kind = max((len(k) for k, _ in planned), default=0)
+        self.planned_label = max((len(w) for _, lb in planned for w in lb.split()), default=0)
 
     def add_row(self, *cells: str) -> None:
         """Append one row (one cell per column)."""
@@ -445,13 +447,14 @@ class StepTable:
         # fit, the lines (a word is never split across lines)
         longest = {j: max((len(w) for r in rows for w in r[j].split()), default=0)
                    for j, i in enumerate(shown) if not self.columns[i].numeric}
-        if self.planned and len(labels) >= 2:  # the steps to come: (kind, label)
-            texts = ({labels[1]: [f"{k}: {lb}" for k, lb in self.planned]} if merged else
-                     {labels[0]: [k for k, _ in self.planned],
-                      labels[1]: [lb for _, lb in self.planned]})
-            for i, column in texts.items():
-                j = shown.index(i)
-                longest[j] = max([longest[j], *(len(w) for t in column for w in t.split())])
+        if len(labels) >= 2:  # the steps to come
+            label = shown.index(labels[1])
+            if merged:  # "kind: label": the kind with its colon is a word
+                longest[label] = max(longest[label], self.planned_kind + 1, self.planned_label)
+            else:
+                kind = shown.index(labels[0])
+                longest[kind] = max(longest[kind], self.planned_kind)
+                longest[label] = max(longest[label], self.planned_label)
         if sum(longest.values()) > room:
             return None
         table = Table()  # the title is drawn above it: see _title

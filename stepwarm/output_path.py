@@ -28,16 +28,21 @@ def typed_path(text: str) -> Path:
     return path
 
 
+def _typed(path: Path) -> str:
+    """The text the user typed for ``path`` (:func:`typed_path`), else its
+    own spelling."""
+    return getattr(path, "typed", str(path))
+
+
 def shown(path: Path) -> str:
     """``path`` as the user typed it, ``''`` for an empty one."""
-    typed = getattr(path, "typed", str(path))
-    return typed if typed else "''"
+    return _typed(path) or "''"
 
 
 def names_a_file(path: Path) -> bool:
     """Whether ``path`` as typed names a file (not empty, no trailing ``/``,
     not a directory): only then is its suffix worth checking."""
-    typed = getattr(path, "typed", str(path))
+    typed = _typed(path)
     return bool(typed) and not typed.endswith(os.sep) and not path.is_dir()
 
 

@@ -342,13 +342,11 @@ class RecordSettings:
         """
         env = os.environ if env is None else env
         path = env.get(ENV_RECORD, "")
-        errors = []
-        if path == "":  # off; a bad cap is still said (it is a mistake either way)
-            pass
-        elif not path.strip():
+        errors = []  # recording off (path ""): a bad cap is still said
+        if path and not path.strip():
             errors.append(f"{ENV_RECORD}={path!r}: blank; allowed: a file path (the "
                           "recording is appended to it); unset or empty: off")
-        elif why := _record_path_refusal(path):
+        elif path and (why := _record_path_refusal(path)):
             errors.append(f"{ENV_RECORD}={path!r}: {why}" + (
                 "" if "allowed:" in why else "; allowed: a file path this process can "
                 "append to"))

@@ -34,7 +34,6 @@ MAX_STEPS = MAX_SWEEP
 #: (``all`` plans at most ~160 on the runners measured). Expansion stops at the
 #: scenario that crosses it, so no more than this and one scenario is held.
 MAX_STARTUP_STEPS = 2 * MAX_STEPS
-#: ``repeat`` and ``count``: a literal outside these limits is a format error.
 #: The longest word a ``label`` or ``description`` may hold: reports wrap
 #: them at spaces, and a longer word would run past an 80-column line.
 MAX_WORD = 60
@@ -56,6 +55,7 @@ def _report_text(value: str) -> str:
 
 
 ReportText = Annotated[str, AfterValidator(_report_text)]
+#: ``repeat`` and ``count``: a literal outside these limits is a format error.
 Repeat = Annotated[Expr, within(1, MAX_EXPANDED)]
 Count = Annotated[Expr, within(1, MAX_COUNT)]
 #: Largest scenario file read, in bytes (the built-ins are under 8 KiB).

@@ -16,6 +16,7 @@ message (:func:`refusal`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import math
@@ -270,12 +271,17 @@ def refused_anywhere(args: SamplingArgs) -> bool:
     before any engine starts, also for a scenario skipped on the runner
     checked (``top_k = -7``; not ``logprobs = 30``, which a runner with
     ``max_logprobs`` 30 takes)."""
+    return refusal(args, _widest_profile()) is not None
+
+
+@functools.cache
+def _widest_profile() -> RunnerProfile:
+    """:func:`refused_anywhere`'s runner (read and built once)."""
     from stepwarm.profile import tiny_profile
 
-    widest = tiny_profile().model_copy(update={
+    return tiny_profile().model_copy(update={
         "vocab_size": 1 << 30, "max_logprobs": 1 << 30, "max_model_len": 1 << 30,
         "num_speculative_steps": 0})
-    return refusal(args, widest) is not None
 
 
 def refusal(args: SamplingArgs, profile: RunnerProfile) -> tuple[str, str] | None:
