@@ -25,6 +25,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from stepwarm.console import (ScenarioProgress, console, err_console, line_width, plural,
                               print_labelled, print_wrapped, route_vllm_log, wrapped_text)
+from stepwarm import interrupts
 from stepwarm.driver import RunReport
 from stepwarm.output_path import typed_path
 from stepwarm.hook import WarmupProgress, warmup
@@ -204,6 +205,8 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
     status = Spinner("starting vLLM engine: importing vLLM...") if console.is_terminal else None
 
     def phase(name: str) -> None:
+        if interrupts.RECEIVED:  # a Ctrl-C swallowed below (torch's numpy import): stop here
+            raise KeyboardInterrupt
         if on_phase is not None:
             on_phase(name)
         line = f"starting vLLM engine: {name} ({time.perf_counter() - t0:.1f} s)"
@@ -228,6 +231,8 @@ def _start_engine(model: Optional[str], engine_arg: Optional[list[str]],
     except Exception as e:  # noqa: BLE001 - vLLM rejects configs with many types
         if status is not None:
             status.stop()
+        if interrupts.RECEIVED:  # the error of a start a swallowed Ctrl-C broke
+            raise KeyboardInterrupt from e
         _fail(f"vLLM could not start the engine after {time.perf_counter() - t0:.0f} s: "
               + vllm_rejection(e, path), 2)
     finally:
@@ -379,24 +384,25 @@ def run(
     loaded = [(name, sc) for name, sc in loaded if name not in early]
     t0 = time.perf_counter()
     _plugin_scenarios_off()
-    _sigterm_as_interrupt()
+    interrupts.as_interrupt()
     try:
-        engine = _start_engine(model, engine_arg, weights=weights, checked=checked)
-        _sigterm_as_interrupt()
+        with interrupts.kept():  # a Ctrl-C torch's start swallowed is still one
+            engine = _start_engine(model, engine_arg, weights=weights, checked=checked)
+        interrupts.as_interrupt()
         startup_s = time.perf_counter() - t0
         profile = read_profile(engine.view)
     except KeyboardInterrupt:  # Ctrl-C while vLLM started: said, as during the steps
-        _interrupt_being_handled()
+        interrupts.being_handled()
         not_run = [sc.name for _, sc in loaded]
         if json_out is not None:
             _write_json(json_out, {"profile": None, "startup_s": None,
                                    "scenarios": [r.to_dict() for r in reports],
                                    "interrupted": {"at": "engine start", "scenario": "",
                                                    "not_run": not_run}}, ran=False)
-        print_labelled(_interrupt_label(), f"while the vLLM engine started ({time.perf_counter() - t0:.0f} "
+        print_labelled(interrupts.label(), f"while the vLLM engine started ({time.perf_counter() - t0:.0f} "
                        "s in), before any step; no scenario ran; not run: "
                        + ", ".join(not_run) + ".")
-        raise typer.Exit(_interrupt_status()) from None
+        raise typer.Exit(interrupts.status()) from None
     groups = ", ".join(f"{g.kind}(block_size={g.block_size})" for g in profile.kv_cache_groups)
     print_wrapped(f"engine up in {startup_s:.1f} s: {profile.runner} runner, "
                   f"vllm {profile.vllm_version}, {profile.num_blocks} blocks, groups: {groups}")
@@ -424,9 +430,10 @@ def run(
     skipped_named = [n for n in names if n in early and n in named]
     progress = _RunProgress(plans, profile, reports, skipped_named, named, slow)
     try:
-        _drive_all(plans, engine, progress, threads)
+        with interrupts.kept():
+            _drive_all(plans, engine, progress, threads)
     except KeyboardInterrupt:
-        _interrupt_being_handled()
+        interrupts.being_handled()
         _interrupted(engine, plans, reports, progress.at, json_out, profile, startup_s)
     finally:
         slow.detectors.stop()
@@ -437,9 +444,10 @@ def run(
     interrupted = None
     try:
         if verify:
-            _verify(engine, to_verify, profile, compared)
+            with interrupts.kept():
+                _verify(engine, to_verify, profile, compared)
     except KeyboardInterrupt:  # Ctrl-C while comparing: the warmup's report is kept
-        _interrupt_being_handled()
+        interrupts.being_handled()
         left = [p.name for p in to_verify[len(compared):]]
         interrupted = {"at": f"--verify, comparing {left[0]}", "scenario": left[0],
                        "not_run": [], "not_verified": left}
@@ -457,56 +465,11 @@ def run(
                if verify else {}),
             **({"interrupted": interrupted} if interrupted else {})})
     if interrupted:
-        print_labelled(_interrupt_label(), f"{interrupted['at']} with vLLM's scheduler; the "
+        print_labelled(interrupts.label(), f"{interrupted['at']} with vLLM's scheduler; the "
                        f"warmup had finished ({plural(len(ran_plans), 'scenario')} ran); not "
                        f"compared: {', '.join(interrupted['not_verified'])}.")
-        raise typer.Exit(_interrupt_status())
+        raise typer.Exit(interrupts.status())
     _summary_and_exit(reports, failures, compared, skipped_named, allow_skip)
-
-
-#: The signal that stopped ``run`` where it was SIGTERM (``timeout``, a CI
-#: cancel, ``docker stop``): handled as Ctrl-C is, exit 128 + 15.
-_STOPPED_BY: list[int] = []
-
-
-def _sigterm_as_interrupt() -> None:
-    """SIGTERM stops ``run`` as Ctrl-C does (the step's cleanup, one line,
-    the ``--json`` report of what finished), exit 143 instead of 130; set
-    again once the engine is up (vLLM may set its own)."""
-    import signal
-    import threading
-
-    def stop(signum: int, frame: Any) -> None:
-        _STOPPED_BY.append(signum)
-        raise KeyboardInterrupt
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, stop)
-
-
-def _interrupt_status() -> int:
-    """128 + the signal that stopped ``run``: 130 for Ctrl-C, 143 for SIGTERM."""
-    import signal
-
-    return 128 + (_STOPPED_BY[0] if _STOPPED_BY else int(signal.SIGINT))
-
-
-def _interrupt_label() -> str:
-    return "terminated (SIGTERM):" if _STOPPED_BY else "interrupted:"
-
-
-def _interrupt_being_handled() -> None:
-    """A Ctrl-C is being handled (cleanup, the report, exit 130), or the run
-    is over and said: another one (a terminal's repeated key, a process
-    group's) must not end the process half-way, killed by the signal (exit -2
-    under load, seen once in the e2e suite) or as a traceback from vLLM's
-    exit-time shutdown (a new user's trial): ignored from here to the exit."""
-    import signal
-    import threading
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _drive_all(plans: list[tuple[str, Any]], engine: Any, progress: _RunProgress,
@@ -603,14 +566,14 @@ def _interrupted(engine: Any, plans: list[tuple[str, Any]], reports: list[RunRep
                                "interrupted": {"at": what, "scenario": stopped,
                                                "not_run": not_run}})
     print_interrupted(what or stopped, runner, not_run)
-    raise typer.Exit(_interrupt_status())
+    raise typer.Exit(interrupts.status())
 
 
 def print_interrupted(where: str, runner: str, not_run: list[str]) -> None:
     """``run``'s Ctrl-C line on stderr, wrapped as ``run``'s other lines
     (continuations indented under the message): where it stopped, what the
     runner holds, the scenarios not run."""
-    print_labelled(_interrupt_label(), f"{where}; {runner}; not run: "
+    print_labelled(interrupts.label(), f"{where}; {runner}; not run: "
                    + (", ".join(not_run) or "none") + ".", err_console)
 
 
@@ -662,7 +625,7 @@ def _summary_and_exit(reports: list[RunReport], failures: list[RunReport],
                       allow_skip: bool, engine_started: bool = True) -> None:
     """The last line of ``run`` and its exit status (see ``run --help``)."""
     if engine_started:  # the work is done and said: vLLM's exit-time shutdown is not cut
-        _interrupt_being_handled()
+        interrupts.being_handled()
     ran = [r for r in reports if not r.skipped]
     skipped = len(reports) - len(ran)
     summary = (f"{len(ran)} scenario(s), {plural(sum(len(r.steps) for r in ran), 'step')} "
