@@ -17,6 +17,7 @@ from stepwarm.blocks.allocation import Growth, MambaStateBusyError, OutOfBlocksE
 from stepwarm.blocks.full_attention import TokenRangeRule
 from stepwarm.blocks.pool import BlockPool
 from stepwarm.blocks.prefix_cache import (
+    FULL_KINDS,
     NOT_CACHED,
     DrafterCaching,
     PrefixCache,
@@ -134,7 +135,8 @@ class BlockLedger(TokenRangeSteps):
     # -- a step's transaction ---------------------------------------------------
     def allocate_step(self, free: tuple[str, ...], rows: list[StepAllocation], *,
                       wait_for_mamba: bool = False, preempt: tuple[str, ...] = (),
-                      num_running: int = 0) -> list[Growth | None]:
+                      num_running: int = 0, self_preempted_computed: int = 0
+                      ) -> list[Growth | None]:
         """One step's block work, all or nothing: :meth:`new_step`, then the
         finished requests ``free``, then per row :meth:`grow` and
         :meth:`cache_prompt`, as the scheduler calls ``allocate_slots``
@@ -144,7 +146,10 @@ class BlockLedger(TokenRangeSteps):
         preempts them: inside its running loop, when a running row (the
         first ``num_running`` rows) does not fit, one at a time in the order
         given (the running queue's last first) until it fits; those left
-        after the running rows are freed before the waiting rows. (Freed
+        after the running rows are freed before the waiting rows, once the
+        last of them (the request whose own attempt preempted it, with
+        ``self_preempted_computed`` tokens computed) has put its skipped
+        blocks back, as its ``allocate_slots`` did before it failed. (Freed
         first instead, a running row before the preemption would take the
         preempted request's blocks where vLLM gives it the pool's last free
         ones: an uncached block goes back to the free queue's head.)
@@ -182,8 +187,7 @@ class BlockLedger(TokenRangeSteps):
             out: list[Growth | None] = []
             for i, r in enumerate(rows):
                 if i == num_running and pending:  # the running loop is over
-                    self.free_each(pending)
-                    pending.clear()
+                    self._self_preempted(pending, self_preempted_computed)
                 if wait_for_mamba and self.mamba_state_busy(r.req_id):
                     out.append(None)
                     continue
@@ -199,13 +203,31 @@ class BlockLedger(TokenRangeSteps):
                 self.cache_prompt(r.req_id, r.num_cached_tokens, r.prompt_len,
                                   num_request_tokens=r.num_request_tokens)
             if pending:
-                self.free_each(pending)
+                self._self_preempted(pending, self_preempted_computed)
         except OutOfBlocksError:
             if saved is None:  # pragma: no cover - _fits is conservative
                 raise AssertionError("BlockLedger._fits admitted a step that does not fit") from None
             self._restore(saved)
             raise
         return out
+
+    def _self_preempted(self, pending: list[str], num_computed: int) -> None:
+        """Free ``pending``, the requests vLLM's running loop preempted while
+        trying to fit the last of them, in order, after that one's attempt
+        put its skipped blocks back (``remove_skipped_blocks`` comes before
+        ``allocate_slots`` finds the pool short)."""
+        self._remove_skipped(self._tables.get(pending[-1], ()), num_computed)
+        self.free_each(pending)
+        pending.clear()
+
+    def _remove_skipped(self, tables: Iterable[GroupTable], num_computed: int) -> None:
+        """``remove_skipped_blocks``: blocks of a request's ``tables`` the
+        groups no longer need with ``num_computed`` tokens computed become
+        null and go back to the pool."""
+        for rule, spec, table in zip(self._rules, self.specs, tables):
+            freed = rule.remove_skipped(table, num_computed, spec)
+            if freed:
+                self.pool.release(freed)
 
     # -- all or nothing ---------------------------------------------------------
     def _fits(self, rows: list[StepAllocation]) -> bool:
@@ -366,11 +388,8 @@ class BlockLedger(TokenRangeSteps):
         tables = self._tables.get(req_id) or [GroupTable() for _ in self.specs]
         ctx = self._ctx_for(req_id, encoder_len)
         self._refuse_stale_hit(req_id)
+        self._remove_skipped(tables, num_computed)
         groups = list(zip(self._rules, self.specs, tables))
-        for rule, spec, table in groups:
-            freed = rule.remove_skipped(table, num_computed, spec)
-            if freed:
-                self.pool.release(freed)
         need = sum(rule.to_allocate(t, num_tokens, spec, ctx) for rule, spec, t in groups)
         if need > self.num_free:
             if req_id in self._tables:
@@ -464,9 +483,9 @@ class BlockLedger(TokenRangeSteps):
     @property
     def looks_up_resumed(self) -> bool:
         """Whether :meth:`lookup` finds hits here: prefix caching on, every
-        cached group full or MLA attention, no drafter."""
+        cached group full, MLA or sliding-window attention, no drafter."""
         return self.enable_caching and self.drafter == DrafterCaching() and all(
-            s.kind in NOT_CACHED or s.kind in ("full_attention", "mla_attention")
+            s.kind in NOT_CACHED or s.kind in (*FULL_KINDS, "sliding_window")
             for s in self.specs)
 
     def lookup(self, req_id: str, prompt_len: int, num_tokens: int) -> int:
@@ -474,15 +493,16 @@ class BlockLedger(TokenRangeSteps):
         block, ``prompt_len`` prompt tokens and ``num_tokens`` in all (a
         resumed request: prompt + outputs), as ``KVCacheManager.get_computed_blocks``
         finds it for a waiting request with no computed token: at most
-        ``num_tokens - 1`` tokens; per group the cached blocks from the
-        first on, shared prompt entries and past the prompt the request's own
-        (those holding its sampled tokens); the shortest over the groups,
-        rounded down to :attr:`cache_alignment`.
+        ``num_tokens - 1`` tokens; a full or MLA attention group's cached
+        blocks from the first on, a sliding-window group's last run of cached
+        blocks its window reads (:meth:`PrefixCache.window_hit_blocks`), each
+        group within the hit the others left, until none shortens it
+        (``HybridKVCacheCoordinator.find_longest_cache_hit``); rounded down
+        to :attr:`cache_alignment`. Past the prompt, a block's entry is the
+        request's own (it holds its sampled tokens).
 
-        Only where every cached group is full or MLA attention and there is
-        no drafter: 0 elsewhere (stepwarm does not re-derive
-        ``find_longest_cache_hit`` of sliding window and Mamba managers, nor
-        EAGLE's dropped block).
+        Only where :attr:`looks_up_resumed` (else 0): stepwarm does not
+        re-derive the Mamba managers' hits nor EAGLE's dropped block.
 
         Example (one group, 16-token blocks): a 150-token prompt preempted
         after 4 sampled tokens, its first block still cached and its second
@@ -490,11 +510,26 @@ class BlockLedger(TokenRangeSteps):
         """
         if not self.looks_up_resumed or req_id in self._tables:
             return 0
-        hits = [self.pool.cache.hit_blocks(g, spec.block_size, prompt_len, num_tokens, req_id)
-                * spec.block_size
-                for g, spec in enumerate(self.specs) if spec.kind not in NOT_CACHED]
-        align = self.cache_alignment or 1
-        return min(hits, default=0) // align * align
+        cache, align = self.pool.cache, self.cache_alignment or 1
+        groups = sorted(((g, s) for g, s in enumerate(self.specs) if s.kind not in NOT_CACHED),
+                        key=lambda gs: gs[1].kind not in FULL_KINDS)  # full attention first
+        full: dict[int, int] = {}  # downward-closed: looked up once
+        hit = num_tokens - 1
+        while True:
+            length = hit
+            for g, spec in groups:
+                bs = spec.block_size
+                if spec.kind in FULL_KINDS:
+                    if g not in full:
+                        full[g] = cache.hit_blocks(g, bs, prompt_len, length, req_id) * bs
+                    length = min(length, full[g])
+                else:
+                    length = cache.window_hit_blocks(g, spec, prompt_len, length, req_id,
+                                                     align) * bs
+            if length >= hit:
+                break
+            hit = length
+        return max(0, hit) // align * align
 
     def hit(self, req_id: str, num_tokens: int, encoder_len: int | None = None,
             prompt_len: int | None = None) -> Growth:

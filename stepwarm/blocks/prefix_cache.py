@@ -18,6 +18,8 @@ from stepwarm.profile import CacheSpec, RunnerProfile
 
 #: Kinds whose managers keep no prefix-cache entries (and get no hit).
 NOT_CACHED = ("circular_buffer", "cross_attention", "encoder_only_attention")
+#: Kinds whose hits are the cached blocks from the first on (downward-closed).
+FULL_KINDS = ("full_attention", "mla_attention")
 
 
 @dataclass
@@ -78,18 +80,52 @@ class PrefixCache:
             entries.setdefault(key, {})[block] = None
             keys[block] = key
 
-    def hit_blocks(self, group: int, block_size: int, prompt_len: int, num_tokens: int,
+    def cached(self, group: int, index: int, block_size: int, prompt_len: int,
+               req_id: str) -> bool:
+        """Whether block ``index`` of ``req_id``'s table in ``group`` has an
+        entry (a prompt block's shared one, else the request's own)."""
+        return bool(self.entries.get(self.key(group, index, (index + 1) * block_size <= prompt_len,
+                                              req_id)))
+
+    def hit_blocks(self, group: int, block_size: int, prompt_len: int, max_length: int,
                    req_id: str) -> int:
-        """``find_longest_cache_hit`` of a full-attention group for a request
-        holding no block: cached blocks from the first on, at most
-        ``num_tokens - 1`` tokens (the last token is always computed)."""
+        """``FullAttentionManager.find_longest_cache_hit`` for a request
+        holding no block: blocks cached from the first on, within
+        ``max_length`` tokens."""
         i = 0
-        while i < (num_tokens - 1) // block_size:
-            if not self.entries.get(self.key(group, i, (i + 1) * block_size <= prompt_len,
-                                             req_id)):
-                break
+        while i < max_length // block_size and self.cached(group, i, block_size, prompt_len,
+                                                           req_id):
             i += 1
         return i
+
+    def window_hit_blocks(self, group: int, spec: CacheSpec, prompt_len: int, max_length: int,
+                          req_id: str, alignment: int) -> int:
+        """``SlidingWindowManager.find_longest_cache_hit`` (no EAGLE) for a
+        request holding no block, within ``max_length`` tokens: from the
+        right, the first run of ``cdiv(sliding_window - 1, block_size)``
+        cached blocks (a run must end at a multiple of ``alignment`` tokens);
+        failing one, the cached run from the first block, rounded down to
+        ``alignment``. Returns the hit in blocks: the run's end (the blocks
+        before the run are null in the request's table).
+
+        Example (``sliding_window`` 5, 2-token blocks: runs of 2 blocks):
+        blocks 1, 2, 4 cached, ``max_length`` 10: the run 1-2 ends at block 3,
+        a 6-token hit; the lone block 4 is no run."""
+        bs = spec.block_size
+        need = cdiv(spec.sliding_window - 1, bs)
+        run = 0
+        for i in range(max_length // bs - 1, -1, -1):
+            if not self.cached(group, i, bs, prompt_len, req_id):
+                run = 0
+                continue
+            if run == 0 and (i + 1) * bs % alignment:
+                continue  # a run's last block ends on a hit boundary
+            run += 1
+            if run >= need:
+                return i + run
+        while run * bs % alignment:
+            run -= 1
+        return run
 
     def save(self) -> tuple:
         """Copies of the entries (one level down: ids and keys are immutable)."""

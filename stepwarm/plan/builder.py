@@ -750,15 +750,16 @@ class PlanBuilder:
         # waiting rows as built; the growths go back to the rows' order.
         allocs = draft.allocs
         order = self._queue_order([a.req_id for a in allocs])
-        num_running = 0
+        num_running = computed = 0
         if preempt:  # the running queue's last first; how many rows it holds
             running, queued = self._running, self._queued
             preempt = tuple(sorted(preempt, key=lambda r: queued.get(r, 0), reverse=True))
             num_running = sum(a.req_id in running for a in allocs)
+            computed = self.num_computed_tokens(preempt[-1])
         try:
             got = self.ledger.allocate_step(
                 free, [allocs[i] for i in order], wait_for_mamba=wait_for_mamba,
-                preempt=preempt, num_running=num_running)
+                preempt=preempt, num_running=num_running, self_preempted_computed=computed)
             growths: list[Growth | None] = [None] * len(got)
             for j, i in enumerate(order):
                 growths[i] = got[j]

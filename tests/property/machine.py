@@ -325,7 +325,7 @@ class Lifecycle(RuleBasedStateMachine):
         for row in self._in_schedule_order(list(step.scheduled), lambda r: r.req_id):
             rid, n = row.req_id, row.num_scheduled_tokens
             if self.state[rid] != "running":  # the running loop is over
-                self._preempt_all(o, pending)
+                self._preempted_itself(o, pending)
             self._assume_hit_in_order(o, rid)
             cow = o.copy_pending(rid)
             got = o.schedule(rid, n)
@@ -353,7 +353,7 @@ class Lifecycle(RuleBasedStateMachine):
             if self.state[rid] != "running":
                 self.queued[rid] = next(self.enqueued)
             self.state[rid] = "running"
-        self._preempt_all(o, pending)
+        self._preempted_itself(o, pending)
         self.oracle_zero = o.take_new_block_ids()
         self.copies = o.end_step()
         if self.copies:
@@ -365,6 +365,14 @@ class Lifecycle(RuleBasedStateMachine):
         """The step's preempted requests in the order vLLM's running loop
         preempts them: the running queue's last first."""
         return sorted(preempt, key=lambda r: self.queued.get(r, 0), reverse=True)
+
+    def _preempted_itself(self, o: Oracle, rids: list[str], *, track: bool = True) -> None:
+        """The preempted requests left when the running loop is over: the
+        last of them tried to fit (its skipped blocks went back to the
+        pool), preempted the others, then itself."""
+        if rids:
+            o.fail_to_fit(rids[-1])
+        self._preempt_all(o, rids, track=track)
 
     def _preempt_all(self, o: Oracle, rids: list[str], *, track: bool = True) -> None:
         """Preempt ``rids`` in vLLM's manager (their blocks freed, last block
@@ -416,7 +424,7 @@ class Lifecycle(RuleBasedStateMachine):
         for rid, n in self._in_schedule_order(rows, lambda r: r[0]):
             running = self.state[rid] == "running"
             if not running:
-                self._preempt_all(o, pending, track=False)
+                self._preempted_itself(o, pending, track=False)
             if rid in prefill:
                 self._assume_hit_in_order(o, rid)
             got = o.schedule(rid, n)

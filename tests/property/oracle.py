@@ -375,6 +375,15 @@ class Oracle:
         r = self._reqs.pop(req_id)
         self.manager.free(r.request)
 
+    def fail_to_fit(self, req_id: str) -> None:
+        """What stays of an ``allocate_slots`` call that finds the pool short
+        for a running request: its ``remove_skipped_blocks`` (blocks its
+        groups no longer need go back to the pool), which comes first."""
+        self._log.append(('fail_to_fit', (req_id,)))
+        req = self._reqs[req_id].request
+        self.manager.coordinator.remove_skipped_blocks(
+            req_id, req.num_computed_tokens, num_prompt_tokens=req.num_prompt_tokens)
+
     def preempt(self, req_id: str) -> None:
         """The scheduler's ``_preempt_request``: free, reset progress."""
         self._log.append(('preempt', (req_id,)))

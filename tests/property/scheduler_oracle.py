@@ -255,10 +255,6 @@ class Replay:
     _will_accept: dict[str, int] = field(default_factory=dict)
     #: vLLM block id -> (its cache entry's hash, the step that made it).
     _cached_at: dict[int, tuple[Any, int]] = field(default_factory=dict)
-    #: Per step: each request's vLLM block count before ``schedule()``, and
-    #: whether a row grew before a preemption freed uncached blocks.
-    _held_before: dict[str, int] = field(default_factory=dict)
-    _grew_before_preemption: bool = False
 
     def run(self) -> list[tuple[StepRecord, StepRecord]]:
         """Every step, as (scheduler, stepwarm) records; stops when the
@@ -271,7 +267,6 @@ class Replay:
         cfg = self.cfg
         profile = cfg.profile()
         self.sched = s = build_scheduler(cfg)
-        self.watch_preemptions()
         self.builder = PlanBuilder(profile, name="oracle")
         hasher = _hasher(cfg)
         reqs = [(f"r{i}", a) for i, a in enumerate(self.arrivals)]
@@ -295,12 +290,12 @@ class Replay:
             # allocations (get_computed_blocks reads; log_stats is off)
             ahead = {r.request_id: s.kv_cache_manager.get_computed_blocks(r)[1]
                      for r in s.waiting if r.status == RequestStatus.PREEMPTED}
-            # and the blocks a new request's lookup finds there (per group)
+            # and the blocks a new or preempted request's lookup finds there
+            # (per group)
             found = {r.request_id: _ids(s.kv_cache_manager.get_computed_blocks(r)[0]
                                         .get_block_ids())
-                     for r in s.waiting if r.status == RequestStatus.WAITING}
-            self._grew_before_preemption = False
-            self._held_before = {rid: len(b) for rid, b in self._blocks().items()}
+                     for r in s.waiting
+                     if r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)}
             out = s.schedule()
             theirs = record(out, len(cfg.groups()))
             theirs.index = t
@@ -367,42 +362,6 @@ class Replay:
             drafts.append([OUTPUT_BASE + int(rid[1:])] * min(d, k))
         self.sched.update_draft_token_ids(DraftTokenIds(ids, drafts))
 
-    def _blocks(self) -> dict[str, list[Any]]:
-        """vLLM's block table of each request holding blocks (its one group)."""
-        return self.sched.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks
-
-    def watch_preemptions(self) -> None:
-        """Wrap the scheduler's ``_preempt_request`` (instrumentation: it
-        still runs as it is) to note a preemption, inside ``schedule()``'s
-        running loop, of a request holding blocks no cache entry holds (they
-        go back to the free queue's head) after another request of the step
-        took new blocks."""
-        sched = self.sched
-        preempt = sched._preempt_request
-
-        def noted(request: Any, *args: Any, **kwargs: Any) -> Any:
-            blocks = self._blocks()
-            own = blocks.get(request.request_id, ())
-            if self.cfg.enable_caching and any(b.block_hash is None and not b.is_null
-                                                for b in own):
-                grew = [rid for rid, b in blocks.items() if rid != request.request_id
-                        and len(b) > self._held_before.get(rid, 0)]
-                self._grew_before_preemption |= bool(grew)
-            return preempt(request, *args, **kwargs)
-
-        sched._preempt_request = noted
-
-    def check_preemption_order(self, rec: StepRecord) -> None:
-        """Raise :class:`Unmodelled` where :meth:`watch_preemptions` saw a
-        row take blocks before a preemption freed some to the queue's head:
-        vLLM preempts inside its running loop, where a row does not fit;
-        stepwarm frees a step's preempted requests before its rows
-        (docs/block-accounting.md), so that row's ids differ and a later hit
-        reads blocks numbered otherwise. (Prefix caching off: ids are
-        compared up to renumbering and no hit reads them.)"""
-        if self._grew_before_preemption:
-            raise Unmodelled("rows allocated before a preemption freed")
-
     def check_unique_hits(self, rec: StepRecord) -> None:
         """Raise :class:`Unmodelled` for a prefix hit on a block whose
         content two blocks cached in one step hold: vLLM returns the one
@@ -434,7 +393,7 @@ class Replay:
         block another request of the same step took from the pool or made a
         cache entry, and for a resumed request whose hit is not the one it
         had before the step (``ahead``: an earlier row of the step evicted a
-        block of it), or a new request whose hit blocks are not those a
+        block of it), or a new or resumed request whose hit blocks are not those a
         lookup before the step finds (``found``: an earlier row evicted a
         copy): vLLM's scheduler looks each waiting request up right before
         its allocation, stepwarm takes a hit before the step's allocations
@@ -444,8 +403,8 @@ class Replay:
                 raise Unmodelled("a resumed request's hit evicted by an earlier row")
             assert self.builder is not None
             if rec.computed[rid] and not self.builder.ledger.looks_up_resumed:
-                # BlockLedger.lookup: full and MLA attention groups only
-                raise Unmodelled("a resumed request's prefix hit beside a sliding-window group")
+                # BlockLedger.lookup: full, MLA and sliding-window groups only
+                raise Unmodelled("a resumed request's prefix hit stepwarm does not look up")
         bs = self.cfg.block_size
         touched: set[int] = set()
         for rid, n in rec.tokens.items():
@@ -460,13 +419,14 @@ class Replay:
                 hit = c // bs
             # blocks filled in this step, and those taken from the pool
             touched.update(table[hit:])
-        for rid in rec.new:
+        for rid in rec.new | rec.resumed:
             n = rec.computed[rid] // bs
             if n and rid in found and [g[:n] for g in rec.blocks[rid]] != \
                     [g[:n] for g in found[rid]]:
                 # two cached copies of a block: an earlier row evicted the one
                 # the lookup before the step finds, and vLLM hits the other
-                raise Unmodelled("a new request's hit on a copy an earlier row evicted")
+                what = "new" if rid in rec.new else "resumed"
+                raise Unmodelled(f"a {what} request's hit on a copy an earlier row evicted")
 
     def compare(self, theirs: StepRecord, mine: StepRecord) -> None:
         """``mine`` is ``theirs``. Unless :attr:`exact`, block ids up to

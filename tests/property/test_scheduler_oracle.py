@@ -15,6 +15,8 @@ from hypothesis import strategies as st
 pytest.importorskip("vllm.v1.core.sched.scheduler")
 
 from stepwarm.blocks import BlockLedger  # noqa: E402
+from stepwarm.blocks.prefix_cache import PrefixCache  # noqa: E402
+from stepwarm.profile import CacheSpec  # noqa: E402
 from stepwarm.plan import PlanBuilder  # noqa: E402
 from tests.property.scheduler_oracle import (  # noqa: E402
     Arrival, Config, Replay, Unmodelled, replay)
@@ -98,6 +100,17 @@ def _resumed(r: Replay) -> list[tuple[int, dict, dict, dict]]:
     return out
 
 
+#: Shrunk from a stream with a sliding-window group beside the full one
+#: (window 2, 2-token blocks). In step 28 vLLM's scheduler allocates r0's
+#: decode and r1's continuing resumption (RUNNING: each frees its blocks
+#: left behind the window first) before r3's first chunk (WAITING); stepwarm
+#: took the prefill rows first and refused the step: 2 blocks for r0, 1 free.
+SLIDING_STREAM = (
+    Config(block_size=2, num_blocks=34, max_num_seqs=3, max_num_batched_tokens=8,
+           max_model_len=32, sliding_window=2),
+    [Arrival(0, 1, 31), Arrival(1, 1, 31), Arrival(0, 6, 26), Arrival(1, 5, 27)])
+
+
 #: Streams Hypothesis shrank a disagreement to, each with its resumed steps
 #: (index, computed, tokens, block ids) as vLLM's scheduler sent them.
 REGRESSIONS = {
@@ -123,6 +136,34 @@ REGRESSIONS = {
                max_model_len=32),
         [Arrival(0, 1, 13), Arrival(0, 1, 1), Arrival(0, 6, 12)],
         [(13, {"r2": 16}, {"r2": 1}, {"r2": ((2, 3, 5, 7, 8),)})]),
+    # beside a sliding-window group (window 2, 2-token blocks: a run of one
+    # cached block ends a hit): r3 resumes after a 6-token hit, the two
+    # blocks its window skips null
+    "resumed beside a sliding window": (
+        *SLIDING_STREAM,
+        [(26, {"r0": 26, "r1": 0}, {"r0": 1, "r1": 7},
+          {"r0": ((26,), (11,)), "r1": ((10, 14, 30, 29), (22, 8, 24, 12))}),
+         (31, {"r1": 18, "r3": 6}, {"r1": 1, "r3": 1},
+          {"r1": ((9,), (15,)), "r3": ((24, 8, 22, 23), (0, 0, 12, 4))})]),
+    # window 46, 2-token blocks (a hit needs a run of 23 cached blocks, or
+    # the run from the first): in step 36 r0 tries to fit, frees the block
+    # its window left behind (remove_skipped_blocks), then preempts itself:
+    # that block goes back first and is the first evicted, so in step 51
+    # r0 resumes with no hit (freed with the rest: a 32-token hit)
+    "a request preempting itself frees its skipped blocks first": (
+        Config(block_size=2, num_blocks=98, max_num_seqs=3, max_num_batched_tokens=8,
+               max_model_len=96, num_spec_tokens=2, sliding_window=46),
+        [Arrival(1, 32, 64, drafts=((0, 0), (0, 0), (2, 2))), Arrival(0, 51, 45),
+         Arrival(0, 1, 1), Arrival(0, 24, 24), Arrival(0, 1, 1), Arrival(0, 1, 1)],
+        [(31, {"r1": 75, "r0": 24}, {"r1": 1, "r0": 7}, {"r1": ((), ()), "r0": (
+            (1, 2, 3, 4, 9, 10, 11, 12, 17, 18, 19, 20, 73, 88, 72, 97),
+            (5, 6, 7, 8, 13, 14, 15, 16, 21, 22, 23, 56, 96, 89, 81, 75))}),
+         (35, {"r1": 79, "r0": 44}, {"r1": 1, "r0": 4}, {"r1": ((), ()), "r0": (
+             (1, 2, 3, 4, 9, 10, 11, 12, 17, 18, 19, 20, 25, 26, 27, 28, 54, 55, 66, 95, 90, 82,
+              97, 72),
+             (5, 6, 7, 8, 13, 14, 15, 16, 21, 22, 23, 56, 96, 89, 81, 32, 84, 71, 87, 68, 61, 53,
+              88, 73))}),
+         (51, {"r0": 0}, {"r0": 8}, {"r0": ((68, 61, 87, 71), (84, 32, 81, 89))})]),
 }
 
 
@@ -147,19 +188,42 @@ def _prompt_only(self: BlockLedger, req_id: str, prompt_len: int, num_tokens: in
     return _lookup(self, req_id, prompt_len, min(num_tokens, prompt_len + 1))
 
 
-@pytest.mark.parametrize(("mutant", "name"), [
-    ((PlanBuilder, "resume_lookup", _no_lookup), "resumed prompt of one block"),
-    ((PlanBuilder, "resume_lookup", _no_lookup), "150-token prompt resumed after a 128-token hit"),
-    ((BlockLedger, "lookup", _prompt_only), "hit on the request's own sampled tokens"),
-], ids=["no resume lookup", "no resume lookup (150 tokens)", "lookup of prompt blocks only"])
+def _window_as_full(self: PrefixCache, group: int, spec: CacheSpec, prompt_len: int,
+                    max_length: int, req_id: str, alignment: int) -> int:
+    return self.hit_blocks(group, spec.block_size, prompt_len, max_length, req_id)
+
+
+def _preempted_freed_whole(self: BlockLedger, pending: list[str], num_computed: int) -> None:
+    self.free_each(pending)
+    pending.clear()
+
+
+_COMPUTED = r"computed: vLLM \{'r\d': \d+\} stepwarm"
+
+
+@pytest.mark.parametrize(("mutant", "name", "match"), [
+    ((PlanBuilder, "resume_lookup", _no_lookup), "resumed prompt of one block", _COMPUTED),
+    ((PlanBuilder, "resume_lookup", _no_lookup), "150-token prompt resumed after a 128-token hit",
+     _COMPUTED),
+    ((BlockLedger, "lookup", _prompt_only), "hit on the request's own sampled tokens", _COMPUTED),
+    ((PrefixCache, "window_hit_blocks", _window_as_full), "resumed beside a sliding window",
+     r"step 31 differs.*\n  computed: vLLM \{'r1': 18, 'r3': 6\} stepwarm \{'r1': 18, 'r3': 0\}"),
+    # the block the window left goes back last: r1 takes another in step 38
+    ((BlockLedger, "_self_preempted", _preempted_freed_whole),
+     "a request preempting itself frees its skipped blocks first",
+     r"step 38 differs.*\n  blocks: vLLM \{'r1': \(\(5,\), \(72,\)\)\} stepwarm \{'r1': \(\(72,"),
+], ids=["no resume lookup", "no resume lookup (150 tokens)", "lookup of prompt blocks only",
+        "a window's hit as full attention's", "a request preempting itself freed whole"])
 def test_wrong_resume_rule_is_caught(monkeypatch: pytest.MonkeyPatch, mutant: tuple,
-                                     name: str) -> None:
+                                     name: str, match: str) -> None:
     """Mutants of the resume rule: no lookup at all (the rule before issue
-    41), and a lookup that ignores blocks holding the request's sampled
-    tokens. The oracle names the resumed step's computed tokens."""
+    41), a lookup that ignores blocks holding the request's sampled tokens,
+    a sliding-window group's hit taken as full attention's, and a request
+    that preempts itself freed without its attempt's skipped blocks going
+    back first. The oracle names the step that differs."""
     monkeypatch.setattr(*mutant)
     cfg, arrivals, _ = REGRESSIONS[name]
-    with pytest.raises(AssertionError, match=r"computed: vLLM \{'r\d': \d+\} stepwarm"):
+    with pytest.raises(AssertionError, match=match):
         replay(cfg, arrivals)
 
 
@@ -281,7 +345,8 @@ def test_freeing_the_preempted_first_is_caught(monkeypatch) -> None:
 
     step = BlockLedger.allocate_step
 
-    def eager(self, free, rows, *, wait_for_mamba=False, preempt=(), num_running=0):
+    def eager(self, free, rows, *, wait_for_mamba=False, preempt=(), num_running=0,
+              self_preempted_computed=0):
         return step(self, free + preempt, rows, wait_for_mamba=wait_for_mamba)
 
     monkeypatch.setattr(BlockLedger, "allocate_step", eager)
@@ -290,25 +355,12 @@ def test_freeing_the_preempted_first_is_caught(monkeypatch) -> None:
         replay(*PREEMPT_STREAM, exact=True)
 
 
-#: Shrunk from a stream with a sliding-window group beside the full one
-#: (window 2, 2-token blocks). In step 28 vLLM's scheduler allocates r0's
-#: decode and r1's continuing resumption (RUNNING: each frees its blocks
-#: left behind the window first) before r3's first chunk (WAITING); stepwarm
-#: took the prefill rows first and refused the step: 2 blocks for r0, 1 free.
-SLIDING_STREAM = (
-    Config(block_size=2, num_blocks=34, max_num_seqs=3, max_num_batched_tokens=8,
-           max_model_len=32, sliding_window=2),
-    [Arrival(0, 1, 31), Arrival(1, 1, 31), Arrival(0, 6, 26), Arrival(1, 5, 27)])
-
-
 def test_rows_allocate_in_the_schedulers_order_running_then_waiting() -> None:
-    """Every step up to the stream's first step stepwarm knowingly plans
-    otherwise (a resumed request's prefix hit beside a sliding-window group,
-    step 31) is the scheduler's, step 28 included."""
-    r = Replay(*SLIDING_STREAM, exact=False)
-    with pytest.raises(Unmodelled, match="prefix hit beside a sliding-window group"):
-        r.run()
-    assert len(r.pairs) == 31  # steps 0 - 30 compared
+    """Every step is the scheduler's, step 28 included (and step 31's
+    resumption after a hit beside the window: "resumed beside a sliding
+    window" above)."""
+    r = replay(*SLIDING_STREAM)
+    assert len(r.pairs) == 57
     step28 = r.pairs[28][0]
     assert (step28.tokens, step28.computed, step28.new) == (
         {"r0": 1, "r1": 2, "r3": 5}, {"r0": 28, "r1": 14, "r3": 0}, {"r3"})
