@@ -17,6 +17,7 @@ pytest.importorskip("vllm.v1.core.sched.scheduler")
 from stepwarm.blocks import BlockLedger  # noqa: E402
 from stepwarm.blocks.prefix_cache import PrefixCache  # noqa: E402
 from stepwarm.profile import CacheSpec  # noqa: E402
+from stepwarm.vllm_facts import scheduler_caches_after_output  # noqa: E402
 from stepwarm.plan import PlanBuilder  # noqa: E402
 from tests.property.scheduler_oracle import (  # noqa: E402
     Arrival, Config, Replay, Unmodelled, replay)
@@ -149,21 +150,32 @@ REGRESSIONS = {
     # the run from the first): in step 36 r0 tries to fit, frees the block
     # its window left behind (remove_skipped_blocks), then preempts itself:
     # that block goes back first and is the first evicted, so in step 51
-    # r0 resumes with no hit (freed with the rest: a 32-token hit)
+    # r0 resumes with no hit (freed with the rest: a 32-token hit). Block
+    # ids per release: vLLM 0.33+ caches blocks after each output with a
+    # speculator (vllm_facts.scheduler_caches_after_output)
     "a request preempting itself frees its skipped blocks first": (
         Config(block_size=2, num_blocks=98, max_num_seqs=3, max_num_batched_tokens=8,
                max_model_len=96, num_spec_tokens=2, sliding_window=46),
         [Arrival(1, 32, 64, drafts=((0, 0), (0, 0), (2, 2))), Arrival(0, 51, 45),
          Arrival(0, 1, 1), Arrival(0, 24, 24), Arrival(0, 1, 1), Arrival(0, 1, 1)],
-        [(31, {"r1": 75, "r0": 24}, {"r1": 1, "r0": 7}, {"r1": ((), ()), "r0": (
+        {False: [(31, {"r1": 75, "r0": 24}, {"r1": 1, "r0": 7}, {"r1": ((), ()), "r0": (
             (1, 2, 3, 4, 9, 10, 11, 12, 17, 18, 19, 20, 73, 88, 72, 97),
             (5, 6, 7, 8, 13, 14, 15, 16, 21, 22, 23, 56, 96, 89, 81, 75))}),
-         (35, {"r1": 79, "r0": 44}, {"r1": 1, "r0": 4}, {"r1": ((), ()), "r0": (
-             (1, 2, 3, 4, 9, 10, 11, 12, 17, 18, 19, 20, 25, 26, 27, 28, 54, 55, 66, 95, 90, 82,
-              97, 72),
-             (5, 6, 7, 8, 13, 14, 15, 16, 21, 22, 23, 56, 96, 89, 81, 32, 84, 71, 87, 68, 61, 53,
-              88, 73))}),
-         (51, {"r0": 0}, {"r0": 8}, {"r0": ((68, 61, 87, 71), (84, 32, 81, 89))})]),
+                 (35, {"r1": 79, "r0": 44}, {"r1": 1, "r0": 4}, {"r1": ((), ()), "r0": (
+                     (1, 2, 3, 4, 9, 10, 11, 12, 17, 18, 19, 20, 25, 26, 27, 28, 54, 55, 66, 95,
+                      90, 82, 97, 72),
+                     (5, 6, 7, 8, 13, 14, 15, 16, 21, 22, 23, 56, 96, 89, 81, 32, 84, 71, 87, 68,
+                      61, 53, 88, 73))}),
+                 (51, {"r0": 0}, {"r0": 8}, {"r0": ((68, 61, 87, 71), (84, 32, 81, 89))})],
+         True: [(31, {"r0": 24, "r1": 75}, {"r1": 1, "r0": 7}, {"r1": ((), ()), "r0": (
+             (1, 2, 3, 4, 9, 10, 11, 12, 17, 18, 19, 20, 73, 88, 71, 87),
+             (5, 6, 7, 8, 13, 14, 15, 16, 21, 22, 23, 56, 96, 89, 81, 75))}),
+                (35, {"r0": 44, "r1": 79}, {"r1": 1, "r0": 4}, {"r1": ((), ()), "r0": (
+                    (1, 2, 3, 4, 9, 10, 11, 12, 17, 18, 19, 20, 25, 26, 27, 28, 54, 55, 66, 94,
+                     90, 82, 87, 71),
+                    (5, 6, 7, 8, 13, 14, 15, 16, 21, 22, 23, 56, 96, 89, 81, 32, 84, 65, 83, 68,
+                     61, 53, 88, 73))}),
+                (51, {"r0": 0}, {"r0": 8}, {"r0": ((68, 61, 83, 65), (84, 32, 81, 89))})]}),
 }
 
 
@@ -173,6 +185,8 @@ def test_resumed_request_gets_its_prefix_hit(name: str) -> None:
     (``num_computed_tokens == 0`` -> ``get_computed_blocks``) and recomputes
     only past its hit; stepwarm's planner does the same, block ids exact."""
     cfg, arrivals, expected = REGRESSIONS[name]
+    if isinstance(expected, dict):
+        expected = expected[scheduler_caches_after_output()]
     got = _resumed(replay(cfg, arrivals))
     assert got == expected
 
@@ -207,11 +221,12 @@ _COMPUTED = r"computed: vLLM \{'r\d': \d+\} stepwarm"
      _COMPUTED),
     ((BlockLedger, "lookup", _prompt_only), "hit on the request's own sampled tokens", _COMPUTED),
     ((PrefixCache, "window_hit_blocks", _window_as_full), "resumed beside a sliding window",
-     r"step 31 differs.*\n  computed: vLLM \{'r1': 18, 'r3': 6\} stepwarm \{'r1': 18, 'r3': 0\}"),
-    # the block the window left goes back last: r1 takes another in step 38
+     r"step 31 differs.*\n  computed: vLLM \{[^}]*'r3': 6[^}]*\} stepwarm \{'r1': 18, 'r3': 0\}"),
+    # the block the window left goes back last: in step 38 r1 takes the block
+    # vLLM gives its window group
     ((BlockLedger, "_self_preempted", _preempted_freed_whole),
      "a request preempting itself frees its skipped blocks first",
-     r"step 38 differs.*\n  blocks: vLLM \{'r1': \(\(5,\), \(72,\)\)\} stepwarm \{'r1': \(\(72,"),
+     r"step 38 differs.*\n  blocks: vLLM \{'r1': \(\(5,\), \((\d+),\)\)\} stepwarm \{'r1': \(\(\1,"),
 ], ids=["no resume lookup", "no resume lookup (150 tokens)", "lookup of prompt blocks only",
         "a window's hit as full attention's", "a request preempting itself freed whole"])
 def test_wrong_resume_rule_is_caught(monkeypatch: pytest.MonkeyPatch, mutant: tuple,
