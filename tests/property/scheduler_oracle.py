@@ -1,7 +1,8 @@
 """vLLM's real ``Scheduler`` as the oracle for stepwarm's planner.
 
 :func:`replay` drives ``vllm.v1.core.sched.scheduler.Scheduler`` (built on
-CPU, one full-attention KV cache group) through a request stream step by
+CPU, one full-attention KV cache group, a sliding-window and a Mamba group
+beside it where :class:`Config` says) through a request stream step by
 step: requests arrive, ``schedule()`` decides, ``update_from_output`` takes
 a ``ModelRunnerOutput`` of one sampled token per request whose prompt (or
 resumption) is done (with an n-gram speculator, ``Config.num_spec_tokens``:
@@ -57,14 +58,31 @@ class Config:
     #: Tokens: a second KV cache group, sliding-window attention of this
     #: window, beside the full-attention one (None: the full group alone).
     sliding_window: int | None = None
+    #: A Mamba group's cache mode ("align" or "all") beside the attention
+    #: ones (None: no Mamba group), its block the attention groups' size.
+    mamba: str | None = None
+
+    def vllm_groups(self) -> list[Any]:
+        """vLLM's ``KVCacheSpec`` of each group."""
+        import torch
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
+
+        attn = dict(block_size=self.block_size, num_kv_heads=1, head_size=8,
+                    dtype=torch.float16)
+        groups: list[Any] = [FullAttentionSpec(**attn)]
+        if self.sliding_window is not None:
+            groups.append(SlidingWindowSpec(**attn, sliding_window=self.sliding_window))
+        if self.mamba is not None:
+            groups.append(MambaSpec(block_size=self.block_size, shapes=((8,),),
+                                    dtypes=(torch.float16,), mamba_cache_mode=self.mamba))
+        return groups
 
     def groups(self) -> tuple[CacheSpec, ...]:
-        """stepwarm's KV cache groups of this runner."""
-        full = CacheSpec(kind="full_attention", block_size=self.block_size)
-        if self.sliding_window is None:
-            return (full,)
-        return (full, CacheSpec(kind="sliding_window", block_size=self.block_size,
-                                sliding_window=self.sliding_window))
+        """stepwarm's KV cache groups of this runner, read off vLLM's specs
+        (``cache_spec_from_vllm``: per-release facts included)."""
+        from stepwarm.probe import cache_spec_from_vllm
+
+        return tuple(cache_spec_from_vllm(g) for g in self.vllm_groups())
 
     def profile(self) -> RunnerProfile:
         """stepwarm's profile of this runner."""
@@ -79,6 +97,7 @@ class Config:
             # speculator: static, no dynamic_sd_lookup)
             pad_spec_decode=scheduler_pad_rule() if self.num_spec_tokens else "",
             caches_after_output=bool(self.num_spec_tokens) and scheduler_caches_after_output(),
+            mamba_cache_mode=self.mamba or "none",
         ))
 
 
@@ -122,14 +141,12 @@ class StepRecord:
 
 def build_scheduler(cfg: Config) -> Any:
     """vLLM's ``Scheduler`` on CPU over the tiny Llama's config, one
-    full-attention group of ``cfg.block_size``-token blocks (and a
-    sliding-window group beside it, :attr:`Config.sliding_window`)."""
-    import torch
+    group per :meth:`Config.vllm_groups` (full attention, then a sliding
+    window and a Mamba group where asked), ``cfg.block_size``-token blocks."""
     from vllm.config import (CacheConfig, DeviceConfig, ModelConfig, ParallelConfig,
                              SchedulerConfig, SpeculativeConfig, VllmConfig)
     from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
-                                            SlidingWindowSpec)
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
     from stepwarm.zoo import write_model
@@ -140,7 +157,8 @@ def build_scheduler(cfg: Config) -> Any:
                          max_num_batched_tokens=cfg.max_num_batched_tokens,
                          max_model_len=cfg.max_model_len, is_encoder_decoder=False,
                          enable_chunked_prefill=True)
-    cc = CacheConfig(block_size=cfg.block_size, enable_prefix_caching=cfg.enable_caching)
+    cc = CacheConfig(block_size=cfg.block_size, enable_prefix_caching=cfg.enable_caching,
+                     **({"mamba_cache_mode": cfg.mamba} if cfg.mamba else {}))
     cc.num_gpu_blocks = cfg.num_blocks
     spec = None
     if cfg.num_spec_tokens:
@@ -149,13 +167,7 @@ def build_scheduler(cfg: Config) -> Any:
                                  target_model_config=mc, target_parallel_config=ParallelConfig())
     vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
                     device_config=DeviceConfig("cpu"), speculative_config=spec)
-    full = FullAttentionSpec(block_size=cfg.block_size, num_kv_heads=1, head_size=8,
-                             dtype=torch.float16)
-    groups = [KVCacheGroupSpec(["l0"], full)]
-    if cfg.sliding_window is not None:
-        groups.append(KVCacheGroupSpec(["l1"], SlidingWindowSpec(
-            block_size=cfg.block_size, num_kv_heads=1, head_size=8, dtype=torch.float16,
-            sliding_window=cfg.sliding_window)))
+    groups = [KVCacheGroupSpec([f"l{i}"], g) for i, g in enumerate(cfg.vllm_groups())]
     kvc = KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     return Scheduler(vc, kvc, StructuredOutputManager(vc), block_size=cfg.block_size)
 
@@ -398,6 +410,10 @@ class Replay:
         copy): vLLM's scheduler looks each waiting request up right before
         its allocation, stepwarm takes a hit before the step's allocations
         (docs/block-accounting.md)."""
+        if rec.padded and self.cfg.mamba == "align":
+            # PlanBuilder._pad_drafts: vLLM drops the padding where its Mamba
+            # block-aligned split clips the row; stepwarm sends it unpadded
+            raise Unmodelled("placeholder drafts beside a Mamba align group")
         for rid in rec.resumed:
             if rid in ahead and rec.computed[rid] != ahead[rid]:
                 raise Unmodelled("a resumed request's hit evicted by an earlier row")

@@ -3,7 +3,8 @@ streams (arrivals over steps, prompts across block boundaries, every prompt a
 prefix of the others, KV cache pressure with preemption and resumption,
 chunked prefill under a small ``max_num_batched_tokens``, finishes and aborts,
 an n-gram speculator's drafts with per-request acceptance fed back through
-``update_from_output``, a sliding-window group beside the full one) run through vLLM's scheduler and stepwarm's planner, step by step
+``update_from_output``, a sliding-window group beside the full one, a Mamba
+group in align or none mode) run through vLLM's scheduler and stepwarm's planner, step by step
 (:mod:`tests.property.scheduler_oracle`)."""
 
 from __future__ import annotations
@@ -30,15 +31,19 @@ def streams(draw: st.DrawFn) -> tuple[Config, list[Arrival]]:
     # a sliding-window group beside the full one in 1 example of 3 (its
     # blocks come from the same pool: twice the blocks)
     window = draw(st.none() | st.none() | st.integers(1, max_model_len))
-    groups = 1 if window is None else 2
+    # a Mamba group (its state blocks from the same pool) in 1 example of 4:
+    # "align" mode (prefix caching on), or "none" (prefix caching off, as
+    # vLLM runs a hybrid model there)
+    mamba = draw(st.sampled_from([None, None, None, None, None, None, "align", "none"]))
+    groups = 1 + (window is not None) + (mamba is not None)
     # at least one whole request fits the pool (else vLLM preempts it forever)
     num_blocks = draw(st.integers(max_model_len // bs + 1, max_model_len // bs * 2 + 1)) * groups
-    cfg = Config(sliding_window=window,
+    cfg = Config(sliding_window=window, mamba=mamba,
         block_size=bs, num_blocks=num_blocks,
         max_num_seqs=draw(st.integers(1, 4)),
         max_num_batched_tokens=draw(st.sampled_from([8, 16, 32, 64])),
         max_model_len=max_model_len,
-        enable_caching=draw(st.sampled_from([True, True, True, False])),
+        enable_caching=mamba != "none" and draw(st.sampled_from([True, True, True, False])),
         num_spec_tokens=draw(st.sampled_from([0, 0, 1, 2, 4])),
     )
     # (drafts proposed, of them accepted) after each sampled step, cycled
@@ -81,6 +86,8 @@ def test_every_step_is_the_schedulers(stream: tuple[Config, list[Arrival]]) -> N
         event("a waiting request padded with placeholder drafts")
     if cfg.sliding_window is not None:
         event("sliding window")
+    if cfg.mamba is not None:
+        event(f"Mamba {cfg.mamba}")
     if any(r.resumed for r in theirs):
         event("resumed")
     if any(c for r in theirs for rid, c in r.computed.items() if rid in r.new | r.resumed):
