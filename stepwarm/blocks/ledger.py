@@ -484,8 +484,11 @@ class BlockLedger(TokenRangeSteps):
     def looks_up_resumed(self) -> bool:
         """Whether :meth:`lookup` finds hits here: prefix caching on, every
         cached group full, MLA or sliding-window attention, no drafter."""
+        align = self.cache_alignment or 1
         return self.enable_caching and self.drafter == DrafterCaching() and all(
             s.kind in NOT_CACHED or s.kind in (*FULL_KINDS, "sliding_window")
+            or (s.kind == "mamba" and s.mamba_cache_mode == "align" and s.block_size == align
+                and not s.num_speculative_blocks)
             for s in self.specs)
 
     def lookup(self, req_id: str, prompt_len: int, num_tokens: int) -> int:
@@ -523,6 +526,9 @@ class BlockLedger(TokenRangeSteps):
                     if g not in full:
                         full[g] = cache.hit_blocks(g, bs, prompt_len, length, req_id) * bs
                     length = min(length, full[g])
+                elif spec.kind == "mamba":
+                    length = cache.last_cached_block(g, bs, prompt_len, length, req_id,
+                                                     align) * bs
                 else:
                     length = cache.window_hit_blocks(g, spec, prompt_len, length, req_id,
                                                      align) * bs

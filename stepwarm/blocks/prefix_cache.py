@@ -98,6 +98,20 @@ class PrefixCache:
             i += 1
         return i
 
+    def last_cached_block(self, group: int, block_size: int, prompt_len: int, max_length: int,
+                          req_id: str, alignment: int) -> int:
+        """``MambaManager.find_longest_cache_hit`` (blocks of the hit
+        alignment, no partial hash hits) for a request holding no block,
+        within ``max_length`` tokens: the last cached state block whose end
+        is a multiple of ``alignment`` tokens. Returns the hit in blocks (the
+        blocks before that one are null in the request's table), 0 where no
+        state is cached."""
+        for i in range(max_length // block_size - 1, -1, -1):
+            if (i + 1) * block_size % alignment == 0 and self.cached(group, i, block_size,
+                                                                     prompt_len, req_id):
+                return i + 1
+        return 0
+
     def window_hit_blocks(self, group: int, spec: CacheSpec, prompt_len: int, max_length: int,
                           req_id: str, alignment: int) -> int:
         """``SlidingWindowManager.find_longest_cache_hit`` (no EAGLE) for a

@@ -19,7 +19,7 @@ from stepwarm.blocks import BlockLedger  # noqa: E402
 from stepwarm.blocks.prefix_cache import PrefixCache  # noqa: E402
 from stepwarm.profile import CacheSpec  # noqa: E402
 from stepwarm.vllm_facts import scheduler_caches_after_output  # noqa: E402
-from stepwarm.plan import PlanBuilder  # noqa: E402
+from stepwarm.plan import PlanBuilder, PlanError  # noqa: E402
 from tests.property.scheduler_oracle import (  # noqa: E402
     Arrival, Config, Replay, Unmodelled, replay)
 
@@ -153,6 +153,17 @@ REGRESSIONS = {
           {"r0": ((26,), (11,)), "r1": ((10, 14, 30, 29), (22, 8, 24, 12))}),
          (31, {"r1": 18, "r3": 6}, {"r1": 1, "r3": 1},
           {"r1": ((9,), (15,)), "r3": ((24, 8, 22, 23), (0, 0, 12, 4))})]),
+    # beside a Mamba align group (2-token blocks): r1 resumes at step 29
+    # after a 28-token hit, the state of its block 13 (the last cached one),
+    # the 13 blocks before it null in the Mamba table
+    "resumed beside a Mamba align group": (
+        Config(block_size=2, num_blocks=34, max_num_seqs=2, max_num_batched_tokens=8,
+               max_model_len=32, mamba="align"),
+        [Arrival(0, 1, 31), Arrival(0, 1, 31)],
+        [(29, {"r0": 29, "r1": 28}, {"r0": 1, "r1": 1}, {"r0": ((), ()), "r1": (
+            (3, 7, 11, 15, 19, 23, 27, 31, 4, 12, 20, 28, 6, 22, 10), (0,) * 13 + (26, 18))}),
+         (31, {"r1": 28}, {"r1": 2}, {"r1": (
+             (3, 7, 11, 15, 19, 23, 27, 31, 4, 12, 20, 28, 6, 22, 10), (0,) * 13 + (26, 18))})]),
     # window 46, 2-token blocks (a hit needs a run of 23 cached blocks, or
     # the run from the first): in step 36 r0 tries to fit, frees the block
     # its window left behind (remove_skipped_blocks), then preempts itself:
@@ -246,6 +257,22 @@ def test_wrong_resume_rule_is_caught(monkeypatch: pytest.MonkeyPatch, mutant: tu
     monkeypatch.setattr(*mutant)
     cfg, arrivals, _ = REGRESSIONS[name]
     with pytest.raises(AssertionError, match=match):
+        replay(cfg, arrivals)
+
+
+def _mamba_as_full(self: PrefixCache, group: int, block_size: int, prompt_len: int,
+                   max_length: int, req_id: str, alignment: int) -> int:
+    return self.hit_blocks(group, block_size, prompt_len, max_length, req_id)
+
+
+def test_a_mamba_hit_taken_as_full_attentions_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant: a Mamba group's hit as the cached blocks from the first
+    on (not the last cached state). stepwarm's resumption then starts
+    elsewhere than vLLM's and its chunk no longer ends where vLLM's does."""
+    monkeypatch.setattr(PrefixCache, "last_cached_block", _mamba_as_full)
+    cfg, arrivals, _ = REGRESSIONS["resumed beside a Mamba align group"]
+    with pytest.raises(PlanError, match=r"step 29: request 'r1': prefill chunk ends at token 1, "
+                                        "not on a Mamba block boundary"):
         replay(cfg, arrivals)
 
 
