@@ -70,11 +70,14 @@ def _root() -> None:
     """Scheduler-realistic warmup steps for vLLM workers."""
 
 
-def _engine_arg_pairs(pairs: list[str]) -> tuple[dict[str, Any], list[str]]:
+def _engine_arg_pairs(pairs: list[str], repeats: list[dict[str, Any]] | None = None
+                      ) -> tuple[dict[str, Any], list[str]]:
     """``KEY=VALUE`` pairs -> ``vllm.LLM`` kwargs (VALUE parsed as JSON when it
     parses, else kept as a string), and every pair's error at once: no
     ``=``, VALUE meant as JSON (``{``, ``[``, ``"``) that does not parse, a
-    key given twice (the first value is kept, so its own checks still run)."""
+    key given twice (the first value is kept, so its own checks still run;
+    each later value goes to ``repeats``, one ``{key: value}`` each, for
+    its own checks)."""
     args: dict[str, Any] = {}
     given: dict[str, str] = {}
     errors: list[str] = []
@@ -84,19 +87,24 @@ def _engine_arg_pairs(pairs: list[str]) -> tuple[dict[str, Any], list[str]]:
             errors.append(f"-e {pair!r}: expected KEY=VALUE")
             continue
         name = key.replace("-", "_")
-        if name in given:  # the last one would win silently, its error hiding the first's
+        repeated = name in given
+        if repeated:  # the last one would win silently, its error hiding the first's
             errors.append(f"-e {name} given twice ({given[name]!r}, {pair!r}); "
                           "allowed: each key once")
-            continue
-        given[name] = pair
+        else:
+            given[name] = pair
         try:
-            args[name] = json.loads(value)
+            parsed = json.loads(value)
         except json.JSONDecodeError as e:
             if value.lstrip()[:1] in ("{", "[", '"'):  # meant as JSON: say where it breaks
                 errors.append(f"-e {key}: VALUE is not valid JSON: {e.msg} at column "
                               f"{e.colno} of {value!r}")
                 continue
-            args[name] = value
+            parsed = value
+        if not repeated:
+            args[name] = parsed
+        elif repeats is not None:
+            repeats.append({name: parsed})
     return args, errors
 
 
@@ -259,8 +267,10 @@ def _engine_arg_errors(engine_arg: Optional[list[str]]) -> list[str]:
     then not imported for it)."""
     from stepwarm.engine import bad_engine_arg_values, unknown_engine_args
 
-    given, errors = _engine_arg_pairs(engine_arg or [])
-    return errors + ((unknown_engine_args(list(given)) + bad_engine_arg_values(given))
+    repeats: list[dict[str, Any]] = []
+    given, errors = _engine_arg_pairs(engine_arg or [], repeats)
+    return errors + ((unknown_engine_args(list(given)) + bad_engine_arg_values(given)
+                      + [e for r in repeats for e in bad_engine_arg_values(r)])
                      if given else [])
 
 

@@ -518,6 +518,19 @@ def test_an_engine_arg_given_twice_is_refused_naming_both():
            "each key once" in " ".join(r.stderr.split())
 
 
+def test_a_repeated_engine_args_second_value_is_checked_too():
+    """``-e max_num_seqs=4 -e max_num_seqs=0``: the repeat, and that 0 is
+    below vLLM's bound, both said (before: the repeat only)."""
+    r = runner.invoke(app, ["check", "default", "-e", "max_num_seqs=4",
+                            "-e", "max_num_seqs=0"], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    lines = r.stderr.splitlines()
+    assert lines[0] == ("error: -e max_num_seqs given twice ('max_num_seqs=4', "
+                        "'max_num_seqs=0'); allowed: each key once")
+    assert len(lines) == 2 and lines[1].startswith("error: -e max_num_seqs=0: vLLM's ")
+    assert lines[1].endswith(".max_num_seqs takes at least 1"), lines[1]
+
+
 def test_every_bad_engine_arg_at_once_bad_json_and_a_repeat_hide_nothing():
     """Bad JSON, a repeated key and a missing ``=`` no longer hide the type
     error and the typo beside them: one line each, exit 2, no engine
