@@ -132,7 +132,7 @@ class AlignWithoutNullPadding(MambaRule):
         return ReservationRule.allocate(self, table, num_tokens, spec, ctx, take)
 
 
-def _hit_with_lookahead(self, req_id, num_tokens, encoder_len=None):
+def _hit_with_lookahead(self, req_id, num_tokens, encoder_len=None, prompt_len=None):
     """The old prefix hit: the hit grown like a step, lookahead block included
     and counted as cached."""
     g = self.grow(req_id, num_tokens, encoder_len)
