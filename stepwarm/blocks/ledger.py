@@ -483,7 +483,8 @@ class BlockLedger(TokenRangeSteps):
     @property
     def looks_up_resumed(self) -> bool:
         """Whether :meth:`lookup` finds hits here: prefix caching on, every
-        cached group full, MLA or sliding-window attention, no drafter."""
+        cached group full, MLA or sliding-window attention or Mamba align
+        (its block the hit alignment, no speculative blocks), no drafter."""
         align = self.cache_alignment or 1
         return self.enable_caching and self.drafter == DrafterCaching() and all(
             s.kind in NOT_CACHED or s.kind in (*FULL_KINDS, "sliding_window")
@@ -498,14 +499,16 @@ class BlockLedger(TokenRangeSteps):
         finds it for a waiting request with no computed token: at most
         ``num_tokens - 1`` tokens; a full or MLA attention group's cached
         blocks from the first on, a sliding-window group's last run of cached
-        blocks its window reads (:meth:`PrefixCache.window_hit_blocks`), each
-        group within the hit the others left, until none shortens it
+        blocks its window reads (:meth:`PrefixCache.window_hit_blocks`), a
+        Mamba align group's last cached state (:meth:`PrefixCache.last_cached_block`),
+        each group within the hit the others left, until none shortens it
         (``HybridKVCacheCoordinator.find_longest_cache_hit``); rounded down
         to :attr:`cache_alignment`. Past the prompt, a block's entry is the
         request's own (it holds its sampled tokens).
 
         Only where :attr:`looks_up_resumed` (else 0): stepwarm does not
-        re-derive the Mamba managers' hits nor EAGLE's dropped block.
+        re-derive partial hash hits, Mamba's speculative blocks nor EAGLE's
+        dropped block.
 
         Example (one group, 16-token blocks): a 150-token prompt preempted
         after 4 sampled tokens, its first block still cached and its second

@@ -281,6 +281,7 @@ class Replay:
         self.sched = s = build_scheduler(cfg)
         self.builder = PlanBuilder(profile, name="oracle")
         hasher = _hasher(cfg)
+        num_groups = len(profile.kv_cache_groups)
         reqs = [(f"r{i}", a) for i, a in enumerate(self.arrivals)]
         last = max((a.at for a in self.arrivals), default=0)
         t = 0
@@ -309,7 +310,7 @@ class Replay:
                      for r in s.waiting
                      if r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)}
             out = s.schedule()
-            theirs = record(out, len(cfg.groups()))
+            theirs = record(out, num_groups)
             theirs.index = t
             # a request aborted before any step sent it: the runner never
             # saw it, and no recording names it
@@ -323,7 +324,7 @@ class Replay:
             self.check_unique_hits(theirs)
             self._sent.update(theirs.new)
             sampled = self.sample(out, theirs)
-            mine = stepwarm_record(self.plan_step(theirs), len(cfg.groups()))
+            mine = stepwarm_record(self.plan_step(theirs), num_groups)
             self.pairs.append((theirs, mine))
             self.compare(theirs, mine)
             s.update_from_output(out, model_runner_output(list(out.num_scheduled_tokens),
