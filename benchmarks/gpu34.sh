@@ -4,7 +4,12 @@
 # over several device calls. vLLM 0.34 is carried as ../shared/gpu/README.md says
 # ("vLLM 0.34.0 on the H200": prepare-034.sh, 8 pieces, then the kit .gpu34/k, with
 # stepwarm's wheel rebuilt from this tree: python3 -m pip wheel -q --no-deps -w .gpu34/k .).
-#   call 9:  carry .gpu34/k   bash benchmarks/gpu34.sh start A.jsonl B.jsonl [PARALLEL]
+#   call 9:  carry .gpu34/k [.gpu34/fi]   bash benchmarks/gpu34.sh start A.jsonl B.jsonl [PARALLEL] [LANE]
+# A runs alone (one job at a time; '-' for none), then B, PARALLEL jobs at a time. LANE: 'beside'
+# (default: the one-GPU lane beside B), 'alone' (after A, before B: vLLM's memory check fails
+# when another engine frees memory while it profiles), 'none'. With .gpu34/fi carried
+# (benchmarks/gpu34_install_flashinfer.sh's bundle) FlashInfer is unpacked into /tmp/sitefi but
+# not put on the path: a job that wants it says so in its env (PYTHONPATH, VLLM_USE_FLASHINFER_SAMPLER=1).
 #   call 10+:                 bash benchmarks/gpu34.sh wait SECONDS
 # `wait` sleeps until everything ends or SECONDS pass, then packs the results so far
 # into $OUT/gpu34.tar.gz and prints progress.
@@ -12,18 +17,23 @@ set -uo pipefail
 R=/tmp/stepwarm-034
 case "${1:-}" in
   start)
-    A=$2; B=$3; PARALLEL=${4:-4}
+    A=$2; B=$3; PARALLEL=${4:-4}; LANE=${5:-beside}
     . .gpu34/k/install-034.sh || exit 1
+    if [ -d .gpu34/fi ]; then ( . .gpu34/fi/install-fi.sh ) || exit 1; ls -d /tmp/sitefi/flashinfer/data/aot/*; fi
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site34 /root/s34/k/stepwarm-*.whl || exit 1
-    mkdir -p $R/out && cp -r benchmarks/traffic $R/ && cp "$A" $R/a.jsonl && cp "$B" $R/b.jsonl
+    mkdir -p $R/out && cp -r benchmarks/traffic $R/ && cp "$B" $R/b.jsonl
+    if [ "$A" = - ]; then : > $R/a.jsonl; else cp "$A" $R/a.jsonl; fi
     cp benchmarks/coverage_jobs.py $R/
     nvidia-smi -L
     python3 -c "import vllm, torch, triton, stepwarm; print('vllm', vllm.__version__, 'torch', torch.__version__, 'triton', triton.__version__, 'stepwarm from', stepwarm.__file__)"
     export PYTHONUNBUFFERED=1 STEPWARM_LANE_RECORD=$R/out/lane.jsonl
     REPO=$PWD
+    LANE_CMD="cd $REPO && python3 -m pytest -p no:cacheprovider -v -rA tests/gpu/test_serve.py tests/gpu/test_policy.py tests/gpu/test_release_facts.py > $R/out/lane.log 2>&1; echo lane rc \$? >> $R/out/lane.log"
+    case "$LANE" in beside) BESIDE="($LANE_CMD) &"; ALONE=: ;; alone) BESIDE=:; ALONE="($LANE_CMD)" ;; *) BESIDE=:; ALONE=: ;; esac
     setsid nohup bash -c "
-      cd $R && python3 coverage_jobs.py a.jsonl --results $R/out/a --parallel 1 > $R/a.log 2>&1
-      (cd $REPO && python3 -m pytest -p no:cacheprovider -v -rA tests/gpu/test_serve.py tests/gpu/test_policy.py > $R/out/lane.log 2>&1; echo lane rc \$? >> $R/out/lane.log) &
+      [ -s $R/a.jsonl ] && { cd $R && python3 coverage_jobs.py a.jsonl --results $R/out/a --parallel 1 > $R/a.log 2>&1; }
+      $ALONE
+      $BESIDE
       cd $R && python3 coverage_jobs.py b.jsonl --results $R/out/b --parallel $PARALLEL > $R/b.log 2>&1
       wait; echo all done > $R/done" > $R/runner.log 2>&1 < /dev/null &
     sleep 3; cat $R/runner.log

@@ -86,17 +86,26 @@ def print_ratios(ratios: Sequence[Ratio], a: str, b: str) -> None:
                       + ("  noisy" if r.noisy else ""))
 
 
-def check_gate(gate_pct: float | None, comparing: bool) -> list[str]:
+def check_counts(counts: Sequence[tuple[str, int | str, int, int]]) -> list[str]:
+    """Each ``(option, value, low, high)`` whose value is not a whole number
+    from ``low`` to ``high``, said at once."""
+    return [f"{option} {value}: allowed: a whole number from {low} to {high}"
+            for option, value, low, high in counts
+            if not (isinstance(value, int) and low <= value <= high)]
+
+
+def check_gate(gate_pct: float | str | None, comparing: bool) -> list[str]:
     """``--gate`` is a percentage >= 0, and needs a B to compare A with."""
-    if gate_pct is not None and not gate_pct >= 0:
-        return [f"--gate {gate_pct:g}: allowed: a slowdown in percent, 0 or more"]
+    if isinstance(gate_pct, str) or (gate_pct is not None and not gate_pct >= 0):
+        return [f"--gate {gate_pct if isinstance(gate_pct, str) else f'{gate_pct:g}'}: "
+                "allowed: a slowdown in percent, 0 or more"]
     if gate_pct is not None and not comparing:
         return [f"--gate {gate_pct:g}: the gate compares B with A; give B with --against-e, "
                 "--against-env or --against-python"]
     return []
 
 
-def check_plot_and_trace(plot_out: Path | None, trace: int | None, trace_out: Path | None,
+def check_plot_and_trace(plot_out: Path | None, trace: int | str | None, trace_out: Path | None,
                          comparing: bool) -> list[str]:
     """``--plot`` / ``--trace`` / ``--trace-file`` errors, before an engine starts."""
     from stepwarm import bench_plot
@@ -104,7 +113,7 @@ def check_plot_and_trace(plot_out: Path | None, trace: int | None, trace_out: Pa
     errors = []
     if plot_out is not None:
         errors += [e for e in (bench_plot.path_error(plot_out), bench_plot.missing()) if e]
-    if trace is not None and trace < 0:
+    if isinstance(trace, str) or (trace is not None and trace < 0):
         errors.append(f"--trace {trace}: allowed: a step's index, from 0")
     if trace is not None and comparing:
         errors.append("--trace traces one configuration: run it without --against-e, "

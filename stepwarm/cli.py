@@ -28,6 +28,7 @@ from stepwarm.console import (ScenarioProgress, console, err_console, line_width
 from stepwarm import interrupts
 from stepwarm.driver import RunReport
 from stepwarm.output_path import typed_path
+from stepwarm.typed_numbers import number, whole_number
 from stepwarm.hook import WarmupProgress, warmup
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -1255,17 +1256,17 @@ def bench(
     scenario: Annotated[str, typer.Argument(metavar="NAME|FILE", help="A built-in scenario or a TOML file.")],
     model: ModelOption = None,
     engine_arg: EngineArgs = None,
-    repeat: Annotated[int, typer.Option("--repeat", metavar="N", help="Measured repeats of the whole scenario (1 to 100000).")] = 20,
-    warmup: Annotated[int, typer.Option("--warmup", metavar="K", help="Unmeasured repeats first (0 to 100000).")] = 3,
+    repeat: Annotated[int, typer.Option("--repeat", metavar="N", parser=whole_number, help="Measured repeats of the whole scenario (1 to 100000).")] = 20,
+    warmup: Annotated[int, typer.Option("--warmup", metavar="K", parser=whole_number, help="Unmeasured repeats first (0 to 100000).")] = 3,
     json_out: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", parser=typed_path, help="Every sample, the statistics and the ratios as JSON.")] = None,
     csv_out: Annotated[Optional[Path], typer.Option("--csv", metavar="FILE", parser=typed_path, help="One row a step and configuration.")] = None,
     against_e: Annotated[Optional[list[str]], typer.Option("--against-e", metavar="KEY=VALUE", help="Compare with B: these engine arguments on top of -e.")] = None,
     against_env: Annotated[Optional[list[str]], typer.Option("--against-env", metavar="VAR=VALUE", help="Compare with B: this environment variable set.")] = None,
     against_python: Annotated[Optional[str], typer.Option("--against-python", metavar="PATH", help="Compare with B: run under this Python (another vLLM build).")] = None,
-    rounds: Annotated[int, typer.Option("--rounds", metavar="R", help="A/B rounds the repeats are split into, interleaved (1 to 1000).")] = 4,
-    gate_pct: Annotated[Optional[float], typer.Option("--gate", metavar="PCT", help="Exit 4 when a step of B is slower than A by more than PCT % beyond the noise.")] = None,
+    rounds: Annotated[int, typer.Option("--rounds", metavar="R", parser=whole_number, help="A/B rounds the repeats are split into, interleaved (1 to 1000).")] = 4,
+    gate_pct: Annotated[Optional[float], typer.Option("--gate", metavar="PCT", parser=number, help="Exit 4 when a step of B is slower than A by more than PCT % beyond the noise.")] = None,
     plot_out: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE", parser=typed_path, help="Draw each step's times and the batch sweeps (.png or .svg; needs matplotlib).")] = None,
-    trace: Annotated[Optional[int], typer.Option("--trace", metavar="STEP", help="After the measured repeats, one more with the torch profiler on around step STEP (its index, from 0).")] = None,
+    trace: Annotated[Optional[int], typer.Option("--trace", metavar="STEP", parser=whole_number, help="After the measured repeats, one more with the torch profiler on around step STEP (its index, from 0).")] = None,
     trace_out: Annotated[Optional[Path], typer.Option("--trace-file", metavar="FILE", parser=typed_path, help="Where --trace writes its Chrome trace (default: stepwarm-trace-NAME-N.json, NAME the scenario, N the step).")] = None,
     child: Annotated[bool, typer.Option("--child", hidden=True)] = False,
     verbose: Verbose = False,
@@ -1288,11 +1289,8 @@ def bench(
     env_b, errors = bc.parse_env(against_env or [])
     errors = setup_errors + _output_path_errors((json_out, "--json"), (csv_out, "--csv"),
                                                 (plot_out, "--plot")) + errors  # all at once
-    errors += [f"{option} {value}: allowed: a whole number from {low} to {high}"
-               for option, value, low, high in (("--repeat", repeat, 1, 100000),
-                                                ("--warmup", warmup, 0, 100000),
-                                                ("--rounds", rounds, 1, 1000))
-               if not low <= value <= high]  # every bad count at once, not the first only
+    errors += bc.check_counts((("--repeat", repeat, 1, 100000), ("--warmup", warmup, 0, 100000),
+                               ("--rounds", rounds, 1, 1000)))  # every bad count at once
     errors += bc.check_python(against_python)
     comparing = bool(against_e or against_env or against_python)
     errors += bc.check_plot_and_trace(plot_out, trace, trace_out, comparing)

@@ -13,12 +13,12 @@ import logging
 import os
 import re
 import sys
-import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions
 from rich.live import Live
 from rich.table import Table
@@ -72,10 +72,8 @@ def print_labelled(label: str, message: str, out: Console | None = None) -> None
             out.print(wrapped_text(line, width), soft_wrap=True)  # a line of its own
             continue
         place = _place(body)
-        body = textwrap.fill(_units_held(body), width=max(width, len(indent) + 20),
-                             initial_indent=indent, subsequent_indent=indent,
-                             break_long_words=False, break_on_hyphens=False
-                             )[len(indent):].replace(HELD, " ")
+        body = "\n".join(wrap_cells(indent + _units_held(body), max(width, len(indent) + 20),
+                                    indent))[len(indent):].replace(HELD, " ")
         out.print(Text.assemble((label, "bold red"), " ", body), soft_wrap=True)
 
 
@@ -95,6 +93,26 @@ def line_width(out: Console) -> int:
     if columns.isdigit() and int(columns) >= 20:
         return int(columns)
     return out.width if out.is_terminal else LINE_WIDTH
+
+
+def wrap_cells(line: str, width: int, subsequent_indent: str = "") -> list[str]:
+    """``line`` wrapped greedily at its spaces to ``width`` terminal cells
+    (rich's ``cell_len``: a CJK character or an emoji takes two), as
+    ``textwrap.wrap(..., break_long_words=False, break_on_hyphens=False)``
+    does by characters: a word wider than a line is left whole, the line's
+    leading spaces and the runs of spaces between words are kept, spaces at
+    a break are dropped; continuation lines start with ``subsequent_indent``."""
+    rows: list[str] = []
+    current = ""
+    for piece in re.findall(r" +|[^ ]+", line):
+        if piece[0] != " " and current.strip() and cell_len(current + piece) > width:
+            rows.append(current.rstrip(" "))
+            current = subsequent_indent + piece
+        elif piece[0] != " " or current.strip() or not rows:
+            current += piece
+    if current.strip():
+        rows.append(current.rstrip(" "))
+    return rows
 
 
 def wrapped_text(text: str, width: int, *, indent: int = 2, label_style: str | None = None,
@@ -121,10 +139,9 @@ def wrapped_text(text: str, width: int, *, indent: int = 2, label_style: str | N
     for n, line in enumerate(lines):
         lead = " " * (len(line) - len(line.lstrip(" ")))
         wide = max(width, len(lead) + indent + 20)
-        rows = [row.replace(_BREAK, "") for row in textwrap.wrap(
-            _commas_breakable(line, wide - len(lead) - indent), width=wide,
-            subsequent_indent=lead + " " * indent, break_long_words=False,
-            break_on_hyphens=False)] or [""]
+        rows = [row.replace(_BREAK, "") for row in wrap_cells(
+            _commas_breakable(line, wide - len(lead) - indent), wide,
+            lead + " " * indent)] or [""]
         for i, row in enumerate(rows):
             if n or i:
                 out.append("\n")
@@ -146,8 +163,8 @@ def wrapped_text(text: str, width: int, *, indent: int = 2, label_style: str | N
     return out
 
 
-#: Holds a number to its unit while a line is wrapped (textwrap breaks at
-#: ASCII whitespace only); put back to a space once wrapped.
+#: Holds a number to its unit while a line is wrapped (:func:`wrap_cells` breaks at
+#: spaces only); put back to a space once wrapped.
 HELD = "\xa0"
 _UNIT = re.compile(r"(\d) (?=(?:ms|s|MiB|GiB|KiB|MB|GB|x)\b|%)")
 #: A double-quoted string on one line, with the ``python -c`` before it.
@@ -165,7 +182,7 @@ def _commas_breakable(line: str, room: int) -> str:
     and ``..`` (``a[0],a[1],a[2]``), so that it wraps there instead of running
     past the line's end (a new user's trial: ``show`` folded such a label
     mid-name at column 80); other words are left whole."""
-    if len(line) <= room:
+    if cell_len(line) <= room:
         return line
     return " ".join("".join(_comma_pieces(w, room)) for w in line.split(" "))
 
@@ -486,9 +503,7 @@ def _title(title: str, width: int) -> Text:
     ``run``'s lines are (continuations indented two spaces): no line padded
     (rich pads a ``Table(title=...)`` to the table's width, leaving spaces at
     the ends of the lines)."""
-    return Text("\n".join(textwrap.wrap(title, width, subsequent_indent="  ",
-                                        break_long_words=False, break_on_hyphens=False)),
-                end="\n")
+    return Text("\n".join(wrap_cells(title, width, "  ")), end="\n")
 
 
 def _wrap(parts: list[str], indent: int, width: int, sep: str) -> list[str]:
@@ -499,7 +514,7 @@ def _wrap(parts: list[str], indent: int, width: int, sep: str) -> list[str]:
     for piece in (p for part in parts for p in _comma_pieces(part, width - indent)):
         glue = "" if piece.startswith(_BREAK) else sep
         part = piece.removeprefix(_BREAK)
-        if lines[-1].strip() and len(lines[-1]) + len(glue) + len(part) > width:
+        if lines[-1].strip() and cell_len(lines[-1]) + len(glue) + cell_len(part) > width:
             lines.append(" " * indent + part)
         else:
             lines[-1] = (lines[-1] + glue + part) if lines[-1].strip() else lines[-1] + part
@@ -510,7 +525,7 @@ def _comma_pieces(part: str, room: int) -> list[str]:
     """``part`` alone, or, wider than ``room``, its pieces after each comma
     or ``..`` (``a[0],``, ``a[1],``, ``a[2]``; ``a[0]..``, ``b[1]``), each but
     the first marked to be joined with no separator."""
-    if len(part) <= room or ("," not in part and ".." not in part):
+    if cell_len(part) <= room or ("," not in part and ".." not in part):
         return [part]
     pieces = [p for p in re.split(r"(?<=,)|(?<=\.\.)(?!\.)", part) if p]
     return [pieces[0], *(_BREAK + p for p in pieces[1:])]
@@ -891,8 +906,7 @@ class BlockTablesView:
         """Each step as a line ``# kind``, then each of its rows as wrapped
         lines of at most ``width`` columns (no word split), indented two
         spaces, continuations six."""
-        out = textwrap.wrap(f"{self.title} ({SHORT_BLOCK_HELP})", width, subsequent_indent="  ",
-                            break_long_words=False, break_on_hyphens=False)
+        out = wrap_cells(f"{self.title} ({SHORT_BLOCK_HELP})", width, "  ")
         for row in self.rows:
             if row[0]:
                 out += _wrap([row[0], row[1]], 4, width, " ")
@@ -1010,8 +1024,6 @@ def print_models(rows: list[tuple[str, ...]], out: Console = console) -> None:
         rows: one cell per :data:`MODEL_COLUMNS` per zoo model.
         out: where to print.
     """
-    import textwrap
-
     from rich.measure import Measurement
 
     title = "zoo models (--model NAME; written at run time, dummy weights)"
@@ -1024,10 +1036,9 @@ def print_models(rows: list[tuple[str, ...]], out: Console = console) -> None:
     if natural <= out.width:  # every row on one line
         out.print(Titled(title, table))
         return
-    lines = textwrap.wrap(title, out.width, subsequent_indent="  ")
+    lines = wrap_cells(title, out.width, "  ")
     for name, *fields in rows:
         lines.append(name)
         for label, text in zip(MODEL_COLUMNS[1:], fields):
-            lines += textwrap.wrap(f"{label}: {text}", out.width, initial_indent="    ",
-                                   subsequent_indent="      ", break_on_hyphens=False)
+            lines += wrap_cells(f"    {label}: {text}", out.width, "      ")
     out.print("\n".join(lines), soft_wrap=True)

@@ -117,3 +117,27 @@ def test_a_gate_without_b_is_refused_before_an_engine():
     assert " ".join(r.stderr.split()) == (
         "error: --gate 5: the gate compares B with A; give B with --against-e, --against-env "
         "or --against-python")
+
+
+def test_numbers_that_are_not_numbers_are_said_with_every_other_error():
+    """click stops at the first option it cannot convert; bench says each
+    (twelfth trial, item 8: ``--gate abc`` hid the rest)."""
+    from typer.testing import CliRunner
+
+    from stepwarm.cli import app
+
+    r = CliRunner().invoke(app, ["bench", "default", "--gate", "abc", "--repeat", "x",
+                                 "--warmup", "1.5", "--rounds", "0", "--trace", "nan"],
+                           env={"COLUMNS": "200"})
+    assert r.exit_code == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        "error: --repeat x: allowed: a whole number from 1 to 100000",
+        "error: --warmup 1.5: allowed: a whole number from 0 to 100000",
+        "error: --rounds 0: allowed: a whole number from 1 to 1000",
+        "error: --trace nan: allowed: a step's index, from 0",
+        "error: --gate abc: allowed: a slowdown in percent, 0 or more",
+    ]
+    r = CliRunner().invoke(app, ["bench", "default", "--gate", "inf", "--against-e", "x=1"],
+                           env={"COLUMNS": "200"})
+    assert r.exit_code == 2
+    assert "error: --gate inf: allowed: a slowdown in percent, 0 or more" in r.stderr.splitlines()

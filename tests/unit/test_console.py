@@ -723,3 +723,21 @@ def test_the_live_form_is_chosen_for_every_planned_label_from_the_first_row():
         Console(file=buf, width=80, force_terminal=True, color_system=None,
                 markup=False).print(table)
         assert ("┃" in buf.getvalue()) == (form == "table"), buf.getvalue()
+
+
+def test_wide_characters_are_wrapped_by_the_cells_they_take():
+    """A CJK label takes two cells a character: wrapped by characters, its
+    line ran past 80 columns and the terminal folded the rest to column 0
+    (twelfth trial, item 2). Each line fits, the continuation is indented,
+    spaces inside a line are kept."""
+    from rich.cells import cell_len
+
+    from stepwarm.console import step_lines, wrap_cells
+
+    label = "预填充 两个 请求 每个 二十个 词元 这是 一个 很长 的 标签 用来 测试 换行 宽度"
+    lines = step_lines(["0", "prefill", label, "2", "40"], of=3, width=80)
+    assert [cell_len(x) for x in lines[:2]] == [78, 22]
+    assert lines[1] == "        测试 换行 宽度"
+    assert wrap_cells("  ab  cd 宽宽宽 e", 9, "    ") == ["  ab  cd", "    宽宽宽", "    e"]
+    assert wrap_cells("x" * 12 + " y", 5, " ") == ["x" * 12, " y"]  # a long word whole
+    assert wrap_cells("", 5) == [] and wrap_cells("   ", 5) == []
