@@ -183,9 +183,14 @@ class Recorder:
             "preempted": len(getattr(out, "preempted_req_ids", None) or ()), "reqs": reqs}
         self.step += 1
 
-    def updated(self, out: Any, runner_output: Any) -> None:
+    def updated(self, out: Any, runner_output: Any, result: Any = None) -> None:
         """Add the drafts ``runner_output`` accepted to ``out``'s line and
-        append it."""
+        append it: those the output kept, where ``result`` (what
+        ``update_from_output`` returned: per client, ``EngineCoreOutputs``)
+        says a request stopped at ``max_tokens`` or a stop token with fewer
+        new tokens than the runner sampled (the drafts past the stop are
+        dropped, and so is the block they would fill: the plan must not
+        cache it)."""
         line = self.pending.pop(id(out), None)
         if line is None or self.stopped:
             return
@@ -195,10 +200,13 @@ class Recorder:
         index = sampled_rows(runner_output) if drafted else {}
         sampled = getattr(runner_output, "sampled_token_ids", None) or []
         by_ordinal = {o: rid for rid, o in self.ordinals.items()} if drafted else {}
+        kept = _kept_tokens(result) if drafted else {}
         for row in drafted:
-            i = index.get(by_ordinal.get(row["r"], ""))
+            rid = by_ordinal.get(row["r"], "")
+            i = index.get(rid)
             if i is not None and i < len(sampled):
-                row["accepted"] = max(0, len(sampled[i]) - 1)
+                n = len(sampled[i])
+                row["accepted"] = max(0, min(n, kept.get(rid, n)) - 1)
         self.write(line)
 
     def write(self, line: dict[str, Any]) -> None:
@@ -286,6 +294,18 @@ def _guarded(what: str, fn: Any, rec: Recorder, *args: Any) -> None:
         rec.stop()
 
 
+def _kept_tokens(result: Any) -> dict[str, int]:
+    """Request id -> new tokens ``update_from_output``'s outputs carry
+    (``EngineCoreOutputs.outputs[i].new_token_ids``, per client), for the
+    requests it finished; empty where ``result`` has another shape."""
+    kept: dict[str, int] = {}
+    for outputs in (result.values() if isinstance(result, dict) else ()):
+        for o in getattr(outputs, "outputs", None) or ():
+            if getattr(o, "finish_reason", None) is not None:
+                kept[o.request_id] = len(o.new_token_ids or ())
+    return kept
+
+
 def wrap_scheduler(cls: type) -> None:
     """Wrap ``cls.schedule`` and ``cls.update_from_output`` (its own) to
     record each step. Wrapping twice is a no-op."""
@@ -308,7 +328,7 @@ def wrap_scheduler(cls: type) -> None:
         rec = self.__dict__.get("_stepwarm_recorder")
         if rec is not None and not rec.stopped:
             _guarded("update_from_output", rec.updated, rec, scheduler_output,
-                     model_runner_output)
+                     model_runner_output, result)
         return result
 
     recorded_schedule._stepwarm_record = True  # type: ignore[attr-defined]

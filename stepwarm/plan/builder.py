@@ -341,7 +341,7 @@ class PlanBuilder:
         # Pooling requests done with their prompt last step finish now.
         finishing = set(ask.finish)
         if self._output_cached:
-            self._cache_after_output(finishing)
+            self._cache_after_output()
         finish = ask.finish + tuple(r for r in self._pooled if r not in finishing)
         scheduled = self._check_membership(ask, finish)
         draft = StepDraft()
@@ -365,8 +365,9 @@ class PlanBuilder:
         self._update_after_schedule(draft, finish, ask.preempt)
         if ask.accepted:
             self._update_from_output(ask)
-        if self.profile.caches_after_output and draft.decoded:
-            self._output_cached = list(draft.decoded)
+        if self.profile.caches_after_output:
+            self._output_cached = [live for live, _, dout in draft.updates
+                                   if dout and live.decl.kind == "sample"] + draft.decoded
         # Construct the scheduler output.
         step = self._scheduler_output(kind, label + suffix, draft, finish, ask.preempt, grammar)
         return step, waiting
@@ -900,25 +901,25 @@ class PlanBuilder:
             live.num_computed_tokens -= ask.decode[rid] - a
             live.num_output_tokens -= ask.decode[rid] - a
 
-    def _cache_after_output(self, finishing: set[str]) -> None:
+    def _cache_after_output(self) -> None:
         """vLLM 0.33 on, with a speculator (``update_from_output``: "Publish
-        finalized states"): the last step's decoded requests' blocks up to
-        their computed tokens become prefix-cache entries once their drafts
-        are verified (:attr:`RunnerProfile.caches_after_output`); their next
-        allocation would cache them anyway, a preemption before it would
-        not (the resumption's lookup then hits them). Rows that sample at
-        the end of their prompt cached it when they allocated.
+        finalized states"): the blocks of every request that sampled in the
+        last step (decoded, or done with its prompt or resumption), up to its
+        computed tokens, become prefix-cache entries once its drafts are
+        verified (:attr:`RunnerProfile.caches_after_output`): with hash
+        lookahead a block's entry needs the token after it (the prompt's last
+        block waits for the first sampled token), and a request that finishes
+        or is preempted next is cached all the same (freed cached, its blocks
+        go to the free queue's tail).
 
-        Done before the next step, for the requests it does not finish: one
-        that stops takes its output only as far as its stop (drafts accepted
-        past ``max_tokens`` are dropped, and with them the block they would
-        fill), which a plan does not know; its blocks are never looked up
-        again (docs/block-accounting.md)."""
+        A request that stops keeps its output only as far as its stop: drafts
+        the runner accepted past ``max_tokens`` are dropped, and with them the
+        block they would fill. A plan knows only the accepted count it is
+        given (``step(accepted=...)``) (docs/block-accounting.md)."""
         cache = self.ledger.cache_prompt
         for live in self._output_cached:
-            rid = live.decl.req_id
-            if live.state == "running" and rid not in finishing:
-                cache(rid, live.num_computed_tokens, live.decl.prompt_len,
+            if live.state == "running":
+                cache(live.decl.req_id, live.num_computed_tokens, live.decl.prompt_len,
                       num_request_tokens=live.decl.prompt_len + live.num_output_tokens)
         self._output_cached = []
 

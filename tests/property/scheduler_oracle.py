@@ -38,6 +38,12 @@ OUTPUT_BASE = 1 << 20
 _HASH_READY = False
 
 
+class ConfigRefused(Exception):
+    """The installed vLLM refuses the drawn runner (vLLM 0.26's hybrid
+    coordinator takes no two equal attention groups: an EAGLE group of its
+    own there): the example is discarded."""
+
+
 class Unmodelled(Exception):
     """A step stepwarm knowingly plans otherwise (docs/block-accounting.md):
     the example is discarded, its reason counted."""
@@ -61,6 +67,14 @@ class Config:
     #: A Mamba group's cache mode ("align" or "all") beside the attention
     #: ones (None: no Mamba group), its block the attention groups' size.
     mamba: str | None = None
+    #: An EAGLE drafter (the zoo's tiny-llama-eagle head) instead of the
+    #: n-gram speculator: ``num_spec_tokens`` drafts, as many lookahead slots
+    #: the scheduler reserves, a prefix hit's last block dropped where it
+    #: drops it.
+    eagle: bool = False
+    #: The drafter's layer in a full-attention group of its own (flagged
+    #: ``is_eagle_group``, last) instead of the target's full-attention group.
+    eagle_own_group: bool = False
 
     def vllm_groups(self) -> list[Any]:
         """vLLM's ``KVCacheSpec`` of each group."""
@@ -75,7 +89,18 @@ class Config:
         if self.mamba is not None:
             groups.append(MambaSpec(block_size=self.block_size, shapes=((8,),),
                                     dtypes=(torch.float16,), mamba_cache_mode=self.mamba))
+        if self.eagle and self.eagle_own_group:
+            groups.append(FullAttentionSpec(**attn))
         return groups
+
+    def group_layers(self) -> list[list[str]]:
+        """Each group's layer names: ``l<i>``, the drafter's ``d0`` with the
+        target's full-attention layer or in its own group."""
+        layers = [[f"l{i}"] for i in range(len(self.vllm_groups()))]
+        if self.eagle:
+            layers[-1 if self.eagle_own_group else 0] = (
+                ["d0"] if self.eagle_own_group else ["l0", "d0"])
+        return layers
 
     def groups(self) -> tuple[CacheSpec, ...]:
         """stepwarm's KV cache groups of this runner, read off vLLM's specs
@@ -84,13 +109,32 @@ class Config:
 
         return tuple(cache_spec_from_vllm(g) for g in self.vllm_groups())
 
-    def profile(self) -> RunnerProfile:
-        """stepwarm's profile of this runner."""
+    def profile(self, sched: Any = None) -> RunnerProfile:
+        """stepwarm's profile of this runner (with an EAGLE drafter, its facts
+        read off ``sched``, the :func:`build_scheduler` of this config, as
+        the probe reads them off a worker)."""
+        drafter, lookahead = None, 0
+        if self.eagle:
+            from stepwarm.drafter import Drafter, _eagle_groups, _hash_lookahead
+            from stepwarm.vllm_facts import prefill_lookahead_tokens
+
+            vc, kvc = sched.vllm_config, sched.kv_cache_config
+            spec = vc.speculative_config
+            lookahead = int(sched.num_lookahead_tokens)  # (0.26: the scheduler derives it)
+            groups = tuple(i for i, g in enumerate(self.group_layers()) if "d0" in g)
+            drafter = Drafter(
+                method="eagle", num_speculative_tokens=self.num_spec_tokens,
+                model=str(spec.draft_model_config.model), layers=("d0",),
+                kv_cache_groups=groups, own_group=self.eagle_own_group,
+                num_lookahead_tokens=lookahead, num_hash_lookahead_tokens=_hash_lookahead(vc),
+                num_prefill_lookahead_tokens=prefill_lookahead_tokens(vc),
+                eagle_groups=_eagle_groups(spec, kvc, _hash_lookahead(vc)))
         return tiny_profile().model_copy(update=dict(
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len, num_blocks=self.num_blocks,
-            enable_prefix_caching=self.enable_caching, num_lookahead_tokens=0,
-            num_speculative_steps=self.num_spec_tokens, draft_slots=0, warmup_draft_slots=0, drafter=None,
+            enable_prefix_caching=self.enable_caching, num_lookahead_tokens=lookahead,
+            num_speculative_steps=self.num_spec_tokens, draft_slots=0, warmup_draft_slots=0,
+            drafter=drafter,
             uncached_frees_append=False,
             kv_cache_groups=self.groups(),
             # as the probe reads it off the installed scheduler (an n-gram
@@ -161,18 +205,38 @@ def build_scheduler(cfg: Config) -> Any:
                      **({"mamba_cache_mode": cfg.mamba} if cfg.mamba else {}))
     cc.num_gpu_blocks = cfg.num_blocks
     spec = None
-    if cfg.num_spec_tokens:
+    if cfg.eagle:
+        spec = SpeculativeConfig(method="eagle", model=str(write_model("tiny-llama-eagle") / "drafter"),
+                                 num_speculative_tokens=cfg.num_spec_tokens,
+                                 target_model_config=mc, target_parallel_config=ParallelConfig())
+    elif cfg.num_spec_tokens:
         spec = SpeculativeConfig(method="ngram", num_speculative_tokens=cfg.num_spec_tokens,
                                  prompt_lookup_max=2, prompt_lookup_min=1,
                                  target_model_config=mc, target_parallel_config=ParallelConfig())
     vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
                     device_config=DeviceConfig("cpu"), speculative_config=spec)
-    groups = [KVCacheGroupSpec([f"l{i}"], g) for i, g in enumerate(cfg.vllm_groups())]
+    own = cfg.eagle and cfg.eagle_own_group
+    last = len(cfg.vllm_groups()) - 1
+    assert not own or eagle_group_flag(), "this release's KVCacheGroupSpec has no is_eagle_group"
+    groups = [KVCacheGroupSpec(names, g, **({"is_eagle_group": True} if own and i == last else {}))
+              for i, (names, g) in enumerate(zip(cfg.group_layers(), cfg.vllm_groups()))]
     kvc = KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     return Scheduler(vc, kvc, StructuredOutputManager(vc), block_size=cfg.block_size)
 
 
-def _hasher(cfg: Config) -> Any:
+def eagle_group_flag() -> bool:
+    """Whether the installed ``KVCacheGroupSpec`` flags drafter groups
+    (``is_eagle_group``)."""
+    import dataclasses as dc
+
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec
+
+    return any(f.name == "is_eagle_group" for f in dc.fields(KVCacheGroupSpec))
+
+
+def _hasher(cfg: Config, sched: Any) -> Any:
+    """The request block hasher ``EngineCore`` builds: with a drafter's hash
+    lookahead (vLLM 0.33 on) where the config has one."""
     if not cfg.enable_caching:
         return None
     from vllm.utils.hashing import sha256
@@ -182,7 +246,9 @@ def _hasher(cfg: Config) -> Any:
     if not _HASH_READY:
         init_none_hash(sha256)
         _HASH_READY = True
-    return get_request_block_hasher(cfg.block_size, sha256)
+    lookahead = getattr(sched.vllm_config, "num_hash_lookahead_tokens", 0) or 0
+    return get_request_block_hasher(cfg.block_size, sha256,
+                                    *([lookahead] if lookahead else []))
 
 
 def _ids(blocks: Any) -> tuple[tuple[int, ...], ...]:
@@ -277,10 +343,15 @@ class Replay:
         from stepwarm.compile import prompt_token_ids
 
         cfg = self.cfg
-        profile = cfg.profile()
-        self.sched = s = build_scheduler(cfg)
+        try:
+            self.sched = s = build_scheduler(cfg)
+        except AssertionError as e:
+            if "requires at least two attention groups" in str(e):
+                raise ConfigRefused(str(e)) from e
+            raise
+        profile = cfg.profile(s)
         self.builder = PlanBuilder(profile, name="oracle")
-        hasher = _hasher(cfg)
+        hasher = _hasher(cfg, s)
         num_groups = len(profile.kv_cache_groups)
         reqs = [(f"r{i}", a) for i, a in enumerate(self.arrivals)]
         last = max((a.at for a in self.arrivals), default=0)
@@ -349,7 +420,11 @@ class Replay:
             # accepts none
             a = 0 if rid in rec.padded else min(self._will_accept.get(rid, 0), sent)
             if sent and rid not in rec.padded:
-                rec.accepted[rid] = a
+                # the drafts the output keeps: a stop at max_tokens drops those
+                # accepted past it (a recording reads max_tokens off
+                # NewRequestData's sampling_params)
+                left = req.sampling_params.max_tokens - req.num_output_tokens
+                rec.accepted[rid] = max(0, min(a, left - 1))
             sampled.append([OUTPUT_BASE + int(rid[1:])] * (1 + a))
         return sampled
 

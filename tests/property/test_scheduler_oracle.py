@@ -2,8 +2,8 @@
 streams (arrivals over steps, prompts across block boundaries, every prompt a
 prefix of the others, KV cache pressure with preemption and resumption,
 chunked prefill under a small ``max_num_batched_tokens``, finishes and aborts,
-an n-gram speculator's drafts with per-request acceptance fed back through
-``update_from_output``, a sliding-window group beside the full one, a Mamba
+an n-gram speculator's or an EAGLE drafter's drafts with per-request
+acceptance fed back through ``update_from_output``, a sliding-window group beside the full one, a Mamba
 group in align or none mode) run through vLLM's scheduler and stepwarm's planner, step by step
 (:mod:`tests.property.scheduler_oracle`)."""
 
@@ -21,7 +21,7 @@ from stepwarm.profile import CacheSpec  # noqa: E402
 from stepwarm.vllm_facts import scheduler_caches_after_output  # noqa: E402
 from stepwarm.plan import PlanBuilder, PlanError  # noqa: E402
 from tests.property.scheduler_oracle import (  # noqa: E402
-    Arrival, Config, Replay, Unmodelled, replay)
+    Arrival, Config, ConfigRefused, Replay, Unmodelled, eagle_group_flag, replay)
 
 
 @st.composite
@@ -35,7 +35,13 @@ def streams(draw: st.DrawFn) -> tuple[Config, list[Arrival]]:
     # "align" mode (prefix caching on), or "none" (prefix caching off, as
     # vLLM runs a hybrid model there)
     mamba = draw(st.sampled_from([None, None, None, None, None, None, "align", "none"]))
-    groups = 1 + (window is not None) + (mamba is not None)
+    num_spec_tokens = draw(st.sampled_from([0, 0, 1, 2, 4]))
+    # the speculator: n-gram, or (without a Mamba group) an EAGLE drafter in
+    # 1 example of 2, its layer in the target's group or, where the release
+    # flags drafter groups, in one of its own
+    eagle = bool(num_spec_tokens) and mamba is None and draw(st.booleans())
+    own = eagle and eagle_group_flag() and draw(st.booleans())
+    groups = 1 + (window is not None) + (mamba is not None) + own
     # at least one whole request fits the pool (else vLLM preempts it forever)
     num_blocks = draw(st.integers(max_model_len // bs + 1, max_model_len // bs * 2 + 1)) * groups
     cfg = Config(sliding_window=window, mamba=mamba,
@@ -44,10 +50,11 @@ def streams(draw: st.DrawFn) -> tuple[Config, list[Arrival]]:
         max_num_batched_tokens=draw(st.sampled_from([8, 16, 32, 64])),
         max_model_len=max_model_len,
         enable_caching=mamba != "none" and draw(st.sampled_from([True, True, True, False])),
-        num_spec_tokens=draw(st.sampled_from([0, 0, 1, 2, 4])),
+        num_spec_tokens=num_spec_tokens, eagle=eagle, eagle_own_group=own,
     )
-    # (drafts proposed, of them accepted) after each sampled step, cycled
-    pattern = st.integers(0, 5).flatmap(
+    # (drafts proposed, of them accepted) after each sampled step, cycled;
+    # EAGLE proposes its num_spec_tokens every step
+    pattern = (st.just(num_spec_tokens) if eagle else st.integers(0, 5)).flatmap(
         lambda d: st.tuples(st.just(d), st.integers(0, d)))
     arrivals = []
     for _ in range(draw(st.integers(1, 6))):
@@ -74,6 +81,10 @@ def test_every_step_is_the_schedulers(stream: tuple[Config, list[Arrival]]) -> N
         event(f"discarded: {e}")
         assume(False)
         raise
+    except ConfigRefused:
+        event("rejected config: the installed vLLM refuses it")
+        assume(False)
+        raise
     theirs = [p[0] for p in r.pairs]
     if r.renumbered:
         event("block ids renumbered")
@@ -88,6 +99,8 @@ def test_every_step_is_the_schedulers(stream: tuple[Config, list[Arrival]]) -> N
         event("sliding window")
     if cfg.mamba is not None:
         event(f"Mamba {cfg.mamba}")
+    if cfg.eagle:
+        event("EAGLE, own group" if cfg.eagle_own_group else "EAGLE")
     if any(r.resumed for r in theirs):
         event("resumed")
     if any(c for r in theirs for rid, c in r.computed.items() if rid in r.new | r.resumed):
@@ -432,3 +445,44 @@ def test_a_hit_on_a_copy_an_earlier_row_evicted_is_discarded_not_passed() -> Non
         assert len(r.pairs) == 29  # steps 0 - 28 the scheduler's
     else:  # 0.34's scheduler leaves r2's copy: every step is stepwarm's
         assert len(r.pairs) > 29
+
+
+#: Shrunk from an EAGLE stream (one draft, 2-token blocks): r1's 2-token
+#: prompt samples one token and finishes; r0 arrives. On vLLM 0.33+ the hash
+#: of r1's block 1 reads the token after it (hash lookahead), so it is cached
+#: by update_from_output ("Publish finalized states") once that token is in,
+#: though r1 finishes: freed cached, it goes to the free queue's tail, and
+#: r0 takes blocks 2 and 3.
+EAGLE_STREAM = (
+    Config(block_size=2, num_blocks=17, max_num_seqs=1, max_num_batched_tokens=8,
+           max_model_len=32, num_spec_tokens=1, eagle=True),
+    [Arrival(1, 3, 29), Arrival(0, 2, 1)])
+
+
+def test_an_eagle_stream_is_the_schedulers_block_for_block() -> None:
+    """Every step exact, the drafter's lookahead slots and hit rules read off
+    the installed release."""
+    r = replay(*EAGLE_STREAM)
+    assert r.sched.num_lookahead_tokens == 1
+    first = r.pairs[1][0]
+    assert (first.new, first.computed, first.blocks, first.finished) == (
+        {"r0"}, {"r0": 0}, {"r0": ((2, 3),)}, {"r1"})
+    assert len(r.pairs) == 31
+
+
+def test_blocks_cached_after_the_output_of_a_finishing_prompt_are_caught() -> None:
+    """The mutant: nothing cached after the output (stepwarm before: only
+    decoded requests the next step does not finish). vLLM 0.33+ only."""
+    from stepwarm.plan import builder
+
+    if not scheduler_caches_after_output():
+        pytest.skip("the installed scheduler caches no block after the output")
+    mp = pytest.MonkeyPatch()
+    mp.setattr(builder.PlanBuilder, "_cache_after_output",
+               lambda self: setattr(self, "_output_cached", []))
+    try:
+        with pytest.raises(AssertionError, match=r"step 1 differs.*\n  blocks: vLLM "
+                                                 r"\{'r0': \(\(2, 3\),\)\} stepwarm \{'r0': \(\(2, 1\),\)\}"):
+            replay(*EAGLE_STREAM)
+    finally:
+        mp.undo()

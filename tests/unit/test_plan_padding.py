@@ -166,23 +166,30 @@ def test_blocks_filled_by_accepted_drafts_are_cached_after_the_output(after_outp
         hit, 10 - hit, (table,))
 
 
-def test_a_request_finished_next_step_is_not_cached_after_its_output():
-    """It may have stopped inside its drafts (max_tokens), which a plan
-    does not know: its blocks past the prompt stay uncached, and go back to
-    the free queue's head."""
+@pytest.mark.parametrize(("accepted", "table"), [
+    # both drafts kept: r0's 9 computed tokens fill block 2, cached after the
+    # output though r0 finishes; freed cached it goes to the free queue's
+    # tail, and r2 takes block 4 (uncached) then fresh ones
+    (None, (4, 5, 6)),
+    # r0 stopped at its first token (max_tokens): the drafts are dropped,
+    # 7 tokens computed, block 2 uncached: back at the head with block 4
+    ({"r0": 0}, (4, 2, 5)),
+])
+def test_a_request_finished_next_step_is_cached_after_its_output_as_far_as_it_kept(
+        accepted, table):
+    """vLLM 0.33+ caches every request that sampled ("Publish finalized
+    states"), one that finishes next included, as far as its output keeps
+    (the accepted count a recording gives: drafts past a stop dropped)."""
     profile = _profile("0.30").model_copy(update={"caches_after_output": True})
     b = PlanBuilder(profile, name="t")
     b.add_request(PlannedRequest("r0", 6, sampling="greedy"))
     b.add_request(PlannedRequest("r1", 3, sampling="greedy"))
     b.add_request(PlannedRequest("r2", 9, sampling="greedy"))
     b.step("prefill", "p", prefill={"r0": 6, "r1": 3})
-    b.step("decode", "d", decode={"r0": 2, "r1": 0})
+    b.step("decode", "d", decode={"r0": 2, "r1": 0}, accepted=accepted or {})
     assert b.ledger.held("r0") == ((1, 2, 4),)
     (row,) = b.step("prefill", "p2", prefill={"r2": 9}, finish=("r0",)).scheduled
-    # r0's uncached blocks 4 and 2 (its last first) come back at the free
-    # queue's head, and r2 takes them before a fresh one; cached, block 2
-    # would have gone to the tail, behind the 27 never used
-    assert row.block_ids == ((4, 2, 5),)
+    assert row.block_ids == (table,)
 
 
 def test_the_after_output_rule_is_read_off_the_installed_scheduler():

@@ -165,6 +165,24 @@ def test_drafts_sent_and_accepted(wrapped: Path) -> None:
     assert lines(wrapped)[0]["num_spec_tokens"] == 2
 
 
+def test_drafts_past_a_stop_are_not_recorded_as_accepted(wrapped: Path) -> None:
+    """a (max_tokens 3, one token out) samples 3 tokens in step 1, both drafts
+    accepted: the output keeps 2, so the line says 1 accepted (the plan then
+    caches no block the dropped draft would fill); b samples 2, accepts 1 and
+    keeps both."""
+    from vllm.v1.outputs import DraftTokenIds
+
+    s = scheduler(spec=2, caching=False)
+    add(s, "a", 5, temperature=0.0)
+    add(s, "b", 6, temperature=0.0)
+    step(s)
+    s.update_draft_token_ids(DraftTokenIds(["a", "b"], [[9, 9], [9, 9]]))
+    step(s, {"a": [9, 9, 5], "b": [9, 4]})
+    *_, last = lines(wrapped)
+    assert [(r["r"], r["drafts"], r["accepted"]) for r in last["reqs"]] == [(0, 2, 1), (1, 2, 1)]
+    assert not s.requests  # both stopped at max_tokens
+
+
 def test_the_cap_stops_with_one_line(wrapped: Path, monkeypatch: pytest.MonkeyPatch,
                                      caplog: pytest.LogCaptureFixture) -> None:
     s = scheduler()
