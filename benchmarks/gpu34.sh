@@ -19,7 +19,7 @@ case "${1:-}" in
   start)
     A=$2; B=$3; PARALLEL=${4:-4}; LANE=${5:-beside}
     . .gpu34/k/install-034.sh || exit 1
-    if [ -d .gpu34/fi ]; then ( . .gpu34/fi/install-fi.sh ) || exit 1; ls -d /tmp/sitefi/flashinfer/data/aot/*; fi
+    if [ -d .gpu34/fi ]; then ( . .gpu34/fi/install-fi.sh .gpu34/fi ) || exit 1; ls -d /tmp/sitefi/flashinfer/data/aot/*; fi
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site34 /root/s34/k/stepwarm-*.whl || exit 1
     mkdir -p $R/out && cp -r benchmarks/traffic $R/ && cp "$B" $R/b.jsonl
     if [ "$A" = - ]; then : > $R/a.jsonl; else cp "$A" $R/a.jsonl; fi

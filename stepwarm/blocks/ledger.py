@@ -486,7 +486,15 @@ class BlockLedger(TokenRangeSteps):
         cached group full, MLA or sliding-window attention or Mamba align
         (its block the hit alignment, no speculative blocks), no drafter."""
         align = self.cache_alignment or 1
-        return self.enable_caching and self.drafter == DrafterCaching() and all(
+        cached = [s for s in self.specs if s.kind not in NOT_CACHED]
+        d = self.drafter
+        # a drafter: its hash lookahead (0.33+), or EAGLE's dropped block
+        # where one full-attention group is all that is cached
+        drafter_ok = d == DrafterCaching() or (
+            not d.reprefill_tokens and all(s.kind != "mamba" for s in cached)
+            and (not d.eagle_groups
+                 or (len(cached) == 1 and cached[0].kind in FULL_KINDS)))
+        return self.enable_caching and drafter_ok and all(
             s.kind in NOT_CACHED or s.kind in (*FULL_KINDS, "sliding_window")
             or (s.kind == "mamba" and s.mamba_cache_mode == "align" and s.block_size == align
                 and not s.num_speculative_blocks)
@@ -506,9 +514,15 @@ class BlockLedger(TokenRangeSteps):
         to :attr:`cache_alignment`. Past the prompt, a block's entry is the
         request's own (it holds its sampled tokens).
 
+        With a drafter's hash lookahead (vLLM 0.33+) a block's entry needs
+        the tokens after it: the hit stops ``num_hash_lookahead_tokens``
+        before the request's end, and a prompt block whose lookahead reaches
+        past the prompt is the request's own; with EAGLE's drop (one cached
+        full-attention group) the hit's last block is dropped.
+
         Only where :attr:`looks_up_resumed` (else 0): stepwarm does not
         re-derive partial hash hits, Mamba's speculative blocks nor EAGLE's
-        dropped block.
+        dropped block beside other groups.
 
         Example (one group, 16-token blocks): a 150-token prompt preempted
         after 4 sampled tokens, its first block still cached and its second
@@ -520,20 +534,24 @@ class BlockLedger(TokenRangeSteps):
         groups = sorted(((g, s) for g, s in enumerate(self.specs) if s.kind not in NOT_CACHED),
                         key=lambda gs: gs[1].kind not in FULL_KINDS)  # full attention first
         full: dict[int, int] = {}  # downward-closed: looked up once
-        hit = num_tokens - 1
+        ahead = self.drafter.hash_lookahead_tokens
+        hit = num_tokens - max(1, ahead)
+        shared = prompt_len - ahead  # a prompt block's hash within the prompt
+        drop = self.drafter.eagle_groups
         while True:
             length = hit
             for g, spec in groups:
                 bs = spec.block_size
                 if spec.kind in FULL_KINDS:
                     if g not in full:
-                        full[g] = cache.hit_blocks(g, bs, prompt_len, length, req_id) * bs
+                        n = cache.hit_blocks(g, bs, shared, length, req_id)
+                        full[g] = (n - (g in drop and n > 0)) * bs
                     length = min(length, full[g])
                 elif spec.kind == "mamba":
-                    length = cache.last_cached_block(g, bs, prompt_len, length, req_id,
+                    length = cache.last_cached_block(g, bs, shared, length, req_id,
                                                      align) * bs
                 else:
-                    length = cache.window_hit_blocks(g, spec, prompt_len, length, req_id,
+                    length = cache.window_hit_blocks(g, spec, shared, length, req_id,
                                                      align) * bs
             if length >= hit:
                 break
@@ -595,7 +613,8 @@ class BlockLedger(TokenRangeSteps):
         rule = RULES[spec.kind]
         n = 0 if spec.kind in NOT_CACHED else num_tokens // spec.block_size
         skip = min(n, max(0, rule.skipped_tokens(num_tokens, spec)) // spec.block_size)
-        own = n if prompt_len is None else prompt_len // spec.block_size
+        own = n if prompt_len is None else \
+            max(0, prompt_len - self.drafter.hash_lookahead_tokens) // spec.block_size
         cache = self.pool.cache
         return [0] * skip + [cache.first(PrefixCache.key(g, i, i < own, req_id))
                              for i in range(skip, n)]

@@ -103,6 +103,8 @@ def test_every_step_is_the_schedulers(stream: tuple[Config, list[Arrival]]) -> N
         event("EAGLE, own group" if cfg.eagle_own_group else "EAGLE")
     if any(r.resumed for r in theirs):
         event("resumed")
+    if cfg.eagle and any(r.computed[rid] for r in theirs for rid in r.resumed):
+        event("resumed with a hit beside an EAGLE drafter")
     if any(c for r in theirs for rid, c in r.computed.items() if rid in r.new | r.resumed):
         event("prefix hit")
     if any(r.computed[rid] + n < r_.prompt_len for r in theirs for rid, n in r.tokens.items()
