@@ -5,6 +5,7 @@ as one ``RESULT {json}`` line on stdout:
 * ``started``, ``start_s`` (seconds in ``LLM(...)``), ``error`` (when it did not start);
 * ``reports``: each worker's ``stepwarm_reports`` (``collective_rpc``);
 * ``live``: each worker's runner request ids after start-up and traffic;
+* ``live_after_start``: the same after start-up (stepwarm's warmup), before traffic;
 * ``tokens``: tokens generated per prompt; ``generate_error`` if generation raised;
 * ``then_tokens`` / ``then_error``: a second request with ``prompt_logprobs =
   then_prompt_logprobs`` (when the spec gives it);
@@ -109,6 +110,7 @@ def main(spec: dict) -> int:
         return 3
     out = {"started": True, "start_s": time.monotonic() - t0}
     out["reports"] = llm.collective_rpc(reports)
+    out["live_after_start"] = llm.collective_rpc(live)
     if spec.get("facts"):
         out["facts"] = llm.collective_rpc(facts)
     if engine.get("distributed_executor_backend") == "ray":

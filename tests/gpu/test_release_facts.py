@@ -5,6 +5,8 @@ CPU the same facts are pinned against each release's Python core (tests/compat).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.gpu.lane import lane_env, needs_gpus, probe, record, stepwarm_lines
@@ -25,7 +27,11 @@ def test_a_drafter_engine_runs_the_lifecycle_scenarios_on_the_facts_read_off_its
     reports = result["reports"][0]
     assert [r["plan"] for r in reports] == SCENARIOS.split(",")
     assert all(r["ok"] and not r["skipped"] and r["steps"] for r in reports), reports
-    assert result["tokens"] == [4, 4, 4] and result["live"] == [[]]
+    # nothing of stepwarm's in the runner after start-up; after traffic only
+    # served requests (LLM.generate's ids): vLLM 0.34 frees a request that
+    # finished in the last step at the next one (run s25: 2 of 3 still there)
+    assert result["tokens"] == [4, 4, 4] and result["live_after_start"] == [[]]
+    assert all(re.fullmatch(r"\d+(-[0-9a-f]+)?", rid) for rid in result["live"][0]), result["live"]
     assert facts["num_speculative_steps"] == 2 and facts["warmup_draft_slots"] >= 0
     assert 0 < facts["usable_kv_blocks"] <= facts["num_blocks"]
     major_minor = tuple(int(x) for x in facts["vllm"].split(".")[:2])
