@@ -500,6 +500,12 @@ class BlockLedger(TokenRangeSteps):
                 and not s.num_speculative_blocks)
             for s in self.specs)
 
+    def _shared_prompt_tokens(self, prompt_len: int) -> int:
+        """Tokens of a prompt whose blocks are shared cache entries: a block's
+        hash reads ``hash_lookahead_tokens`` past it (:meth:`PrefixCache.cache_range`),
+        so a block whose lookahead passes the prompt is the request's own."""
+        return max(0, prompt_len - self.drafter.hash_lookahead_tokens)
+
     def lookup(self, req_id: str, prompt_len: int, num_tokens: int) -> int:
         """Tokens of the longest prefix-cache hit of a request holding no
         block, ``prompt_len`` prompt tokens and ``num_tokens`` in all (a
@@ -536,7 +542,7 @@ class BlockLedger(TokenRangeSteps):
         full: dict[int, int] = {}  # downward-closed: looked up once
         ahead = self.drafter.hash_lookahead_tokens
         hit = num_tokens - max(1, ahead)
-        shared = prompt_len - ahead  # a prompt block's hash within the prompt
+        shared = self._shared_prompt_tokens(prompt_len)
         drop = self.drafter.eagle_groups
         while True:
             length = hit
@@ -613,8 +619,7 @@ class BlockLedger(TokenRangeSteps):
         rule = RULES[spec.kind]
         n = 0 if spec.kind in NOT_CACHED else num_tokens // spec.block_size
         skip = min(n, max(0, rule.skipped_tokens(num_tokens, spec)) // spec.block_size)
-        own = n if prompt_len is None else \
-            max(0, prompt_len - self.drafter.hash_lookahead_tokens) // spec.block_size
+        own = n if prompt_len is None else self._shared_prompt_tokens(prompt_len) // spec.block_size
         cache = self.pool.cache
         return [0] * skip + [cache.first(PrefixCache.key(g, i, i < own, req_id))
                              for i in range(skip, n)]

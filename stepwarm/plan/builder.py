@@ -366,8 +366,8 @@ class PlanBuilder:
         if ask.accepted:
             self._update_from_output(ask)
         if self.profile.caches_after_output:
-            self._output_cached = [live for live, _, dout in draft.updates
-                                   if dout and live.decl.kind == "sample"] + draft.decoded
+            self._output_cached = [live for live, _, dout in draft.all_updates()
+                                   if dout and live.decl.kind == "sample"]
         # Construct the scheduler output.
         step = self._scheduler_output(kind, label + suffix, draft, finish, ask.preempt, grammar)
         return step, waiting

@@ -216,10 +216,11 @@ def build_scheduler(cfg: Config) -> Any:
     vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
                     device_config=DeviceConfig("cpu"), speculative_config=spec)
     own = cfg.eagle and cfg.eagle_own_group
-    last = len(cfg.vllm_groups()) - 1
+    specs = cfg.vllm_groups()
     assert not own or eagle_group_flag(), "this release's KVCacheGroupSpec has no is_eagle_group"
-    groups = [KVCacheGroupSpec(names, g, **({"is_eagle_group": True} if own and i == last else {}))
-              for i, (names, g) in enumerate(zip(cfg.group_layers(), cfg.vllm_groups()))]
+    groups = [KVCacheGroupSpec(names, g, **({"is_eagle_group": True}
+                                            if own and i == len(specs) - 1 else {}))
+              for i, (names, g) in enumerate(zip(cfg.group_layers(), specs))]
     kvc = KVCacheConfig(num_blocks=cfg.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
     return Scheduler(vc, kvc, StructuredOutputManager(vc), block_size=cfg.block_size)
 
@@ -421,8 +422,8 @@ class Replay:
             a = 0 if rid in rec.padded else min(self._will_accept.get(rid, 0), sent)
             if sent and rid not in rec.padded:
                 # the drafts the output keeps: a stop at max_tokens drops those
-                # accepted past it (a recording reads max_tokens off
-                # NewRequestData's sampling_params)
+                # accepted past it (STEPWARM_RECORD records what the output
+                # kept: update_from_output's new_token_ids)
                 left = req.sampling_params.max_tokens - req.num_output_tokens
                 rec.accepted[rid] = max(0, min(a, left - 1))
             sampled.append([OUTPUT_BASE + int(rid[1:])] * (1 + a))
