@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # stepwarm bench on a lent H200 (vLLM 0.34, carried as ../shared/gpu/README.md says), issue 45:
 # the Llama-3.1-8B shape, A = vLLM's default attention backend (FlashAttention 3) against
-# B = TRITON_ATTN, interleaved rounds; `mixed-prefill-decode` and the decode sweep
+# B = TRITON_ATTN, interleaved rounds, 3 pairs of processes (PROCESSES=N); `mixed-prefill-decode` and the decode sweep
 # (benchmarks/scenarios/decode-sweep.toml), each twice (run 1, then run 2), one bench at a
 # time and nothing else on the device. In the foreground (one device call each, so a machine
 # taken back between calls loses nothing already returned); JSON, CSV, SVG and logs into $OUT.
@@ -23,7 +23,7 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 bench() {  # NAME SCENARIO REPEAT WARMUP [RUNS]
   for run in ${5:-1 2}; do
-    timeout 280 python3 -m stepwarm bench "$2" --model $M "${E[@]}" --repeat "$3" --warmup "$4" --rounds 3 "${B[@]}" \
+    timeout 580 python3 -m stepwarm bench "$2" --model $M "${E[@]}" --repeat "$3" --warmup "$4" --rounds 3 --processes "${PROCESSES:-3}" "${B[@]}" \
       --json "$OUT/$1-run$run.json" --csv "$OUT/$1-run$run.csv" --plot "$OUT/$1-run$run.svg" > "$OUT/$1-run$run.log" 2>&1
     echo "rc $?" >> "$OUT/$1-run$run.log"
     grep -v "WARNING\|^W1\|^\[" "$OUT/$1-run$run.log" | tail -n 14

@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 
 #: Spread (p90 - p10) / p50 above which a step's samples are too noisy to compare.
 WIDE_SPREAD = 0.25
+#: Pairs' ratios further apart than this (over the ratio) are said: drift
+#: between processes (a child's allocations, clocks, core) that rounds within
+#: one pair cannot cancel.
+PROCESS_DRIFT = 0.05
 #: Bootstrap resamples for a ratio's confidence interval, and its level.
 BOOTSTRAP = 2000
 CONFIDENCE = 0.95
@@ -132,6 +136,18 @@ class Ratio:
     high: float
     #: Either side's spread is above :data:`WIDE_SPREAD`.
     noisy: bool
+    #: ``median(B) / median(A)`` within each pair of child processes
+    #: (``--processes``), in the order they ran; one value for one pair.
+    per_process: list[float] = field(default_factory=list)
+
+    @property
+    def drift(self) -> float:
+        """How far the pairs' ratios lie apart, over the ratio: ``(max - min) /
+        ratio`` (0 for one pair). Above :data:`PROCESS_DRIFT` a second run
+        of the same command may not land within its interval."""
+        if len(self.per_process) < 2 or not self.ratio:
+            return 0.0
+        return (max(self.per_process) - min(self.per_process)) / self.ratio
 
 
 def plan_shapes(plan: Any) -> list[list[int]]:
@@ -161,24 +177,51 @@ def same_plans(a: Sequence[Sequence[int]] | None, b: Sequence[Sequence[int]] | N
 
 def compare(a: BenchReport, b: BenchReport, seed: int = 0) -> list[Ratio]:
     """Per step, ``median(B) / median(A)`` and its ``CONFIDENCE`` interval
-    (each side resampled with replacement :data:`BOOTSTRAP` times, seeded).
+    (each side resampled with replacement :data:`BOOTSTRAP` times, seeded):
+    :func:`compare_pairs` of one pair of processes.
 
     Raises:
         ShapeDrift: the two plans differ (another step count or shape).
     """
-    if [s.shape for s in a.steps] != [s.shape for s in b.steps]:
+    return compare_pairs([(a, b)], seed)
+
+
+def compare_pairs(pairs: Sequence[tuple[BenchReport, BenchReport]], seed: int = 0
+                  ) -> list[Ratio]:
+    """Per step, the pooled ``median(B) / median(A)`` over several pairs of
+    child processes (``--processes``), and its ``CONFIDENCE`` interval by a
+    two-level bootstrap (seeded): the pairs are resampled with replacement,
+    then each chosen pair's samples, so the interval holds the drift between
+    processes as well as the noise within one. Each pair's own ratio is kept
+    (:attr:`Ratio.per_process`).
+
+    Raises:
+        ShapeDrift: two plans differ (another step count or shape).
+    """
+    shapes = [s.shape for s in pairs[0][0].steps]
+    if any([s.shape for s in rep.steps] != shapes for pair in pairs for rep in pair):
         raise ShapeDrift("the two configurations planned different steps "
                          "(requests, tokens, drafts per step): their times do not compare")
     rng = random.Random(seed)
+    tail = (1 - CONFIDENCE) / 2 * 100
     out = []
-    for sa, sb in zip(a.steps, b.steps):
-        ta, tb = sa.times(), sb.times()
-        ratios = sorted(percentile(rng.choices(tb, k=len(tb)), 50)
-                        / percentile(rng.choices(ta, k=len(ta)), 50) for _ in range(BOOTSTRAP))
-        tail = (1 - CONFIDENCE) / 2 * 100
-        out.append(Ratio(sa.index, sa.label, percentile(tb, 50) / percentile(ta, 50),
-                         percentile(ratios, tail), percentile(ratios, 100 - tail),
-                         stats(ta)["spread"] > WIDE_SPREAD or stats(tb)["spread"] > WIDE_SPREAD))
+    for i, step in enumerate(pairs[0][0].steps):
+        ta = [a.steps[i].times() for a, _ in pairs]
+        tb = [b.steps[i].times() for _, b in pairs]
+        ratios = []
+        for _ in range(BOOTSTRAP):
+            chosen = [rng.randrange(len(pairs)) for _ in pairs] if len(pairs) > 1 else [0]
+            ra = [t for k in chosen for t in rng.choices(ta[k], k=len(ta[k]))]
+            rb = [t for k in chosen for t in rng.choices(tb[k], k=len(tb[k]))]
+            ratios.append(percentile(rb, 50) / percentile(ra, 50))
+        ratios.sort()
+        pooled_a = [t for ts in ta for t in ts]
+        pooled_b = [t for ts in tb for t in ts]
+        out.append(Ratio(
+            step.index, step.label, percentile(pooled_b, 50) / percentile(pooled_a, 50),
+            percentile(ratios, tail), percentile(ratios, 100 - tail),
+            any(stats(t)["spread"] > WIDE_SPREAD for t in (*ta, *tb)),
+            [percentile(b, 50) / percentile(a, 50) for a, b in zip(ta, tb)]))
     return out
 
 

@@ -14,11 +14,12 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stepwarm.bench import (
+    PROCESS_DRIFT,
     WIDE_SPREAD,
     BenchReport,
     Ratio,
@@ -80,10 +81,27 @@ def print_report(rep: BenchReport) -> None:
 
 
 def print_ratios(ratios: Sequence[Ratio], a: str, b: str) -> None:
-    print_wrapped(f"B / A per step (A: {a}; B: {b}), median ratio [95% interval]")
+    """A line a step: the ratio and its interval, ``noisy`` where a side's
+    spread is too wide, ``drift`` where pairs of processes disagree by more
+    than :data:`~stepwarm.bench.PROCESS_DRIFT` (then each pair's ratio on
+    the next line)."""
+    pairs = max((len(r.per_process) for r in ratios), default=1)
+    print_wrapped(f"B / A per step (A: {a}; B: {b}), median ratio [95% interval]"
+                  + (f", {pairs} pairs of processes" if pairs > 1 else ""))
+    drifted = False
     for r in ratios:
+        drift = r.drift > PROCESS_DRIFT
+        drifted = drifted or drift
         console.print(f"{r.index:>4}  {r.label[:34]:<34} {r.ratio:6.3f} [{r.low:.3f}, {r.high:.3f}]"
-                      + ("  noisy" if r.noisy else ""))
+                      + ("  noisy" if r.noisy else "") + ("  drift" if drift else ""))
+        if drift:
+            print_wrapped("      per pair: " + ", ".join(f"{x:.3f}" for x in r.per_process))
+    if drifted:
+        print_wrapped(f"drift: the pairs' ratios lie more than {PROCESS_DRIFT:.0%} apart; the "
+                      "interval holds it")
+    elif pairs == 1 and any(not r.noisy for r in ratios):
+        print_wrapped("one pair of processes: drift between processes is not measured "
+                      "(--processes 3 measures it)")
 
 
 def check_counts(counts: Sequence[tuple[str, int | str, int, int]]) -> list[str]:
@@ -136,7 +154,7 @@ def write_outputs(reports: dict[str, BenchReport], ratios: Sequence[Ratio] | Non
     if json_out is not None:
         write_atomic(json_out, json.dumps(
             {"configurations": {k: v.to_dict() for k, v in reports.items()},
-             "ratios": [r.__dict__ for r in ratios or []]}, indent=1))
+             "ratios": [{**r.__dict__, "drift": r.drift} for r in ratios or []]}, indent=1))
     if csv_out is not None:
         f = io.StringIO(newline="")
         w = csv.writer(f)
@@ -198,18 +216,31 @@ class Child:
 
 
 def run_compare(argv_a: list[str], argv_b: list[str], env_b: dict[str, str], python_b: str | None,
-                rounds: int, repeat: int, warmup: int) -> dict[str, BenchReport]:
-    """Start A and B as children and interleave their rounds."""
+                rounds: int, repeat: int, warmup: int, processes: int = 1,
+                on_pair: Callable[[int], None] | None = None
+                ) -> list[tuple[BenchReport, BenchReport]]:
+    """``processes`` times, one after another: start A and B as children,
+    interleave their rounds, end both. Returns each pair's (A, B) reports.
+
+    A child's drift (its allocations, the core it runs on, clocks) stays
+    for its life and rounds within one pair cannot cancel it; fresh pairs
+    can (:func:`stepwarm.bench.compare_pairs`)."""
     env_a = dict(os.environ)
-    children = {"A": Child("A", [sys.executable, *argv_a], env_a)}
-    try:
-        children["B"] = Child("B", [python_b or sys.executable, *argv_b], {**env_a, **env_b})
-        same_plans(children["A"].ready.get("shapes"), children["B"].ready.get("shapes"))
-        per_round = max(1, repeat // rounds)
-        return interleave({n: c.send for n, c in children.items()}, rounds, per_round, warmup)
-    finally:
-        for c in children.values():
-            c.close()
+    per_round = max(1, repeat // rounds)
+    pairs = []
+    for p in range(processes):
+        if on_pair is not None:
+            on_pair(p)
+        children = {"A": Child("A", [sys.executable, *argv_a], env_a)}
+        try:
+            children["B"] = Child("B", [python_b or sys.executable, *argv_b], {**env_a, **env_b})
+            same_plans(children["A"].ready.get("shapes"), children["B"].ready.get("shapes"))
+            got = interleave({n: c.send for n, c in children.items()}, rounds, per_round, warmup)
+        finally:
+            for c in children.values():
+                c.close()
+        pairs.append((got["A"], got["B"]))
+    return pairs
 
 
 def gate_exit(ratios: Sequence[Ratio], pct: float | None) -> int:

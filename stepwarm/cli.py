@@ -9,6 +9,7 @@ the worker's runner profile, drives them through ``execute_model`` /
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -1264,6 +1265,7 @@ def bench(
     against_env: Annotated[Optional[list[str]], typer.Option("--against-env", metavar="VAR=VALUE", help="Compare with B: this environment variable set.")] = None,
     against_python: Annotated[Optional[str], typer.Option("--against-python", metavar="PATH", help="Compare with B: run under this Python (another vLLM build).")] = None,
     rounds: Annotated[int, typer.Option("--rounds", metavar="R", parser=whole_number, help="A/B rounds the repeats are split into, interleaved (1 to 1000).")] = 4,
+    processes: Annotated[int, typer.Option("--processes", metavar="P", parser=whole_number, help="Pairs of A and B child processes, one pair after another, each running every round (1 to 100): the ratio's interval then holds the drift between processes.")] = 1,
     gate_pct: Annotated[Optional[float], typer.Option("--gate", metavar="PCT", parser=number, help="Exit 4 when a step of B is slower than A by more than PCT % beyond the noise.")] = None,
     plot_out: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE", parser=typed_path, help="Draw each step's times and the batch sweeps (.png or .svg; needs matplotlib).")] = None,
     trace: Annotated[Optional[int], typer.Option("--trace", metavar="STEP", parser=whole_number, help="After the measured repeats, one more with the torch profiler on around step STEP (its index, from 0).")] = None,
@@ -1290,7 +1292,12 @@ def bench(
     errors = setup_errors + _output_path_errors((json_out, "--json"), (csv_out, "--csv"),
                                                 (plot_out, "--plot")) + errors  # all at once
     errors += bc.check_counts((("--repeat", repeat, 1, 100000), ("--warmup", warmup, 0, 100000),
-                               ("--rounds", rounds, 1, 1000)))  # every bad count at once
+                               ("--rounds", rounds, 1, 1000),
+                               ("--processes", processes, 1, 100)))  # every bad count at once
+    if isinstance(processes, int) and processes > 1 and not (against_e or against_env
+                                                             or against_python):
+        errors.append(f"--processes {processes}: pairs of processes compare B with A; give B "
+                      "with --against-e, --against-env or --against-python")
     errors += bc.check_python(against_python)
     comparing = bool(against_e or against_env or against_python)
     errors += bc.check_plot_and_trace(plot_out, trace, trace_out, comparing)
@@ -1311,15 +1318,23 @@ def bench(
     if comparing and not child:
         base = ["-m", "stepwarm", "bench", scenario, "--child", "--repeat", str(repeat),
                 *(["--model", model] if model else []), *(a for e in engine_arg or [] for a in ("-e", e))]
-        from stepwarm.bench import ShapeDrift, compare
+        from stepwarm.bench import ShapeDrift, compare_pairs, merge
+
+        def starting(p: int) -> None:
+            if processes > 1:
+                err_console.print(f"bench: pair {p + 1} of {processes}: starting A and B",
+                                  soft_wrap=True)
 
         try:
-            reports = bc.run_compare(base, base + [a for e in against_e or [] for a in ("-e", e)],
-                                     env_b, against_python, rounds, repeat, warmup)
+            pairs = bc.run_compare(base, base + [a for e in against_e or [] for a in ("-e", e)],
+                                   env_b, against_python, rounds, repeat, warmup, processes,
+                                   on_pair=starting)
         except ShapeDrift as e:  # the children's plans, before either is measured
             _fail(f"bench: {e}", 2)
         except Exception as e:  # noqa: BLE001 - a child's failure, said in one line
             _fail(f"bench: {e}", 1)
+        reports = {name: dataclasses.replace(merge([p[k] for p in pairs]), warmup=warmup)
+                   for k, name in enumerate(("A", "B"))}
 
         described = {"A": bc.describe(engine_arg or [], {}, None),
                      "B": bc.describe(against_e or [], env_b, against_python)}
@@ -1327,7 +1342,7 @@ def bench(
             print_wrapped(f"{name}: {described[name]}")
             bc.print_report(rep)
         try:
-            ratios = compare(reports["A"], reports["B"])
+            ratios = compare_pairs(pairs)
         except ShapeDrift as e:
             _fail(f"bench: {e}", 2)
         bc.print_ratios(ratios, described["A"], described["B"])

@@ -193,7 +193,7 @@ def installed_facts(runner: str, groups: tuple[CacheSpec, ...], enable_caching: 
     release (:mod:`stepwarm.vllm_facts`), for a ``runner`` ("v1"/"v2") with
     ``groups``: ``grammar_rows_per_position`` (V2 runners, where vLLM's
     warmup sends ``decode_query_len`` rows per request), ``warmup_greedy_pass``, ``top_k_top_p_with_drafts``,
-    ``warmup_decodes`` (where the warmup was probed) and ``unsupported``. ``profile.model_copy(update=installed_facts(...))``
+    ``warmup_decodes`` (where the warmup was probed), ``mamba_align_rule`` and ``unsupported``. ``profile.model_copy(update=installed_facts(...))``
     brings a saved profile to the installed release."""
     warm = vllm_facts.warmup_facts()
     return {
@@ -201,6 +201,7 @@ def installed_facts(runner: str, groups: tuple[CacheSpec, ...], enable_caching: 
         "warmup_greedy_pass": bool(warm and warm.greedy_pass),
         "mixed_warmup_drafts": bool(warm and warm.mixed_drafts),
         "top_k_top_p_with_drafts": vllm_facts.samples_top_k_top_p_with_drafts(),
+        "mamba_align_rule": "0.26" if vllm_facts.scheduler_mamba_align_rule() == "0.26" else "0.29",
         **({"warmup_decodes": dict(warm.decode_steps)} if warm and warm.decode_steps else {}),
         "unsupported": unsupported(groups, enable_caching),
     }

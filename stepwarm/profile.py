@@ -230,6 +230,13 @@ class RunnerProfile(BaseModel):
     #: block filled by accepted drafts is a prefix-cache entry before the
     #: request's next step, so a resumption after preemption hits it.
     caches_after_output: bool = False
+    #: Which prefill chunk ends vLLM's scheduler puts on a Mamba block
+    #: boundary in ``align`` mode
+    #: (:func:`stepwarm.vllm_facts.scheduler_mamba_align_rule`): "0.29" each
+    #: before the prefill's end (vLLM 0.29 on); "0.26" only those before the
+    #: request's last block boundary (vLLM 0.26 - 0.28: a chunk may end inside
+    #: the last partial block).
+    mamba_align_rule: Literal["0.26", "0.29"] = "0.29"
     #: Whether ``run_mixed_prefill_decode_warmup``'s decode request verifies a
     #: full set of drafts (``decode_query_len`` tokens) and its prefill tokens
     #: are split across requests of at most ``max_model_len - 1`` (vLLM 0.34),

@@ -302,6 +302,30 @@ def scheduler_pad_rule() -> str:
 
 
 @functools.cache
+def scheduler_mamba_align_rule() -> str:
+    """Which prefill chunk ends the installed ``Scheduler`` aligns in Mamba
+    ``align`` mode (``_mamba_block_aligned_split``), read off its source:
+    "0.29" every end before the prefill's end (``if end < prefill_end``;
+    vLLM 0.29 on); "0.26" only an end before the request's last block
+    boundary (``if end < last_cache_position``, that boundary
+    ``num_tokens - num_tokens % block_size``, one block less with an EAGLE
+    drafter): a chunk may end inside the last partial block; "" no such
+    split (no Mamba align mode)."""
+    import inspect
+
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    split = getattr(Scheduler, "_mamba_block_aligned_split", None)
+    if split is None:
+        return ""
+    try:
+        source = inspect.getsource(split)
+    except (OSError, TypeError):  # pragma: no cover - sources not shipped
+        return "0.29"
+    return "0.26" if "if end < last_cache_position" in source else "0.29"
+
+
+@functools.cache
 def scheduler_caches_after_output() -> bool:
     """Whether the installed ``Scheduler.update_from_output`` caches a
     running request's blocks up to its computed tokens once its output is

@@ -979,6 +979,12 @@ class PlanBuilder:
         self._steps.append(step)
         return step
 
+    def _drops_eagle_block(self) -> bool:
+        """vLLM 0.26's ``Scheduler.use_eagle``: a drafter that drafts from
+        the target's hidden states (``SpeculativeConfig.use_eagle()``)."""
+        d = self.profile.drafter
+        return d is not None and d.method in ("eagle", "eagle3", "mtp", "dflash", "dspark")
+
     def _check_mamba_align_chunk(self, live: LiveRequest, n: int) -> None:
         """Mamba ``align`` cache mode: the scheduler
         (``Scheduler._mamba_block_aligned_split``) ends every prefill chunk
@@ -988,7 +994,9 @@ class PlanBuilder:
         stops (prefix-cache checkpoints, shared-prefix junctions) are not
         modelled: they only make chunks shorter. The prefill ends at the
         prompt, or, for a resumed request replaying its outputs, one token
-        before its last (``max(num_prompt_tokens, num_tokens - 1)``)."""
+        before its last (``max(num_prompt_tokens, num_tokens - 1)``). vLLM
+        0.26 - 0.28 (``RunnerProfile.mamba_align_rule`` "0.26") align only
+        ends before the request's last block boundary."""
         end = live.num_computed_tokens + n
         if end >= max(live.decl.prompt_len, live.num_tokens - 1):
             return
@@ -996,6 +1004,14 @@ class PlanBuilder:
             if spec.kind != "mamba" or spec.mamba_cache_mode != "align":
                 continue
             bs = spec.block_size
+            if self.profile.mamba_align_rule == "0.26":
+                # vLLM 0.26 - 0.28 align only ends before the request's last
+                # block boundary (one block less beside an EAGLE-style drafter)
+                last = live.num_tokens - live.num_tokens % bs
+                if self._drops_eagle_block():
+                    last = max(last - bs, 0)
+                if end >= last:
+                    continue
             if end % bs and bs <= self.profile.max_num_batched_tokens:
                 raise self._err(
                     f"request {live.decl.req_id!r}: prefill chunk ends at token {end}, not "

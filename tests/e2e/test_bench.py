@@ -63,8 +63,9 @@ def test_the_gate_fails_a_b_slower_beyond_the_noise(tmp_path):
     path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     out = tmp_path / "ab.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "stepwarm", "bench", "default", "--repeat", "4", "--warmup", "1",
-         "--rounds", "2", "--against-env", f"PYTHONPATH={path}", "--gate", "20", "--json", str(out)],
+        [sys.executable, "-m", "stepwarm", "bench", "default", "--repeat", "2", "--warmup", "1",
+         "--rounds", "2", "--processes", "2", "--against-env", f"PYTHONPATH={path}", "--gate", "20",
+         "--json", str(out)],
         capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "120"})
     assert proc.returncode == 4, proc.stdout[-3000:] + proc.stderr[-3000:]
     gated = [ln for ln in proc.stderr.splitlines() if ln.startswith("gate: step ")]
@@ -74,7 +75,10 @@ def test_the_gate_fails_a_b_slower_beyond_the_noise(tmp_path):
 
     data = json.loads(out.read_text())
     a, b = data["configurations"]["A"], data["configurations"]["B"]
-    assert a["repeat"] == b["repeat"] == 4
+    assert a["repeat"] == b["repeat"] == 4  # 2 pairs of processes x 2 repeats
+    assert "B / A per step (A: as given; B: PYTHONPATH=" in proc.stdout
+    assert proc.stderr.count("bench: pair ") == 2 and "pair 2 of 2: starting A and B" in proc.stderr
+    assert all(len(r["per_process"]) == 2 and r["drift"] >= 0 for r in data["ratios"])
     assert [s["num_tokens"] for s in a["steps"]] == [s["num_tokens"] for s in b["steps"]]
     # the cleanup steps (0.2 ms under A) carry B's 50 ms delay whole
     cleanups = [r for r in data["ratios"] if r["label"] == "cleanup"]

@@ -30,7 +30,8 @@ from typing import Any
 from stepwarm.plan import PlanBuilder, PlannedRequest, PlannedStep
 from stepwarm.profile import CacheSpec, RunnerProfile, tiny_profile
 from stepwarm.plan.output import PLACEHOLDER_DRAFT
-from stepwarm.vllm_facts import model_runner_output, scheduler_caches_after_output, scheduler_pad_rule
+from stepwarm.vllm_facts import (model_runner_output, scheduler_caches_after_output,
+                                  scheduler_mamba_align_rule, scheduler_pad_rule)
 
 #: Sampled tokens are OUTPUT_BASE + the request's ordinal: in no prompt, and
 #: no two requests' outputs alike.
@@ -141,6 +142,7 @@ class Config:
             # speculator: static, no dynamic_sd_lookup)
             pad_spec_decode=scheduler_pad_rule() if self.num_spec_tokens else "",
             caches_after_output=bool(self.num_spec_tokens) and scheduler_caches_after_output(),
+            mamba_align_rule="0.26" if scheduler_mamba_align_rule() == "0.26" else "0.29",
             mamba_cache_mode=self.mamba or "none",
         ))
 

@@ -291,6 +291,37 @@ def test_a_mamba_hit_taken_as_full_attentions_is_caught(monkeypatch: pytest.Monk
         replay(cfg, arrivals)
 
 
+#: Shrunk on vLLM 0.26's sources: r4 (a 2-token prompt, 4-token Mamba
+#: blocks) gets the step's last budget token. 0.26 - 0.28 align only chunk
+#: ends before the request's last block boundary (0 here) and send the
+#: 1-token chunk; 0.29 on floor it to 0 and skip r4 in that step.
+MAMBA_TAIL_STREAM = (
+    Config(block_size=4, num_blocks=18, max_num_seqs=3, max_num_batched_tokens=8,
+           max_model_len=32, mamba="align"),
+    [Arrival(0, 1, 31), Arrival(1, 1, 31), Arrival(0, 8, 24), Arrival(0, 1, 1),
+     Arrival(1, 2, 30)])
+
+
+def test_a_chunk_inside_the_last_mamba_block_as_the_release_sends_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every step exact on each release (``mamba_align_rule`` read off the
+    scheduler's source); on 0.26 - 0.28 the 1-token chunk of r4 is sent.
+    The mutant (0.29's rule on 0.26) refuses the step vLLM 0.26 sent."""
+    from stepwarm.vllm_facts import scheduler_mamba_align_rule
+
+    r = replay(*MAMBA_TAIL_STREAM)
+    short = [t for t, _ in r.pairs if t.tokens.get("r4") == 1 and t.computed.get("r4") == 0]
+    if scheduler_mamba_align_rule() != "0.26":
+        assert short == []
+        return
+    assert len(short) == 1
+    monkeypatch.setattr(
+        "tests.property.scheduler_oracle.scheduler_mamba_align_rule", lambda: "0.29")
+    with pytest.raises(PlanError, match=r"request 'r4': prefill chunk ends at token 1, "
+                                        "not on a Mamba block boundary"):
+        replay(*MAMBA_TAIL_STREAM)
+
+
 #: A stream with an n-gram speculator (3 drafts a step): r0 and r1 propose
 #: and accept by their patterns; r2 proposes nothing.
 SPEC_STREAM = (

@@ -102,3 +102,81 @@ def test_a_report_goes_through_json_and_back():
     rep = _report([1.0, 2.0], device=[0.5, 0.6])
     back = BenchReport.from_dict(rep.to_dict())
     assert back == rep and rep.to_dict()["steps"][0]["stats"]["p50"] == 0.55
+
+
+def _noisy(center, n=12, seed=0):
+    import random
+
+    rng = random.Random(seed)
+    return [center * (1 + rng.uniform(-0.01, 0.01)) for _ in range(n)]
+
+
+def test_pairs_of_processes_that_drift_widen_the_interval_to_hold_both():
+    """s24 / s26: each child's medians held within a run and moved between
+    runs (the mixed step 1.208 then 1.137): one pair's interval cannot hold
+    that drift; the two-level bootstrap over pairs does."""
+    from stepwarm.bench import PROCESS_DRIFT, compare_pairs
+
+    p1 = (_report(_noisy(10.0, seed=1)), _report(_noisy(12.0, seed=2)))
+    p2 = (_report(_noisy(10.0, seed=3)), _report(_noisy(11.0, seed=4)))
+    r, = compare_pairs([p1, p2])
+    assert [round(x, 2) for x in r.per_process] == [1.2, 1.1]
+    assert r.drift == pytest.approx(0.1 / r.ratio, abs=0.01) and r.drift > PROCESS_DRIFT
+    assert r.low < 1.12 and r.high > 1.18 and r.low <= r.ratio <= r.high
+    first, = compare(*p1)  # one pair's interval is narrow and misses the other pair
+    assert first.high - first.low < 0.02 and not first.low <= 1.1 <= first.high
+    assert compare_pairs([p1, p2]) == compare_pairs([p1, p2])  # seeded
+    # one pair: compare's answer, its own ratio kept, no drift
+    single, = compare_pairs([p1])
+    assert single == compare(*p1)[0] and single.per_process == [single.ratio]
+    assert single.drift == 0.0
+
+
+def test_pairs_that_planned_different_steps_do_not_compare():
+    from stepwarm.bench import compare_pairs
+
+    with pytest.raises(ShapeDrift, match="different steps"):
+        compare_pairs([(_report([1.0]), _report([1.0])),
+                       (_report([1.0]), _report([1.0], shape=(4, 4, 0)))])
+
+
+FAKE_CHILD = r'''
+import json, os, sys
+PREFIX = "STEPWARM-BENCH "
+ms = float(sys.argv[1])
+log = sys.argv[2]
+with open(log, "a") as f:
+    f.write(f"start {os.getpid()}\n")
+print("vLLM noise on stdout", flush=True)
+print(PREFIX + json.dumps({"ready": 1, "shapes": [[8, 8, 0]]}), flush=True)
+for line in sys.stdin:
+    cmd, _, n = line.strip().partition(" ")
+    if cmd == "quit" or not cmd:
+        break
+    if cmd == "warm":
+        print(PREFIX + json.dumps({"warmed": int(n)}), flush=True)
+    elif cmd == "run":
+        step = {"index": 0, "kind": "decode", "label": "d", "num_reqs": 8, "num_tokens": 8,
+                "num_spec_tokens": 0, "host_ms": [ms] * int(n), "device_ms": None,
+                "context_tokens": 8}
+        print(PREFIX + json.dumps({"scenario": "s", "repeat": int(n), "warmup": 0,
+                                   "steps": [step]}), flush=True)
+'''
+
+
+def test_each_pair_is_a_fresh_a_and_b_process_one_after_another(tmp_path):
+    """``--processes 3``: three pairs of real child processes, each started,
+    warmed, run through every round and ended before the next pair."""
+    from stepwarm.bench_command import run_compare
+
+    script = tmp_path / "child.py"
+    script.write_text(FAKE_CHILD)
+    log = tmp_path / "starts.log"
+    seen = []
+    pairs = run_compare([str(script), "1.0", str(log)], [str(script), "2.0", str(log)], {}, None,
+                        rounds=2, repeat=4, warmup=1, processes=3, on_pair=seen.append)
+    assert seen == [0, 1, 2] and len(pairs) == 3
+    assert all(a.steps[0].host_ms == [1.0] * 4 and b.steps[0].host_ms == [2.0] * 4
+               for a, b in pairs)
+    pids = [ln.split()[1] for ln in log.read_text().splitlines()]
+    assert len(pids) == 6 and len(set(pids)) == 6  # six processes, none reused

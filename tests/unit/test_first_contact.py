@@ -54,11 +54,19 @@ def test_profile_names_every_bad_option_before_an_engine_starts(tmp_path):
 
 def test_bench_names_every_bad_count_at_once():
     r = runner.invoke(app, ["bench", "default", "--repeat", "-1", "--warmup", "-3",
-                            "--rounds", "0"], env=ENV)
+                            "--rounds", "0", "--processes", "0"], env=ENV)
     assert (r.exit_code, r.stdout) == (2, "")
     assert r.stderr == ("error: --repeat -1: allowed: a whole number from 1 to 100000\n"
                         "error: --warmup -3: allowed: a whole number from 0 to 100000\n"
-                        "error: --rounds 0: allowed: a whole number from 1 to 1000\n")
+                        "error: --rounds 0: allowed: a whole number from 1 to 1000\n"
+                        "error: --processes 0: allowed: a whole number from 1 to 100\n")
+
+
+def test_bench_pairs_of_processes_need_a_b():
+    r = runner.invoke(app, ["bench", "default", "--processes", "3"], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == ("error: --processes 3: pairs of processes compare B with A; give B with "
+                        "--against-e, --against-env or --against-python\n")
 
 
 def test_list_says_in_words_what_each_scenario_needs():
