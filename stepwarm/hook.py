@@ -196,9 +196,8 @@ class WarmupProgress:
                         "at the last start with this configuration, STEPWARM_SKIP_IDLE=1)"
                         if idle else ""))
         mem = report.memory
-        if mem is not None and mem.lower_after:
-            logger.warning("%s: %s %s (see docs/plugin.md)", self.who, plan.name,
-                           lower_text(mem))
+        if mem is not None and mem.lower_after:  # what stays is said (a warning) after the last
+            logger.info("%s: %s %s (see docs/plugin.md)", self.who, plan.name, lower_text(mem))
 
 
 def warmup(
@@ -417,8 +416,8 @@ def _warm_gemm_sizes(view: WorkerView, who: str, record: IdleRecord | None) -> N
     logger.info("%s: linear GEMMs per token count: %s%s in %.0f ms "
                 "(STEPWARM_GEMM_SIZES=off turns it off)", who, gemm_text(g), said, g.wall_ms)
     mem = g.memory
-    if mem is not None and mem.lower_after:
-        logger.warning("%s: linear GEMMs %s", who, lower_text(mem))
+    if mem is not None and mem.lower_after:  # released, or warned of, after the scenarios
+        logger.info("%s: linear GEMMs %s", who, lower_text(mem))
 
 
 #: The idle record's entry for :mod:`stepwarm.sampler_jit` (one segment).
