@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 from rich.table import Table
@@ -589,6 +589,14 @@ def print_interrupted(where: str, runner: str, not_run: list[str]) -> None:
                    + (", ".join(not_run) or "none") + ".", err_console)
 
 
+def _stopped(where: str, after: str) -> NoReturn:
+    """``bench``'s and ``coverage``'s Ctrl-C / SIGTERM line on stderr (as
+    ``run``'s): where it stopped and what is left; exit 130 (143)."""
+    interrupts.being_handled()
+    print_labelled(interrupts.label(), f"{where}; {after}", err_console)
+    raise typer.Exit(interrupts.status())
+
+
 def _write_json(path: Path, report: dict[str, Any], ran: bool = True) -> None:
     """``run``'s report, whole or not at all. A write that fails after
     scenarios ran is exit 1 (2 says nothing ran), and says the run finished."""
@@ -713,8 +721,8 @@ def coverage(
     warm_cache: Annotated[bool, typer.Option("--warm-cache", metavar="", help="A restart: use the caches a run left in --cache-dir (only compiles they lack are counted).")] = False,
     json_out: Annotated[Optional[Path], typer.Option("--json", metavar="FILE", parser=typed_path, help="Write the report as JSON to this file.")] = None,
     timeline: Annotated[Optional[Path], typer.Option("--timeline", metavar="FILE", parser=typed_path, help="Write an SVG timeline of compiles per start-up phase, scenario step and request.")] = None,
-    threshold: Annotated[Optional[float], typer.Option(metavar="RATIO", help="First/second latency ratio above which a request fails. Default: 1.2 on GPUs; on vLLM's CPU build none (the ratio is reported, compiles gate).")] = None,
-    min_excess_ms: Annotated[Optional[float], typer.Option(metavar="MS", help="...and by how many ms the first run must be slower to fail. Default: 10 on GPUs, 0 on CPUs.")] = None,
+    threshold: Annotated[Optional[float], typer.Option(metavar="RATIO", parser=number, help="First/second latency ratio above which a request fails. Default: 1.2 on GPUs; on vLLM's CPU build none (the ratio is reported, compiles gate).")] = None,
+    min_excess_ms: Annotated[Optional[float], typer.Option(metavar="MS", parser=number, help="...and by how many ms the first run must be slower to fail. Default: 10 on GPUs, 0 on CPUs.")] = None,
     trace: Annotated[bool, typer.Option("--trace", metavar="", help="Profile every traffic run (torch.profiler: operators, CUDA calls, kernels) and name where a flagged first run's extra time went.")] = False,
     cache_dir: Annotated[Optional[Path], typer.Option(metavar="DIR", help="Where the fresh TRITON_CACHE_DIR / VLLM_CACHE_ROOT / TORCHINDUCTOR_CACHE_DIR go (an empty directory). Default: a new temporary directory.")] = None,
     verbose: Verbose = False,
@@ -758,9 +766,8 @@ def coverage(
                              + [("scenario file", n) for n in scenario or []]
                              + model_files(model))
     if baseline and scenario:  # kept working for scripts that pass both; said, not silent
-        err_console.print(f"note: -s {' -s '.join(scenario)} ignored: --baseline runs vLLM's "
-                          "warmup alone, no scenario (--compare runs both)",
-                          markup=False, highlight=False, soft_wrap=True)
+        print_wrapped(f"note: -s {' -s '.join(scenario)} ignored: --baseline runs vLLM's "
+                      "warmup alone, no scenario (--compare runs both)", err_console)
     names = [] if baseline else resolve_names(scenario or ["all"])
     # the traffic file's format errors and, where the model's config tells them,
     # its vocabulary and length, beside the scenario and -e errors: all at once,
@@ -817,6 +824,7 @@ def coverage(
     from stepwarm.console import ReplayProgress
 
     progress = ReplayProgress(len(loaded.lines))  # the numbers: once, in the report
+    interrupts.as_interrupt()
     try:
         rep = measure(loaded, names, start, detectors, threshold=threshold,
                       min_excess_ms=min_excess_ms,
@@ -828,6 +836,15 @@ def coverage(
                       trace=trace)
     except TrafficError as e:
         _fail(str(e), 2)
+    except KeyboardInterrupt:
+        progress.stop()
+        detectors.stop()
+        _stopped("coverage stopped " + (
+            f"while replaying {loaded.source} ({progress.done} of {progress.total} requests "
+            "done)" if progress.done
+            else "before the first request (the engine was starting or warming up)"),
+            "the engine ends with this process; no report was written"
+            + (f" (--json {json_out})" if json_out else ""))
     finally:
         progress.stop()
         detectors.stop()
@@ -867,7 +884,9 @@ def _coverage_option_errors(*, baseline: bool, compare: bool, warm_cache: bool,
         errors.append(f"--timeline {shown(timeline)}: the timeline is SVG; allowed: a FILE ending "
                       "in .svg")
     for value, option in ((threshold, "--threshold"), (min_excess_ms, "--min-excess-ms")):
-        if value is not None and not value >= 0:
+        if isinstance(value, str):  # typed_numbers.Unparsed: no number, said with the rest
+            errors.append(f"{option} {value}: allowed: a number >= 0")
+        elif value is not None and not value >= 0:
             errors.append(f"{option} {value:g}: allowed: a number >= 0")
     if no_restart and not compare:
         errors.append("--no-restart: only with --compare")
@@ -912,7 +931,13 @@ def _coverage_compare(args: list[str], json_out: Optional[Path], timeline: Optio
     from stepwarm.coverage.compare import child_args, run_all
     from stepwarm.coverage.report import print_comparison, startup_figures, startup_lines
 
-    runs = run_all(child_args(args), restart, cache_root)
+    interrupts.as_interrupt()
+    try:
+        runs = run_all(child_args(args), restart, cache_root)
+    except KeyboardInterrupt:
+        _stopped("coverage --compare stopped during its runs (each in a process of its own, "
+                 "ended with this one)", "no report was written"
+                 + (f" (--json {json_out})" if json_out else ""))
     (code_b, base), (code_s, sw) = runs["baseline"], runs["stepwarm"]
     if base is None or sw is None:
         _fail(f"the {'baseline' if base is None else 'stepwarm'} run ended with status "
@@ -1325,10 +1350,15 @@ def bench(
                 err_console.print(f"bench: pair {p + 1} of {processes}: starting A and B",
                                   soft_wrap=True)
 
+        interrupts.as_interrupt()
         try:
             pairs = bc.run_compare(base, base + [a for e in against_e or [] for a in ("-e", e)],
                                    env_b, against_python, rounds, repeat, warmup, processes,
                                    on_pair=starting)
+        except KeyboardInterrupt:
+            _stopped(f"bench stopped while A and B ran {scenario} (each in a child process, "
+                     "ended with this one)", "nothing was measured to the end; no report was "
+                     "written" + (f" (--json {json_out})" if json_out else ""))
         except ShapeDrift as e:  # the children's plans, before either is measured
             _fail(f"bench: {e}", 2)
         except Exception as e:  # noqa: BLE001 - a child's failure, said in one line
@@ -1366,10 +1396,28 @@ def bench(
 
     if trace is not None and trace >= len(plan.steps):
         _fail(f"--trace {trace}: {scenario} plans steps 0 to {len(plan.steps) - 1}", 2)
+    done = [0]
+    if not quiet:
+        err_console.print(f"bench: {scenario}: {warmup} warm-up + {repeat} measured repeats of "
+                          f"{len(plan.steps)} steps", soft_wrap=True)
+    interrupts.as_interrupt()
     try:
-        rep = measure(engine.view, plan, profile, repeat, warmup)
+        rep = measure(engine.view, plan, profile, repeat, warmup,
+                      on_repeat=lambda r: done.__setitem__(0, r + 1))
         if trace is not None:
             trace_step(engine.view, plan, profile, trace, trace_out)
+    except KeyboardInterrupt:
+        from stepwarm.driver import held_by_runner
+
+        try:
+            held = held_by_runner(engine.view)
+            runner = ("cleanup ran, the runner holds no stepwarm request" if not held
+                      else f"the runner still holds {', '.join(held)}")
+        except Exception as e:  # noqa: BLE001 - said, not raised: the bench is over
+            runner = f"the runner could not be read ({type(e).__name__}: {e})"
+        _stopped(f"bench stopped in {scenario} after {done[0]} of {warmup + repeat} repeats "
+                 f"({warmup} warm-up)", f"{runner}; no report was written"
+                 + (f" (--json {json_out})" if json_out else ""))
     except StepFailed as e:
         _fail(_failure_line(e.report), 1)
     bc.print_report(rep)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Sequence
@@ -66,6 +67,9 @@ def unwritable(path: Path) -> str | None:
     typed = getattr(path, "typed", None)
     if typed == "":
         return "is empty; allowed: a file path"
+    if typed == "-":
+        return ("would be a file named '-' (a report is not written to standard output "
+                "this way); allowed: a file path, or /dev/stdout")
     if str(path) == ".":
         return "is the current directory; allowed: a file path"
     if typed is not None and typed.endswith(os.sep) and not path.is_dir():
@@ -85,7 +89,7 @@ def unwritable(path: Path) -> str | None:
     except OSError as e:
         return f"cannot be written: no file can be made in {parent} ({e.strerror or e})"
     if path.exists():
-        device = _device(path)
+        device = _device(path) or _named_pipe(path)
         if device:
             return device
         try:
@@ -115,11 +119,37 @@ def _device(path: Path) -> str | None:
     return f"is a device ({os.path.realpath(path)}), not a file; allowed: a file path"
 
 
+def _named_pipe(path: Path) -> str | None:
+    """A named pipe (FIFO) on a file system: opening it to write waits for a
+    reader, so it is refused (the pipe of ``/dev/stdout | jq`` has no name
+    there and is written as a file)."""
+    real = os.path.realpath(path)
+    try:
+        return (f"is a named pipe (FIFO {real}), not a file; allowed: a file path, or "
+                "/dev/stdout" if stat.S_ISFIFO(os.lstat(real).st_mode) else None)
+    except OSError:
+        return None
+
+
+def _stream(path: Path) -> bool:
+    """Whether ``path`` is one of this process's streams or a device
+    (``/dev/stdout``, ``/proc/self/fd/1``, ``/dev/null``): written where it
+    points, never replaced (replacing ``/dev/stdout`` would replace the
+    machine's link, and a file it was redirected to would lose what this
+    process had printed)."""
+    text = os.path.abspath(path)
+    return text in ("/dev/stdout", "/dev/stderr") or text.startswith(
+        ("/dev/fd/", "/proc/self/fd/", "/proc/thread-self/fd/")) or bool(
+        re.match(r"/proc/\d+/fd/", text))
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` whole or not at all: into a temporary file
     beside it, then renamed over it (a full disk leaves the old file, or
-    none, never a cut one). A pipe, a terminal or ``/dev/null`` is written
-    as it is (nothing can be renamed over it).
+    none, never a cut one). A symbolic link is written through: its target
+    is replaced, the link kept. A pipe, a terminal, ``/dev/null`` or a
+    stream such as ``/dev/stdout`` (redirected to a file or not) is written
+    as it is, appended to (nothing can be renamed over it).
 
     Raises:
         OSError: it could not be written (the temporary file is removed).
@@ -128,10 +158,11 @@ def write_atomic(path: Path, text: str) -> None:
         mode = os.stat(path).st_mode
     except OSError:
         mode = None
-    if mode is not None and not stat.S_ISREG(mode):
-        with open(path, "w", encoding="utf-8") as f:
+    if _stream(path) or (mode is not None and not stat.S_ISREG(mode)):
+        with open(path, "a", encoding="utf-8") as f:
             f.write(text)
         return
+    path = Path(os.path.realpath(path))  # a link's target is written, the link kept
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

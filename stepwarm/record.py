@@ -216,8 +216,10 @@ class Recorder:
             return
         try:
             if self.fd is None:
-                self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                                  0o644)
+                # O_NONBLOCK: a FIFO with no reader fails at once (ENXIO), a full
+                # one fails the write (EAGAIN): one log line, serving never waits
+                self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+                                  | os.O_NONBLOCK, 0o644)
                 self.size = os.fstat(self.fd).st_size
                 self._append(self.head)
             self._append(line)

@@ -349,7 +349,16 @@ def parse_line(text: str, file: str, line: int, sampling: bool = True) -> Traffi
     try:
         request = TrafficRequest.model_validate(data)
     except ValidationError as e:
-        raise TrafficError.of(_field_errors(e, data, file, line), file) from None
+        errors = _field_errors(e, data, file, line)
+        table = data.get("sampling")
+        if sampling and isinstance(table, dict) and not any(
+                m.split(": ")[1].startswith("sampling") for x in errors for m in x.errors
+                if m.count(": ") >= 1):
+            try:  # the line's sampling too, said with its other errors (fresh trial)
+                _check_sampling(table, file, line)
+            except TrafficError as more:
+                errors.append(more)
+        raise TrafficError.of(errors, file) from None
     if request.prefix is not None and request.prefix.tokens >= request.prompt_len:
         raise _error(file, line, "prefix.tokens",
                      f"{request.prefix.tokens} must be less than the prompt's "
@@ -511,6 +520,8 @@ def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None,
             tl = TrafficLine(i, parse_line(raw, file, i, sampling))
         except TrafficError as e:
             errors.append(e)
+            if not sampling and _has_sampling(raw):  # its sampling: checked with the rest
+                unchecked.append(i)
             continue
         lines.append(tl)
         if not sampling and tl.request.sampling:
@@ -526,6 +537,16 @@ def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None,
     if errors:
         raise _unchecked_sampling(errors, file, unchecked, "the errors above are mended")
     return Traffic(source=file, lines=tuple(lines))
+
+
+def _has_sampling(raw: str) -> bool:
+    """Whether a line is a JSON object with a ``sampling`` table that is not empty."""
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and isinstance(data.get("sampling"), dict) and \
+        bool(data["sampling"])
 
 
 def builtin_path() -> Path:

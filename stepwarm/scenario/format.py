@@ -42,15 +42,19 @@ MAX_WORD = 60
 def _report_text(value: str) -> str:
     """A ``label`` / ``description``: printable text (a control character,
     an escape sequence above all, would reach the terminal as it is), its
-    words at most :data:`MAX_WORD` characters."""
+    words at most :data:`MAX_WORD` terminal columns wide."""
     bad = sorted({c for c in value if not c.isprintable()})
     if bad:
         raise ValueError(f"holds control character(s) {', '.join(repr(c) for c in bad)}; "
                          "allowed: printable text on one line")
-    long = next((w for w in value.split() if len(w) > MAX_WORD), None)
+    from rich.cells import cell_len
+
+    # by terminal cells: a wide (CJK, full-width) character takes two
+    long = next((w for w in value.split() if cell_len(w) > MAX_WORD), None)
     if long is not None:
-        raise ValueError(f"holds a word of {len(long)} characters ({long[:20]!r}...); allowed: "
-                         f"words of at most {MAX_WORD} characters (reports wrap at spaces)")
+        raise ValueError(f"holds a word {cell_len(long)} columns wide ({long[:20]!r}...); "
+                         f"allowed: words at most {MAX_WORD} columns wide, a wide (CJK) "
+                         "character two (reports wrap at spaces)")
     return value
 
 

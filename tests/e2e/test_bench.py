@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -163,3 +164,32 @@ def test_two_configurations_that_plan_apart_are_refused_before_measuring():
     assert "error: bench: the two configurations planned different steps: step 0 is (8, 16, 0) " \
            "in A, (4, 8, 0) in B (requests, tokens, drafts)" in err, err
     assert "repeats after" not in proc.stdout
+
+
+def test_ctrl_c_while_measuring_says_where_and_that_the_runner_was_cleaned(tmp_path):
+    """Fresh trial (issue 42), defect 10: Ctrl-C in bench exited 130 with
+    nothing said. Now one line: the scenario, the repeats done, the runner's
+    state after the driver's cleanup, and that no report was written."""
+    import signal
+    import time
+
+    out = tmp_path / "b.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stepwarm", "bench", "default", "--repeat", "100000", "--warmup",
+         "1", "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"})
+    assert proc.stderr is not None
+    for line in proc.stderr:  # until it measures
+        if line.startswith("bench: default: 1 warm-up + 100000 measured repeats of "):
+            break
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)
+    rest, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, rest + err[-3000:]
+    last = err.strip().splitlines()[-1]
+    m = re.fullmatch(r"interrupted: bench stopped in default after (\d+) of 100001 repeats "
+                     r"\(1 warm-up\); cleanup ran, the runner holds no stepwarm request; no "
+                     r"report was written \(--json " + re.escape(str(out)) + r"\)", last)
+    assert m and int(m[1]) < 100001, last
+    assert "Traceback" not in err and not out.exists()

@@ -76,6 +76,16 @@ class Config:
     #: The drafter's layer in a full-attention group of its own (flagged
     #: ``is_eagle_group``, last) instead of the target's full-attention group.
     eagle_own_group: bool = False
+    #: A draft model (the zoo's tiny-llama-draft) instead of the n-gram
+    #: speculator: ``num_spec_tokens`` drafts every step, as many lookahead
+    #: slots, no prefix-hit drop; its layer in the target's full-attention
+    #: group (vLLM groups layers of one spec together).
+    draft_model: bool = False
+
+    @property
+    def drafter_method(self) -> str:
+        """The model-based drafter's ``SpeculativeConfig.method`` ("" none)."""
+        return "eagle" if self.eagle else "draft_model" if self.draft_model else ""
 
     def vllm_groups(self) -> list[Any]:
         """vLLM's ``KVCacheSpec`` of each group."""
@@ -98,7 +108,7 @@ class Config:
         """Each group's layer names: ``l<i>``, the drafter's ``d0`` with the
         target's full-attention layer or in its own group."""
         layers = [[f"l{i}"] for i in range(len(self.vllm_groups()))]
-        if self.eagle:
+        if self.drafter_method:
             layers[-1 if self.eagle_own_group else 0] = (
                 ["d0"] if self.eagle_own_group else ["l0", "d0"])
         return layers
@@ -115,7 +125,7 @@ class Config:
         read off ``sched``, the :func:`build_scheduler` of this config, as
         the probe reads them off a worker)."""
         drafter, lookahead = None, 0
-        if self.eagle:
+        if self.drafter_method:
             from stepwarm.drafter import Drafter, _eagle_groups, _hash_lookahead
             from stepwarm.vllm_facts import prefill_lookahead_tokens
 
@@ -124,7 +134,7 @@ class Config:
             lookahead = int(sched.num_lookahead_tokens)  # (0.26: the scheduler derives it)
             groups = tuple(i for i, g in enumerate(self.group_layers()) if "d0" in g)
             drafter = Drafter(
-                method="eagle", num_speculative_tokens=self.num_spec_tokens,
+                method=self.drafter_method, num_speculative_tokens=self.num_spec_tokens,
                 model=str(spec.draft_model_config.model), layers=("d0",),
                 kv_cache_groups=groups, own_group=self.eagle_own_group,
                 num_lookahead_tokens=lookahead, num_hash_lookahead_tokens=_hash_lookahead(vc),
@@ -209,6 +219,11 @@ def build_scheduler(cfg: Config) -> Any:
     spec = None
     if cfg.eagle:
         spec = SpeculativeConfig(method="eagle", model=str(write_model("tiny-llama-eagle") / "drafter"),
+                                 num_speculative_tokens=cfg.num_spec_tokens,
+                                 target_model_config=mc, target_parallel_config=ParallelConfig())
+    elif cfg.draft_model:
+        spec = SpeculativeConfig(method="draft_model",
+                                 model=str(write_model("tiny-llama-draft") / "drafter"),
                                  num_speculative_tokens=cfg.num_spec_tokens,
                                  target_model_config=mc, target_parallel_config=ParallelConfig())
     elif cfg.num_spec_tokens:

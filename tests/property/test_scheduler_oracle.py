@@ -37,9 +37,11 @@ def streams(draw: st.DrawFn) -> tuple[Config, list[Arrival]]:
     mamba = draw(st.sampled_from([None, None, None, None, None, None, "align", "none"]))
     num_spec_tokens = draw(st.sampled_from([0, 0, 1, 2, 4]))
     # the speculator: n-gram, or (without a Mamba group) an EAGLE drafter in
-    # 1 example of 2, its layer in the target's group or, where the release
-    # flags drafter groups, in one of its own
-    eagle = bool(num_spec_tokens) and mamba is None and draw(st.booleans())
+    # 1 example of 4, its layer in the target's group or, where the release
+    # flags drafter groups, in one of its own, or a draft model in 1 of 4
+    drafter = draw(st.sampled_from(["", "", "eagle", "draft_model"])) \
+        if num_spec_tokens and mamba is None else ""
+    eagle = drafter == "eagle"
     own = eagle and eagle_group_flag() and draw(st.booleans())
     groups = 1 + (window is not None) + (mamba is not None) + own
     # at least one whole request fits the pool (else vLLM preempts it forever)
@@ -51,10 +53,11 @@ def streams(draw: st.DrawFn) -> tuple[Config, list[Arrival]]:
         max_model_len=max_model_len,
         enable_caching=mamba != "none" and draw(st.sampled_from([True, True, True, False])),
         num_spec_tokens=num_spec_tokens, eagle=eagle, eagle_own_group=own,
+        draft_model=drafter == "draft_model",
     )
     # (drafts proposed, of them accepted) after each sampled step, cycled;
-    # EAGLE proposes its num_spec_tokens every step
-    pattern = (st.just(num_spec_tokens) if eagle else st.integers(0, 5)).flatmap(
+    # a model-based drafter proposes its num_spec_tokens every step
+    pattern = (st.just(num_spec_tokens) if drafter else st.integers(0, 5)).flatmap(
         lambda d: st.tuples(st.just(d), st.integers(0, d)))
     arrivals = []
     for _ in range(draw(st.integers(1, 6))):
@@ -101,6 +104,8 @@ def test_every_step_is_the_schedulers(stream: tuple[Config, list[Arrival]]) -> N
         event(f"Mamba {cfg.mamba}")
     if cfg.eagle:
         event("EAGLE, own group" if cfg.eagle_own_group else "EAGLE")
+    if cfg.draft_model:
+        event("draft model")
     if any(r.resumed for r in theirs):
         event("resumed")
     if cfg.eagle and any(r.computed[rid] for r in theirs for rid in r.resumed):

@@ -386,6 +386,31 @@ def test_a_field_error_says_the_sampling_tables_wait_for_it(tmp_path):
         "errors above are mended"]
 
 
+def test_a_lines_sampling_is_checked_beside_its_other_errors(tmp_path):
+    """Fresh trial (issue 42), defect 9: ``prompt: -1`` (or ``count: 0``)
+    hid the same line's ``top_p: 2`` until it was mended."""
+    from stepwarm.coverage.traffic import TrafficError, loads_traffic
+
+    text = ('{"prompt": -1, "sampling": {"top_p": 2}}\n'
+            '{"prompt": 5, "count": 0, "sampling": {"top_p": 2}}\n')
+    with pytest.raises(TrafficError) as e:
+        loads_traffic(text, "t.jsonl", sampling=False)
+    assert str(e.value).splitlines()[-1] == (
+        "t.jsonl: the sampling of line(s) 1-2 is checked by vLLM's SamplingParams once the "
+        "errors above are mended")
+    assert e.value.unchecked_sampling == (1, 2)
+    with pytest.raises(TrafficError) as e:
+        loads_traffic(text, "t.jsonl")
+    assert str(e.value).splitlines() == [
+        "t.jsonl:1: prompt: -1: allowed: a length (an integer > 0) or a list of token ids "
+        "(integers >= 0, at least one)",
+        "t.jsonl:1: sampling.top_p: vLLM's SamplingParams refused it: top_p must be in (0, 1], "
+        "got 2.0.",
+        "t.jsonl:2: count: 0; allowed: an integer from 1 to 4096 (MAX_COUNT, see docs/traffic.md)",
+        "t.jsonl:2: sampling.top_p: vLLM's SamplingParams refused it: top_p must be in (0, 1], "
+        "got 2.0."]
+
+
 def test_the_json_lines_of_a_file_with_junk_lines_are_checked_against_the_model(tmp_path):
     """The twelfth trial: beside a line that is no JSON, a prompt past the
     model's max_model_len went unsaid (a second round needed)."""

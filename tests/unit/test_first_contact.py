@@ -478,6 +478,20 @@ def test_a_label_with_a_control_character_or_an_overlong_word_is_refused(tmp_pat
     assert r.stderr.splitlines() == [
         f"error: {f}:1: field 'description': holds control character(s) '\\x1b'; allowed: "
         "printable text on one line (got 'x\\x1b[31m')",
-        f"error: {f}:7: step 0 (prefill), field 'label': holds a word of 61 characters "
-        "('aaaaaaaaaaaaaaaaaaaa'...); allowed: words of at most 60 characters (reports wrap "
-        f"at spaces) (got 'ok {'a' * 36}..., 64 characters)"]
+        f"error: {f}:7: step 0 (prefill), field 'label': holds a word 61 columns wide "
+        "('aaaaaaaaaaaaaaaaaaaa'...); allowed: words at most 60 columns wide, a wide (CJK) "
+        f"character two (reports wrap at spaces) (got 'ok {'a' * 36}..., 64 characters)"]
+
+
+def test_a_wide_word_is_measured_in_columns(tmp_path):
+    """Fresh trial (issue 42), defect 4: 60 CJK characters passed the
+    60-character word limit and took 120 columns in ``run | cat``."""
+    f = tmp_path / "wide.toml"
+    f.write_text('[requests.a]\nprompt = 5\n[[steps]]\nkind = "prefill"\nrequests = ["a"]\n'
+                 'label = "' + "\u89e3" * 31 + '"\n')
+    r = runner.invoke(app, ["check", str(f)], env={"COLUMNS": "1000"})
+    assert r.exit_code == 2
+    assert r.stderr.startswith(f"error: {f}:6: step 0 (prefill), field 'label': holds a word 62 "
+                               "columns wide")
+    f.write_text(f.read_text().replace("\u89e3" * 31, "\u89e3" * 30))
+    assert runner.invoke(app, ["check", str(f)], env={"COLUMNS": "1000"}).exit_code == 0

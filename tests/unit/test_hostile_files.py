@@ -144,3 +144,68 @@ def test_a_coverage_report_that_cannot_be_written_after_the_run_is_exit_1(tmp_pa
                        "device (the coverage run finished, as above; no report file was left)")
     finally:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_a_report_at_a_link_is_written_through_it_and_the_link_kept(tmp_path):
+    """Fresh trial (issue 42), defect 1: a link's target was never made and
+    the link became a file."""
+    target = tmp_path / "target.json"
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    write_atomic(link, "new\n")
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert target.read_text() == "new\n"
+    write_atomic(link, "newer\n")  # the target now exists: replaced, the link kept
+    assert link.is_symlink() and target.read_text() == "newer\n"
+
+
+def test_a_report_to_dev_stdout_redirected_to_a_file_is_appended_there(tmp_path):
+    """Fresh trial, defect 1: ``--json /dev/stdout > file`` replaced the
+    machine's /dev/stdout link with a file and the report never reached the
+    redirect. Now /dev/stdout is written where it points, after what the
+    process printed, and stays a link."""
+    out = tmp_path / "out.txt"
+    code = ("import sys; from pathlib import Path; from stepwarm.output_path import write_atomic;"
+            "print('table', flush=True); write_atomic(Path('/dev/stdout'), '{\"a\": 1}\\n')")
+    with open(out, "w") as f:
+        subprocess.run([sys.executable, "-c", code], stdout=f, check=True, timeout=60)
+    assert out.read_text() == 'table\n{"a": 1}\n'
+    assert os.path.islink("/dev/stdout")
+
+
+def test_a_named_pipe_or_a_dash_is_refused_before_any_work(tmp_path):
+    """Fresh trial, defects 3 and 15: a FIFO hung the check (its open waits
+    for a reader); ``--json -`` made a file named '-'."""
+    from stepwarm.output_path import typed_path, unwritable
+
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    assert unwritable(typed_path(str(fifo))) == (
+        f"is a named pipe (FIFO {fifo}), not a file; allowed: a file path, or /dev/stdout")
+    assert unwritable(typed_path("-")) == (
+        "would be a file named '-' (a report is not written to standard output this way); "
+        "allowed: a file path, or /dev/stdout")
+    r = subprocess.run([sys.executable, "-m", "stepwarm", "run", "--json", str(fifo)],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, **ENV})
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == (f"error: --json {fifo}: is a named pipe (FIFO {fifo}), not a file; "
+                        "allowed: a file path, or /dev/stdout\n")
+
+
+def test_a_recording_to_a_fifo_with_no_reader_stops_with_one_line(tmp_path, caplog):
+    """Fresh trial, defect 2: ``STEPWARM_RECORD`` at a FIFO blocked the
+    engine core's first step forever (a blocking open waits for a reader).
+    Opened without blocking: one warning, recording stops, the step goes on."""
+    import logging
+
+    from stepwarm.record import Recorder
+
+    fifo = tmp_path / "rec.fifo"
+    os.mkfifo(fifo)
+    rec = Recorder(str(fifo), 1 << 20, {"stepwarm_record": 1}, 16)
+    with caplog.at_level(logging.WARNING, logger="stepwarm"):
+        rec.write({"step": 1})
+    assert rec.stopped and rec.fd is None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"stepwarm: STEPWARM_RECORD {fifo}: cannot write (OSError: [Errno 6] No such device or "
+        f"address: '{fifo}'); recording stopped, serving goes on"]
