@@ -561,17 +561,10 @@ def _interrupted(engine: Any, plans: list[tuple[str, Any]], reports: list[RunRep
     interrupt passed): one line saying where it stopped, whether the runner
     holds any stepwarm request, and the scenarios that did not run; the
     reports of those that finished go to ``--json``. Exit 130."""
-    from stepwarm.driver import held_by_runner
-
     done = {r.plan for r in reports}
     stopped = next((p.name for _, p in plans if p.name not in done), "")
     not_run = [p.name for _, p in plans if p.name not in done and p.name != stopped]
-    try:
-        held = held_by_runner(engine.view)
-        runner = ("cleanup ran, the runner holds no stepwarm request" if not held
-                  else f"the runner still holds {', '.join(held)}")
-    except Exception as e:  # noqa: BLE001 - said, not raised: the run is over
-        runner = f"the runner could not be read after the interrupt ({type(e).__name__}: {e})"
+    runner = _runner_after_stop(engine.view)
     if json_out is not None:
         _write_json(json_out, {"profile": profile.model_dump(), "startup_s": startup_s,
                                "scenarios": [r.to_dict() for r in reports],
@@ -579,6 +572,19 @@ def _interrupted(engine: Any, plans: list[tuple[str, Any]], reports: list[RunRep
                                                "not_run": not_run}})
     print_interrupted(what or stopped, runner, not_run)
     raise typer.Exit(interrupts.status())
+
+
+def _runner_after_stop(view: Any) -> str:
+    """What the runner holds after an interrupt passed the driver's cleanup,
+    in words (never raises: the run is over)."""
+    from stepwarm.driver import held_by_runner
+
+    try:
+        held = held_by_runner(view)
+    except Exception as e:  # noqa: BLE001 - said, not raised
+        return f"the runner could not be read after the interrupt ({type(e).__name__}: {e})"
+    return ("cleanup ran, the runner holds no stepwarm request" if not held
+            else f"the runner still holds {', '.join(held)}")
 
 
 def print_interrupted(where: str, runner: str, not_run: list[str]) -> None:
@@ -1407,14 +1413,7 @@ def bench(
         if trace is not None:
             trace_step(engine.view, plan, profile, trace, trace_out)
     except KeyboardInterrupt:
-        from stepwarm.driver import held_by_runner
-
-        try:
-            held = held_by_runner(engine.view)
-            runner = ("cleanup ran, the runner holds no stepwarm request" if not held
-                      else f"the runner still holds {', '.join(held)}")
-        except Exception as e:  # noqa: BLE001 - said, not raised: the bench is over
-            runner = f"the runner could not be read ({type(e).__name__}: {e})"
+        runner = _runner_after_stop(engine.view)
         _stopped(f"bench stopped in {scenario} after {done[0]} of {warmup + repeat} repeats "
                  f"({warmup} warm-up)", f"{runner}; no report was written"
                  + (f" (--json {json_out})" if json_out else ""))
