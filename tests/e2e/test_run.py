@@ -118,6 +118,11 @@ def test_failure_at_step_k_still_cleans_up(engine, profile, method, fail_at, fai
     assert f"step {failed_step} ({plan.steps[failed_step].kind}" in str(failure)
     assert "injected failure" in str(failure)
     assert len(failure.report.steps) == failed_step
+    # the failed step itself, in the report (the fresh trial: only in the error text)
+    step = plan.steps[failed_step]
+    assert failure.report.failed_step == {"index": failed_step, "kind": step.kind,
+                                          "label": plan.with_display_names(step.label)}
+    assert failure.report.to_dict()["failed_step"]["index"] == failed_step
     assert failure.report.cleanup_ran and failure.report.left_in_runner == []
     # The last execute_model call is the cleanup: it finishes all 8 requests
     # that were sent (the prefill requests sent in step 0).

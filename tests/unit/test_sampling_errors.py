@@ -236,3 +236,32 @@ def test_logprobs_with_a_speculator_are_accepted_as_vllms_defaults_accept_them()
     assert refusal((("min_p", 0.1),), spec) == (
         "min_p", "The min_p and logit_bias sampling parameters are not yet supported with "
         "speculative decoding. (this runner has a speculator: num_speculative_steps 2)")
+
+
+def test_top_k_beside_a_speculator_on_a_sampler_that_fails_on_it_is_refused_at_check(tmp_path):
+    """Fresh trial (issue 42), defect 13: on vLLM's CPU build (its rejection
+    sampler fails on top-k / top-p beside drafts) a scenario with a top-k
+    request and no ``spec_top_k_top_p`` need passed ``check`` and failed in
+    ``run`` with a raw torch error. Now ``check`` names the request's field."""
+    from stepwarm.scenario.sampling import refusal
+
+    cpu = profile(**SPEC, top_k_top_p_with_drafts=False)
+    why = ("this vLLM build's sampler fails on top-k / top-p requests with a speculator "
+           "(vLLM's CPU build); allowed here: greedy or temperature sampling, or needs = "
+           "[\"spec_top_k_top_p\"] (the scenario is then skipped on such runners)")
+    assert refusal((("temperature", 0.8), ("top_k", 5)), cpu) == (
+        "top_k", f"top_k = 5 beside this runner's speculator: {why}")
+    assert refusal((("top_p", 0.9),), cpu) == (
+        "top_p", f"top_p = 0.9 beside this runner's speculator: {why}")
+    assert refusal((("temperature", 0.8), ("top_k", 0), ("top_p", 1.0)), cpu) is None
+    assert refusal((("top_k", 5),), profile(**SPEC)) is None  # a GPU build takes it
+    e = bad(tmp_path, """
+        [requests.a]
+        prompt = 5
+        sampling = { temperature = 0.8, top_k = 5 }
+        [[steps]]
+        kind = "prefill"
+        requests = ["a"]
+        """, cpu)
+    assert (e.line, e.field) == (3, "sampling.top_k")
+    assert "top_k = 5 beside this runner's speculator" in str(e)

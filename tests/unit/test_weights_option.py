@@ -15,7 +15,9 @@ def test_parse_weights():
     assert parse_weights("dummy") is None
     assert parse_weights("seeded") == 0
     assert parse_weights("seeded:7") == 7
-    for bad in ("seeded:", "seeded:-1", "seeded:x", "random", "dummy:1"):
+    assert parse_weights(f"seeded:{2**64 - 1}") == 2**64 - 1
+    for bad in ("seeded:", "seeded:-1", "seeded:x", "random", "dummy:1", f"seeded:{2**64}",
+                "seeded:\u0663"):
         with pytest.raises(ValueError, match=f"--weights {bad}: allowed: dummy"):
             parse_weights(bad)
 
@@ -37,7 +39,7 @@ def test_run_bad_weights_value_exit_2():
     assert r.exit_code == 2
     assert r.stderr == ("error: --weights random: allowed: dummy (vLLM's load_format=dummy), "
                         "seeded, or seeded:N (zoo models get random weights under "
-                        "torch.manual_seed(N), N an integer >= 0; default 0)\n")
+                        "torch.manual_seed(N), N an integer from 0 to 18446744073709551615; default 0)\n")
 
 
 def test_run_seeded_weights_refused_for_a_directory(tmp_path):

