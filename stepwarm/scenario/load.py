@@ -167,7 +167,9 @@ def load(name_or_path: str) -> LoadedScenario:
                             f"{', '.join(builtin_names())}", file=name_or_path)
     looks_like_path = _looks_like_path(name_or_path)
     if looks_like_path and not path.exists():
-        raise ScenarioError(f"{name_or_path}: cannot read scenario file: no such file; allowed: "
+        what = ("a symbolic link that leads to no file (a loop, or its target is missing)"
+                if path.is_symlink() else "no such file")
+        raise ScenarioError(f"{name_or_path}: cannot read scenario file: {what}; allowed: "
                             "a path to an existing .toml file or a built-in name: "
                             + ", ".join(builtin_names()),
                             file=name_or_path)

@@ -209,3 +209,16 @@ def test_a_recording_to_a_fifo_with_no_reader_stops_with_one_line(tmp_path, capl
     assert [r.getMessage() for r in caplog.records] == [
         f"stepwarm: STEPWARM_RECORD {fifo}: cannot write (OSError: [Errno 6] No such device or "
         f"address: '{fifo}'); recording stopped, serving goes on"]
+
+
+def test_a_scenario_link_that_leads_nowhere_is_named_as_one(tmp_path):
+    """Fresh trial (issue 42): a symlink loop was "no such file"."""
+    from stepwarm.scenario import ScenarioError, load
+
+    a, b = tmp_path / "a.toml", tmp_path / "b.toml"
+    a.symlink_to(b)
+    b.symlink_to(a)
+    with pytest.raises(ScenarioError) as e:
+        load(str(a))
+    assert str(e.value).startswith(f"{a}: cannot read scenario file: a symbolic link that leads "
+                                   "to no file (a loop, or its target is missing); allowed: ")
