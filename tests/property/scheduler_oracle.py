@@ -42,7 +42,9 @@ _HASH_READY = False
 class ConfigRefused(Exception):
     """The installed vLLM refuses the drawn runner (vLLM 0.26's hybrid
     coordinator takes no two equal attention groups: an EAGLE group of its
-    own there): the example is discarded."""
+    own there), or cannot serve it (0.26 never schedules a prefill whose
+    Mamba align block is wider than the token budget): the example is
+    discarded."""
 
 
 class Unmodelled(Exception):
@@ -361,6 +363,14 @@ class Replay:
         from stepwarm.compile import prompt_token_ids
 
         cfg = self.cfg
+        if cfg.mamba == "align" and cfg.block_size > cfg.max_num_batched_tokens and \
+                scheduler_mamba_align_rule() == "0.26":
+            # 0.26 floors every chunk before the last block boundary to a
+            # boundary the budget cannot reach: an empty chunk each step, the
+            # request never scheduled (0.29 on advance sub-block there)
+            raise ConfigRefused(f"vLLM 0.26's scheduler never schedules a prefill whose Mamba "
+                                f"block ({cfg.block_size}) is wider than the token budget "
+                                f"({cfg.max_num_batched_tokens})")
         try:
             self.sched = s = build_scheduler(cfg)
         except AssertionError as e:
