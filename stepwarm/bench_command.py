@@ -272,9 +272,27 @@ def parse_env(pairs: Sequence[str]) -> tuple[dict[str, str], list[str]]:
     return env, errors
 
 
-def check_python(python: str | None) -> list[str]:
+def check_python(python: str | None, env: dict[str, str] | None = None) -> list[str]:
+    """``--against-python``: an executable Python that imports stepwarm and
+    vLLM (probed with B's environment, ``env`` on top of this one's)."""
     if python is None:
         return []
     path = Path(python)
-    return [] if path.is_file() and os.access(path, os.X_OK) else \
-        [f"--against-python {python}: not an executable file"]
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        return [f"--against-python {python}: not an executable file"]
+    # found now, not after A's engine start (the second fresh trial: "the
+    # child exited (1) before answering" 12 s in)
+    probe = ("import importlib.util as u; print('stepwarm' if u.find_spec('stepwarm') and "
+             "u.find_spec('vllm') else 'missing')")
+    try:
+        said = subprocess.run([str(path), "-c", probe], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, **(env or {})}).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        said = type(e).__name__
+    if said == "missing":
+        return [f"--against-python {python}: has no stepwarm or no vLLM to import; allowed: a "
+                "Python with both installed (B runs `python -m stepwarm bench` there)"]
+    if said != "stepwarm":
+        return [f"--against-python {python}: does not run as Python (`{python} -c ...` "
+                "printed nothing a Python would); allowed: a Python with stepwarm and vLLM"]
+    return []

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -396,7 +397,8 @@ def run(
     from stepwarm.output_path import clashes, model_files
 
     bad_settings += clashes([("--json", json_out)],
-                            [("scenario file", n) for n in scenario or []] + model_files(model))
+                            [("scenario file", n) for n in scenario or []] + model_files(model),
+                            inside=_zoo_dirs(model))
     from stepwarm.settings import SettingsError, compile_threads
 
     try:  # STEPWARM_COMPILE_THREADS, before the engine starts (a bad value under --verify too)
@@ -491,11 +493,14 @@ def run(
         left = [p.name for p in to_verify[len(compared):]]
         interrupted = {"at": f"--verify, comparing {left[0]}", "scenario": left[0],
                        "not_run": [], "not_verified": left}
+    from stepwarm.output_path import is_stdout
+
+    last = json_out is not None and is_stdout(json_out)  # after the summary, not inside it
     if json_out is not None:
         from stepwarm.tables import step_blocks
 
         by_name = {p.name: p for _, p in plans}
-        _write_json(json_out, {
+        write = functools.partial(_write_json, json_out, {
             "profile": profile.model_dump(), "startup_s": startup_s,
             "scenarios": [{**r.to_dict(), **({"block_tables": [
                 b.to_dict() for b in step_blocks(by_name[r.plan], profile)]}
@@ -504,12 +509,18 @@ def run(
                                               else {"error": v})} for n, v in compared]}
                if verify else {}),
             **({"interrupted": interrupted} if interrupted else {})})
-    if interrupted:
-        print_labelled(interrupts.label(), f"{interrupted['at']} with vLLM's scheduler; the "
-                       f"warmup had finished ({plural(len(ran_plans), 'scenario')} ran); not "
-                       f"compared: {', '.join(interrupted['not_verified'])}.")
-        raise typer.Exit(interrupts.status())
-    _summary_and_exit(reports, failures, compared, skipped_named, allow_skip)
+        if not last:
+            write()
+    try:
+        if interrupted:
+            print_labelled(interrupts.label(), f"{interrupted['at']} with vLLM's scheduler; the "
+                           f"warmup had finished ({plural(len(ran_plans), 'scenario')} ran); not "
+                           f"compared: {', '.join(interrupted['not_verified'])}.")
+            raise typer.Exit(interrupts.status())
+        _summary_and_exit(reports, failures, compared, skipped_named, allow_skip)
+    finally:
+        if last:
+            write()
 
 
 def _drive_all(plans: list[tuple[str, Any]], engine: Any, progress: _RunProgress,
@@ -600,6 +611,19 @@ def _interrupted(engine: Any, plans: list[tuple[str, Any]], reports: list[RunRep
                                                "not_run": not_run}})
     print_interrupted(what or stopped, runner, not_run)
     raise typer.Exit(interrupts.status())
+
+
+def _zoo_dirs(model: Optional[str]) -> list[tuple[str, Path]]:
+    """The directory of the zoo model ``--model`` names (the tiny Llama
+    without one), which stepwarm writes before vLLM loads it: a report must
+    not go there (the second fresh trial: ``--json .../tiny-llama/config.json``
+    replaced the model's config)."""
+    from stepwarm.zoo import ZOO, cache_dir
+
+    name = "tiny-llama" if model is None else model
+    if model is not None and (Path(model).exists() or model not in ZOO):
+        return []
+    return [("zoo model's directory", cache_dir() / name)]
 
 
 def _runner_after_stop(view: Any) -> str:
@@ -798,7 +822,7 @@ def coverage(
     option_errors += clashes([("--json", json_out), ("--timeline", timeline)],
                              ([("traffic file", traffic)] if traffic else [])
                              + [("scenario file", n) for n in scenario or []]
-                             + model_files(model))
+                             + model_files(model), inside=_zoo_dirs(model))
     if baseline and scenario:  # kept working for scripts that pass both; said, not silent
         print_wrapped(f"note: -s {' -s '.join(scenario)} ignored: --baseline runs vLLM's "
                       "warmup alone, no scenario (--compare runs both)", err_console)
@@ -1291,11 +1315,15 @@ def profile_cmd(
     from stepwarm.probe import read_profile
     from stepwarm.profile import ProfileError
 
-    errors += clashes([("--output", output)], model_files(model))
+    errors += clashes([("--output", output)], model_files(model), inside=_zoo_dirs(model))
     errors += _model_errors(model, "dummy")[1] + _engine_arg_errors(engine_arg)
     if errors:  # every error at once, before an engine starts
         _fail("\nerror: ".join(errors), 2)
     _plugin_scenarios_off()
+    from stepwarm.output_path import is_stdout
+
+    if is_stdout(output):  # the profile alone on stdout: the start-up's lines on stderr
+        console.file = sys.stderr
     engine = _start_engine(model, engine_arg)
     try:
         prof = read_profile(engine.view)
@@ -1303,12 +1331,13 @@ def profile_cmd(
         _fail(str(e), 2)
     finally:
         engine.shutdown()
+    said = err_console if is_stdout(output) else console
+    print_wrapped(_profile_line(prof), said)
     try:
         prof.save(output)
     except OSError as e:
         _fail(f"{output}: cannot write profile: {e.strerror or e}", 2)
-    print_wrapped(_profile_line(prof))
-    console.print(f"saved {output}")
+    said.print(f"saved {output}")
 
 
 @app.command()
@@ -1362,7 +1391,7 @@ def bench(
                                                              or against_python):
         errors.append(f"--processes {processes}: pairs of processes compare B with A; give B "
                       "with --against-e, --against-env or --against-python")
-    errors += bc.check_python(against_python)
+    errors += bc.check_python(against_python, env_b)
     comparing = bool(against_e or against_env or against_python)
     errors += bc.check_plot_and_trace(plot_out, trace, trace_out, comparing)
     errors += bc.check_gate(gate_pct, comparing)
@@ -1373,7 +1402,8 @@ def bench(
 
     errors += clashes([("--json", json_out), ("--csv", csv_out), ("--plot", plot_out),
                        ("--trace-file", trace_out)],
-                      [("scenario file", scenario), *model_files(model)])
+                      [("scenario file", scenario), *model_files(model)],
+                      inside=_zoo_dirs(model))
     if comparing and not child:  # named as the option that gave them
         errors += [f"--against-e {e[3:]}" if e.startswith("-e ") else e
                    for e in _engine_arg_errors(against_e)]

@@ -9,6 +9,7 @@ import contextlib
 import os
 import re
 import stat
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -143,6 +144,18 @@ def _stream(path: Path) -> bool:
         re.match(r"/proc/\d+/fd/", text))
 
 
+def is_stdout(path: Path) -> bool:
+    """Whether ``path`` is this process's standard output (``/dev/stdout``,
+    ``/proc/self/fd/1``, or the file or pipe it was redirected to): a
+    command writes such a report after everything else it prints, so the
+    two do not interleave."""
+    try:
+        a, b = os.stat(path), os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` whole or not at all: into a temporary file
     beside it, then renamed over it (a full disk leaves the old file, or
@@ -159,6 +172,9 @@ def write_atomic(path: Path, text: str) -> None:
     except OSError:
         mode = None
     if _stream(path) or (mode is not None and not stat.S_ISREG(mode)):
+        for out in (sys.stdout, sys.stderr):  # what was printed goes first
+            with contextlib.suppress(Exception):
+                out.flush()
         with open(path, "a", encoding="utf-8") as f:
             f.write(text)
         return
@@ -181,7 +197,8 @@ def write_atomic(path: Path, text: str) -> None:
 
 def clashes(outputs: Sequence[tuple[str, Path | None]],
             inputs: Sequence[tuple[str, str | Path]] = (), *,
-            written: str = "the report") -> list[str]:
+            written: str = "the report",
+            inside: Sequence[tuple[str, Path]] = ()) -> list[str]:
     """Two outputs that are one file (the second write would replace the
     first's), and an output that is an input the command reads (a scenario
     file, the traffic file: the report would overwrite it), one line each.
@@ -192,6 +209,9 @@ def clashes(outputs: Sequence[tuple[str, Path | None]],
         inputs: ``(what, path)``, e.g. ``("scenario", "my.toml")``; a name
             that is no file (a built-in scenario) is passed over.
         written: what the outputs are, in the message (``the scenario``).
+        inside: ``(what, directory)`` whose files the command writes (a zoo
+            model's, before the engine loads it): an output in it, existing
+            or not, would be replaced or would replace one of them.
     """
     def key(path: str | Path) -> str:
         return os.path.normcase(os.path.realpath(path))
@@ -215,6 +235,13 @@ def clashes(outputs: Sequence[tuple[str, Path | None]],
         if k in seen:
             errors.append(f"{seen[k]}: it is the {what} {path}, which {written} would "
                           "replace; allowed: another file")
+    for what, directory in inside:
+        root = key(directory)
+        for k, option in seen.items():
+            if os.path.commonpath([root, k]) == root:
+                errors.append(f"{option}: it is in the {what} {directory}, whose files "
+                              f"stepwarm writes for vLLM to load; {written} would replace "
+                              "one, or be replaced; allowed: a file elsewhere")
     return errors
 
 

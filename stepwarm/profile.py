@@ -339,8 +339,10 @@ class RunnerProfile(BaseModel):
 
     def save(self, path: str | Path) -> None:
         """Write the profile to ``path``: TOML if it ends in ``.toml``, else JSON."""
-        path = Path(path)
-        path.write_text(self.to_toml() if path.suffix == ".toml" else self.to_json())
+        from stepwarm.output_path import write_atomic
+
+        path = Path(path)  # whole or not at all; a link or /dev/stdout written through
+        write_atomic(path, self.to_toml() if path.suffix == ".toml" else self.to_json())
 
     @classmethod
     def load(cls, path: str | Path) -> RunnerProfile:

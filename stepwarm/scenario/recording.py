@@ -111,6 +111,8 @@ class Recording:
     header: RecordHeader
     steps: list[tuple[int, int, RecordedStep]] = field(default_factory=list)  # (line, session, step)
     samplers: dict[tuple[int, int], SamplerClassModel] = field(default_factory=dict)
+    #: Each request's prompt length as its first step recorded it, and that line.
+    prompts: dict[tuple[int, int], tuple[int, str]] = field(default_factory=dict)
 
 
 def _loc(loc: tuple) -> str:
@@ -267,6 +269,15 @@ def _step_errors(step: RecordedStep, where: str, session: int, seen: set[tuple[i
             seen.add(key)
         elif key not in seen:
             out.append(f"{where}: reqs[{i}].r: request {r.r} was never sent as new before")
+        if r.new:
+            rec.prompts[key] = (r.prompt, where)
+        elif key in rec.prompts and rec.prompts[key][0] != r.prompt:
+            # a hand edit of one line (the second fresh trial: a prompt of 600
+            # sent as new, then decoded after 3 computed tokens)
+            first, at = rec.prompts[key]
+            out.append(f"{where}: reqs[{i}].prompt: {r.prompt}, but request {r.r} was sent as "
+                       f"new with a prompt of {first} tokens ({at}); allowed: the same prompt "
+                       "length on every line of a request")
         if r.scheduled > rec.header.max_num_batched_tokens:
             out.append(f"{where}: reqs[{i}].scheduled: {r.scheduled} is above the header's "
                        f"max_num_batched_tokens {rec.header.max_num_batched_tokens}")

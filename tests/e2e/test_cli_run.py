@@ -450,3 +450,31 @@ def test_ctrl_c_during_verify_keeps_the_warmup_report_and_says_what_was_not_comp
     assert report["verify"] == []
     assert report["interrupted"] == {"at": "--verify, comparing long", "scenario": "long",
                                      "not_run": [], "not_verified": ["long", "prefix-hit"]}
+
+
+def test_a_report_to_dev_stdout_comes_whole_after_the_table(tmp_path):
+    """Second fresh trial (issue 42): ``run --json /dev/stdout > file`` put
+    the summary line inside the JSON, and ``profile -o /dev/stdout > file``
+    its start-up lines; now the table comes first and the report whole
+    after it (run), or the profile alone on stdout (profile)."""
+    import os
+
+    out = tmp_path / "run.out"
+    with open(out, "w") as f:
+        proc = subprocess.run([sys.executable, "-m", "stepwarm", "run", "-s", "default",
+                               "--json", "/dev/stdout"], stdout=f, stderr=subprocess.PIPE,
+                              text=True, timeout=600, env={**os.environ, "COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    table, _, report = text.partition("\n{")
+    assert table.splitlines()[-1].startswith("ok: 1 scenario(s), 8 steps in ")
+    assert json.loads("{" + report)["scenarios"][0]["plan"] == "default"
+    prof = tmp_path / "profile.out"
+    with open(prof, "w") as f:
+        proc = subprocess.run([sys.executable, "-m", "stepwarm", "profile", "-o", "/dev/stdout"],
+                              stdout=f, stderr=subprocess.PIPE, text=True, timeout=600,
+                              env={**os.environ, "COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(prof.read_text())["runner"] == "v1"
+    assert proc.stderr.splitlines()[-1] == "saved /dev/stdout"
+    assert os.path.islink("/dev/stdout")

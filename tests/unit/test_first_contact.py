@@ -512,3 +512,32 @@ def test_a_wide_word_is_measured_in_columns(tmp_path):
                                "columns wide")
     f.write_text(f.read_text().replace("\u89e3" * 31, "\u89e3" * 30))
     assert runner.invoke(app, ["check", str(f)], env={"COLUMNS": "1000"}).exit_code == 0
+
+
+def test_bench_against_a_python_without_stepwarm_is_refused_before_any_engine(tmp_path,
+                                                                              monkeypatch):
+    """Second fresh trial (issue 42): a B Python without stepwarm (or
+    /bin/true) was found 12 s in, after A's engine started, exit 1."""
+    import shutil
+
+    monkeypatch.delenv("PYTHONPATH", raising=False)  # (the version matrix sets it)
+    monkeypatch.chdir(tmp_path)  # (python -c imports stepwarm from a clone's folder)
+    import sys as _sys
+
+    bare = shutil.which("true") or "/bin/true"
+    r = runner.invoke(app, ["bench", "default", "--against-python", bare], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr == (f"error: --against-python {bare}: does not run as Python (`{bare} -c "
+                        "...` printed nothing a Python would); allowed: a Python with stepwarm "
+                        "and vLLM\n")
+    venv = tmp_path / "bare"
+    import subprocess
+
+    subprocess.run([_sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    py = venv / "bin" / "python"
+    r = runner.invoke(app, ["bench", "default", "--against-python", str(py)], env=ENV)
+    assert r.exit_code == 2
+    assert r.stderr == (f"error: --against-python {py}: has no stepwarm or no vLLM to import; "
+                        "allowed: a Python with both installed (B runs `python -m stepwarm "
+                        "bench` there)\n")

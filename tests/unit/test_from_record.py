@@ -186,6 +186,19 @@ def test_hand_edited_field(tmp_path: Path) -> None:
     assert "bad.jsonl:3: batch: 2, but 3 request(s) listed in reqs" in err
 
 
+def test_a_prompt_edited_on_one_line_is_refused(tmp_path: Path) -> None:
+    """Second fresh trial (issue 42): a new request's prompt edited to 600
+    (its later lines still 200) was turned into a scenario ``check`` refused."""
+    text = session().replace('"prompt":200,"new":true,"hit_blocks":0', '"prompt":600,"new":true,'
+                             '"hit_blocks":0', 1)
+    code, err = bad(tmp_path, text)
+    assert code == 2
+    assert (f"{tmp_path / 'bad.jsonl'}:6: reqs[0].prompt: 200, but request 3 was sent as new with "
+            f"a prompt of 600 tokens ({tmp_path / 'bad.jsonl'}:5); allowed: the same prompt "
+            "length on every line of a request") in " ".join(err.split()), err
+    assert not (tmp_path / "out.toml").exists()
+
+
 def test_steps_without_header_and_header_only(tmp_path: Path) -> None:
     code, err = bad(tmp_path, "\n".join(SESSION[1:]) + "\n")
     assert code == 2 and "bad.jsonl:1: a step before any header" in err

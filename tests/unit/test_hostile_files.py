@@ -222,3 +222,24 @@ def test_a_scenario_link_that_leads_nowhere_is_named_as_one(tmp_path):
         load(str(a))
     assert str(e.value).startswith(f"{a}: cannot read scenario file: a symbolic link that leads "
                                    "to no file (a loop, or its target is missing); allowed: ")
+
+
+@pytest.mark.parametrize("command", [["run", "-s", "default"], ["run", "--model", "tiny-gemma3"],
+                                     ["coverage"], ["profile"]])
+def test_a_report_into_the_zoo_models_directory_is_refused(tmp_path, monkeypatch, command):
+    """Second fresh trial (issue 42): ``run --json .../tiny-llama/config.json``
+    replaced the default model's config with the report (``--model DIR`` was
+    refused, the default and zoo names were not)."""
+    monkeypatch.setenv("STEPWARM_CACHE", str(tmp_path))
+    name = command[2] if command[1:2] == ["--model"] else "tiny-llama"
+    target = tmp_path / name / "config.json"
+    option = "-o" if command == ["profile"] else "--json"
+    shown = "--output" if option == "-o" else "--json"
+    r = CliRunner().invoke(app, [*command, option, str(target)], env={"COLUMNS": "400"})
+    assert r.exit_code == 2, r.stderr
+    assert (f"error: {shown} {target}: it is in the zoo model's directory {tmp_path / name}, "
+            "whose files stepwarm writes for vLLM to load; ") in r.stderr
+    # the model's own config, if written already (a model check writes it), never the report
+    import json
+
+    assert not target.exists() or "model_type" in json.loads(target.read_text())
