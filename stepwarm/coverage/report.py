@@ -346,6 +346,12 @@ def print_report(rep: CoverageReport, out: Console) -> None:
             why = rep.flagged(r)
             kernels = _kernels(r["compiles_first"]) + (
                 f"; 2nd run: {_kernels(r['compiles_second'])}" if r["compiles_second"] else "")
+            if r["error"]:  # it never ran: no times to show
+                _print_lines(
+                    out, f"  {r['line']} {r['name']}: n {r['count']}, prompt {r['prompt_len']}, "
+                    f"{_sampling_text(r['sampling'], line=True)}; {_error_text(r['error'])}; ",
+                    tail=why, tail_style="bold red")
+                continue
             _print_lines(
                 out, f"  {r['line']} {r['name']}: n {r['count']}, prompt {r['prompt_len']}, "
                 f"{_sampling_text(r['sampling'], line=True)}; "
@@ -370,11 +376,14 @@ def print_report(rep: CoverageReport, out: Console) -> None:
         why = rep.flagged(r)
         kernels = _kernels(r["compiles_first"]) + (
             f"; 2nd run: {_kernels(r['compiles_second'])}" if r["compiles_second"] else "")
+        timed = not r["error"]  # a request that failed has no times
         t.add_row(str(r["line"]), r["name"], str(r["count"]), str(r["prompt_len"]),
-                  _sampling_text(r["sampling"]), f"{r['first_ms']:.1f}", f"{r['second_ms']:.1f}",
-                  f"{r['ratio']:.2f}",
-                  f"{r.get('first_worker_ms', 0):.1f} / {r.get('second_worker_ms', 0):.1f}",
-                  r["error"] or kernels,
+                  _sampling_text(r["sampling"]),
+                  f"{r['first_ms']:.1f}" if timed else "-", f"{r['second_ms']:.1f}" if timed else "-",
+                  f"{r['ratio']:.2f}" if timed else "-",
+                  f"{r.get('first_worker_ms', 0):.1f} / {r.get('second_worker_ms', 0):.1f}"
+                  if timed else "-",
+                  _error_text(r["error"]) if r["error"] else kernels,
                   Text(why, style="bold red") if why else Text(_ok(rep, r), style="green"))
     out.print(t)
     out.print(summary_line(rep), soft_wrap=not out.is_terminal)  # piped: one line
@@ -388,13 +397,24 @@ def _ok(rep: CoverageReport, r: dict[str, Any]) -> str:
 def summary_line(rep: CoverageReport) -> str:
     """One line: start-up, stepwarm's share, traffic compiles, excess, verdict."""
     n_bad = sum(1 for r in rep.requests if rep.flagged(r))
+    n_err = sum(1 for r in rep.requests if r.get("error"))
     startup = rep.startup_compile_count
     share = f" (stepwarm's scenarios {rep.stepwarm_s:.2f} s)" if rep.mode == "stepwarm" else ""
     return (f"{rep.run_name}: start-up {rep.startup_s:.1f} s{share}, "
             f"{startup} kernel(s) compiled at start-up; traffic: {len(rep.requests)} request(s), "
             f"{rep.traffic_compiles} compile(s), first-call excess {rep.excess_ms:.0f} ms in all; "
             + (f"{n_bad} flagged" if n_bad else "none flagged")
+            + (f", {n_err} of them failed (error: not timed)" if n_err else "")
             + f" (detectors: {', '.join(rep.detectors)})")
+
+
+def _error_text(error: str) -> str:
+    """A request's error as one line (vLLM's messages may run over several,
+    a line of them reading like an error of stepwarm's own): the first, the
+    rest said to be in ``--json``."""
+    lines = [ln for ln in error.splitlines() if ln.strip()]
+    head = lines[0] if lines else error
+    return "error: " + head + (" (more in --json)" if len(lines) > 1 else "")
 
 
 #: Narrower terminals get coverage's traffic as lines, not a table whose cells

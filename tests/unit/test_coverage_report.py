@@ -523,3 +523,30 @@ def test_coverage_lines_say_which_time_is_which(tmp_path):
             f"{r['ratio']:.2f}") in text
     assert (f"{bare['name']}: n {bare['count']}, prompt {bare['prompt_len']}, SamplingParams "
             "defaults;") in text
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_a_request_that_failed_shows_its_error_in_one_line_and_no_times(width):
+    """Second fresh trial (issue 42): a request vLLM refused (an invalid
+    regex) showed 0.0 / 0.0 ms, ratio 1.00, and vLLM's multi-line message
+    at column 0, a line reading like stepwarm's own ``error:``."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from stepwarm.coverage.report import print_report, summary_line
+
+    rep = _report()
+    rep.requests = [_request("warm", 20.0, 19.0),
+                    _request("regex", 0.0, 0.0, error="VLLMValidationError: Failed to transform "
+                             "regex into a grammar: \nerror: unclosed character class")]
+    buf = StringIO()
+    print_report(rep, Console(file=buf, width=width, force_terminal=False))
+    out = buf.getvalue()
+    assert "error: unclosed character class" not in out
+    assert " ".join(out.split()).count("error: VLLMValidationError: Failed to transform regex into "
+                                       "a grammar: (more in --json)") == 1
+    row = out.split("regex", 1)[1].split("\n")[0]
+    assert "1.00" not in row and "1st / 2nd run" not in row and "0.0 / 0.0" not in row
+    assert summary_line(rep).endswith("1 flagged, 1 of them failed (error: not timed) "
+                                      "(detectors: cache)")
