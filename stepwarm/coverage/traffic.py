@@ -35,6 +35,7 @@ the line and the field; a file's errors are reported together (at most
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -458,6 +459,8 @@ def check_json(text: str, file: str, limits: TrafficLimits | None = None) -> Non
             request = parse_line(raw, file, i, sampling=False)
         except TrafficError as e:
             errors.append(e)
+            if _has_sampling(raw):  # its sampling: checked once the file is JSON
+                unchecked.append(i)
             continue
         if request.sampling:
             unchecked.append(i)
@@ -522,6 +525,10 @@ def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None,
             errors.append(e)
             if not sampling and _has_sampling(raw):  # its sampling: checked with the rest
                 unchecked.append(i)
+            if sampling and limits is not None:  # vLLM refused its sampling: its limits too
+                with contextlib.suppress(TrafficError):
+                    errors.extend(_limit_errors(
+                        TrafficLine(i, parse_line(raw, file, i, sampling=False)), file, limits))
             continue
         lines.append(tl)
         if not sampling and tl.request.sampling:

@@ -399,6 +399,14 @@ def test_a_lines_sampling_is_checked_beside_its_other_errors(tmp_path):
         "t.jsonl: the sampling of line(s) 1-2 is checked by vLLM's SamplingParams once the "
         "errors above are mended")
     assert e.value.unchecked_sampling == (1, 2)
+    from stepwarm.coverage.traffic import check_json
+
+    with pytest.raises(TrafficError) as e:  # beside a line that is no JSON: said as waiting
+        check_json('{"prompt": -1, "sampling": {"top_p": 2}}\nnot json\n'
+                   '{"prompt": 5, "sampling": {"temperature": -3}}\n', "t.jsonl")
+    assert str(e.value).splitlines()[-1] == (
+        "t.jsonl: the sampling of line(s) 1, 3 is checked by vLLM's SamplingParams once every "
+        "line is a JSON object")
     with pytest.raises(TrafficError) as e:
         loads_traffic(text, "t.jsonl")
     assert str(e.value).splitlines() == [
@@ -409,6 +417,22 @@ def test_a_lines_sampling_is_checked_beside_its_other_errors(tmp_path):
         "t.jsonl:2: count: 0; allowed: an integer from 1 to 4096 (MAX_COUNT, see docs/traffic.md)",
         "t.jsonl:2: sampling.top_p: vLLM's SamplingParams refused it: top_p must be in (0, 1], "
         "got 2.0."]
+
+
+def test_a_line_vllm_refuses_is_checked_against_the_models_limits_too():
+    """Second fresh trial (issue 42): ``{"logprobs": 21, "top_p": 5}`` said
+    only top_p's error; logprobs past the model's max_logprobs came next round."""
+    from stepwarm.coverage.traffic import TrafficError, TrafficLimits, loads_traffic
+
+    limits = TrafficLimits(max_model_len=512, max_logprobs=20, vocab_size=1000, source="the model's")
+    with pytest.raises(TrafficError) as e:
+        loads_traffic('{"prompt": 5, "sampling": {"logprobs": 21, "top_p": 5}}\n', "t.jsonl",
+                      limits)
+    assert str(e.value).splitlines() == [
+        "t.jsonl:1: sampling.top_p: vLLM's SamplingParams refused it: top_p must be in (0, 1], "
+        "got 5.0.",
+        "t.jsonl:1: sampling.logprobs: 21 > the model's max_logprobs 20 (use \"max\", or -e "
+        "max_logprobs=N)"]
 
 
 def test_the_json_lines_of_a_file_with_junk_lines_are_checked_against_the_model(tmp_path):
