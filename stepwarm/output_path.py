@@ -83,6 +83,11 @@ def unwritable(path: Path) -> str | None:
         return f"directory {parent} does not exist"
     if path.is_dir():
         return "is a directory; allowed: a file path"
+    if path.is_symlink() and not path.exists():  # written through: its target's directory
+        real = Path(os.path.realpath(path))
+        if not real.parent.is_dir():
+            return (f"is a symbolic link to {real}, whose directory does not exist (or a loop); "
+                    "allowed: a file path, or a link to one in an existing directory")
     try:
         fd, probe = tempfile.mkstemp(prefix=".stepwarm-write-test-", dir=parent)
         os.close(fd)
@@ -126,8 +131,8 @@ def _named_pipe(path: Path) -> str | None:
     there and is written as a file)."""
     real = os.path.realpath(path)
     try:
-        return (f"is a named pipe (FIFO {real}), not a file; allowed: a file path, or "
-                "/dev/stdout" if stat.S_ISFIFO(os.lstat(real).st_mode) else None)
+        return (f"is a named pipe (FIFO {real}), not a file; allowed: a regular file's path"
+                if stat.S_ISFIFO(os.lstat(real).st_mode) else None)
     except OSError:
         return None
 

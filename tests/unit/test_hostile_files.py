@@ -159,6 +159,19 @@ def test_a_report_at_a_link_is_written_through_it_and_the_link_kept(tmp_path):
     assert link.is_symlink() and target.read_text() == "newer\n"
 
 
+def test_a_link_into_a_missing_directory_is_refused_naming_the_option(tmp_path):
+    from stepwarm.output_path import typed_path, unwritable
+
+    link = tmp_path / "dangling.toml"
+    link.symlink_to(tmp_path / "no" / "x.toml")
+    assert unwritable(typed_path(str(link))) == (
+        f"is a symbolic link to {tmp_path / 'no' / 'x.toml'}, whose directory does not exist (or "
+        "a loop); allowed: a file path, or a link to one in an existing directory")
+    fine = tmp_path / "fine.json"
+    fine.symlink_to(tmp_path / "target.json")  # a target not made yet, in a directory that is
+    assert unwritable(typed_path(str(fine))) is None
+
+
 def test_a_report_to_dev_stdout_redirected_to_a_file_is_appended_there(tmp_path):
     """Fresh trial, defect 1: ``--json /dev/stdout > file`` replaced the
     machine's /dev/stdout link with a file and the report never reached the
@@ -181,7 +194,7 @@ def test_a_named_pipe_or_a_dash_is_refused_before_any_work(tmp_path):
     fifo = tmp_path / "out.fifo"
     os.mkfifo(fifo)
     assert unwritable(typed_path(str(fifo))) == (
-        f"is a named pipe (FIFO {fifo}), not a file; allowed: a file path, or /dev/stdout")
+        f"is a named pipe (FIFO {fifo}), not a file; allowed: a regular file's path")
     assert unwritable(typed_path("-")) == (
         "would be a file named '-' (a report is not written to standard output this way); "
         "allowed: a file path, or /dev/stdout")
@@ -189,7 +202,7 @@ def test_a_named_pipe_or_a_dash_is_refused_before_any_work(tmp_path):
                        capture_output=True, text=True, timeout=60, env={**os.environ, **ENV})
     assert (r.returncode, r.stdout) == (2, "")
     assert r.stderr == (f"error: --json {fifo}: is a named pipe (FIFO {fifo}), not a file; "
-                        "allowed: a file path, or /dev/stdout\n")
+                        "allowed: a regular file's path\n")
 
 
 def test_a_recording_to_a_fifo_with_no_reader_stops_with_one_line(tmp_path, caplog):
