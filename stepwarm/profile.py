@@ -398,6 +398,11 @@ def _field_errors(e: ValidationError, path: Path) -> list[str]:
     import difflib
 
     errors = sorted(e.errors(), key=lambda x: x["type"] != "extra_forbidden")
+    # a list too short because an item of it was refused: the item's error says it
+    # (the second fresh trial: block_size 0 also gave "at least 1 item")
+    errors = [x for x in errors if not (x["type"] == "too_short" and any(
+        len(y["loc"]) > len(x["loc"]) and tuple(y["loc"][:len(x["loc"])]) == tuple(x["loc"])
+        for y in errors))]
     lines = []
     meant: set[tuple] = set()  # keys a did-you-mean names: their "missing" goes unsaid
     for err in errors:

@@ -67,6 +67,15 @@ def test_a_profile_without_kv_cache_groups_is_a_field_error_not_a_traceback(tmp_
         assert r.exit_code == 2 and r.stdout == "", r.output
         assert " ".join(r.stderr.split()).startswith(
             f"error: {path}: field 'kv_cache_groups': Tuple should have at least 1 item")
+    # a group refused: its field said, not also "at least 1 item" (the second fresh trial)
+    data["kv_cache_groups"] = [dict(json.loads(PROFILE.model_dump_json())["kv_cache_groups"][0],
+                                    block_size=0)]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError) as e:
+        RunnerProfile.load(path)
+    assert str(e.value) == (f"{path}: field 'kv_cache_groups.0.block_size': Input should be "
+                            "greater than 0; allowed: a runner profile as `stepwarm profile -o "
+                            "FILE` writes it")
 
 
 def test_missing_file(tmp_path):
