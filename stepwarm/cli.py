@@ -117,6 +117,12 @@ def _engine_arg_pairs(pairs: list[str], repeats: list[dict[str, Any]] | None = N
                           "allowed: each key once")
         else:
             given[name] = pair
+        from stepwarm.files import json_nested_deeper
+
+        if json_nested_deeper(value, 64):  # json.loads would recurse to a RecursionError
+            errors.append(f"-e {key}: VALUE nests arrays and objects deeper than 64 levels "
+                          f"({len(value)} characters); allowed: at most 64")
+            continue
         try:
             parsed = json.loads(value)
         except json.JSONDecodeError as e:

@@ -10,6 +10,7 @@ import codecs
 import errno
 import fcntl
 import os
+import re
 import stat
 import sys
 from pathlib import Path
@@ -96,3 +97,23 @@ def _read_blocking(fd: int, f, n: int, data: bytes) -> bytes:
             break
         data += more
     return data
+
+
+#: What :func:`json_nested_deeper` reads: JSON strings (skipped whole) and brackets.
+_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def json_nested_deeper(text: str, limit: int) -> bool:
+    """Whether JSON ``text`` nests arrays and objects deeper than ``limit``
+    levels, counted before ``json.loads`` (which recurses per level and
+    raises ``RecursionError`` near a thousand)."""
+    depth = 0
+    for m in _JSON_TOKEN.finditer(text):
+        tok = m.group()
+        if tok in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif tok in "]}":
+            depth -= 1
+    return False

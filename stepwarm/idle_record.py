@@ -358,10 +358,11 @@ def read_trusted(path: Path) -> str | None:
     except OSError as e:
         why = "a symbolic link" if e.errno == errno.ELOOP else f"cannot be opened: {e.strerror}"
         return _ignored(path, why)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # before fdopen, which refuses a directory (the third trial)
+        os.close(fd)
+        return _ignored(path, f"not a regular file ({file_type(st.st_mode)})")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return _ignored(path, f"not a regular file ({file_type(st.st_mode)})")
         if st.st_uid != os.geteuid():
             return _ignored(path, f"owned by uid {st.st_uid}, not this user (uid {os.geteuid()})")
         if st.st_size > MAX_RECORD_BYTES:

@@ -88,12 +88,15 @@ def unwritable(path: Path) -> str | None:
         if not real.parent.is_dir():
             return (f"is a symbolic link to {real}, whose directory does not exist (or a loop); "
                     "allowed: a file path, or a link to one in an existing directory")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".stepwarm-write-test-", dir=parent)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        return f"cannot be written: no file can be made in {parent} ({e.strerror or e})"
+    # a stream or a device is written where it points, nothing made beside it
+    # (the third trial: a probe file made and removed in /dev for /dev/stdout)
+    if not (_stream(path) or (path.exists() and not path.is_file())):
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".stepwarm-write-test-", dir=parent)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            return f"cannot be written: no file can be made in {parent} ({e.strerror or e})"
     if path.exists():
         device = _device(path) or _named_pipe(path)
         if device:

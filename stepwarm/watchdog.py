@@ -121,7 +121,10 @@ class StepWatch:
                            "%s: %s running for %.1f s", self.who, what, elapsed)
                 if on_running is not None:
                     on_running(what, elapsed)
-                next_log += self.warn_s
+                # the next interval after now: a late wake-up (a stalled host, a
+                # tiny STEPWARM_STEP_WARN_S) says one line, not one per missed
+                # interval (the third trial: 13 copies of one line in a burst)
+                next_log = (int(elapsed / self.warn_s) + 1) * self.warn_s
             if self.timeout_s is not None and elapsed >= self.timeout_s:
                 break
         state["timed_out"] = True

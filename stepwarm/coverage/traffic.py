@@ -202,24 +202,15 @@ def _did_you_mean(key: str, known: Sequence[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-#: What the nesting scan reads: JSON strings (skipped whole) and brackets.
-_JSON_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
-
-
 def _nesting_error(text: str, file: str, line: int) -> TrafficError | None:
     """The error for a line nested deeper than :data:`MAX_NESTING`, or None
     (counted before ``json.loads``, which recurses per level)."""
-    depth = 0
-    for m in _JSON_TOKEN.finditer(text):
-        tok = m.group()
-        if tok in "[{":
-            depth += 1
-            if depth > MAX_NESTING:
-                return _error(file, line, None, f"nested deeper than {MAX_NESTING} levels of "
-                              f"arrays and objects; allowed: at most {MAX_NESTING} (MAX_NESTING, "
-                              "see docs/traffic.md)")
-        elif tok in "]}":
-            depth -= 1
+    from stepwarm.files import json_nested_deeper
+
+    if json_nested_deeper(text, MAX_NESTING):
+        return _error(file, line, None, f"nested deeper than {MAX_NESTING} levels of "
+                      f"arrays and objects; allowed: at most {MAX_NESTING} (MAX_NESTING, "
+                      "see docs/traffic.md)")
     return None
 
 

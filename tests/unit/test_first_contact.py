@@ -541,3 +541,15 @@ def test_bench_against_a_python_without_stepwarm_is_refused_before_any_engine(tm
     assert r.stderr == (f"error: --against-python {py}: has no stepwarm or no vLLM to import; "
                         "allowed: a Python with both installed (B runs `python -m stepwarm "
                         "bench` there)\n")
+
+
+def test_an_engine_arg_nested_too_deep_is_refused_not_a_recursion_error():
+    """The third trial (issue 42): ``-e max_num_seqs=[[[...]]]`` 1,000 deep
+    ended in RecursionError and a traceback, exit 1."""
+    deep = "[" * 1000 + "]" * 1000
+    r = runner.invoke(app, ["run", "-e", f"max_num_seqs={deep}", "-e", 'x="[[[["'], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert r.stderr.splitlines()[0] == ("error: -e max_num_seqs: VALUE nests arrays and objects "
+                                        "deeper than 64 levels (2000 characters); allowed: at "
+                                        "most 64")
+    assert "Traceback" not in r.stderr and "RecursionError" not in r.stderr

@@ -256,3 +256,20 @@ def test_a_report_into_the_zoo_models_directory_is_refused(tmp_path, monkeypatch
     import json
 
     assert not target.exists() or "model_type" in json.loads(target.read_text())
+
+
+def test_checking_a_stream_or_device_output_makes_no_file_beside_it(monkeypatch):
+    """The third trial (issue 42): ``--json /dev/stdout`` made and removed a
+    probe file in /dev."""
+    import tempfile
+
+    from stepwarm.output_path import typed_path, unwritable
+
+    made = []
+    real = tempfile.mkstemp
+    monkeypatch.setattr(tempfile, "mkstemp", lambda *a, **k: made.append(k.get("dir"))
+                        or real(*a, **k))
+    for path in ("/dev/stdout", "/dev/null", "/proc/self/fd/1"):
+        assert unwritable(typed_path(path)) is None
+    assert unwritable(typed_path("/dev/full")).startswith("is a device (/dev/full)")
+    assert made == []

@@ -245,6 +245,9 @@ def _planted(kind: str, path, tmp_path):
         path.write_text(json.dumps({"format": FORMAT, "key": "k", "scenarios": {}}))
         os.chown(path, 4321, 4321)
         return f"owned by uid 4321, not this user (uid {os.geteuid()})"
+    if kind == "directory":
+        os.mkdir(path)
+        return "not a regular file (a directory)"
     if kind == "link to my own record":
         mine = tmp_path / "mine.json"
         mine.write_text("{}")
@@ -254,7 +257,7 @@ def _planted(kind: str, path, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero", "400 MB sparse file",
-                                  "another user's file", "link to my own record"])
+                                  "another user's file", "link to my own record", "directory"])
 def test_a_record_that_is_not_this_users_small_regular_file_is_ignored_with_one_line(
         kind, tmp_path, caplog):
     """Every scenario runs (nothing is known), the load returns at once (a
@@ -275,6 +278,8 @@ def test_a_record_that_is_not_this_users_small_regular_file_is_ignored_with_one_
     assert rec.scenarios == {} and rec.gemms is None and rec.busy("default", 2) is None
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("WARNING", f"stepwarm: idle record {path} ignored: {why}; every scenario runs")]
+    if kind == "directory":  # (the third trial: start-up ended in IsADirectoryError)
+        return
     rec.note("default", 2, [1])
     assert rec.save()  # (a directory without the sticky bit: its writers may replace it)
     st = os.lstat(path)

@@ -39,6 +39,24 @@ def test_a_running_step_is_logged_after_the_threshold_and_at_each_interval(caplo
     assert [round(s, 1) for s in secs] == [0.3, 0.6, 0.9]
 
 
+def test_a_late_wake_up_says_one_line_not_one_per_missed_interval(caplog, monkeypatch):
+    """The third trial (issue 42 item 15): with the watch thread woken late
+    (a stalled host; STEPWARM_STEP_WARN_S=0.001) one interval's line came
+    13 to 136 times in a burst, each with the same seconds. The clock here
+    jumps 5 s at once, past 50 intervals of 0.1 s: one line."""
+    import stepwarm.watchdog as wd
+
+    real = time.monotonic
+    start = real()
+    monkeypatch.setattr(wd.time, "monotonic", lambda: start if real() - start < 0.05
+                        else start + 5.0)
+    with caplog.at_level(logging.WARNING, logger="vllm.stepwarm"):
+        with StepWatch(warn_s=0.1).watching(WHAT):
+            time.sleep(0.6)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"stepwarm: {WHAT} running for 5.0 s"]
+
+
 def test_the_cli_shows_each_running_step_once_on_stderr(caplog, capsys):
     """``run`` shows its own line (``on_running``) on stderr, where vLLM's
     log goes too: the watchdog's warning is then DEBUG, so each interval is
