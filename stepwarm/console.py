@@ -303,11 +303,26 @@ def route_vllm_log(verbosity: int, config_dir: str | None = None) -> str:
         "loggers": {"vllm": {"handlers": ["vllm", "stepwarm_phases"], "level": logger_level,
                              "propagate": False}},
     }
-    path = os.path.join(config_dir or tempfile.mkdtemp(prefix="stepwarm-log-"), "vllm-logging.json")
+    if config_dir is None:
+        config_dir = tempfile.mkdtemp(prefix="stepwarm-log-")
+        _remove_at_exit(config_dir)
+    path = os.path.join(config_dir, "vllm-logging.json")
     with open(path, "w") as f:
         json.dump(config, f)
     os.environ["VLLM_LOGGING_CONFIG_PATH"] = path
     return level
+
+
+def _remove_at_exit(directory: str) -> None:
+    """Remove ``directory`` (the logging config vLLM's processes read as
+    they import) when this process ends; a forked child's exit leaves it
+    (the fourth trial: one ``stepwarm-log-*`` directory left in /tmp per
+    command, 1,287 of them)."""
+    import atexit
+    import shutil
+
+    owner = os.getpid()
+    atexit.register(lambda: os.getpid() == owner and shutil.rmtree(directory, ignore_errors=True))
 
 
 class OncePerMessage(logging.Filter):

@@ -37,6 +37,16 @@ logger = logging.getLogger("vllm.stepwarm")
 EXIT_STEP_HUNG = 70
 
 
+def seconds_text(elapsed: float, interval: float | None) -> str:
+    """``elapsed`` with as many decimals as ``interval`` needs to tell two
+    lines apart (one for 0.1 s and more; three for 0.001 s: the fourth trial
+    saw 100 copies of "running for 1.1 s" at STEPWARM_STEP_WARN_S=0.001)."""
+    import math
+
+    decimals = 1 if not interval or interval >= 0.1 else min(6, -math.floor(math.log10(interval)))
+    return f"{elapsed:.{decimals}f}"
+
+
 class StepTimedOut(RuntimeError):
     """A step ran longer than ``STEPWARM_STEP_TIMEOUT_S`` (raised in the
     thread that ran it)."""
@@ -118,7 +128,8 @@ class StepWatch:
             elapsed = time.monotonic() - t0
             if next_log is not None and elapsed >= next_log:
                 logger.log(logging.WARNING if on_running is None else logging.DEBUG,
-                           "%s: %s running for %.1f s", self.who, what, elapsed)
+                           "%s: %s running for %s s", self.who, what,
+                           seconds_text(elapsed, self.warn_s))
                 if on_running is not None:
                     on_running(what, elapsed)
                 # the next interval after now: a late wake-up (a stalled host, a

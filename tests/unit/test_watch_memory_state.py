@@ -4,8 +4,10 @@ without an engine (the plugin's runs are in tests/e2e/test_observable.py)."""
 from __future__ import annotations
 
 import logging
+import os
 import random
 import re
+import subprocess
 import sys
 import time
 
@@ -268,3 +270,22 @@ def test_on_the_cpu_the_plugin_says_how_much_the_process_grew_after_its_warmup(c
         "stepwarm: after stepwarm's warmup the process's RSS is 34 MiB more than vLLM left it "
         "(CPU: lazy imports, allocator caches and kernels loaded on a first use; the KV cache "
         "was allocated before and keeps its size)"]
+
+
+def test_a_tiny_interval_says_seconds_that_tell_its_lines_apart():
+    """The fourth trial (issue 42 item 15): at STEPWARM_STEP_WARN_S=0.001 the
+    thread wakes each millisecond and "%.1f" made 100 lines alike."""
+    from stepwarm.watchdog import seconds_text
+
+    assert [seconds_text(1.23456, w) for w in (10.0, 0.1, 0.05, 0.001, None)] == [
+        "1.2", "1.2", "1.23", "1.235", "1.2"]
+
+
+def test_the_logging_config_directory_is_removed_when_the_command_ends(tmp_path):
+    """The fourth trial: each CLI call left a /tmp/stepwarm-log-* directory."""
+    code = ("import os; from stepwarm.console import route_vllm_log; route_vllm_log(0); "
+            "print(os.path.dirname(os.environ['VLLM_LOGGING_CONFIG_PATH']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         timeout=120, env={**os.environ, "TMPDIR": str(tmp_path)}).stdout.strip()
+    assert out.startswith(str(tmp_path / "stepwarm-log-")) and not os.path.exists(out)
+    assert os.listdir(tmp_path) == []
