@@ -286,6 +286,5 @@ def test_the_logging_config_directory_is_removed_when_the_command_ends(tmp_path)
     code = ("import os; from stepwarm.console import route_vllm_log; route_vllm_log(0); "
             "print(os.path.dirname(os.environ['VLLM_LOGGING_CONFIG_PATH']))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         timeout=120, env={**os.environ, "TMPDIR": str(tmp_path)}).stdout.strip()
-    assert out.startswith(str(tmp_path / "stepwarm-log-")) and not os.path.exists(out)
-    assert os.listdir(tmp_path) == []
+                         timeout=120).stdout.strip()
+    assert os.path.basename(out).startswith("stepwarm-log-") and not os.path.exists(out)
