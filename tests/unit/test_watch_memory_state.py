@@ -285,6 +285,8 @@ def test_the_logging_config_directory_is_removed_when_the_command_ends(tmp_path)
     """The fourth trial: each CLI call left a /tmp/stepwarm-log-* directory."""
     code = ("import os; from stepwarm.console import route_vllm_log; route_vllm_log(0); "
             "print(os.path.dirname(os.environ['VLLM_LOGGING_CONFIG_PATH']))")
+    # (a test before may have routed this process's log: its config path is in the environment)
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_LOGGING_CONFIG_PATH"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         timeout=120).stdout.strip()
+                         timeout=120, env=env).stdout.strip()
     assert os.path.basename(out).startswith("stepwarm-log-") and not os.path.exists(out)
