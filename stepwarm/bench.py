@@ -247,11 +247,17 @@ def merge(rounds: Sequence[BenchReport]) -> BenchReport:
 
 def measure(worker: WorkerView, plan: Any, profile: Any, repeat: int, warmup: int = 1,
             *, cuda: bool | None = None,
-            on_repeat: Callable[[int], None] | None = None) -> BenchReport:
+            on_repeat: Callable[[int], None] | None = None,
+            host_seen: dict[int, float] | None = None) -> BenchReport:
     """Drive ``plan`` ``warmup + repeat`` times on ``worker``; keep the last
     ``repeat``. Every repeat ends with the driver's cleanup (the runner holds
     no stepwarm request after it, also after a failure, which is raised).
     With ``repeat == 0`` (warming only) the report has no steps.
+
+    On a GPU a measured step's device time is the GPU's work: a sleep queued
+    before its start event (:func:`hide_host_ms` of its host time in the last
+    warm-up repeat, kept in ``host_seen`` across calls) lets the host queue the
+    step first, so the runner's input preparation is not counted.
 
     Raises:
         stepwarm.driver.StepFailed: a step failed (the runner was cleaned up).
@@ -264,22 +270,33 @@ def measure(worker: WorkerView, plan: Any, profile: Any, repeat: int, warmup: in
         cuda = _on_cuda()
     steps: dict[int, StepSamples] = {}
     starts: dict[int, Any] = {}
+    if host_seen is None:  # each step's host time in the last warm-up repeat
+        host_seen = {}
+    cycles_per_ms = _sleep_cycles_per_ms() if cuda else 0.0
+    measuring = [False]
 
     def started(step: Any, what: str) -> None:
         if cuda:
             import torch
 
+            if measuring[0]:
+                # The GPU sleeps while the host builds and launches the step, so
+                # the start event fires once the step's kernels are queued: the
+                # device time is the GPU's work, not the runner's input preparation.
+                torch.cuda._sleep(int(hide_host_ms(host_seen.get(step.index)) * cycles_per_ms))
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             starts[step.index] = event
 
     for r in range(warmup + repeat):
-        keep = r >= warmup
+        keep = measuring[0] = r >= warmup
         seen: list[tuple[int, tuple[int, int, int]]] = []
 
         def done(result: Any, keep: bool = keep, seen: list = seen) -> None:
             shape = (result.num_reqs, result.num_scheduled_tokens, result.num_spec_tokens)
             seen.append((result.index, shape))
+            if not keep:
+                host_seen[result.index] = result.wall_ms
             device = None
             if cuda and result.index in starts:
                 import torch
@@ -307,6 +324,42 @@ def measure(worker: WorkerView, plan: Any, profile: Any, repeat: int, warmup: in
             on_repeat(r)
     return BenchReport(plan.name, repeat, warmup, [steps[i] for i in sorted(steps)],
                        setup(worker, profile))
+
+
+#: The queued sleep before a measured step's start event (:func:`measure`):
+#: this much longer than the step's host time in the last warm-up repeat, plus
+#: a margin, at most :data:`HIDE_HOST_MAX_MS`; without a warm-up, the default.
+HIDE_HOST_FACTOR = 1.25
+HIDE_HOST_MARGIN_MS = 0.5
+HIDE_HOST_DEFAULT_MS = 50.0
+HIDE_HOST_MAX_MS = 500.0
+
+
+def hide_host_ms(host_ms: float | None) -> float:
+    """How long the GPU sleeps before a measured step whose host time in the
+    last warm-up repeat was ``host_ms`` (None: no warm-up): long enough that
+    the host has queued the whole step when the start event fires. A host time
+    that includes waiting for the GPU (``sample_tokens`` reads the tokens
+    back) only lengthens it."""
+    if host_ms is None:
+        return HIDE_HOST_DEFAULT_MS
+    return min(HIDE_HOST_MAX_MS, host_ms * HIDE_HOST_FACTOR + HIDE_HOST_MARGIN_MS)
+
+
+def _sleep_cycles_per_ms() -> float:
+    """GPU clock cycles per millisecond of ``torch.cuda._sleep``, measured
+    (the median of three 10 M-cycle sleeps between CUDA events)."""
+    import torch
+
+    rates = []
+    for _ in range(3):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(10_000_000)
+        end.record()
+        end.synchronize()
+        rates.append(10_000_000 / max(start.elapsed_time(end), 1e-3))
+    return sorted(rates)[1]
 
 
 def context_tokens(step: Any) -> int:
@@ -389,7 +442,9 @@ def setup(worker: WorkerView, profile: Any) -> dict[str, Any]:
         backend = ""
     return {"device": device, "vllm": profile.vllm_version, "torch": torch.__version__,
             "attention_backend": backend or "vLLM's default", "runner": profile.runner,
-            "model": profile.model}
+            "model": profile.model,
+            "time": ("device: the GPU's work, the host's launch hidden behind a queued sleep"
+                     if device != "cpu" else "host")}
 
 
 # --- Two configurations, interleaved ---------------------------------------
@@ -399,6 +454,7 @@ def child_loop(worker: WorkerView, plan: Any, profile: Any, read: Callable[[], s
     """A ``--child``'s protocol: ``warm K`` runs K repeats unkept; ``run N``
     runs N and writes one JSON line (a :class:`BenchReport`); ``quit`` ends.
     Every reply is one line; an error is ``{"error": ...}``."""
+    host_seen: dict[int, float] = {}  # the warm-up's host times, for every round
     while True:
         line = read().strip()
         if not line or line == "quit":
@@ -406,10 +462,11 @@ def child_loop(worker: WorkerView, plan: Any, profile: Any, read: Callable[[], s
         cmd, _, n = line.partition(" ")
         try:
             if cmd == "warm":
-                measure(worker, plan, profile, repeat=0, warmup=int(n))
+                measure(worker, plan, profile, repeat=0, warmup=int(n), host_seen=host_seen)
                 write(json.dumps({"warmed": int(n)}))
             elif cmd == "run":
-                write(json.dumps(measure(worker, plan, profile, repeat=int(n), warmup=0).to_dict()))
+                write(json.dumps(measure(worker, plan, profile, repeat=int(n), warmup=0,
+                                         host_seen=host_seen).to_dict()))
             else:
                 write(json.dumps({"error": f"unknown command {line!r}"}))
         except Exception as e:  # noqa: BLE001 - reported to the parent

@@ -890,14 +890,15 @@ def coverage(
     progress = ReplayProgress(len(loaded.lines))  # the numbers: once, in the report
     interrupts.as_interrupt()
     try:
-        rep = measure(loaded, names, start, detectors, threshold=threshold,
-                      min_excess_ms=min_excess_ms,
-                      on_started=lambda rep: (print_wrapped(
-                          f"engine up in {rep.startup_s:.1f} s ({rep.mode}); replaying "
-                          f"{plural(len(loaded.lines), 'request')} of {rep.traffic}, each "
-                          "twice"), progress.start()),
-                      on_request=progress.request, cache="warm" if warm_cache else "fresh",
-                      trace=trace)
+        with interrupts.kept(), interrupts.broken_by_signal():
+            rep = measure(loaded, names, start, detectors, threshold=threshold,
+                          min_excess_ms=min_excess_ms,
+                          on_started=lambda rep: (print_wrapped(
+                              f"engine up in {rep.startup_s:.1f} s ({rep.mode}); replaying "
+                              f"{plural(len(loaded.lines), 'request')} of {rep.traffic}, each "
+                              "twice"), progress.start()),
+                          on_request=progress.request, cache="warm" if warm_cache else "fresh",
+                          trace=trace)
     except TrafficError as e:
         _fail(str(e), 2)
     except KeyboardInterrupt:
@@ -1477,10 +1478,11 @@ def bench(
                           f"{len(plan.steps)} steps", soft_wrap=True)
     interrupts.as_interrupt()
     try:
-        rep = measure(engine.view, plan, profile, repeat, warmup,
-                      on_repeat=lambda r: done.__setitem__(0, r + 1))
-        if trace is not None:
-            trace_step(engine.view, plan, profile, trace, trace_out)
+        with interrupts.kept(), interrupts.broken_by_signal(StepFailed):
+            rep = measure(engine.view, plan, profile, repeat, warmup,
+                          on_repeat=lambda r: done.__setitem__(0, r + 1))
+            if trace is not None:
+                trace_step(engine.view, plan, profile, trace, trace_out)
     except KeyboardInterrupt:
         runner = _runner_after_stop(engine.view)
         _stopped(f"bench stopped in {scenario} after {done[0]} of {warmup + repeat} repeats "

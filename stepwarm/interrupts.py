@@ -54,6 +54,24 @@ def kept() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
+@contextmanager
+def broken_by_signal(*kinds: type[Exception]) -> Iterator[None]:
+    """An error of ``kinds`` (any ``Exception`` without) raised inside the
+    block after a signal came is the interrupt: ``KeyboardInterrupt``, raised
+    from it. A Ctrl-C that lands inside ``torch.compile``'s guard check comes
+    out of the forward as ``AssertionError: Guard failed on the same frame
+    it was created`` (torch 2.13, CI), which the driver reports as the step's
+    failure."""
+    before = len(RECEIVED)
+    caught: tuple[type[Exception], ...] = kinds or (Exception,)
+    try:
+        yield
+    except caught as e:
+        if len(RECEIVED) > before:
+            raise KeyboardInterrupt from e
+        raise
+
+
 def being_handled() -> None:
     """An interrupt is being handled (cleanup, the report, the exit status),
     or the run is over and said: a later signal (a terminal's repeated key, a

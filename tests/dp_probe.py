@@ -53,11 +53,13 @@ def run_dp(spec: dict, env: dict[str, str], dp: int = 2,
     runs by DP rank and the wall seconds until the last one ended."""
     port = str(_free_port())
     procs, files = [], []
+    results = tempfile.TemporaryDirectory()
     t0 = time.monotonic()
     for rank in range(dp):
         rank_env = {**env, "VLLM_DP_RANK": str(rank), "VLLM_DP_RANK_LOCAL": str(rank),
                     "VLLM_DP_SIZE": str(dp), "VLLM_DP_MASTER_IP": "127.0.0.1",
-                    "VLLM_DP_MASTER_PORT": port}
+                    "VLLM_DP_MASTER_PORT": port,
+                    "STEPWARM_PROBE_RESULT": os.path.join(results.name, f"{rank}.json")}
         # Files, not pipes: a rank blocked on a full pipe would hold its peer
         # in a collective.
         out_f, err_f = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
@@ -79,10 +81,14 @@ def run_dp(spec: dict, env: dict[str, str], dp: int = 2,
         out, err = out_f.read(), err_f.read()
         out_f.close()
         err_f.close()
-        lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        # The result file, not the RESULT line: the engine's processes share
+        # the probe's stdout, and one of their log lines can split that line.
+        path = Path(results.name, f"{rank}.json")
         runs.append(RankRun(rank, code, out, err,
-                            json.loads(lines[-1][len("RESULT "):]) if lines else None))
+                            json.loads(path.read_text()) if path.exists() else None))
+    results.cleanup()
     return runs, time.monotonic() - t0
+
 
 
 if __name__ == "__main__":  # python tests/dp_probe.py SPEC_JSON [DP]

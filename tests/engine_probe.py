@@ -1,6 +1,8 @@
 """Start an unmodified ``vllm.LLM`` the way users do (vLLM's default
 multiprocessing mode, the plugin found through its entry point), then report
-as one ``RESULT {json}`` line on stdout:
+as one ``RESULT {json}`` line on stdout, and into the file
+``STEPWARM_PROBE_RESULT`` names when set (vLLM's engine and worker processes
+share stdout: a log line they write can split the ``RESULT`` line):
 
 * ``started``, ``start_s`` (seconds in ``LLM(...)``), ``error`` (when it did not start);
 * ``reports``: each worker's ``stepwarm_reports`` (``collective_rpc``);
@@ -30,6 +32,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 
 def reports(worker):
@@ -105,8 +108,8 @@ def main(spec: dict) -> int:
     try:
         llm = LLM(model=str(model), **engine)
     except Exception as e:  # noqa: BLE001 - reported
-        print("RESULT " + json.dumps({"started": False, "error": f"{type(e).__name__}: {e}",
-                                      "start_s": time.monotonic() - t0}), flush=True)
+        emit({"started": False, "error": f"{type(e).__name__}: {e}",
+              "start_s": time.monotonic() - t0})
         return 3
     out = {"started": True, "start_s": time.monotonic() - t0}
     out["reports"] = llm.collective_rpc(reports)
@@ -133,8 +136,16 @@ def main(spec: dict) -> int:
             out["then_tokens"] = [len(o.outputs[0].token_ids) for o in outs]
         except Exception as e:  # noqa: BLE001 - reported
             out["then_error"] = f"{type(e).__name__}: {e}"
-    print("RESULT " + json.dumps(out), flush=True)
+    emit(out)
     return 0
+
+
+def emit(out: dict) -> None:
+    """The probe's result: a ``RESULT`` line, and the ``STEPWARM_PROBE_RESULT`` file."""
+    text = json.dumps(out)
+    if os.environ.get("STEPWARM_PROBE_RESULT"):
+        Path(os.environ["STEPWARM_PROBE_RESULT"]).write_text(text)
+    print("RESULT " + text, flush=True)
 
 
 if __name__ == "__main__":

@@ -162,10 +162,12 @@ class ProbeRun:
 
 def start_probe(spec: dict, env: dict[str, str]) -> tuple[subprocess.Popen, Any]:
     """``tests/engine_probe.py SPEC`` in its own session, output to files
-    (a process blocked on a full pipe would hold its peers in a collective)."""
-    out = tempfile.TemporaryFile("w+")
+    (a process blocked on a full pipe would hold its peers in a collective);
+    its result into a file of its own (``STEPWARM_PROBE_RESULT``)."""
+    out = tempfile.NamedTemporaryFile("w+", suffix=".log")
     proc = subprocess.Popen([sys.executable, str(PROBE), json.dumps(spec)], stdout=out,
-                            stderr=subprocess.STDOUT, text=True, env=env,
+                            stderr=subprocess.STDOUT, text=True,
+                            env={**env, "STEPWARM_PROBE_RESULT": out.name + ".json"},
                             start_new_session=True)
     return proc, out
 
@@ -186,10 +188,11 @@ def finish_probe(proc: subprocess.Popen, out: Any, timeout_s: float, t0: float) 
     proc.wait()
     out.seek(0)
     text = out.read()
+    path = Path(out.name + ".json")
+    result = json.loads(path.read_text()) if path.exists() else None
     out.close()
-    lines = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
-    return ProbeRun(code, text, "", json.loads(lines[-1][len("RESULT "):]) if lines else None,
-                    wall)
+    path.unlink(missing_ok=True)
+    return ProbeRun(code, text, "", result, wall)
 
 
 def run_probe(spec: dict, env: dict[str, str], timeout_s: float = 420) -> ProbeRun:

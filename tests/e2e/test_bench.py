@@ -29,6 +29,7 @@ def test_every_repeat_sends_the_planned_shapes_and_leaves_nothing(engine, profil
         assert len(got.host_ms) == 3 and all(t > 0 for t in got.host_ms) and got.device_ms is None
     assert engine.view.live_request_ids() == set()
     assert rep.setup["runner"] == profile.runner and rep.setup["device"] == "cpu"
+    assert rep.setup["time"] == "host"
 
 
 SLOW = textwrap.dedent('''

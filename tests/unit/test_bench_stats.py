@@ -180,3 +180,13 @@ def test_each_pair_is_a_fresh_a_and_b_process_one_after_another(tmp_path):
                for a, b in pairs)
     pids = [ln.split()[1] for ln in log.read_text().splitlines()]
     assert len(pids) == 6 and len(set(pids)) == 6  # six processes, none reused
+
+
+def test_the_sleep_before_a_measured_step_outlasts_its_warm_up_host_time():
+    from stepwarm.bench import (HIDE_HOST_DEFAULT_MS, HIDE_HOST_FACTOR, HIDE_HOST_MARGIN_MS,
+                                HIDE_HOST_MAX_MS, hide_host_ms)
+
+    assert hide_host_ms(None) == HIDE_HOST_DEFAULT_MS == 50.0  # no warm-up repeat
+    assert hide_host_ms(4.0) == 4.0 * HIDE_HOST_FACTOR + HIDE_HOST_MARGIN_MS == 5.5
+    assert hide_host_ms(0.0) == 0.5
+    assert hide_host_ms(10_000.0) == HIDE_HOST_MAX_MS == 500.0  # a compile in the warm-up

@@ -57,6 +57,31 @@ def test_no_signal_no_interrupt_and_one_that_left_the_block_is_not_raised_twice(
         [signal.SIGTERM], 143, "terminated (SIGTERM):")
 
 
+def test_an_error_a_signal_caused_is_the_interrupt_and_one_without_a_signal_stays_itself(handlers):
+    # CI, 2026-12-06: Ctrl-C inside torch.compile's guard check came out of the
+    # forward as an AssertionError, and bench said the step failed (exit 1).
+    interrupts.as_interrupt()
+
+    def guard_check() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt:
+            raise AssertionError("Guard failed on the same frame it was created") from None
+
+    with pytest.raises(KeyboardInterrupt) as caught:
+        with interrupts.broken_by_signal(AssertionError):
+            guard_check()
+    assert isinstance(caught.value.__cause__, AssertionError)
+    interrupts.RECEIVED.clear()
+    with pytest.raises(ValueError, match="no signal"):  # no signal inside: the error itself
+        with interrupts.broken_by_signal():
+            raise ValueError("no signal")
+    with pytest.raises(OSError, match="not of the kinds"):  # a kind not named passes through
+        with interrupts.broken_by_signal(AssertionError):
+            interrupts.RECEIVED.append(signal.SIGINT)  # a signal came
+            raise OSError("not of the kinds")
+
+
 def test_being_handled_ignores_later_signals(handlers):
     interrupts.as_interrupt()
     interrupts.being_handled()
