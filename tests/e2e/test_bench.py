@@ -13,6 +13,7 @@ import textwrap
 
 from stepwarm.bench import measure
 from stepwarm.scenario import expand, load
+from tests.e2e.helpers import cpu_worker_patch, patched_pythonpath
 
 
 def test_every_repeat_sends_the_planned_shapes_and_leaves_nothing(engine, profile):
@@ -32,37 +33,16 @@ def test_every_repeat_sends_the_planned_shapes_and_leaves_nothing(engine, profil
     assert rep.setup["time"] == "host"
 
 
-SLOW = textwrap.dedent('''
-    import importlib.abc, importlib.util, sys, time
-
-    class _Slow(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name != "vllm.v1.worker.cpu_worker":
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(name)
-            run = spec.loader.exec_module
-
-            def exec_module(module):
-                run(module)
-                original = module.CPUWorker.execute_model
-
-                def slow(self, *args, **kwargs):
-                    time.sleep(0.05)
-                    return original(self, *args, **kwargs)
-
-                module.CPUWorker.execute_model = slow
-
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, _Slow())
-''')
+#: B's CPU worker: 50 ms more a step.
+SLOW = cpu_worker_patch("execute_model", """
+    def wrapped(original, self, *args, **kwargs):
+        time.sleep(0.05)
+        return original(self, *args, **kwargs)
+""")
 
 
 def test_the_gate_fails_a_b_slower_beyond_the_noise(tmp_path):
-    (tmp_path / "sitecustomize.py").write_text(SLOW)
-    path = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    path = patched_pythonpath(tmp_path / "slow", SLOW)
     out = tmp_path / "ab.json"
     proc = subprocess.run(
         [sys.executable, "-m", "stepwarm", "bench", "default", "--repeat", "2", "--warmup", "1",

@@ -7,11 +7,11 @@ import json
 import re
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
-from tests.e2e.helpers import GREEDY_SPEC_SCENARIO, NGRAM_2
+from tests.e2e.helpers import (GREEDY_SPEC_SCENARIO, NGRAM_2, cpu_worker_patch,
+                               patched_pythonpath)
 from tests.helpers import in_a_terminal, unwrapped
 
 pytestmark = pytest.mark.e2e
@@ -186,38 +186,17 @@ def test_run_rejects_a_json_path_in_a_missing_directory(tmp_path):
 
 #: A sitecustomize making the CPU worker's first ``sample_tokens`` of a
 #: scenario named ``failing`` raise (a step that fails on the worker).
-FAIL_FIRST_SAMPLE = textwrap.dedent('''
-    import importlib.abc, importlib.util, sys
-
-    class _Fail(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name != "vllm.v1.worker.cpu_worker":
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.util.find_spec(name)
-            run = spec.loader.exec_module
-
-            def exec_module(module):
-                run(module)
-                original = module.CPUWorker.sample_tokens
-
-                def failing(self, grammar_output, *args, **kwargs):
-                    from stepwarm.plan import REQ_ID_PREFIX
-                    runner = self.model_runner
-                    ids = list(getattr(runner.input_batch, "req_ids", []))
-                    if any(i.startswith(REQ_ID_PREFIX) for i in ids) and \\
-                            __import__("os").environ.get("FAIL_ONCE") == "1":
-                        __import__("os").environ["FAIL_ONCE"] = "0"
-                        raise RuntimeError("injected failure in sample_tokens")
-                    return original(self, grammar_output, *args, **kwargs)
-
-                module.CPUWorker.sample_tokens = failing
-
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, _Fail())
-''')
+#: The CPU worker's first ``sample_tokens`` with a stepwarm request raises
+#: (while FAIL_ONCE=1).
+FAIL_FIRST_SAMPLE = cpu_worker_patch("sample_tokens", """
+    def wrapped(original, self, *args, **kwargs):
+        from stepwarm.plan import REQ_ID_PREFIX
+        ids = list(getattr(self.model_runner.input_batch, "req_ids", []))
+        if any(i.startswith(REQ_ID_PREFIX) for i in ids) and os.environ.get("FAIL_ONCE") == "1":
+            os.environ["FAIL_ONCE"] = "0"
+            raise RuntimeError("injected failure in sample_tokens")
+        return original(self, *args, **kwargs)
+""")
 
 
 def test_a_failing_scenario_is_reported_and_the_next_one_runs(tmp_path):
@@ -227,7 +206,6 @@ def test_a_failing_scenario_is_reported_and_the_next_one_runs(tmp_path):
     beside drafts, which vLLM's CPU build fails on (``max(): ... numel() ==
     0``), is refused at check now (the fresh trial's defect 13), before any
     step: exit 2."""
-    import os
 
     greedy = tmp_path / "greedy.toml"
     greedy.write_text(GREEDY_SPEC_SCENARIO)
@@ -241,12 +219,10 @@ def test_a_failing_scenario_is_reported_and_the_next_one_runs(tmp_path):
     assert "field 'sampling.top_k': " in err and "top_k = 5 beside this runner's speculator" in err
     failing = tmp_path / "failing.toml"
     failing.write_text(GREEDY_SPEC_SCENARIO)
-    (tmp_path / "site").mkdir()
-    (tmp_path / "site" / "sitecustomize.py").write_text(FAIL_FIRST_SAMPLE)
-    path = os.pathsep.join([str(tmp_path / "site"), os.environ.get("PYTHONPATH", "")])
+    path = patched_pythonpath(tmp_path / "site", FAIL_FIRST_SAMPLE)
     out = tmp_path / "report.json"
     proc = _stepwarm("run", "-s", str(failing), "-s", str(greedy), "--json", str(out), *spec,
-                     env={"PYTHONPATH": path.rstrip(os.pathsep), "FAIL_ONCE": "1"})
+                     env={"PYTHONPATH": path, "FAIL_ONCE": "1"})
     report = json.loads(out.read_text())
     failed, second = report["scenarios"]
     assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]

@@ -238,13 +238,14 @@ def test_a_scenario_link_that_leads_nowhere_is_named_as_one(tmp_path):
 
 
 @pytest.mark.parametrize("command", [["run", "-s", "default"], ["run", "--model", "tiny-gemma3"],
-                                     ["coverage"], ["profile"]])
+                                     ["run", "--weights", "seeded:3"], ["coverage"], ["profile"]])
 def test_a_report_into_the_zoo_models_directory_is_refused(tmp_path, monkeypatch, command):
     """Second fresh trial (issue 42): ``run --json .../tiny-llama/config.json``
     replaced the default model's config with the report (``--model DIR`` was
     refused, the default and zoo names were not)."""
     monkeypatch.setenv("STEPWARM_CACHE", str(tmp_path))
-    name = command[2] if command[1:2] == ["--model"] else "tiny-llama"
+    name = (command[2] if command[1:2] == ["--model"] else
+            "tiny-llama-seed3" if command[1:2] == ["--weights"] else "tiny-llama")
     target = tmp_path / name / "config.json"
     option = "-o" if command == ["profile"] else "--json"
     shown = "--output" if option == "-o" else "--json"
