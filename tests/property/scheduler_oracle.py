@@ -325,6 +325,11 @@ def _fields(rec: StepRecord) -> dict[str, Any]:
     return d
 
 
+#: Empty scheduler steps in a row, past the last arrival with requests
+#: unfinished, after which the stream is vLLM's stall (:class:`ConfigRefused`).
+STALLED_STEPS = 20
+
+
 @dataclass
 class Replay:
     """One stream through both sides."""
@@ -384,9 +389,19 @@ class Replay:
         reqs = [(f"r{i}", a) for i, a in enumerate(self.arrivals)]
         last = max((a.at for a in self.arrivals), default=0)
         t = 0
+        idle = 0  # empty steps in a row after the last arrival, requests unfinished
         while t <= last or s.has_unfinished_requests() or s.finished_req_ids:
             if t > last + self.max_steps:
                 raise AssertionError(f"stream not done after {t} steps")
+            if idle >= STALLED_STEPS:
+                # vLLM 0.32: a Mamba align block as wide as the budget, less
+                # the drafts' slots: every prefill chunk floors to 0 tokens
+                # (docs/findings.md). Nothing stepwarm plans can cause it.
+                raise ConfigRefused(
+                    f"vLLM's scheduler sent {idle} empty steps in a row with "
+                    f"{len(s.waiting)} request(s) waiting (block {cfg.block_size}, "
+                    f"max_num_batched_tokens {cfg.max_num_batched_tokens}, Mamba {cfg.mamba}, "
+                    f"drafter {cfg.drafter_method or 'n-gram' if cfg.num_spec_tokens else 'none'})")
             for i, (rid, a) in enumerate(reqs):
                 if a.at == t:
                     decl = PlannedRequest(rid, a.prompt_len, sampling="greedy")
@@ -409,6 +424,8 @@ class Replay:
                      for r in s.waiting
                      if r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)}
             out = s.schedule()
+            idle = idle + 1 if (t > last and not out.total_num_scheduled_tokens
+                                and not out.finished_req_ids) else 0
             theirs = record(out, num_groups)
             theirs.index = t
             # a request aborted before any step sent it: the runner never

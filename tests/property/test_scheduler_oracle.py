@@ -9,6 +9,8 @@ group in align or none mode) run through vLLM's scheduler and stepwarm's planner
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import assume, event, given
 from hypothesis import strategies as st
@@ -36,11 +38,12 @@ def streams(draw: st.DrawFn) -> tuple[Config, list[Arrival]]:
     # vLLM runs a hybrid model there)
     mamba = draw(st.sampled_from([None, None, None, None, None, None, "align", "none"]))
     num_spec_tokens = draw(st.sampled_from([0, 0, 1, 2, 4]))
-    # the speculator: n-gram, or (without a Mamba group) an EAGLE drafter in
-    # 1 example of 4, its layer in the target's group or, where the release
-    # flags drafter groups, in one of its own, or a draft model in 1 of 4
+    # the speculator: n-gram, or an EAGLE drafter in 1 example of 4 (beside a
+    # Mamba group too, as EAGLE on a hybrid model), its layer in the target's
+    # group or, where the release flags drafter groups, in one of its own, or
+    # a draft model in 1 of 4
     drafter = draw(st.sampled_from(["", "", "eagle", "draft_model"])) \
-        if num_spec_tokens and mamba is None else ""
+        if num_spec_tokens else ""
     eagle = drafter == "eagle"
     own = eagle and eagle_group_flag() and draw(st.booleans())
     groups = 1 + (window is not None) + (mamba is not None) + own
@@ -106,6 +109,8 @@ def test_every_step_is_the_schedulers(stream: tuple[Config, list[Arrival]]) -> N
         event("EAGLE, own group" if cfg.eagle_own_group else "EAGLE")
     if cfg.draft_model:
         event("draft model")
+    if cfg.drafter_method and cfg.mamba is not None:
+        event(f"{cfg.drafter_method} beside Mamba {cfg.mamba}")
     if any(r.resumed for r in theirs):
         event("resumed")
     if cfg.eagle and any(r.computed[rid] for r in theirs for rid in r.resumed):
@@ -524,3 +529,54 @@ def test_blocks_cached_after_the_output_of_a_finishing_prompt_are_caught() -> No
             replay(*EAGLE_STREAM)
     finally:
         mp.undo()
+
+
+#: An EAGLE drafter (2 drafts) on a hybrid model: a Mamba align group beside
+#: the full-attention one, prefix caching on; r1 arrives after r0 finished
+#: and shares its first 10 tokens.
+EAGLE_MAMBA_STREAM = (
+    Config(block_size=4, num_blocks=60, max_num_seqs=2, max_num_batched_tokens=16,
+           max_model_len=32, mamba="align", num_spec_tokens=2, eagle=True),
+    [Arrival(0, 10, 6, drafts=((2, 1), (2, 2), (2, 0))), Arrival(8, 13, 3, drafts=((2, 2),))])
+
+
+def test_eagle_beside_a_mamba_align_group_is_the_schedulers_step_for_step() -> None:
+    """Where the release drops the drafter's last hit block (vLLM's
+    ``use_eagle_block_drop``: 0.26 - 0.32), r0's prompt of 10 goes in
+    chunks of 4 and 6 (the checkpoint a block before the prompt's end) and
+    r1's hit on r0's cached prompt is one block (4 tokens); where lookahead
+    hashes prove the boundary token instead (0.33 on: no drop), 8 and 2, and
+    a hit of two blocks. Exact block ids."""
+    r = replay(*EAGLE_MAMBA_STREAM)
+    assert r.renumbered == 0
+    sent = [(t.tokens, t.computed, t.drafts) for t, _ in r.pairs if t.tokens]
+    decodes = [({"r0": 3}, {"r0": 10}, {"r0": 2}), ({"r0": 3}, {"r0": 13}, {"r0": 2}),
+               ({"r0": 3}, {"r0": 14}, {"r0": 2})]
+    first_r1 = next(t for t, _ in r.pairs if "r1" in t.new)
+    if getattr(r.sched, "use_eagle_block_drop", r.sched.use_eagle):
+        assert sent == [({"r0": 4}, {"r0": 0}, {}), ({"r0": 6}, {"r0": 4}, {}), *decodes,
+                        ({"r1": 4}, {"r1": 4}, {}), ({"r1": 5}, {"r1": 8}, {}),
+                        ({"r1": 3}, {"r1": 13}, {"r1": 2})]
+        assert first_r1.blocks["r1"] == ((1, 8, 7), (3, 5))
+    else:
+        assert sent == [({"r0": 8}, {"r0": 0}, {}), ({"r0": 2}, {"r0": 8}, {}), *decodes,
+                        ({"r1": 4}, {"r1": 8}, {}), ({"r1": 1}, {"r1": 12}, {}),
+                        ({"r1": 3}, {"r1": 13}, {"r1": 2})]
+        assert first_r1.blocks["r1"] == ((1, 2, 9, 7), (0, 4, 8))
+
+
+def test_a_mamba_block_as_wide_as_the_budget_less_the_drafts_stalls_vllm() -> None:
+    """vLLM 0.26 - 0.34 (docs/findings.md): a draft model's slot comes off
+    the prefill budget (8 - 1 = 7 tokens), the align split floors a chunk
+    before the 8-token block boundary to 0, and the prompt is never
+    scheduled. The oracle refuses the stream as vLLM's, not stepwarm's."""
+    cfg = Config(block_size=8, num_blocks=10, max_num_seqs=1, max_num_batched_tokens=8,
+                 max_model_len=32, num_spec_tokens=1, mamba="align", draft_model=True)
+    with pytest.raises(ConfigRefused, match=r"vLLM's scheduler sent 20 empty steps in a row with "
+                                            r"1 request\(s\) waiting \(block 8, "
+                                            r"max_num_batched_tokens 8, Mamba align, drafter "
+                                            r"draft_model\)"):
+        replay(cfg, [Arrival(0, 8, 24)], exact=False)
+    # one more budget token and it runs
+    wider = dataclasses.replace(cfg, max_num_batched_tokens=9)
+    assert replay(wider, [Arrival(0, 8, 24)], exact=False).pairs[0][0].tokens == {"r0": 8}
