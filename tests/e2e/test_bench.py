@@ -14,6 +14,7 @@ import textwrap
 from stepwarm.bench import measure
 from stepwarm.scenario import expand, load
 from tests.e2e.helpers import cpu_worker_patch, patched_pythonpath
+from tests.helpers import unwrapped
 
 
 def test_every_repeat_sends_the_planned_shapes_and_leaves_nothing(engine, profile):
@@ -58,7 +59,7 @@ def test_the_gate_fails_a_b_slower_beyond_the_noise(tmp_path):
     data = json.loads(out.read_text())
     a, b = data["configurations"]["A"], data["configurations"]["B"]
     assert a["repeat"] == b["repeat"] == 4  # 2 pairs of processes x 2 repeats
-    assert "B / A per step (A: as given; B: PYTHONPATH=" in proc.stdout
+    assert "B / A per step (A: as given; B: PYTHONPATH=" in unwrapped(proc.stdout)  # (wraps)
     assert proc.stderr.count("bench: pair ") == 2 and "pair 2 of 2: starting A and B" in proc.stderr
     assert all(len(r["per_process"]) == 2 and r["drift"] >= 0 for r in data["ratios"])
     assert [s["num_tokens"] for s in a["steps"]] == [s["num_tokens"] for s in b["steps"]]

@@ -83,11 +83,17 @@ class Config:
     #: slots, no prefix-hit drop; its layer in the target's full-attention
     #: group (vLLM groups layers of one spec together).
     draft_model: bool = False
+    #: An MTP layer (the zoo's tiny DeepSeek-V3 with its MTP layer as the
+    #: target, ``method="mtp"``) instead of the n-gram speculator: the
+    #: scheduler takes it as EAGLE-like (``use_eagle``), its layer in the
+    #: target's full-attention group.
+    mtp: bool = False
 
     @property
     def drafter_method(self) -> str:
         """The model-based drafter's ``SpeculativeConfig.method`` ("" none)."""
-        return "eagle" if self.eagle else "draft_model" if self.draft_model else ""
+        return ("eagle" if self.eagle else "draft_model" if self.draft_model
+                else "mtp" if self.mtp else "")
 
     def vllm_groups(self) -> list[Any]:
         """vLLM's ``KVCacheSpec`` of each group."""
@@ -209,7 +215,8 @@ def build_scheduler(cfg: Config) -> Any:
 
     from stepwarm.zoo import write_model
 
-    mc = ModelConfig(model=str(write_model("tiny-llama")), skip_tokenizer_init=True,
+    target = "tiny-deepseek-v3-mtp" if cfg.mtp else "tiny-llama"
+    mc = ModelConfig(model=str(write_model(target)), skip_tokenizer_init=True,
                      max_model_len=cfg.max_model_len)
     sc = SchedulerConfig(max_num_seqs=cfg.max_num_seqs,
                          max_num_batched_tokens=cfg.max_num_batched_tokens,
@@ -228,12 +235,24 @@ def build_scheduler(cfg: Config) -> Any:
                                  model=str(write_model("tiny-llama-draft") / "drafter"),
                                  num_speculative_tokens=cfg.num_spec_tokens,
                                  target_model_config=mc, target_parallel_config=ParallelConfig())
+    elif cfg.mtp:
+        spec = SpeculativeConfig(method="mtp", num_speculative_tokens=cfg.num_spec_tokens,
+                                 target_model_config=mc, target_parallel_config=ParallelConfig())
     elif cfg.num_spec_tokens:
         spec = SpeculativeConfig(method="ngram", num_speculative_tokens=cfg.num_spec_tokens,
                                  prompt_lookup_max=2, prompt_lookup_min=1,
                                  target_model_config=mc, target_parallel_config=ParallelConfig())
     vc = VllmConfig(model_config=mc, scheduler_config=sc, cache_config=cc,
                     device_config=DeviceConfig("cpu"), speculative_config=spec)
+    if cfg.mtp:  # as on a GPU: vLLM's CPU platform turns chunked prefill and
+        # prefix caching off for the MLA target, widens the budget and sets
+        # 16-token blocks; the scheduler's rules are the same either way
+        vc.scheduler_config.enable_chunked_prefill = True
+        vc.scheduler_config.max_num_batched_tokens = cfg.max_num_batched_tokens
+        if getattr(vc.scheduler_config, "max_num_scheduled_tokens", None) is not None:
+            vc.scheduler_config.max_num_scheduled_tokens = cfg.max_num_batched_tokens
+        vc.cache_config.enable_prefix_caching = cfg.enable_caching
+        vc.cache_config.block_size = cfg.block_size
     own = cfg.eagle and cfg.eagle_own_group
     specs = cfg.vllm_groups()
     assert not own or eagle_group_flag(), "this release's KVCacheGroupSpec has no is_eagle_group"

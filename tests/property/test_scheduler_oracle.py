@@ -2,9 +2,11 @@
 streams (arrivals over steps, prompts across block boundaries, every prompt a
 prefix of the others, KV cache pressure with preemption and resumption,
 chunked prefill under a small ``max_num_batched_tokens``, finishes and aborts,
-an n-gram speculator's or an EAGLE drafter's drafts with per-request
-acceptance fed back through ``update_from_output``, a sliding-window group beside the full one, a Mamba
-group in align or none mode) run through vLLM's scheduler and stepwarm's planner, step by step
+an n-gram speculator's, an EAGLE drafter's, a draft model's or an MTP
+layer's drafts with per-request acceptance fed back through
+``update_from_output``, a sliding-window group beside the full one, a Mamba
+group in align or none mode, the drafters beside it too) run through vLLM's
+scheduler and stepwarm's planner, step by step
 (:mod:`tests.property.scheduler_oracle`)."""
 
 from __future__ import annotations
@@ -38,11 +40,11 @@ def streams(draw: st.DrawFn) -> tuple[Config, list[Arrival]]:
     # vLLM runs a hybrid model there)
     mamba = draw(st.sampled_from([None, None, None, None, None, None, "align", "none"]))
     num_spec_tokens = draw(st.sampled_from([0, 0, 1, 2, 4]))
-    # the speculator: n-gram, or an EAGLE drafter in 1 example of 4 (beside a
+    # the speculator: n-gram, or an EAGLE drafter (beside a
     # Mamba group too, as EAGLE on a hybrid model), its layer in the target's
     # group or, where the release flags drafter groups, in one of its own, or
-    # a draft model in 1 of 4
-    drafter = draw(st.sampled_from(["", "", "eagle", "draft_model"])) \
+    # a draft model or an MTP layer
+    drafter = draw(st.sampled_from(["", "", "eagle", "draft_model", "mtp"])) \
         if num_spec_tokens else ""
     eagle = drafter == "eagle"
     own = eagle and eagle_group_flag() and draw(st.booleans())
@@ -56,7 +58,7 @@ def streams(draw: st.DrawFn) -> tuple[Config, list[Arrival]]:
         max_model_len=max_model_len,
         enable_caching=mamba != "none" and draw(st.sampled_from([True, True, True, False])),
         num_spec_tokens=num_spec_tokens, eagle=eagle, eagle_own_group=own,
-        draft_model=drafter == "draft_model",
+        draft_model=drafter == "draft_model", mtp=drafter == "mtp",
     )
     # (drafts proposed, of them accepted) after each sampled step, cycled;
     # a model-based drafter proposes its num_spec_tokens every step
@@ -87,8 +89,8 @@ def test_every_step_is_the_schedulers(stream: tuple[Config, list[Arrival]]) -> N
         event(f"discarded: {e}")
         assume(False)
         raise
-    except ConfigRefused:
-        event("rejected config: the installed vLLM refuses it")
+    except ConfigRefused as e:
+        event(f"rejected config: {str(e).split('(')[0].strip()}")
         assume(False)
         raise
     theirs = [p[0] for p in r.pairs]
@@ -109,6 +111,8 @@ def test_every_step_is_the_schedulers(stream: tuple[Config, list[Arrival]]) -> N
         event("EAGLE, own group" if cfg.eagle_own_group else "EAGLE")
     if cfg.draft_model:
         event("draft model")
+    if cfg.mtp:
+        event("MTP")
     if cfg.drafter_method and cfg.mamba is not None:
         event(f"{cfg.drafter_method} beside Mamba {cfg.mamba}")
     if any(r.resumed for r in theirs):
@@ -580,3 +584,28 @@ def test_a_mamba_block_as_wide_as_the_budget_less_the_drafts_stalls_vllm() -> No
     # one more budget token and it runs
     wider = dataclasses.replace(cfg, max_num_batched_tokens=9)
     assert replay(wider, [Arrival(0, 8, 24)], exact=False).pairs[0][0].tokens == {"r0": 8}
+
+
+#: An MTP layer (2 drafts, the tiny DeepSeek-V3's): r1 arrives after r0
+#: finished and shares its first 10 tokens.
+MTP_STREAM = (
+    Config(block_size=4, num_blocks=40, max_num_seqs=2, max_num_batched_tokens=16,
+           max_model_len=32, num_spec_tokens=2, mtp=True),
+    [Arrival(0, 10, 6, drafts=((2, 1), (2, 2), (2, 0))), Arrival(8, 13, 3, drafts=((2, 2),))])
+
+
+def test_an_mtp_stream_is_the_schedulers_block_for_block() -> None:
+    """MTP is EAGLE-like to the scheduler: 2 lookahead slots; r1's hit on
+    r0's prompt is one block where the release drops the drafter's last hit
+    block (0.26 - 0.32), two where a lookahead hash proves it (0.33 on)."""
+    r = replay(*MTP_STREAM)
+    assert (r.sched.num_lookahead_tokens, r.renumbered) == (2, 0)
+    sent = [(t.tokens, t.computed, t.blocks) for t, _ in r.pairs if t.tokens]
+    r0 = [({"r0": 10}, {"r0": 0}, {"r0": ((1, 2, 3),)}), ({"r0": 3}, {"r0": 10}, {"r0": ((4,),)}),
+          ({"r0": 3}, {"r0": 12}, {"r0": ((5,),)})]
+    if getattr(r.sched, "use_eagle_block_drop", r.sched.use_eagle):
+        assert sent == [*r0, ({"r1": 9}, {"r1": 4}, {"r1": ((1, 5, 4, 6),)}),
+                        ({"r1": 3}, {"r1": 13}, {"r1": ((7,),)})]
+    else:
+        assert sent == [*r0, ({"r1": 5}, {"r1": 8}, {"r1": ((1, 2, 5, 4),)}),
+                        ({"r1": 3}, {"r1": 13}, {"r1": ((6,),)})]
