@@ -27,6 +27,7 @@ import dataclasses
 import json
 import math
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -196,8 +197,14 @@ def compare_pairs(pairs: Sequence[tuple[BenchReport, BenchReport]], seed: int = 
     (:attr:`Ratio.per_process`).
 
     Raises:
-        ShapeDrift: two plans differ (another step count or shape).
+        ShapeDrift: two plans differ (another step count or shape), or the
+            two measured different times (``setup["time"]``: a B of
+            ``--against-python`` whose stepwarm counts the host's preparation).
     """
+    kinds = {str(rep.setup.get("time")) for pair in pairs for rep in pair}
+    if len(kinds) > 1:
+        raise ShapeDrift(f"the two configurations measured different times ({'; '.join(sorted(kinds))}; "
+                         "'None': a stepwarm that does not say): their times do not compare")
     shapes = [s.shape for s in pairs[0][0].steps]
     if any([s.shape for s in rep.steps] != shapes for pair in pairs for rep in pair):
         raise ShapeDrift("the two configurations planned different steps "
@@ -270,6 +277,8 @@ def measure(worker: WorkerView, plan: Any, profile: Any, repeat: int, warmup: in
         cuda = _on_cuda()
     steps: dict[int, StepSamples] = {}
     starts: dict[int, Any] = {}
+    ends: dict[int, Any] = {}
+    began: dict[int, float] = {}
     if host_seen is None:  # each step's host time in the last warm-up repeat
         host_seen = {}
     cycles_per_ms = _sleep_cycles_per_ms() if cuda else 0.0
@@ -287,6 +296,21 @@ def measure(worker: WorkerView, plan: Any, profile: Any, repeat: int, warmup: in
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             starts[step.index] = event
+            began[step.index] = time.perf_counter()
+
+    def ran(step: Any) -> None:
+        """The end event as soon as the step returned (not after the driver
+        read its result: the GPU would idle meanwhile), and, in a warm-up
+        repeat, the host time from the start event (the step's
+        ``SchedulerOutput`` built, launched, read back) the sleep must cover."""
+        if cuda and step.index in starts:
+            import torch
+
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            ends[step.index] = end
+            if not measuring[0]:
+                host_seen[step.index] = (time.perf_counter() - began.pop(step.index)) * 1e3
 
     for r in range(warmup + repeat):
         keep = measuring[0] = r >= warmup
@@ -295,14 +319,9 @@ def measure(worker: WorkerView, plan: Any, profile: Any, repeat: int, warmup: in
         def done(result: Any, keep: bool = keep, seen: list = seen) -> None:
             shape = (result.num_reqs, result.num_scheduled_tokens, result.num_spec_tokens)
             seen.append((result.index, shape))
-            if not keep:
-                host_seen[result.index] = result.wall_ms
             device = None
-            if cuda and result.index in starts:
-                import torch
-
-                end = torch.cuda.Event(enable_timing=True)
-                end.record()
+            if cuda and result.index in ends:
+                end = ends.pop(result.index)
                 end.synchronize()
                 device = starts.pop(result.index).elapsed_time(end)
             if not keep:
@@ -319,7 +338,7 @@ def measure(worker: WorkerView, plan: Any, profile: Any, repeat: int, warmup: in
                 s.device_ms.append(device)
 
         with random_state_kept():  # as the plugin's warmup: serving draws what it would
-            drive(worker, plan, profile, on_step=done, on_step_start=started)
+            drive(worker, plan, profile, on_step=done, on_step_start=started, on_step_ran=ran)
         if on_repeat is not None:
             on_repeat(r)
     return BenchReport(plan.name, repeat, warmup, [steps[i] for i in sorted(steps)],
@@ -337,21 +356,25 @@ HIDE_HOST_MAX_MS = 500.0
 
 def hide_host_ms(host_ms: float | None) -> float:
     """How long the GPU sleeps before a measured step whose host time in the
-    last warm-up repeat was ``host_ms`` (None: no warm-up): long enough that
-    the host has queued the whole step when the start event fires. A host time
-    that includes waiting for the GPU (``sample_tokens`` reads the tokens
-    back) only lengthens it."""
+    last warm-up repeat was ``host_ms`` (from its start event to its return:
+    the ``SchedulerOutput`` built, the step launched and read back; None: no
+    warm-up): long enough that the host has queued the whole step when the
+    start event fires. A host time that includes waiting for the GPU
+    (``sample_tokens`` reads the tokens back) only lengthens it."""
     if host_ms is None:
         return HIDE_HOST_DEFAULT_MS
     return min(HIDE_HOST_MAX_MS, host_ms * HIDE_HOST_FACTOR + HIDE_HOST_MARGIN_MS)
 
 
 def _sleep_cycles_per_ms() -> float:
-    """GPU clock cycles per millisecond of ``torch.cuda._sleep``, measured
-    (the median of three 10 M-cycle sleeps between CUDA events)."""
+    """GPU clock cycles per millisecond of ``torch.cuda._sleep``, measured:
+    the highest of three 10 M-cycle sleeps between CUDA events, after one
+    not counted (a GPU still at a low clock would give a low rate, and the
+    sleeps at full clock would be too short)."""
     import torch
 
     rates = []
+    torch.cuda._sleep(10_000_000)
     for _ in range(3):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -359,7 +382,7 @@ def _sleep_cycles_per_ms() -> float:
         end.record()
         end.synchronize()
         rates.append(10_000_000 / max(start.elapsed_time(end), 1e-3))
-    return sorted(rates)[1]
+    return max(rates)
 
 
 def context_tokens(step: Any) -> int:

@@ -900,7 +900,8 @@ def coverage(
                           on_started=lambda rep: (print_wrapped(
                               f"engine up in {rep.startup_s:.1f} s ({rep.mode}); replaying "
                               f"{plural(len(loaded.lines), 'request')} of {rep.traffic}, each "
-                              "twice"), progress.start()),
+                              "twice"), progress.start(),
+                              interrupts.as_interrupt()),  # again: vLLM may set its own
                           on_request=progress.request, cache="warm" if warm_cache else "fresh",
                           trace=trace)
     except TrafficError as e:

@@ -381,6 +381,7 @@ def drive(
     on_step_start: Callable[[PlannedStep, str], None] | None = None,
     on_running: Callable[[str, float], None] | None = None,
     compile_threads: int = 0,
+    on_step_ran: Callable[[PlannedStep], None] | None = None,
 ) -> RunReport:
     """Run every step of ``plan`` on ``worker``; always clean up.
 
@@ -410,6 +411,9 @@ def drive(
             as the watchdog logs it (``<plan> step i/N (<kind>, <label>)``).
         on_running: called by the watchdog while a step runs past
             ``watch.warn_s`` (from its thread), with that name and the seconds.
+        on_step_ran: called with the step as soon as its ``execute_model``
+            (+ ``sample_tokens``) returned, before its result is read
+            (``bench`` records its end event there).
         compile_threads: threads that compile the sampler's Triton kernel
             variants while the steps go on (:mod:`stepwarm.deferred_compile`;
             the run waits for them before it returns); 0: each compiles in
@@ -476,6 +480,8 @@ def drive(
                 with watch.watching(what, on_running) if watch else _nothing():
                     output, wall_ms = _run_step(worker, step, plan, profile, params, sent,
                                                 ranks, tokens, images)
+                if on_step_ran is not None:
+                    on_step_ran(step)
                 sent.difference_update(step.finished_req_ids)
                 pooled = (_pooler_outputs(output) if step.scheduled and not step.sample
                           else None)

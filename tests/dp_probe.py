@@ -53,42 +53,40 @@ def run_dp(spec: dict, env: dict[str, str], dp: int = 2,
     runs by DP rank and the wall seconds until the last one ended."""
     port = str(_free_port())
     procs, files = [], []
-    results = tempfile.TemporaryDirectory()
-    t0 = time.monotonic()
-    for rank in range(dp):
-        rank_env = {**env, "VLLM_DP_RANK": str(rank), "VLLM_DP_RANK_LOCAL": str(rank),
-                    "VLLM_DP_SIZE": str(dp), "VLLM_DP_MASTER_IP": "127.0.0.1",
-                    "VLLM_DP_MASTER_PORT": port,
-                    "STEPWARM_PROBE_RESULT": os.path.join(results.name, f"{rank}.json")}
-        # Files, not pipes: a rank blocked on a full pipe would hold its peer
-        # in a collective.
-        out_f, err_f = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-        files.append((out_f, err_f))
-        procs.append(subprocess.Popen([sys.executable, str(PROBE), json.dumps(spec)],
-                                      stdout=out_f, stderr=err_f, text=True, env=rank_env,
-                                      start_new_session=True))
-    runs = []
-    for rank, (proc, (out_f, err_f)) in enumerate(zip(procs, files)):
-        try:
-            proc.wait(timeout=max(1.0, timeout_s - (time.monotonic() - t0)))
-            code: int | None = proc.returncode
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            code = None
-        out_f.seek(0)
-        err_f.seek(0)
-        out, err = out_f.read(), err_f.read()
-        out_f.close()
-        err_f.close()
-        # The result file, not the RESULT line: the engine's processes share
-        # the probe's stdout, and one of their log lines can split that line.
-        path = Path(results.name, f"{rank}.json")
-        runs.append(RankRun(rank, code, out, err,
-                            json.loads(path.read_text()) if path.exists() else None))
-    results.cleanup()
+    with tempfile.TemporaryDirectory() as results:  # each rank's result file
+        t0 = time.monotonic()
+        for rank in range(dp):
+            rank_env = {**env, "VLLM_DP_RANK": str(rank), "VLLM_DP_RANK_LOCAL": str(rank),
+                        "VLLM_DP_SIZE": str(dp), "VLLM_DP_MASTER_IP": "127.0.0.1",
+                        "VLLM_DP_MASTER_PORT": port,
+                        "STEPWARM_PROBE_RESULT": os.path.join(results, f"{rank}.json")}
+            # Files, not pipes: a rank blocked on a full pipe would hold its peer
+            # in a collective.
+            out_f, err_f = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+            files.append((out_f, err_f))
+            procs.append(subprocess.Popen([sys.executable, str(PROBE), json.dumps(spec)],
+                                          stdout=out_f, stderr=err_f, text=True, env=rank_env,
+                                          start_new_session=True))
+        runs = []
+        for rank, (proc, (out_f, err_f)) in enumerate(zip(procs, files)):
+            try:
+                proc.wait(timeout=max(1.0, timeout_s - (time.monotonic() - t0)))
+                code: int | None = proc.returncode
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                code = None
+            out_f.seek(0)
+            err_f.seek(0)
+            out, err = out_f.read(), err_f.read()
+            out_f.close()
+            err_f.close()
+            # The result file, not the RESULT line: the engine's processes share
+            # the probe's stdout, and one of their log lines can split that line.
+            path = Path(results, f"{rank}.json")
+            runs.append(RankRun(rank, code, out, err,
+                                json.loads(path.read_text()) if path.exists() else None))
     return runs, time.monotonic() - t0
-
 
 
 if __name__ == "__main__":  # python tests/dp_probe.py SPEC_JSON [DP]

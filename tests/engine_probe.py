@@ -143,8 +143,10 @@ def main(spec: dict) -> int:
 def emit(out: dict) -> None:
     """The probe's result: a ``RESULT`` line, and the ``STEPWARM_PROBE_RESULT`` file."""
     text = json.dumps(out)
-    if os.environ.get("STEPWARM_PROBE_RESULT"):
-        Path(os.environ["STEPWARM_PROBE_RESULT"]).write_text(text)
+    if os.environ.get("STEPWARM_PROBE_RESULT"):  # whole or not at all (a kill mid-write)
+        path = Path(os.environ["STEPWARM_PROBE_RESULT"])
+        path.with_suffix(".tmp").write_text(text)
+        os.replace(path.with_suffix(".tmp"), path)
     print("RESULT " + text, flush=True)
 
 

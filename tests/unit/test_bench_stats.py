@@ -69,6 +69,18 @@ def test_different_plans_do_not_compare():
         compare(_report([1.0]), _report([1.0], shape=(4, 4, 0)))
 
 
+def test_a_b_that_measured_different_times_do_not_compare():
+    """A B of ``--against-python`` whose stepwarm counts the host's
+    preparation in the device time (before 2026-12-07) against one that
+    does not."""
+    gpu = "device: the GPU's work, the host's launch hidden behind a queued sleep"
+    a, b, old = _report([1.0]), _report([1.0]), _report([1.0])
+    a.setup["time"] = b.setup["time"] = gpu
+    assert compare(a, b)[0].ratio == 1.0
+    with pytest.raises(ShapeDrift, match=r"measured different times \(None; device: the GPU's "):
+        compare(a, old)
+
+
 def test_rounds_interleave_a_and_b_and_merge_their_samples():
     calls = []
 
