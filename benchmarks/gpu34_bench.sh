@@ -8,6 +8,8 @@
 #   bash benchmarks/gpu34_bench.sh mpd [PLOT_WHEELS_DIR]     (the kit's first call: install too)
 #   bash benchmarks/gpu34_bench.sh sweep
 #   bash benchmarks/gpu34_bench.sh resample                  (the _resample_kernel probe, EAGLE V2)
+#   bash benchmarks/gpu34_bench.sh hide                      (benchmarks/gpu_probe_hide_host.py: bench's
+#        queued sleep against events around the kernels alone; torch only; `all` runs it first)
 #   bash benchmarks/gpu34_bench.sh all [PLOT_WHEELS_DIR]     (mpd run 1, sweep run 1, mpd run 2, sweep run 2,
 #        in a new process session: the call returns at once; poll with `bash benchmarks/gpu34_bench.sh poll`,
 #        which copies /root/bw/bench.tgz (every JSON, CSV, SVG and log so far, one file) into $OUT)
@@ -34,13 +36,15 @@ case "${1:-}" in
   mpd) nvidia-smi -L; bench mpd mixed-prefill-decode 30 5 ;;
   sweep) bench sweep benchmarks/scenarios/decode-sweep.toml 20 3 ;;
   resample) timeout 400 python3 benchmarks/gpu_probe_resample.py > "$OUT/resample.log" 2>&1; echo "rc $?" >> "$OUT/resample.log"; tail -n 20 "$OUT/resample.log" ;;
+  hide) timeout 120 python3 benchmarks/gpu_probe_hide_host.py --json "$OUT/hide-host.json" > "$OUT/hide-host.log" 2>&1; echo "rc $?" >> "$OUT/hide-host.log"; tail -n 6 "$OUT/hide-host.log" ;;
   all) if [ -z "${BG:-}" ]; then  # again, detached: it outlives this call
          mkdir -p /root/bw; BG=1 OUT=/root/bw/out PACK=/root/bw/bench.tgz setsid nohup bash "$0" all \
            > /root/bw/all.log 2>&1 < /dev/null & sleep 20; cat /root/bw/all.log; exit 0; fi
        nvidia-smi -L; python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+       bash "$0" hide
        for run in 1 2; do bench mpd mixed-prefill-decode 30 5 $run
          bench sweep benchmarks/scenarios/decode-sweep.toml 20 3 $run; done; echo "all done" ;;
   poll) cp /root/bw/bench.tgz "$OUT/" 2>/dev/null; cp /root/bw/all.log "$OUT/" 2>/dev/null
         grep -v "WARNING\|^W1\|^\[" /root/bw/all.log | tail -n 60; ls -la /root/bw/out 2>/dev/null ;;
-  *) echo "usage: $0 mpd [PLOT_WHEELS_DIR] | sweep | resample | all [PLOT_WHEELS_DIR] | poll" >&2; exit 2 ;;
+  *) echo "usage: $0 mpd [PLOT_WHEELS_DIR] | sweep | resample | hide | all [PLOT_WHEELS_DIR] | poll" >&2; exit 2 ;;
 esac
