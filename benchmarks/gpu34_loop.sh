@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # vLLM 0.34.0 on a lent H200, second call set (after the kit is carried, as gpu34.sh says):
 # the record -> scenario -> restart loop (issue 41 item 5) on the Qwen3-30B-A3B shape (MoE),
-# beside the one-GPU lane tests that 0.34 changed and two probes.
+# alone on the device (s23 ran the lane tests, two probes and bench beside it).
 #   bash benchmarks/gpu34_loop.sh start      (background; then)   bash benchmarks/gpu34_loop.sh wait SECONDS
 # The loop, one engine at a time:
 #   1. vLLM alone (coverage --baseline) with STEPWARM_RECORD on traffic A (the built-in lines and
@@ -23,10 +23,6 @@ case "${1:-}" in
     REPO=$PWD
     setsid nohup bash -c "
       cd $R
-      (cd $REPO && python3 -m pytest -p no:cacheprovider -v -rA tests/gpu/test_release_facts.py 'tests/gpu/test_policy.py::test_jit_monitor_error_mode_starts_with_stepwarm_and_still_catches_later_compiles' > $R/out/lane.log 2>&1; echo lane rc \$? >> $R/out/lane.log) &
-      (cd $REPO && OUT=$R/out timeout 400 python3 benchmarks/gpu_probe_resample.py > $R/out/resample.log 2>&1; echo rc \$? >> $R/out/resample.log) &
-      (cd $REPO && bash benchmarks/gpu34_bench.sh $R/out > $R/out/bench.log 2>&1; echo rc \$? >> $R/out/bench.log) &
-      (STEPWARM_SKIP_IDLE=0 timeout 400 python3 -m stepwarm coverage --model tiny-llama -e max_num_seqs=64 -e gpu_memory_utilization=0.12 -e kv_cache_memory_bytes=4000000000 --json $R/out/llama-v2.json > $R/out/llama-v2.log 2>&1; echo rc \$? >> $R/out/llama-v2.log) &
       STEPWARM_RECORD=$R/out/moe.rec.jsonl timeout 500 python3 -m stepwarm coverage --baseline --model $M ${E[*]} traffic/moe-long-a.jsonl --json $R/out/loop-1-record.json > $R/out/loop-1.log 2>&1; echo rc \$? >> $R/out/loop-1.log
       python3 -m stepwarm scenario from-record $R/out/moe.rec.jsonl -o $R/out/recorded.toml --model $M > $R/out/loop-2.log 2>&1; echo rc \$? >> $R/out/loop-2.log
       timeout 500 python3 -m stepwarm coverage --model $M ${E[*]} -s $R/out/recorded.toml traffic/moe-long-a.jsonl --json $R/out/loop-3-a.json > $R/out/loop-3.log 2>&1; echo rc \$? >> $R/out/loop-3.log

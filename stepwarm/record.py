@@ -17,7 +17,12 @@ rank N of several). Its first line is a header::
     {"stepwarm_record": 1, "stepwarm": "0.1.0", "vllm": "0.32.0",
      "model": {"architecture": "LlamaForCausalLM", "config_hash": "6f0c..."},
      "block_size": 128, "max_num_seqs": 8, "max_num_batched_tokens": 512,
-     "num_spec_tokens": 0, "runner": "v1", "cudagraph_sizes": [], "max_logprobs": 20}
+     "num_spec_tokens": 0, "runner": "v1", "cudagraph_sizes": [], "max_logprobs": 20,
+     "moe": null}
+
+(``moe``, for a model with fused MoE layers: ``top_k``, ``experts`` and the
+token counts of the tuned config its ``fused_moe_kernel`` picks tiles by,
+:func:`stepwarm.vllm_facts.moe_kernel_tuning`)
 
 then one line per step that scheduled tokens::
 
@@ -112,6 +117,7 @@ def header(vllm_config: Any) -> dict[str, Any]:
         "runner": vllm_facts.runner_of_config(vllm_config),
         "cudagraph_sizes": vllm_facts.cudagraph_sizes(vllm_config),
         "max_logprobs": int(getattr(mc, "max_logprobs", 20)),
+        "moe": vllm_facts.moe_kernel_tuning(vllm_config),
     }
 
 

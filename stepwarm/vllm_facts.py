@@ -855,6 +855,71 @@ def data_parallel_facts(vllm_config: Any) -> DataParallelFacts:
     return DataParallelFacts(dp, True, use_ep, group, why)
 
 
+#: ``get_default_config``'s token-count tiers for an unquantized fused MoE
+#: layer (vLLM 0.26-0.34: ``BLOCK_SIZE_M`` by 32 / 96 / 512, ``BLOCK_SIZE_N``,
+#: ``BLOCK_SIZE_K`` and ``num_stages`` by 64 and 32, ``num_warps`` by 128):
+#: the first tier whose bound is at least M picks the tiles.
+MOE_DEFAULT_TIERS = (32, 64, 96, 128, 512)
+#: The token counts most of vLLM's tuned fused MoE configs are tuned at
+#: (``benchmarks/kernels/benchmark_moe.py``'s batch sizes; 288 of the 0.34
+#: wheel's config files): the grid assumed where the deployment's is unknown.
+MOE_TUNED_GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048,
+                  3072, 4096)
+
+
+def moe_kernel_tuning(vllm_config: Any) -> dict[str, Any] | None:
+    """What picks the variant of vLLM's Triton ``fused_moe_kernel`` at a step
+    of M tokens, for a model with fused MoE layers (None for any other):
+
+    * ``top_k``: experts per token; the kernel's ``num_valid_tokens`` is
+      M x top_k, an i32 Triton specializes on (a multiple of 16 or not);
+    * ``experts``: experts on this rank (``get_default_config`` groups M
+      blocks when M // experts is above 128);
+    * ``tuned_sizes``: the token counts of the tuned config vLLM loads for
+      this device and layer shape (``get_moe_configs``; the one nearest M
+      picks the tiles, ``try_get_optimal_moe_config``), ``[]`` where it has
+      none (then :data:`MOE_DEFAULT_TIERS`), None where stepwarm could not
+      read it (a quantized model, another release's signature).
+
+    Read in the process that records (the engine core), on the deployment's
+    device: the tuned file is per device name."""
+    mc = getattr(vllm_config, "model_config", None)
+    if mc is None or not bool(getattr(mc, "is_moe", False)):
+        return None
+    text = getattr(mc, "hf_text_config", None) or getattr(mc, "hf_config", None)
+
+    def first(*names: str) -> int:
+        for n in names:
+            v = getattr(text, n, None)
+            if isinstance(v, int) and v > 0:
+                return v
+        return 0
+
+    try:
+        experts = int(mc.get_num_experts())
+    except Exception:  # noqa: BLE001 - a release without get_num_experts
+        experts = first("num_experts", "n_routed_experts", "num_local_experts")
+    top_k = first("num_experts_per_tok", "moe_topk", "top_k", "num_experts_per_token")
+    inter = first("moe_intermediate_size", "intermediate_size")
+    parallel = vllm_config.parallel_config
+    tp = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
+    dp = int(getattr(parallel, "data_parallel_size", 1) or 1)
+    if bool(getattr(parallel, "enable_expert_parallel", False)):
+        local, n = experts // max(tp * dp, 1), inter
+    else:
+        local, n = experts, inter // tp
+    tuned: list[int] | None = None
+    if getattr(mc, "quantization", None) is None and local > 0 and n > 0:
+        try:
+            from vllm.model_executor.layers.fused_moe.fused_moe import get_moe_configs
+
+            configs = get_moe_configs(local, n, None)
+            tuned = sorted(int(k) for k in configs) if configs else []
+        except Exception as e:  # noqa: BLE001 - another release's signature, no device
+            logger.debug("stepwarm: get_moe_configs not read: %s", e)
+    return {"top_k": top_k, "experts": local, "tuned_sizes": tuned}
+
+
 # --- Drafters and prefix caching (appended; issue 18) ------------------------
 
 @functools.cache

@@ -16,7 +16,11 @@ stepwarm's built-in scenarios and sweeps cover:
 * logprobs and prompt logprobs: the power-of-two class of ``k + 1`` and its
   Triton class (``pow2_classes`` with ``triton_int``:
   :func:`~stepwarm.scenario.sweeps.pow2_class_values`);
-* each draft count sent; a prefix hit; a prefill continuing a chunk.
+* each draft count sent; a prefix hit; a prefill continuing a chunk;
+* on a model with fused MoE layers (the header's ``moe``), an eager step's
+  ``fused_moe_kernel`` variant: the tiles vLLM picks at that token count
+  (the nearest tuned size, or ``get_default_config``'s tier) and whether
+  tokens x top_k is a multiple of 16 (:func:`moe_class`).
 
 The steps are taken smallest batch first (then fewest tokens), a step kept
 when it reaches a class no kept step reached: each class at the smallest
@@ -36,8 +40,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from stepwarm.scenario.recording import Recording, RecordedRequest, RecordedStep, SamplerClassModel
+from stepwarm.scenario.recording import (MoeTuning, Recording, RecordedRequest, RecordedStep,
+                                         SamplerClassModel)
 from stepwarm.scenario.sweeps import next_power_of_2
+from stepwarm.vllm_facts import MOE_DEFAULT_TIERS, MOE_TUNED_GRID
 from stepwarm.words import plural
 
 #: Sampler rows from which vLLM's top-k / top-p run its own kernel, not torch's sort.
@@ -77,12 +83,44 @@ class Row:
         return self.decoding or self.req.computed + self.req.scheduled >= self.req.prompt
 
 
-def step_classes(step: RecordedStep, rows: list[Row], graph_sizes: list[int]) -> set[tuple]:
+def moe_class(n: int, moe: MoeTuning) -> tuple:
+    """The ``fused_moe_kernel`` variant class of an eager step of ``n``
+    tokens: its tiles (``try_get_optimal_moe_config``: the tuned size nearest
+    ``n``, the smaller on a tie; with no tuned file ``get_default_config``'s
+    tier and whether it groups M blocks; where the deployment's tuned sizes
+    are unknown, both by :data:`MOE_TUNED_GRID`) and whether the kernel's
+    ``num_valid_tokens`` (n x top_k) is a multiple of 16 (Triton's i32
+    specialization; with top_k unknown, n's own factor of two up to 16)."""
+    def nearest(grid: Sequence[int]) -> int:
+        return min(sorted(grid), key=lambda g: abs(g - n))
+
+    def tier() -> tuple:
+        first = next((t for t in MOE_DEFAULT_TIERS if n <= t), None)
+        return (first if first is not None else f">{MOE_DEFAULT_TIERS[-1]}",
+                moe.experts > 0 and n // moe.experts > 128)
+
+    if moe.tuned_sizes:
+        tiles: tuple = ("tuned", nearest(moe.tuned_sizes))
+    elif moe.tuned_sizes is None:
+        tiles = ("grid", nearest(MOE_TUNED_GRID), *tier())
+    else:
+        tiles = ("default", *tier())
+    if moe.top_k:
+        d16: object = (n * moe.top_k) % 16 == 0
+    else:
+        d16 = min((n & -n), 16)
+    return ("moe", *tiles, d16)
+
+
+def step_classes(step: RecordedStep, rows: list[Row], graph_sizes: list[int],
+                 moe: MoeTuning | None = None) -> set[tuple]:
     """The kernel classes a recorded step reaches (see the module's docstring)."""
     n = step.tokens
     out: set[tuple] = set()
     graphed = [g for g in graph_sizes if g >= n]
     out.add(("graph", graphed[0]) if graphed else ("eager", triton_kind(n), next_power_of_2(n)))
+    if moe is not None and not graphed:
+        out.add(moe_class(n, moe))
     sampled = [r for r in rows if r.samples and r.sampler is not None and r.sampler.kind != "pool"]
     if sampled:
         size = (triton_kind(len(sampled)), len(sampled) >= TOPK_KERNEL_ROWS)
@@ -129,8 +167,8 @@ class Reduction:
 def reduce_steps(rec: Recording) -> Reduction:
     """Keep each recorded step that reaches a class no smaller kept step
     reached, smallest batch (then fewest tokens, then earliest) first."""
-    graphs = rec.header.cudagraph_sizes
-    scored = [(line, sess, st, step_classes(st, rows_of(rec, sess, st), graphs))
+    graphs, moe = rec.header.cudagraph_sizes, rec.header.moe
+    scored = [(line, sess, st, step_classes(st, rows_of(rec, sess, st), graphs, moe))
               for line, sess, st in rec.steps]
     order = sorted(range(len(scored)), key=lambda i: (scored[i][2].batch, scored[i][2].tokens, i))
     red = Reduction()
@@ -145,8 +183,51 @@ def reduce_steps(rec: Recording) -> Reduction:
     for line, sess, st, classes in scored:
         last = max(reached[c] for c in classes)  # the segment by which all are reached
         red.stands_for.setdefault(last, []).append(st.step)
+    for st in moe_fill(rec, set(reached)):
+        new = step_classes(st, [], graphs, moe) - set(reached)
+        for c in new:
+            reached[c] = len(red.kept)
+        red.kept.append((0, FILLED, st, new))
     red.classes = len(reached)
     return red
+
+
+#: The session number of a step :func:`moe_fill` adds (no recorded session).
+FILLED = -1
+
+
+def moe_fill(rec: Recording, reached: set[tuple]) -> list[RecordedStep]:
+    """Prefill steps for the fused MoE classes (:func:`moe_class`) between the
+    CUDA-graph range and the largest eager step recorded that no recorded step
+    reached, each at the smallest token count that reaches it: a recording
+    samples eager prefill sizes, and the next traffic from the same
+    distribution lands between them (on a Qwen3-30B-A3B shape, a 751-token
+    prompt compiled two ``fused_moe_kernel`` variants that a recording of
+    1,070-10,110-token steps never reached). Each step is a batch of fresh
+    prompts no longer than the longest recorded prompt (so they fit the
+    engine's ``max_model_len``), greedy."""
+    moe, graphs = rec.header.moe, rec.header.cudagraph_sizes
+    if moe is None or not rec.steps:
+        return []
+    lo = max(graphs) + 1 if graphs else 1
+    eager = [st.tokens for _, _, st in rec.steps if st.tokens >= lo]
+    if not eager:
+        return []
+    longest = max(max(r.prompt, r.computed + r.scheduled) for _, _, st in rec.steps
+                  for r in st.reqs)
+    out: list[RecordedStep] = []
+    seen = set(reached)
+    for n in range(lo, max(eager) + 1):
+        c = moe_class(n, moe)
+        if c in seen:
+            continue
+        seen.add(c)
+        k = -(-n // longest)
+        prompts = [n // k + (1 if i < n % k else 0) for i in range(k)]
+        out.append(RecordedStep(step=len(out), batch=k, tokens=n, finished=0, preempted=0, reqs=[
+            RecordedRequest(r=i, scheduled=p, computed=0, prompt=p, new=True)
+            for i, p in enumerate(prompts)]))
+    return out
 
 
 def sampling_of(s: SamplerClassModel | None) -> tuple[str, bool]:
@@ -227,7 +308,8 @@ def _sampler_key(r: Row) -> str:
 
 
 def segment(step: RecordedStep, rows: list[Row], block_size: int, line: int,
-            stands_for: list[int]) -> tuple[_Segment, set[str]]:
+            stands_for: list[int], what: str = "",
+            prefix: str = "s") -> tuple[_Segment, set[str]]:
     """The scenario text for one kept step, and the ``needs`` it adds.
 
     The recorded step is sent as one step of the same requests and tokens
@@ -237,7 +319,7 @@ def segment(step: RecordedStep, rows: list[Row], block_size: int, line: int,
     which): prefix hits beside fresh prefills are sent as fresh prefills, then
     as a ``prefix_hit`` of their own; middle chunks of several lengths as last
     chunks."""
-    seg = _Segment(f"s{step.step}")
+    seg = _Segment(f"{prefix}{step.step}")
     needs: set[str] = set()
     decoders = [r for r in rows if r.decoding]
     prefills = [r for r in rows if not r.decoding]
@@ -291,9 +373,9 @@ def segment(step: RecordedStep, rows: list[Row], block_size: int, line: int,
         seg.step("prefill", f"the first {computed} tokens of a chunked prefill",
                  requests=[n for _, n in group_names], tokens=computed)
     # The step itself.
-    what = (f"recorded step {step.step} (line {line}): batch {step.batch}, "
-            f"{plural(step.tokens, 'token')}; stands for recorded "
-            f"{'step' if len(stands_for) == 1 else 'steps'} {_ranges(stands_for)}")
+    what = what or (f"recorded step {step.step} (line {line}): batch {step.batch}, "
+                    f"{plural(step.tokens, 'token')}; stands for recorded "
+                    f"{'step' if len(stands_for) == 1 else 'steps'} {_ranges(stands_for)}")
     extra: dict[str, Any] = {} if tokens is None else {"tokens": tokens}
     if as_hits:
         extra["cached"] = hit_cached.pop()
@@ -355,7 +437,25 @@ def _class_text(c: tuple) -> str:
         return f"{head} " + ("vocab" if rest[0] == "vocab" else f"block {rest[0]} (k+1 Triton {rest[1]})")
     if head == "drafts":
         return f"{rest[0]} draft(s)"
+    if head == "moe":
+        return _moe_class_text(rest)
     return head.replace("_", " ")
+
+
+def _moe_class_text(rest: list) -> str:
+    kind, *tiles, d16 = rest
+    if kind == "tuned":
+        where = f"tuned size {tiles[0]}"
+    else:
+        bound, grouped = tiles[-2:]
+        where = (f"size {tiles[0]} of the usual grid, " if kind == "grid" else "") + \
+            f"default tiles for {'<= ' if isinstance(bound, int) else ''}{bound} tokens" + \
+            (", grouped" if grouped else "")
+    if isinstance(d16, bool):
+        mult = "tokens x top_k " + ("a multiple of 16" if d16 else "not a multiple of 16")
+    else:
+        mult = f"tokens divisible by {d16}"
+    return f"fused MoE at {where}, {mult}"
 
 
 def scenario_text(rec: Recording, source: str) -> str:
@@ -364,8 +464,11 @@ def scenario_text(rec: Recording, source: str) -> str:
     h = rec.header
     segs, needs = [], set()
     for k, (line, sess, st, classes) in enumerate(red.kept):
+        filled = "" if sess != FILLED else (
+            f"not recorded: {plural(st.tokens, 'token')} in {plural(st.batch, 'prompt')}, a "
+            "fused MoE class between the recorded eager sizes")
         seg, n = segment(st, rows_of(rec, sess, st), h.block_size, line,
-                         red.stands_for.get(k, []))
+                         red.stands_for.get(k, []), filled, "fill" if filled else "s")
         segs.append((seg, classes))
         needs |= n
     kinds = Counter("prefill" if any(not r.decoding for r in rows_of(rec, s, st)) else "decode"

@@ -58,6 +58,15 @@ class ModelIdentity(_Strict):
     config_hash: StrictStr
 
 
+class MoeTuning(_Strict):
+    """What picks a fused MoE kernel's variant at a token count
+    (:func:`stepwarm.vllm_facts.moe_kernel_tuning`)."""
+
+    top_k: StrictInt = Field(ge=0)
+    experts: StrictInt = Field(ge=0)
+    tuned_sizes: list[StrictInt] | None = None
+
+
 class RecordHeader(_Strict):
     """The first line of a recording session."""
 
@@ -72,6 +81,8 @@ class RecordHeader(_Strict):
     runner: Literal["v1", "v2"]
     cudagraph_sizes: list[StrictInt]
     max_logprobs: StrictInt = Field(ge=-1)
+    #: a model with fused MoE layers; absent in recordings before it was kept
+    moe: MoeTuning | None = None
 
 
 class RecordedRequest(_Strict):

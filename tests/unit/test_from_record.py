@@ -352,3 +352,75 @@ def test_a_padded_waiting_request_is_written_with_its_one_token(tmp_path: Path) 
     # the recorded step: 6 tokens, the decode's 2 drafts and the hit's 2 placeholders
     assert [(r.num_computed_tokens, r.num_scheduled_tokens, r.spec_token_ids)
             for r in mixed.scheduled] == [(1, 3, (0, 0)), (128, 3, (-1, -1))]
+
+
+def _moe_session(tuned: list[int] | None) -> str:
+    head = json.loads(SESSION[0].replace("VLLM", vllm.__version__))
+    head.update(cudagraph_sizes=[8], moe={"top_k": 8, "experts": 4, "tuned_sizes": tuned})
+    new = ('{"r":%d,"scheduled":20,"computed":0,"prompt":20,"new":true,"hit_blocks":0,'
+           '"sampler":' + _G + '}')
+    steps = [{"step": 0, "batch": 2, "tokens": 40, "finished": 0, "preempted": 0,
+              "reqs": [json.loads(new % r) for r in (0, 1)]},
+             {"step": 1, "batch": 3, "tokens": 60, "finished": 2, "preempted": 0,
+              "reqs": [json.loads(new % r) for r in (2, 3, 4)]}]
+    return "\n".join([json.dumps(head)] + [json.dumps(s) for s in steps]) + "\n"
+
+
+def test_fused_moe_classes_between_the_recorded_eager_sizes_are_filled(tmp_path: Path) -> None:
+    """An eager step of an MoE model reaches the fused MoE tiles of its token
+    count (the nearest tuned size, the smaller on a tie) and whether tokens x
+    top_k is a multiple of 16; the classes no recorded step reached between
+    the CUDA-graph range (8) and the largest eager step (60) get a prefill
+    each, at their smallest count, in prompts no longer than the longest
+    recorded (20)."""
+    path = tmp_path / "moe.jsonl"
+    path.write_text(_moe_session([16, 32, 64]))
+    r = load_recording(path)
+    assert r.header.moe is not None and r.header.moe.tuned_sizes == [16, 32, 64]
+    red = reduce_steps(r)
+    recorded = [(st.tokens, sorted(c for c in cls if c[0] == "moe")) for _, s, st, cls in red.kept
+                if s >= 0]
+    assert recorded == [(40, [("moe", "tuned", 32, True)]), (60, [("moe", "tuned", 64, True)])]
+    filled = [(st.tokens, [q.prompt for q in st.reqs], sorted(c for c in cls if c[0] == "moe"))
+              for _, s, st, cls in red.kept if s < 0]
+    assert filled == [
+        (9, [9], [("moe", "tuned", 16, False)]),
+        (10, [10], [("moe", "tuned", 16, True)]),
+        (25, [13, 12], [("moe", "tuned", 32, False)]),
+        (49, [17, 16, 16], [("moe", "tuned", 64, False)]),
+    ]
+    out = tmp_path / "moe.toml"
+    res = runner.invoke(app, ["scenario", "from-record", str(path), "-o", str(out),
+                              "--model", "tiny-llama"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    text = out.read_text()
+    assert ("# --- segment 6: fused MoE at tuned size 64, tokens x top_k not a multiple of 16\n"
+            in text)
+    assert "# not recorded: 49 tokens in 3 prompts, a fused MoE class between the recorded" in text
+    data = tomllib.loads(text)
+    assert data["requests"]["fill3_0"] == {"prompt": 17, "sampling": "greedy"}
+    assert data["requests"]["fill3_1"] == {"prompt": 16, "count": 2, "sampling": "greedy"}
+    assert {"kind": "prefill", "requests": ["fill3_0", "fill3_1"]} in data["steps"]
+    plan, = plans_for([str(out)], tiny_profile())
+    assert sum(s.kind == "prefill" for s in plan.steps) == 6
+
+
+def test_fused_moe_tiles_without_a_tuned_file() -> None:
+    from stepwarm.scenario.from_record import moe_class
+    from stepwarm.scenario.recording import MoeTuning
+
+    default = MoeTuning(top_k=6, experts=8, tuned_sizes=[])
+    # get_default_config's tiers (32, 64, 96, 128, 512, above) and its grouping
+    # (tokens // experts > 128); 6 x n is a multiple of 16 when 8 divides n.
+    assert moe_class(513, default) == ("moe", "default", ">512", False, False)
+    assert moe_class(520, default) == ("moe", "default", ">512", False, True)
+    assert moe_class(516, default) == ("moe", "default", ">512", False, False)
+    assert moe_class(1024, default) == ("moe", "default", ">512", False, True)
+    assert moe_class(1040, default) == ("moe", "default", ">512", True, True)
+    assert moe_class(100, default) == ("moe", "default", 128, False, False)
+    # Unknown tuned sizes: the usual grid and the default tiers; top_k unknown:
+    # n's factor of two, up to 16.
+    unknown = MoeTuning(top_k=0, experts=0, tuned_sizes=None)
+    assert moe_class(751, unknown) == ("moe", "grid", 512, ">512", False, 1)
+    assert moe_class(904, unknown) == ("moe", "grid", 1024, ">512", False, 8)
+    assert moe_class(1024, unknown) == ("moe", "grid", 1024, ">512", False, 16)

@@ -114,7 +114,7 @@ def test_a_session_s_lines(wrapped: Path) -> None:
         "max_num_batched_tokens": 64, "num_spec_tokens": 0,
         # on CPU the V1 runner; 0.34 has no V1 GPU runner: its config says v2
         "runner": "v1" if Version(vllm.__version__) < Version("0.34") else "v2",
-        "cudagraph_sizes": [], "max_logprobs": 20}
+        "cudagraph_sizes": [], "max_logprobs": 20, "moe": None}
     assert head["model"]["architecture"] == "LlamaForCausalLM"
     # b's first two blocks hit a's, cached in the same step: 40 + 8 tokens.
     assert steps == [

@@ -5,6 +5,7 @@ the installed vLLM does on an input other than the probe's own."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 
 import pytest
@@ -310,3 +311,34 @@ def test_uncached_frees_append_is_the_pools_own_order():
     assert vllm_facts.uncached_frees_append() is (not reused)
     expected = {"0.27.0": True, "0.27.1": True}.get(vllm_facts.version(), False)
     assert vllm_facts.uncached_frees_append() is expected
+
+
+def test_moe_kernel_tuning_read_off_the_model_config(tmp_path, monkeypatch) -> None:
+    """The recording header's ``moe``: the tiny DeepSeek-V3 (4 routed experts,
+    2 per token, expert width 128) has no tuned fused MoE file for this device
+    (vLLM falls back to its default tiles: ``[]``); a tuned file in
+    ``VLLM_TUNED_CONFIG_FOLDER`` for the shape on this rank gives its token
+    counts (with tensor parallelism the width is split, with expert
+    parallelism the experts); a dense model has none."""
+    from vllm.config import ModelConfig, ParallelConfig, VllmConfig
+    from vllm.model_executor.layers.fused_moe.fused_moe import get_config_file_name
+
+    from stepwarm.zoo import write_model
+
+    mc = ModelConfig(model=str(write_model("tiny-deepseek-v3-mtp")), skip_tokenizer_init=True,
+                     max_model_len=256)
+    assert vllm_facts.moe_kernel_tuning(VllmConfig(model_config=mc)) == {
+        "top_k": 2, "experts": 4, "tuned_sizes": []}
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
+    tile = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1}
+    for tp, ep, (experts, width), sizes in ((2, False, (4, 64), ["64", "1", "8"]),
+                                            (2, True, (2, 128), ["16", "2"])):
+        (tmp_path / get_config_file_name(experts, width, None)).write_text(
+            json.dumps({k: tile for k in sizes}))
+        vc = VllmConfig(model_config=mc)
+        vc.parallel_config = ParallelConfig(tensor_parallel_size=tp, enable_expert_parallel=ep)
+        assert vllm_facts.moe_kernel_tuning(vc) == {
+            "top_k": 2, "experts": experts, "tuned_sizes": sorted(int(k) for k in sizes)}
+    llama = ModelConfig(model=str(write_model("tiny-llama")), skip_tokenizer_init=True,
+                        max_model_len=256)
+    assert vllm_facts.moe_kernel_tuning(VllmConfig(model_config=llama)) is None
