@@ -147,9 +147,13 @@ def attribute_moves(base: CoverageReport, sw: CoverageReport) -> Attribution:
     """Label each kernel ``sw``'s scenarios compiled at start-up (see the module docstring)."""
     startup, traffic = baseline_indexes(base)
     parts: dict[str, list[StartupCompile]] = collections.defaultdict(list)
+    vllm_own = KernelIndex()  # what vLLM's own start-up compiled in the stepwarm run
     for c in sw.startup_compiles:
         if c.owner == "stepwarm":
             parts[c.phase].append(c)
+        else:
+            for name, variant in step_kernels(c):
+                vllm_own.add(name, variant)
     moved_lines: set[int] = set()
     out = []
     for run in sw.scenario_runs:
@@ -159,7 +163,7 @@ def attribute_moves(base: CoverageReport, sw: CoverageReport) -> Attribution:
                            if index not in compiled_steps]
         for c in sorted(parts.get(run["plan"], []), key=lambda c: c.at_s):
             for name, variant in step_kernels(c):
-                if startup.matches(name, variant):
+                if _vllm_would(startup, vllm_own, name, variant):
                     label = "vllm"
                 elif hits := traffic.matches(name, variant):
                     label = "moved"
@@ -176,6 +180,23 @@ def attribute_moves(base: CoverageReport, sw: CoverageReport) -> Attribution:
         out.append(ScenarioCost(COMPILE_WAIT, 0, sw.compile_wait_s))
     return Attribution(out, sum(s.seconds for s in out), moved_time_ms(base, sw, moved_lines),
                        sorted(moved_lines))
+
+
+def _vllm_would(startup: KernelIndex, vllm_own: KernelIndex, name: str, variant: str) -> bool:
+    """Whether the baseline's start-up compiled the kernel ``(name, variant)``.
+    A compile whose variant no detector told (a cache-scan count beside the
+    Triton hook's variants) is vLLM's only where the baseline's start-up
+    compiled a variant of the name that vLLM's own start-up in the stepwarm
+    run did not: one vLLM compiled itself in this process stepwarm cannot
+    have compiled again (run s25: a ``_topk_log_softmax_kernel`` counted
+    twice at one ``sampler-matrix`` step, one variant told, was labelled
+    ``vllm`` by name alone, though vLLM's own two variants were both compiled
+    by vLLM in the stepwarm run)."""
+    hits = startup.matches(name, variant)
+    if variant or not hits:
+        return bool(hits)
+    own = vllm_own.variants.get(name, set())
+    return any(not v or v not in own for _, v in hits)
 
 
 def moved_time_ms(base: CoverageReport, sw: CoverageReport, lines: set[int]) -> float:

@@ -308,3 +308,33 @@ def test_the_h200_run_with_one_pool_counts_the_ends_wait_in_the_ratio():
     assert sw.traffic_compiles == 0 and base.traffic_compiles == 13
     # Restarts wait for nothing: every variant loads from Triton's disk cache in the steps.
     assert CoverageReport.from_dict(both["stepwarm_restart"]).compile_wait_s == 0.0
+
+
+def test_a_compile_without_a_variant_is_vllms_only_where_vllm_left_that_variant(tmp_path):
+    """Run s25 (H100, vLLM 0.34, the 8B shape, FlashInfer's sampler): at
+    ``sampler-matrix`` step 61 the detectors counted two
+    ``_topk_log_softmax_kernel`` compiles and the Triton hook told one
+    variant. The other, by name alone, matched the baseline's start-up
+    variants; but vLLM compiled both of those itself in the stepwarm run, so
+    stepwarm cannot have: it is counted as moved (the baseline's traffic
+    compiled the name), and vLLM's label stays 0."""
+    both = json.loads(__import__("gzip").decompress(
+        (RESULTS / "h100-coverage-1206s25-034-llama-3.1-8b-fi.json.gz").read_bytes()))
+    reports = []
+    for mode in ("baseline", "stepwarm"):
+        (tmp_path / f"{mode}.json").write_text(json.dumps(both[mode]))
+        reports.append(CoverageReport.load(tmp_path / f"{mode}.json"))
+    base, sw = reports
+    assert both["attribution"]["totals"] == {"moved": 5, "vllm": 1, "extra": 0}  # as reported then
+    moves = attribute_moves(base, sw).to_dict()
+    assert moves["totals"] == {"moved": 6, "vllm": 0, "extra": 0}
+    matrix = next(s for s in moves["scenarios"] if s["scenario"] == "sampler-matrix")
+    assert matrix["kernels"] == [["_gumbel_sample_kernel", "moved"]] + [
+        ["_topk_log_softmax_kernel", "moved"]] * 5
+    # Where the stepwarm run's vLLM did not compile the baseline's start-up
+    # variant, a variant-less compile of that name is still vLLM's.
+    for c in sw.startup_compiles:
+        if c.owner == "vllm":
+            c.variants = [v for v in c.variants if v[0] != "_topk_log_softmax_kernel"]
+            c.kernels.pop("_topk_log_softmax_kernel", None)
+    assert attribute_moves(base, sw).to_dict()["totals"] == {"moved": 5, "vllm": 1, "extra": 0}
