@@ -860,6 +860,8 @@ def data_parallel_facts(vllm_config: Any) -> DataParallelFacts:
 #: ``BLOCK_SIZE_K`` and ``num_stages`` by 64 and 32, ``num_warps`` by 128):
 #: the first tier whose bound is at least M picks the tiles.
 MOE_DEFAULT_TIERS = (32, 64, 96, 128, 512)
+#: ... and its ``BLOCK_SIZE_M`` by M: 16 up to 32, 32 up to 96, 64 up to 512, else 128.
+MOE_DEFAULT_BLOCK_M = ((32, 16), (96, 32), (512, 64))
 #: The token counts most of vLLM's tuned fused MoE configs are tuned at
 #: (``benchmarks/kernels/benchmark_moe.py``'s batch sizes; 288 of the 0.34
 #: wheel's config files): the grid assumed where the deployment's is unknown.
@@ -869,22 +871,35 @@ MOE_TUNED_GRID = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536,
 
 def moe_kernel_tuning(vllm_config: Any) -> dict[str, Any] | None:
     """What picks the variant of vLLM's Triton ``fused_moe_kernel`` at a step
-    of M tokens, for a model with fused MoE layers (None for any other):
+    of M tokens, for a model with fused MoE layers whose kernel sees the
+    step's M (None for any other, and where it does not: data, context or
+    sequence parallel MoE gather the tokens of several ranks):
 
     * ``top_k``: experts per token; the kernel's ``num_valid_tokens`` is
-      M x top_k, an i32 Triton specializes on (a multiple of 16 or not);
-    * ``experts``: experts on this rank (``get_default_config`` groups M
-      blocks when M // experts is above 128);
-    * ``tuned_sizes``: the token counts of the tuned config vLLM loads for
-      this device and layer shape (``get_moe_configs``; the one nearest M
-      picks the tiles, ``try_get_optimal_moe_config``), ``[]`` where it has
-      none (then :data:`MOE_DEFAULT_TIERS`), None where stepwarm could not
-      read it (a quantized model, another release's signature).
+      M x top_k, an i32 Triton specializes on;
+    * ``experts``: experts on this rank (the tuned file's ``E``;
+      ``get_default_config`` groups M blocks when M // experts is above 128);
+    * ``align_experts``: the experts ``moe_align_block_size`` pads for
+      (global), which set the kernel's ``EM`` and whether it takes the naive
+      block assignment (M x top_k x 4 <= experts);
+    * ``tuned_sizes`` / ``tuned_block_m``: the token counts of the tuned
+      config vLLM loads for this device, dtype and layer shape
+      (``get_moe_configs``), in the file's order (the one nearest M picks the
+      tiles, the first on a tie: ``try_get_optimal_moe_config``), and each
+      one's ``BLOCK_SIZE_M``; ``[]`` where it has none (then
+      :data:`MOE_DEFAULT_TIERS`), None where stepwarm could not read it (a
+      quantized model, another release's signature).
 
     Read in the process that records (the engine core), on the deployment's
     device: the tuned file is per device name."""
     mc = getattr(vllm_config, "model_config", None)
     if mc is None or not bool(getattr(mc, "is_moe", False)):
+        return None
+    parallel = vllm_config.parallel_config
+    tp = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
+    dp = int(getattr(parallel, "data_parallel_size", 1) or 1)
+    pcp = int(getattr(parallel, "prefill_context_parallel_size", 1) or 1)
+    if dp * pcp > 1 or bool(getattr(parallel, "use_sequence_parallel_moe", False)):
         return None
     text = getattr(mc, "hf_text_config", None) or getattr(mc, "hf_config", None)
 
@@ -901,23 +916,25 @@ def moe_kernel_tuning(vllm_config: Any) -> dict[str, Any] | None:
         experts = first("num_experts", "n_routed_experts", "num_local_experts")
     top_k = first("num_experts_per_tok", "moe_topk", "top_k", "num_experts_per_token")
     inter = first("moe_intermediate_size", "intermediate_size")
-    parallel = vllm_config.parallel_config
-    tp = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
-    dp = int(getattr(parallel, "data_parallel_size", 1) or 1)
     if bool(getattr(parallel, "enable_expert_parallel", False)):
-        local, n = experts // max(tp * dp, 1), inter
+        local, n = experts // tp, inter
     else:
         local, n = experts, inter // tp
     tuned: list[int] | None = None
+    block_m: list[int] | None = None
+    dtype = {"torch.float32": "float32"}.get(str(getattr(mc, "dtype", "")))
     if getattr(mc, "quantization", None) is None and local > 0 and n > 0:
         try:
             from vllm.model_executor.layers.fused_moe.fused_moe import get_moe_configs
 
-            configs = get_moe_configs(local, n, None)
-            tuned = sorted(int(k) for k in configs) if configs else []
+            configs = get_moe_configs(local, n, dtype) or {}
+            tuned = [int(k) for k in configs]
+            block_m = [int(configs[k]["BLOCK_SIZE_M"]) for k in configs]
         except Exception as e:  # noqa: BLE001 - another release's signature, no device
             logger.debug("stepwarm: get_moe_configs not read: %s", e)
-    return {"top_k": top_k, "experts": local, "tuned_sizes": tuned}
+            tuned = block_m = None
+    return {"top_k": top_k, "experts": local, "align_experts": experts,
+            "tuned_sizes": tuned, "tuned_block_m": block_m}
 
 
 # --- Drafters and prefix caching (appended; issue 18) ------------------------

@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 from stepwarm.scenario.recording import (MoeTuning, Recording, RecordedRequest, RecordedStep,
                                          SamplerClassModel)
 from stepwarm.scenario.sweeps import next_power_of_2
-from stepwarm.vllm_facts import MOE_DEFAULT_TIERS, MOE_TUNED_GRID
+from stepwarm.vllm_facts import MOE_DEFAULT_BLOCK_M, MOE_DEFAULT_TIERS, MOE_TUNED_GRID
 from stepwarm.words import plural
 
 #: Sampler rows from which vLLM's top-k / top-p run its own kernel, not torch's sort.
@@ -85,31 +85,54 @@ class Row:
 
 def moe_class(n: int, moe: MoeTuning) -> tuple:
     """The ``fused_moe_kernel`` variant class of an eager step of ``n``
-    tokens: its tiles (``try_get_optimal_moe_config``: the tuned size nearest
-    ``n``, the smaller on a tie; with no tuned file ``get_default_config``'s
-    tier and whether it groups M blocks; where the deployment's tuned sizes
-    are unknown, both by :data:`MOE_TUNED_GRID`) and whether the kernel's
-    ``num_valid_tokens`` (n x top_k) is a multiple of 16 (Triton's i32
-    specialization; with top_k unknown, n's own factor of two up to 16)."""
+    tokens, as vLLM 0.26-0.34 launch it (``fused_experts_impl``,
+    ``_prepare_expert_assignment``, ``moe_align_block_size``,
+    ``invoke_fused_moe_triton_kernel``): its tiles (the tuned size nearest
+    ``n``, the first in the file on a tie; with no tuned file
+    ``get_default_config``'s tier and whether it groups M blocks; where the
+    deployment's tuned sizes are unknown, both by :data:`MOE_TUNED_GRID`),
+    the naive block assignment (n x top_k x 4 <= the experts aligned for),
+    and Triton's specialization of the two i32 arguments that change with
+    ``n``: ``num_valid_tokens`` (n x top_k) and ``EM`` (the padded sorted
+    length, from ``BLOCK_SIZE_M``): a multiple of 16, or 1. Where top_k is
+    unknown (0), n's own factor of two up to 16 stands for both."""
     def nearest(grid: Sequence[int]) -> int:
-        return min(sorted(grid), key=lambda g: abs(g - n))
+        return min(grid, key=lambda g: abs(g - n))  # the first on a tie, as vLLM's min()
 
     def tier() -> tuple:
         first = next((t for t in MOE_DEFAULT_TIERS if n <= t), None)
         return (first if first is not None else f">{MOE_DEFAULT_TIERS[-1]}",
                 moe.experts > 0 and n // moe.experts > 128)
 
+    default_bm = next((bm for bound, bm in MOE_DEFAULT_BLOCK_M if n <= bound), 128)
     if moe.tuned_sizes:
-        tiles: tuple = ("tuned", nearest(moe.tuned_sizes))
+        size = nearest(moe.tuned_sizes)
+        tiles: tuple = ("tuned", size)
+        bms = moe.tuned_block_m or []
+        bm = bms[moe.tuned_sizes.index(size)] if len(bms) == len(moe.tuned_sizes) else default_bm
     elif moe.tuned_sizes is None:
-        tiles = ("grid", nearest(MOE_TUNED_GRID), *tier())
+        tiles, bm = ("grid", nearest(MOE_TUNED_GRID), *tier()), default_bm
     else:
-        tiles = ("default", *tier())
-    if moe.top_k:
-        d16: object = (n * moe.top_k) % 16 == 0
+        tiles, bm = ("default", *tier()), default_bm
+    if not moe.top_k:
+        return ("moe", *tiles, min(n & -n, 16))
+    valid = n * moe.top_k
+    experts = moe.align_experts or moe.experts
+    naive = experts > 0 and valid * 4 <= experts
+    if naive:
+        em = valid * bm
     else:
-        d16 = min((n & -n), 16)
-    return ("moe", *tiles, d16)
+        em = valid + experts * (bm - 1)
+        if valid < experts:
+            em = min(valid * bm, em)
+        if n < bm:
+            em = min(em, valid * bm)
+    return ("moe", *tiles, naive, _i32_class(valid), _i32_class(em))
+
+
+def _i32_class(v: int) -> str:
+    """Triton's specialization of an i32 argument: 1, a multiple of 16, neither."""
+    return "1" if v == 1 else "16" if v % 16 == 0 else "n"
 
 
 def step_classes(step: RecordedStep, rows: list[Row], graph_sizes: list[int],
@@ -204,8 +227,9 @@ def moe_fill(rec: Recording, reached: set[tuple]) -> list[RecordedStep]:
     distribution lands between them (on a Qwen3-30B-A3B shape, a 751-token
     prompt compiled two ``fused_moe_kernel`` variants that a recording of
     1,070-10,110-token steps never reached). Each step is a batch of fresh
-    prompts no longer than the longest recorded prompt (so they fit the
-    engine's ``max_model_len``), greedy."""
+    prompts no longer than the longest chunk any request was sent in one
+    step (so they fit the engine's ``max_model_len`` and its
+    ``long_prefill_token_threshold``), greedy."""
     moe, graphs = rec.header.moe, rec.header.cudagraph_sizes
     if moe is None or not rec.steps:
         return []
@@ -213,8 +237,7 @@ def moe_fill(rec: Recording, reached: set[tuple]) -> list[RecordedStep]:
     eager = [st.tokens for _, _, st in rec.steps if st.tokens >= lo]
     if not eager:
         return []
-    longest = max(max(r.prompt, r.computed + r.scheduled) for _, _, st in rec.steps
-                  for r in st.reqs)
+    longest = max(r.scheduled for _, _, st in rec.steps for r in st.reqs)
     out: list[RecordedStep] = []
     seen = set(reached)
     for n in range(lo, max(eager) + 1):
@@ -443,19 +466,22 @@ def _class_text(c: tuple) -> str:
 
 
 def _moe_class_text(rest: list) -> str:
-    kind, *tiles, d16 = rest
+    kind, *tiles = rest
     if kind == "tuned":
-        where = f"tuned size {tiles[0]}"
+        where, tiles = f"tuned size {tiles[0]}", tiles[1:]
     else:
-        bound, grouped = tiles[-2:]
-        where = (f"size {tiles[0]} of the usual grid, " if kind == "grid" else "") + \
-            f"default tiles for {'<= ' if isinstance(bound, int) else ''}{bound} tokens" + \
-            (", grouped" if grouped else "")
-    if isinstance(d16, bool):
-        mult = "tokens x top_k " + ("a multiple of 16" if d16 else "not a multiple of 16")
-    else:
-        mult = f"tokens divisible by {d16}"
-    return f"fused MoE at {where}, {mult}"
+        size = ""
+        if kind == "grid":
+            size, tiles = f"size {tiles[0]} of the usual grid, ", tiles[1:]
+        bound, grouped, *tiles = tiles
+        where = (size + f"default tiles for {'<= ' if isinstance(bound, int) else ''}{bound} "
+                 "tokens" + (", grouped" if grouped else ""))
+    if len(tiles) == 1:
+        return f"fused MoE at {where}, tokens divisible by {tiles[0]}"
+    naive, valid, em = tiles
+    words = {"1": "1", "16": "a multiple of 16", "n": "neither 1 nor a multiple of 16"}
+    return (f"fused MoE at {where}{', naive blocks' if naive else ''}: tokens x top_k "
+            f"{words[valid]}, padded length {words[em]}")
 
 
 def scenario_text(rec: Recording, source: str) -> str:

@@ -64,7 +64,9 @@ class MoeTuning(_Strict):
 
     top_k: StrictInt = Field(ge=0)
     experts: StrictInt = Field(ge=0)
+    align_experts: StrictInt = Field(default=0, ge=0)
     tuned_sizes: list[StrictInt] | None = None
+    tuned_block_m: list[StrictInt] | None = None
 
 
 class RecordHeader(_Strict):

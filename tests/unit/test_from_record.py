@@ -356,7 +356,8 @@ def test_a_padded_waiting_request_is_written_with_its_one_token(tmp_path: Path) 
 
 def _moe_session(tuned: list[int] | None) -> str:
     head = json.loads(SESSION[0].replace("VLLM", vllm.__version__))
-    head.update(cudagraph_sizes=[8], moe={"top_k": 8, "experts": 4, "tuned_sizes": tuned})
+    head.update(cudagraph_sizes=[8], moe={"top_k": 2, "experts": 8, "align_experts": 8,
+                                          "tuned_sizes": tuned, "tuned_block_m": tuned})
     new = ('{"r":%d,"scheduled":20,"computed":0,"prompt":20,"new":true,"hit_blocks":0,'
            '"sampler":' + _G + '}')
     steps = [{"step": 0, "batch": 2, "tokens": 40, "finished": 0, "preempted": 0,
@@ -368,10 +369,11 @@ def _moe_session(tuned: list[int] | None) -> str:
 
 def test_fused_moe_classes_between_the_recorded_eager_sizes_are_filled(tmp_path: Path) -> None:
     """An eager step of an MoE model reaches the fused MoE tiles of its token
-    count (the nearest tuned size, the smaller on a tie) and whether tokens x
-    top_k is a multiple of 16; the classes no recorded step reached between
-    the CUDA-graph range (8) and the largest eager step (60) get a prefill
-    each, at their smallest count, in prompts no longer than the longest
+    count (the nearest tuned size, its BLOCK_SIZE_M) and Triton's classes of
+    tokens x top_k and of the padded length (tokens x 2 + 8 experts x
+    (BLOCK_SIZE_M - 1)); the classes no recorded step reached between the
+    CUDA-graph range (8) and the largest eager step (60) get a prefill each,
+    at their smallest count, in prompts no longer than the longest chunk
     recorded (20)."""
     path = tmp_path / "moe.jsonl"
     path.write_text(_moe_session([16, 32, 64]))
@@ -380,47 +382,106 @@ def test_fused_moe_classes_between_the_recorded_eager_sizes_are_filled(tmp_path:
     red = reduce_steps(r)
     recorded = [(st.tokens, sorted(c for c in cls if c[0] == "moe")) for _, s, st, cls in red.kept
                 if s >= 0]
-    assert recorded == [(40, [("moe", "tuned", 32, True)]), (60, [("moe", "tuned", 64, True)])]
-    filled = [(st.tokens, [q.prompt for q in st.reqs], sorted(c for c in cls if c[0] == "moe"))
+    # 40: 80 a multiple of 16, 80 + 8 x 31 = 328 not; 60: 120 not, 120 + 8 x 63 = 624 is
+    assert recorded == [(40, [("moe", "tuned", 32, False, "16", "n")]),
+                        (60, [("moe", "tuned", 64, False, "n", "16")])]
+    filled = [(st.tokens, [q.prompt for q in st.reqs], [c for c in cls if c[0] == "moe"])
               for _, s, st, cls in red.kept if s < 0]
     assert filled == [
-        (9, [9], [("moe", "tuned", 16, False)]),
-        (10, [10], [("moe", "tuned", 16, True)]),
-        (25, [13, 12], [("moe", "tuned", 32, False)]),
-        (49, [17, 16, 16], [("moe", "tuned", 64, False)]),
+        (9, [9], [("moe", "tuned", 16, False, "n", "n")]),  # 18; 18 + 120 = 138
+        (12, [12], [("moe", "tuned", 16, False, "n", "16")]),  # 24; 144
+        (16, [16], [("moe", "tuned", 16, False, "16", "n")]),  # 32; 152
+        (25, [13, 12], [("moe", "tuned", 32, False, "n", "n")]),  # the nearest tuned size: 32
+        (28, [14, 14], [("moe", "tuned", 32, False, "n", "16")]),
+        (49, [17, 16, 16], [("moe", "tuned", 64, False, "n", "n")]),  # 52 is 60's class
+        (56, [19, 19, 18], [("moe", "tuned", 64, False, "16", "n")]),
     ]
     out = tmp_path / "moe.toml"
     res = runner.invoke(app, ["scenario", "from-record", str(path), "-o", str(out),
                               "--model", "tiny-llama"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     text = out.read_text()
-    assert ("# --- segment 6: fused MoE at tuned size 64, tokens x top_k not a multiple of 16\n"
-            in text)
+    assert ("# --- segment 8: fused MoE at tuned size 64: tokens x top_k neither 1 nor a "
+            "multiple of 16, padded length neither 1 nor a multiple of 16\n" in text)
     assert "# not recorded: 49 tokens in 3 prompts, a fused MoE class between the recorded" in text
     data = tomllib.loads(text)
-    assert data["requests"]["fill3_0"] == {"prompt": 17, "sampling": "greedy"}
-    assert data["requests"]["fill3_1"] == {"prompt": 16, "count": 2, "sampling": "greedy"}
-    assert {"kind": "prefill", "requests": ["fill3_0", "fill3_1"]} in data["steps"]
+    assert data["requests"]["fill5_0"] == {"prompt": 17, "sampling": "greedy"}
+    assert data["requests"]["fill5_1"] == {"prompt": 16, "count": 2, "sampling": "greedy"}
+    assert {"kind": "prefill", "requests": ["fill5_0", "fill5_1"]} in data["steps"]
     plan, = plans_for([str(out)], tiny_profile())
-    assert sum(s.kind == "prefill" for s in plan.steps) == 6
+    assert sum(s.kind == "prefill" for s in plan.steps) == 9
 
 
 def test_fused_moe_tiles_without_a_tuned_file() -> None:
     from stepwarm.scenario.from_record import moe_class
     from stepwarm.scenario.recording import MoeTuning
 
-    default = MoeTuning(top_k=6, experts=8, tuned_sizes=[])
-    # get_default_config's tiers (32, 64, 96, 128, 512, above) and its grouping
-    # (tokens // experts > 128); 6 x n is a multiple of 16 when 8 divides n.
-    assert moe_class(513, default) == ("moe", "default", ">512", False, False)
-    assert moe_class(520, default) == ("moe", "default", ">512", False, True)
-    assert moe_class(516, default) == ("moe", "default", ">512", False, False)
-    assert moe_class(1024, default) == ("moe", "default", ">512", False, True)
-    assert moe_class(1040, default) == ("moe", "default", ">512", True, True)
-    assert moe_class(100, default) == ("moe", "default", 128, False, False)
+    default = MoeTuning(top_k=6, experts=8, align_experts=8, tuned_sizes=[])
+    # get_default_config's tiers (32, 64, 96, 128, 512, above; BLOCK_SIZE_M 128
+    # above 512) and its grouping (tokens // experts > 128); 513 x 6 = 3,078
+    # and 3,078 + 8 x 127 = 4,094: neither a multiple of 16.
+    assert moe_class(513, default) == ("moe", "default", ">512", False, False, "n", "n")
+    assert moe_class(520, default) == ("moe", "default", ">512", False, False, "16", "n")
+    assert moe_class(516, default) == ("moe", "default", ">512", False, False, "n", "16")
+    assert moe_class(1040, default) == ("moe", "default", ">512", True, False, "16", "n")
+    assert moe_class(100, default) == ("moe", "default", 128, False, False, "n", "16")
+    # 2 tokens x 6 x 4 <= 64 experts: the naive assignment, EM = 12 x 16
+    assert moe_class(2, MoeTuning(top_k=6, experts=64, tuned_sizes=[])) == (
+        "moe", "default", 32, False, True, "n", "16")
     # Unknown tuned sizes: the usual grid and the default tiers; top_k unknown:
     # n's factor of two, up to 16.
     unknown = MoeTuning(top_k=0, experts=0, tuned_sizes=None)
     assert moe_class(751, unknown) == ("moe", "grid", 512, ">512", False, 1)
     assert moe_class(904, unknown) == ("moe", "grid", 1024, ">512", False, 8)
     assert moe_class(1024, unknown) == ("moe", "grid", 1024, ">512", False, 16)
+
+
+@pytest.mark.parametrize("experts,top_k,width,tuned", [
+    (8, 2, 14336, True),     # Mixtral-shaped: 8 experts (EM's padding is not a multiple of 16)
+    (60, 4, 1408, False),    # Qwen2-MoE-shaped, no tuned file: get_default_config
+    (128, 8, 768, True),     # Qwen3-30B-A3B-shaped, the H200's tuned file
+])
+def test_equal_moe_classes_launch_the_same_fused_moe_variant(tmp_path, monkeypatch, experts, top_k,
+                                                            width, tuned):
+    """Two eager token counts of one class launch ``fused_moe_kernel`` with the
+    same variant key: vLLM's own ``try_get_optimal_moe_config`` (the tuned
+    file, here the 0.34 wheel's H200 one for Qwen3-30B-A3B named for this
+    device, or the default tiles) and the i32 arguments that change with the
+    count, ``num_valid_tokens`` and ``EM`` as ``fused_experts_impl`` sets
+    them (``moe_align_block_size``'s padded length, or the naive assignment's)."""
+    from vllm.model_executor.layers.fused_moe import fused_moe
+
+    from stepwarm.scenario.from_record import moe_class
+    from stepwarm.scenario.recording import MoeTuning
+
+    configs = Path(fused_moe.__file__).parent / "configs"
+    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
+    if tuned:
+        (tmp_path / fused_moe.get_config_file_name(experts, width, None)).write_text(
+            (configs / "E=128,N=768,device_name=NVIDIA_H200.json").read_text())
+    fused_moe.get_moe_configs.cache_clear()
+    try:
+        table = fused_moe.get_moe_configs(experts, width, None) or {}
+        moe = MoeTuning(top_k=top_k, experts=experts, align_experts=experts,
+                        tuned_sizes=list(table),
+                        tuned_block_m=[c["BLOCK_SIZE_M"] for c in table.values()])
+        assert bool(moe.tuned_sizes) == tuned
+        hidden = 4096
+        keys: dict[tuple, tuple] = {}
+        for m in [*range(1, 1100), *range(1100, 16385, 37)]:
+            config = fused_moe.try_get_optimal_moe_config(
+                (experts, 2 * width, hidden), (experts, hidden, width), top_k, None, m)
+            bm, valid = config["BLOCK_SIZE_M"], m * top_k
+            naive = valid * 4 <= experts
+            em = valid * bm if naive else valid + experts * (bm - 1)
+            if not naive and valid < experts:
+                em = min(valid * bm, em)
+            if not naive and m < bm:
+                em = min(em, valid * bm)
+            key = (tuple(sorted(config.items())), naive,
+                   *(("1" if v == 1 else v % 16 == 0) for v in (valid, em)))
+            c = moe_class(m, moe)
+            assert keys.setdefault(c, key) == key, (m, c)
+        assert len(keys) >= len({k for k in keys.values()})
+    finally:
+        fused_moe.get_moe_configs.cache_clear()

@@ -318,27 +318,39 @@ def test_moe_kernel_tuning_read_off_the_model_config(tmp_path, monkeypatch) -> N
     2 per token, expert width 128) has no tuned fused MoE file for this device
     (vLLM falls back to its default tiles: ``[]``); a tuned file in
     ``VLLM_TUNED_CONFIG_FOLDER`` for the shape on this rank gives its token
-    counts (with tensor parallelism the width is split, with expert
-    parallelism the experts); a dense model has none."""
+    counts in the file's order and each one's BLOCK_SIZE_M (with tensor
+    parallelism the width is split, with expert parallelism the experts); a
+    data parallel engine's MoE sees several ranks' tokens: none; a dense model
+    has none."""
     from vllm.config import ModelConfig, ParallelConfig, VllmConfig
-    from vllm.model_executor.layers.fused_moe.fused_moe import get_config_file_name
+    from vllm.model_executor.layers.fused_moe import fused_moe
 
     from stepwarm.zoo import write_model
 
     mc = ModelConfig(model=str(write_model("tiny-deepseek-v3-mtp")), skip_tokenizer_init=True,
                      max_model_len=256)
-    assert vllm_facts.moe_kernel_tuning(VllmConfig(model_config=mc)) == {
-        "top_k": 2, "experts": 4, "tuned_sizes": []}
-    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
-    tile = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1}
-    for tp, ep, (experts, width), sizes in ((2, False, (4, 64), ["64", "1", "8"]),
-                                            (2, True, (2, 128), ["16", "2"])):
-        (tmp_path / get_config_file_name(experts, width, None)).write_text(
-            json.dumps({k: tile for k in sizes}))
+    fused_moe.get_moe_configs.cache_clear()
+    try:
+        assert vllm_facts.moe_kernel_tuning(VllmConfig(model_config=mc)) == {
+            "top_k": 2, "experts": 4, "align_experts": 4, "tuned_sizes": [], "tuned_block_m": []}
+        monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
+        for tp, ep, (experts, width), sizes in ((2, False, (4, 64), ["64", "1", "8"]),
+                                                (2, True, (2, 128), ["16", "2"])):
+            (tmp_path / fused_moe.get_config_file_name(experts, width, None)).write_text(
+                json.dumps({k: {"BLOCK_SIZE_M": 4 * int(k), "BLOCK_SIZE_N": 32,
+                                "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1} for k in sizes}))
+            vc = VllmConfig(model_config=mc)
+            vc.parallel_config = ParallelConfig(tensor_parallel_size=tp,
+                                                enable_expert_parallel=ep)
+            assert vllm_facts.moe_kernel_tuning(vc) == {
+                "top_k": 2, "experts": experts, "align_experts": 4,
+                "tuned_sizes": [int(k) for k in sizes],
+                "tuned_block_m": [4 * int(k) for k in sizes]}
         vc = VllmConfig(model_config=mc)
-        vc.parallel_config = ParallelConfig(tensor_parallel_size=tp, enable_expert_parallel=ep)
-        assert vllm_facts.moe_kernel_tuning(vc) == {
-            "top_k": 2, "experts": experts, "tuned_sizes": sorted(int(k) for k in sizes)}
+        vc.parallel_config = ParallelConfig(data_parallel_size=2)
+        assert vllm_facts.moe_kernel_tuning(vc) is None
+    finally:
+        fused_moe.get_moe_configs.cache_clear()
     llama = ModelConfig(model=str(write_model("tiny-llama")), skip_tokenizer_init=True,
                         max_model_len=256)
     assert vllm_facts.moe_kernel_tuning(VllmConfig(model_config=llama)) is None
