@@ -146,6 +146,7 @@ def read_profile(worker: WorkerView) -> RunnerProfile:
         max_model_len=worker.max_model_len,
         max_num_seqs=int(cfg.scheduler_config.max_num_seqs),
         max_num_batched_tokens=int(cfg.scheduler_config.max_num_batched_tokens),
+        max_prefill_tokens=vllm_facts.max_prefill_tokens(cfg.scheduler_config),
         num_lookahead_tokens=int(getattr(cfg, "num_lookahead_tokens", 0) or 0),
         num_speculative_steps=worker.num_speculative_steps,
         decode_query_len=worker.decode_query_len,

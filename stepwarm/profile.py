@@ -233,10 +233,17 @@ class RunnerProfile(BaseModel):
     #: Which prefill chunk ends vLLM's scheduler puts on a Mamba block
     #: boundary in ``align`` mode
     #: (:func:`stepwarm.vllm_facts.scheduler_mamba_align_rule`): "0.29" each
-    #: before the prefill's end (vLLM 0.29 on); "0.26" only those before the
-    #: request's last block boundary (vLLM 0.26 - 0.28: a chunk may end inside
-    #: the last partial block).
+    #: before the prefill's end (vLLM 0.27 on); "0.26" only those before the
+    #: request's last block boundary (vLLM 0.26: a chunk may end inside the
+    #: last partial block).
     mamba_align_rule: Literal["0.26", "0.29"] = "0.29"
+    #: The most tokens one prefill chunk may take (the scheduler's
+    #: ``max_prefill_tokens`` in ``_mamba_block_aligned_split``:
+    #: ``max_num_scheduled_tokens``, less ``long_prefill_token_threshold``
+    #: where set; :func:`stepwarm.vllm_facts.max_prefill_tokens`); a Mamba
+    #: block wider than it advances by sub-block chunks in ``align`` mode.
+    #: 0: ``max_num_batched_tokens``.
+    max_prefill_tokens: int = Field(default=0, ge=0)
     #: Whether ``run_mixed_prefill_decode_warmup``'s decode request verifies a
     #: full set of drafts (``decode_query_len`` tokens) and its prefill tokens
     #: are split across requests of at most ``max_model_len - 1`` (vLLM 0.34),

@@ -1016,6 +1016,20 @@ def manager_takes_prefill_lookahead() -> bool:
     return "num_prefill_lookahead" in inspect.signature(KVCacheManager.__init__).parameters
 
 
+def max_prefill_tokens(scheduler_config: Any) -> int:
+    """The most tokens the installed scheduler puts in one prefill chunk of a
+    Mamba ``align`` request (``Scheduler._mamba_block_aligned_split``'s
+    ``max_prefill_tokens``): ``max_num_scheduled_tokens`` (vLLM 0.27 sets
+    it to ``max_num_batched_tokens`` less a draft model's slots for every
+    ``max_num_seqs``; 0.28 on, to the budget), less
+    ``long_prefill_token_threshold`` where that is set. A Mamba block wider
+    than it advances by sub-block chunks (vLLM 0.27 on)."""
+    budget = int(getattr(scheduler_config, "max_num_batched_tokens", 0) or 0)
+    cap = int(getattr(scheduler_config, "max_num_scheduled_tokens", None) or budget)
+    threshold = int(getattr(scheduler_config, "long_prefill_token_threshold", 0) or 0)
+    return min(cap, threshold) if threshold > 0 else cap
+
+
 def prefill_lookahead_tokens(vllm_config: Any) -> int:
     """The ``num_prefill_lookahead`` the installed vLLM's scheduler gives
     ``KVCacheManager`` (``Scheduler.__init__``, ``vllm/v1/core/sched/scheduler.py``):

@@ -995,8 +995,11 @@ class PlanBuilder:
         modelled: they only make chunks shorter. The prefill ends at the
         prompt, or, for a resumed request replaying its outputs, one token
         before its last (``max(num_prompt_tokens, num_tokens - 1)``). vLLM
-        0.26 - 0.28 (``RunnerProfile.mamba_align_rule`` "0.26") align only
-        ends before the request's last block boundary."""
+        0.26 (``RunnerProfile.mamba_align_rule`` "0.26") aligns only ends
+        before the request's last block boundary. A block is too wide for one
+        chunk when it is wider than the scheduler's ``max_prefill_tokens``
+        (``RunnerProfile.max_prefill_tokens``: on vLLM 0.27 a draft model's
+        slots come off it, and a ``long_prefill_token_threshold`` caps it)."""
         end = live.num_computed_tokens + n
         if end >= max(live.decl.prompt_len, live.num_tokens - 1):
             return
@@ -1005,14 +1008,15 @@ class PlanBuilder:
                 continue
             bs = spec.block_size
             if self.profile.mamba_align_rule == "0.26":
-                # vLLM 0.26 - 0.28 align only ends before the request's last
+                # vLLM 0.26 aligns only ends before the request's last
                 # block boundary (one block less beside an EAGLE-style drafter)
                 last = live.num_tokens - live.num_tokens % bs
                 if self._drops_eagle_block():
                     last = max(last - bs, 0)
                 if end >= last:
                     continue
-            if end % bs and bs <= self.profile.max_num_batched_tokens:
+            cap = self.profile.max_prefill_tokens or self.profile.max_num_batched_tokens
+            if end % bs and bs <= cap:
                 raise self._err(
                     f"request {live.decl.req_id!r}: prefill chunk ends at token {end}, not "
                     f"on a Mamba block boundary; allowed in Mamba align mode: a chunk "

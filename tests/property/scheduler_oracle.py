@@ -30,8 +30,9 @@ from typing import Any
 from stepwarm.plan import PlanBuilder, PlannedRequest, PlannedStep
 from stepwarm.profile import CacheSpec, RunnerProfile, tiny_profile
 from stepwarm.plan.output import PLACEHOLDER_DRAFT
-from stepwarm.vllm_facts import (model_runner_output, scheduler_caches_after_output,
-                                  scheduler_mamba_align_rule, scheduler_pad_rule)
+from stepwarm.vllm_facts import (max_prefill_tokens, model_runner_output,
+                                  scheduler_caches_after_output, scheduler_mamba_align_rule,
+                                  scheduler_pad_rule)
 
 #: Sampled tokens are OUTPUT_BASE + the request's ordinal: in no prompt, and
 #: no two requests' outputs alike.
@@ -88,6 +89,10 @@ class Config:
     #: scheduler takes it as EAGLE-like (``use_eagle``), its layer in the
     #: target's full-attention group.
     mtp: bool = False
+    #: ``SchedulerConfig.long_prefill_token_threshold`` (0: unset): the most
+    #: tokens one prefill chunk takes; a Mamba block wider than it advances
+    #: by sub-block chunks in align mode (vLLM 0.27 on).
+    long_prefill: int = 0
 
     @property
     def drafter_method(self) -> str:
@@ -161,6 +166,10 @@ class Config:
             pad_spec_decode=scheduler_pad_rule() if self.num_spec_tokens else "",
             caches_after_output=bool(self.num_spec_tokens) and scheduler_caches_after_output(),
             mamba_align_rule="0.26" if scheduler_mamba_align_rule() == "0.26" else "0.29",
+            # the scheduler's chunk cap, as the probe reads it (0.27: less a
+            # draft model's slots)
+            max_prefill_tokens=(max_prefill_tokens(sched.vllm_config.scheduler_config)
+                                if sched is not None else 0),
             mamba_cache_mode=self.mamba or "none",
         ))
 
@@ -221,7 +230,9 @@ def build_scheduler(cfg: Config) -> Any:
     sc = SchedulerConfig(max_num_seqs=cfg.max_num_seqs,
                          max_num_batched_tokens=cfg.max_num_batched_tokens,
                          max_model_len=cfg.max_model_len, is_encoder_decoder=False,
-                         enable_chunked_prefill=True)
+                         enable_chunked_prefill=True,
+                         **({"long_prefill_token_threshold": cfg.long_prefill}
+                            if cfg.long_prefill else {}))
     cc = CacheConfig(block_size=cfg.block_size, enable_prefix_caching=cfg.enable_caching,
                      **({"mamba_cache_mode": cfg.mamba} if cfg.mamba else {}))
     cc.num_gpu_blocks = cfg.num_blocks

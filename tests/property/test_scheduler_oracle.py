@@ -25,7 +25,7 @@ from stepwarm.profile import CacheSpec  # noqa: E402
 from stepwarm.vllm_facts import scheduler_caches_after_output  # noqa: E402
 from stepwarm.plan import PlanBuilder, PlanError  # noqa: E402
 from tests.property.scheduler_oracle import (  # noqa: E402
-    Arrival, Config, ConfigRefused, Replay, Unmodelled, eagle_group_flag, replay)
+    Arrival, Config, ConfigRefused, Replay, Unmodelled, build_scheduler, eagle_group_flag, replay)
 
 
 @st.composite
@@ -59,6 +59,13 @@ def streams(draw: st.DrawFn) -> tuple[Config, list[Arrival]]:
         enable_caching=mamba != "none" and draw(st.sampled_from([True, True, True, False])),
         num_spec_tokens=num_spec_tokens, eagle=eagle, eagle_own_group=own,
         draft_model=drafter == "draft_model", mtp=drafter == "mtp",
+        # a long-prefill threshold below the budget in 1 example of 6 (below
+        # a Mamba block too: sub-block chunks); at least a decode's width
+        # (below it vLLM 0.32 fails its own assertion padding a waiting request
+        # to 1 + num_speculative_tokens, and 0.27 sends a step of placeholder
+        # drafts alone)
+        long_prefill=draw(st.sampled_from([0] * 5 + [1]).flatmap(
+            lambda on: st.integers(1 + num_spec_tokens, 16) if on else st.just(0))),
     )
     # (drafts proposed, of them accepted) after each sampled step, cycled;
     # a model-based drafter proposes its num_spec_tokens every step
@@ -107,6 +114,9 @@ def test_every_step_is_the_schedulers(stream: tuple[Config, list[Arrival]]) -> N
         event("sliding window")
     if cfg.mamba is not None:
         event(f"Mamba {cfg.mamba}")
+    if cfg.long_prefill:
+        event("long_prefill_token_threshold" + (" below the Mamba block" if cfg.mamba and
+                                                cfg.long_prefill < cfg.block_size else ""))
     if cfg.eagle:
         event("EAGLE, own group" if cfg.eagle_own_group else "EAGLE")
     if cfg.draft_model:
@@ -570,12 +580,22 @@ def test_eagle_beside_a_mamba_align_group_is_the_schedulers_step_for_step() -> N
 
 
 def test_a_mamba_block_as_wide_as_the_budget_less_the_drafts_stalls_vllm() -> None:
-    """vLLM 0.26 - 0.34 (docs/findings.md): a draft model's slot comes off
-    the prefill budget (8 - 1 = 7 tokens), the align split floors a chunk
-    before the 8-token block boundary to 0, and the prompt is never
-    scheduled. The oracle refuses the stream as vLLM's, not stepwarm's."""
+    """vLLM 0.26 and 0.28 - 0.34 (docs/findings.md): a draft model's slot
+    comes off the prefill budget (8 - 1 = 7 tokens), the align split floors a
+    chunk before the 8-token block boundary to 0, and the prompt is never
+    scheduled. The oracle refuses the stream as vLLM's, not stepwarm's.
+    vLLM 0.27 takes the slot off ``max_num_scheduled_tokens`` itself (8 - 1
+    x max_num_seqs), so its align split sees a block wider than a chunk and
+    advances by sub-block chunks, the 8-token prompt in 7 then 1: stepwarm
+    plans the same (``RunnerProfile.max_prefill_tokens``), step for step."""
     cfg = Config(block_size=8, num_blocks=10, max_num_seqs=1, max_num_batched_tokens=8,
                  max_model_len=32, num_spec_tokens=1, mamba="align", draft_model=True)
+    from stepwarm.vllm_facts import max_prefill_tokens
+
+    if max_prefill_tokens(build_scheduler(cfg).vllm_config.scheduler_config) < 8:
+        r = replay(cfg, [Arrival(0, 8, 24)])
+        assert [t.tokens for t, _ in r.pairs][:2] == [{"r0": 7}, {"r0": 1}]
+        return
     with pytest.raises(ConfigRefused, match=r"vLLM's scheduler sent 20 empty steps in a row with "
                                             r"1 request\(s\) waiting \(block 8, "
                                             r"max_num_batched_tokens 8, Mamba align, drafter "

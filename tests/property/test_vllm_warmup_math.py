@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from tests.property.oracle import Oracle, vllm_spec
@@ -57,8 +57,28 @@ def _vllm_count(n: int, spec, cfg: KVConfig) -> int:
     )
 
 
+def _unwraps_uniform_specs() -> bool:
+    """Whether the installed ``_reserved_block_count`` reads a
+    ``UniformTypeKVCacheSpecs`` group by its first spec (vLLM 0.29 on, and
+    0.26 - 0.27 have no such spec kinds to miss). vLLM 0.28 counts a uniform
+    group of cross-attention, ring or Mamba layers as full attention: its
+    warmup reserves 2 blocks where ``KVCacheManager`` holds 1 (a uniform
+    cross-attention group, a 1-token encoder input, 1-token blocks) - vLLM's
+    disagreement with itself, not stepwarm's (stepwarm's tables are the
+    manager's)."""
+    import inspect
+
+    from vllm.v1.worker.gpu import warmup
+
+    source = inspect.getsource(warmup._reserved_block_count)
+    return "UniformTypeKVCacheSpecs" in source or "CrossAttentionSpec" not in source
+
+
 @given(data=st.data(), cfg=kv_configs(kinds=SCHEDULED_KINDS))
 def test_reserved_block_count_matches_oracle(data, cfg: KVConfig) -> None:
+    if not _unwraps_uniform_specs():
+        assume(not any(s.uniform_type and s.kind in ("cross_attention", "circular_buffer", "mamba")
+                       for s in cfg.specs))
     specs = tuple(vllm_spec(s) for s in cfg.specs)
     o = Oracle(specs, cfg.num_blocks, cfg.max_model_len, cfg.num_lookahead_tokens,
                cfg.enable_caching)

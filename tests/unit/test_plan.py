@@ -130,6 +130,19 @@ def test_mamba_align_prefill_chunks_end_on_block_boundaries():
                     max_model_len=256, max_num_batched_tokens=64)
     wide.add_request(PlannedRequest(A, 200))
     assert wide.step("chunked_prefill", "c", prefill={A: 50}).total_num_scheduled_tokens == 50
+    # ... and so does a block wider than the scheduler's chunk limit
+    # (max_num_scheduled_tokens less long_prefill_token_threshold, 12 here),
+    # though not wider than the budget; without the limit the chunk is refused.
+    for limit, ok in ((12, True), (0, False)):
+        capped = _builder(kv_cache_groups=(CacheSpec(kind="mamba", block_size=16,
+                                                     mamba_cache_mode="align"),),
+                          max_model_len=128, max_num_batched_tokens=64, max_prefill_tokens=limit)
+        capped.add_request(PlannedRequest(A, 40))
+        if ok:
+            assert capped.step("chunked_prefill", "c", prefill={A: 12}).total_num_scheduled_tokens == 12
+        else:
+            with pytest.raises(PlanError, match="prefill chunk ends at token 12, not on a Mamba"):
+                capped.step("chunked_prefill", "c", prefill={A: 12})
 
 
 def test_mamba_align_resume_chunk_may_end_one_token_before_the_last():

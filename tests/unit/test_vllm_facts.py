@@ -354,3 +354,21 @@ def test_moe_kernel_tuning_read_off_the_model_config(tmp_path, monkeypatch) -> N
     llama = ModelConfig(model=str(write_model("tiny-llama")), skip_tokenizer_init=True,
                         max_model_len=256)
     assert vllm_facts.moe_kernel_tuning(VllmConfig(model_config=llama)) is None
+
+
+def test_max_prefill_tokens_is_the_schedulers_chunk_limit() -> None:
+    """``_mamba_block_aligned_split``'s ``max_prefill_tokens``, read off a real
+    ``SchedulerConfig``: the budget, ``max_num_scheduled_tokens`` where set
+    (vLLM 0.27 sets it to the budget less a draft model's slots), less a
+    ``long_prefill_token_threshold``."""
+    from vllm.config import SchedulerConfig
+
+    def config(**kw):
+        return SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=256,
+                               is_encoder_decoder=False, enable_chunked_prefill=True, **kw)
+
+    assert vllm_facts.max_prefill_tokens(config()) == 64
+    assert vllm_facts.max_prefill_tokens(config(long_prefill_token_threshold=16)) == 16
+    capped = config()
+    capped.max_num_scheduled_tokens = 60
+    assert vllm_facts.max_prefill_tokens(capped) == 60
