@@ -41,6 +41,11 @@ WIDE_SPREAD = 0.25
 #: between processes (a child's allocations, clocks, core) that rounds within
 #: one pair cannot cancel.
 PROCESS_DRIFT = 0.05
+#: A step whose median time is below this (ms) on both sides is at the timer's
+#: resolution: a step that schedules no tokens launches no kernels, and CUDA
+#: events around nothing read about 1.3 microseconds (s28, an H100). Its
+#: ratio is not computed (:attr:`Ratio.idle`): not gated, no drift.
+TIMER_FLOOR_MS = 0.01
 #: Bootstrap resamples for a ratio's confidence interval, and its level.
 BOOTSTRAP = 2000
 CONFIDENCE = 0.95
@@ -140,13 +145,16 @@ class Ratio:
     #: ``median(B) / median(A)`` within each pair of child processes
     #: (``--processes``), in the order they ran; one value for one pair.
     per_process: list[float] = field(default_factory=list)
+    #: Both medians below :data:`TIMER_FLOOR_MS`: nothing to compare (the
+    #: ratio is 1.0 and the interval [1, 1], kept for the JSON's shape).
+    idle: bool = False
 
     @property
     def drift(self) -> float:
         """How far the pairs' ratios lie apart, over the ratio: ``(max - min) /
         ratio`` (0 for one pair). Above :data:`PROCESS_DRIFT` a second run
         of the same command may not land within its interval."""
-        if len(self.per_process) < 2 or not self.ratio:
+        if len(self.per_process) < 2 or not self.ratio or self.idle:
             return 0.0
         return (max(self.per_process) - min(self.per_process)) / self.ratio
 
@@ -224,6 +232,9 @@ def compare_pairs(pairs: Sequence[tuple[BenchReport, BenchReport]], seed: int = 
         ratios.sort()
         pooled_a = [t for ts in ta for t in ts]
         pooled_b = [t for ts in tb for t in ts]
+        if max(percentile(pooled_a, 50), percentile(pooled_b, 50)) < TIMER_FLOOR_MS:
+            out.append(Ratio(step.index, step.label, 1.0, 1.0, 1.0, False, idle=True))
+            continue
         out.append(Ratio(
             step.index, step.label, percentile(pooled_b, 50) / percentile(pooled_a, 50),
             percentile(ratios, tail), percentile(ratios, 100 - tail),
@@ -234,7 +245,7 @@ def compare_pairs(pairs: Sequence[tuple[BenchReport, BenchReport]], seed: int = 
 
 def gate(ratios: Sequence[Ratio], pct: float) -> list[Ratio]:
     """The steps slower beyond the noise: the whole interval above ``1 + pct/100``."""
-    return [r for r in ratios if r.low > 1 + pct / 100]
+    return [r for r in ratios if not r.idle and r.low > 1 + pct / 100]
 
 
 def merge(rounds: Sequence[BenchReport]) -> BenchReport:

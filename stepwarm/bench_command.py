@@ -12,8 +12,12 @@ import csv
 import io
 import json
 import os
+import queue
+import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +42,14 @@ if TYPE_CHECKING:
 
 #: Exit status of ``--gate``: a step slower beyond the noise.
 GATE_FAILED = 4
+
+#: ``--child-timeout``'s default, seconds: a child's engine start, and each of
+#: its answers (a round of repeats), is bounded by it. s28 on an H100: a B
+#: child's engine start never answered and the bench waited until killed.
+CHILD_TIMEOUT_S = 1800.0
+
+#: The signal on which a child prints every thread's Python stack (stderr).
+STACKS_SIGNAL = getattr(signal, "SIGUSR1", None)
 #: The prefix of the children's protocol lines on stdout (vLLM may print there too).
 PREFIX = "STEPWARM-BENCH "
 
@@ -90,6 +102,10 @@ def print_ratios(ratios: Sequence[Ratio], a: str, b: str) -> None:
                   + (f", {pairs} pairs of processes" if pairs > 1 else ""))
     drifted = False
     for r in ratios:
+        if r.idle:
+            console.print(f"{r.index:>4}  {r.label[:34]:<34}      -  at the timer's resolution "
+                          "(no kernels)")
+            continue
         drift = r.drift > PROCESS_DRIFT
         drifted = drifted or drift
         console.print(f"{r.index:>4}  {r.label[:34]:<34} {r.ratio:6.3f} [{r.low:.3f}, {r.high:.3f}]"
@@ -99,7 +115,7 @@ def print_ratios(ratios: Sequence[Ratio], a: str, b: str) -> None:
     if drifted:
         print_wrapped(f"drift: the pairs' ratios lie more than {PROCESS_DRIFT:.0%} apart; the "
                       "interval holds it")
-    elif pairs == 1 and any(not r.noisy for r in ratios):
+    elif pairs == 1 and any(not r.noisy and not r.idle for r in ratios):
         print_wrapped("one pair of processes: drift between processes is not measured "
                       "(--processes 3 measures it)")
 
@@ -174,6 +190,20 @@ def write_outputs(reports: dict[str, BenchReport], ratios: Sequence[Ratio] | Non
         plot(reports, plot_out)
 
 
+def stacks_on_signal() -> None:
+    """In a ``--child``, as it starts (before its engine): print every
+    thread's Python stack to stderr on :data:`STACKS_SIGNAL`, which the
+    parent sends before it ends a child that did not answer in time."""
+    import faulthandler
+
+    if STACKS_SIGNAL is not None:
+        faulthandler.register(STACKS_SIGNAL, file=sys.stderr, all_threads=True)
+
+
+class ChildTimeout(RuntimeError):
+    """A child did not answer within ``--child-timeout``; it was ended."""
+
+
 def run_child(worker: WorkerView, plan: Any, profile: Any) -> None:
     """The ``--child`` side: announce the plan's shapes, then serve the
     parent's commands."""
@@ -184,26 +214,55 @@ def run_child(worker: WorkerView, plan: Any, profile: Any) -> None:
 
 
 class Child:
-    """A ``stepwarm bench --child`` process and its protocol."""
+    """A ``stepwarm bench --child`` process and its protocol. Every answer is
+    awaited at most ``timeout`` seconds: a child that does not answer prints
+    its Python stacks and is ended (:class:`ChildTimeout`)."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str]):
-        self.name = name
+    def __init__(self, name: str, argv: list[str], env: dict[str, str],
+                 timeout: float = CHILD_TIMEOUT_S):
+        self.name, self.timeout = name, timeout
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=sys.stderr, env=env, text=True, bufsize=1)
-        self.ready = self.reply()  # the plan's shapes, or the reason it is not ready
+        self._answers: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, name=f"bench-child-{name}", daemon=True).start()
+        # the plan's shapes, or the reason it is not ready
+        self.ready = self.reply("its engine's start and plan")
 
-    def reply(self) -> dict[str, Any]:
+    def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             if line.startswith(PREFIX):
-                return json.loads(line[len(PREFIX):])
-        raise RuntimeError(f"{self.name}: the child exited ({self.proc.wait()}) before answering")
+                self._answers.put(line[len(PREFIX):])
+        self._answers.put(None)  # the child closed its stdout: it exited
+
+    def reply(self, awaiting: str = "an answer") -> dict[str, Any]:
+        try:
+            line = self._answers.get(timeout=self.timeout)
+        except queue.Empty:
+            self._end_hung()
+            raise ChildTimeout(
+                f"{self.name}: no answer in {self.timeout:g} s ({awaiting}); its Python stacks "
+                "are above (stderr); it was ended (--child-timeout)") from None
+        if line is None:
+            raise RuntimeError(f"{self.name}: the child exited ({self.proc.wait()}) before "
+                               "answering")
+        return dict(json.loads(line))
+
+    def _end_hung(self) -> None:
+        if STACKS_SIGNAL is not None and self.proc.poll() is None:
+            try:
+                self.proc.send_signal(STACKS_SIGNAL)
+                time.sleep(2)  # faulthandler writes from its signal handler
+            except OSError:
+                pass
+        self.proc.kill()
+        self.proc.wait()
 
     def send(self, command: str) -> dict[str, Any]:
         assert self.proc.stdin is not None
         self.proc.stdin.write(command + "\n")
         self.proc.stdin.flush()
-        return self.reply()
+        return self.reply(f"{command!r}")
 
     def close(self) -> None:
         try:
@@ -217,7 +276,8 @@ class Child:
 
 def run_compare(argv_a: list[str], argv_b: list[str], env_b: dict[str, str], python_b: str | None,
                 rounds: int, repeat: int, warmup: int, processes: int = 1,
-                on_pair: Callable[[int], None] | None = None
+                on_pair: Callable[[int], None] | None = None,
+                child_timeout: float = CHILD_TIMEOUT_S
                 ) -> list[tuple[BenchReport, BenchReport]]:
     """``processes`` times, one after another: start A and B as children,
     interleave their rounds, end both. Returns each pair's (A, B) reports.
@@ -231,9 +291,10 @@ def run_compare(argv_a: list[str], argv_b: list[str], env_b: dict[str, str], pyt
     for p in range(processes):
         if on_pair is not None:
             on_pair(p)
-        children = {"A": Child("A", [sys.executable, *argv_a], env_a)}
+        children = {"A": Child("A", [sys.executable, *argv_a], env_a, child_timeout)}
         try:
-            children["B"] = Child("B", [python_b or sys.executable, *argv_b], {**env_a, **env_b})
+            children["B"] = Child("B", [python_b or sys.executable, *argv_b], {**env_a, **env_b},
+                                  child_timeout)
             same_plans(children["A"].ready.get("shapes"), children["B"].ready.get("shapes"))
             got = interleave({n: c.send for n, c in children.items()}, rounds, per_round, warmup)
         finally:

@@ -1370,6 +1370,7 @@ def bench(
     plot_out: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE", parser=typed_path, help="Draw each step's times and the batch sweeps (.png or .svg; needs matplotlib).")] = None,
     trace: Annotated[Optional[int], typer.Option("--trace", metavar="STEP", parser=whole_number, help="After the measured repeats, one more with the torch profiler on around step STEP (its index, from 0).")] = None,
     trace_out: Annotated[Optional[Path], typer.Option("--trace-file", metavar="FILE", parser=typed_path, help="Where --trace writes its Chrome trace (default: stepwarm-trace-NAME-N.json, NAME the scenario, N the step).")] = None,
+    child_timeout: Annotated[float, typer.Option("--child-timeout", metavar="S", parser=number, help="With B: the longest wait for a child process's engine start and for each of its answers (a round of repeats); a child past it prints its Python stacks and is ended (exit 1). Default 1800.")] = 1800.0,
     child: Annotated[bool, typer.Option("--child", hidden=True)] = False,
     verbose: Verbose = False,
     quiet: Quiet = False,
@@ -1384,8 +1385,11 @@ def bench(
     processes, their rounds interleaved; per step B / A with a 95 % bootstrap
     interval. Exit status: 0 measured; 1 a step failed; 2 bad input; 4 --gate.
     """
-    setup_errors = _setup(verbose, quiet)
     from stepwarm import bench_command as bc
+
+    if child:  # before the engine starts: a hung start can say where it hangs
+        bc.stacks_on_signal()
+    setup_errors = _setup(verbose, quiet)
     from stepwarm.driver import StepFailed
 
     env_b, errors = bc.parse_env(against_env or [])
@@ -1405,6 +1409,8 @@ def bench(
                       "with --against-e, --against-env or --against-python")
     errors += bc.check_python(against_python, env_b)
     comparing = bool(against_e or against_env or against_python)
+    if not 0 < child_timeout <= 86400:
+        errors.append(f"--child-timeout {child_timeout:g}: seconds, above 0 and at most 86400")
     errors += bc.check_plot_and_trace(plot_out, trace, trace_out, comparing)
     errors += bc.check_gate(gate_pct, comparing)
     if trace is not None:
@@ -1435,7 +1441,7 @@ def bench(
         try:
             pairs = bc.run_compare(base, base + [a for e in against_e or [] for a in ("-e", e)],
                                    env_b, against_python, rounds, repeat, warmup, processes,
-                                   on_pair=starting)
+                                   on_pair=starting, child_timeout=child_timeout)
         except KeyboardInterrupt:
             _stopped(f"bench stopped while A and B ran {scenario} (each in a child process, "
                      "ended with this one)", "nothing was measured to the end; no report was "

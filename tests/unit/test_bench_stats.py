@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import sys
+import time
+
+import psutil
 import pytest
 
 from stepwarm.bench import (
@@ -144,6 +150,27 @@ def test_pairs_of_processes_that_drift_widen_the_interval_to_hold_both():
     assert single.drift == 0.0
 
 
+def test_a_step_at_the_timers_resolution_is_not_compared_gated_or_drifting(capsys):
+    """s28 (H100): the finish and cleanup steps schedule no tokens and launch
+    no kernels; their device times (1.28-1.31 microseconds) gave 1.000 [0.975,
+    1.025] marked drift. Below TIMER_FLOOR_MS on both sides nothing is compared."""
+    from stepwarm.bench import TIMER_FLOOR_MS, compare_pairs, gate
+    from stepwarm.bench_command import print_ratios
+
+    tick = [0.00128, 0.00131] * 6
+    p1 = (_report([0.07] * 12, device=tick), _report([0.08] * 12, device=tick[::-1][:11] + [0.00128]))
+    p2 = (_report([0.07] * 12, device=[0.00131] * 12), _report([0.07] * 12, device=[0.00128] * 12))
+    r, = compare_pairs([p1, p2])
+    assert r.idle and (r.ratio, r.low, r.high, r.drift) == (1.0, 1.0, 1.0, 0.0)
+    assert gate([dataclasses.replace(r, low=2.0)], 5) == []
+    print_ratios([r], "a", "b")
+    assert "at the timer's resolution (no kernels)" in capsys.readouterr().out
+    # just above the floor on one side: compared
+    busy = (_report([0.07] * 12, device=[TIMER_FLOOR_MS * 1.5] * 12), _report([0.07] * 12, device=tick))
+    r2, = compare_pairs([busy])
+    assert not r2.idle and r2.ratio == pytest.approx(0.001295 / 0.015)
+
+
 def test_pairs_that_planned_different_steps_do_not_compare():
     from stepwarm.bench import compare_pairs
 
@@ -202,3 +229,46 @@ def test_the_sleep_before_a_measured_step_outlasts_its_warm_up_host_time():
     assert hide_host_ms(4.0) == 4.0 * HIDE_HOST_FACTOR + HIDE_HOST_MARGIN_MS == 5.5
     assert hide_host_ms(0.0) == 0.5
     assert hide_host_ms(10_000.0) == HIDE_HOST_MAX_MS == 500.0  # a compile in the warm-up
+
+
+HANGING_CHILD = '''
+import sys, time
+from stepwarm.bench_command import stacks_on_signal
+stacks_on_signal()
+
+
+def engine_start_that_never_ends():
+    time.sleep(120)
+
+
+engine_start_that_never_ends()
+'''
+
+
+def test_a_child_that_never_answers_prints_its_stacks_and_is_ended(tmp_path, capfd):
+    """s28: a B child's engine start never answered and the bench waited
+    until it was killed. Now the wait is bounded: the child's Python stacks
+    (stepwarm's ``--child`` handler, registered before its engine starts)
+    reach stderr, the child is ended, and the error names it."""
+    from stepwarm.bench_command import Child, ChildTimeout
+
+    script = tmp_path / "hang.py"
+    script.write_text(HANGING_CHILD)
+    t0 = time.monotonic()
+    with pytest.raises(ChildTimeout, match=r"^B: no answer in 1.5 s \(its engine's start and "
+                       r"plan\); its Python stacks are above \(stderr\); it was ended"):
+        Child("B", [sys.executable, str(script)], dict(os.environ), timeout=1.5)
+    assert time.monotonic() - t0 < 30
+    err = capfd.readouterr().err
+    assert "engine_start_that_never_ends" in err and "hang.py" in err  # faulthandler's stack
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if str(script) in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_child_that_exits_before_answering_is_said_at_once(tmp_path):
+    from stepwarm.bench_command import Child
+
+    script = tmp_path / "gone.py"
+    script.write_text("import sys; sys.exit(3)\n")
+    with pytest.raises(RuntimeError, match=r"^A: the child exited \(3\) before answering$"):
+        Child("A", [sys.executable, str(script)], dict(os.environ), timeout=60)
