@@ -140,7 +140,7 @@ def with_prefix_fills(plan: Plan, profile: RunnerProfile) -> tuple[Plan, tuple[i
             block wider than ``max_num_batched_tokens``).
     """
     ctx = ReservationContext.of(profile)
-    chunk = _fill_chunk(profile)
+    chunk = 0  # found at the first hit: a plan with none needs no fill chunk
     steps: list[PlannedStep] = []
     origin: list[int] = []
     requests = list(plan.requests)
@@ -160,6 +160,7 @@ def with_prefix_fills(plan: Plan, profile: RunnerProfile) -> tuple[Plan, tuple[i
                                           name="verify_fill", index=len(steps)))
             fill_ids.append(fid)
             name = plan.display_name(row.req_id)
+            chunk = chunk or _fill_chunk(profile)
             for start in range(0, n, chunk):
                 size = min(chunk, n - start)
                 first = start == 0
@@ -379,10 +380,13 @@ def verify(llm: Any, worker: WorkerView, plan: Plan, profile: RunnerProfile,
         return VerifyReport(plan=plan.name, skipped="no request samples a token" + (
             f" with an encoder input ({len(silent)} without)" if silent else ""))
     try:
+        driven, origin = with_prefix_fills(as_greedy(plan), profile)
+    except ValueError as e:  # a hit whose blocks cannot be filled as the scheduler would
+        return VerifyReport(plan=plan.name, skipped=f"its prefix hits cannot be filled: {e}")
+    try:
         reference = reference_tokens(llm, worker, plan, profile, counts)
     except ReferenceFailed as e:
         return VerifyReport(plan=plan.name, skipped=str(e))
-    driven, origin = with_prefix_fills(as_greedy(plan), profile)
     history = OutputHistory(expected=reference, reject_drafts_from=reject_drafts_from,
                             vocab_size=profile.vocab_size)
     report = drive(worker, driven, profile, tokens=history)

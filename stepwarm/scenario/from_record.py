@@ -27,14 +27,15 @@ when it reaches a class no kept step reached: each class at the smallest
 batch that reaches it, and in that order in the scenario, so that each class
 is first reached (and its variant compiled) in one segment only. Each kept
 step becomes a segment: its requests declared, made ready (prefilled for the
-decoders, a first chunk for a chunk's continuation), the step itself, then
-finished. Encoder inputs are recorded but not reproduced (the segment's
+decoders, a first part for a chunk's continuation, in chunks within the
+recorded budget: :class:`ChunkRule`), the step itself, then finished. Encoder inputs are recorded but not reproduced (the segment's
 comment says so).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -290,6 +291,7 @@ class _Segment:
         self.requests: list[str] = []
         self.steps: list[str] = []
         self.names: list[str] = []
+        self.counts: list[int] = []  # each name's count
         self.notes: list[str] = []
 
     def request(self, prompt: int, count: int, row: Row) -> str:
@@ -306,6 +308,7 @@ class _Segment:
             text += "structured_output = true\n"
         self.requests.append(text)
         self.names.append(name)
+        self.counts.append(count)
         return name
 
     def step(self, kind: str, comment: str = "", **fields: Any) -> None:
@@ -330,9 +333,50 @@ def _sampler_key(r: Row) -> str:
     return r.sampler.model_dump_json() if r.sampler is not None else ""
 
 
+@dataclass(frozen=True)
+class ChunkRule:
+    """How the ready part of a continued prefill (the tokens the recorded
+    step found computed) is sent, read off the recording: no step above the
+    header's ``max_num_batched_tokens``, no chunk a request longer than the
+    longest prompt chunk the scheduler sent (its ``long_prefill_token_threshold``,
+    which the header does not hold), and every chunk that does not end the
+    ready part on a multiple of the recorded chunk ends' common divisor (on a
+    Mamba align runner the scheduler ends chunks on its block: the divisor is
+    a multiple of it)."""
+
+    budget: int
+    longest: int
+    align: int = 1
+
+    @classmethod
+    def of(cls, rec: Recording) -> ChunkRule:
+        ends, longest = [], 1
+        for _, sess, st in rec.steps:
+            for r in rows_of(rec, sess, st):
+                if r.decoding:
+                    continue
+                longest = max(longest, r.prompt_tokens)
+                if r.req.computed:
+                    ends.append(r.req.computed)
+                if r.req.computed + r.req.scheduled < r.req.prompt:
+                    ends.append(r.req.computed + r.req.scheduled)
+        return cls(rec.header.max_num_batched_tokens, longest, math.gcd(*ends) if ends else 1)
+
+    def chunks(self, computed: int, requests: int) -> tuple[int, int, int]:
+        """``(chunk, repeat, rest)``: ``repeat`` chunks of ``chunk`` tokens a
+        request, then one of ``rest`` (0: none), that make ``computed``."""
+        per = max(1, min(self.budget // max(requests, 1), self.longest, computed))
+        chunk = per // self.align * self.align or per
+        return chunk, computed // chunk, computed % chunk
+
+
+#: A recording's chunk rule where none is given (a budget no chunk reaches).
+NO_CHUNK_LIMIT = ChunkRule(1 << 62, 1 << 62)
+
+
 def segment(step: RecordedStep, rows: list[Row], block_size: int, line: int,
             stands_for: list[int], what: str = "",
-            prefix: str = "s") -> tuple[_Segment, set[str]]:
+            prefix: str = "s", rule: ChunkRule = NO_CHUNK_LIMIT) -> tuple[_Segment, set[str]]:
     """The scenario text for one kept step, and the ``needs`` it adds.
 
     The recorded step is sent as one step of the same requests and tokens
@@ -392,9 +436,19 @@ def segment(step: RecordedStep, rows: list[Row], block_size: int, line: int,
     all_dec = [n for names in dec_names.values() for n in names]
     if all_dec:
         seg.step("prefill", "the decoders' prompts", requests=all_dec)
+    counts = {n: c for n, c in zip(seg.names, seg.counts)}
     for computed, group_names in _group(continued, lambda c: c[0]):
-        seg.step("prefill", f"the first {computed} tokens of a chunked prefill",
-                 requests=[n for _, n in group_names], tokens=computed)
+        names = [n for _, n in group_names]
+        chunk, repeat, rest = rule.chunks(computed, sum(counts[n] for n in names))
+        said = f"the first {computed} tokens of a chunked prefill"
+        if repeat == 1 and not rest:
+            seg.step("prefill", said, requests=names, tokens=computed)
+            continue
+        said += f", in chunks within max_num_batched_tokens {rule.budget}"
+        seg.step("chunked_prefill", said, requests=names, tokens=chunk,
+                 **({"repeat": repeat} if repeat > 1 else {}))
+        if rest:
+            seg.step("chunked_prefill", requests=names, tokens=rest)
     # The step itself.
     what = what or (f"recorded step {step.step} (line {line}): batch {step.batch}, "
                     f"{plural(step.tokens, 'token')}; stands for recorded "
@@ -424,6 +478,10 @@ def segment(step: RecordedStep, rows: list[Row], block_size: int, line: int,
             fields["partial"] = [n for d in drafts[:-1] for n in dec_names[d]]
         seg.step("mixed_decode", what, **fields)
     if hits and not as_hits:
+        # the step's requests end first: the hits on their own must not run
+        # beside a batch that was already full (max_num_seqs)
+        seg.step("finish", requests=seg.names)
+        before = len(seg.names)
         hit_names = []
         for _, group in _group(hits, lambda r: (_sampler_key(r), r.req.prompt)):
             r0 = group[0].req
@@ -433,6 +491,8 @@ def segment(step: RecordedStep, rows: list[Row], block_size: int, line: int,
         for cached, group_names in _group(hit_names, lambda h: h[0]):
             seg.step("prefix_hit", "the same step's prefix hits, on their own",
                      requests=[n for _, n in group_names], cached=cached)
+        seg.step("finish", requests=seg.names[before:])
+        return seg, needs
     seg.step("finish", requests=seg.names)
     return seg, needs
 
@@ -488,13 +548,14 @@ def scenario_text(rec: Recording, source: str) -> str:
     """The scenario TOML for a checked recording."""
     red = reduce_steps(rec)
     h = rec.header
+    rule = ChunkRule.of(rec)
     segs, needs = [], set()
     for k, (line, sess, st, classes) in enumerate(red.kept):
         filled = "" if sess != FILLED else (
             f"not recorded: {plural(st.tokens, 'token')} in {plural(st.batch, 'prompt')}, a "
             "fused MoE class between the recorded eager sizes")
         seg, n = segment(st, rows_of(rec, sess, st), h.block_size, line,
-                         red.stands_for.get(k, []), filled, "fill" if filled else "s")
+                         red.stands_for.get(k, []), filled, "fill" if filled else "s", rule)
         segs.append((seg, classes))
         needs |= n
     kinds = Counter("prefill" if any(not r.decoding for r in rows_of(rec, s, st)) else "decode"

@@ -480,3 +480,53 @@ def test_equal_moe_classes_launch_the_same_fused_moe_variant(tuned_moe_folder, e
         c = moe_class(m, moe)
         assert keys.setdefault(c, key) == key, (m, c)
     assert len(keys) >= len({k for k in keys.values()})
+
+
+def test_the_scenario_runs_within_the_recorded_budget_and_batch(tmp_path: Path) -> None:
+    """A fresh user's finds on a 64-token budget, 2 sequences: (1) the ready
+    part of a continued prefill (96 tokens computed, two requests) was one
+    192-token step, past max_num_batched_tokens; it now goes in chunks of the
+    recorded chunk ends' divisor (32) within the budget; (2) a prefix hit beside
+    a fresh prefill in a full batch ran as a third request beside the two;
+    the step's requests now finish first."""
+    from tests.helpers import make_profile
+
+    g = json.loads(_G)
+    head = json.loads(session(SESSION[:1]))
+    head.update(max_num_batched_tokens=64, max_num_seqs=2, block_size=16)
+
+    def req(r: int, s: int, c: int, p: int, **kw: object) -> dict:
+        return {"r": r, "scheduled": s, "computed": c, "prompt": p, **kw}
+
+    new = {"new": True, "hit_blocks": 0, "sampler": g}
+    steps = [
+        [req(0, 32, 0, 200, **new), req(1, 32, 0, 100, **new)],
+        [req(0, 32, 32, 200), req(1, 32, 32, 100)],
+        [req(0, 32, 64, 200), req(1, 32, 64, 100)],
+        [req(1, 4, 96, 100), req(0, 33, 96, 200)],  # r1's last chunk, r0's middle one
+        [req(2, 8, 32, 40, new=True, hit_blocks=2, sampler=g), req(3, 20, 0, 20, **new)],
+    ]
+    lines = [head] + [{"step": k, "batch": 2, "tokens": sum(r["scheduled"] for r in rs),
+                       "finished": 0, "preempted": 0, "reqs": rs} for k, rs in enumerate(steps)]
+    rec = tmp_path / "budget.jsonl"
+    rec.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "budget.toml"
+    r = runner.invoke(app, ["scenario", "from-record", str(rec), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    data = tomllib.loads(out.read_text())
+    assert data["steps"] == [
+        {"kind": "prefill", "requests": ["s4_0", "s4_1"]},  # the hit's 8 tokens, fresh
+        {"kind": "finish", "requests": ["s4_0", "s4_1"]},
+        {"kind": "prefix_hit", "requests": ["s4_2"], "cached": 32},
+        {"kind": "finish", "requests": ["s4_2"]},
+        {"kind": "chunked_prefill", "requests": ["s3_0", "s3_1"], "tokens": 32, "repeat": 3},
+        {"kind": "prefill", "requests": ["s3_0", "s3_1"]},  # 4 + 33 tokens
+        {"kind": "finish", "requests": ["s3_0", "s3_1"]},
+        {"kind": "prefill", "requests": ["s0_0", "s0_1"], "tokens": 32},
+        {"kind": "finish", "requests": ["s0_0", "s0_1"]}]
+    assert "in chunks within max_num_batched_tokens 64" in out.read_text()
+    prof = make_profile(max_num_batched_tokens=64, max_num_seqs=2, max_model_len=512)
+    plan, = plans_for([str(out)], prof)
+    assert not plan.skipped
+    assert max(sum(r.num_scheduled_tokens for r in s.scheduled) for s in plan.steps) == 64
+    assert max(len(s.scheduled) for s in plan.steps) == 2

@@ -129,3 +129,31 @@ def test_a_prefix_fill_in_mamba_align_mode_goes_one_mamba_block_per_step():
     filled, _ = with_prefix_fills(b.build(), p)
     assert [(s.scheduled[0].num_computed_tokens, s.scheduled[0].num_scheduled_tokens)
             for s in filled.steps[:2]] == [(0, 4), (4, 4)]
+
+
+def test_a_mamba_block_wider_than_the_budget_stops_only_a_plan_with_a_prefix_hit():
+    """A fresh user's find: on a Mamba align runner whose block (8) is wider
+    than max_num_batched_tokens (4; the scheduler then splits anywhere, and vLLM
+    serves it) --verify failed every scenario, hit or not: the fill chunk was
+    found before any hit was seen. A plan without a hit is left as it is."""
+    import pytest
+
+    p = _profile(max_num_batched_tokens=4, num_speculative_steps=0, decode_query_len=1,
+                 num_lookahead_tokens=0,
+                 kv_cache_groups=(CacheSpec(kind="mamba", block_size=8, mamba_cache_mode="align"),
+                                  CacheSpec(kind="full_attention", block_size=8)))
+    b = PlanBuilder(p, name="t")
+    b.add_request(PlannedRequest(A, 3, name="a"))
+    b.step("prefill", "p", prefill={A: 3})
+    b.step("decode", "d", decode={A: 0})
+    b.cleanup()
+    plan = b.build()
+    filled, origin = with_prefix_fills(plan, p)
+    assert filled.steps == plan.steps and origin == (0, 1, 2)
+    b = PlanBuilder(p, name="t")
+    b.add_request(PlannedRequest(B, 10, name="b"))
+    b.set_computed(B, 8)
+    b.step("prefix_hit", "h", prefill={B: 2})
+    with pytest.raises(ValueError, match="Mamba align block of 8 tokens exceeds "
+                       "max_num_batched_tokens 4"):
+        with_prefix_fills(b.build(), p)
