@@ -117,11 +117,15 @@ def test_a_prefix_fill_longer_than_the_token_budget_is_chunked():
     assert rows[1].block_ids == ()
 
 
+def _mamba_align_profile(block: int, budget: int) -> RunnerProfile:
+    return _profile(max_num_batched_tokens=budget, num_speculative_steps=0, decode_query_len=1,
+                    num_lookahead_tokens=0, kv_cache_groups=(
+                        CacheSpec(kind="mamba", block_size=block, mamba_cache_mode="align"),
+                        CacheSpec(kind="full_attention", block_size=block)))
+
+
 def test_a_prefix_fill_in_mamba_align_mode_goes_one_mamba_block_per_step():
-    p = _profile(max_num_batched_tokens=32, num_speculative_steps=0, decode_query_len=1,
-                 num_lookahead_tokens=0,
-                 kv_cache_groups=(CacheSpec(kind="mamba", block_size=4, mamba_cache_mode="align"),
-                                  CacheSpec(kind="full_attention", block_size=4)))
+    p = _mamba_align_profile(4, 32)
     b = PlanBuilder(p, name="t")
     b.add_request(PlannedRequest(B, 10, name="b"))
     b.set_computed(B, 8)
@@ -138,10 +142,7 @@ def test_a_mamba_block_wider_than_the_budget_stops_only_a_plan_with_a_prefix_hit
     found before any hit was seen. A plan without a hit is left as it is."""
     import pytest
 
-    p = _profile(max_num_batched_tokens=4, num_speculative_steps=0, decode_query_len=1,
-                 num_lookahead_tokens=0,
-                 kv_cache_groups=(CacheSpec(kind="mamba", block_size=8, mamba_cache_mode="align"),
-                                  CacheSpec(kind="full_attention", block_size=8)))
+    p = _mamba_align_profile(8, 4)
     b = PlanBuilder(p, name="t")
     b.add_request(PlannedRequest(A, 3, name="a"))
     b.step("prefill", "p", prefill={A: 3})
