@@ -53,6 +53,11 @@ logger = logging.getLogger("vllm.stepwarm")
 
 #: The recording format's version (the header's ``stepwarm_record``).
 RECORD_FORMAT = 1
+#: The key of the last line written where the recording reached its cap:
+#: ``{"capped": STEP}``, the step it could not write.
+CAPPED_KEY = "capped"
+#: Bytes kept under the cap for that line (``{"capped":`` a step number ``}``).
+CAP_MARK_BYTES = 32
 #: The class whose steps are recorded, as ``module:Class``.
 SCHEDULER_CLASS = "vllm.v1.core.sched.scheduler:Scheduler"
 #: ``config.json`` keys the header's ``config_hash`` covers: what makes two
@@ -230,6 +235,7 @@ class Recorder:
                 self._append(self.head)
             self._append(line)
         except _CapReached:
+            self._mark_capped(int(line.get("step", 0)))
             logger.warning("stepwarm: STEPWARM_RECORD %s: reached its cap of %d bytes (%s) at "
                            "step %d; recording stopped, serving goes on", self.path,
                            self.max_bytes, ENV_RECORD_MAX_MB, line.get("step", 0))
@@ -241,13 +247,25 @@ class Recorder:
 
     def _append(self, obj: dict[str, Any]) -> None:
         data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
-        if self.size + len(data) > self.max_bytes:
+        if self.size + len(data) + CAP_MARK_BYTES > self.max_bytes:
             raise _CapReached
         assert self.fd is not None
         written = os.write(self.fd, data)
         self.size += written
         if written != len(data):
             raise OSError(f"short write: {written} of {len(data)} bytes")
+
+    def _mark_capped(self, step: int) -> None:
+        """The last line at the cap, in the room :data:`CAP_MARK_BYTES` kept
+        for it: ``{"capped": STEP}`` (from-record then says the recording
+        stops there). Nothing where the file could not even be opened."""
+        if self.fd is None:
+            return
+        data = (json.dumps({CAPPED_KEY: step}, separators=(",", ":")) + "\n").encode()
+        try:
+            self.size += os.write(self.fd, data)
+        except OSError:
+            pass
 
     def stop(self) -> None:
         """Stop recording and close the file."""

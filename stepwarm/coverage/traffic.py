@@ -506,6 +506,10 @@ def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None,
             than :data:`MAX_LINES` lines or :data:`MAX_REQUESTS` requests, or
             one that holds no request.
     """
+    if text.lstrip("\ufeff \n").startswith('{"stepwarm_record"'):
+        raise TrafficError(f"{file}:1: a STEPWARM_RECORD recording, not a traffic file (its "
+                           "steps hold no prompts); make a scenario of it with `stepwarm "
+                           f"scenario from-record {file} -o FILE.toml` and give it with -s")
     raw_lines = _request_lines(text, file)
     lines, errors, requests = [], [], 0
     unchecked: list[int] = []  # lines whose sampling table vLLM has not checked

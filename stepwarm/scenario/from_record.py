@@ -570,6 +570,8 @@ def scenario_text(rec: Recording, source: str) -> str:
         f"(config_hash {h.model.config_hash}), block_size {h.block_size}, max_num_seqs "
         f"{h.max_num_seqs}, max_num_batched_tokens {h.max_num_batched_tokens}, "
         f"num_spec_tokens {h.num_spec_tokens}, CUDA graphs {h.cudagraph_sizes or 'none'}.",
+        *(f"# The recording reached its cap (STEPWARM_RECORD_MAX_MB) at line {line}, before "
+          f"step {at}: the traffic after it is not in this scenario." for line, at in rec.capped),
         "# Plain TOML: edit freely (scenarios/README.md); check it with `stepwarm check FILE`.",
         f'description = "from the recording {source}: {red.classes} kernel classes in '
         f'{len(segs)} segments"',
@@ -624,9 +626,14 @@ def write_scenario(record: Any, output: Any, model: str | None = None,
 
         path, _ = resolve(model)
         try:
+            if not Path(path or model).is_dir():
+                from stepwarm.model_dir import check_model_dir
+
+                check_model_dir(Path(model))  # raises: no such directory, nor a zoo model ...
             config = json.loads(Path(path or model, "config.json").read_text())
-        except (OSError, ValueError) as e:
-            errors.append(f"--model {model}: no readable config.json ({e})")
+        except (OSError, ValueError) as e:  # ModelDirError is a ValueError
+            errors.append(str(e) if str(e).startswith(f"--model {model}:")
+                          else f"--model {model}: no readable config.json ({e})")
     rec = None
     if readable:
         version = None
@@ -637,7 +644,7 @@ def write_scenario(record: Any, output: Any, model: str | None = None,
         try:
             rec = load_recording(record, vllm_version=version, model_config=config)
         except RecordError as e:
-            errors.append(str(e))
+            errors.extend(str(e).split("\n"))  # each fault its own "error:" line
     if errors or rec is None:
         raise RecordError("\nerror: ".join(errors))
     text = scenario_text(rec, Path(record).name)
@@ -652,5 +659,8 @@ def write_scenario(record: Any, output: Any, model: str | None = None,
     except OSError as e:
         raise RecordError(f"{output}: cannot write: {e.strerror or e}") from None
     n = len(loaded.model.steps)
+    capped = "".join(f"; the recording reached its cap before step {at} (line {line}): the "
+                     "traffic after it is not in the scenario (STEPWARM_RECORD_MAX_MB)"
+                     for line, at in rec.capped)
     return (f"wrote {output}: {len(rec.steps)} recorded steps -> {n} scenario steps "
-            f"({reduce_steps(rec).classes} kernel classes)")
+            f"({reduce_steps(rec).classes} kernel classes){capped}")

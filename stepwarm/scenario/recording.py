@@ -22,6 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from stepwarm.files import FileTooLarge, NotUtf8, read_text_capped
+from stepwarm.record import CAPPED_KEY, model_identity
 from stepwarm.scenario.errors import joined
 
 #: Largest recording read, in bytes (a recording's own cap defaults to 256 MiB:
@@ -126,6 +127,11 @@ class Recording:
     samplers: dict[tuple[int, int], SamplerClassModel] = field(default_factory=dict)
     #: Each request's prompt length as its first step recorded it, and that line.
     prompts: dict[tuple[int, int], tuple[int, str]] = field(default_factory=dict)
+    #: Each request's ``computed`` on its last line (it never goes back but on a resume).
+    computed: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: Where the recorder reached its cap (``STEPWARM_RECORD_MAX_MB``):
+    #: ``(line, the step it could not write)`` of each capped session.
+    capped: list[tuple[int, int]] = field(default_factory=list)
 
 
 def _loc(loc: tuple) -> str:
@@ -192,14 +198,12 @@ def load_recording(path: str | Path, *, vllm_version: str | None = None,
     rec: Recording | None = None
     session = -1
     seen: set[tuple[int, int]] = set()
-    from stepwarm.record import model_identity
-
     want_model = model_identity(model_config) if model_config is not None else None
+    skipping = False  # the lines of a session whose header was refused
     for number, raw in enumerate(lines, 1):
         where = f"{file}:{number}"
         if not raw.strip():
-            errors.append(f"{where}: blank line; allowed: one JSON object a line")
-            continue
+            continue  # as traffic files: a blank line is no line
         try:
             obj = json.loads(raw)
         except (json.JSONDecodeError, ValueError) as e:
@@ -217,7 +221,9 @@ def load_recording(path: str | Path, *, vllm_version: str | None = None,
                 head = RecordHeader.model_validate(obj)
             except ValidationError as e:
                 errors.extend(_pydantic_errors(e, f"{where} (header)"))
+                skipping = True  # its steps are not blamed for having no header
                 continue
+            skipping = False
             session += 1
             if rec is None:
                 rec = Recording(file, head)
@@ -234,6 +240,21 @@ def load_recording(path: str | Path, *, vllm_version: str | None = None,
                 errors.append(f"{where}: a second session whose header differs from the first's "
                               "(another model, release or engine limits); allowed: the "
                               "sessions of one engine configuration (one file each)")
+                skipping = True  # its steps are not checked against the first header
+            continue
+        if skipping:
+            continue
+        if CAPPED_KEY in obj:
+            at = obj.get(CAPPED_KEY)
+            if not (isinstance(at, int) and not isinstance(at, bool) and at >= 0) or len(obj) != 1:
+                errors.append(f"{where}: {CAPPED_KEY}: allowed: {{\"{CAPPED_KEY}\": STEP}}, the "
+                              "step the recorder could not write (got "
+                              f"{json.dumps(obj)[:80]})")
+            elif rec is None:
+                errors.append(f"{where}: the recording reached its cap before its header was "
+                              "written; raise STEPWARM_RECORD_MAX_MB and record again")
+            else:
+                rec.capped.append((number, at))
             continue
         if rec is None:
             errors.append(f"{where}: a step before any header; a recording starts with the "
@@ -256,7 +277,10 @@ def load_recording(path: str | Path, *, vllm_version: str | None = None,
         errors.append(f"{file}: no header line; a recording starts with the header line "
                       "STEPWARM_RECORD writes")
     if rec is not None and not rec.steps and not errors:
-        errors.append(f"{file}: no step recorded (a header only); serve some traffic first")
+        errors.append(f"{file}: no step recorded: the recording reached its cap (line "
+                      f"{rec.capped[0][0]}) before its first step; raise STEPWARM_RECORD_MAX_MB"
+                      if rec.capped else
+                      f"{file}: no step recorded (a header only); serve some traffic first")
     if errors:
         raise RecordError(joined(errors, file), errors)
     assert rec is not None
@@ -291,6 +315,19 @@ def _step_errors(step: RecordedStep, where: str, session: int, seen: set[tuple[i
             out.append(f"{where}: reqs[{i}].prompt: {r.prompt}, but request {r.r} was sent as "
                        f"new with a prompt of {first} tokens ({at}); allowed: the same prompt "
                        "length on every line of a request")
+        if not r.new and not r.resumed and r.computed < rec.computed.get(key, 0):
+            out.append(f"{where}: reqs[{i}].computed: {r.computed}, but request {r.r} had "
+                       f"{rec.computed[key]} computed on its last line; allowed: no fewer, but "
+                       "on a resume (resumed: true)")
+        rec.computed[key] = r.computed
+        if r.new and r.sampler is not None:
+            for what in ("logprobs", "prompt_logprobs"):
+                n = getattr(r.sampler, what)
+                top = rec.header.max_logprobs
+                if n is not None and top != -1 and (n == -1 or n > top):
+                    out.append(f"{where}: reqs[{i}].sampler.{what}: {n}"
+                               f"{' (the whole vocabulary)' if n == -1 else ''} is above the "
+                               f"header's max_logprobs {top}")
         if r.scheduled > rec.header.max_num_batched_tokens:
             out.append(f"{where}: reqs[{i}].scheduled: {r.scheduled} is above the header's "
                        f"max_num_batched_tokens {rec.header.max_num_batched_tokens}")

@@ -887,16 +887,20 @@ def test_run_says_bad_model_weights_and_json_together(tmp_path):
 
 
 def test_from_record_says_the_output_the_recording_and_the_model_together(tmp_path):
+    from stepwarm.zoo import TINY_ZOO, ZOO
+
     rec = tmp_path / "rec.jsonl"
     rec.write_text('{"step": 0}\n')
     r = runner.invoke(app, ["scenario", "from-record", str(tmp_path / "none.jsonl"), "-o",
                             str(tmp_path), "--model", str(tmp_path / "nomodel")], env=ENV)
     assert (r.exit_code, r.stdout) == (2, "")
-    assert r.stderr.splitlines() == [
+    assert r.stderr.splitlines()[:2] == [
         f"error: --output {tmp_path}: is a directory; allowed: a file path",
-        f"error: {tmp_path / 'none.jsonl'}: cannot read: No such file or directory",
-        f"error: --model {tmp_path / 'nomodel'}: no readable config.json ([Errno 2] No such "
-        f"file or directory: '{tmp_path / 'nomodel' / 'config.json'}')"]
+        f"error: {tmp_path / 'none.jsonl'}: cannot read: No such file or directory"]
+    assert " ".join(" ".join(r.stderr.splitlines()[2:]).split()) == (  # as run says it
+        f"error: --model {tmp_path / 'nomodel'}: no such directory, nor a zoo model, nor a "
+        "Hugging Face id (ORG/NAME[@REVISION]); zoo models: " + ", ".join(TINY_ZOO)
+        + f" and {len(ZOO) - len(TINY_ZOO)} of real dimensions (stepwarm list --models)")
     r = runner.invoke(app, ["scenario", "from-record", str(rec), "-o", str(tmp_path / "x.toml"),
                             "--model", str(tmp_path / "nomodel")], env=ENV)
     assert r.exit_code == 2
@@ -984,3 +988,21 @@ def test_a_top_level_fault_hides_no_request_or_step_error(tmp_path):
                      "requests above that failed (b); not checked: step 2, which selects them; "
                      "fix the errors above and check again"], err
     assert "unknown request 'zz'" in err and "prompt -5 is out of range" in err
+
+
+def test_a_recording_given_as_a_scenario_or_as_traffic_points_to_from_record(tmp_path):
+    """A fresh user gave the recording itself to show and to coverage: 'malformed TOML'
+    and 'unknown field stepwarm_record'. Each now says what the file is and the command."""
+    rec = tmp_path / "rec.jsonl"
+    rec.write_text('{"stepwarm_record":1,"vllm":"0.32.0"}\n{"step":0}\n')
+    code, out, err = _check(rec)
+    assert code == 2 and out.startswith("profile: ") and len(out.splitlines()) == 1
+    assert " ".join(err.split()) == (
+        f"error: {rec}:1: a STEPWARM_RECORD recording, not a scenario; make a scenario of it "
+        f"with `stepwarm scenario from-record {rec} -o FILE.toml`")
+    r = runner.invoke(app, ["coverage", str(rec), "-s", "default"], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert " ".join(r.stderr.split()) == (
+        f"error: {rec}:1: a STEPWARM_RECORD recording, not a traffic file (its steps hold no "
+        f"prompts); make a scenario of it with `stepwarm scenario from-record {rec} -o "
+        "FILE.toml` and give it with -s")

@@ -530,3 +530,72 @@ def test_the_scenario_runs_within_the_recorded_budget_and_batch(tmp_path: Path) 
     assert not plan.skipped
     assert max(sum(r.num_scheduled_tokens for r in s.scheduled) for s in plan.steps) == 64
     assert max(len(s.scheduled) for s in plan.steps) == 2
+
+
+def test_a_recording_that_reached_its_cap_says_so(rec: Path, tmp_path: Path) -> None:
+    """The recorder's last line at its cap, ``{"capped": STEP}``: the scenario
+    and the summary say the traffic after it is missing; a cap reached before
+    the first step or before the header is an error that says to raise it."""
+    capped = tmp_path / "capped.jsonl"
+    capped.write_text(session(SESSION[:4]) + '{"capped":3}\n')
+    out = tmp_path / "c.toml"
+    r = runner.invoke(app, ["scenario", "from-record", str(capped), "-o", str(out)],
+                      env={"COLUMNS": "400"})
+    assert r.exit_code == 0, r.output
+    assert r.stdout == (f"wrote {out}: 3 recorded steps -> 5 scenario steps (7 kernel classes); "
+                        "the recording reached its cap before step 3 (line 5): the traffic "
+                        "after it is not in the scenario (STEPWARM_RECORD_MAX_MB)\n")
+    assert ("# The recording reached its cap (STEPWARM_RECORD_MAX_MB) at line 5, before step 3: "
+            "the traffic after it is not in this scenario.\n") in out.read_text()
+    code, err = bad(tmp_path, session(SESSION[:1]) + '{"capped":0}\n')
+    assert code == 2 and err.endswith("bad.jsonl: no step recorded: the recording reached its "
+                                      "cap (line 2) before its first step; raise "
+                                      "STEPWARM_RECORD_MAX_MB")
+    code, err = bad(tmp_path, '{"capped":0}\n')
+    assert code == 2 and "bad.jsonl:1: the recording reached its cap before its header was " \
+        "written; raise STEPWARM_RECORD_MAX_MB and record again" in err
+    code, err = bad(tmp_path, session(SESSION[:2]) + '{"capped":"x"}\n')
+    assert code == 2 and 'bad.jsonl:3: capped: allowed: {"capped": STEP}' in err
+
+
+def test_values_the_header_or_an_earlier_line_contradicts(tmp_path: Path) -> None:
+    """A fresh user's hand edits that from-record took and check refused later:
+    logprobs above the header's max_logprobs, and ``computed`` going back on a
+    request that was not resumed."""
+    lines = list(SESSION)
+    lines[1] = lines[1].replace('"logprobs":2', '"logprobs":5000')
+    lines[3] = lines[3].replace('"computed":8,"prompt":7', '"computed":3,"prompt":7')
+    code, err = bad(tmp_path, session(lines))
+    assert code == 2
+    assert "bad.jsonl:2: reqs[2].sampler.logprobs: 5000 is above the header's max_logprobs 20" \
+        in err
+    assert ("bad.jsonl:4: reqs[1].computed: 3, but request 1 had 7 computed on its last "
+            "line; allowed: no fewer, but on a resume (resumed: true)") in err
+
+
+def test_blank_lines_a_refused_header_and_a_differing_session(tmp_path: Path) -> None:
+    """Blank lines are no lines (as in traffic files); the steps after a
+    refused header, or after a second header that differs, are not blamed
+    for it; every fault is its own ``error:`` line."""
+    out = tmp_path / "blank.toml"
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text(session(SESSION[:3]).replace("\n", "\n\n", 1))
+    r = runner.invoke(app, ["scenario", "from-record", str(blank), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["scenario", "from-record", str(tmp_path / "x.jsonl"), "-o",
+                            str(out)], env={"COLUMNS": "400"})
+    head = json.loads(session(SESSION[:1]))
+    wrong = {k: v for k, v in head.items() if k != "block_size"}
+    code, err = bad(tmp_path, json.dumps(wrong) + "\n" + "\n".join(SESSION[1:3]) + "\n")
+    assert code == 2 and err.count("error:") == 1 and "(header): block_size: Field required" in err
+    other = {**head, "max_num_batched_tokens": 64}
+    code, err = bad(tmp_path, session(SESSION[:4]) + json.dumps(other) + "\n" + SESSION[4] + "\n")
+    assert code == 2 and err.count("error:") == 1 and "bad.jsonl:5: a second session" in err
+    code, err = bad(tmp_path, session(lines=["{}", "[]"]))
+    assert err.count("error:") == 2
+
+
+def test_an_unknown_model_is_said_as_run_says_it(rec: Path, tmp_path: Path) -> None:
+    code, err = bad(tmp_path, session(), "--model", "tiny-lama")
+    assert code == 2 and ("--model tiny-lama: no such directory, nor a zoo model (did you mean "
+                          "'tiny-llama'?), nor a Hugging Face id") in err

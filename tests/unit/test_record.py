@@ -188,17 +188,21 @@ def test_the_cap_stops_with_one_line(wrapped: Path, monkeypatch: pytest.MonkeyPa
     s = scheduler()
     add(s, "a", 20, temperature=0.0)
     step(s)
+    from stepwarm.record import CAP_MARK_BYTES
+
     whole = wrapped.stat().st_size  # the header and step 0
-    s._stepwarm_recorder.max_bytes = whole + 10  # step 1's line does not fit
+    cap = whole + CAP_MARK_BYTES + 10  # step 1's line does not fit, the cap's line does
+    s._stepwarm_recorder.max_bytes = cap
     with caplog.at_level(logging.WARNING, logger="vllm.stepwarm"):
         outs = [step(s) for _ in range(2)]
     assert [o.total_num_scheduled_tokens for o in outs] == [1, 1]  # scheduling went on
     said = [r.getMessage() for r in caplog.records if "STEPWARM_RECORD" in r.getMessage()]
-    assert said == [f"stepwarm: STEPWARM_RECORD {wrapped}: reached its cap of {whole + 10} "
+    assert said == [f"stepwarm: STEPWARM_RECORD {wrapped}: reached its cap of {cap} "
                     "bytes (STEPWARM_RECORD_MAX_MB) at step 1; recording stopped, serving "
                     "goes on"]
-    assert wrapped.stat().st_size == whole
-    assert [x["step"] for x in lines(wrapped)[1:]] == [0]
+    # the last line says where it stopped (from-record says so), within the cap
+    assert wrapped.stat().st_size == whole + len('{"capped":1}\n') <= cap
+    assert [x.get("step", x) for x in lines(wrapped)[1:]] == [0, {"capped": 1}]
 
 
 def test_a_failed_write_never_fails_serving(monkeypatch: pytest.MonkeyPatch, wrapped: Path,
