@@ -60,11 +60,15 @@ class MemoryReport:
 
 def lower_text(report: MemoryReport) -> str:
     """``"left M MiB less free memory on DEVICE than it found (...; peak P MiB)"``
-    for a flagged report: on CUDA with this process's allocator growth."""
+    for a flagged report: on CUDA with this process's allocator growth; on the
+    CPU (no free memory read) the process's resident memory growth, said so."""
     mine = ""
     if report.reserved_before is not None and report.reserved_after is not None:
         mine = (f"this process's allocator {(report.reserved_after - report.reserved_before) / 2**20:+.0f}"
                 " MiB; ")
+    if report.free_before is None or report.free_after is None:  # CPU: resident memory
+        return (f"left this process {report.lost / 2**20:.0f} MiB more resident memory on "
+                f"{report.device} than it found (peak {report.peak / 2**20:.0f} MiB)")
     return (f"left {report.lost / 2**20:.0f} MiB less free memory on {report.device} than it "
             f"found ({mine}peak {report.peak / 2**20:.0f} MiB)")
 

@@ -445,6 +445,10 @@ class PlanBuilder:
                     f"it is {'finished already' if live.state == 'finished' else 'not running'}",
                     "finish" if rid in finishing else "preempt", rid,
                 )
+            if rid in preempting and live.state == "preempted":
+                # the scheduler preempts from its running queue only
+                raise self._err(f"request {rid!r} cannot be preempted: it is preempted "
+                                "already (resume it first)", "preempt", rid)
             if rid in scheduled:
                 raise self._err(f"request {rid!r} is scheduled and finished/preempted "
                                 "in the same step", "requests", rid)
@@ -641,9 +645,12 @@ class PlanBuilder:
                 self.resume_lookup(rid)
             left = live.num_tokens - live.num_computed_tokens
             if n <= 0 or n > left:
+                hit = (f" ({live.num_computed_tokens} of its {live.num_tokens} tokens are a "
+                       "prefix-cache hit on resumption, as vLLM's scheduler looks it up)"
+                       if not continuing and live.num_computed_tokens else "")
                 raise self._err(
-                    f"request {rid!r}: resume schedules {n} tokens; allowed 1..{left}",
-                    "tokens", rid,
+                    f"request {rid!r}: resume schedules {n} tokens, but {left} are left to "
+                    f"compute{hit}; allowed: 1 to {left}", "tokens", rid,
                 )
             done = n == left
             self._check_mamba_align_chunk(live, n)

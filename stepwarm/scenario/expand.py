@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, cast
 
 from stepwarm.expressions import (
@@ -400,12 +401,17 @@ class _Expander:
                            allowed=f"at most {MAX_STEPS} steps in all [[steps]] entries "
                            "(MAX_STEPS)")
 
-    def run_step(self, kind: str, label: str, field: str, **kw: Any) -> None:
+    def run_step(self, kind: str, label: str, field: str,
+                 selected_by: Mapping[str, str] | None = None, **kw: Any) -> None:
+        """Plan one step; a :class:`PlanError` becomes the entry's error on
+        ``field``, or on the selector that holds the request it names
+        (``selected_by``: request id -> field, for steps of several selectors)."""
         self.check_step_limit(field)
         try:
             self.b.step(kind, label, **kw)  # type: ignore[arg-type]
         except PlanError as e:
-            raise self.plan_err(e, field) from None
+            named = {f for rid, f in (selected_by or {}).items() if repr(rid) in e.reason}
+            raise self.plan_err(e, named.pop() if len(named) == 1 else field) from None
         if self.b.next_index > self._limit:  # parts the builder deferred
             self.check_step_limit(field)
 
@@ -696,6 +702,8 @@ class _Expander:
                                  + (f" / {self._short(part)}{_drafts(kp)}" if part else ""))
             for _ in range(reps):
                 self.run_step("mixed_decode", label, "spec",
+                              {**{r: "spec" for r in spec}, **{r: "partial" for r in part},
+                               **{r: "non_spec" for r in non}},
                               decode={**{r: k for r in spec}, **{r: kp for r in part},
                                       **{r: 0 for r in non}})
 
@@ -713,6 +721,7 @@ class _Expander:
                                  + f"{self._short(pre)} x "
                                  + ("rest" if tokens is None else str(tokens)))
             self.run_step("mixed_prefill_decode", label, "prefill",
+                          {**{r: "prefill" for r in pre}, **{r: "decode" for r in dec}},
                           prefill=sched, decode={r: k for r in dec})
 
     def _preempt(self, st: PreemptStep) -> None:

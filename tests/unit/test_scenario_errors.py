@@ -516,3 +516,66 @@ def test_a_failed_request_entry_hides_no_step_that_does_not_select_it(tmp_path):
     assert (decode.line, decode.step, decode.field) == (16, 1, "requests")
     assert "request 'c' cannot be decoded: it is never prefilled" in str(decode)
     assert (hit.step, hit.field) == (2, "cached")
+
+
+@pytest.mark.parametrize("order, line, field", [
+    ('decode = ["a"]\nprefill = ["b"]', 6, "decode"),
+    ('prefill = ["b"]\ndecode = ["a"]', 7, "decode"),
+])
+def test_a_mixed_step_blames_the_selector_that_holds_the_bad_request(tmp_path, order, line,
+                                                                      field):
+    """A fresh user's find: a mixed_prefill_decode whose decode request was never
+    prefilled was blamed on 'prefill' (its line, not decode's)."""
+    e = bad(tmp_path, """
+        requests.a = { prompt = 8 }
+        requests.b = { prompt = 8 }
+
+        [[steps]]
+        kind = "mixed_prefill_decode"
+        """ + order + "\n")
+    assert_parts(e, line, 0, field, "request 'a' cannot be decoded: it is never prefilled")
+
+
+def test_mixed_decode_blames_non_spec_for_a_non_spec_request(tmp_path):
+    e = bad(tmp_path, """
+        requests.r = { prompt = 4, count = 2 }
+        requests.x = { prompt = 4 }
+        [[steps]]
+        kind = "prefill"
+        requests = ["r"]
+        [[steps]]
+        kind = "mixed_decode"
+        spec = ["r[0]"]
+        non_spec = ["x"]
+        """, profile(num_speculative_steps=2, decode_query_len=3, num_lookahead_tokens=2))
+    assert_parts(e, 9, 1, "non_spec", "request 'x' cannot be decoded")
+
+
+def test_a_preempted_request_is_not_preempted_again(tmp_path):
+    """A fresh user's find: two preempts of one request were accepted (and run);
+    vLLM's scheduler preempts from its running queue only."""
+    e = bad(tmp_path, """
+        requests.a = { prompt = 8 }
+        requests.b = { prompt = 8 }
+        steps = [{ kind = "prefill", requests = ["a", "b"] },
+                 { kind = "preempt", requests = ["a"] },
+                 { kind = "preempt", requests = ["a"] }]
+        """)
+    assert_parts(e, 5, 2, "requests", "request 'a' cannot be preempted: it is preempted already")
+
+
+def test_a_resume_past_what_is_left_says_the_prefix_hit(tmp_path):
+    """A fresh user's find: 'resume schedules 8 tokens; allowed 1..2' without the
+    why: on resumption the scheduler's prefix-cache lookup found most of them."""
+    from stepwarm.profile import tiny_profile
+
+    e = bad(tmp_path, """
+        requests.a = { prompt = 300, sampling = "greedy" }
+        requests.b = { prompt = 8 }
+        steps = [{ kind = "prefill", requests = ["a", "b"] },
+                 { kind = "preempt", requests = ["a"] },
+                 { kind = "resume", requests = ["a"], tokens = 250 }]
+        """, tiny_profile())
+    assert_parts(e, 5, 2, "tokens", "request 'a': resume schedules 250 tokens, but 45 are "
+                 "left to compute (256 of its 301 tokens are a prefix-cache hit on resumption, "
+                 "as vLLM's scheduler looks it up); allowed: 1 to 45")

@@ -249,7 +249,8 @@ def test_the_log_line_says_this_processs_allocator_growth_on_cuda():
         "left 8000 MiB less free memory on cuda:0 than it found "
         "(this process's allocator +0 MiB; peak 12256 MiB)")
     cpu = flag(MemoryReport(device="cpu", used_before=100 * mib, used_after=300 * mib, peak=400 * mib))
-    assert lower_text(cpu) == "left 200 MiB less free memory on cpu than it found (peak 400 MiB)"
+    assert lower_text(cpu) == ("left this process 200 MiB more resident memory on cpu than "
+                               "it found (peak 400 MiB)")
 
 
 def test_on_the_cpu_the_plugin_says_how_much_the_process_grew_after_its_warmup(caplog):
