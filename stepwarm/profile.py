@@ -353,7 +353,8 @@ class RunnerProfile(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> RunnerProfile:
-        """Read a profile saved by :meth:`save` (``.toml``: TOML, else JSON).
+        """Read a profile saved by :meth:`save` (``.toml``: TOML, else JSON),
+        or the one a ``stepwarm run --json`` report holds.
 
         Raises:
             ProfileError: the file is missing, not JSON/TOML, or not a profile
@@ -390,6 +391,12 @@ class RunnerProfile(BaseModel):
                                        and "runner" not in data):
             raise ProfileError(f"{path}: a scenario file, not a runner profile (check it "
                                f"with `stepwarm check {path}`); {allowed}")
+        if isinstance(data, dict) and "profile" in data and "startup_s" in data:
+            # `stepwarm run --json`'s report holds the runner's profile
+            if not isinstance(data["profile"], dict):
+                raise ProfileError(f"{path}: a `stepwarm run --json` report whose engine did "
+                                   f"not start (its profile is null); {allowed}")
+            data = data["profile"]
         try:
             return cls.model_validate(data)
         except ValidationError as e:

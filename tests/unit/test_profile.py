@@ -156,3 +156,18 @@ def test_a_scenario_file_given_as_profile_is_named_so(tmp_path):
         f"error: {other}: field 'max_model_len': Input should be a valid integer, unable to "
         "parse string as an integer; allowed: a runner profile as `stepwarm profile -o FILE` "
         "writes it"]
+
+
+def test_a_run_report_given_as_profile_gives_its_runner_profile(tmp_path):
+    """A fresh user gave `run --json`'s report to --profile and got three
+    'Field required' errors; the report holds the profile, which is read."""
+    prof = tiny_profile()
+    report = tmp_path / "run.json"
+    report.write_text(json.dumps({"profile": prof.model_dump(mode="json"), "startup_s": 3.2,
+                                  "scenarios": []}))
+    assert RunnerProfile.load(report) == prof
+    report.write_text(json.dumps({"profile": None, "startup_s": None, "scenarios": []}))
+    with pytest.raises(ProfileError, match=r"run.json: a `stepwarm run --json` report whose "
+                       r"engine did not start \(its profile is null\); allowed: a runner "
+                       "profile as"):
+        RunnerProfile.load(report)
