@@ -1099,11 +1099,14 @@ def list_scenarios(
     name: Annotated[Optional[str], typer.Argument(metavar="NAME", help="With --models --write: the zoo model to write.")] = None,
     models: Annotated[bool, typer.Option("--models", metavar="", help="List the zoo's models (tiny and of real dimensions) instead.")] = False,
     write: Annotated[Optional[Path], typer.Option("--write", metavar="DIR", help="With --models and NAME: write that zoo model's files (config, tokenizer, a drafter's config; no weights) to DIR/NAME and print the command that serves it.")] = None,
+    weights: Annotated[str, typer.Option("--weights", metavar="dummy|seeded[:N]", help="With --write: dummy (no weights file; served with --load-format dummy) or seeded random weights (torch.manual_seed(N), default 0; DIR/NAME-seedN, served with --load-format auto): outputs worth comparing.")] = "dummy",
 ) -> None:
     """List the built-in scenarios with what they need (--models: the zoo's models; --models --write DIR NAME: write one for vllm serve)."""
     if write is not None or name is not None:
-        _write_zoo_model(models, write, name)
+        _write_zoo_model(models, write, name, weights)
         return
+    if weights != "dummy":
+        _fail(f"--weights {weights}: for a zoo model written with --models --write DIR NAME", 2)
     if models:
         _list_models()
         return
@@ -1126,13 +1129,20 @@ def list_scenarios(
     console.print(Titled("built-in scenarios", table))
 
 
-def _write_zoo_model(models: bool, root: Optional[Path], name: Optional[str]) -> None:
-    """``list --models --write DIR NAME``: the zoo model's directory written
-    under ``DIR``, and the command serving it (exit 2 on bad input)."""
+def _write_zoo_model(models: bool, root: Optional[Path], name: Optional[str],
+                     weights: str = "dummy") -> None:
+    """``list --models --write DIR NAME [--weights seeded[:N]]``: the zoo
+    model's directory written under ``DIR``, and the command serving it (exit
+    2 on bad input)."""
     import difflib
 
     from stepwarm.serve_command import serve_command, serve_engine_args
-    from stepwarm.zoo import ZOO, write_model
+    from stepwarm.zoo import ZOO, model_dir_for, parse_weights, write_model
+
+    try:
+        seed = parse_weights(weights)
+    except ValueError as e:
+        _fail(str(e), 2)
 
     if not models or root is None or name is None:
         from stepwarm.scenario import builtin_names
@@ -1151,21 +1161,24 @@ def _write_zoo_model(models: bool, root: Optional[Path], name: Optional[str]) ->
               + "; allowed: a name stepwarm list --models lists", 2)
     if root.exists() and not root.is_dir():
         _fail(f"--write {root}: is a file; allowed: a directory (made if missing)", 2)
-    target = root / name
+    target = model_dir_for(name, root, weights_seed=seed)
     if target.is_dir() and any(target.iterdir()) and not _written_by_zoo(target, ZOO[name].config):
         # the ninth trial: a user's config.json was replaced, their weights left beside it
         _fail(f"--write {root}: {target} exists and is not this zoo model's (its config.json "
               "differs or is missing); allowed: a new directory, or one this command wrote "
               "for the same model", 2)
     try:
-        model_dir = write_model(name, root)
+        model_dir = write_model(name, root, weights_seed=seed)
     except OSError as e:
         _fail(f"--write {root}: cannot write {name}: {e.strerror or e}", 2)
-    print_wrapped(f"wrote {name} to {model_dir} (no weights: served with --load-format "
-                  "dummy); serve it with its engine arguments (one line, to copy):")
-    console.print("  " + serve_command(model_dir,
-                                       serve_engine_args(ZOO[name].engine_args_for(model_dir))),
-                  soft_wrap=True)
+    args = ZOO[name].engine_args_for(model_dir)
+    if seed is not None:
+        args["load_format"] = "auto"
+    what = ("no weights: served with --load-format dummy" if seed is None else
+            f"seeded random weights, torch.manual_seed({seed}): served with --load-format auto")
+    print_wrapped(f"wrote {name} to {model_dir} ({what}); serve it with its engine arguments "
+                  "(one line, to copy):")
+    console.print("  " + serve_command(model_dir, serve_engine_args(args)), soft_wrap=True)
 
 
 def _written_by_zoo(directory: Path, config: dict[str, Any]) -> bool:

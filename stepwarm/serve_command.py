@@ -67,8 +67,11 @@ def serve_engine_args(engine_args: dict[str, Any]) -> dict[str, Any]:
 
 
 def serve_command(model_dir: Path, engine_args: dict[str, Any]) -> str:
-    """The shell command serving ``model_dir`` (dummy weights: the zoo writes
-    configs and a tokenizer, no weights) with ``engine_args``."""
+    """The shell command serving ``model_dir`` with ``engine_args`` (their
+    ``load_format``, default dummy: the zoo writes configs and a tokenizer,
+    weights only when seeded)."""
+    args = dict(engine_args)
+    load_format = str(args.pop("load_format", "dummy"))
     words = [sys.executable, *SERVER.split()[1:], "--model", str(model_dir), "--load-format",
-             "dummy", *serve_options(engine_args)]
+             load_format, *serve_options(args)]
     return " ".join(shlex.quote(w) for w in words)

@@ -589,7 +589,7 @@ def model_dir_for(name: str, root: Path | None = None, *, tokenizer: bool = True
     return (root or cache_dir()) / f"{name}{suffix}"
 
 
-def write_model(name: str = "tiny-llama", root: Path | None = None,
+def write_model(name: str = "tiny-llama", root: str | Path | None = None,
                 *, tokenizer: bool = True, weights_seed: int | None = None) -> Path:
     """Write the named tiny model's files and return its directory.
 
@@ -623,7 +623,8 @@ def write_model(name: str = "tiny-llama", root: Path | None = None,
     if name not in ZOO:
         raise KeyError(f"unknown tiny model {name!r}; known: {', '.join(ZOO)}")
     model = ZOO[name]
-    model_dir = model_dir_for(name, root, tokenizer=tokenizer, weights_seed=weights_seed)
+    model_dir = model_dir_for(name, None if root is None else Path(root), tokenizer=tokenizer,
+                              weights_seed=weights_seed)
     model_dir.mkdir(parents=True, exist_ok=True)
     _put_json(model_dir / "config.json", model.config)
     if tokenizer:

@@ -117,3 +117,27 @@ def test_write_keeps_a_users_directory_and_writes_its_own_again(tmp_path):
         assert r.exit_code == 0, r.output
     assert json.loads((other / "tiny-llama" / "config.json").read_text()) == \
         ZOO["tiny-llama"].config
+
+
+def test_write_with_seeded_weights_serves_them(tmp_path):
+    """A fresh user comparing greedy outputs under the server needed weights
+    (dummy ones leave every logit flat) and had to call write_model from Python."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    r = runner.invoke(app, ["list", "--models", "--write", str(tmp_path), "tiny-llama",
+                            "--weights", "seeded:3"], env={"COLUMNS": "400"})
+    assert r.exit_code == 0 and r.stderr == "", r.output
+    model_dir = tmp_path / "tiny-llama-seed3"
+    head, command = r.stdout.splitlines()
+    assert head == (f"wrote tiny-llama to {model_dir} (seeded random weights, "
+                    "torch.manual_seed(3): served with --load-format auto); serve it with its "
+                    "engine arguments (one line, to copy):")
+    assert (model_dir / "model.safetensors").stat().st_size > 0
+    args = EngineArgs.from_cli_args(_server_parser().parse_args(shlex.split(command)[3:]))
+    assert (args.model, args.load_format) == (str(model_dir), "auto")
+    r = runner.invoke(app, ["list", "--models", "--write", str(tmp_path), "tiny-llama",
+                            "--weights", "heavy"], env={"COLUMNS": "400"})
+    assert r.exit_code == 2 and r.stderr.startswith("error: --weights heavy")
+    r = runner.invoke(app, ["list", "--weights", "seeded"], env={"COLUMNS": "400"})
+    assert (r.exit_code, r.stderr) == (2, "error: --weights seeded: for a zoo model written "
+                                          "with --models --write DIR NAME\n")
