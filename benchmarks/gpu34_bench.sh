@@ -5,6 +5,8 @@
 # (benchmarks/scenarios/decode-sweep.toml), each twice (run 1, then run 2), one bench at a
 # time and nothing else on the device. In the foreground (one device call each, so a machine
 # taken back between calls loses nothing already returned); JSON, CSV, SVG and logs into $OUT.
+# A child that does not answer in CHILD_TIMEOUT s (default 240: s28's run 2 hung at a child's
+# engine start) prints its Python stacks into the log and the bench exits 1.
 #   bash benchmarks/gpu34_bench.sh mpd [PLOT_WHEELS_DIR]     (the kit's first call: install too)
 #   bash benchmarks/gpu34_bench.sh sweep
 #   bash benchmarks/gpu34_bench.sh resample                  (the _resample_kernel probe, EAGLE V2)
@@ -25,7 +27,7 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 bench() {  # NAME SCENARIO REPEAT WARMUP [RUNS]
   for run in ${5:-1 2}; do
-    timeout 580 python3 -m stepwarm bench "$2" --model $M "${E[@]}" --repeat "$3" --warmup "$4" --rounds 3 --processes "${PROCESSES:-3}" "${B[@]}" \
+    timeout 580 python3 -m stepwarm bench "$2" --model $M "${E[@]}" --repeat "$3" --warmup "$4" --rounds 3 --processes "${PROCESSES:-3}" "${B[@]}" --child-timeout "${CHILD_TIMEOUT:-240}" \
       --json "$OUT/$1-run$run.json" --csv "$OUT/$1-run$run.csv" --plot "$OUT/$1-run$run.svg" > "$OUT/$1-run$run.log" 2>&1
     echo "rc $?" >> "$OUT/$1-run$run.log"
     grep -v "WARNING\|^W1\|^\[" "$OUT/$1-run$run.log" | tail -n 14
