@@ -1317,6 +1317,10 @@ def scenario_from_record(
     if names_a_file(output) and output.suffix.lower() != ".toml":  # check reads *.toml
         output_errors.append(f"--output {shown(output)}: a scenario file; allowed: a FILE "
                              "ending in .toml (check, show and run read scenario files by it)")
+    if "," in str(output):  # the plugin could never be given it
+        output_errors.append(f"--output {shown(output)}: a path with a comma, which "
+                             "STEPWARM_SCENARIOS takes as a separator; allowed: a path without "
+                             "','")
     output_errors += clashes([("--output", output)], [("recording", record)],
                              written="the scenario")
     try:

@@ -1006,3 +1006,16 @@ def test_a_recording_given_as_a_scenario_or_as_traffic_points_to_from_record(tmp
         f"error: {rec}:1: a STEPWARM_RECORD recording, not a traffic file (its steps hold no "
         f"prompts); make a scenario of it with `stepwarm scenario from-record {rec} -o "
         "FILE.toml` and give it with -s")
+
+
+def test_from_record_refuses_an_output_the_plugin_cannot_be_given(tmp_path):
+    """A fresh user wrote `-o 'we ird,name.toml'`: STEPWARM_SCENARIOS splits on
+    commas, so the plugin could never run that file."""
+    rec = tmp_path / "rec.jsonl"
+    rec.write_text('{"step": 0}\n')
+    out = tmp_path / "we ird,name.toml"
+    r = runner.invoke(app, ["scenario", "from-record", str(rec), "-o", str(out)], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "") and not out.exists()
+    assert r.stderr.splitlines()[0] == (
+        f"error: --output {out}: a path with a comma, which STEPWARM_SCENARIOS takes as a "
+        "separator; allowed: a path without ','")
