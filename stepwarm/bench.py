@@ -223,6 +223,10 @@ def compare_pairs(pairs: Sequence[tuple[BenchReport, BenchReport]], seed: int = 
     for i, step in enumerate(pairs[0][0].steps):
         ta = [a.steps[i].times() for a, _ in pairs]
         tb = [b.steps[i].times() for _, b in pairs]
+        if max(percentile([t for ts in (*ta, *tb) for t in ts], 50),
+               *(percentile(ts, 50) for ts in (*ta, *tb))) < TIMER_FLOOR_MS:
+            out.append(Ratio(step.index, step.label, 1.0, 1.0, 1.0, False, idle=True))
+            continue
         ratios = []
         for _ in range(BOOTSTRAP):
             chosen = [rng.randrange(len(pairs)) for _ in pairs] if len(pairs) > 1 else [0]
@@ -232,9 +236,6 @@ def compare_pairs(pairs: Sequence[tuple[BenchReport, BenchReport]], seed: int = 
         ratios.sort()
         pooled_a = [t for ts in ta for t in ts]
         pooled_b = [t for ts in tb for t in ts]
-        if max(percentile(pooled_a, 50), percentile(pooled_b, 50)) < TIMER_FLOOR_MS:
-            out.append(Ratio(step.index, step.label, 1.0, 1.0, 1.0, False, idle=True))
-            continue
         out.append(Ratio(
             step.index, step.label, percentile(pooled_b, 50) / percentile(pooled_a, 50),
             percentile(ratios, tail), percentile(ratios, 100 - tail),

@@ -221,19 +221,26 @@ class Child:
     def __init__(self, name: str, argv: list[str], env: dict[str, str],
                  timeout: float = CHILD_TIMEOUT_S):
         self.name, self.timeout = name, timeout
+        # errors="replace": a stray byte on the child's stdout is no protocol line
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=sys.stderr, env=env, text=True, bufsize=1)
+                                     stderr=sys.stderr, env=env, text=True, bufsize=1,
+                                     errors="replace")
         self._answers: queue.Queue[str | None] = queue.Queue()
+        self._read_error: BaseException | None = None
         threading.Thread(target=self._read, name=f"bench-child-{name}", daemon=True).start()
         # the plan's shapes, or the reason it is not ready
         self.ready = self.reply("its engine's start and plan")
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith(PREFIX):
-                self._answers.put(line[len(PREFIX):])
-        self._answers.put(None)  # the child closed its stdout: it exited
+        try:
+            for line in self.proc.stdout:
+                if line.startswith(PREFIX):
+                    self._answers.put(line[len(PREFIX):])
+        except BaseException as e:  # noqa: BLE001 - said by reply(), not lost in a thread
+            self._read_error = e
+        finally:
+            self._answers.put(None)  # the child closed its stdout (or it cannot be read)
 
     def reply(self, awaiting: str = "an answer") -> dict[str, Any]:
         try:
@@ -244,6 +251,11 @@ class Child:
                 f"{self.name}: no answer in {self.timeout:g} s ({awaiting}); its Python stacks "
                 "are above (stderr); it was ended (--child-timeout)") from None
         if line is None:
+            if self._read_error is not None:
+                self._end_hung()
+                raise RuntimeError(f"{self.name}: its output could not be read "
+                                   f"({type(self._read_error).__name__}: {self._read_error}); "
+                                   "it was ended")
             raise RuntimeError(f"{self.name}: the child exited ({self.proc.wait()}) before "
                                "answering")
         return dict(json.loads(line))

@@ -144,6 +144,7 @@ class Recorder:
         self.fd: int | None = None
         self.size = 0
         self.stopped = False
+        self.head_written = False  # this session's header: a cap line belongs to it
         self.step = 0
         self.ordinals: dict[str, int] = {}
         self.next_ordinal = 0
@@ -233,6 +234,7 @@ class Recorder:
                                   | os.O_NONBLOCK, 0o644)
                 self.size = os.fstat(self.fd).st_size
                 self._append(self.head)
+                self.head_written = True
             self._append(line)
         except _CapReached:
             self._mark_capped(int(line.get("step", 0)))
@@ -258,10 +260,12 @@ class Recorder:
     def _mark_capped(self, step: int) -> None:
         """The last line at the cap, in the room :data:`CAP_MARK_BYTES` kept
         for it: ``{"capped": STEP}`` (from-record then says the recording
-        stops there). Nothing where the file could not even be opened."""
-        if self.fd is None:
-            return
+        stops there). Nothing where this session wrote no header (a file
+        already full from earlier sessions: the line would be theirs) or
+        where it would not fit under the cap."""
         data = (json.dumps({CAPPED_KEY: step}, separators=(",", ":")) + "\n").encode()
+        if self.fd is None or not self.head_written or self.size + len(data) > self.max_bytes:
+            return
         try:
             self.size += os.write(self.fd, data)
         except OSError:

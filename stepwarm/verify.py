@@ -136,7 +136,7 @@ def with_prefix_fills(plan: Plan, profile: RunnerProfile) -> tuple[Plan, tuple[i
     A long hit is filled in chunks of :func:`_fill_chunk` tokens.
 
     Raises:
-        ValueError: chunks cannot end on Mamba block boundaries (a Mamba
+        FillImpossible: chunks cannot end on Mamba block boundaries (a Mamba
             block wider than ``max_num_batched_tokens``).
     """
     ctx = ReservationContext.of(profile)
@@ -221,6 +221,11 @@ def _through_scheduler(llm: Any, worker: WorkerView, call: Any) -> Any:
         _release_finished(llm, worker)
 
 
+class FillImpossible(ValueError):
+    """A prefix hit whose blocks cannot be filled as the scheduler would
+    (:func:`_fill_chunk`)."""
+
+
 def _fill_chunk(profile: RunnerProfile) -> int:
     """Tokens per fill step: ``max_num_batched_tokens``, or, in Mamba align
     mode, one Mamba block (every chunk then ends on a block boundary, as the
@@ -229,7 +234,7 @@ def _fill_chunk(profile: RunnerProfile) -> int:
     align = max((g.block_size for g in profile.kv_cache_groups
                  if g.kind == "mamba" and g.mamba_cache_mode == "align"), default=0)
     if align > profile.max_num_batched_tokens:
-        raise ValueError(
+        raise FillImpossible(
             f"a Mamba align block of {align} tokens exceeds max_num_batched_tokens "
             f"{profile.max_num_batched_tokens}: a prefix-hit fill cannot end on block boundaries")
     return align or profile.max_num_batched_tokens
@@ -381,7 +386,7 @@ def verify(llm: Any, worker: WorkerView, plan: Plan, profile: RunnerProfile,
             f" with an encoder input ({len(silent)} without)" if silent else ""))
     try:
         driven, origin = with_prefix_fills(as_greedy(plan), profile)
-    except ValueError as e:  # a hit whose blocks cannot be filled as the scheduler would
+    except FillImpossible as e:
         return VerifyReport(plan=plan.name, skipped=f"its prefix hits cannot be filled: {e}")
     try:
         reference = reference_tokens(llm, worker, plan, profile, counts)

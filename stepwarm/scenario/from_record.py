@@ -362,12 +362,19 @@ class ChunkRule:
                     ends.append(r.req.computed + r.req.scheduled)
         return cls(rec.header.max_num_batched_tokens, longest, math.gcd(*ends) if ends else 1)
 
-    def chunks(self, computed: int, requests: int) -> tuple[int, int, int]:
-        """``(chunk, repeat, rest)``: ``repeat`` chunks of ``chunk`` tokens a
-        request, then one of ``rest`` (0: none), that make ``computed``."""
-        per = max(1, min(self.budget // max(requests, 1), self.longest, computed))
-        chunk = per // self.align * self.align or per
-        return chunk, computed // chunk, computed % chunk
+    def chunks(self, computed: int, requests: int) -> tuple[int, int, int, bool]:
+        """``(chunk, repeat, rest, each)``: ``repeat`` chunks of ``chunk``
+        tokens a request, then one of ``rest`` (0: none), that make
+        ``computed``; ``each``: one request a step, where the requests'
+        aligned chunks together do not fit the budget (an unaligned chunk
+        only where even one request's aligned chunk does not)."""
+        per = 1
+        for n in (max(requests, 1), 1):
+            per = max(1, min(self.budget // n, self.longest, computed))
+            chunk = per // self.align * self.align
+            if chunk:
+                return chunk, computed // chunk, computed % chunk, n < requests
+        return per, computed // per, computed % per, requests > 1
 
 
 #: A recording's chunk rule where none is given (a budget no chunk reaches).
@@ -439,16 +446,17 @@ def segment(step: RecordedStep, rows: list[Row], block_size: int, line: int,
     counts = {n: c for n, c in zip(seg.names, seg.counts)}
     for computed, group_names in _group(continued, lambda c: c[0]):
         names = [n for _, n in group_names]
-        chunk, repeat, rest = rule.chunks(computed, sum(counts[n] for n in names))
+        chunk, repeat, rest, each = rule.chunks(computed, sum(counts[n] for n in names))
+        one_each: dict[str, Any] = {"each": True} if each else {}
         said = f"the first {computed} tokens of a chunked prefill"
         if repeat == 1 and not rest:
-            seg.step("prefill", said, requests=names, tokens=computed)
+            seg.step("prefill", said, requests=names, tokens=computed, **one_each)
             continue
         said += f", in chunks within max_num_batched_tokens {rule.budget}"
         seg.step("chunked_prefill", said, requests=names, tokens=chunk,
-                 **({"repeat": repeat} if repeat > 1 else {}))
+                 **({"repeat": repeat} if repeat > 1 else {}), **one_each)
         if rest:
-            seg.step("chunked_prefill", requests=names, tokens=rest)
+            seg.step("chunked_prefill", requests=names, tokens=rest, **one_each)
     # The step itself.
     what = what or (f"recorded step {step.step} (line {line}): batch {step.batch}, "
                     f"{plural(step.tokens, 'token')}; stands for recorded "

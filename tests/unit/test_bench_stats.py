@@ -272,3 +272,26 @@ def test_a_child_that_exits_before_answering_is_said_at_once(tmp_path):
     script.write_text("import sys; sys.exit(3)\n")
     with pytest.raises(RuntimeError, match=r"^A: the child exited \(3\) before answering$"):
         Child("A", [sys.executable, str(script)], dict(os.environ), timeout=60)
+
+
+def test_a_stray_byte_on_a_childs_stdout_is_not_a_hang(tmp_path):
+    """A reviewer's find: a non-UTF-8 byte killed the reader thread, and the
+    parent waited the whole --child-timeout for an answer the child had sent."""
+    from stepwarm.bench_command import Child
+
+    script = tmp_path / "stray.py"
+    script.write_text("import sys, time\nsys.stdout.buffer.write(b'\\xff\\n')\nsys.stdout.flush()\n"
+                      "print('STEPWARM-BENCH {\"shapes\": []}', flush=True)\ntime.sleep(30)\n")
+    t0 = time.monotonic()
+    child = Child("A", [sys.executable, str(script)], dict(os.environ), timeout=20)
+    assert child.ready == {"shapes": []} and time.monotonic() - t0 < 15
+    child.proc.kill()
+    child.proc.wait()
+
+
+def test_steps_that_read_zero_are_idle_not_a_division_by_zero():
+    from stepwarm.bench import compare_pairs
+
+    r, = compare_pairs([(_report([0.07] * 4, device=[0.0] * 4),
+                         _report([0.07] * 4, device=[0.0] * 4))])
+    assert r.idle and r.ratio == 1.0

@@ -599,3 +599,41 @@ def test_an_unknown_model_is_said_as_run_says_it(rec: Path, tmp_path: Path) -> N
     code, err = bad(tmp_path, session(), "--model", "tiny-lama")
     assert code == 2 and ("--model tiny-lama: no such directory, nor a zoo model (did you mean "
                           "'tiny-llama'?), nor a Hugging Face id") in err
+
+
+def test_a_mamba_align_ready_part_stays_on_block_boundaries(tmp_path: Path) -> None:
+    """A reviewer's find: four requests at computed 128 on a 128-token budget
+    with 64-token Mamba blocks had their ready part cut into 32-token chunks
+    (128 // 4), off the block boundaries the align runner's scheduler keeps;
+    they now go one request a step in 64-token chunks."""
+    from stepwarm.profile import CacheSpec
+    from tests.helpers import make_profile
+
+    g = json.loads(_G)
+    head = json.loads(session(SESSION[:1]))
+    head.update(max_num_batched_tokens=128, max_num_seqs=4, block_size=64)
+
+    def req(r: int, s: int, c: int, **kw: object) -> dict:
+        return {"r": r, "scheduled": s, "computed": c, "prompt": 160, **kw}
+
+    new = {"new": True, "hit_blocks": 0, "sampler": g}
+    steps = [[req(0, 64, 0, **new), req(1, 64, 0, **new)], [req(2, 64, 0, **new),
+                                                            req(3, 64, 0, **new)],
+             [req(0, 64, 64), req(1, 64, 64)], [req(2, 64, 64), req(3, 64, 64)],
+             [req(k, 32, 128) for k in range(4)]]
+    lines = [head] + [{"step": k, "batch": len(rs), "tokens": sum(r["scheduled"] for r in rs),
+                       "finished": 0, "preempted": 0, "reqs": rs} for k, rs in enumerate(steps)]
+    rec = tmp_path / "m.jsonl"
+    rec.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "m.toml"
+    r = runner.invoke(app, ["scenario", "from-record", str(rec), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    ready = [s for s in tomllib.loads(out.read_text())["steps"] if s["kind"] == "chunked_prefill"]
+    assert ready == [{"kind": "chunked_prefill", "requests": ["s4_0"], "tokens": 64,
+                      "repeat": 2, "each": True}]
+    mamba = CacheSpec(kind="mamba", block_size=64, mamba_cache_mode="align")
+    prof = make_profile(kv_cache_groups=(CacheSpec(kind="full_attention", block_size=64), mamba),
+                        max_num_batched_tokens=128, max_num_seqs=4, max_model_len=512)
+    plan, = plans_for([str(out)], prof)
+    assert not plan.skipped
+    assert max(sum(r.num_scheduled_tokens for r in s.scheduled) for s in plan.steps) == 128

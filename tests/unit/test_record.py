@@ -269,3 +269,24 @@ def test_register_refuses_a_bad_value(monkeypatch: pytest.MonkeyPatch) -> None:
         register()
     assert e.value.code == ("stepwarm: STEPWARM_RECORD_MAX_MB='lots': allowed: a whole number "
                             "of MiB from 1 to 1048576; unset: 256")
+
+
+def test_a_restart_on_a_file_at_its_cap_adds_no_cap_line(tmp_path: Path) -> None:
+    """A reviewer's find: each restart on a recording already at its cap
+    appended a header-less {"capped": 0} past the cap, which from-record then
+    blamed on the earlier session. A cap line is written only after this
+    session's own header, and only under the cap."""
+    path = tmp_path / "rec.jsonl"
+    head = {"stepwarm_record": 1, "vllm": "x"}
+    earlier = json.dumps(head) + "\n" + json.dumps({"step": 0}) + "\n"
+    path.write_text(earlier)
+    for _ in range(3):
+        rec = record.Recorder(str(path), len(earlier), head, 16)
+        rec.write({"step": 0, "batch": 1})
+    assert path.read_text() == earlier
+    # room for the header and the cap line, not for a step: both written
+    path.write_text("")
+    header = len(json.dumps(head, separators=(",", ":"))) + 1
+    rec = record.Recorder(str(path), header + record.CAP_MARK_BYTES, head, 16)
+    rec.write({"step": 7, "batch": 1, "reqs": [{"r": 0, "scheduled": 99}]})
+    assert [json.loads(x) for x in path.read_text().splitlines()] == [head, {"capped": 7}]
