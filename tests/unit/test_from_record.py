@@ -482,6 +482,18 @@ def test_equal_moe_classes_launch_the_same_fused_moe_variant(tuned_moe_folder, e
     assert len(keys) >= len({k for k in keys.values()})
 
 
+def _from_steps(tmp_path: Path, name: str, head: dict, steps: list[list[dict]]) -> Path:
+    """``from-record`` of a recording of ``head`` and a line per step's rows."""
+    lines = [head] + [{"step": k, "batch": len(rs), "tokens": sum(r["scheduled"] for r in rs),
+                       "finished": 0, "preempted": 0, "reqs": rs} for k, rs in enumerate(steps)]
+    rec = tmp_path / f"{name}.jsonl"
+    rec.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / f"{name}.toml"
+    r = runner.invoke(app, ["scenario", "from-record", str(rec), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    return out
+
+
 def test_the_scenario_runs_within_the_recorded_budget_and_batch(tmp_path: Path) -> None:
     """A fresh user's finds on a 64-token budget, 2 sequences: (1) the ready
     part of a continued prefill (96 tokens computed, two requests) was one
@@ -506,13 +518,7 @@ def test_the_scenario_runs_within_the_recorded_budget_and_batch(tmp_path: Path) 
         [req(1, 4, 96, 100), req(0, 33, 96, 200)],  # r1's last chunk, r0's middle one
         [req(2, 8, 32, 40, new=True, hit_blocks=2, sampler=g), req(3, 20, 0, 20, **new)],
     ]
-    lines = [head] + [{"step": k, "batch": 2, "tokens": sum(r["scheduled"] for r in rs),
-                       "finished": 0, "preempted": 0, "reqs": rs} for k, rs in enumerate(steps)]
-    rec = tmp_path / "budget.jsonl"
-    rec.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    out = tmp_path / "budget.toml"
-    r = runner.invoke(app, ["scenario", "from-record", str(rec), "-o", str(out)])
-    assert r.exit_code == 0, r.output
+    out = _from_steps(tmp_path, "budget", head, steps)
     data = tomllib.loads(out.read_text())
     assert data["steps"] == [
         {"kind": "prefill", "requests": ["s4_0", "s4_1"]},  # the hit's 8 tokens, fresh
@@ -621,13 +627,7 @@ def test_a_mamba_align_ready_part_stays_on_block_boundaries(tmp_path: Path) -> N
                                                             req(3, 64, 0, **new)],
              [req(0, 64, 64), req(1, 64, 64)], [req(2, 64, 64), req(3, 64, 64)],
              [req(k, 32, 128) for k in range(4)]]
-    lines = [head] + [{"step": k, "batch": len(rs), "tokens": sum(r["scheduled"] for r in rs),
-                       "finished": 0, "preempted": 0, "reqs": rs} for k, rs in enumerate(steps)]
-    rec = tmp_path / "m.jsonl"
-    rec.write_text("".join(json.dumps(x) + "\n" for x in lines))
-    out = tmp_path / "m.toml"
-    r = runner.invoke(app, ["scenario", "from-record", str(rec), "-o", str(out)])
-    assert r.exit_code == 0, r.output
+    out = _from_steps(tmp_path, "m", head, steps)
     ready = [s for s in tomllib.loads(out.read_text())["steps"] if s["kind"] == "chunked_prefill"]
     assert ready == [{"kind": "chunked_prefill", "requests": ["s4_0"], "tokens": 64,
                       "repeat": 2, "each": True}]
