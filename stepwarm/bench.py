@@ -223,8 +223,7 @@ def compare_pairs(pairs: Sequence[tuple[BenchReport, BenchReport]], seed: int = 
     for i, step in enumerate(pairs[0][0].steps):
         ta = [a.steps[i].times() for a, _ in pairs]
         tb = [b.steps[i].times() for _, b in pairs]
-        if max(percentile([t for ts in (*ta, *tb) for t in ts], 50),
-               *(percentile(ts, 50) for ts in (*ta, *tb))) < TIMER_FLOOR_MS:
+        if max(percentile(ts, 50) for ts in (*ta, *tb)) < TIMER_FLOOR_MS:
             out.append(Ratio(step.index, step.label, 1.0, 1.0, 1.0, False, idle=True))
             continue
         ratios = []

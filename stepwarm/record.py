@@ -70,6 +70,12 @@ SAMPLER_KINDS = ("greedy", "random", "top_k", "top_p", "top_k_top_p", "pool")
 _SAMPLING_EPS = 1e-5
 
 
+def looks_like_recording(text: str) -> bool:
+    """Whether a file's text starts with a recording's header line (a
+    recording given where a scenario or a traffic file was wanted)."""
+    return text.lstrip("\ufeff \t\r\n").startswith('{"stepwarm_record"')
+
+
 def model_identity(config: Mapping[str, Any]) -> dict[str, str]:
     """The header's ``model``: the first architecture and a hash of the
     :data:`IDENTITY_KEYS` of a model's config (``config.json`` as read, or
@@ -248,7 +254,7 @@ class Recorder:
             self.stop()
 
     def _append(self, obj: dict[str, Any]) -> None:
-        data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+        data = _line(obj)
         if self.size + len(data) + CAP_MARK_BYTES > self.max_bytes:
             raise _CapReached
         assert self.fd is not None
@@ -263,7 +269,7 @@ class Recorder:
         stops there). Nothing where this session wrote no header (a file
         already full from earlier sessions: the line would be theirs) or
         where it would not fit under the cap."""
-        data = (json.dumps({CAPPED_KEY: step}, separators=(",", ":")) + "\n").encode()
+        data = _line({CAPPED_KEY: step})
         if self.fd is None or not self.head_written or self.size + len(data) > self.max_bytes:
             return
         try:
@@ -281,6 +287,11 @@ class Recorder:
             except OSError:
                 pass
             self.fd = None
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    """``obj`` as one line of the recording."""
+    return (json.dumps(obj, separators=(",", ":")) + "\n").encode()
 
 
 class _CapReached(Exception):

@@ -506,7 +506,9 @@ def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None,
             than :data:`MAX_LINES` lines or :data:`MAX_REQUESTS` requests, or
             one that holds no request.
     """
-    if text.lstrip("\ufeff \n").startswith('{"stepwarm_record"'):
+    from stepwarm.record import looks_like_recording
+
+    if looks_like_recording(text):
         raise TrafficError(f"{file}:1: a STEPWARM_RECORD recording, not a traffic file (its "
                            "steps hold no prompts); make a scenario of it with `stepwarm "
                            f"scenario from-record {file} -o FILE.toml` and give it with -s")

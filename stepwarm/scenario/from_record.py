@@ -291,7 +291,7 @@ class _Segment:
         self.requests: list[str] = []
         self.steps: list[str] = []
         self.names: list[str] = []
-        self.counts: list[int] = []  # each name's count
+        self.counts: dict[str, int] = {}  # each name's count
         self.notes: list[str] = []
 
     def request(self, prompt: int, count: int, row: Row) -> str:
@@ -308,7 +308,7 @@ class _Segment:
             text += "structured_output = true\n"
         self.requests.append(text)
         self.names.append(name)
-        self.counts.append(count)
+        self.counts[name] = count
         return name
 
     def step(self, kind: str, comment: str = "", **fields: Any) -> None:
@@ -443,10 +443,9 @@ def segment(step: RecordedStep, rows: list[Row], block_size: int, line: int,
     all_dec = [n for names in dec_names.values() for n in names]
     if all_dec:
         seg.step("prefill", "the decoders' prompts", requests=all_dec)
-    counts = {n: c for n, c in zip(seg.names, seg.counts)}
     for computed, group_names in _group(continued, lambda c: c[0]):
         names = [n for _, n in group_names]
-        chunk, repeat, rest, each = rule.chunks(computed, sum(counts[n] for n in names))
+        chunk, repeat, rest, each = rule.chunks(computed, sum(seg.counts[n] for n in names))
         one_each: dict[str, Any] = {"each": True} if each else {}
         said = f"the first {computed} tokens of a chunked prefill"
         if repeat == 1 and not rest:

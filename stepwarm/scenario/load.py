@@ -276,7 +276,9 @@ def loads(text: str, file: str, name: str) -> LoadedScenario:
         line = int(m.group(1)) if m else getattr(e, "lineno", None)
         msg = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(e))
         col = f", column {m.group(2)}" if m else ""
-        if text.lstrip().startswith('{"stepwarm_record"'):
+        from stepwarm.record import looks_like_recording
+
+        if looks_like_recording(text):
             raise ScenarioError(
                 f"{file}:1: a STEPWARM_RECORD recording, not a scenario; make a scenario of it "
                 f"with `stepwarm scenario from-record {file} -o FILE.toml`",
