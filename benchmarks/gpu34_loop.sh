@@ -8,7 +8,8 @@
 #      long odd-length prompts past the CUDA-graph range): the recording;
 #   2. stepwarm scenario from-record: the scenario;
 #   3. coverage with only that scenario, fresh caches, traffic A; 4. the same on traffic B
-#      (the same distribution, other draws).
+#      (the same distribution, other draws); 5. with LOOP_ALL=1, the same engine with `all` on
+#      traffic A (coverage: fresh caches): the start-up the recorded scenario is held to.
 set -uo pipefail
 R=/tmp/stepwarm-034b
 M=${LOOP_MODEL:-qwen3-30b-a3b-l2}
@@ -27,6 +28,7 @@ case "${1:-}" in
       python3 -m stepwarm scenario from-record $R/out/moe.rec.jsonl -o $R/out/recorded.toml --model $M > $R/out/loop-2.log 2>&1; echo rc \$? >> $R/out/loop-2.log
       timeout 500 python3 -m stepwarm coverage --model $M ${E[*]} -s $R/out/recorded.toml traffic/moe-long-a.jsonl --json $R/out/loop-3-a.json > $R/out/loop-3.log 2>&1; echo rc \$? >> $R/out/loop-3.log
       timeout 500 python3 -m stepwarm coverage --model $M ${E[*]} -s $R/out/recorded.toml traffic/moe-long-b.jsonl --json $R/out/loop-4-b.json > $R/out/loop-4.log 2>&1; echo rc \$? >> $R/out/loop-4.log
+      if [ -n \"${LOOP_ALL:-}\" ]; then timeout 500 python3 -m stepwarm coverage --model $M ${E[*]} -s all traffic/moe-long-a.jsonl --json $R/out/loop-5-all.json > $R/out/loop-5.log 2>&1; echo rc \$? >> $R/out/loop-5.log; fi
       wait; echo done > $R/done" > $R/runner.log 2>&1 < /dev/null &
     sleep 2; cat $R/runner.log
     ;;
