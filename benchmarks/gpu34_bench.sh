@@ -12,7 +12,7 @@
 #   bash benchmarks/gpu34_bench.sh resample                  (the _resample_kernel probe, EAGLE V2)
 #   bash benchmarks/gpu34_bench.sh hide                      (benchmarks/gpu_probe_hide_host.py: bench's
 #        queued sleep against events around the kernels alone; torch only; `all` runs it first)
-#   bash benchmarks/gpu34_bench.sh all [PLOT_WHEELS_DIR]     (mpd run 1, sweep run 1, mpd run 2, sweep run 2,
+#   bash benchmarks/gpu34_bench.sh all [PLOT_WHEELS_DIR]     (HIDE=0: without the probe; mpd run 1, sweep run 1, mpd run 2, sweep run 2,
 #        in a new process session: the call returns at once; poll with `bash benchmarks/gpu34_bench.sh poll`,
 #        which copies /root/bw/bench.tgz (every JSON, CSV, SVG and log so far, one file) into $OUT)
 set -uo pipefail
@@ -43,7 +43,7 @@ case "${1:-}" in
          mkdir -p /root/bw; BG=1 OUT=/root/bw/out PACK=/root/bw/bench.tgz setsid nohup bash "$0" all \
            > /root/bw/all.log 2>&1 < /dev/null & sleep 20; cat /root/bw/all.log; exit 0; fi
        nvidia-smi -L; python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
-       bash "$0" hide
+       [ "${HIDE:-1}" = 0 ] || bash "$0" hide
        for run in 1 2; do bench mpd mixed-prefill-decode 30 5 $run
          bench sweep benchmarks/scenarios/decode-sweep.toml 20 3 $run; done; echo "all done" ;;
   poll) cp /root/bw/bench.tgz "$OUT/" 2>/dev/null; cp /root/bw/all.log "$OUT/" 2>/dev/null
