@@ -897,10 +897,10 @@ def coverage(
         with interrupts.kept(), interrupts.broken_by_signal():
             rep = measure(loaded, names, start, detectors, threshold=threshold,
                           min_excess_ms=min_excess_ms,
-                          on_started=lambda rep: (print_wrapped(
+                          on_started=lambda rep, kept: (print_wrapped(
                               f"engine up in {rep.startup_s:.1f} s ({rep.mode}); replaying "
-                              f"{plural(len(loaded.lines), 'request')} of {rep.traffic}, each "
-                              "twice"), progress.start(),
+                              f"{plural(len(kept.lines), 'request')} of {rep.traffic}, each "
+                              "twice"), progress.start(len(kept.lines)),
                               interrupts.as_interrupt()),  # again: vLLM may set its own
                           on_request=progress.request, cache="warm" if warm_cache else "fresh",
                           trace=trace)

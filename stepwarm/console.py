@@ -663,8 +663,11 @@ class ReplayProgress:
         self.total, self.out, self.done = total, out, 0
         self.status: Any = None
 
-    def start(self) -> None:
-        """The replay begins."""
+    def start(self, total: int | None = None) -> None:
+        """The replay begins (of ``total`` requests where the engine left
+        out lines that do not fit it)."""
+        if total is not None:
+            self.total = total
         if self.out.is_terminal:
             self.status = Spinner(f"replaying traffic: 0/{self.total} requests", self.out)
             self.status.start()

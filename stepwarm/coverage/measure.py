@@ -25,7 +25,13 @@ from stepwarm.coverage.report import (
     request_dict,
 )
 from stepwarm.coverage.startup import attribute
-from stepwarm.coverage.traffic import Traffic, TrafficLimits, check_limits, prefix_notes
+from stepwarm.coverage.traffic import (
+    Traffic,
+    TrafficLimits,
+    check_limits,
+    fitting,
+    prefix_notes,
+)
 from stepwarm.driver import RunReport
 from stepwarm.settings import ENV_SCENARIOS
 
@@ -68,7 +74,7 @@ def measure(
     *,
     threshold: float | None = None,
     min_excess_ms: float | None = None,
-    on_started: Callable[[CoverageReport], None] | None = None,
+    on_started: Callable[[CoverageReport, Traffic], None] | None = None,
     on_request: Callable[[RequestResult], None] | None = None,
     cache: str = "fresh",
     trace: bool = False,
@@ -86,7 +92,9 @@ def measure(
             (:meth:`~stepwarm.coverage.detectors.Detectors.start`); the caller stops them.
         threshold, min_excess_ms: the ratio gate; the device's
             :data:`~stepwarm.coverage.report.DEFAULT_THRESHOLDS` when None.
-        on_started: called with the report once start-up is attributed.
+        on_started: called with the report once start-up is attributed, and
+            the traffic that will be replayed (``if_fits`` lines too long for
+            the engine left out: :func:`~stepwarm.coverage.traffic.fitting`).
         on_request: called with each request's result as it ran.
         cache: ``fresh`` or ``warm`` (:attr:`CoverageReport.cache`: the
             detectors watch caches a fresh run filled, a restart).
@@ -134,10 +142,12 @@ def measure(
     )
     limits = engine_limits(profile)
     check_limits(traffic, limits)
-    rep.notes = prefix_notes(traffic, profile.enable_prefix_caching, prefix_cache_alignment(
-        profile.kv_cache_groups, profile.enable_prefix_caching))
+    traffic, left_out = fitting(traffic, limits)
+    rep.notes = left_out + prefix_notes(traffic, profile.enable_prefix_caching,
+                                        prefix_cache_alignment(profile.kv_cache_groups,
+                                                               profile.enable_prefix_caching))
     if on_started is not None:
-        on_started(rep)
+        on_started(rep, traffic)
     t_traffic = time.time()
     gate = Gate(rep.threshold, rep.min_excess_ms) if rep.threshold is not None else None
     results = replay(engine.llm, traffic, limits, detectors, on_request, worker=engine.worker,

@@ -21,6 +21,10 @@ Each line is a JSON object::
 * ``prefix``: ``{"group": NAME, "tokens": N}``: the prompt's first ``N``
   tokens are the group's shared prefix, cached by a priming request before
   each replay, so the measured request is a prefix hit.
+* ``if_fits``: ``true``: where prompt + ``max_tokens`` is longer than the
+  engine's ``max_model_len`` the line is left out, with a note, instead of
+  refused (:func:`fitting`): one file for engines of every length (the
+  built-in file's long prompt).
 * ``name``: how the report calls the request (default ``line N``).
 
 Every line is checked before the engine starts (:func:`load_traffic`): its
@@ -132,6 +136,7 @@ class TrafficRequest(BaseModel):
     sampling: dict[str, Any] = Field(default_factory=dict)
     server_defaults: StrictBool = False
     prefix: Prefix | None = None
+    if_fits: StrictBool = False
 
     @property
     def prompt_len(self) -> int:
@@ -612,7 +617,7 @@ def _limit_errors(tl: TrafficLine, file: str, limits: TrafficLimits) -> list[Tra
     req, where = tl.request, (file, tl.line)
     kwargs = req.sampling_kwargs(limits.max_logprobs or 0)
     total = req.prompt_len + int(kwargs.get("max_tokens") or 0)
-    if limits.max_model_len is not None and total > limits.max_model_len:
+    if limits.max_model_len is not None and total > limits.max_model_len and not req.if_fits:
         errors.append(_error(*where, "prompt", f"{req.prompt_len} tokens + max_tokens "
                              f"{kwargs.get('max_tokens')} = {total} > {src} max_model_len "
                              f"{limits.max_model_len}"))
@@ -633,6 +638,26 @@ def _limit_errors(tl: TrafficLine, file: str, limits: TrafficLimits) -> list[Tra
             errors.append(_error(*where, f"sampling.{key}", f"{value} > {src} max_logprobs "
                                  f"{limits.max_logprobs} (use \"max\", or -e max_logprobs=N)"))
     return errors
+
+
+def fitting(traffic: Traffic, limits: TrafficLimits) -> tuple[Traffic, list[str]]:
+    """``traffic`` less its ``if_fits`` lines whose prompt + ``max_tokens``
+    is longer than ``limits.max_model_len``, and a note for each line left
+    out (``FILE:LINE: prompt: ...: left out``)."""
+    if limits.max_model_len is None:
+        return traffic, []
+    kept, notes = [], []
+    for tl in traffic.lines:
+        req = tl.request
+        total = req.prompt_len + int(req.sampling_kwargs(limits.max_logprobs or 0)
+                                     .get("max_tokens") or 0)
+        if req.if_fits and total > limits.max_model_len:
+            notes.append(f"{traffic.source}:{tl.line}: prompt: {req.prompt_len} tokens + "
+                         f"max_tokens {total - req.prompt_len} > {limits.source} max_model_len "
+                         f"{limits.max_model_len}: left out (if_fits)")
+        else:
+            kept.append(tl)
+    return Traffic(traffic.source, tuple(kept)), notes
 
 
 #: ``config.json`` keys vLLM derives the longest sequence from

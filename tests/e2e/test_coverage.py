@@ -150,3 +150,20 @@ def test_server_defaults_lines_sample_as_the_models_generation_config_says(tmp_p
         "plain": short,
     }
     assert [r["tokens"] for r in rep["requests"]] == [[12, 12], [4, 4], [4, 4]]
+
+
+def test_an_if_fits_line_too_long_for_the_engine_is_left_out_with_a_note(tmp_path):
+    """The engine's ``max_model_len`` (512) is below an ``if_fits`` line's
+    prompt: the line is not replayed, the report says why, the others run."""
+    traffic = tmp_path / "traffic.jsonl"
+    traffic.write_text('{"name": "long", "prompt": 1003, "if_fits": true}\n'
+                       '{"name": "short", "prompt": 7, "sampling": {"temperature": 0.0}}\n')
+    out = tmp_path / "r.json"
+    proc = _stepwarm("coverage", str(traffic), "--json", str(out), "-e", "max_model_len=512")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rep = json.loads(out.read_text())
+    assert [r["name"] for r in rep["requests"]] == ["short"]
+    note = (f"{traffic}:1: prompt: 1003 tokens + max_tokens 4 > the engine's max_model_len "
+            "512: left out (if_fits)")
+    assert note in rep["notes"]
+    assert "replaying 1 request of traffic.jsonl" in unwrapped(proc.stdout)

@@ -243,7 +243,7 @@ def test_every_traffic_error_at_once_with_its_line_and_field():
                       '{"prompt": 3, "sampling": {"top_kk": 2}}\n', "t.jsonl")
     assert str(e.value).splitlines() == [
         "t.jsonl:1: promt: unknown field (did you mean 'prompt'?); allowed: name, prompt, "
-        "count, sampling, server_defaults, prefix",
+        "count, sampling, server_defaults, prefix, if_fits",
         "t.jsonl:3: prompt: []: allowed: a length (an integer > 0) or a list of token ids "
         "(integers >= 0, at least one)",
         "t.jsonl:3: count: 0; allowed: an integer from 1 to 4096 (MAX_COUNT, see docs/traffic.md)",
@@ -320,7 +320,7 @@ def test_coverage_reports_format_and_limit_errors_of_a_traffic_file_at_once(tmp_
     # the format's errors (lines 1, 3) and the model's limits (2, 4) together, in line order
     assert r.stderr == (
         f"error: {t}:1: promt: unknown field (did you mean 'prompt'?); allowed: name, prompt, "
-        "count, sampling, server_defaults, prefix\n"
+        "count, sampling, server_defaults, prefix, if_fits\n"
         f"error: {t}:2: prompt: token id 600 >= the model's vocab_size 512\n"
         f"error: {t}:3: count: 0; allowed: an integer from 1 to 4096 (MAX_COUNT, see docs/traffic.md)\n"
         f"error: {t}:4: prompt: 510 tokens + max_tokens 4 = 514 > the model's max_model_len 512\n")
@@ -336,7 +336,7 @@ def test_coverage_names_traffic_scenario_and_engine_arg_errors_together(tmp_path
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 3, r.stderr
     assert errors[0] == (f"error: {t}:1: promt: unknown field (did you mean 'prompt'?); "
-                         "allowed: name, prompt, count, sampling, server_defaults, prefix")
+                         "allowed: name, prompt, count, sampling, server_defaults, prefix, if_fits")
     assert errors[1].startswith("error: unknown scenario 'nosuch'; allowed: ")
     assert errors[2] == ("error: -e max_num_seq: not a vllm.LLM or EngineArgs keyword "
                          "(did you mean 'max_num_seqs'?)")

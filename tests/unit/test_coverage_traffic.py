@@ -15,6 +15,7 @@ from stepwarm.coverage.traffic import (
     TrafficLimits,
     builtin_path,
     check_limits,
+    fitting,
     load_traffic,
     loads_traffic,
     make_sampling_params,
@@ -41,7 +42,7 @@ def _error(*lines: str) -> str:
                        "of token ids (integers >= 0, at least one)"),
     ('{"prompt": [3, false]}', "t.jsonl:2: prompt: [3, false]: allowed: a length"),
     ('{"promt": 3}', "t.jsonl:2: promt: unknown field (did you mean 'prompt'?); allowed: name, "
-                     "prompt, count, sampling, server_defaults, prefix"),
+                     "prompt, count, sampling, server_defaults, prefix, if_fits"),
     ('{"prompt": 5, "count": 4097}', "t.jsonl:2: count: 4097; allowed: an integer from 1 to "
                                      "4096 (MAX_COUNT, see docs/traffic.md)"),
     ('{"prompt": 5, "sampling": {"temprature": 1}}',
@@ -56,7 +57,7 @@ def _error(*lines: str) -> str:
     ('{"prompt": 5, "count": "a"}', 't.jsonl:2: count: "a"; allowed: an integer from 1 to 4096'),
     ('{"prompt": 5, "extra": 1}',
      "t.jsonl:2: extra: unknown field; allowed: name, prompt, count, sampling, "
-     "server_defaults, prefix"),
+     "server_defaults, prefix, if_fits"),
     ('{"prompt": 5, "prefix": {"group": "g", "tokenz": 5}}',
      "t.jsonl:2: prefix.tokenz: unknown field (did you mean 'tokens'?); allowed: group, tokens"),
     ('{"prompt": 5, "prefix": {"group": "", "tokens": 2}}',
@@ -276,8 +277,18 @@ def test_the_builtin_traffic_covers_the_classes_it_promises():
     # server-style: sampling from the model's generation_config.json
     assert {r.count for r in reqs if r.server_defaults and not r.sampling} == {1, 16, 17}
     assert any(isinstance(r.prompt, list) for r in reqs)
+    # an eager prefill past vLLM's default CUDA-graph range (512), not a multiple
+    # of 16 (the fused MoE kernel's own variants), left out where it does not fit
+    long = [tl for tl in traffic.lines if tl.request.prompt_len > 512]
+    assert [(tl.request.prompt_len, tl.request.if_fits) for tl in long] == [(1003, True)]
     limits = TrafficLimits(max_model_len=512, vocab_size=512, max_logprobs=20)
     check_limits(traffic, limits)  # fits the embedded tiny Llama's engine
+    kept, notes = fitting(traffic, limits)
+    assert [tl.line for tl in kept.lines] == [tl.line for tl in traffic.lines
+                                              if tl is not long[0]]
+    assert notes == [f"{builtin_path()}:{long[0].line}: prompt: 1003 tokens + max_tokens 4 > "
+                     "the engine's max_model_len 512: left out (if_fits)"]
+    assert fitting(traffic, TrafficLimits(1007, 512, 20))[0] == traffic
     assert all(json.loads(line) for line in builtin_path().read_text().splitlines())
 
 
@@ -338,7 +349,7 @@ def test_every_bad_line_is_named_at_once_not_the_json_ones_first(tmp_path):
                 f"error: {f}:3: prompt: 0: {prompt}",
                 f"error: {f}:4: expected a JSON object (one request a line), got list",
                 f"error: {f}:5: promt: unknown field (did you mean 'prompt'?); allowed: name, prompt, "
-                "count, sampling, server_defaults, prefix"]
+                "count, sampling, server_defaults, prefix, if_fits"]
     for line in range(6, 22):
         expected.append(f"error: {f}:{line}:1: invalid JSON: Expecting value" if line % 2 == 0
                         else f"error: {f}:{line}: prompt: -1: {prompt}")
@@ -449,3 +460,27 @@ def test_the_json_lines_of_a_file_with_junk_lines_are_checked_against_the_model(
     assert r.stderr == (f"error: {f}:1:1: invalid JSON: Expecting value\n"
                         f"error: {f}:2: prompt: 9999 tokens + max_tokens 4 = 10003 > the "
                         "model's max_model_len 512\n")
+
+
+def test_if_fits_leaves_a_long_line_out_where_a_plain_one_is_refused(tmp_path):
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"prompt": 600, "if_fits": true}\n'
+                    '{"prompt": 7}\n'
+                    '{"prompt": 600, "sampling": {"max_tokens": 8}}\n')
+    limits = TrafficLimits(max_model_len=512, vocab_size=None, max_logprobs=None,
+                           source="config.json's")
+    with pytest.raises(TrafficError) as e:
+        load_traffic(str(path), limits)
+    # only the plain long line is an error, before the engine starts
+    assert e.value.errors == (f"{path}:3: prompt: 600 tokens + max_tokens 8 = 608 > "
+                              "config.json's max_model_len 512",)
+    path.write_text('{"prompt": 600, "if_fits": true}\n{"prompt": 7}\n')
+    traffic = load_traffic(str(path), limits)
+    kept, notes = fitting(traffic, limits)
+    assert [tl.line for tl in kept.lines] == [2]
+    assert notes == [f"{path}:1: prompt: 600 tokens + max_tokens 4 > config.json's "
+                     "max_model_len 512: left out (if_fits)"]
+    path.write_text('{"prompt": 7, "if_fits": 1}\n')
+    with pytest.raises(TrafficError) as e:
+        load_traffic(str(path))
+    assert f"{path}:1: if_fits: " in str(e.value)
