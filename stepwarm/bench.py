@@ -197,12 +197,14 @@ def compare(a: BenchReport, b: BenchReport, seed: int = 0) -> list[Ratio]:
 
 def compare_pairs(pairs: Sequence[tuple[BenchReport, BenchReport]], seed: int = 0
                   ) -> list[Ratio]:
-    """Per step, the pooled ``median(B) / median(A)`` over several pairs of
-    child processes (``--processes``), and its ``CONFIDENCE`` interval by a
-    two-level bootstrap (seeded): the pairs are resampled with replacement,
-    then each chosen pair's samples, so the interval holds the drift between
-    processes as well as the noise within one. Each pair's own ratio is kept
-    (:attr:`Ratio.per_process`).
+    """Per step, over several pairs of child processes (``--processes``), the
+    geometric mean of each pair's ``median(B) / median(A)`` (so it lies between
+    the pairs' own ratios: medians pooled over processes of other speeds
+    need not), and its ``CONFIDENCE`` interval by a two-level bootstrap
+    (seeded): the pairs are resampled with replacement, then each chosen
+    pair's samples, so the interval holds the drift between processes as
+    well as the noise within one. Each pair's own ratio is kept
+    (:attr:`Ratio.per_process`). With one pair: ``median(B) / median(A)``.
 
     Raises:
         ShapeDrift: two plans differ (another step count or shape), or the
@@ -229,18 +231,26 @@ def compare_pairs(pairs: Sequence[tuple[BenchReport, BenchReport]], seed: int = 
         ratios = []
         for _ in range(BOOTSTRAP):
             chosen = [rng.randrange(len(pairs)) for _ in pairs] if len(pairs) > 1 else [0]
-            ra = [t for k in chosen for t in rng.choices(ta[k], k=len(ta[k]))]
-            rb = [t for k in chosen for t in rng.choices(tb[k], k=len(tb[k]))]
-            ratios.append(percentile(rb, 50) / percentile(ra, 50))
+            ratios.append(_mean_ratio([
+                percentile(rng.choices(tb[k], k=len(tb[k])), 50)
+                / percentile(rng.choices(ta[k], k=len(ta[k])), 50) for k in chosen]))
         ratios.sort()
-        pooled_a = [t for ts in ta for t in ts]
-        pooled_b = [t for ts in tb for t in ts]
+        per_pair = [percentile(b, 50) / percentile(a, 50) for a, b in zip(ta, tb)]
         out.append(Ratio(
-            step.index, step.label, percentile(pooled_b, 50) / percentile(pooled_a, 50),
+            step.index, step.label, _mean_ratio(per_pair),
             percentile(ratios, tail), percentile(ratios, 100 - tail),
-            any(stats(t)["spread"] > WIDE_SPREAD for t in (*ta, *tb)),
-            [percentile(b, 50) / percentile(a, 50) for a, b in zip(ta, tb)]))
+            any(stats(t)["spread"] > WIDE_SPREAD for t in (*ta, *tb)), per_pair))
     return out
+
+
+def _mean_ratio(ratios: Sequence[float]) -> float:
+    """The geometric mean of ``ratios`` (one: itself); a ratio of 0 (a
+    median of 0) gives 0."""
+    if len(ratios) == 1:
+        return ratios[0]
+    if min(ratios) <= 0:
+        return 0.0
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
 
 
 def gate(ratios: Sequence[Ratio], pct: float) -> list[Ratio]:
@@ -507,20 +517,30 @@ def child_loop(worker: WorkerView, plan: Any, profile: Any, read: Callable[[], s
             write(json.dumps({"error": f"{type(e).__name__}: {e}"}))
 
 
-def interleave(send: dict[str, Callable[[str], dict[str, Any]]], rounds: int, per_round: int,
+def round_sizes(repeat: int, rounds: int) -> list[int]:
+    """``repeat`` measured repeats split into at most ``rounds`` rounds, the
+    first ones a repeat longer where they do not divide evenly (10 in 4:
+    3, 3, 2, 2); fewer rounds than asked where there are fewer repeats (one
+    repeat each)."""
+    n = max(1, min(rounds, repeat))
+    return [repeat // n + (1 if i < repeat % n else 0) for i in range(n)]
+
+
+def interleave(send: dict[str, Callable[[str], dict[str, Any]]], sizes: Sequence[int],
                warmup: int) -> dict[str, BenchReport]:
-    """Warm each configuration, then run ``rounds`` rounds of ``per_round``
-    repeats, A then B then A ... (B first in odd rounds, so neither is always
-    second). ``send[name](command)`` returns the child's reply."""
+    """Warm each configuration, then run one round per entry of ``sizes``
+    (that many repeats, :func:`round_sizes`), A then B then A ... (B first in
+    odd rounds, so neither is always second). ``send[name](command)`` returns
+    the child's reply."""
     names = list(send)
     for name in names:
         reply = send[name](f"warm {warmup}")
         if "error" in reply:
             raise RuntimeError(f"{name}: {reply['error']}")
     got: dict[str, list[BenchReport]] = {n: [] for n in names}
-    for r in range(rounds):
+    for r, size in enumerate(sizes):
         for name in (names if r % 2 == 0 else names[::-1]):
-            reply = send[name](f"run {per_round}")
+            reply = send[name](f"run {size}")
             if "error" in reply:
                 raise RuntimeError(f"{name}: {reply['error']}")
             got[name].append(BenchReport.from_dict(reply))

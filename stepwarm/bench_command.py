@@ -31,6 +31,7 @@ from stepwarm.bench import (
     gate,
     interleave,
     plan_shapes,
+    round_sizes,
     same_plans,
     stats,
     tokens_per_s,
@@ -160,7 +161,8 @@ def check_plot_and_trace(plot_out: Path | None, trace: int | str | None, trace_o
 def write_outputs(reports: dict[str, BenchReport], ratios: Sequence[Ratio] | None,
                   json_out: Path | None, csv_out: Path | None,
                   plot_out: Path | None = None) -> None:
-    """The report's files, each whole or not at all (``write_atomic``).
+    """The report's files, each whole or not at all (``write_atomic``), and
+    one line saying which were written.
 
     Raises:
         OSError: one could not be written.
@@ -188,6 +190,10 @@ def write_outputs(reports: dict[str, BenchReport], ratios: Sequence[Ratio] | Non
         from stepwarm.bench_plot import plot
 
         plot(reports, plot_out)
+    written = [f"{opt} {path}" for opt, path in (("--json", json_out), ("--csv", csv_out),
+                                                 ("--plot", plot_out)) if path is not None]
+    if written:
+        print_wrapped("written: " + ", ".join(written))
 
 
 def stacks_on_signal() -> None:
@@ -204,9 +210,21 @@ class ChildTimeout(RuntimeError):
     """A child did not answer within ``--child-timeout``; it was ended."""
 
 
+class ScenarioSkipped(RuntimeError):
+    """The scenario is skipped on a configuration's runner (its needs or
+    requires): nothing to measure (exit :data:`SKIPPED`)."""
+
+
+#: bench's exit status when the scenario is skipped on the runner (A's or B's), as ``run``'s.
+SKIPPED = 3
+
+
 def run_child(worker: WorkerView, plan: Any, profile: Any) -> None:
-    """The ``--child`` side: announce the plan's shapes, then serve the
-    parent's commands."""
+    """The ``--child`` side: announce the plan's shapes (or why the runner
+    skips it, and end), then serve the parent's commands."""
+    if plan.skipped:
+        print(PREFIX + json.dumps({"skipped": plan.skipped}), flush=True)
+        return
     print(PREFIX + json.dumps({"ready": len(plan.steps), "shapes": plan_shapes(plan)}),
           flush=True)
     child_loop(worker, plan, profile, sys.stdin.readline,
@@ -298,7 +316,7 @@ def run_compare(argv_a: list[str], argv_b: list[str], env_b: dict[str, str], pyt
     for its life and rounds within one pair cannot cancel it; fresh pairs
     can (:func:`stepwarm.bench.compare_pairs`)."""
     env_a = dict(os.environ)
-    per_round = max(1, repeat // rounds)
+    sizes = round_sizes(repeat, rounds)
     pairs = []
     for p in range(processes):
         if on_pair is not None:
@@ -307,8 +325,11 @@ def run_compare(argv_a: list[str], argv_b: list[str], env_b: dict[str, str], pyt
         try:
             children["B"] = Child("B", [python_b or sys.executable, *argv_b], {**env_a, **env_b},
                                   child_timeout)
+            for name, c in children.items():
+                if c.ready.get("skipped"):
+                    raise ScenarioSkipped(f"{name}: skipped on its runner: {c.ready['skipped']}")
             same_plans(children["A"].ready.get("shapes"), children["B"].ready.get("shapes"))
-            got = interleave({n: c.send for n, c in children.items()}, rounds, per_round, warmup)
+            got = interleave({n: c.send for n, c in children.items()}, sizes, warmup)
         finally:
             for c in children.values():
                 c.close()

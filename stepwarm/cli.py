@@ -1400,7 +1400,8 @@ def bench(
     host time on the CPU), spread and tokens/s. With --against-e / --against-env
     / --against-python, A (the options as given) and B run in two child
     processes, their rounds interleaved; per step B / A with a 95 % bootstrap
-    interval. Exit status: 0 measured; 1 a step failed; 2 bad input; 4 --gate.
+    interval. Exit status: 0 measured; 1 a step failed; 2 bad input; 3 the scenario is
+    skipped on the runner (A's or B's: its needs or requires); 4 --gate.
     """
     from stepwarm import bench_command as bc
 
@@ -1443,6 +1444,12 @@ def bench(
         errors += [f"--against-e {e[3:]}" if e.startswith("-e ") else e
                    for e in _engine_arg_errors(against_e)]
     errors += _model_errors(model, "dummy")[1]  # with the rest, before vLLM is imported
+    from stepwarm.scenario.load import resolve_names
+
+    if len(members := resolve_names([scenario])) != 1:  # said with the options' errors
+        _fail("\nerror: ".join([
+            *errors, f"bench takes one scenario; {scenario!r} is a set of {len(members)} "
+            f"({', '.join(members)}): bench them one by one"]), 2)
     (_, loaded), = _loaded_or_exit([scenario], engine_arg, errors)
     if comparing and not child:
         base = ["-m", "stepwarm", "bench", scenario, "--child", "--repeat", str(repeat),
@@ -1465,6 +1472,8 @@ def bench(
                      "written" + (f" (--json {json_out})" if json_out else ""))
         except ShapeDrift as e:  # the children's plans, before either is measured
             _fail(f"bench: {e}", 2)
+        except bc.ScenarioSkipped as e:
+            _fail(f"bench: {scenario}: {e}: nothing to measure", bc.SKIPPED)
         except Exception as e:  # noqa: BLE001 - a child's failure, said in one line
             _fail(f"bench: {e}", 1)
         reports = {name: dataclasses.replace(merge([p[k] for p in pairs]), warmup=warmup)
@@ -1496,6 +1505,9 @@ def bench(
     if child:
         bc.run_child(engine.view, plan, profile)
         return
+    if plan.skipped:
+        _fail(f"bench: {scenario}: skipped on this runner: {plan.skipped}: nothing to measure",
+              bc.SKIPPED)
     from stepwarm.bench import measure, trace_step
 
     if trace is not None and trace >= len(plan.steps):

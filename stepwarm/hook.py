@@ -542,7 +542,9 @@ def _run_one(worker: WorkerView, plan: Any, profile: RunnerProfile, settings: Ho
             cleaned up).
     """
     who = watch.who
-    over = settings.time_limit_s is not None and elapsed > settings.time_limit_s
+    # a plan its runner skips (needs, requires) is said so, not as past the limit
+    over = settings.time_limit_s is not None and elapsed > settings.time_limit_s \
+        and not plan.skipped
     over_on = ranks.failed_ranks(over, f"the start of {plan.name}")
     if over_on:
         limit = f"time limit: STEPWARM_TIME_LIMIT_S={settings.time_limit_s:g} "

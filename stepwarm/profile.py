@@ -387,6 +387,17 @@ class RunnerProfile(BaseModel):
                     f"{path}:{e.lineno}: not JSON: {e.msg} (column {e.colno})"
                 ) from None
         allowed = "allowed: a runner profile as `stepwarm profile -o FILE` writes it"
+        if isinstance(data, dict) and {"configurations", "ratios"} <= set(data):
+            raise ProfileError(f"{path}: a `stepwarm bench --json` report, not a runner "
+                               f"profile (it holds no profile: save one with `stepwarm "
+                               f"profile -o FILE`); {allowed}")
+        if isinstance(data, dict) and ({"mode", "requests", "startup_compiles"} <= set(data)
+                                       or {"baseline", "stepwarm"} & set(data)
+                                       and all(isinstance(v, dict) and "requests" in v
+                                               for v in data.values())):
+            raise ProfileError(f"{path}: a `stepwarm coverage --json` report, not a runner "
+                               f"profile (it holds no profile: save one with `stepwarm "
+                               f"profile -o FILE`); {allowed}")
         if isinstance(data, dict) and ({"steps", "requests", "sequence"} & set(data)
                                        and "runner" not in data):
             raise ProfileError(f"{path}: a scenario file, not a runner profile (check it "

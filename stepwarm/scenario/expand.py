@@ -596,7 +596,11 @@ class _Expander:
         (``skip_reading_prefix_cache``: a sampling preset with prompt
         logprobs, a per-token pooling task) gets no hit and is a plain
         prefill, as vLLM's scheduler makes it. A sampling table that asks for
-        both ``prompt_logprobs`` and a hit is refused.
+        both ``prompt_logprobs`` and a hit is refused, and so is a step none
+        of whose requests reads the cache (it would be a plain prefill under
+        a prefix hit's name: a first-contact trial copied the format's
+        example, whose requests sampled with the default preset); ``cached``
+        is within every request's prompt either way.
 
         Returns:
             Whether any of ``ids`` got a hit.
@@ -615,12 +619,28 @@ class _Expander:
                     "(SamplingParams.skip_reading_prefix_cache)", "cached",
                     allowed="prefix hits of requests without prompt_logprobs")
             if self.b.request(r).skip_reading_prefix_cache:
+                if cached >= self._prompt_len(r):
+                    raise self.err(
+                        f"request {self.display[r]!r}: prefix hit of {cached} tokens must be in "
+                        f"0..{self._prompt_len(r) - 1} (prompt_len {self._prompt_len(r)})",
+                        "cached")
                 continue
             try:
                 self.b.set_computed(r, cached)
             except PlanError as e:
                 raise self.plan_err(e, "cached") from None
             hit = True
+        if not hit:
+            r = ids[0]
+            why = (f"pools per token (pooling task {self.p.pooling_task!r})"
+                   if self.b.request(r).kind == "pool" else
+                   f"samples with {self.sampling.get(r, 'warmup')!r}, a preset that asks for "
+                   "prompt logprobs (the default 'warmup' is SamplingParams.for_sampler_warmup())")
+            raise self.err(
+                f"no request of this prefix_hit step reads the prefix cache "
+                f"(SamplingParams.skip_reading_prefix_cache): {self.display[r]!r} {why}, so "
+                "vLLM's scheduler would send a plain prefill", "requests",
+                allowed="requests that read the prefix cache, e.g. sampling = \"greedy\"")
         return hit
 
     def _prompt_left(self, rid: str) -> int:
@@ -698,8 +718,9 @@ class _Expander:
                                "(spec, non_spec, partial)", field,
                                allowed="disjoint spec, non_spec and partial selections")
         for k in self.sizes(st.spec_tokens, "spec_tokens", low=0):  # a sweep: a step each
-            label = st.label or (f"mixed decode {self._short(spec)}{_drafts(k)} / {self._short(non)}"
-                                 + (f" / {self._short(part)}{_drafts(kp)}" if part else ""))
+            parts = [f"{self._short(spec)}{_drafts(k)}", *([self._short(non)] if non else []),
+                     *([f"{self._short(part)}{_drafts(kp)}"] if part else [])]
+            label = st.label or "mixed decode " + " / ".join(parts)
             for _ in range(reps):
                 self.run_step("mixed_decode", label, "spec",
                               {**{r: "spec" for r in spec}, **{r: "partial" for r in part},

@@ -148,6 +148,28 @@ def test_two_configurations_that_plan_apart_are_refused_before_measuring():
     assert "repeats after" not in proc.stdout
 
 
+def test_a_scenario_the_runner_skips_is_exit_3_with_the_reason_not_0_steps(tmp_path):
+    """A first-contact trial: `bench spec-decode` (no speculator) measured 0
+    steps and exited 0, so a --gate passed on nothing; B skipping gave
+    "planned different steps: A 5 steps, B 0"."""
+    def bench(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "stepwarm", "bench", *args, "--repeat", "1",
+                               "--warmup", "0", "--json", str(tmp_path / "r.json")],
+                              capture_output=True, text=True, timeout=900,
+                              env={**os.environ, "COLUMNS": "200"})
+
+    alone = bench("spec-decode")
+    assert alone.returncode == 3, alone.stdout[-3000:] + alone.stderr[-3000:]
+    assert "error: bench: spec-decode: skipped on this runner: needs speculator: runner has " \
+           "num_speculative_steps 0: nothing to measure" in " ".join(alone.stderr.split())
+    b_skips = bench("mixed-prefill-decode", "--rounds", "1", "--against-e", "max_num_seqs=1")
+    assert b_skips.returncode == 3, b_skips.stdout[-3000:] + b_skips.stderr[-3000:]
+    err = " ".join(b_skips.stderr.split())
+    assert "error: bench: mixed-prefill-decode: B: skipped on its runner: requires " in err, err
+    assert "nothing to measure" in err and "planned different steps" not in err
+    assert not (tmp_path / "r.json").exists()
+
+
 def test_ctrl_c_while_measuring_says_where_and_that_the_runner_was_cleaned(tmp_path):
     """Fresh trial (issue 42), defect 10: Ctrl-C in bench exited 130 with
     nothing said. Now one line: the scenario, the repeats done, the runner's

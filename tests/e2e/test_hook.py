@@ -61,11 +61,14 @@ from stepwarm.settings import HookSettings  # noqa: E402
 
 
 def test_time_limit_skips_scenarios_that_would_start_after_it(engine):
-    reports = warmup(engine.worker, ["default", "triton-buckets"],
+    reports = warmup(engine.worker, ["default", "triton-buckets", "spec-decode"],
                      settings=HookSettings(time_limit_s=1e-9))
-    assert [r.plan for r in reports] == ["default", "triton-buckets"]
+    assert [r.plan for r in reports] == ["default", "triton-buckets", "spec-decode"]
     assert all(r.steps == [] and r.skipped.startswith("time limit: STEPWARM_TIME_LIMIT_S=1e-09 "
-                                                      "reached after ") for r in reports)
+                                                      "reached after ") for r in reports[:2])
+    # a scenario the runner skips anyway says why (a first-contact trial: it
+    # was logged as past the time limit)
+    assert reports[2].steps == [] and reports[2].skipped.startswith("needs speculator")
     assert engine.view.live_request_ids() == set()
     from triton import knobs
 

@@ -19,6 +19,7 @@ from stepwarm.bench import (
     interleave,
     merge,
     percentile,
+    round_sizes,
     stats,
     tokens_per_s,
 )
@@ -99,13 +100,23 @@ def test_rounds_interleave_a_and_b_and_merge_their_samples():
             return _report([ms] * n).to_dict()
         return send
 
-    got = interleave({"A": child("A", 1.0), "B": child("B", 2.0)}, rounds=3, per_round=2, warmup=1)
-    assert calls == [("A", "warm 1"), ("B", "warm 1"), ("A", "run 2"), ("B", "run 2"),
+    got = interleave({"A": child("A", 1.0), "B": child("B", 2.0)}, round_sizes(7, 3), warmup=1)
+    assert calls == [("A", "warm 1"), ("B", "warm 1"), ("A", "run 3"), ("B", "run 3"),
                      ("B", "run 2"), ("A", "run 2"), ("A", "run 2"), ("B", "run 2")]
-    assert got["A"].steps[0].host_ms == [1.0] * 6 and got["B"].repeat == 6
+    assert got["A"].steps[0].host_ms == [1.0] * 7 and got["B"].repeat == 7
     # the header's "after K warm-up" is the warm-up each child ran (was 0: the rounds')
     assert (got["A"].warmup, got["B"].warmup) == (1, 1)
     assert merge([_report([1.0]), _report([2.0])]).steps[0].host_ms == [1.0, 2.0]
+
+
+def test_round_sizes_measure_exactly_the_repeats_asked():
+    # the first rounds a repeat longer; fewer rounds than repeats: one each
+    assert round_sizes(10, 4) == [3, 3, 2, 2]
+    assert round_sizes(30, 4) == [8, 8, 7, 7]
+    assert round_sizes(3, 4) == [1, 1, 1]
+    assert round_sizes(1, 4) == [1]
+    assert round_sizes(8, 4) == [2, 2, 2, 2]
+    assert all(sum(round_sizes(n, r)) == n for n in range(1, 60) for r in range(1, 9))
 
 
 def test_a_childs_error_is_raised_with_its_name():
@@ -113,7 +124,7 @@ def test_a_childs_error_is_raised_with_its_name():
         return {"error": "StepFailed: boom"}
 
     with pytest.raises(RuntimeError, match="B: StepFailed: boom"):
-        interleave({"A": lambda c: {"warmed": 0}, "B": bad}, 1, 1, 0)
+        interleave({"A": lambda c: {"warmed": 0}, "B": bad}, [1], 0)
 
 
 def test_a_report_goes_through_json_and_back():
@@ -148,6 +159,25 @@ def test_pairs_of_processes_that_drift_widen_the_interval_to_hold_both():
     single, = compare_pairs([p1])
     assert single == compare(*p1)[0] and single.per_process == [single.ratio]
     assert single.drift == 0.0
+
+
+def test_pairs_of_other_speeds_give_a_ratio_between_their_own():
+    """A first-contact trial (CPU, --processes 2): the ratio was median(all B)
+    / median(all A), and with the two pairs at other speeds it lay outside
+    both pairs' ratios (0.901 against 0.957 and 1.029). It is now their
+    geometric mean."""
+    from stepwarm.bench import compare_pairs
+
+    fast = (_report([1.0, 1.0, 1.0, 5.0]), _report([1.0, 1.0, 1.0, 1.0]))   # B / A = 1.0
+    slow = (_report([4.0, 4.0, 4.0, 4.0]), _report([4.0, 4.0, 4.4, 4.4]))   # B / A = 1.05
+    r, = compare_pairs([fast, slow])
+    assert r.per_process == [1.0, pytest.approx(1.05)]
+    assert r.ratio == pytest.approx((1.0 * 1.05) ** 0.5)
+    assert min(r.per_process) <= r.ratio <= max(r.per_process)
+    # the medians pooled over both pairs would say 2.5 / 4.0: faster than either pair
+    pooled_a = [t for p in (fast, slow) for t in p[0].steps[0].host_ms]
+    pooled_b = [t for p in (fast, slow) for t in p[1].steps[0].host_ms]
+    assert percentile(pooled_b, 50) / percentile(pooled_a, 50) == 0.625
 
 
 def test_a_step_at_the_timers_resolution_is_not_compared_gated_or_drifting(capsys):

@@ -123,6 +123,24 @@ def test_an_endless_profile_file_is_read_no_further_than_its_cap():
         RunnerProfile.load("/dev/zero")
 
 
+def test_a_bench_or_coverage_report_given_as_profile_is_named_so(tmp_path):
+    """A first-contact trial: a bench report given to --profile got pydantic's
+    field list (`field 'mode': unknown key (did you mean 'model'?)`...)."""
+    allowed = "allowed: a runner profile as `stepwarm profile -o FILE` writes it"
+    bench = tmp_path / "bench.json"
+    bench.write_text('{"configurations": {"A": {"steps": []}}, "ratios": []}')
+    cov = tmp_path / "cov.json"
+    cov.write_text('{"mode": "stepwarm", "requests": [], "startup_compiles": [], "notes": []}')
+    compared = tmp_path / "compared.json"
+    compared.write_text('{"baseline": {"requests": []}, "stepwarm": {"requests": []}}')
+    for path, what in ((bench, "bench"), (cov, "coverage"), (compared, "coverage")):
+        with pytest.raises(ProfileError) as e:
+            RunnerProfile.load(path)
+        assert str(e.value) == (f"{path}: a `stepwarm {what} --json` report, not a runner "
+                                "profile (it holds no profile: save one with `stepwarm profile "
+                                f"-o FILE`); {allowed}")
+
+
 def test_a_scenario_file_given_as_profile_is_named_so(tmp_path):
     """``check FILE --profile SCENARIO.toml`` (the arguments swapped) says so, and
     every profile error says what is allowed."""

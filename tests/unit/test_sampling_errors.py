@@ -167,6 +167,14 @@ CASES = {
         '[requests.d]\nprompt = 4\nsampling = "greedy"\n\n[requests.a]\nprompt = 40\nsampling = { prompt_logprobs = 1 }\n\n[[steps]]\nkind = "prefill"\nrequests = ["d"]\n\n[[steps]]\nkind = "mixed_prefill_decode"\ndecode = ["d"]\nprefill = ["a"]\ncached = 16\n',
         {}, 17, 'cached',
         ":17: step 1 (mixed_prefill_decode), field 'cached': request 'a' asks for prompt_logprobs, and vLLM never serves such a request from the prefix cache (SamplingParams.skip_reading_prefix_cache); allowed: prefix hits of requests without prompt_logprobs"),
+    "hit_warmup_preset_alone": (
+        '[requests.h]\nprompt = 100\n\n[[steps]]\nkind = "prefix_hit"\nrequests = ["h"]\ncached = 32\n',
+        {}, 6, 'requests',
+        ":6: step 0 (prefix_hit), field 'requests': no request of this prefix_hit step reads the prefix cache (SamplingParams.skip_reading_prefix_cache): 'h' samples with 'warmup', a preset that asks for prompt logprobs (the default 'warmup' is SamplingParams.for_sampler_warmup()), so vLLM's scheduler would send a plain prefill; allowed: requests that read the prefix cache, e.g. sampling = \"greedy\""),
+    "hit_warmup_preset_past_its_prompt": (
+        '[requests.h]\nprompt = 100\n\n[[steps]]\nkind = "prefix_hit"\nrequests = ["h"]\ncached = 256\n',
+        {}, 7, 'cached',
+        ":7: step 0 (prefix_hit), field 'cached': request 'h': prefix hit of 256 tokens must be in 0..99 (prompt_len 100)"),
     "repeat_prefill": (
         A + STEP + 'repeat = 2\n',
         {}, 7, 'repeat',

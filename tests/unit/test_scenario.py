@@ -276,9 +276,11 @@ def test_prefix_hit_step_starts_after_the_hit():
 def test_prefix_hit_of_a_request_with_prompt_logprobs_is_a_plain_prefill():
     """The default "warmup" preset carries prompt_logprobs=1, so vLLM's
     KVCacheManager looks up no prefix cache for it
-    (skip_reading_prefix_cache): its prefix_hit step is a whole-prompt
-    prefill from 0, as the scheduler makes it (kind "prefill"); a greedy
-    request in the same step keeps its hit."""
+    (skip_reading_prefix_cache): in a prefix_hit step it is a whole-prompt
+    prefill from 0, as the scheduler makes it, beside a greedy request that
+    keeps its hit; a prefix_hit step of such requests alone is refused (a
+    plain prefill under a prefix hit's name: a first-contact trial copied
+    such an example)."""
     text = """
         [requests.h]
         prompt = "block_size(0) * 2 + 3"
@@ -290,14 +292,14 @@ def test_prefix_hit_of_a_request_with_prompt_logprobs_is_a_plain_prefill():
         requests = [%s]
         cached = "block_size(0) * 2"
     """
-    alone = _plan(text % '"h"')
-    assert alone.request("_stepwarm_t_h_").skip_reading_prefix_cache
-    assert not alone.request("_stepwarm_t_g_").skip_reading_prefix_cache
-    step = alone.steps[0]
-    assert step.kind == "prefill"
-    assert [(r.req_id, r.num_computed_tokens, r.num_scheduled_tokens, r.new_block_counts)
-            for r in step.scheduled] == [("_stepwarm_t_h_", 0, 35, (3,))]
-    both = _plan(text % '"h", "g"').steps[0]
+    with pytest.raises(ScenarioError, match=r"field 'requests': no request of this prefix_hit "
+                       r"step reads the prefix cache \(SamplingParams.skip_reading_prefix_cache\):"
+                       r" 'h' samples with 'warmup'"):
+        _plan(text % '"h"')
+    plan = _plan(text % '"h", "g"')
+    assert plan.request("_stepwarm_t_h_").skip_reading_prefix_cache
+    assert not plan.request("_stepwarm_t_g_").skip_reading_prefix_cache
+    both = plan.steps[0]
     assert both.kind == "prefix_hit"
     assert [(r.req_id, r.num_computed_tokens, r.num_scheduled_tokens) for r in both.scheduled] == [
         ("_stepwarm_t_h_", 0, 35), ("_stepwarm_t_g_", 32, 3)]

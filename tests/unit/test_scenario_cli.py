@@ -93,6 +93,15 @@ def test_show_refuses_a_set_exit_2():
     assert "stepwarm check all" in r.stderr and r.stdout == ""
 
 
+def test_bench_refuses_a_set_exit_2_with_the_options_errors():
+    """A first-contact trial: `bench all` said "unknown scenario 'all'; allowed:
+    ... or a set: all"."""
+    r = runner.invoke(app, ["bench", "all", "--repeat", "0"], env={"COLUMNS": "300"})
+    assert r.exit_code == 2
+    assert f"bench takes one scenario; 'all' is a set of {len(builtin_names())}" in r.stderr
+    assert "--repeat 0" in r.stderr and "unknown scenario" not in r.stderr
+
+
 def test_check_reads_a_file_with_a_bom(tmp_path):
     f = tmp_path / "bom.toml"
     f.write_bytes("\ufeff".encode() + b'[requests.a]\nprompt = 4\n[[steps]]\nkind = "prefill"\nrequests = ["a"]\n')

@@ -91,3 +91,15 @@ def test_the_drafter_round_trips_through_toml_and_json():
     assert "[drafter]" in p.to_toml()
     # A profile saved before drafters were recorded still loads.
     assert RunnerProfile.model_validate(tomllib.loads(_profile().to_toml())).drafter is None
+
+
+def test_a_label_without_non_spec_requests_has_no_empty_slot():
+    """A first-contact trial: `r[0],r[1] +2 drafts /  / r[2]..r[7] (6) +1 draft`."""
+    plan = expand(loads(SC.format(rest='partial = ["r[1:3]"]\npartial_tokens = 1'), "t.toml", "t"),
+                  _profile())
+    step = next(s for s in plan.steps if s.kind == "mixed_decode")
+    assert step.label == "mixed decode r[0] +2 drafts / r[1],r[2] +1 draft"
+    plan = expand(loads(SC.format(rest='non_spec = ["r[1]"]\npartial = ["r[2]"]\n'
+                                       'partial_tokens = 1'), "t.toml", "t"), _profile())
+    step = next(s for s in plan.steps if s.kind == "mixed_decode")
+    assert step.label == "mixed decode r[0] +2 drafts / r[1] / r[2] +1 draft"
