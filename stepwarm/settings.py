@@ -350,9 +350,13 @@ class RecordSettings:
             errors.append(f"{ENV_RECORD}={path!r}: {why}" + (
                 "" if "allowed:" in why else "; allowed: a file path this process can "
                 "append to"))
-        raw = env.get(ENV_RECORD_MAX_MB, "").strip()
+        given = env.get(ENV_RECORD_MAX_MB, "")
+        raw = given.strip()
         max_mb = DEFAULT_RECORD_MAX_MB
-        if raw:
+        if given and not raw:  # as every other STEPWARM_* variable: blank is refused
+            errors.append(f"{ENV_RECORD_MAX_MB}={given!r}: blank; allowed: a whole number of "
+                          f"MiB from 1 to {1 << 20}; unset or empty: {DEFAULT_RECORD_MAX_MB}")
+        elif raw:
             if raw.isascii() and raw.isdigit() and 1 <= int(raw) <= 1 << 20:
                 max_mb = int(raw)
             else:

@@ -18,6 +18,7 @@ split the way data flows through it:
   all of them raise.
 """
 
+from stepwarm.expressions import MAX_LEN
 from stepwarm.profile import tiny_profile
 from stepwarm.scenario.errors import MAX_ERRORS, ScenarioError
 from stepwarm.scenario.expand import check, expand, plans_for
@@ -29,6 +30,7 @@ from stepwarm.scenario.format import (
     MAX_REQUESTS,
     MAX_STARTUP_STEPS,
     MAX_STEPS,
+    MAX_WORD,
     ScenarioFile,
     json_schema,
 )
@@ -45,8 +47,8 @@ from stepwarm.scenario.load import (
 from stepwarm.scenario.needs import unmet_need, unmet_requirement
 
 __all__ = [
-    "MAX_COUNT", "MAX_ERRORS", "MAX_EXPANDED", "MAX_FILE_BYTES", "MAX_NESTING", "MAX_REQUESTS",
-    "MAX_STARTUP_STEPS", "MAX_STEPS", "SETS", "LoadedScenario", "ScenarioError", "ScenarioFile",
+    "MAX_COUNT", "MAX_ERRORS", "MAX_EXPANDED", "MAX_FILE_BYTES", "MAX_LEN", "MAX_NESTING",
+    "MAX_REQUESTS", "MAX_STARTUP_STEPS", "MAX_STEPS", "MAX_WORD", "SETS", "LoadedScenario", "ScenarioError", "ScenarioFile",
     "builtin_dir", "builtin_names", "check", "expand", "json_schema", "load", "loads",
     "plans_for", "resolve_names", "same_files", "tiny_profile", "unmet_need", "unmet_requirement",
 ]

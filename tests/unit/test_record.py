@@ -245,6 +245,10 @@ def test_off_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
      "STEPWARM_RECORD='/nonexistent-dir/r.jsonl': directory /nonexistent-dir does not exist; "
      "allowed: a file path this process can append to\nSTEPWARM_RECORD_MAX_MB='0': allowed"),
     ({"STEPWARM_RECORD": "/"}, "STEPWARM_RECORD='/': is a directory; allowed: a file path"),
+    # blank, as every other STEPWARM_* variable (a docs review: it was taken as unset)
+    ({"STEPWARM_RECORD": "r.jsonl", "STEPWARM_RECORD_MAX_MB": "  "},
+     "STEPWARM_RECORD_MAX_MB='  ': blank; allowed: a whole number of MiB from 1 to 1048576; "
+     "unset or empty: 256"),
 ])
 def test_bad_settings(env: dict[str, str], error: str) -> None:
     with pytest.raises(SettingsError) as e:
