@@ -57,7 +57,10 @@ def _lifecycle(num_reqs: int, caching: bool, groups: int) -> str:
         b.step("decode", "decode", decode={rid: 0 for rid in ids})
     b.step("preempt", "preempt", preempt=tuple(ids[:half]),
            decode={rid: 0 for rid in ids[half:]})
-    b.step("resume", "resume", resume={rid: b.num_tokens(rid) for rid in ids[:half]})
+    for rid in ids[:half]:  # the scheduler's prefix lookup on resumption
+        b.resume_lookup(rid)
+    b.step("resume", "resume", resume={rid: b.num_tokens(rid) - b.num_computed_tokens(rid)
+                                       for rid in ids[:half]})
     b.step("decode", "decode", decode={rid: 0 for rid in ids})
     b.cleanup()
     return repr(b.build()) + repr(b.ledger._tables)
@@ -78,7 +81,7 @@ def main() -> None:
             out[f"{name}/{pname}"] = _sha(text)
     profile = plan_speed.bench_profile()
     b = plan_speed.plan_steps(profile)
-    out["bench"] = _sha(repr(b.build()) + repr(b.ledger._tables) + repr(b.ledger._cache))
+    out["bench"] = _sha(repr(b.build()) + repr(b.ledger._tables) + repr(b.ledger.pool.cache.entries))
     out["all"] = _sha(repr(plans_for(["all"], profile)))
     for caching in (False, True):
         for groups in (1, 2):

@@ -89,20 +89,28 @@ class TokenRangeSteps:
             self.free_each(free)
             qs, slow = self._quick_split(rows)  # a freed request starts again
         out: list[Growth | None] = [None if q is None else q[2] for q in qs]
+        if len(self.specs) == 1:
+            self._token_range_rows(rows, slow, out)
+            return out
         la, mml = self.ctx.num_lookahead_tokens, self.ctx.max_model_len
-        ctxs, pending = self._ctx, self._pending_hit
-        row = self._token_range_row if len(self.specs) == 1 else self._token_range_groups
         for i in slow:
             rid, num_tokens, _, num_cached_tokens, prompt_len, encoder_len, _n = rows[i]
-            if encoder_len is not None:  # as _ctx_for: the context of this encoder length
-                ctxs[rid] = self._request_ctx(encoder_len)
-            elif rid not in ctxs:
-                ctxs[rid] = self.ctx
-            if pending:
-                pending.pop(rid, None)  # no Mamba group: never a stale hit
+            self._row_ctx(rid, encoder_len)
             covered = num_tokens + la
-            out[i] = row(rid, covered if covered < mml else mml, num_cached_tokens, prompt_len)
+            out[i] = self._token_range_groups(rid, covered if covered < mml else mml,
+                                              num_cached_tokens, prompt_len)
         return out
+
+    def _row_ctx(self, rid: str, encoder_len: int | None) -> None:
+        """As ``_ctx_for``: the row's request context (its encoder length's,
+        or the ledger's own for none or the engine's longest); any pending
+        hit dropped (no Mamba group: never a stale hit)."""
+        if encoder_len is not None and encoder_len != self.ctx.max_encoder_len:
+            self._ctx[rid] = self._request_ctx(encoder_len)
+        else:
+            self._ctx[rid] = self.ctx
+        if self._pending_hit:
+            self._pending_hit.pop(rid, None)
 
     def _quick_split(self, rows: list[StepAllocation]) -> tuple[list, list[int]]:
         """Each row's quick entry (None: none), and the indices of the rows
@@ -158,43 +166,62 @@ class TokenRangeSteps:
                         need += k
         return need
 
-    def _token_range_row(self, rid: str, covered: int, num_cached_tokens: int,
-                         prompt_len: int) -> Growth:
-        """:meth:`_token_range_groups` for a ledger of one group, without its
-        loops: the table grown to ``covered`` tokens, its full blocks within
-        ``num_cached_tokens`` cached, the row's quick entry renewed."""
+    def _token_range_rows(self, rows: list[StepAllocation], slow: list[int],
+                          out: list[Growth | None]) -> None:
+        """:meth:`_token_range_groups` for a ledger of one group, over the rows
+        ``slow`` indexes, without its loops or a call per row: each table grown
+        to its tokens plus lookahead (at most ``max_model_len``), its full blocks
+        within ``num_cached_tokens`` cached, its quick entry renewed; each
+        row's :class:`Growth` into ``out``."""
         bs = self.specs[0].block_size
-        t = self._tables.get(rid)
-        if t is None:
-            ids: list[int] = []
-            self._tables[rid] = [GroupTable(ids, False, None, 0)]
-        else:
-            ids = t[0].ids
-        k = -(-covered // bs) - len(ids)
-        if k > 0:
-            got = self.pool.take(k)
-            ids += got
-        have = len(ids)
-        idle = self._idle.get(have)
-        if idle is None:
-            idle = self._idle[have] = idle_growth(1, (have,))
-        grown = idle if k <= 0 else tuple.__new__(Growth, ((got,), (got,), idle[2]))
-        threshold = _NEVER
-        if self.enable_caching:
-            done = self._num_cached.get(rid)
-            if done is None:
-                done = self._num_cached[rid] = [0]
-            align = self.cache_alignment or 1
-            full = min(num_cached_tokens // align * align // bs, have)
-            if full > done[0]:
-                self.pool.cache.cache_range(0, bs, ids, done[0], full, prompt_len, rid)
-                done[0] = full
-            if have > done[0]:
-                threshold = (done[0] + 1) * bs
-        cover = have * bs
+        tables, take, idle_by, quick = self._tables, self.pool.take, self._idle, self._quick
         la, mml = self.ctx.num_lookahead_tokens, self.ctx.max_model_len
-        self._quick[rid] = (_NEVER if mml <= cover else cover - la, threshold, idle)
-        return grown
+        caching = self.enable_caching
+        cache_range, num_cached = self.pool.cache.cache_range, self._num_cached
+        align = self.cache_alignment or 1
+        new = tuple.__new__
+        ctxs, pending, ctx, max_enc = self._ctx, self._pending_hit, self.ctx, \
+            self.ctx.max_encoder_len
+        for i in slow:
+            rid, num_tokens, _, num_cached_tokens, prompt_len, encoder_len, _n = rows[i]
+            # _row_ctx, inline
+            if encoder_len is not None and encoder_len != max_enc:
+                ctxs[rid] = self._request_ctx(encoder_len)
+            else:
+                ctxs[rid] = ctx
+            if pending:
+                pending.pop(rid, None)
+            covered = num_tokens + la
+            if covered > mml:
+                covered = mml
+            t = tables.get(rid)
+            if t is None:
+                ids: list[int] = []
+                tables[rid] = [GroupTable(ids, False, None, 0)]
+            else:
+                ids = t[0].ids
+            k = -(-covered // bs) - len(ids)
+            if k > 0:
+                got = take(k)
+                ids += got
+            have = len(ids)
+            idle = idle_by.get(have)
+            if idle is None:
+                idle = idle_by[have] = idle_growth(1, (have,))
+            threshold = _NEVER
+            if caching:
+                done = num_cached.get(rid)
+                if done is None:
+                    done = num_cached[rid] = [0]
+                full = min(num_cached_tokens // align * align // bs, have)
+                if full > done[0]:
+                    cache_range(0, bs, ids, done[0], full, prompt_len, rid)
+                    done[0] = full
+                if have > done[0]:
+                    threshold = (done[0] + 1) * bs
+            cover = have * bs
+            quick[rid] = (_NEVER if mml <= cover else cover - la, threshold, idle)
+            out[i] = idle if k <= 0 else new(Growth, ((got,), (got,), idle[2]))
 
     def _token_range_groups(self, rid: str, covered: int, num_cached_tokens: int,
                             prompt_len: int) -> Growth:

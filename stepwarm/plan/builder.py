@@ -796,10 +796,16 @@ class PlanBuilder:
         them: those running before the step as its running queue holds them
         (:attr:`_queued`), then the others (waiting) as given."""
         running, queued = self._running, self._queued
+        n = len(req_ids)
+        if running.isdisjoint(req_ids):  # all waiting: as given
+            return list(range(n))
+        if running.issuperset(req_ids):  # all running: by queue position (a decode step)
+            at = list(map(queued.__getitem__, req_ids))
+            if all(map(int.__lt__, at, at[1:])):  # as given (the whole queue in order)
+                return list(range(n))
+            return sorted(range(n), key=at.__getitem__)
         keys = [(0, queued[r]) if r in running else (1, i) for i, r in enumerate(req_ids)]
-        if all(map(tuple.__le__, keys, keys[1:])):  # as given (a decode of the whole queue)
-            return list(range(len(keys)))
-        return sorted(range(len(keys)), key=keys.__getitem__)
+        return sorted(range(n), key=keys.__getitem__)
 
     def _lazy_rows(self, draft: StepDraft, growths: list) -> LazyRows:
         """The step's rows with every row allocated, made
