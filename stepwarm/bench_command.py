@@ -323,11 +323,10 @@ def run_compare(argv_a: list[str], argv_b: list[str], env_b: dict[str, str], pyt
             on_pair(p)
         children = {"A": Child("A", [sys.executable, *argv_a], env_a, child_timeout)}
         try:
+            _refuse_skipped("A", children["A"])  # before B's engine starts
             children["B"] = Child("B", [python_b or sys.executable, *argv_b], {**env_a, **env_b},
                                   child_timeout)
-            for name, c in children.items():
-                if c.ready.get("skipped"):
-                    raise ScenarioSkipped(f"{name}: skipped on its runner: {c.ready['skipped']}")
+            _refuse_skipped("B", children["B"])
             same_plans(children["A"].ready.get("shapes"), children["B"].ready.get("shapes"))
             got = interleave({n: c.send for n, c in children.items()}, sizes, warmup)
         finally:
@@ -335,6 +334,12 @@ def run_compare(argv_a: list[str], argv_b: list[str], env_b: dict[str, str], pyt
                 c.close()
         pairs.append((got["A"], got["B"]))
     return pairs
+
+
+def _refuse_skipped(name: str, child: Child) -> None:
+    """Raise :class:`ScenarioSkipped` where ``child``'s runner skips the scenario."""
+    if child.ready.get("skipped"):
+        raise ScenarioSkipped(f"{name}: skipped on its runner: {child.ready['skipped']}")
 
 
 def gate_exit(ratios: Sequence[Ratio], pct: float | None) -> int:

@@ -630,7 +630,7 @@ class _Expander:
             except PlanError as e:
                 raise self.plan_err(e, "cached") from None
             hit = True
-        if not hit:
+        if not hit and ids:
             r = ids[0]
             why = (f"pools per token (pooling task {self.p.pooling_task!r})"
                    if self.b.request(r).kind == "pool" else
