@@ -47,12 +47,13 @@ if __name__ == "__main__":
         warm.max_tokens = 2
         res["warm_hit"] = cached(llm, prompt, warm)[0]
         res["again"] = cached(llm, prompt, greedy)[0]  # the cache still holds the blocks
-        # stepwarm's plan of the same requests: the greedy one after a 2-block
-        # hit, the "warmup" one (for_sampler_warmup(): prompt_logprobs=1) a
-        # plain prefill, as vLLM's scheduler made them above.
+        # stepwarm's plan of the same requests in one prefix_hit step: the
+        # greedy one after a 2-block hit, the "warmup" one
+        # (for_sampler_warmup(): prompt_logprobs=1) from 0, as vLLM's
+        # scheduler made them above; a prefix_hit step of the "warmup" one
+        # alone is refused (it would be a plain prefill under a hit's name).
         f = sys.argv[1]
-        with open(f, "w") as fh:
-            fh.write(f"""
+        head = f"""
 [requests.g]
 prompt = {len(prompt)}
 sampling = "greedy"
@@ -60,19 +61,20 @@ sampling = "greedy"
 prompt = {len(prompt)}
 [[steps]]
 kind = "prefix_hit"
-requests = ["g"]
 cached = {2 * block}
-[[steps]]
-kind = "finish"
-requests = ["g"]
-[[steps]]
-kind = "prefix_hit"
-requests = ["w"]
-cached = {2 * block}
-""")
+"""
+        with open(f, "w") as fh:
+            fh.write(head + 'requests = ["g", "w"]\\n')
         plan = expand(load(f), profile)
-        res["planned"] = [[s.kind, s.scheduled[0].num_computed_tokens]
+        res["planned"] = [[s.kind, [r.num_computed_tokens for r in s.scheduled]]
                           for s in plan.steps if s.scheduled]
+        with open(f, "w") as fh:
+            fh.write(head + 'requests = ["w"]\\n')
+        try:
+            expand(load(f), profile)
+            res["alone"] = "planned"
+        except Exception as e:
+            res["alone"] = str(e)
     finally:
         eng.shutdown()
     print("RESULT " + json.dumps(res))
@@ -88,4 +90,5 @@ def test_prompt_logprobs_requests_get_no_prefix_hit_in_vllm_nor_in_the_plan(tmp_
     assert r["prompt_logprobs_rows"] == r["prompt_len"]  # every position computed: none from cache
     assert r["warm_hit"] == 0
     assert r["again"] == 2 * block
-    assert r["planned"] == [["prefix_hit", r["hit"]], ["prefill", r["warm_hit"]]]
+    assert r["planned"] == [["prefix_hit", [r["hit"], r["warm_hit"]]]]
+    assert "no request of this prefix_hit step reads the prefix cache" in r["alone"], r["alone"]
