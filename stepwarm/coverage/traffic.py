@@ -616,7 +616,7 @@ def _limit_errors(tl: TrafficLine, file: str, limits: TrafficLimits) -> list[Tra
     src = limits.source
     req, where = tl.request, (file, tl.line)
     kwargs = req.sampling_kwargs(limits.max_logprobs or 0)
-    total = req.prompt_len + int(kwargs.get("max_tokens") or 0)
+    total = _total_len(req, kwargs)
     if limits.max_model_len is not None and total > limits.max_model_len and not req.if_fits:
         errors.append(_error(*where, "prompt", f"{req.prompt_len} tokens + max_tokens "
                              f"{kwargs.get('max_tokens')} = {total} > {src} max_model_len "
@@ -640,6 +640,12 @@ def _limit_errors(tl: TrafficLine, file: str, limits: TrafficLimits) -> list[Tra
     return errors
 
 
+def _total_len(req: TrafficRequest, kwargs: Mapping[str, Any]) -> int:
+    """The tokens a request reaches: its prompt and ``max_tokens`` (of its
+    ``SamplingParams`` keyword arguments ``kwargs``)."""
+    return req.prompt_len + int(kwargs.get("max_tokens") or 0)
+
+
 def fitting(traffic: Traffic, limits: TrafficLimits) -> tuple[Traffic, list[str]]:
     """``traffic`` less its ``if_fits`` lines whose prompt + ``max_tokens``
     is longer than ``limits.max_model_len``, and a note for each line left
@@ -649,8 +655,7 @@ def fitting(traffic: Traffic, limits: TrafficLimits) -> tuple[Traffic, list[str]
     kept, notes = [], []
     for tl in traffic.lines:
         req = tl.request
-        total = req.prompt_len + int(req.sampling_kwargs(limits.max_logprobs or 0)
-                                     .get("max_tokens") or 0)
+        total = _total_len(req, req.sampling_kwargs(limits.max_logprobs or 0))
         if req.if_fits and total > limits.max_model_len:
             notes.append(f"{traffic.source}:{tl.line}: prompt: {req.prompt_len} tokens + "
                          f"max_tokens {total - req.prompt_len} > {limits.source} max_model_len "
