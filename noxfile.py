@@ -47,8 +47,10 @@ def tests(session: nox.Session) -> None:
     # Two processes: the engine tests leave vLLM's process-wide state behind
     # (in-process engines), and the pure tests (unit, property against vLLM's
     # KVCacheManager) must not depend on it.
-    session.run("pytest", "-q", "tests/property", "tests/unit", "tests/compat", env=env)
-    session.run("pytest", "-q", "tests/e2e", "tests/gpu", env=env)
+    # --durations: CI's log names the slowest tests (the run must stay well inside 90 min).
+    session.run("pytest", "-q", "--durations=15", "tests/property", "tests/unit", "tests/compat",
+                env=env)
+    session.run("pytest", "-q", "--durations=30", "tests/e2e", "tests/gpu", env=env)
     compat_releases(session, [COMPAT_CI_RELEASE])
 
 

@@ -19,6 +19,11 @@ case "${1:-}" in
   start)
     A=$2; B=$3; PARALLEL=${4:-4}; LANE=${5:-beside}
     . .gpu34/k/install-034.sh || exit 1
+    # vLLM's multimodal hasher imports blake3 (Whisper, Qwen2.5-VL): the kit carries its cp312 wheel
+    # (python3 -m pip download --no-deps blake3==1.0.11 --python-version 3.12 --only-binary=:all:
+    #  --platform manylinux_2_17_x86_64 -d .gpu34/k). Call `start` in a fresh shell: sourcing
+    # install-034.sh twice in one shell copies over the NCCL stub it preloads (a segfault).
+    for w in .gpu34/k/blake3-*.whl; do [ -f "$w" ] && { python3 -m pip install -q --no-index --no-deps --target /tmp/site34 "$w" || exit 1; }; done
     if [ -d .gpu34/fi ]; then ( . .gpu34/fi/install-fi.sh .gpu34/fi ) || exit 1; ls -d /tmp/sitefi/flashinfer/data/aot/*; fi
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site34 /root/s34/k/stepwarm-*.whl || exit 1
     mkdir -p $R/out && cp -r benchmarks/traffic $R/ && cp "$B" $R/b.jsonl
