@@ -38,12 +38,16 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", metavar="", help="Show vLLM's INFO log (stderr) and tracebacks.")]
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="Show vLLM's errors only.")]
+_ENGINE_ARG_HELP = "vllm.LLM keyword as KEY=VALUE (VALUE as JSON), e.g. -e max_num_seqs=4"
 EngineArgs = Annotated[Optional[list[str]], typer.Option(
-    "--engine-arg", "-e", metavar="KEY=VALUE", help="vllm.LLM keyword as KEY=VALUE (VALUE as JSON), e.g. -e max_num_seqs=4; "
-    "with check/show it starts an engine.")]
+    "--engine-arg", "-e", metavar="KEY=VALUE", help=_ENGINE_ARG_HELP + ".")]
+#: check and show plan without an engine, unless -e asks for one.
+ProbeEngineArgs = Annotated[Optional[list[str]], typer.Option(
+    "--engine-arg", "-e", metavar="KEY=VALUE", help=_ENGINE_ARG_HELP + "; starts an engine to read "
+    "the runner's profile (without -e none starts).")]
 ModelOption = Annotated[Optional[str], typer.Option(
     "--model", "-m", metavar="DIR|NAME|ORG/NAME", help="Local model directory (config.json; weights optional), a zoo model name "
-    "(stepwarm list --models), or a Hugging Face id ORG/NAME[@REVISION] (the local Hugging Face "
+    "(stepwarm list --models), or a Hugging Face id ORG/NAME\\[@REVISION] (the local Hugging Face "
     "cache first; else config and tokenizer files fetched, no weights). Default: the zoo's tiny Llama.")]
 #: Set by the commands' -v (tracebacks on errors).
 _verbose = False
@@ -761,6 +765,13 @@ def _verify(engine: Any, plans: list[Any], profile: Any,
     drafter = getattr(profile, "drafter", None)
     reject = 1 if (drafter is not None and drafter.layers
                    and drafter.num_speculative_tokens >= 2) else None
+    load_config = getattr(getattr(getattr(engine.llm, "llm_engine", None), "vllm_config", None),
+                          "load_config", None)
+    if plans and str(getattr(load_config, "load_format", "")) == "dummy":
+        print_wrapped("note: dummy weights (load_format=dummy): the tokens hardly depend on the "
+                      "context, so a wrong key or value can still compare equal; --weights "
+                      "seeded (zoo models) or the model's own weights make --verify meaningful "
+                      "(docs/consistency-oracle.md)")
     for plan in plans:
         print_wrapped(f"verifying {plan.name} against vLLM's scheduler"
                       + (" (drafts from the 2nd on rejected)" if reject else ""))
@@ -1206,7 +1217,7 @@ def check(
     files: Annotated[list[str], typer.Argument(metavar="FILE|NAME", help="Scenario files (.toml) or built-in names.")],
     model: ModelOption = None,
     profile: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Check against a profile saved by `stepwarm profile`. Default: the embedded tiny Llama's.")] = None,
-    engine_arg: EngineArgs = None,
+    engine_arg: ProbeEngineArgs = None,
     verbose: Verbose = False,
     quiet: Quiet = False,
 ) -> None:
@@ -1246,7 +1257,7 @@ def show(
     file: Annotated[str, typer.Argument(metavar="FILE|NAME", help="Scenario file (.toml) or built-in name.")],
     model: ModelOption = None,
     profile: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Plan for a profile saved by `stepwarm profile`. Default: the embedded tiny Llama's.")] = None,
-    engine_arg: EngineArgs = None,
+    engine_arg: ProbeEngineArgs = None,
     tables: Annotated[bool, typer.Option("--tables", metavar="", help="Also print every step's block ids per request and KV cache group: the runner's block table, prefix-cache hits, blocks allocated from the pool, null placeholders, new_block_ids_to_zero.")] = False,
     verbose: Verbose = False,
     quiet: Quiet = False,

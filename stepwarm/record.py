@@ -157,6 +157,11 @@ class Recorder:
         #: Lines waiting for their step's ``update_from_output`` (async
         #: scheduling schedules the next step first), by ``id(SchedulerOutput)``.
         self.pending: dict[int, dict[str, Any]] = {}
+        #: Requests finished in steps that scheduled no token (not recorded:
+        #: vLLM's scheduler sends a request's finish in the step after it, and
+        #: with nothing else running that step is empty): counted in the next
+        #: recorded step's ``finished``.
+        self.finished_unrecorded = 0
 
     def scheduled(self, scheduler: Any, out: Any) -> None:
         """Note the step ``out`` that ``scheduler.schedule()`` returned."""
@@ -165,6 +170,7 @@ class Recorder:
         for rid in out.finished_req_ids:
             self.ordinals.pop(rid, None)
         if not out.total_num_scheduled_tokens:
+            self.finished_unrecorded += len(out.finished_req_ids)
             return
         new = {r.req_id: r for r in out.scheduled_new_reqs}
         cached = out.scheduled_cached_reqs
@@ -197,8 +203,9 @@ class Recorder:
             reqs.append(row)
         self.pending[id(out)] = {
             "step": self.step, "batch": len(reqs), "tokens": int(out.total_num_scheduled_tokens),
-            "finished": len(out.finished_req_ids),
+            "finished": len(out.finished_req_ids) + self.finished_unrecorded,
             "preempted": len(getattr(out, "preempted_req_ids", None) or ()), "reqs": reqs}
+        self.finished_unrecorded = 0
         self.step += 1
 
     def updated(self, out: Any, runner_output: Any, result: Any = None) -> None:

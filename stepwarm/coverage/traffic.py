@@ -545,7 +545,10 @@ def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None,
             break
     if errors:
         raise _unchecked_sampling(errors, file, unchecked, "the errors above are mended")
-    return Traffic(source=file, lines=tuple(lines))
+    traffic = Traffic(source=file, lines=tuple(lines))
+    if limits is not None:
+        fitting(traffic, limits)  # refuses a file whose every line is left out
+    return traffic
 
 
 def _has_sampling(raw: str) -> bool:
@@ -649,7 +652,12 @@ def _total_len(req: TrafficRequest, kwargs: Mapping[str, Any]) -> int:
 def fitting(traffic: Traffic, limits: TrafficLimits) -> tuple[Traffic, list[str]]:
     """``traffic`` less its ``if_fits`` lines whose prompt + ``max_tokens``
     is longer than ``limits.max_model_len``, and a note for each line left
-    out (``FILE:LINE: prompt: ...: left out``)."""
+    out (``FILE:LINE: prompt: ...: left out``).
+
+    Raises:
+        TrafficError: every line is left out (nothing would be replayed, and
+            a gate on the report would pass on nothing).
+    """
     if limits.max_model_len is None:
         return traffic, []
     kept, notes = [], []
@@ -662,6 +670,11 @@ def fitting(traffic: Traffic, limits: TrafficLimits) -> tuple[Traffic, list[str]
                          f"{limits.max_model_len}: left out (if_fits)")
         else:
             kept.append(tl)
+    if traffic.lines and not kept:
+        raise TrafficError(f"{traffic.source}: every line is left out (if_fits: prompt + "
+                           f"max_tokens > {limits.source} max_model_len "
+                           f"{limits.max_model_len}), so no request would be replayed; give "
+                           "a line that fits, or a longer max_model_len (-e max_model_len=N)")
     return Traffic(traffic.source, tuple(kept)), notes
 
 

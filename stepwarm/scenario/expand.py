@@ -618,12 +618,12 @@ class _Expander:
                     "serves such a request from the prefix cache "
                     "(SamplingParams.skip_reading_prefix_cache)", "cached",
                     allowed="prefix hits of requests without prompt_logprobs")
+            if cached >= self._prompt_len(r):  # `cached` is at least 1 (the format's rule)
+                raise self.err(
+                    f"request {self.display[r]!r}: prefix hit of {cached} tokens must be in "
+                    f"1..{self._prompt_len(r) - 1} (prompt_len {self._prompt_len(r)})",
+                    "cached")
             if self.b.request(r).skip_reading_prefix_cache:
-                if cached >= self._prompt_len(r):
-                    raise self.err(
-                        f"request {self.display[r]!r}: prefix hit of {cached} tokens must be in "
-                        f"0..{self._prompt_len(r) - 1} (prompt_len {self._prompt_len(r)})",
-                        "cached")
                 continue
             try:
                 self.b.set_computed(r, cached)

@@ -267,6 +267,7 @@ def test_run_verify_compares_with_vllms_scheduler_and_reports_a_table(tmp_path):
                      "-e", "enable_prefix_caching=true", "--verify", "--json", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "--verify: stepwarm's steps vs vLLM's own scheduler (greedy)" in proc.stdout
+    assert "note: dummy weights" not in proc.stdout  # seeded weights, loaded
     # not a terminal: the comparison as lines of at most 80 columns
     lines = proc.stdout.splitlines()
     start = lines.index("--verify: stepwarm's steps vs vLLM's own scheduler (greedy)")
@@ -410,10 +411,15 @@ def test_ctrl_c_during_verify_keeps_the_warmup_report_and_says_what_was_not_comp
          "--verify", "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, preexec_fn=_sigint_default, env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"})
     assert proc.stdout is not None
+    seen = []
     for line in proc.stdout:
+        seen.append(line)
         if line.startswith("verifying long against vLLM's scheduler"):
             break
     proc.send_signal(signal.SIGINT)
+    # the default weights are vLLM's dummy ones: said before the comparison
+    assert seen[-2].startswith("note: dummy weights (load_format=dummy): the tokens hardly "
+                               "depend on the context"), seen[-3:]
     rest, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, rest + err[-3000:]
     assert err.strip().splitlines()[-1] == (

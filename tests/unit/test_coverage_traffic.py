@@ -484,3 +484,23 @@ def test_if_fits_leaves_a_long_line_out_where_a_plain_one_is_refused(tmp_path):
     with pytest.raises(TrafficError) as e:
         load_traffic(str(path))
     assert f"{path}:1: if_fits: " in str(e.value)
+
+
+def test_a_file_whose_every_line_is_left_out_is_refused_before_and_after_start(tmp_path):
+    # a gate on a report of no request would pass on nothing
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"prompt": 600, "if_fits": true}\n\n{"prompt": 700, "if_fits": true}\n')
+    model = TrafficLimits(max_model_len=512, vocab_size=None, max_logprobs=None,
+                          source="the model's")
+    with pytest.raises(TrafficError) as e:  # before the engine starts
+        load_traffic(str(path), model)
+    assert str(e.value) == (f"{path}: every line is left out (if_fits: prompt + max_tokens > "
+                            "the model's max_model_len 512), so no request would be replayed; "
+                            "give a line that fits, or a longer max_model_len "
+                            "(-e max_model_len=N)")
+    traffic = load_traffic(str(path), TrafficLimits(1024, None, None, source="the model's"))
+    assert [tl.line for tl in fitting(traffic, TrafficLimits(650, None, None))[0].lines] == [1]
+    with pytest.raises(TrafficError) as e:  # the engine's own max_model_len is shorter
+        fitting(traffic, TrafficLimits(max_model_len=600, vocab_size=None, max_logprobs=None))
+    assert "every line is left out (if_fits: prompt + max_tokens > the engine's " \
+        "max_model_len 600)" in str(e.value)

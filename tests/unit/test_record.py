@@ -134,6 +134,24 @@ def test_a_session_s_lines(wrapped: Path) -> None:
     assert '"a"' not in wrapped.read_text() and "[3,4," not in wrapped.read_text()
 
 
+def test_a_finish_sent_in_an_empty_step_is_counted_in_the_next_line(wrapped: Path) -> None:
+    """vLLM sends a request's finish with the step after its last; where
+    nothing else runs that step schedules no token and is not recorded: its
+    finish goes with the next recorded step (the trial: one request at a time
+    recorded 5 finishes of 16)."""
+    s = scheduler(caching=False)
+    add(s, "a", 5, temperature=0.0)
+    for _ in range(3):  # prefill + 2 decodes: max_tokens 3, finished
+        step(s)
+    empty = step(s)
+    assert (empty.total_num_scheduled_tokens, set(empty.finished_req_ids)) == (0, {"a"})
+    add(s, "b", 6, temperature=0.0)
+    step(s)
+    step(s)
+    assert [(x["step"], x["batch"], x["finished"]) for x in lines(wrapped)[1:]] == [
+        (0, 1, 0), (1, 1, 0), (2, 1, 0), (3, 1, 1), (4, 1, 0)]
+
+
 def test_sampler_classes() -> None:
     from vllm.sampling_params import SamplingParams
 
