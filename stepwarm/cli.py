@@ -765,9 +765,7 @@ def _verify(engine: Any, plans: list[Any], profile: Any,
     drafter = getattr(profile, "drafter", None)
     reject = 1 if (drafter is not None and drafter.layers
                    and drafter.num_speculative_tokens >= 2) else None
-    load_config = getattr(getattr(getattr(engine.llm, "llm_engine", None), "vllm_config", None),
-                          "load_config", None)
-    if plans and str(getattr(load_config, "load_format", "")) == "dummy":
+    if plans and str(engine.worker.vllm_config.load_config.load_format) == "dummy":
         print_wrapped("note: dummy weights (load_format=dummy): the tokens hardly depend on the "
                       "context, so a wrong key or value can still compare equal; --weights "
                       "seeded (zoo models) or the model's own weights make --verify meaningful "
