@@ -747,10 +747,30 @@ def carry_settings_to_ray_workers() -> None:
     legacy one, ``VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0``) hands the
     ``STEPWARM_*`` settings to its workers; without them each worker's plugin
     would be off while the driver's is on. Runs only where the plugin is on;
-    the one process-state change :func:`register` makes."""
+    with :data:`WARNED_MARKER`, the process-state changes :func:`register` makes."""
     have = [p.strip() for p in os.environ.get(RAY_PREFIXES_VAR, "").split(",") if p.strip()]
     if "STEPWARM_" not in have:
         os.environ[RAY_PREFIXES_VAR] = ",".join([*have, "STEPWARM_"])
+
+
+#: Set in the environment once :func:`warn_unknown_names_once` has warned, so that
+#: the processes vLLM starts from this one (API server -> engine core -> workers,
+#: each loading the plugin) do not warn again. Not a ``STEPWARM_*`` name: it is
+#: not a setting, and the misspelling scan does not see it.
+WARNED_MARKER = "_STEPWARM_NAMES_WARNED"
+
+
+def warn_unknown_names_once() -> None:
+    """Log :func:`~stepwarm.settings.unknown_names`' warnings once per process
+    tree: ``vllm serve`` loads the plugin in its API server, its engine core
+    and each worker, which inherit the environment (and :data:`WARNED_MARKER`)."""
+    if os.environ.get(WARNED_MARKER):
+        return
+    warnings = unknown_names()
+    for warning in warnings:
+        logger.warning("stepwarm: %s", warning)
+    if warnings:
+        os.environ[WARNED_MARKER] = "1"
 
 
 def register() -> None:
@@ -764,7 +784,8 @@ def register() -> None:
     :data:`WORKER_CLASSES` that this process imports, and the front end's
     :data:`FRONT_END_CLASSES`, to be wrapped: a class whose module is loaded
     already is wrapped now, the others when (if ever) vLLM imports them. Nothing is imported, no torch or vLLM state changes
-    (but for :func:`carry_settings_to_ray_workers`' environment variable).
+    (but for :func:`carry_settings_to_ray_workers`' environment variable, and
+    :data:`WARNED_MARKER` once a misspelt name was warned of).
     Safe to call more than once.
 
     Raises:
@@ -783,8 +804,7 @@ def register() -> None:
         settings = HookSettings.from_env()
     except SettingsError as e:
         bad.append(str(e))
-    for warning in unknown_names():  # also while off: STEPWARM_SCENARIO=all turns nothing on
-        logger.warning("stepwarm: %s", warning)
+    warn_unknown_names_once()  # also while off: STEPWARM_SCENARIO=all turns nothing on
     from stepwarm.record import install as record_steps
 
     try:  # STEPWARM_RECORD (stepwarm.record): on or off whatever the scenarios

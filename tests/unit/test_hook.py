@@ -190,12 +190,21 @@ def test_register_warns_of_a_misspelt_name_while_the_plugin_is_off(monkeypatch, 
     # STEPWARM_SCENARIO (no S) leaves the plugin off: the warning is all that says so.
     monkeypatch.delenv("STEPWARM_SCENARIOS", raising=False)
     monkeypatch.setenv("STEPWARM_SCENARIO", "all")
+    monkeypatch.setenv(hook.WARNED_MARKER, "")  # (restored to absent after the test)
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     with caplog.at_level("WARNING", logger="vllm.stepwarm"):
+        hook.register()
+        # vllm serve's engine core and workers inherit the environment: warned once in all
         hook.register()
     assert [r.getMessage() for r in caplog.records] == [
         "stepwarm: STEPWARM_SCENARIO is not a stepwarm variable (ignored); "
         "did you mean STEPWARM_SCENARIOS?"]
+    assert os.environ[hook.WARNED_MARKER] == "1"
+    child = subprocess.run(
+        [sys.executable, "-c", "import logging; logging.basicConfig(); "
+         "from stepwarm.hook import register; register()"],
+        capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert child.returncode == 0 and "STEPWARM_SCENARIO" not in child.stderr, child.stderr
     from stepwarm.wrap_on_import import finder_of
 
     assert finder_of("hook") is None
