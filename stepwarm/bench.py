@@ -470,6 +470,17 @@ def _on_cuda() -> bool:
         return False
 
 
+def attention_backends(vllm_config: Any) -> str:
+    """The attention backends the model's layers run (their ``attn_backend``'s
+    ``get_name()``, as vLLM chose them at model init: ``FLASH_ATTN``,
+    ``TRITON_ATTN``, ``CPU_ATTN`` ...), comma-separated; "" when none is
+    found. What ``-e attention_backend=...`` asked for is only a request."""
+    layers = vllm_config.compilation_config.static_forward_context.values()
+    names = {b.get_name() for b in (getattr(layer, "attn_backend", None) for layer in layers)
+             if b is not None and hasattr(b, "get_name")}
+    return ", ".join(sorted(names))
+
+
 def setup(worker: WorkerView, profile: Any) -> dict[str, Any]:
     """What the numbers were measured on: device, vLLM, torch, attention backend."""
     import torch
@@ -480,8 +491,8 @@ def setup(worker: WorkerView, profile: Any) -> dict[str, Any]:
     backend = ""
     try:
         cfg = worker.vllm_config
-        backend = str(getattr(cfg.attention_config, "backend", "") or "") if hasattr(
-            cfg, "attention_config") else ""
+        backend = attention_backends(cfg) or (str(getattr(
+            cfg.attention_config, "backend", "") or "") if hasattr(cfg, "attention_config") else "")
     except Exception:  # noqa: BLE001
         backend = ""
     return {"device": device, "vllm": profile.vllm_version, "torch": torch.__version__,

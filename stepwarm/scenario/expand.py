@@ -488,9 +488,14 @@ class _Expander:
         errors, _ = self.expand_steps()
         if not errors and not self.steps_unchecked:  # the request errors alone
             return declared, ""
+        # a step that failed of itself also left the steps after it checked in part
+        failed_step = min((e.step for e in errors if e.step is not None), default=None)
+        numbers = self.sc.step_numbers or range(len(self.sc.model.steps))
+        after = failed_step is not None and any(i > failed_step for i in numbers)
         return [*declared, *errors], (
             f"{self.sc.file}: the steps were checked only as far as they do not depend on "
-            f"the requests above that failed ({', '.join(sorted(self.failed_requests))}); "
+            f"the requests above that failed ({', '.join(sorted(self.failed_requests))})"
+            + (f" or on step {failed_step}, which failed" if after else "") + "; "
             + (f"not checked: step{'s' if len(self.steps_unchecked) > 1 else ''} "
                f"{', '.join(map(str, self.steps_unchecked))}, which "
                f"select{'' if len(self.steps_unchecked) > 1 else 's'} them; "
@@ -618,11 +623,16 @@ class _Expander:
                     "serves such a request from the prefix cache "
                     "(SamplingParams.skip_reading_prefix_cache)", "cached",
                     allowed="prefix hits of requests without prompt_logprobs")
-            if cached >= self._prompt_len(r):  # `cached` is at least 1 (the format's rule)
+            n = self._prompt_len(r)
+            if cached >= n:  # `cached` is at least 1 (the format's rule)
+                top = (n - 1) // g * g  # the longest hit: whole blocks below the prompt's end
                 raise self.err(
-                    f"request {self.display[r]!r}: prefix hit of {cached} tokens must be in "
-                    f"1..{self._prompt_len(r) - 1} (prompt_len {self._prompt_len(r)})",
-                    "cached")
+                    f"request {self.display[r]!r}: prefix hit of {cached} tokens must be "
+                    f"shorter than its prompt (prompt_len {n})", "cached",
+                    allowed=(f"{g}..{top} in steps of lcm_block_size = {g}" if top > g else
+                             f"{g} (lcm_block_size)" if top == g else
+                             f"none: a prompt of {n} tokens holds no whole block of "
+                             f"lcm_block_size = {g} (a hit needs at least {g + 1} prompt tokens)"))
             if self.b.request(r).skip_reading_prefix_cache:
                 continue
             try:

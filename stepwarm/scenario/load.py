@@ -566,8 +566,8 @@ class _TomlIndex:
                     if pat.match(self.lines[i]):
                         return i + 1
             if section == ("top",) and key is not None:
-                # a top-level key written as a table header: [steps] for [[steps]]
-                header = re.compile(rf"^\s*\[\s*[\"']?{re.escape(key)}[\"']?\s*[\].]")
+                # a top-level key written as a table header: [steps] for [[steps]], [[stepz]]
+                header = re.compile(rf"^\s*\[\[?\s*[\"']?{re.escape(key)}[\"']?\s*[\].]")
                 return next((i + 1 for i, raw in enumerate(self.lines) if header.match(raw)),
                             None)
             return first + 1 if section != ("top",) else (1 if key is None else None)
@@ -691,6 +691,15 @@ _SECTION_ALLOWED = {
 }
 
 
+#: SamplingParams fields a scenario's sampling table leaves out, and why (said
+#: instead of a did-you-mean: ``max_tokens`` is not ``min_tokens``).
+_SET_BY_STEPS = {
+    "max_tokens": "a request's output length is its steps': each decode step samples one "
+                  "token, a finish step ends it",
+    "n": "each request samples one sequence; declare count = N for N requests",
+}
+
+
 def _validation_errors(e: ValidationError, file: str, index: _TomlIndex, *,
                        names_reported: bool = False) -> list[ScenarioError]:
     """Every error in ``e``, located, unknown keys first (a typo explains the
@@ -753,6 +762,8 @@ def _validation_error(err: Any, file: str, index: _TomlIndex) -> tuple[ScenarioE
         allowed = sorted(model.model_fields) if model else []
         close = difflib.get_close_matches(key, allowed, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
+        if key in _SET_BY_STEPS and "min_tokens" in allowed:  # a sampling table
+            close, hint = [], f" ({_SET_BY_STEPS[key]})"
         suggestion = close[0] if close else None
         what = f"unknown key {fld!r}{hint}; allowed keys: {', '.join(allowed)}"
     elif typ == "missing":

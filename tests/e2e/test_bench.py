@@ -32,6 +32,8 @@ def test_every_repeat_sends_the_planned_shapes_and_leaves_nothing(engine, profil
     assert engine.view.live_request_ids() == set()
     assert rep.setup["runner"] == profile.runner and rep.setup["device"] == "cpu"
     assert rep.setup["time"] == "host"
+    # the backend the layers run, as vLLM chose it (not "vLLM's default")
+    assert rep.setup["attention_backend"] == "CPU_ATTN"
 
 
 #: B's CPU worker: 50 ms more a step.

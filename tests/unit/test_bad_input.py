@@ -487,7 +487,7 @@ def test_steps_are_checked_too_when_a_request_entry_fails(tmp_path):
         f"error: {f}:21: step 3 (decode), field 'batch': range [10, 5] step 1 is empty or backwards "
         "(start 10, stop 5, step 1); allowed: start <= stop and step >= 1",
         f"{f}: the steps were checked only as far as they do not depend on the requests above "
-        "that failed (a, b); not checked: step 4, which selects them; fix the errors above and "
+        "that failed (a, b) or on step 0, which failed; not checked: step 4, which selects them; fix the errors above and "
         "check again"]
     # the plugin's path (plans_for) lists the same
     with pytest.raises(ScenarioError) as e:
@@ -985,7 +985,7 @@ def test_a_top_level_fault_hides_no_request_or_step_error(tmp_path):
     assert code == 2
     assert heads == [f"{f}:1", f"{f}:2", f"{f}:6", f"{f}:12",
                      f"{f}: the steps were checked only as far as they do not depend on the "
-                     "requests above that failed (b); not checked: step 2, which selects them; "
+                     "requests above that failed (b) or on step 1, which failed; not checked: step 2, which selects them; "
                      "fix the errors above and check again"], err
     assert "unknown request 'zz'" in err and "prompt -5 is out of range" in err
 

@@ -276,7 +276,7 @@ def test_every_unknown_request_of_a_step_is_named_once_with_the_declared_names_o
         "11: step 1 (decode), field 'requests': unknown request 'qq'; allowed: names declared "
         "under [requests]: a, b",
         " the steps were checked only as far as they do not depend on the requests above that "
-        "failed (a, b); fix the errors above and check again",
+        "failed (a, b) or on step 0, which failed; fix the errors above and check again",
     ]
     assert [e.split(":")[0] for e in errors[:3]] == ["2", "4", "5"]
 
@@ -553,3 +553,43 @@ def test_an_engine_arg_nested_too_deep_is_refused_not_a_recursion_error():
                                         "deeper than 64 levels (2000 characters); allowed: at "
                                         "most 64")
     assert "Traceback" not in r.stderr and "RecursionError" not in r.stderr
+
+
+# The eleventh trial (a kernel developer: bench, scenario files, coverage).
+def _check_file(tmp_path, text: str) -> list[str]:
+    f = tmp_path / "s.toml"
+    f.write_text(text)
+    r = runner.invoke(app, ["check", str(f)], env=ENV)
+    assert r.exit_code == 2 and r.stdout.startswith("profile: "), r.stderr
+    return [line.replace(f"{f}", "S") for line in r.stderr.splitlines()]
+
+
+def test_a_misspelt_array_of_tables_header_is_located_and_labelled(tmp_path):
+    lines = _check_file(tmp_path, '[requests.a]\nprompt = 4\n\n[[steps]]\nkind = "prefill"\n'
+                        'requests = ["a"]\n\n[[stepz]]\nkind = "decode"\n')
+    assert lines == ["error: S:8: field 'stepz': unknown key 'stepz' (did you mean 'steps'?); "
+                     "allowed keys: description, needs, requests, requires, roles, sequence, "
+                     "steps"]
+
+
+def test_a_prefix_hit_on_a_prompt_without_a_whole_block_says_no_value_fits(tmp_path):
+    base = '[requests.h]\nprompt = {n}\nsampling = "greedy"\n\n' \
+           '[[steps]]\nkind = "prefix_hit"\nrequests = ["h"]\ncached = 512\n'
+    short = " ".join(x.strip() for x in _check_file(tmp_path, base.format(n=100)))
+    # (tiny Llama: blocks of 128 tokens)
+    assert short == ("error: S:8: step 0 (prefix_hit), field 'cached': request 'h': prefix hit "
+                     "of 512 tokens must be shorter than its prompt (prompt_len 100); allowed: "
+                     "none: a prompt of 100 tokens holds no whole block of lcm_block_size = 128 "
+                     "(a hit needs at least 129 prompt tokens)")
+    long = " ".join(x.strip() for x in _check_file(tmp_path, base.format(n=300)))
+    assert long.endswith("(prompt_len 300); allowed: 128..256 in steps of lcm_block_size = 128")
+
+
+def test_the_last_line_names_a_failed_step_beside_the_failed_requests(tmp_path):
+    lines = _check_file(tmp_path, '[requests.h]\nprompt = 300\nsampling = "greedy"\n\n'
+                        '[requests.long]\nprompt = 600\n\n'
+                        '[[steps]]\nkind = "prefix_hit"\nrequests = ["h"]\ncached = 384\n\n'
+                        '[[steps]]\nkind = "prefill"\nrequests = ["h"]\n')
+    assert lines[-1] == ("S: the steps were checked only as far as they do not depend on the "
+                         "requests above that failed (long) or on step 0, which failed; fix the "
+                         "errors above and check again")

@@ -174,7 +174,7 @@ CASES = {
     "hit_warmup_preset_past_its_prompt": (
         '[requests.h]\nprompt = 100\n\n[[steps]]\nkind = "prefix_hit"\nrequests = ["h"]\ncached = 256\n',
         {}, 7, 'cached',
-        ":7: step 0 (prefix_hit), field 'cached': request 'h': prefix hit of 256 tokens must be in 1..99 (prompt_len 100)"),
+        ":7: step 0 (prefix_hit), field 'cached': request 'h': prefix hit of 256 tokens must be shorter than its prompt (prompt_len 100); allowed: 16..96 in steps of lcm_block_size = 16"),
     "repeat_prefill": (
         A + STEP + 'repeat = 2\n',
         {}, 7, 'repeat',
