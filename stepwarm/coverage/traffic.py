@@ -423,6 +423,27 @@ def _request_lines(text: str, file: str) -> list[tuple[int, str]]:
     return raw_lines
 
 
+def refuse_other_formats(text: str, file: str) -> None:
+    """Refuse, as one error, a file that is stepwarm's other input given
+    where traffic goes: a ``STEPWARM_RECORD`` recording (JSON Lines, but
+    steps without prompts) or a scenario file (TOML: every line would be
+    refused as invalid JSON).
+
+    Raises:
+        TrafficError: what the file is and where it goes instead.
+    """
+    from stepwarm.record import looks_like_recording
+
+    if looks_like_recording(text):
+        raise TrafficError(f"{file}:1: a STEPWARM_RECORD recording, not a traffic file (its "
+                           "steps hold no prompts); make a scenario of it with `stepwarm "
+                           f"scenario from-record {file} -o FILE.toml` and give it with -s")
+    if _looks_like_scenario(text):
+        raise TrafficError(f"{file}: a scenario file (TOML), not a traffic file (JSON Lines, one "
+                           "request a line: docs/traffic.md); give a scenario with -s "
+                           f"{file}")
+
+
 def check_json(text: str, file: str, limits: TrafficLimits | None = None) -> None:
     """The checks that need neither vLLM nor the model: the file holds
     request lines, at most :data:`MAX_LINES`, each a JSON object. A junk file
@@ -442,6 +463,7 @@ def check_json(text: str, file: str, limits: TrafficLimits | None = None) -> Non
             and a last line naming the lines whose ``sampling`` vLLM checks
             once the file is JSON.
     """
+    refuse_other_formats(text, file)
     errors: list[TrafficError] = []
     unchecked, json_errors = [], 0
     for i, raw in _request_lines(text, file):
@@ -508,15 +530,11 @@ def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None,
 
     Raises:
         TrafficError: every bad line's errors (one a line), a file of more
-            than :data:`MAX_LINES` lines or :data:`MAX_REQUESTS` requests, or
-            one that holds no request.
+            than :data:`MAX_LINES` lines or :data:`MAX_REQUESTS` requests, one
+            that holds no request, or a recording or scenario file
+            (:func:`refuse_other_formats`).
     """
-    from stepwarm.record import looks_like_recording
-
-    if looks_like_recording(text):
-        raise TrafficError(f"{file}:1: a STEPWARM_RECORD recording, not a traffic file (its "
-                           "steps hold no prompts); make a scenario of it with `stepwarm "
-                           f"scenario from-record {file} -o FILE.toml` and give it with -s")
+    refuse_other_formats(text, file)
     raw_lines = _request_lines(text, file)
     lines, errors, requests = [], [], 0
     unchecked: list[int] = []  # lines whose sampling table vLLM has not checked
@@ -549,6 +567,24 @@ def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None,
     if limits is not None:
         fitting(traffic, limits)  # refuses a file whose every line is left out
     return traffic
+
+
+def _looks_like_scenario(text: str) -> bool:
+    """Whether ``text`` is TOML with a scenario's ``steps`` or ``requests`` (a
+    scenario file given where a traffic file goes: every line would be
+    refused as invalid JSON)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+
+    if text.lstrip().startswith("{"):
+        return False
+    try:
+        data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError):
+        return False
+    return "steps" in data or "requests" in data
 
 
 def _has_sampling(raw: str) -> bool:

@@ -1019,3 +1019,21 @@ def test_from_record_refuses_an_output_the_plugin_cannot_be_given(tmp_path):
     assert r.stderr.splitlines()[0] == (
         f"error: --output {out}: a path with a comma, which STEPWARM_SCENARIOS takes as a "
         "separator; allowed: a path without ','")
+
+
+def test_a_scenario_file_given_as_traffic_says_so_once(tmp_path):
+    """The eleventh trial: a scenario in coverage's traffic slot gave one 'invalid JSON'
+    a line (12) and no word of -s."""
+    sc = tmp_path / "sweep.toml"
+    sc.write_text('[requests.a]\nprompt = 8\ncount = 4\n\n[[steps]]\nkind = "prefill"\n'
+                  'requests = ["a"]\n')
+    r = runner.invoke(app, ["coverage", str(sc)], env=ENV)
+    assert (r.exit_code, r.stdout) == (2, "")
+    assert " ".join(r.stderr.split()) == (
+        f"error: {sc}: a scenario file (TOML), not a traffic file (JSON Lines, one request a "
+        f"line: docs/traffic.md); give a scenario with -s {sc}")
+    # a traffic file whose first line is bad JSON is still told line by line
+    bad = tmp_path / "t.jsonl"
+    bad.write_text('{"prompt_len": 8\n')
+    r = runner.invoke(app, ["coverage", str(bad)], env=ENV)
+    assert r.exit_code == 2 and "t.jsonl:1:" in r.stderr and "invalid JSON" in r.stderr
