@@ -1409,8 +1409,9 @@ def bench(
     host time on the CPU), spread and tokens/s. With --against-e / --against-env
     / --against-python, A (the options as given) and B run in two child
     processes, their rounds interleaved; per step B / A with a 95 % bootstrap
-    interval. Exit status: 0 measured; 1 a step failed; 2 bad input; 3 the scenario is
-    skipped on the runner (A's or B's: its needs or requires); 4 --gate.
+    interval. Exit status: 0 measured; 1 a step failed; 2 bad input; 3 the
+    scenario is skipped on the runner (A's or B's: its needs or requires); 4
+    --gate.
     """
     from stepwarm import bench_command as bc
 

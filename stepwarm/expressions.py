@@ -344,8 +344,10 @@ class _Eval:
                                 "allowed: + - * // %")
             a, b = self.visit(node.left), self.visit(node.right)
             if op in ("//", "%") and b == 0 and self.values:
-                raise self.fail(f"division by zero ({ast.unparse(node.right)} is 0); "
-                                "allowed: a divisor that is not 0 on this runner")
+                div = ast.unparse(node.right)
+                raise self.fail(("division by zero; " if div == "0" else
+                                 f"division by zero ({div} is 0 on this runner); ")
+                                + "allowed: a divisor that is not 0 on this runner")
             return {"+": a + b, "-": a - b, "*": a * b, "//": a // b if b else 0,
                     "%": a % b if b else 0}[op]
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:

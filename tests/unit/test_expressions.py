@@ -33,8 +33,9 @@ def test_evaluates(expr, value):
 
 @pytest.mark.parametrize("expr, words", [
     ("max_num_seq + 1", ["unknown fact 'max_num_seq'", "did you mean 'max_num_seqs'", "allowed facts"]),
-    ("max_model_len // (num_spec_steps - 2)", ["division by zero"]),
-    ("5 % 0", ["division by zero"]),
+    ("max_model_len // (num_spec_steps - 2)",
+     ["division by zero (num_spec_steps - 2 is 0 on this runner)"]),
+    ("5 % 0", ["division by zero; allowed"]),
     ("max_model_len / 2", ["'/' is not allowed", "//"]),
     ("__import__('os')", ["not allowed"]),
     ("max_model_len.bit_length()", ["not allowed"]),

@@ -346,6 +346,26 @@ def test_no_help_text_is_cut_at_80_columns(command):
     assert proc.returncode == 0 and "…" not in proc.stdout, proc.stdout
 
 
+def test_no_help_paragraph_breaks_early_at_80_columns():
+    """rich keeps a docstring's line breaks and wraps each line at 78: a
+    longer line broke bench's help mid-sentence ("3 the / scenario is")."""
+    import inspect
+
+    import click
+    import typer.main
+
+    def commands(c: click.Command):
+        yield c
+        if isinstance(c, click.Group):
+            for sub in c.commands.values():
+                yield from commands(sub)
+
+    long = [(c.name, line) for c in commands(typer.main.get_command(app))
+            if c.callback and c.callback.__doc__
+            for line in inspect.cleandoc(c.callback.__doc__).splitlines()[1:] if len(line) > 78]
+    assert long == []
+
+
 def test_check_says_a_file_named_twice_is_checked_once(tmp_path, monkeypatch):
     """``check ./x.toml /abs/x.toml``: one check, and a line saying so, as the
     plugin logs it (a new user's trial: the second name was dropped unsaid)."""
