@@ -7,10 +7,13 @@ import os
 import warnings
 
 #: Variables read by libraries as they load (torch's C++ log, transformers'
-#: log, Python's warnings in worker processes): set under ``-q`` unless the
+#: log, Python's warnings in worker processes, tqdm's bars): set under ``-q`` unless the
 #: user set them.
 QUIET_ENV = {"PYTHONWARNINGS": "ignore", "TORCH_CPP_LOG_LEVEL": "ERROR",
-             "TRANSFORMERS_VERBOSITY": "error"}
+             "TRANSFORMERS_VERBOSITY": "error",
+             # tqdm's progress bars (vLLM's "Loading safetensors checkpoint shards"):
+             # tqdm >= 4.66 reads any of its arguments from TQDM_* variables
+             "TQDM_DISABLE": "1"}
 
 
 def errors_only() -> None:

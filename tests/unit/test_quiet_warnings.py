@@ -15,6 +15,9 @@ _setup(False, {quiet})
 warnings.warn("torch.distributed.reduce_op is deprecated", FutureWarning)
 logging.getLogger("torch.distributed").warning("NUMA binding: a warning")
 logging.getLogger("torch").error("an error")
+from tqdm import tqdm  # vLLM's weight-loading bar ("Loading safetensors checkpoint shards")
+for _ in tqdm(range(2), desc="Loading shards"):
+    pass
 print(os.environ.get("PYTHONWARNINGS"), os.environ.get("TORCH_CPP_LOG_LEVEL"),
       os.environ.get("TRANSFORMERS_VERBOSITY"))
 """
@@ -22,7 +25,8 @@ print(os.environ.get("PYTHONWARNINGS"), os.environ.get("TORCH_CPP_LOG_LEVEL"),
 
 def setup_in_a_fresh_process(quiet: bool) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONWARNINGS", "TORCH_CPP_LOG_LEVEL", "TRANSFORMERS_VERBOSITY")}
+           if k not in ("PYTHONWARNINGS", "TORCH_CPP_LOG_LEVEL", "TRANSFORMERS_VERBOSITY",
+                        "TQDM_DISABLE")}
     return subprocess.run([sys.executable, "-c", SCRIPT.format(quiet=quiet)],
                           capture_output=True, text=True, env=env, timeout=60)
 
@@ -36,5 +40,6 @@ def test_quiet_silences_warnings_and_keeps_errors():
 def test_without_quiet_the_warnings_show():
     r = setup_in_a_fresh_process(False)
     assert (r.returncode, r.stdout) == (0, "None None None\n")
-    assert r.stderr == ("<string>:5: FutureWarning: torch.distributed.reduce_op is deprecated\n"
-                        "NUMA binding: a warning\nan error\n")
+    assert r.stderr.startswith("<string>:5: FutureWarning: torch.distributed.reduce_op is "
+                               "deprecated\nNUMA binding: a warning\nan error\n")
+    assert "Loading shards: 100%" in r.stderr
