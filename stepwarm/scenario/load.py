@@ -498,11 +498,13 @@ def _request_parts(name: str, spec: Any) -> tuple[bool, Any]:
             RequestSpec.model_validate(spec)
     except ValidationError as e:
         errs = [err for err in e.errors() if err["loc"]]
-        # an unknown key in a sampling table: the table's other keys still checked
-        typos = {err["loc"][2] for err in errs if err["type"] == "extra_forbidden"
-                 and err["loc"][:2] == ("sampling", "table") and len(err["loc"]) == 3}
+        # an unknown or mistyped key in a sampling table: the table's other keys
+        # still checked (by vLLM's SamplingParams, where the expander gets to it)
+        typos = {err["loc"][2] for err in errs
+                 if err["loc"][:2] == ("sampling", "table") and len(err["loc"]) >= 3}
         bad = {err["loc"][0] for err in errs if not (
-            err["type"] == "extra_forbidden" and err["loc"][2:] and err["loc"][2] in typos)}
+            err["loc"][:2] == ("sampling", "table") and err["loc"][2:]
+            and err["loc"][2] in typos)}
         rest = {k: v for k, v in spec.items() if k not in bad} if isinstance(spec, dict) else None
         if rest is not None and typos and isinstance(rest.get("sampling"), dict):
             rest["sampling"] = {k: v for k, v in rest["sampling"].items() if k not in typos}

@@ -613,3 +613,13 @@ def test_the_last_line_names_a_failed_step_beside_the_failed_requests(tmp_path):
     assert lines[-1] == ("S: the steps were checked only as far as they do not depend on the "
                          "requests above that failed (long) or on step 0, which failed; fix the "
                          "errors above and check again")
+
+
+def test_a_mistyped_sampling_key_hides_no_other_key_of_its_table(tmp_path):
+    """The eleventh trial: temperature = "hot" hid vLLM's refusals of top_k and logprobs."""
+    lines = _check_file(tmp_path, '[requests.a]\nprompt = 8\nsampling = { top_k = -7, '
+                        'logprobs = 30, temperature = "hot" }\n\n[[steps]]\nkind = "prefill"\n'
+                        'requests = ["a"]\n')
+    fields = sorted(line.split("field ")[1].split(":")[0] for line in lines
+                    if line.startswith("error: S:3: request 'a', field "))
+    assert fields == ["'sampling.logprobs'", "'sampling.temperature'", "'sampling.top_k'"]
