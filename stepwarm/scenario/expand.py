@@ -430,6 +430,10 @@ class _Expander:
         allowed = _ALLOWED_BY_FIELD.get(e.field or "", "see scenarios/README.md").format(
             p=self.p, blocks=self.p.num_blocks - 1)
         msg = e.reason
+        if e.field == "requests" and getattr(self.st, "batch", None) is not None and \
+                "max_num_seqs" in msg:  # a batch (or a sweep's point) past max_num_seqs
+            key = "batch"
+            allowed = f"batches of at most max_num_seqs = {self.p.max_num_seqs}"
         for rid, name in self.display.items():  # ids named in the reason, as written
             if rid in msg:
                 msg = msg.replace(repr(rid), repr(name))

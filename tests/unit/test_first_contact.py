@@ -623,3 +623,20 @@ def test_a_mistyped_sampling_key_hides_no_other_key_of_its_table(tmp_path):
     fields = sorted(line.split("field ")[1].split(":")[0] for line in lines
                     if line.startswith("error: S:3: request 'a', field "))
     assert fields == ["'sampling.logprobs'", "'sampling.temperature'", "'sampling.top_k'"]
+
+
+def test_a_sweeps_batch_past_max_num_seqs_is_said_under_batch(tmp_path):
+    """The eleventh trial: `-e max_num_seqs=4` on a batch sweep up to 8 named
+    the step's 'requests', not the batch value that is too large."""
+    f = tmp_path / "s.toml"
+    f.write_text('[requests.d]\nprompt = 64\ncount = 8\nsampling = "greedy"\n\n'
+                 '[[steps]]\nkind = "prefill"\nrequests = ["d"]\n\n'
+                 '[[steps]]\nkind = "decode"\nrequests = ["d"]\nbatch = { values = [1, 8] }\n')
+    r = runner.invoke(app, ["check", str(f), "-e", "max_num_seqs=4"], env=ENV)
+    assert r.exit_code == 2
+    errors = [" ".join(x.split()) for x in r.stderr.split("error: ")[1:]]
+    assert errors[0].startswith(f"{f}:8: step 0 (prefill), field 'requests': 8 requests "
+                                "scheduled but max_num_seqs is 4;")
+    assert errors[1].startswith(f"{f}:13: step 1 (decode), field 'batch': 8 requests scheduled "
+                                "but max_num_seqs is 4; allowed: batches of at most "
+                                "max_num_seqs = 4")
