@@ -370,7 +370,7 @@ def _step_of(plan: Plan, index: int | None) -> PlannedStep | None:
 
 
 def drive(
-    worker: WorkerView,
+    worker: WorkerView | Any,
     plan: Plan,
     profile: RunnerProfile,
     *,
@@ -392,8 +392,8 @@ def drive(
     synchronized and the KV connector restored.
 
     Args:
-        worker: the vLLM worker, as :class:`~stepwarm.worker_view.WorkerView`
-            (built once per run by the caller).
+        worker: the vLLM worker, or its :class:`~stepwarm.worker_view.WorkerView`
+            (a caller that drives several plans builds it once).
         plan: the plan (built for ``profile``).
         profile: the worker's profile (:func:`stepwarm.probe.read_profile`).
         on_step: called with each step's result as soon as it ran.
@@ -430,6 +430,9 @@ def drive(
             ``error.report`` says which step and what vLLM said.
         RuntimeError: the runner still held stepwarm requests after cleanup.
     """
+    from stepwarm.worker_view import WorkerView
+
+    worker = WorkerView.of(worker)  # vLLM's worker or its view
     tokens = tokens if tokens is not None else OutputHistory()
     if not profile.is_last_pp_rank or (ranks is not None and ranks.pp_size > 1):
         # A non-last pipeline rank sees no sampled tokens: every rank keeps

@@ -105,8 +105,9 @@ def _decoder_start_token_id(model_config: Any) -> int | None:
     return None
 
 
-def read_profile(worker: WorkerView) -> RunnerProfile:
-    """Read a :class:`RunnerProfile` off a live vLLM worker.
+def read_profile(worker: WorkerView | Any) -> RunnerProfile:
+    """Read a :class:`RunnerProfile` off a live vLLM worker (vLLM's worker or
+    its :class:`~stepwarm.worker_view.WorkerView`).
 
     Works for the V1 runner and the V2 runner (the facts that differ are
     read by :class:`~stepwarm.worker_view.WorkerView`).
@@ -117,6 +118,9 @@ def read_profile(worker: WorkerView) -> RunnerProfile:
     """
     import vllm
 
+    from stepwarm.worker_view import WorkerView
+
+    worker = WorkerView.of(worker)
     cfg = worker.vllm_config
     kv_cache_config = worker.kv_cache_config
     if kv_cache_config is None:

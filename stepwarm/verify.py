@@ -198,7 +198,8 @@ def _release_finished(llm: Any, worker: WorkerView) -> None:
     (it would with its next step), so the runner is idle for the driver."""
     done = finished_not_sent(llm) & worker.live_request_ids()
     if done:
-        worker.execute_model(cleanup_output(done))
+        with worker.kv_connector_disabled():  # (a connector's runner asserts its metadata)
+            worker.execute_model(cleanup_output(done))
 
 
 def _through_scheduler(llm: Any, worker: WorkerView, call: Any) -> Any:
@@ -354,7 +355,7 @@ def compare(plan: Plan, origin: tuple[int, ...], report: RunReport,
         differences=tuple(first[r] for r in sorted(first)))
 
 
-def verify(llm: Any, worker: WorkerView, plan: Plan, profile: RunnerProfile,
+def verify(llm: Any, worker: WorkerView | Any, plan: Plan, profile: RunnerProfile,
            reject_drafts_from: int | None = None) -> VerifyReport:
     """Compare the worker's greedy tokens under ``plan``'s steps with vLLM's scheduler.
 
@@ -374,6 +375,9 @@ def verify(llm: Any, worker: WorkerView, plan: Plan, profile: RunnerProfile,
         PromptChanged: vLLM's front end changed a prompt (:func:`reference_tokens`).
         Whatever ``llm.generate`` raises for these prompts.
     """
+    from stepwarm.worker_view import WorkerView
+
+    worker = WorkerView.of(worker)  # vLLM's worker or its view
     if plan.skipped or not plan.steps:
         return VerifyReport(plan=plan.name, skipped=plan.skipped or "no steps")
     if any(r.kind == "pool" for r in plan.requests):
@@ -422,7 +426,7 @@ def _without_audio(worker: WorkerView, plan: Plan, profile: RunnerProfile,
     return out
 
 
-def verify_pooling(llm: Any, worker: WorkerView, plan: Plan, profile: RunnerProfile,
+def verify_pooling(llm: Any, worker: WorkerView | Any, plan: Plan, profile: RunnerProfile,
                    atol: float = EMBED_ATOL) -> VerifyReport:
     """Compare the pooler outputs of ``plan``'s pooling requests with ``LLM.embed``.
 
@@ -434,6 +438,9 @@ def verify_pooling(llm: Any, worker: WorkerView, plan: Plan, profile: RunnerProf
     import torch
     from vllm.inputs import TokensPrompt
 
+    from stepwarm.worker_view import WorkerView
+
+    worker = WorkerView.of(worker)
     history = OutputHistory()
     drive(worker, plan, profile, tokens=history)
     ids = sorted(r for r in history.pooled if not r.startswith(FILL_PREFIX))

@@ -157,3 +157,24 @@ def test_engine_serves_requests_after_warmup(engine, profile):
     with engine.view.kv_connector_disabled():
         engine.worker.execute_model(cleanup_output(leftover))
     _assert_runner_empty(engine.view)
+
+
+def test_the_library_examples_take_vllms_own_worker(engine, profile):
+    """docs/plugin.md ("as a library, on any worker you hold") and
+    docs/consistency-oracle.md, as written: vLLM's worker, not stepwarm's
+    WorkerView (a new user's trial: AttributeError 'kv_cache_config')."""
+    from stepwarm.probe import read_profile
+    from stepwarm.scenario import plans_for
+    from stepwarm.verify import verify
+
+    worker = engine.worker
+    assert not isinstance(worker, WorkerView)
+    assert read_profile(worker) == profile
+    plan, = plans_for(["triton-buckets"], profile)
+    report = drive(worker, plan, profile)
+    assert report.ok and [s.index for s in report.steps] == [s.index for s in plan.steps]
+    assert engine.view.live_request_ids() == set()
+    plan, = plans_for(["default"], profile)
+    checked = verify(engine.llm, worker, plan, profile)
+    assert checked.ok and len(checked.checked) == 10 and min(checked.checked.values()) >= 1, checked
+    assert engine.view.live_request_ids() == set()
