@@ -80,6 +80,16 @@ class CacheSpec(BaseModel):
     #: (0.26 - 0.31, 0.33; probed by behaviour, ``vllm_facts.checkpoint_recached``).
     checkpoint_recached: bool | None = None
 
+    @model_validator(mode="after")
+    def _window_given(self) -> CacheSpec:
+        """A windowed kind carries its window (a profile written by hand could
+        leave it out, and planning would fail on None)."""
+        need = {"sliding_window": "sliding_window",
+                "chunked_local_attention": "attention_chunk_size"}.get(self.kind)
+        if need and getattr(self, need) is None:
+            raise ValueError(f"a {self.kind} group needs {need} (tokens, > 0)")
+        return self
+
 
 class ImageClass(BaseModel):
     """One shape a multimodal model's processor resizes images to: one encoder
@@ -445,7 +455,7 @@ def _field_errors(e: ValidationError, path: Path) -> list[str]:
             lines.append(f"{path}: field {loc!r}: unknown key"
                          + (f" (did you mean {close[0]!r}?)" if close else ""))
         else:
-            lines.append(f"{path}: field {loc!r}: {err['msg']}")
+            lines.append(f"{path}: field {loc!r}: {err['msg'].removeprefix('Value error, ')}")
     if len(lines) > 20:
         lines = lines[:20] + [f"{path}: {len(lines) - 20} more error(s) not shown"]
     return lines

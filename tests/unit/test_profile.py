@@ -189,3 +189,21 @@ def test_a_run_report_given_as_profile_gives_its_runner_profile(tmp_path):
                        r"engine did not start \(its profile is null\); allowed: a runner "
                        "profile as"):
         RunnerProfile.load(report)
+
+
+@pytest.mark.parametrize("kind, need", [("sliding_window", "sliding_window"),
+                                        ("chunked_local_attention", "attention_chunk_size")])
+def test_a_windowed_group_without_its_window_is_refused_when_loaded(tmp_path, kind, need):
+    """A new user's profile written by hand: accepted, then planning raised
+    TypeError ('int' - 'NoneType') in the block rules."""
+    data = tiny_profile().model_dump(mode="json")
+    data["kv_cache_groups"].append({"kind": kind, "block_size": 128})
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ProfileError) as e:
+        RunnerProfile.load(path)
+    assert str(e.value) == (f"{path}: field 'kv_cache_groups.1': a {kind} group needs {need} "
+                            "(tokens, > 0); allowed: a runner profile as `stepwarm profile -o "
+                            "FILE` writes it")
+    with pytest.raises(ValueError, match=f"needs {need}"):
+        CacheSpec(kind=kind, block_size=16)

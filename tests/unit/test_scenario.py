@@ -600,13 +600,14 @@ def test_prefix_hits_on_one_mamba_state_wait_a_step_as_the_scheduler_makes_them(
 
 
 def test_a_loaded_scenario_is_cached_and_expanding_leaves_it_as_read():
-    # load() caches by text (loads): the same object comes back, so no
-    # expansion may change it (a later load would see the change)
+    # load() parses once by text (loads) and hands each caller a copy of the
+    # model; expanding it must not change it either
     profiles = [tiny_profile(), tiny_profile().model_copy(update=dict(
         num_speculative_steps=2, decode_query_len=3, num_lookahead_tokens=2))]
     for name in builtin_names():
         sc = load(name)
-        assert load(name) is sc
+        again = load(name)
+        assert again is not sc and again.model == sc.model and again.index is sc.index
         before = sc.model.model_dump()
         for p in profiles:
             try:
@@ -614,3 +615,17 @@ def test_a_loaded_scenario_is_cached_and_expanding_leaves_it_as_read():
             except ScenarioError:
                 pass
         assert sc.model.model_dump() == before, name
+
+
+def test_a_loaded_scenario_is_the_callers_own_and_one_name_may_be_a_string():
+    """A library user's trial: load() handed out the cached model (popping a
+    step changed every later plan of that scenario), and plans_for("default")
+    said one 'unknown scenario' per letter."""
+    from stepwarm.profile import tiny_profile
+    from stepwarm.scenario import load, plans_for
+
+    steps = len(plans_for(["prefix-hit"], tiny_profile())[0].steps)
+    load("prefix-hit").model.steps.pop()
+    assert load("prefix-hit") is not load("prefix-hit")
+    assert len(plans_for(["prefix-hit"], tiny_profile())[0].steps) == steps
+    assert [p.name for p in plans_for("default", tiny_profile())] == ["default"]
