@@ -16,7 +16,9 @@ M=${LOOP_MODEL:-qwen3-30b-a3b-l2}
 E=(-e gpu_memory_utilization=0.3 -e kv_cache_memory_bytes=8000000000)
 case "${1:-}" in
   start)
-    [ -d /tmp/site34/vllm ] || { . .gpu34/k/install-034.sh || exit 1; }
+    # unpack in a child shell: sourcing install-034.sh twice in one shell copies the kit over
+    # the NCCL stub it preloads (s31: cp segfaulted; the stub survived)
+    [ -d /tmp/site34/vllm ] || bash -c '. .gpu34/k/install-034.sh' || exit 1
     . /root/s34/k/install-034.sh || exit 1
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site34 /root/s34/k/stepwarm-*.whl || exit 1
     mkdir -p $R/out; cp -r benchmarks/traffic $R/
