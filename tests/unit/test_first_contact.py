@@ -626,13 +626,17 @@ def test_a_mistyped_sampling_key_hides_no_other_key_of_its_table(tmp_path):
 
 
 def test_a_sweeps_batch_past_max_num_seqs_is_said_under_batch(tmp_path):
-    """The eleventh trial: `-e max_num_seqs=4` on a batch sweep up to 8 named
-    the step's 'requests', not the batch value that is too large."""
+    """The eleventh trial: max_num_seqs 4 (`-e max_num_seqs=4`) on a batch sweep
+    up to 8 named the step's 'requests', not the batch value that is too large."""
     f = tmp_path / "s.toml"
     f.write_text('[requests.d]\nprompt = 64\ncount = 8\nsampling = "greedy"\n\n'
                  '[[steps]]\nkind = "prefill"\nrequests = ["d"]\n\n'
                  '[[steps]]\nkind = "decode"\nrequests = ["d"]\nbatch = { values = [1, 8] }\n')
-    r = runner.invoke(app, ["check", str(f), "-e", "max_num_seqs=4"], env=ENV)
+    from stepwarm.profile import tiny_profile
+
+    profile = tmp_path / "p.json"  # (no engine: the release matrix's cores start none here)
+    tiny_profile().model_copy(update={"max_num_seqs": 4}).save(profile)
+    r = runner.invoke(app, ["check", str(f), "--profile", str(profile)], env=ENV)
     assert r.exit_code == 2
     errors = [" ".join(x.split()) for x in r.stderr.split("error: ")[1:]]
     assert errors[0].startswith(f"{f}:8: step 0 (prefill), field 'requests': 8 requests "
