@@ -433,12 +433,13 @@ def refuse_other_formats(text: str, file: str) -> None:
         TrafficError: what the file is and where it goes instead.
     """
     from stepwarm.record import looks_like_recording
+    from stepwarm.scenario.load import looks_like_scenario
 
     if looks_like_recording(text):
         raise TrafficError(f"{file}:1: a STEPWARM_RECORD recording, not a traffic file (its "
                            "steps hold no prompts); make a scenario of it with `stepwarm "
                            f"scenario from-record {file} -o FILE.toml` and give it with -s")
-    if _looks_like_scenario(text):
+    if looks_like_scenario(text):
         raise TrafficError(f"{file}: a scenario file (TOML), not a traffic file (JSON Lines, one "
                            "request a line: docs/traffic.md); give a scenario with -s "
                            f"{file}")
@@ -567,24 +568,6 @@ def loads_traffic(text: str, file: str, limits: TrafficLimits | None = None,
     if limits is not None:
         fitting(traffic, limits)  # refuses a file whose every line is left out
     return traffic
-
-
-def _looks_like_scenario(text: str) -> bool:
-    """Whether ``text`` is TOML with a scenario's ``steps`` or ``requests`` (a
-    scenario file given where a traffic file goes: every line would be
-    refused as invalid JSON)."""
-    try:
-        import tomllib
-    except ModuleNotFoundError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-
-    if text.lstrip().startswith("{"):
-        return False
-    try:
-        data = tomllib.loads(text)
-    except (tomllib.TOMLDecodeError, RecursionError):
-        return False
-    return "steps" in data or "requests" in data
 
 
 def _has_sampling(raw: str) -> bool:

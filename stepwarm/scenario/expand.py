@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from stepwarm.expressions import (
@@ -494,8 +494,7 @@ class _Expander:
             return declared, ""
         # a step that failed of itself also left the steps after it checked in part
         failed_step = min((e.step for e in errors if e.step is not None), default=None)
-        numbers = self.sc.step_numbers or range(len(self.sc.model.steps))
-        after = failed_step is not None and any(i > failed_step for i in numbers)
+        after = failed_step is not None and any(i > failed_step for i in self._numbers())
         return [*declared, *errors], (
             f"{self.sc.file}: the steps were checked only as far as they do not depend on "
             f"the requests above that failed ({', '.join(sorted(self.failed_requests))})"
@@ -506,6 +505,11 @@ class _Expander:
                if self.steps_unchecked else "")
             + "fix the errors above and check again")
 
+    def _numbers(self) -> Sequence[int]:
+        """Each ``[[steps]]`` entry's index in the file (the format may have
+        refused some: :attr:`LoadedScenario.step_numbers`)."""
+        return self.sc.step_numbers or range(len(self.sc.model.steps))
+
     def expand_steps(self) -> tuple[list[ScenarioError], str]:
         """Expand every ``[[steps]]`` entry, collecting the errors.
 
@@ -515,7 +519,7 @@ class _Expander:
         """
         errors: list[ScenarioError] = []
         failed: int | None = self.sc.invalid_from
-        numbers = self.sc.step_numbers or range(len(self.sc.model.steps))
+        numbers = self._numbers()
         for i, st in zip(numbers, self.sc.model.steps):
             # after a refused entry (the format's, or one that failed here)
             if failed is not None and i > failed and not isinstance(self.b, _ProgressUnknown):

@@ -212,6 +212,19 @@ _TOML_TOKEN = re.compile(r'"""[\s\S]*?"""|\'\'\'[\s\S]*?\'\'\'|"(?:[^"\\\n]|\\.)
                          r"|'[^'\n]*'|#[^\n]*|[\[\]{}=,.\n]")
 
 
+def looks_like_scenario(text: str) -> bool:
+    """Whether ``text`` is TOML with a scenario's ``steps`` or ``requests`` (a
+    scenario file given where a traffic file goes: every line would be
+    refused as invalid JSON)."""
+    if text.lstrip().startswith("{"):
+        return False
+    try:
+        data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError):
+        return False
+    return "steps" in data or "requests" in data
+
+
 def _nesting_error(text: str, file: str) -> ScenarioError | None:
     """The error for TOML nested deeper than :data:`MAX_NESTING`, or None.
 
@@ -509,11 +522,10 @@ def _request_parts(name: str, spec: Any) -> tuple[bool, Any]:
         errs = [err for err in e.errors() if err["loc"]]
         # an unknown or mistyped key in a sampling table: the table's other keys
         # still checked (by vLLM's SamplingParams, where the expander gets to it)
-        typos = {err["loc"][2] for err in errs
-                 if err["loc"][:2] == ("sampling", "table") and len(err["loc"]) >= 3}
-        bad = {err["loc"][0] for err in errs if not (
-            err["loc"][:2] == ("sampling", "table") and err["loc"][2:]
-            and err["loc"][2] in typos)}
+        in_table = [err["loc"][:2] == ("sampling", "table") and len(err["loc"]) >= 3
+                    for err in errs]
+        typos = {err["loc"][2] for err, key in zip(errs, in_table) if key}
+        bad = {err["loc"][0] for err, key in zip(errs, in_table) if not key}
         rest = {k: v for k, v in spec.items() if k not in bad} if isinstance(spec, dict) else None
         if rest is not None and typos and isinstance(rest.get("sampling"), dict):
             rest["sampling"] = {k: v for k, v in rest["sampling"].items() if k not in typos}
