@@ -210,8 +210,9 @@ class PlanBuilder:
         """Index the next step will get."""
         return len(self._steps)
 
-    def _err(self, msg: str, field: str | None = None, request: str | None = None) -> PlanError:
-        return PlanError(msg, step=self.next_index, field=field, request=request)
+    def _err(self, msg: str, field: str | None = None, request: str | None = None,
+             limit: str | None = None) -> PlanError:
+        return PlanError(msg, step=self.next_index, field=field, request=request, limit=limit)
 
     def _live(self, req_id: str) -> LiveRequest:
         try:
@@ -426,7 +427,7 @@ class PlanBuilder:
             dup = {n for i, n in enumerate(names) if n in names[:i]}
             raise self._err(f"request(s) {sorted(dup)} scheduled twice", "requests")
         if num_scheduled > p.max_num_seqs:
-            raise self._err(too_many_seqs(num_scheduled, p), "requests")
+            raise self._err(too_many_seqs(num_scheduled, p), "requests", limit="max_num_seqs")
         pooled = set(self._pooled)
         if pooled:
             for rid in [*ask.prefill, *ask.decode, *ask.resume]:
@@ -708,7 +709,8 @@ class PlanBuilder:
         # budget with its tokens (``input_budget -= num_new_tokens + draft_slots``).
         slots = self.draft_slots if self.draft_slots is not None else p.draft_slots
         if draft.total + len(draft.rows) * slots > p.max_num_batched_tokens:
-            raise self._err(over_token_budget(draft.total, p, len(draft.rows), slots), "tokens")
+            raise self._err(over_token_budget(draft.total, p, len(draft.rows), slots), "tokens",
+                            limit="max_num_batched_tokens")
         # The scheduler's running queue holds at most max_num_seqs requests:
         # count those running after this step: those running now, those
         # scheduled now that were not, less the finished and preempted ones
@@ -720,7 +722,7 @@ class PlanBuilder:
             raise self._err(
                 f"{running} requests would be running after this step but "
                 f"max_num_seqs is {p.max_num_seqs}; allowed: finish or preempt "
-                "some first", "requests",
+                "some first", "requests", limit="max_num_seqs",
             )
         max_model_len = p.max_model_len
         if draft.most_tokens <= max_model_len:
@@ -1094,8 +1096,9 @@ class PlanBuilder:
 
         Raises:
             PlanError: the request is not waiting, reads no prefix cache
-                (``skip_reading_prefix_cache``), or the hit is not shorter
-                than its prompt.
+                (``skip_reading_prefix_cache``), the hit is not shorter
+                than its prompt, or not a whole number of the ledger's
+                ``cache_alignment`` tokens.
         """
         live = self._live(req_id)
         if live.state != "waiting" or live.seen:
@@ -1113,6 +1116,15 @@ class PlanBuilder:
                 f"0..{live.decl.prompt_len - 1} (prompt_len {live.decl.prompt_len})",
                 "prefix_hit",
             )
+        align = self.ledger.cache_alignment or 1
+        if num_tokens % align:
+            # The scheduler's hits are whole cache-hit units
+            # (cache_hit_alignment_tokens): a finer one computes tokens no
+            # block of the hit holds.
+            raise self._err(
+                f"request {req_id!r}: prefix hit of {num_tokens} tokens is not a whole number "
+                f"of the scheduler's cache-hit units ({align} tokens); allowed: a multiple "
+                f"of {align}", "prefix_hit", req_id)
         # The hit's blocks (an earlier request's cached prompt blocks, null
         # placeholders where the group skips them) are held from the start
         # (allocate_slots with new_computed_blocks) and sent with the first

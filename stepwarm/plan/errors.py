@@ -14,13 +14,16 @@ class PlanError(ValueError):
     """A step the scheduler would never produce, as data: ``step`` (the step
     index, or None for a declaration), ``request`` (the request id it is
     about, or None), ``field`` (what was wrong: "tokens", "blocks", ...) and
-    ``reason`` (what the scheduler says, and what is allowed). ``str()``
+    ``reason`` (what the scheduler says, and what is allowed), and ``limit``:
+    the scheduler setting that refused it ("max_num_seqs", ...), or None.
+    ``str()``
     is ``"step N: reason"``; callers that show it their own way (the
     scenario expander) read the fields."""
 
     def __init__(self, reason: str, *, step: int | None = None, field: str | None = None,
-                 request: str | None = None):
+                 request: str | None = None, limit: str | None = None):
         super().__init__(reason if step is None else f"step {step}: {reason}")
+        self.limit = limit
         self.reason = reason
         self.step = step
         self.field = field

@@ -430,8 +430,8 @@ class _Expander:
         allowed = _ALLOWED_BY_FIELD.get(e.field or "", "see scenarios/README.md").format(
             p=self.p, blocks=self.p.num_blocks - 1)
         msg = e.reason
-        if e.field == "requests" and getattr(self.st, "batch", None) is not None and \
-                "max_num_seqs" in msg:  # a batch (or a sweep's point) past max_num_seqs
+        if e.limit == "max_num_seqs" and getattr(self.st, "batch", None) is not None:
+            # a batch (or a sweep's point) past max_num_seqs
             key = "batch"
             allowed = f"batches of at most max_num_seqs = {self.p.max_num_seqs}"
         for rid, name in self.display.items():  # ids named in the reason, as written
@@ -836,7 +836,7 @@ class _ProgressUnknown:
         prefill, decode, resume = prefill or {}, decode or {}, resume or {}
         n = len({*prefill, *decode, *resume})
         if n > p.max_num_seqs:
-            raise PlanError(too_many_seqs(n, p), step=at, field="requests")
+            raise PlanError(too_many_seqs(n, p), step=at, field="requests", limit="max_num_seqs")
         for rid, tokens in prefill.items():
             prompt = self._requests[rid].prompt_len
             if tokens > prompt:
@@ -850,7 +850,7 @@ class _ProgressUnknown:
             + sum(resume.values())
         if total + n * p.draft_slots > p.max_num_batched_tokens:
             raise PlanError(over_token_budget(total, p, n, p.draft_slots), step=at,
-                            field="tokens")
+                            field="tokens", limit="max_num_batched_tokens")
         self.next_index += 1
 
 

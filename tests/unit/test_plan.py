@@ -92,6 +92,11 @@ def test_at_most_max_num_seqs_requests_running():
         b.step("prefill", "p", prefill={"_stepwarm_c_": 4})  # a and b still run
     assert str(info.value) == ("step 2: 3 requests would be running after this step but "
                                "max_num_seqs is 2; allowed: finish or preempt some first")
+    assert (info.value.field, info.value.limit) == ("requests", "max_num_seqs")
+    with pytest.raises(PlanError) as info:  # three at once: the scheduled count itself
+        b.step("decode", "d", decode=dict.fromkeys(("_stepwarm_a_", "_stepwarm_b_", "_stepwarm_c_"), 0))
+    assert (info.value.field, info.value.limit) == ("requests", "max_num_seqs")
+    assert str(info.value) == "step 2: 3 requests scheduled but max_num_seqs is 2"
     step = b.step("prefill", "p", prefill={"_stepwarm_c_": 4}, finish=("_stepwarm_a_",))
     assert step.finished_req_ids == {"_stepwarm_a_"} and step.req_ids == ("_stepwarm_c_",)
 
@@ -176,6 +181,24 @@ def test_no_prefix_hit_for_a_request_that_reads_no_prefix_cache():
     step = b.step("prefill", "p", prefill={A: 20})
     (row,) = step.scheduled
     assert (row.num_computed_tokens, row.num_scheduled_tokens, row.block_ids) == (0, 20, ((1, 2),))
+
+
+def test_a_prefix_hit_is_whole_cache_hit_units():
+    """A hit of 12 tokens on 16-token blocks computes tokens no hit block
+    holds; the scheduler never sends it. Refused as data; nothing is held and
+    the whole-block hit then plans from block 2 on."""
+    b = _builder(enable_prefix_caching=True)
+    b.add_request(PlannedRequest(A, 20))
+    with pytest.raises(PlanError) as e:
+        b.set_computed(A, 12)
+    assert (e.value.step, e.value.request, e.value.field) == (0, A, "prefix_hit")
+    assert e.value.reason == (f"request {A!r}: prefix hit of 12 tokens is not a whole number "
+                              "of the scheduler's cache-hit units (16 tokens); allowed: a "
+                              "multiple of 16")
+    assert b.ledger.num_free == 63
+    b.set_computed(A, 16)
+    (row,) = b.step("prefill", "p", prefill={A: 4}).scheduled
+    assert (row.num_computed_tokens, row.num_scheduled_tokens, row.block_ids) == (16, 4, ((1, 2),))
 
 
 def test_plan_errors_carry_step_request_field_and_reason():
