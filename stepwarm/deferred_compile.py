@@ -27,14 +27,24 @@ Only kernels whose skipped launch leaves values, never indices, are listed:
 top-k / top-p masks logits in place (skipped: unmasked logits, still a valid
 draw) and the top-k log-softmax writes logprob values into a fresh tensor
 (skipped: values stepwarm discards). A step that skips them still runs
-everything else it warms. Not used where outputs are compared (``--verify``).
+everything else it warms. Kernels whose output later layers route on
+(:data:`stepwarm.vllm_facts.DEFERRABLE_ZEROED_KERNELS`: fused MoE, whose
+output the next layer's router reads) are deferred only inside their
+launcher, wrapped for the context's life in every loaded module that holds
+it: after a launch the hook skipped, the wrapper zeroes the launcher's
+output, so the step goes on with zeros, never uninitialized memory (an eager
+MoE prefill's variants then compile side by side instead of one step after
+another). Not used where outputs are compared (``--verify``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -86,8 +96,11 @@ def default_threads(local_ranks: int = 1) -> int:
 class _Deferrer:
     """The ``jit_cache_hook`` and its pool; :attr:`step` is the step running."""
 
-    def __init__(self, kernels: frozenset[str], threads: int, previous: Any, runtime: Any):
-        self.kernels = kernels
+    def __init__(self, kernels: frozenset[str], threads: int, previous: Any, runtime: Any,
+                 zeroed: frozenset[str] = frozenset()):
+        self.kernels = kernels | zeroed
+        #: Kernels deferred only inside their wrapped launcher (:class:`_Launcher`).
+        self.zeroed = zeroed
         self.previous = previous
         self.runtime = runtime
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix=THREAD_PREFIX)
@@ -115,6 +128,9 @@ class _Deferrer:
         name = f"{fn.module}:{fn.name}"
         if name not in self.kernels:
             return None
+        if name in self.zeroed and not getattr(self.local, "launching", 0):
+            return None  # not through the wrapped launcher: nothing would zero its output
+        self.local.skipped = True
         device = compile.get("device")
         pending_key = (device, str(key))
         if pending_key not in self.pending:
@@ -151,6 +167,72 @@ class _Deferrer:
                                "compiles it instead): %s", record.kernel, record.error)
 
 
+class _Launcher:
+    """A launcher of a zeroed kernel (``module.name``), wrapped while a
+    :func:`deferred_compiles` is open: in every loaded module that holds it
+    (vLLM's callers import it by name), the wrapper marks its calls for the
+    hook and zeroes ``output`` after one whose launch the hook skipped."""
+
+    def __init__(self, module: str, name: str, output: str, local: threading.local):
+        self.module, self.name, self.output, self.local = module, name, output, local
+        self.original: Any = None
+        self.replaced: list[Any] = []  # the modules whose attribute was replaced
+
+    def install(self) -> bool:
+        """Wrap it where it is loaded; False (nothing changed) where its
+        module is not loaded or it has no ``output`` parameter."""
+        home = sys.modules.get(self.module)
+        original = vars(home).get(self.name) if home is not None else None
+        if original is None:
+            return False
+        try:
+            signature = inspect.signature(original)
+        except (TypeError, ValueError):
+            return False
+        if self.output not in signature.parameters:
+            return False
+        self.original = original
+        local, output = self.local, self.output
+
+        @functools.wraps(original)
+        def launcher(*args: Any, **kwargs: Any) -> Any:
+            local.launching = getattr(local, "launching", 0) + 1
+            local.skipped = False
+            try:
+                result = original(*args, **kwargs)
+                skipped = local.skipped
+            finally:
+                local.launching -= 1
+            if skipped:  # the kernel wrote nothing: zeros, not whatever was there
+                signature.bind(*args, **kwargs).arguments[output].zero_()
+            return result
+
+        for module in list(sys.modules.values()):
+            # its own namespace only: a lazy module's getattr would import
+            namespace = getattr(module, "__dict__", None)
+            if isinstance(namespace, dict) and namespace.get(self.name) is original:
+                setattr(module, self.name, launcher)
+                self.replaced.append(module)
+        return True
+
+    def restore(self) -> None:
+        for module in self.replaced:
+            setattr(module, self.name, self.original)
+        self.replaced = []
+
+
+def _wrap_launchers(zeroed: dict[str, tuple[str, str, str]],
+                    local: threading.local) -> tuple[frozenset[str], list[_Launcher]]:
+    """The zeroed kernels whose launcher is loaded, and the wrapped launchers."""
+    kernels, launchers = set(), []
+    for kernel, (module, name, output) in zeroed.items():
+        launcher = _Launcher(module, name, output, local)
+        if launcher.install():
+            kernels.add(kernel)
+            launchers.append(launcher)
+    return frozenset(kernels), launchers
+
+
 def _triton_runtime() -> Any:
     """``triton.knobs.runtime`` where Triton can compile in threads and has
     the hook and ``preload`` this needs; else None."""
@@ -169,11 +251,14 @@ def _triton_runtime() -> Any:
 
 @contextlib.contextmanager
 def deferred_compiles(threads: int, kernels: frozenset[str] | None = None, *,
-                      runtime: Any = None) -> Iterator[Any]:
+                      runtime: Any = None,
+                      zeroed: dict[str, tuple[str, str, str]] | None = None) -> Iterator[Any]:
     """Within it, first launches of ``kernels`` (default
-    :data:`~stepwarm.vllm_facts.DEFERRABLE_TRITON_KERNELS`) compile in
+    :data:`~stepwarm.vllm_facts.DEFERRABLE_TRITON_KERNELS`) and, inside their
+    wrapped launchers, of ``zeroed`` (default, with default ``kernels``:
+    :data:`~stepwarm.vllm_facts.DEFERRABLE_ZEROED_KERNELS`) compile in
     ``threads`` threads instead of the caller's; on exit, every compile has
-    finished and Triton's hook is as it was.
+    finished and Triton's hook and the launchers are as they were.
 
     Yields an object whose ``step`` attribute the caller sets to the index of
     the step it runs (for the report) and whose ``result`` is the
@@ -189,7 +274,7 @@ def deferred_compiles(threads: int, kernels: frozenset[str] | None = None, *,
     """
     outer = _active
     if outer is not None and (runtime is None or runtime is outer.runtime) \
-            and (kernels is None or kernels == outer.kernels):
+            and (kernels is None or kernels in (outer.kernels, outer.kernels - outer.zeroed)):
         scope = _Scope(defer=threads > 0)
         outer.scopes.append(scope)
         try:
@@ -206,10 +291,14 @@ def deferred_compiles(threads: int, kernels: frozenset[str] | None = None, *,
         yield off
         return
     if kernels is None:
-        from stepwarm.vllm_facts import DEFERRABLE_TRITON_KERNELS
+        from stepwarm.vllm_facts import DEFERRABLE_TRITON_KERNELS, DEFERRABLE_ZEROED_KERNELS
 
         kernels = DEFERRABLE_TRITON_KERNELS
-    deferrer = _Deferrer(kernels, threads, runtime.jit_cache_hook, runtime)
+        zeroed = DEFERRABLE_ZEROED_KERNELS if zeroed is None else zeroed
+    local = threading.local()
+    wrapped, launchers = _wrap_launchers(zeroed or {}, local)
+    deferrer = _Deferrer(kernels, threads, runtime.jit_cache_hook, runtime, wrapped)
+    deferrer.local = local
     runtime.jit_cache_hook = deferrer.hook
     _set_active(deferrer)
     try:
@@ -217,6 +306,8 @@ def deferred_compiles(threads: int, kernels: frozenset[str] | None = None, *,
     finally:
         _set_active(None)
         runtime.jit_cache_hook = deferrer.previous
+        for launcher in launchers:
+            launcher.restore()
         deferrer.wait()
 
 

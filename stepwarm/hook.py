@@ -382,8 +382,10 @@ def _log_deferred(worker: Any, who: str, result: DeferredCompiles) -> None:
     with contextlib.suppress(Exception):
         worker.stepwarm_deferred = result
     if result.compiles:
-        logger.info("%s: %d sampler kernel variant(s) compiled in threads; waited %.0f ms "
-                    "for the last at the end", who, len(result.compiles), result.waited_s * 1e3)
+        names = ", ".join(sorted({c.kernel for c in result.compiles}))
+        logger.info("%s: %d Triton kernel variant(s) compiled in threads (%s); waited %.0f ms "
+                    "for the last at the end", who, len(result.compiles), names,
+                    result.waited_s * 1e3)
 
 
 def _warm_gemm_sizes(view: WorkerView, who: str, record: IdleRecord | None) -> None:

@@ -63,6 +63,22 @@ DEFERRABLE_TRITON_KERNELS: frozenset[str] = frozenset({
     "vllm.v1.worker.gpu.sample.logprob:_topk_log_softmax_kernel",
 })
 
+#: Triton kernels whose skipped launch would leave garbage where later layers
+#: route on it, deferred only inside their launcher, which stepwarm wraps to
+#: zero the output after a launch the hook skipped (``module:kernel`` ->
+#: launcher module, launcher, its output parameter). ``fused_moe_kernel``
+#: writes the expert GEMMs into ``C`` (``invoke_fused_moe_triton_kernel(A, B,
+#: C, ...)``, vLLM 0.32 - 0.34; ``experts/triton_moe.py`` imports it by
+#: name); the next layer's router reads what the MoE layer returns, so a
+#: skipped launch leaves zeros there (finite: routing picks real experts),
+#: never uninitialized memory. A release without that launcher defers none
+#: (each eager MoE step compiles its own variants, one after another). On the
+#: H200 (run s31, Qwen3-30B-A3B shape) those compiles were 0.85-1.3 s a step.
+DEFERRABLE_ZEROED_KERNELS: dict[str, tuple[str, str, str]] = {
+    "vllm.model_executor.layers.fused_moe.fused_moe:fused_moe_kernel": (
+        "vllm.model_executor.layers.fused_moe.fused_moe", "invoke_fused_moe_triton_kernel", "C"),
+}
+
 #: The seeds a request may carry: vLLM's OpenAI server's bounds
 #: (``seed: int | None = Field(ge=_LONG_INFO.min, le=_LONG_INFO.max)``, torch's
 #: int64). ``SamplingParams`` takes any int, but a larger one fails the

@@ -251,3 +251,109 @@ def test_default_threads_shared_by_local_ranks():
     cores = len(os.sched_getaffinity(0))
     assert default_threads() == max(1, min(8, cores))
     assert default_threads(local_ranks=cores * 2) == 1
+
+
+MOE = "vllm_like.fused_moe:fused_moe_kernel"
+
+
+def _moe_modules(runtime, kernel: Kernel):
+    """A launcher module as vLLM's ``fused_moe.py`` (``invoke(A, B, C, ...)``
+    launches the kernel into ``C``; a launch the hook did not skip writes it)
+    and a caller that imported it by name, as ``experts/triton_moe.py`` does."""
+    import sys
+
+    import torch
+
+    home = types.ModuleType("vllm_like.fused_moe")
+
+    def invoke(A, B, C, top_k, key="k"):
+        if runtime.jit_cache_hook is None or call(
+                runtime, kernel, key, module="vllm_like.fused_moe", name="fused_moe_kernel") \
+                is not True:
+            C.copy_(A * B)  # launched
+        return top_k
+
+    home.invoke = invoke
+    caller = types.ModuleType("vllm_like.triton_moe")
+    caller.invoke = invoke
+    sys.modules.update({home.__name__: home, caller.__name__: caller})
+    return home, caller, torch
+
+
+def test_a_zeroed_kernel_is_deferred_inside_its_launcher_and_its_output_zeroed():
+    """fused MoE's output feeds the next layer's router: a skipped launch
+    leaves zeros in ``C`` (not what was there), through either module's
+    name for the launcher; outside the launcher the kernel compiles inline;
+    the launchers are put back on exit."""
+    import sys
+
+    runtime = types.SimpleNamespace(jit_cache_hook=None)
+    kernel = Kernel()
+    home, caller, torch = _moe_modules(runtime, kernel)
+    original = home.invoke
+    try:
+        with deferred_compiles(2, frozenset({TOPK}), runtime=runtime,
+                               zeroed={MOE: ("vllm_like.fused_moe", "invoke", "C")}) as d:
+            assert home.invoke is not original and caller.invoke is home.invoke
+            d.step = 7
+            c = torch.full((2, 3), float("nan"))
+            assert caller.invoke(torch.ones(2, 3), torch.ones(2, 3), c, top_k=8, key="m513") == 8
+            assert c.tolist() == [[0.0] * 3] * 2  # skipped: zeroed, not NaN
+            c2 = torch.full((2, 3), 5.0)
+            home.invoke(torch.ones(2, 3), torch.ones(2, 3), C=c2, top_k=1, key="m513")  # pending
+            assert c2.tolist() == [[0.0] * 3] * 2
+            assert call(runtime, kernel, "m769", module="vllm_like.fused_moe",
+                        name="fused_moe_kernel") is None  # not through the launcher: inline
+            c3 = torch.full((1, 1), 9.0)
+            home.invoke(torch.full((1, 1), 2.0), torch.full((1, 1), 3.0), c3, 1, key="m513")
+            assert c3.tolist() == [[0.0]]  # still pending: skipped again, zeroed again
+        assert home.invoke is original and caller.invoke is original
+        assert kernel.preloaded == ["spec-m513"]
+        assert [(c.kernel, c.step, c.key) for c in d.result.compiles] == [
+            ("fused_moe_kernel", 7, "m513")]
+        c4 = torch.zeros(1, 1)
+        home.invoke(torch.full((1, 1), 2.0), torch.full((1, 1), 3.0), c4, 1, key="m513")
+        assert c4.tolist() == [[6.0]]  # no hook now: launched
+    finally:
+        for name in ("vllm_like.fused_moe", "vllm_like.triton_moe"):
+            sys.modules.pop(name, None)
+
+
+def test_a_zeroed_kernel_without_its_launcher_is_not_deferred():
+    """A release whose launcher is missing (or has no output parameter)
+    defers none of its launches: each compiles inline as before."""
+    runtime = types.SimpleNamespace(jit_cache_hook=None)
+    kernel = Kernel()
+    home, caller, torch = _moe_modules(runtime, kernel)
+    try:
+        for zeroed in ({MOE: ("vllm_like.fused_moe", "gone", "C")},
+                       {MOE: ("vllm_like.fused_moe", "invoke", "out")},
+                       {MOE: ("vllm_like.not_loaded", "invoke", "C")}):
+            with deferred_compiles(1, frozenset({TOPK}), runtime=runtime, zeroed=zeroed) as d:
+                c = torch.zeros(1, 1)
+                home.invoke(torch.full((1, 1), 2.0), torch.full((1, 1), 3.0), c, 1)
+                assert c.tolist() == [[6.0]]  # launched: compiled inline
+            assert d.result.compiles == [] and home.invoke is caller.invoke
+    finally:
+        import sys
+
+        for name in ("vllm_like.fused_moe", "vllm_like.triton_moe"):
+            sys.modules.pop(name, None)
+
+
+def test_zeroed_kernels_are_vllms_fused_moe_launcher():
+    """The listed launcher exists in the installed vLLM with its output
+    parameter, and launches the listed kernel."""
+    import importlib
+    import inspect
+
+    assert vllm_facts.DEFERRABLE_ZEROED_KERNELS == {
+        "vllm.model_executor.layers.fused_moe.fused_moe:fused_moe_kernel": (
+            "vllm.model_executor.layers.fused_moe.fused_moe", "invoke_fused_moe_triton_kernel",
+            "C")}
+    for kernel, (module, name, output) in vllm_facts.DEFERRABLE_ZEROED_KERNELS.items():
+        home = importlib.import_module(module)
+        launcher = getattr(home, name)
+        assert output in inspect.signature(launcher).parameters
+        assert f"{kernel.split(':')[1]}[grid]" in inspect.getsource(launcher)
+        assert hasattr(importlib.import_module(kernel.split(":")[0]), kernel.split(":")[1])
