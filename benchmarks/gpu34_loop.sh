@@ -9,7 +9,8 @@
 #   2. stepwarm scenario from-record: the scenario;
 #   3. coverage with only that scenario, fresh caches, traffic A; 4. the same on traffic B
 #      (the same distribution, other draws); 5. with LOOP_ALL=1, the same engine with `all` on
-#      traffic A (coverage: fresh caches): the start-up the recorded scenario is held to.
+#      traffic A (coverage: fresh caches): the start-up the recorded scenario is held to, then `all`
+#      on traffic B. LOOP_REC=FILE (a recording carried with the tree): step 1 left out, FILE recorded.
 set -uo pipefail
 R=/tmp/stepwarm-034b
 M=${LOOP_MODEL:-qwen3-30b-a3b-l2}
@@ -26,11 +27,13 @@ case "${1:-}" in
     REPO=$PWD
     setsid nohup bash -c "
       cd $R
-      STEPWARM_RECORD=$R/out/moe.rec.jsonl timeout 500 python3 -m stepwarm coverage --baseline --model $M ${E[*]} traffic/moe-long-a.jsonl --json $R/out/loop-1-record.json > $R/out/loop-1.log 2>&1; echo rc \$? >> $R/out/loop-1.log
+      if [ -n \"${LOOP_REC:-}\" ]; then cp $REPO/${LOOP_REC:-} $R/out/moe.rec.jsonl; else
+      STEPWARM_RECORD=$R/out/moe.rec.jsonl timeout 500 python3 -m stepwarm coverage --baseline --model $M ${E[*]} traffic/moe-long-a.jsonl --json $R/out/loop-1-record.json > $R/out/loop-1.log 2>&1; echo rc \$? >> $R/out/loop-1.log; fi
       python3 -m stepwarm scenario from-record $R/out/moe.rec.jsonl -o $R/out/recorded.toml --model $M > $R/out/loop-2.log 2>&1; echo rc \$? >> $R/out/loop-2.log
       timeout 500 python3 -m stepwarm coverage --model $M ${E[*]} -s $R/out/recorded.toml traffic/moe-long-a.jsonl --json $R/out/loop-3-a.json > $R/out/loop-3.log 2>&1; echo rc \$? >> $R/out/loop-3.log
       timeout 500 python3 -m stepwarm coverage --model $M ${E[*]} -s $R/out/recorded.toml traffic/moe-long-b.jsonl --json $R/out/loop-4-b.json > $R/out/loop-4.log 2>&1; echo rc \$? >> $R/out/loop-4.log
-      if [ -n \"${LOOP_ALL:-}\" ]; then timeout 500 python3 -m stepwarm coverage --model $M ${E[*]} -s all traffic/moe-long-a.jsonl --json $R/out/loop-5-all.json > $R/out/loop-5.log 2>&1; echo rc \$? >> $R/out/loop-5.log; fi
+      if [ -n \"${LOOP_ALL:-}\" ]; then timeout 500 python3 -m stepwarm coverage --model $M ${E[*]} -s all traffic/moe-long-a.jsonl --json $R/out/loop-5-all.json > $R/out/loop-5.log 2>&1; echo rc \$? >> $R/out/loop-5.log
+        timeout 500 python3 -m stepwarm coverage --model $M ${E[*]} -s all traffic/moe-long-b.jsonl --json $R/out/loop-6-all-b.json > $R/out/loop-6.log 2>&1; echo rc \$? >> $R/out/loop-6.log; fi
       wait; echo done > $R/done" > $R/runner.log 2>&1 < /dev/null &
     sleep 2; cat $R/runner.log
     ;;
