@@ -1104,6 +1104,13 @@ class PlanBuilder:
         if live.state != "waiting" or live.seen:
             raise self._err(f"request {req_id!r}: a prefix hit needs a waiting request",
                             "prefix_hit", req_id)
+        if num_tokens and not self.ledger.enable_caching:
+            # KVCacheManager.get_computed_blocks: no lookup without caching.
+            raise self._err(
+                f"request {req_id!r}: a prefix hit of {num_tokens} tokens, but prefix caching "
+                "is off (enable_prefix_caching False), so vLLM's scheduler gives no request a "
+                "prefix hit; allowed: a plain prefill, or an engine with prefix caching on",
+                "prefix_hit", req_id)
         if live.decl.skip_reading_prefix_cache and num_tokens:
             # KVCacheManager.get_computed_blocks: no lookup for such a request.
             raise self._err(

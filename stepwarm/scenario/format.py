@@ -70,7 +70,7 @@ MAX_NESTING = 32
 
 
 Need = Literal["speculator", "mamba_align", "encoder_decoder", "pooling", "structured_output",
-               "images", "spec_top_k_top_p"]
+               "images", "spec_top_k_top_p", "prefix_caching"]
 Sequence = Literal["vllm-default", "vllm-warmup-kernels", "vllm-mixed-prefill-decode"]
 
 _REPEAT_HELP = ("Run the step this many times, each continuing from the last (a "

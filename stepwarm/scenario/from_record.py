@@ -437,6 +437,8 @@ def segment(step: RecordedStep, rows: list[Row], block_size: int, line: int,
         needs.add("structured_output")
     if drafts:
         needs.add("speculator")
+    if as_hits:  # the recording's engine cached prefixes; one that does not sends no hit
+        needs.add("prefix_caching")
     if any(r.req.encoder_inputs for r in rows):
         seg.notes.append("encoder inputs were recorded here; not reproduced")
     # Ready: the decoders prefilled, the continued chunks' first parts computed.
@@ -561,8 +563,11 @@ def scenario_text(rec: Recording, source: str) -> str:
         filled = "" if sess != FILLED else (
             f"not recorded: {plural(st.tokens, 'token')} in {plural(st.batch, 'prompt')}, a "
             "fused MoE class between the recorded eager sizes")
+        # step numbers restart with each session (a server restarted onto the
+        # same file): a later session's names carry its number
+        prefix = "fill" if filled else "s" if sess <= 0 else f"s{sess}-"
         seg, n = segment(st, rows_of(rec, sess, st), h.block_size, line,
-                         red.stands_for.get(k, []), filled, "fill" if filled else "s", rule)
+                         red.stands_for.get(k, []), filled, prefix, rule)
         segs.append((seg, classes))
         needs |= n
     kinds = Counter("prefill" if any(not r.decoding for r in rows_of(rec, s, st)) else "decode"

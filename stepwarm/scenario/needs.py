@@ -25,6 +25,7 @@ NEED_WORDS = {
     "spec_top_k_top_p": "top-k / top-p sampling beside drafts (not on vLLM's CPU build)",
     "pooling": "a pooling model",
     "structured_output": "a model that samples tokens (not pooling)",
+    "prefix_caching": "prefix caching on (enable_prefix_caching)",
 }
 
 
@@ -62,6 +63,9 @@ def unmet_need(needs: list[str], profile: RunnerProfile) -> str:
         # Not is_last_pp_rank: every pipeline rank runs the same steps (the
         # plan leaves the grammar bitmask out on non-last ranks, as vLLM's
         # warmup does), or the ranks would fall out of lockstep.
+        if need == "prefix_caching" and not p.enable_prefix_caching:
+            return ("needs prefix_caching: runner has enable_prefix_caching False (vLLM's "
+                    "scheduler sends no prefix hit)")
         if need == "structured_output" and p.is_pooling_model:
             return ("needs structured_output: runner does not sample tokens "
                     f"(pooling model {p.is_pooling_model})")
@@ -91,11 +95,14 @@ def unmet_requirement(sc: LoadedScenario, profile: RunnerProfile) -> str:
 def unmet_before_engine(needs: list[str], engine_args: dict) -> str:
     """Why an engine started with ``engine_args`` (``vllm.LLM`` keywords) will
     not run a scenario needing ``needs``, where that is known before it
-    starts ("" when it may): only ``speculator``, which no engine without a
-    ``speculative_config`` has (vLLM's ``SpeculativeConfig``; the other needs
+    starts ("" when it may): ``speculator``, which no engine without a
+    ``speculative_config`` has (vLLM's ``SpeculativeConfig``), and
+    ``prefix_caching`` where the arguments turn it off (the other needs
     depend on the model, read off the runner once it is up).
     """
     if "speculator" in needs and not engine_args.get("speculative_config"):
         return ("needs speculator: no speculative_config in the engine arguments "
                 "(give one with -e speculative_config=JSON)")
+    if "prefix_caching" in needs and engine_args.get("enable_prefix_caching") is False:
+        return "needs prefix_caching: enable_prefix_caching=false in the engine arguments"
     return ""

@@ -35,6 +35,8 @@ NOT_SAMPLING = "needs structured_output: runner does not sample tokens"
 ALIGN_CRASH = "IndexError: index 7 is out of bounds for dimension 0 with size 1"
 
 NO_IMAGES = "needs images: runner's model takes no image input"
+#: vLLM's scheduler sends no prefix hit where the engine caches no prefix.
+NO_CACHING = "needs prefix_caching: runner has enable_prefix_caching False"
 #: A Mamba2 block (granite: 512 tokens) leaves no room for a prefix hit
 #: within max_model_len 512.
 NO_ROOM_PREFIX = "requires max_model_len >= lcm_block_size + 4"
@@ -123,7 +125,9 @@ def test_every_builtin_ran_or_was_skipped_with_its_reason(zoo_run, name):
     assert sorted(got) == builtin_names()
     for scenario, outcome in got.items():
         want = EXPECTED[name].get(scenario, RAN)
-        if scenario == "prefix-hit" and want == RAN and not _prefix_hit_fits(result["profile"]):
+        if scenario == "prefix-hit" and not result["profile"]["enable_prefix_caching"]:
+            want = NO_CACHING  # needs come before requires
+        elif scenario == "prefix-hit" and want == RAN and not _prefix_hit_fits(result["profile"]):
             # vLLM picks a hybrid's attention block to match the Mamba page,
             # which differs between CPUs (256 tokens on an AVX-512 host here)
             want = NO_ROOM_PREFIX_ALIGN

@@ -18,7 +18,7 @@ def _profile(**kw) -> RunnerProfile:
         kv_cache_groups=(FULL16, CacheSpec(kind="cross_attention", block_size=16)),
         max_model_len=448, max_num_seqs=8, max_num_batched_tokens=1500, vocab_size=512,
         is_encoder_decoder=True, max_encoder_len=1500, encoder_budget=1500,
-        decoder_start_token_id=3), **kw})
+        decoder_start_token_id=3, enable_prefix_caching=True), **kw})
 
 
 def _req(name: str, prompt: int = 2, enc: int = 1500) -> PlannedRequest:

@@ -99,6 +99,7 @@ def test_the_session_s_scenario(rec: Path, tmp_path: Path) -> None:
     data = tomllib.loads(out.read_text())
     assert data["steps"] == STEPS
     assert data["requests"] == REQUESTS
+    assert data["needs"] == ["prefix_caching"]  # it sends a prefix hit
     text = out.read_text()
     assert "# recorded step 1 (line 3): batch 3, 3 tokens; stands for recorded steps 1-2\n" in text
     assert "# --- segment 2: eager tokens (Triton n, pow2 128); prefix hit\n" in text
@@ -108,6 +109,32 @@ def test_the_session_s_scenario(rec: Path, tmp_path: Path) -> None:
     for cmd in (["check", str(out)], ["show", str(out)]):
         r = runner.invoke(app, cmd, env={"COLUMNS": "200"})
         assert r.exit_code == 0, r.output
+
+
+def test_a_server_restarted_onto_the_same_file(tmp_path: Path) -> None:
+    """Two sessions with one header (the server restarted with the same
+    STEPWARM_RECORD): each session's step numbers start at 0, and the later
+    session's requests are named apart (they were declared twice: malformed
+    TOML, the trial of 2026-12-07)."""
+    second = [SESSION[0],
+              '{"step":0,"batch":1,"tokens":300,"finished":0,"preempted":0,"reqs":[{"r":0,'
+              '"scheduled":300,"computed":0,"prompt":300,"new":true,"hit_blocks":0,"sampler":'
+              + _G + '}]}',
+              '{"step":1,"batch":1,"tokens":1,"finished":0,"preempted":0,"reqs":[{"r":0,'
+              '"scheduled":1,"computed":300,"prompt":300}]}']
+    path = tmp_path / "rec.jsonl"
+    path.write_text(session() + session(second))
+    out = tmp_path / "s.toml"
+    r = runner.invoke(app, ["scenario", "from-record", str(path), "-o", str(out),
+                            "--model", "tiny-llama"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    data = tomllib.loads(out.read_text())
+    assert data["requests"]["s1-0_0"] == {"prompt": 300, "sampling": "greedy"}
+    assert data["requests"]["s0_0"] == REQUESTS["s0_0"]
+    assert {"kind": "prefill", "requests": ["s1-0_0"]} in data["steps"]
+    assert "# recorded step 0 (line 10): batch 1, 300 tokens" in out.read_text()
+    plan, = plans_for([str(out)], tiny_profile())
+    assert len(plan.steps) == len(STEPS) + 2
 
 
 def test_each_class_at_its_smallest_batch(rec: Path) -> None:
@@ -531,7 +558,8 @@ def test_the_scenario_runs_within_the_recorded_budget_and_batch(tmp_path: Path) 
         {"kind": "prefill", "requests": ["s0_0", "s0_1"], "tokens": 32},
         {"kind": "finish", "requests": ["s0_0", "s0_1"]}]
     assert "in chunks within max_num_batched_tokens 64" in out.read_text()
-    prof = make_profile(max_num_batched_tokens=64, max_num_seqs=2, max_model_len=512)
+    prof = make_profile(max_num_batched_tokens=64, max_num_seqs=2, max_model_len=512,
+                        enable_prefix_caching=True)
     plan, = plans_for([str(out)], prof)
     assert not plan.skipped
     assert max(sum(r.num_scheduled_tokens for r in s.scheduled) for s in plan.steps) == 64

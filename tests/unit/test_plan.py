@@ -183,6 +183,25 @@ def test_no_prefix_hit_for_a_request_that_reads_no_prefix_cache():
     assert (row.num_computed_tokens, row.num_scheduled_tokens, row.block_ids) == (0, 20, ((1, 2),))
 
 
+def test_no_prefix_hit_without_prefix_caching():
+    """``get_computed_blocks`` looks nothing up with caching off: vLLM's
+    scheduler never sends a hit there, so the builder refuses one, as data,
+    before anything is held."""
+    b = _builder()  # enable_prefix_caching False
+    b.add_request(PlannedRequest(A, 20))
+    with pytest.raises(PlanError) as e:
+        b.set_computed(A, 16)
+    assert (e.value.step, e.value.request, e.value.field) == (0, A, "prefix_hit")
+    assert e.value.reason == (
+        f"request {A!r}: a prefix hit of 16 tokens, but prefix caching is off "
+        "(enable_prefix_caching False), so vLLM's scheduler gives no request a prefix hit; "
+        "allowed: a plain prefill, or an engine with prefix caching on")
+    assert b.ledger.num_free == 63
+    b.set_computed(A, 0)  # no hit: a plain prefill
+    (row,) = b.step("prefill", "p", prefill={A: 20}).scheduled
+    assert (row.num_computed_tokens, row.block_ids) == (0, ((1, 2),))
+
+
 def test_a_prefix_hit_is_whole_cache_hit_units():
     """A hit of 12 tokens on 16-token blocks computes tokens no hit block
     holds; the scheduler never sends it. Refused as data; nothing is held and

@@ -28,7 +28,8 @@ FULL = CacheSpec(kind="full_attention", block_size=16)
 
 
 def profile(**kw) -> RunnerProfile:
-    return make_profile(**kw)
+    """make_profile with prefix caching on (vLLM's default), unless given."""
+    return make_profile(**{"enable_prefix_caching": True, **kw})
 
 
 PROFILES = {
@@ -38,6 +39,7 @@ PROFILES = {
     "spec1": profile(num_speculative_steps=1, decode_query_len=2, max_num_seqs=16,
                      max_num_batched_tokens=2048, max_model_len=4096),
     "one_seq": profile(max_num_seqs=1),
+    "no_caching": profile(enable_prefix_caching=False),
     "few_blocks": profile(num_blocks=4),
     "pooling": profile(is_pooling_model=True, pooling_task="embed"),
     "mamba": profile(kv_cache_groups=(FULL, CacheSpec(kind="mamba", block_size=64,
@@ -157,12 +159,33 @@ def test_default_covers_one_and_many_requests_spec_and_pooling():
     ("encoder_decoder", "plain", "needs encoder_decoder"),
     ("pooling", "plain", "needs pooling"),
     ("structured_output", "pooling", "needs structured_output"),
+    ("prefix_caching", "no_caching", "needs prefix_caching: runner has enable_prefix_caching "
+     "False (vLLM's scheduler sends no prefix hit)"),
 ])
 def test_unmet_need_skips_not_fails(need, pname, reason):
     text = f'needs = ["{need}"]\n[requests.a]\nprompt = 4\n[[steps]]\nkind = "prefill"\nrequests = ["a"]\n'
     plan = expand(loads(text, "x.toml", "x"), PROFILES[pname])
     assert plan.skipped.startswith(reason)
     assert not plan.steps
+
+
+def test_builtin_prefix_hit_is_skipped_without_prefix_caching():
+    """The scheduler sends no hit with caching off: the built-in skips (so
+    ``all`` runs on such an engine), known before the engine starts where the
+    arguments turn caching off; a file's own hit there is an error."""
+    from stepwarm.scenario.needs import unmet_before_engine
+
+    plan = expand(load("prefix-hit"), PROFILES["no_caching"])
+    assert plan.skipped.startswith("needs prefix_caching") and not plan.steps
+    assert not expand(load("prefix-hit"), PROFILES["plain"]).skipped
+    assert unmet_before_engine(["prefix_caching"], {"enable_prefix_caching": False}) == (
+        "needs prefix_caching: enable_prefix_caching=false in the engine arguments")
+    assert unmet_before_engine(["prefix_caching"], {}) == ""
+    text = ('[requests.a]\nprompt = 40\nsampling = "greedy"\n[[steps]]\nkind = "prefix_hit"\nrequests = ["a"]\n'
+            'cached = 16\n')
+    with pytest.raises(ScenarioError, match="x.toml:[0-9]+: step 0 \\(prefix_hit\\), field 'cached': "
+                       "request 'a': a prefix hit of 16 tokens, but prefix caching is off"):
+        expand(loads(text, "x.toml", "x"), PROFILES["no_caching"])
 
 
 def test_non_last_pp_rank_runs_the_same_steps_without_a_bitmask():

@@ -20,7 +20,7 @@ def _profile(**kw) -> RunnerProfile:
 
 
 def _plan():
-    p = _profile()
+    p = _profile(enable_prefix_caching=True)  # B's hit: vLLM gives none without caching
     b = PlanBuilder(p, name="t")
     b.add_request(PlannedRequest(A, 6, name="a"))
     b.add_request(PlannedRequest(B, 10, name="b"))
@@ -28,7 +28,7 @@ def _plan():
     b.step("prefill", "p", prefill={A: 6})                     # A samples output 0
     b.step("mixed_prefill_decode", "m", decode={A: 2}, prefill={B: 2})  # A 1..3, B 0
     b.step("preempt", "x", preempt=(A,))
-    b.step("resume", "r", resume={A: 10})                      # A recomputes 6 + 4, samples 4
+    b.step("resume", "r", resume={A: 6})  # A: a 4-token hit on resumption, recomputes 6, samples 4
     b.cleanup()
     return p, b.build()
 
@@ -102,7 +102,7 @@ def test_a_reference_cut_short_is_a_difference():
 
 def test_a_prefix_fill_longer_than_the_token_budget_is_chunked():
     p = _profile(max_num_batched_tokens=4, num_speculative_steps=0, decode_query_len=1,
-                 num_lookahead_tokens=0)
+                 num_lookahead_tokens=0, enable_prefix_caching=True)
     b = PlanBuilder(p, name="t")
     b.add_request(PlannedRequest(B, 10, name="b"))
     b.set_computed(B, 8)
@@ -119,7 +119,7 @@ def test_a_prefix_fill_longer_than_the_token_budget_is_chunked():
 
 def _mamba_align_profile(block: int, budget: int) -> RunnerProfile:
     return _profile(max_num_batched_tokens=budget, num_speculative_steps=0, decode_query_len=1,
-                    num_lookahead_tokens=0, kv_cache_groups=(
+                    num_lookahead_tokens=0, enable_prefix_caching=True, kv_cache_groups=(
                         CacheSpec(kind="mamba", block_size=block, mamba_cache_mode="align"),
                         CacheSpec(kind="full_attention", block_size=block)))
 
