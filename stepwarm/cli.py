@@ -178,9 +178,11 @@ def _checked_model(model: Optional[str], weights: str) -> tuple[Optional[int], O
     return checked
 
 
-def _model_errors(model: Optional[str], weights: str
+def _model_errors(model: Optional[str], weights: str, registry: bool = True
                   ) -> tuple[tuple[Optional[int], Optional[Path]], list[str]]:
-    """``--model`` and ``--weights`` checked (no engine, no vLLM import): the
+    """``--model`` and ``--weights`` checked (no engine; vLLM imported only for
+    its model registry, where a directory names its architectures and
+    ``registry`` is True): the
     weights seed (None: dummy) and the model directory (None: the default),
     and a paragraph per fault (:mod:`stepwarm.model_dir`), both options'
     at once, to be said with the command's other errors."""
@@ -217,7 +219,7 @@ def _model_errors(model: Optional[str], weights: str
             if not path.exists() and parse_hub_id(str(model)):  # a Hugging Face id
                 check_model_dir(resolve_hub_model(str(model)).snapshot)
             else:
-                check_model_dir(path)
+                check_model_dir(path, registry)
         except ModelDirError as e:
             errors.append(str(e))
     return (weights_seed, path), errors
@@ -836,7 +838,15 @@ def coverage(
         cache_dir=cache_dir, threshold=threshold, min_excess_ms=min_excess_ms,
         timeline=timeline)
     option_errors += _output_path_errors((json_out, "--json"), (timeline, "--timeline"))
-    option_errors += _model_errors(model, "dummy")[1]  # before vLLM is imported
+    # a junk traffic file (not JSON lines) is said before vLLM is imported: the
+    # model directory's architecture then goes unasked (vLLM's registry imports it)
+    junk = False
+    if traffic is not None:
+        try:
+            check_json(*read_traffic(traffic))
+        except TrafficError:
+            junk = True
+    option_errors += _model_errors(model, "dummy", registry=not junk)[1]
     # an output that is a file the command reads (the traffic, a scenario)
     option_errors += clashes([("--json", json_out), ("--timeline", timeline)],
                              ([("traffic file", traffic)] if traffic else [])

@@ -273,7 +273,10 @@ def warmup(
     except WarmupError as e:
         if settings.on_error == "raise":
             raise
-        logger.warning("%s: scenarios not run (STEPWARM_ON_ERROR=warn): %s", who, e)
+        names = [p.name for p in plans] if plans is not None else [str(s) for s in scenarios]
+        logger.warning("%s: scenarios not run (STEPWARM_ON_ERROR=warn): %s\n%s: none of %s "
+                       "ran (a bad scenario runs none of them); serving goes on", who, e, who,
+                       ", ".join(names) or "them")
         return []
     progress = progress if progress is not None else WarmupProgress(who)
     watch = StepWatch(warn_s=settings.step_warn_s, timeout_s=settings.step_timeout_s, who=who)

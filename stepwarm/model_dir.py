@@ -143,8 +143,10 @@ def _fetch_hub_model(model: str, repo: str, revision: str | None, at: str, where
     return HubModel(repo, revision, config.parent, source="hub")
 
 
-def check_model_dir(model: Path) -> dict[str, Any]:
-    """Check ``model`` the way vLLM will read it, without starting vLLM.
+def check_model_dir(model: Path, registry: bool = True) -> dict[str, Any]:
+    """Check ``model`` the way vLLM will read it, without starting vLLM
+    (``registry`` False: without asking vLLM's model registry whether it
+    supports the architecture, which imports vLLM).
 
     Returns:
         The parsed ``config.json``.
@@ -187,7 +189,7 @@ def check_model_dir(model: Path) -> dict[str, Any]:
         if not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
             raise ModelDirError(f"{config}: field 'architectures': expected a list of class "
                                 f"names, got {archs!r}")
-        supported = _supported_architectures()
+        supported = _supported_architectures() if registry else set()
         if supported and archs and not any(a in supported for a in archs):
             raise ModelDirError(
                 f"{config}: field 'architectures': {', '.join(archs)} is not supported by the "

@@ -76,6 +76,29 @@ def looks_like_recording(text: str) -> bool:
     return text.lstrip("\ufeff \t\r\n").startswith('{"stepwarm_record"')
 
 
+def first_header(path: str, limit: int = 1 << 16) -> dict[str, Any] | None:
+    """The header line a recording at ``path`` starts with (None: no such
+    file, or it starts with no header)."""
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(limit)
+        obj = json.loads(first)
+    except (OSError, ValueError):
+        return None
+    return obj if isinstance(obj, dict) and "stepwarm_record" in obj else None
+
+
+def header_differences(first: Mapping[str, Any], other: Mapping[str, Any]) -> list[str]:
+    """What differs between two sessions' headers, field by field ("max_num_seqs
+    8, then 4"), stepwarm's own version left out."""
+    out = []
+    for key in sorted(set(first) | set(other)):
+        if key != "stepwarm" and first.get(key) != other.get(key):
+            a, b = (json.dumps(h.get(key), separators=(",", ":")) for h in (first, other))
+            out.append(f"{key} {a[:60]}, then {b[:60]}")
+    return out
+
+
 def model_identity(config: Mapping[str, Any]) -> dict[str, str]:
     """The header's ``model``: the first architecture and a hash of the
     :data:`IDENTITY_KEYS` of a model's config (``config.json`` as read, or
@@ -246,6 +269,7 @@ class Recorder:
                 self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
                                   | os.O_NONBLOCK, 0o644)
                 self.size = os.fstat(self.fd).st_size
+                self._announce()
                 self._append(self.head)
                 self.head_written = True
             self._append(line)
@@ -259,6 +283,25 @@ class Recorder:
             logger.warning("stepwarm: STEPWARM_RECORD %s: cannot write (%s: %s); recording "
                            "stopped, serving goes on", self.path, type(e).__name__, e)
             self.stop()
+
+    def _announce(self) -> None:
+        """One log line as the file is opened (the first step): where the
+        steps go, whether this session is appended to an earlier one, and a
+        warning where the earlier session's header differs (``scenario
+        from-record`` takes the sessions of one engine configuration)."""
+        where = f"stepwarm: STEPWARM_RECORD: recording the scheduler's steps to {self.path}"
+        cap = f"cap {self.max_bytes >> 20} MiB, {ENV_RECORD_MAX_MB}"
+        if not self.size:
+            logger.info("%s (a new recording; %s)", where, cap)
+            return
+        first = first_header(self.path)
+        differs = header_differences(first, self.head) if first is not None else []
+        if not differs:
+            logger.info("%s (a new session appended to its %d bytes; %s)", where, self.size, cap)
+            return
+        logger.warning("%s: this engine's header differs from the file's first session (%s): "
+                       "scenario from-record refuses this session; record into a new file "
+                       "for this configuration", where, "; ".join(differs))
 
     def _append(self, obj: dict[str, Any]) -> None:
         data = _line(obj)

@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from stepwarm.files import FileTooLarge, NotUtf8, read_text_capped
-from stepwarm.record import CAPPED_KEY, model_identity
+from stepwarm.record import CAPPED_KEY, header_differences, model_identity
 from stepwarm.scenario.errors import joined
 
 #: Largest recording read, in bytes (a recording's own cap defaults to 256 MiB:
@@ -237,9 +237,11 @@ def load_recording(path: str | Path, *, vllm_version: str | None = None,
                         f"config_hash {head.model.config_hash}); --model is "
                         f"{want_model['architecture']}, config_hash {want_model['config_hash']}")
             elif head.model_dump(exclude={"stepwarm"}) != rec.header.model_dump(exclude={"stepwarm"}):
+                differs = "; ".join(header_differences(rec.header.model_dump(mode="json"),
+                                                       head.model_dump(mode="json")))
                 errors.append(f"{where}: a second session whose header differs from the first's "
-                              "(another model, release or engine limits); allowed: the "
-                              "sessions of one engine configuration (one file each)")
+                              f"({differs}); allowed: the sessions of one engine "
+                              "configuration (one file each)")
                 skipping = True  # its steps are not checked against the first header
             continue
         if skipping:

@@ -89,6 +89,9 @@ def test_bad_scenario_raises_or_is_logged_by_policy(engine, caplog):
                       settings=HookSettings(on_error="warn")) == []
     assert any("scenarios not run (STEPWARM_ON_ERROR=warn)" in r.message
                and "no-such-scenario" in r.message for r in caplog.records)
+    # the valid one did not run either, and the log says so
+    assert any(r.message.endswith(": none of default, no-such-scenario ran (a bad scenario "
+                                  "runs none of them); serving goes on") for r in caplog.records)
     assert engine.view.live_request_ids() == set()
 
 

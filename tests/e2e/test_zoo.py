@@ -36,7 +36,7 @@ ALIGN_CRASH = "IndexError: index 7 is out of bounds for dimension 0 with size 1"
 
 NO_IMAGES = "needs images: runner's model takes no image input"
 #: vLLM's scheduler sends no prefix hit where the engine caches no prefix.
-NO_CACHING = "needs prefix_caching: runner has enable_prefix_caching False"
+NO_CACHING = "needs prefix_caching: "
 #: A Mamba2 block (granite: 512 tokens) leaves no room for a prefix hit
 #: within max_model_len 512.
 NO_ROOM_PREFIX = "requires max_model_len >= lcm_block_size + 4"

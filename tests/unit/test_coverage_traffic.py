@@ -148,6 +148,16 @@ def test_a_junk_traffic_file_is_refused_before_vllm_is_imported(tmp_path):
                               env={**os.environ, "COLUMNS": "300"})
         assert proc.stdout == "STATUS 2 []\n", (path, proc.stdout, proc.stderr)
         assert proc.stderr == error + "\n"
+    # with --model DIR too: its architecture goes unasked (vLLM's registry
+    # imports vLLM: 8 s, the trial of 2026-12-07); its config.json is read
+    from stepwarm.zoo import write_model
+
+    model = write_model("tiny-llama", tmp_path / "m")
+    proc = subprocess.run([sys.executable, "-c", _COVERAGE_IMPORTS, "coverage", str(text),
+                           "--model", str(model)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "COLUMNS": "300"})
+    assert proc.stdout == "STATUS 2 []\n", (proc.stdout, proc.stderr)
+    assert proc.stderr == cases[text] + "\n"
 
 
 def test_sampling_defaults_max_and_json_keys_reach_vllm():

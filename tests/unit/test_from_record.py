@@ -249,8 +249,9 @@ def test_two_sessions_of_one_engine(rec: Path, tmp_path: Path) -> None:
     other = session().replace('"max_num_seqs":8', '"max_num_seqs":16', 1)
     code, err = bad(tmp_path, session() + other)
     assert code == 2
-    assert ("bad.jsonl:9: a second session whose header differs from the first's (another "
-            "model, release or engine limits)") in err
+    assert ("bad.jsonl:9: a second session whose header differs from the first's "
+            "(max_num_seqs 8, then 16); allowed: the sessions of one engine configuration "
+            "(one file each)") in err
 
 
 def test_a_pooling_request_is_declared_as_one(rec: Path) -> None:

@@ -312,3 +312,30 @@ def test_a_restart_on_a_file_at_its_cap_adds_no_cap_line(tmp_path: Path) -> None
     rec = record.Recorder(str(path), header + record.CAP_MARK_BYTES, head, 16)
     rec.write({"step": 7, "batch": 1, "reqs": [{"r": 0, "scheduled": 99}]})
     assert [json.loads(x) for x in path.read_text().splitlines()] == [head, {"capped": 7}]
+
+
+def test_opening_the_file_says_where_and_whether_it_appends(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The first step opens the file with one line: a new recording, a
+    session appended to one of the same configuration, or a warning naming
+    each header field that differs from the file's first session (the
+    trial of 2026-12-07: a restart at another max_num_seqs said nothing)."""
+    path = tmp_path / "rec.jsonl"
+    head = {"stepwarm_record": 1, "stepwarm": "0.1.0", "vllm": "x", "max_num_seqs": 8}
+    said = []
+    for h in (head, {**head, "stepwarm": "0.2.0"}, {**head, "max_num_seqs": 4, "vllm": "y"}):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="vllm.stepwarm"):
+            before = path.stat().st_size if path.exists() else 0
+            record.Recorder(str(path), 1 << 20, h, 16).write({"step": 0, "batch": 1})
+        said.append([(r.levelname, r.getMessage()) for r in caplog.records])
+        assert path.stat().st_size > before  # recorded all the same
+    where = f"stepwarm: STEPWARM_RECORD: recording the scheduler's steps to {path}"
+    first = len(json.dumps(head, separators=(",", ":"))) + len('{"step":0,"batch":1}') + 2
+    assert said == [
+        [("INFO", f"{where} (a new recording; cap 1 MiB, STEPWARM_RECORD_MAX_MB)")],
+        [("INFO", f"{where} (a new session appended to its {first} bytes; cap 1 MiB, "
+                  "STEPWARM_RECORD_MAX_MB)")],
+        [("WARNING", f"{where}: this engine's header differs from the file's first session "
+                     '(max_num_seqs 8, then 4; vllm "x", then "y"): scenario from-record '
+                     "refuses this session; record into a new file for this configuration")]]
